@@ -1,0 +1,5 @@
+import sys
+
+from sftree.cli import main
+
+sys.exit(main())

@@ -1,0 +1,92 @@
+"""Load `config.yaml`, validate it against workflow/schemas/config.schema.yaml and fill in defaults.
+
+The Snakefile validates with `snakemake.utils.validate` (same schema); the CLI uses `load_config` so a rule run
+by hand sees exactly the same settings.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from sftree.errors import InputError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_DIR = REPO_ROOT / "workflow" / "schemas"
+CONFIG_SCHEMA = SCHEMA_DIR / "config.schema.yaml"
+
+
+def _with_defaults(validator_class):
+    """A validator that also fills `default` values, recursing into objects that get a default of {}."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+_Validator = _with_defaults(jsonschema.Draft202012Validator)
+
+
+def load_schema(path: Path = CONFIG_SCHEMA) -> dict:
+    with open(path, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def validate_config(config: dict, source: str = "config") -> dict:
+    """Validate in place (filling defaults) and return the config; errors name the offending field."""
+    schema = load_schema()
+    errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(e.path))
+    if errors:
+        lines = [f"{source}: {'.'.join(str(p) for p in e.path) or '<top>'}: {e.message}" for e in errors]
+        raise InputError("invalid configuration:\n  " + "\n  ".join(lines))
+    return config
+
+
+def load_config(path: str | Path | None = None, overrides: dict | None = None) -> dict:
+    """Read a YAML config (default: the repository's config.yaml), merge overrides, validate."""
+    path = Path(path) if path else REPO_ROOT / "config.yaml"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            config = yaml.safe_load(fh) or {}
+    except FileNotFoundError:
+        raise InputError(f"config file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(config, dict):
+        raise InputError(f"config file {path}: top level must be a mapping")
+    if overrides:
+        config = deep_merge(config, overrides)
+    return validate_config(config, source=str(path))
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def task_config(config: dict, task: str) -> dict[str, Any]:
+    """One task's settings with `task_dir` made absolute (relative paths are relative to the repository)."""
+    try:
+        entry = dict(config["tasks"][task])
+    except KeyError:
+        raise InputError(f"task {task!r} is not listed under `tasks` in the config") from None
+    if entry.get("task_dir"):
+        p = Path(entry["task_dir"])
+        entry["task_dir"] = str(p if p.is_absolute() else (REPO_ROOT / p).resolve())
+    entry["name"] = task
+    return entry

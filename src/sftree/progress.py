@@ -1,0 +1,32 @@
+"""Progress log lines with counts and rates for long work."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+
+class Progress:
+    """Logs `label: done/total (rate/s)` at most every `every` seconds, and once at the end."""
+
+    def __init__(self, label: str, total: int | None = None, every: float = 5.0, logger: logging.Logger | None = None):
+        self.label, self.total, self.every = label, total, every
+        self.log = logger or logging.getLogger("sftree.progress")
+        self.start = self.last = time.monotonic()
+        self.done = 0
+
+    def update(self, n: int = 1, **extra: object) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            self._emit(extra)
+
+    def finish(self, **extra: object) -> None:
+        self._emit(extra)
+
+    def _emit(self, extra: dict) -> None:
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        total = f"/{self.total}" if self.total is not None else ""
+        tail = "".join(f" {k}={v}" for k, v in extra.items())
+        self.log.info("%s: %d%s done (%.1f/s, %.1fs)%s", self.label, self.done, total, self.done / elapsed, elapsed, tail)

@@ -1,0 +1,33 @@
+def task_paths_files(wildcards):
+    return [
+        f"{RESULTS}/{wildcards.task}/trees/{root}/paths.json"
+        for root in chosen_roots(wildcards.task)
+    ]
+
+
+rule export_sft:
+    input:
+        paths=task_paths_files,
+    output:
+        sft=f"{RESULTS}/{{task}}/sft.jsonl",
+    params:
+        granularity=config["export"]["granularity"],
+    log:
+        f"{RESULTS}/{{task}}/logs/export_sft.log",
+    shell:
+        "sftree export-sft --paths {input.paths} --out {output.sft}"
+        " --granularity {params.granularity} > {log} 2>&1"
+
+
+rule merge_sft:
+    input:
+        expand(f"{RESULTS}/{{task}}/sft.jsonl", task=TASKS),
+    output:
+        sft=f"{RESULTS}/sft.jsonl",
+        info=f"{RESULTS}/dataset_info.json",
+        card=report(f"{RESULTS}/dataset_card.md", category="Dataset"),
+    log:
+        f"{RESULTS}/logs/merge_sft.log",
+    shell:
+        "sftree export-sft --merge {input} --out {output.sft} --dataset-info {output.info}"
+        " --card {output.card} > {log} 2>&1"

@@ -1,0 +1,24 @@
+checkpoint select_roots:
+    input:
+        task_metadata_files,
+    output:
+        roots=directory(f"{RESULTS}/{{task}}/roots"),
+        table=f"{RESULTS}/{{task}}/stages.tsv",
+        plot=report(
+            f"{RESULTS}/{{task}}/report/stages.svg",
+            caption="../report/stages.rst",
+            category="Root selection",
+        ),
+    params:
+        snapshots=lambda wc: task_snapshot_dir(wc.task),
+        direction=lambda wc: config["tasks"][wc.task]["direction"],
+        num_roots=config["select_roots"]["num_roots"],
+        smooth_window=config["select_roots"]["smooth_window"],
+        link=config["select_roots"]["link"],
+    log:
+        f"{RESULTS}/{{task}}/logs/select_roots.log",
+    shell:
+        "sftree select-roots --snapshots {params.snapshots} --out {output.roots}"
+        " --table {output.table} --plot {output.plot} --task {wildcards.task}"
+        " --direction {params.direction} --num-roots {params.num_roots}"
+        " --smooth-window {params.smooth_window} --link {params.link} > {log} 2>&1"
