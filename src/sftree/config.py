@@ -80,13 +80,19 @@ def deep_merge(base: dict, extra: dict) -> dict:
 
 
 def task_config(config: dict, task: str) -> dict[str, Any]:
-    """One task's settings with `task_dir` made absolute (relative paths are relative to the repository)."""
+    """One task's settings with `task_dir` made absolute.
+
+    A relative `task_dir` is taken from the working directory when it exists there, else from the repository
+    (so the bundled examples are found when Snakemake runs with `--directory` elsewhere).
+    """
     try:
         entry = dict(config["tasks"][task])
     except KeyError:
         raise InputError(f"task {task!r} is not listed under `tasks` in the config") from None
     if entry.get("task_dir"):
         p = Path(entry["task_dir"])
-        entry["task_dir"] = str(p if p.is_absolute() else (REPO_ROOT / p).resolve())
+        if not p.is_absolute():
+            p = p.resolve() if p.exists() else (REPO_ROOT / p).resolve()
+        entry["task_dir"] = str(p)
     entry["name"] = task
     return entry

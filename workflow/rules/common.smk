@@ -3,7 +3,6 @@ import os
 
 RESULTS = config["results"]
 TASKS = list(config["tasks"])
-CONFIGFILES = [os.path.abspath(f) for f in workflow.configfiles]
 
 
 wildcard_constraints:
@@ -39,5 +38,28 @@ def chosen_roots(task):
     )
 
 
+def effective_config_file():
+    """The validated, merged config (config.yaml + --configfile + --config) as one file for the CLI.
+
+    Rules pass it as `--config`, so a command run by hand with that file sees exactly what the rule saw.
+    It is rewritten only when its content changes, to keep its timestamp stable.
+    """
+    import yaml
+
+    path = os.path.join(RESULTS, ".sftree", "config.yaml")
+    text = yaml.safe_dump(dict(config), sort_keys=True)
+    old = open(path).read() if os.path.exists(path) else None
+    if old != text:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    return path
+
+
+EFFECTIVE_CONFIG = effective_config_file()
+
+
 def config_args():
-    return " ".join(f"--config {f}" for f in CONFIGFILES[-1:])
+    return f"--config {EFFECTIVE_CONFIG}"

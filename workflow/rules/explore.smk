@@ -1,18 +1,21 @@
+# Section 1: one token-aware MCTS tree per chosen root (`sftree explore`, docs/search.md).
+# teacher_slots = parallel_width, so `--resources teacher_slots=N` caps the expansions running against one
+# SGLang server across all explore jobs. A retried or rerun job resumes from tree.live.json.
 rule explore:
     input:
         root=f"{RESULTS}/{{task}}/roots/{{root}}/metadata.json",
     output:
         tree=f"{RESULTS}/{{task}}/trees/{{root}}/tree.json",
-    params:
-        root_dir=lambda wc: f"{RESULTS}/{wc.task}/roots/{wc.root}",
-        tree_dir=lambda wc: f"{RESULTS}/{wc.task}/trees/{wc.root}",
-        config=config_args(),
-    resources:
-        teacher_slots=config["search"]["parallel_width"],
-    retries: 2
     log:
         f"{RESULTS}/{{task}}/logs/explore/{{root}}.log",
     benchmark:
         f"{RESULTS}/{{task}}/benchmarks/explore/{{root}}.tsv"
+    retries: 2
+    resources:
+        teacher_slots=config["search"]["parallel_width"],
+    params:
+        root_dir=lambda wc: f"{RESULTS}/{wc.task}/roots/{wc.root}",
+        tree_dir=lambda wc: f"{RESULTS}/{wc.task}/trees/{wc.root}",
+        config=config_args(),
     shell:
         "sftree explore --root {params.root_dir} --out {params.tree_dir} {params.config} > {log} 2>&1"

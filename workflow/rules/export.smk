@@ -10,10 +10,10 @@ rule export_sft:
         paths=task_paths_files,
     output:
         sft=f"{RESULTS}/{{task}}/sft.jsonl",
-    params:
-        granularity=config["export"]["granularity"],
     log:
         f"{RESULTS}/{{task}}/logs/export_sft.log",
+    params:
+        granularity=config["export"]["granularity"],
     shell:
         "sftree export-sft --paths {input.paths} --out {output.sft}"
         " --granularity {params.granularity} > {log} 2>&1"
@@ -25,9 +25,10 @@ rule merge_sft:
     output:
         sft=f"{RESULTS}/sft.jsonl",
         info=f"{RESULTS}/dataset_info.json",
+        llamafactory=f"{RESULTS}/sft_llamafactory.jsonl",
         card=report(f"{RESULTS}/dataset_card.md", category="Dataset"),
     log:
         f"{RESULTS}/logs/merge_sft.log",
     shell:
         "sftree export-sft --merge {input} --out {output.sft} --dataset-info {output.info}"
-        " --card {output.card} > {log} 2>&1"
+        " --card {output.card} --llamafactory-out {output.llamafactory} > {log} 2>&1"

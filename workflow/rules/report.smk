@@ -13,9 +13,9 @@ rule report:
         sft=f"{RESULTS}/sft.jsonl",
     output:
         html=report(f"{RESULTS}/report.html", category="Report"),
-    params:
-        results=RESULTS,
     log:
         f"{RESULTS}/logs/report.log",
+    params:
+        results=RESULTS,
     shell:
         "sftree report --results {params.results} --out {output.html} > {log} 2>&1"

@@ -1,0 +1,85 @@
+"""The agent backend interface and the records every backend produces (step records: docs/architecture.md)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class ToolOutcome:
+    """One tool call's result as the model sees it, plus the two flags DESIGN.md defines."""
+
+    content: str
+    error: bool = (
+        False  # the tool itself failed (bad args, unknown tool, missing file, no match, timeout, denied)
+    )
+    knowledge: bool = False  # read or wrote shared knowledge
+
+
+@dataclass
+class TurnRun:
+    """Inputs of one rollout turn. `messages` is the session; the backend appends to it in place."""
+
+    workspace: Any  # sftree.workspace.EdgeWorkspace
+    coral: Any  # sftree.coral.CoralRuntime (its `evals` grows when the agent runs `coral eval`)
+    messages: list[dict]
+    prompt: str  # the user message that opens the turn
+    turn: int
+    headers: dict[str, str]
+    recorder: StepRecorder
+    agent_cfg: dict
+    task_cfg: dict
+    env: dict[str, str] = field(default_factory=dict)  # CORAL_SOCKET, CORAL_BIN (host paths)
+    extra_ro_hidden: list[Path] = field(default_factory=list)  # more paths the sandbox must hide
+
+
+@dataclass
+class TurnOutcome:
+    ended: str  # eval | step_limit | timeout | no_eval | teacher_error
+    steps: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    knowledge: bool = False
+    tokens: int = 0  # prompt + completion tokens of the turn's last step
+    eval: Any = None  # sftree.coral.EvalResult of the turn's first `coral eval`, if any
+    error: str | None = None
+
+
+class AgentBackend(ABC):
+    """Runs one rollout turn in a workspace: model steps until the first `coral eval` or a limit."""
+
+    name = "base"
+
+    @abstractmethod
+    def run_turn(self, run: TurnRun) -> TurnOutcome: ...
+
+
+class StepRecorder:
+    """Appends step records to `edges/<edge>/steps.jsonl` (one line per model call); thread-safe."""
+
+    def __init__(self, path: Path, edge_id: str):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.edge_id = edge_id
+        self._fh = open(self.path, "w", encoding="utf-8")  # a redone edge starts its transcript afresh
+        self._lock = threading.Lock()
+        self.latency_s = 0.0
+        self.records = 0
+
+    def write(self, record: dict) -> None:
+        line = json.dumps({"edge": self.edge_id, **record}, ensure_ascii=False)
+        with self._lock:
+            self._fh.write(line + "\n")
+            self._fh.flush()
+            self.latency_s += float(record.get("latency_s") or 0.0)
+            self.records += 1
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.close()

@@ -1,0 +1,167 @@
+"""The native agent: a Python loop over the Teacher's chat completions with OpenCode's tools.
+
+One rollout turn: append the turn's user prompt, then model steps until the first `coral eval` (the turn ends
+right after it; later tool calls of the same step get a "not run" result so every call has its answer), the
+step limit (`step_limit`), the turn timeout (`timeout`), or a model that keeps stopping without an eval after
+`agent.nudges` reminders (`no_eval`). A Teacher that stays down past the retry budget ends the turn with
+`teacher_error`. The session is the message list itself; nothing else is carried between turns.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from sftree.agents.base import AgentBackend, ToolOutcome, TurnOutcome, TurnRun
+from sftree.agents.prompts import nudge_prompt
+from sftree.agents.sandbox import private_home_paths, resolve_mode
+from sftree.agents.tools import TOOL_SCHEMAS, ToolContext, execute
+from sftree.teacher import TeacherError
+
+log = logging.getLogger(__name__)
+
+NOT_RUN = "Not run: the turn ended at `coral eval`."
+
+
+def assistant_message(msg: dict) -> dict:
+    """The assistant message as it goes back into the session: fixed keys, content always present."""
+    out = {"role": "assistant", "content": msg.get("content") or ""}
+    if msg.get("reasoning_content"):
+        out["reasoning_content"] = msg["reasoning_content"]
+    calls = []
+    for i, c in enumerate(msg.get("tool_calls") or []):
+        fn = c.get("function") or {}
+        args = fn.get("arguments")
+        if not isinstance(args, str):
+            import json
+
+            args = json.dumps(args, ensure_ascii=False)
+        calls.append(
+            {
+                "id": c.get("id") or f"call_{i}",
+                "type": "function",
+                "function": {"name": str(fn.get("name", "")), "arguments": args},
+            }
+        )
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+class NativeAgent(AgentBackend):
+    name = "native"
+
+    def __init__(self, teacher, agent_cfg: dict, *, hidden: list[Path] | None = None):
+        self.teacher = teacher
+        self.cfg = agent_cfg
+        self.sandbox = resolve_mode(agent_cfg.get("sandbox", "auto"))
+        self.hidden = list(hidden or [])
+        self.tools = TOOL_SCHEMAS
+
+    def tool_context(self, run: TurnRun) -> ToolContext:
+        coral_dir = Path(run.env["CORAL_SOCKET"]).parent if run.env.get("CORAL_SOCKET") else None
+        task_dir = run.task_cfg.get("task_dir")
+        hidden = self.hidden + list(run.extra_ro_hidden) + ([Path(task_dir)] if task_dir else [])
+        hidden += private_home_paths()
+        return ToolContext(
+            root=Path(run.workspace.root).resolve(),
+            sandbox=self.sandbox,
+            coral_env=run.env,
+            coral_dir=coral_dir,
+            hidden=hidden,
+            bash_timeout=float(self.cfg.get("bash_timeout", 300)),
+            output_cap=int(self.cfg.get("output_cap", 30000)),
+        )
+
+    def run_turn(self, run: TurnRun) -> TurnOutcome:
+        ctx = self.tool_context(run)
+        max_steps = int(self.cfg.get("max_steps_per_turn", 40))
+        deadline = time.monotonic() + float(self.cfg.get("turn_timeout", 3600))
+        nudges_left = int(self.cfg.get("nudges", 2))
+        overrides = self.cfg.get("prompts") or {}
+        out = TurnOutcome(ended="step_limit")
+        messages = run.messages
+        messages.append({"role": "user", "content": run.prompt})
+        kind = "agent"
+        evals_before = len(run.coral.evals)
+        while True:
+            if out.steps >= max_steps:
+                out.ended = "step_limit"
+                break
+            if time.monotonic() >= deadline:
+                out.ended = "timeout"
+                break
+            request = {"model": self.teacher.model, "messages": list(messages), "tools": self.tools}
+            try:
+                comp = self.teacher.chat(messages, self.tools, headers=run.headers)
+            except TeacherError as exc:
+                out.ended, out.error = "teacher_error", str(exc)
+                run.recorder.write(
+                    {
+                        "turn": run.turn,
+                        "step": out.steps + 1,
+                        "kind": kind,
+                        "request": request,
+                        "response": None,
+                        "tool_results": [],
+                        "usage": None,
+                        "latency_s": 0.0,
+                        "finish_reason": None,
+                        "error": str(exc),
+                    }
+                )
+                break
+            out.steps += 1
+            msg = assistant_message(comp.message)
+            messages.append(msg)
+            out.tokens = comp.usage.prompt_tokens + comp.usage.completion_tokens
+            results = []
+            turn_done = False
+            for call in msg.get("tool_calls", []):
+                name, call_id = call["function"]["name"], call["id"]
+                if turn_done:
+                    res = ToolOutcome(NOT_RUN)
+                else:
+                    res = execute(name, call["function"]["arguments"], ctx)
+                    out.tool_calls += 1
+                    out.tool_errors += int(res.error)
+                    out.knowledge = out.knowledge or res.knowledge
+                    if len(run.coral.evals) > evals_before:
+                        out.eval = run.coral.evals[evals_before]
+                        turn_done = True
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": res.content})
+                results.append(
+                    {
+                        "tool_call_id": call_id,
+                        "name": name,
+                        "content": res.content,
+                        "error": res.error,
+                        "knowledge": res.knowledge,
+                    }
+                )
+            run.recorder.write(
+                {
+                    "turn": run.turn,
+                    "step": out.steps,
+                    "kind": kind,
+                    "request": request,
+                    "response": msg,
+                    "tool_results": results,
+                    "usage": comp.usage.to_dict(),
+                    "latency_s": round(comp.latency_s, 4),
+                    "finish_reason": comp.finish_reason,
+                }
+            )
+            kind = "agent"
+            if turn_done:
+                out.ended = "eval"
+                break
+            if not msg.get("tool_calls"):
+                if nudges_left <= 0:
+                    out.ended = "no_eval"
+                    break
+                nudges_left -= 1
+                messages.append({"role": "user", "content": nudge_prompt(overrides)})
+                kind = "nudge"
+        return out

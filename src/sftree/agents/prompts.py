@@ -1,0 +1,153 @@
+"""Prompt templates (src/sftree/prompts/*.md, overridable by config `agent.prompts`) and their rendering.
+
+Templates use `${name}` placeholders (string.Template, so literal braces in task text are safe):
+start.md (first turn of a fresh session: task, knowledge base, how to submit), turn.md (each later turn: Coral's
+`## Eval #N Results` block plus heartbeat actions), turn_failed.md (a later turn after a turn with no graded
+eval), nudge.md (the model stopped without `coral eval`), agents_md.md (AGENTS.md, the standing instructions).
+
+Heartbeats follow Coral's defaults: reflect after every eval, consolidate every 10 evals, pivot after 5 evals
+without improvement.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+from sftree.coral import evals_since_improvement, fmt_score, load_attempts, parse_block
+from sftree.errors import InputError
+
+TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "prompts"
+NAMES = {
+    "start": "start.md",
+    "turn": "turn.md",
+    "turn_failed": "turn_failed.md",
+    "nudge": "nudge.md",
+    "agents_md": "agents_md.md",
+}
+CONSOLIDATE_EVERY = 10
+PIVOT_AFTER = 5
+
+HEARTBEAT_REFLECT = (
+    "- Reflect: what did this eval teach you? Record the insight in a short note under `.opencode/notes/`."
+)
+HEARTBEAT_CONSOLIDATE = (
+    "- Consolidate: this is eval #{n}. Review `.opencode/notes/` and merge what has proven "
+    "useful into skills under `.opencode/skills/`."
+)
+HEARTBEAT_PIVOT = (
+    "- Pivot: the last {k} evals did not improve on the best score. Step back and try a "
+    "substantially different approach."
+)
+
+
+def load_template(name: str, overrides: dict | None = None) -> str:
+    path = (overrides or {}).get(name)
+    p = Path(path) if path else TEMPLATE_DIR / NAMES[name]
+    try:
+        return p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"prompt template {name!r} ({p}) cannot be read: {exc}") from None
+
+
+def render(name: str, overrides: dict | None = None, **values) -> str:
+    return string.Template(load_template(name, overrides)).safe_substitute(
+        {k: ("" if v is None else str(v)) for k, v in values.items()}
+    )
+
+
+def direction_text(task_cfg: dict) -> str:
+    return "lower is better" if task_cfg.get("direction") == "minimize" else "higher is better"
+
+
+def task_text(task_cfg: dict) -> str:
+    task_dir = task_cfg.get("task_dir")
+    if task_dir and (Path(task_dir) / "task.md").is_file():
+        return (Path(task_dir) / "task.md").read_text(encoding="utf-8").strip()
+    return f"(no task.md found for task {task_cfg.get('name', '?')}; read the code to find out what it does)"
+
+
+def start_prompt(task_cfg: dict, overrides: dict | None = None) -> str:
+    return render(
+        "start",
+        overrides,
+        task=task_text(task_cfg),
+        task_name=task_cfg.get("name", "task"),
+        direction_text=direction_text(task_cfg),
+    ).strip()
+
+
+def nudge_prompt(overrides: dict | None = None) -> str:
+    return render("nudge", overrides).strip()
+
+
+def write_agents_md(root: Path, task_cfg: dict, overrides: dict | None = None) -> None:
+    (Path(root) / "AGENTS.md").write_text(
+        render(
+            "agents_md",
+            overrides,
+            task_name=task_cfg.get("name", "task"),
+            direction_text=direction_text(task_cfg),
+        ),
+        encoding="utf-8",
+    )
+
+
+def heartbeat(eval_number: int | None, attempts: list[dict]) -> str:
+    lines = [HEARTBEAT_REFLECT]
+    if eval_number and eval_number % CONSOLIDATE_EVERY == 0:
+        lines.append(HEARTBEAT_CONSOLIDATE.format(n=eval_number))
+    k = evals_since_improvement(attempts)
+    if k >= PIVOT_AFTER:
+        lines.append(HEARTBEAT_PIVOT.format(k=k))
+    return "\n".join(lines) + "\n"
+
+
+def last_turn_eval(messages: list[dict]) -> dict | None:
+    """The eval block that ended the session's last turn (its trailing tool results), or None."""
+    for m in reversed(messages):
+        if m.get("role") != "tool":
+            break
+        block = parse_block(str(m.get("content") or ""))
+        if block:
+            return block
+    return None
+
+
+def last_turn_reason(messages: list[dict]) -> str:
+    for m in reversed(messages):
+        if m.get("role") == "tool":
+            text = str(m.get("content") or "")
+            if text.startswith("Nothing to commit"):
+                return "nothing to commit"
+        break
+    return "no eval was submitted"
+
+
+def next_turn_prompt(
+    messages: list[dict], knowledge_dir: Path, task_cfg: dict, overrides: dict | None = None
+) -> str:
+    """Coral's interrupt-style prompt for the turn that follows the session's last turn."""
+    attempts = load_attempts(Path(knowledge_dir) / "attempts")
+    block = last_turn_eval(messages)
+    if block is None:
+        return render(
+            "turn_failed",
+            overrides,
+            reason=last_turn_reason(messages),
+            heartbeat=heartbeat(None, attempts),
+            direction_text=direction_text(task_cfg),
+        ).strip()
+    title = next((a.get("title", "") for a in attempts if a.get("commit_hash") == block["commit"]), "")
+    return render(
+        "turn",
+        overrides,
+        eval_number=block["number"],
+        score=fmt_score(block["score"]),
+        commit=block["commit"],
+        status=block["status"],
+        title=title,
+        feedback=block["feedback"],
+        heartbeat=heartbeat(block["number"], attempts),
+        direction_text=direction_text(task_cfg),
+    ).strip()

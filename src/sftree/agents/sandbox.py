@@ -1,0 +1,121 @@
+"""Run the agent's shell commands confined: bubblewrap when available (`agent.sandbox: auto|bwrap|none`).
+
+Inside bwrap: the whole filesystem read-only, the workspace read-write, a private /tmp, no network
+(`--unshare-net`), and these paths replaced by empty tmpfs so they cannot be read: the tree directory (store,
+sessions, other branches' worktrees), the task folder (grader), the results folder and $HOME (or, when the
+Python running sftree lives under $HOME, its credential folders and files). The coral client
+and its socket are bound at CORAL_MOUNT. Without bwrap (`none`), commands still run with the workspace as cwd
+and a scrubbed environment, but nothing stops them from reading outside it: use `none` only for trusted tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from sftree.errors import InputError
+
+CORAL_MOUNT = "/tmp/.coral"
+ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
+
+
+@functools.cache
+def bwrap_works() -> bool:
+    """bwrap is installed and can create namespaces here (it cannot in some containers)."""
+    exe = shutil.which("bwrap")
+    if not exe:
+        return False
+    try:
+        proc = subprocess.run(
+            [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-net", "true"],
+            capture_output=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+def resolve_mode(mode: str) -> str:
+    """`auto` -> bwrap when it works, else none; `bwrap` when it does not work is an error."""
+    if mode == "none":
+        return "none"
+    if mode == "bwrap":
+        if not bwrap_works():
+            raise InputError(
+                "agent.sandbox is `bwrap` but bubblewrap is not installed or cannot create "
+                "namespaces here (apt-get install bubblewrap, or set agent.sandbox: none)"
+            )
+        return "bwrap"
+    if mode == "auto":
+        return "bwrap" if bwrap_works() else "none"
+    raise InputError(f"agent.sandbox: unknown mode {mode!r} (auto | bwrap | none)")
+
+
+def scrubbed_env(coral_env: dict[str, str], *, sandboxed: bool, workspace: Path) -> dict[str, str]:
+    """Only harmless variables survive (no API keys, tokens, proxies); the coral client comes first on PATH."""
+    env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.setdefault("LANG", "C.UTF-8")
+    if sandboxed:
+        coral_bin, coral_sock = f"{CORAL_MOUNT}/bin", f"{CORAL_MOUNT}/coral.sock"
+        env["HOME"] = env["TMPDIR"] = "/tmp"
+    else:
+        coral_bin, coral_sock = coral_env["CORAL_BIN"], coral_env["CORAL_SOCKET"]
+        env["HOME"] = str(workspace)
+    env["PATH"] = f"{coral_bin}:{env['PATH']}"
+    env["CORAL_SOCKET"] = coral_sock
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["TERM"] = "dumb"
+    return env
+
+
+CREDENTIAL_PATHS = (".ssh", ".aws", ".config", ".gnupg", ".docker", ".kube", ".netrc", ".git-credentials",
+                    ".pypirc", ".npmrc", ".claude", ".cache")
+
+
+def private_home_paths() -> list[Path]:
+    """What of $HOME to hide: all of it, unless the Python or sftree itself lives there (a pyenv or venv
+    under $HOME), then the usual credential folders and files."""
+    import sys
+
+    home = Path.home().resolve()
+    needed = [Path(sys.prefix), Path(sys.base_prefix), Path(__file__)]
+    if not any(p.resolve().is_relative_to(home) for p in needed):
+        return [home]
+    return [home / name for name in CREDENTIAL_PATHS]
+
+
+def bwrap_argv(
+    command: list[str], *, workspace: Path, cwd: Path, coral_dir: Path | None, hidden: list[Path]
+) -> list[str]:
+    argv = [
+        "bwrap",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/tmp",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--die-with-parent",
+        "--new-session",
+    ]
+    ws = str(Path(workspace).resolve())
+    for h in sorted({str(Path(p).resolve()) for p in hidden if p and Path(p).exists()}):
+        if h == "/tmp" or h.startswith("/tmp/"):  # /tmp is a fresh tmpfs already
+            continue
+        argv += ["--tmpfs", h] if Path(h).is_dir() else ["--ro-bind", "/dev/null", h]
+    argv += ["--bind", ws, ws]
+    if coral_dir is not None:
+        argv += ["--ro-bind", str(coral_dir), CORAL_MOUNT]
+    argv += ["--chdir", str(cwd), "--"]
+    return argv + command

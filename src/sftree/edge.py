@@ -1,0 +1,355 @@
+"""One logical edge (section 1.1/1.4): fork a node, run two rollout turns in one session, measure them.
+
+`run_edge` is what the search calls; it is blocking and safe to run from several threads at once (each edge has
+its own worktree, knowledge index, coral socket and session copy). The soft-score formulas live in
+`scoring.py`; this module reports the raw ingredients (`EdgeResult`) and the regressed rate, which needs the
+turn sequence:
+
+    regressed_rate = share of the two turns whose score is worse than the score the turn started from
+                     (turn 1: the parent's score; turn 2: turn 1's score), on oriented scores
+                     (minimize tasks negated); a turn with no numeric score counts as regressed;
+                     a numeric turn whose start score is None is not regressed.
+
+**Choice**: `EdgeResult.score` is the raw score of the best turn by the task's direction (the max for maximize
+tasks, the min for minimize tasks), i.e. the max of the oriented scores, reported unoriented like every score
+in tree.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sftree.fileio import write_json_atomic, write_text_atomic
+from sftree.workspace import NodeState, TreeStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TurnResult:
+    """One rollout turn (ends at the first `coral eval`, or fails)."""
+
+    turn: int
+    score: float | None  # raw score of the turn's eval; None = no numeric score
+    eval_status: str | None  # improved|baseline|regressed|crashed|timeout|nothing_to_commit; None = no eval
+    commit: str | None  # the evaluated commit
+    steps: int  # model calls
+    tool_calls: int
+    tool_errors: int
+    knowledge: bool  # the turn read or wrote shared knowledge (DESIGN.md)
+    tokens: int  # context length after the turn's last step (prompt + completion tokens)
+    ended: str  # eval | step_limit | timeout | no_eval | teacher_error
+    feedback: str = ""
+    eval_number: int | None = None  # Coral's #N
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class EdgeResult:
+    """Everything the search needs about one edge; field names match tree.json's edge entries."""
+
+    edge_id: str
+    turns: list[TurnResult]
+    score: float | None  # raw score of the best numeric turn (by direction), None if no turn had one
+    valid: bool  # both turns got a numeric score
+    steps: int
+    tool_calls: int
+    tool_errors: int
+    tool_error_rate: float
+    tokens: int  # session context length after the last step
+    knowledge: bool  # both turns had a knowledge action
+    regressed_rate: float
+    child_state: NodeState | None  # state after turn 2 (also when a turn failed); None if the fork failed
+    transcript: str  # edges/<id>/steps.jsonl, relative to the tree dir
+    code_diff: str
+    knowledge_diff: str
+    error: str | None  # why the edge failed, if it did (teacher unreachable, workspace error, ...)
+    wall_s: float
+    evals: int = 0  # `coral eval` calls that produced an eval number (for the child's eval_count)
+    framework_s: float = 0.0  # wall time minus model latency and grader time (benchmarks)
+    teacher_s: float = 0.0
+    grader_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["child_state"] = self.child_state.to_dict() if self.child_state else None
+        return d
+
+
+# ---- pure functions ----------------------------------------------------------------------------------------
+def orient(score: float | None, direction: str) -> float | None:
+    if score is None:
+        return None
+    return -score if direction == "minimize" else score
+
+
+def best_score(scores: list[float | None], direction: str) -> float | None:
+    nums = [s for s in scores if s is not None]
+    if not nums:
+        return None
+    return max(nums, key=lambda s: orient(s, direction))
+
+
+def regressed_rate(parent_score: float | None, turn_scores: list[float | None], direction: str) -> float:
+    """Share of turns that ended worse than they started (see module docstring)."""
+    if not turn_scores:
+        return 1.0
+    start = parent_score
+    regressed = 0
+    for s in turn_scores:
+        if s is None:
+            regressed += 1
+        elif start is not None and orient(s, direction) < orient(start, direction):
+            regressed += 1
+        start = s
+    return regressed / len(turn_scores)
+
+
+def tool_error_rate(calls: int, errors: int) -> float:
+    return errors / calls if calls else 0.0
+
+
+# ---- context -----------------------------------------------------------------------------------------------
+@dataclass
+class EdgeContext:
+    """Everything an edge needs, built once per tree (`EdgeContext.create`)."""
+
+    tree_dir: Path
+    store: TreeStore
+    root_state: NodeState
+    teacher: Any  # sftree.teacher.TeacherClient
+    agent: Any  # sftree.agents.AgentBackend
+    task_cfg: dict
+    direction: str
+    agent_cfg: dict
+    tree_name: str
+    keep_workspaces: bool = False
+    _closers: list = field(default_factory=list)
+
+    @classmethod
+    def create(
+        cls, tree_dir, root_dir, config: dict, task_cfg: dict, *, wait_ready: bool = True
+    ) -> EdgeContext:
+        """Seed (or reopen) the store, start teacher-sim when `teacher.sim` is set, wait for the Teacher."""
+        from sftree.agents import make_agent
+        from sftree.teacher import TeacherClient
+
+        tree_dir = Path(tree_dir).resolve()
+        store, root_state = TreeStore.create(tree_dir, root_dir, task_cfg)
+        closers = []
+        teacher_cfg = dict(config.get("teacher", {}))
+        if teacher_cfg.get("sim") is not None:
+            from sftree.teachersim.server import start_teacher_sim
+
+            url, stop = start_teacher_sim(port=0, **dict(teacher_cfg["sim"]))
+            teacher_cfg["base_url"] = url
+            closers.append(stop)
+        teacher = TeacherClient.from_config(teacher_cfg)
+        if wait_ready:
+            teacher.wait_ready()
+        agent_cfg = dict(config.get("agent", {}))
+        agent = make_agent(config, teacher=teacher, task_cfg=task_cfg)
+        return cls(
+            tree_dir=tree_dir,
+            store=store,
+            root_state=root_state,
+            teacher=teacher,
+            agent=agent,
+            task_cfg=task_cfg,
+            direction=task_cfg.get("direction", "maximize"),
+            agent_cfg=agent_cfg,
+            tree_name=Path(root_dir).name,
+            keep_workspaces=bool(config.get("search", {}).get("keep_workspaces", False)),
+            _closers=closers,
+        )
+
+    def close(self) -> None:
+        """Stop a teacher-sim this context started; remove worktrees unless keep_workspaces."""
+        if not self.keep_workspaces:
+            self.store.close()
+        for stop in self._closers:
+            stop()
+        self._closers.clear()
+
+
+# ---- the edge ----------------------------------------------------------------------------------------------
+_TURNS = 2
+
+
+def run_edge(
+    ctx: EdgeContext,
+    parent: NodeState,
+    edge_id: str,
+    parent_score: float | None,
+    *,
+    depth: int,
+    attempt: int,
+    eval_count: int,
+) -> EdgeResult:
+    """Fork `parent`, run two rollout turns in one session, save the session, return the measurements.
+
+    Never raises for Teacher or workspace trouble: the edge is returned with `error` set and failed turns.
+    `eval_count` is Coral's eval count at the parent (the root: the snapshot's `eval_count`).
+    """
+    from sftree.agents.base import StepRecorder, TurnRun
+    from sftree.agents.prompts import next_turn_prompt, start_prompt
+    from sftree.coral import CoralServer
+
+    t0 = time.monotonic()
+    edge_dir = ctx.tree_dir / "edges" / edge_id
+    edge_dir.mkdir(parents=True, exist_ok=True)
+    transcript = edge_dir / "steps.jsonl"
+    session_rel = f"sessions/{edge_id}.json"
+    turns: list[TurnResult] = []
+    error: str | None = None
+    child: NodeState | None = None
+    ws = None
+    server = None
+    recorder = StepRecorder(transcript, edge_id)
+    try:
+        ws = ctx.store.fork(parent, edge_id)
+        server = CoralServer(ws, ctx.task_cfg, eval_count=eval_count, agent_id=f"teacher-{edge_id}")
+        server.start()
+        messages = list(ws.session)
+        headers = {
+            "X-Sftree-Tree": ctx.tree_name,
+            "X-Sftree-Edge": edge_id,
+            "X-Sftree-Depth": str(depth),
+            "X-Sftree-Attempt": str(attempt),
+            "X-Sftree-Session": parent.session or "fresh",
+        }
+        from sftree.agents.prompts import write_agents_md
+
+        write_agents_md(ws.root, ctx.task_cfg, ctx.agent_cfg.get("prompts", {}))
+        for turn in range(1, _TURNS + 1):
+            if not messages:
+                prompt = start_prompt(ctx.task_cfg, ctx.agent_cfg.get("prompts", {}))
+            else:
+                prompt = next_turn_prompt(
+                    messages, ws.knowledge_dir, ctx.task_cfg, ctx.agent_cfg.get("prompts", {})
+                )
+            run = TurnRun(
+                workspace=ws,
+                coral=server.runtime,
+                messages=messages,
+                prompt=prompt,
+                turn=turn,
+                headers={**headers, "X-Sftree-Turn": str(turn)},
+                recorder=recorder,
+                agent_cfg=ctx.agent_cfg,
+                task_cfg=ctx.task_cfg,
+                env=server.env(),
+                extra_ro_hidden=[ctx.store.store_dir, ctx.store.work_dir],
+            )
+            outcome = ctx.agent.run_turn(run)
+            ev = outcome.eval
+            turns.append(
+                TurnResult(
+                    turn=turn,
+                    score=ev.score if ev else None,
+                    eval_status=ev.status if ev else None,
+                    commit=ev.commit if ev else None,
+                    steps=outcome.steps,
+                    tool_calls=outcome.tool_calls,
+                    tool_errors=outcome.tool_errors,
+                    knowledge=outcome.knowledge,
+                    tokens=outcome.tokens,
+                    ended=outcome.ended,
+                    feedback=ev.feedback if ev else (outcome.error or ""),
+                    eval_number=ev.number if ev else None,
+                    error=outcome.error,
+                )
+            )
+            ws.commit_knowledge(f"sftree: {edge_id} turn {turn}")
+            if outcome.ended == "teacher_error":
+                error = outcome.error
+                break  # the Teacher is down past the retry budget: a third request would fail too
+        write_json_atomic(ctx.tree_dir / session_rel, messages, indent=None)
+        child = ws.state(session_rel)
+    except Exception as exc:  # noqa: BLE001 - an edge never takes the search down; the error is recorded
+        log.exception("edge %s failed", edge_id)
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        recorder.close()
+        if server is not None:
+            server.stop()
+    while len(turns) < _TURNS:
+        turns.append(
+            TurnResult(
+                turn=len(turns) + 1,
+                score=None,
+                eval_status=None,
+                commit=None,
+                steps=0,
+                tool_calls=0,
+                tool_errors=0,
+                knowledge=False,
+                tokens=0,
+                ended="teacher_error" if error else "no_eval",
+                error=error,
+            )
+        )
+    code_diff = edge_dir / "code.diff"
+    knowledge_diff = edge_dir / "knowledge.diff"
+    try:
+        if child is not None:
+            write_text_atomic(code_diff, ctx.store.diff("code", parent.code_commit, child.code_commit))
+            write_text_atomic(
+                knowledge_diff, ctx.store.diff("knowledge", parent.knowledge_commit, child.knowledge_commit)
+            )
+        else:
+            write_text_atomic(code_diff, "")
+            write_text_atomic(knowledge_diff, "")
+    finally:
+        if ws is not None and not ctx.keep_workspaces:
+            ws.close()
+    scores = [t.score for t in turns]
+    calls = sum(t.tool_calls for t in turns)
+    errors = sum(t.tool_errors for t in turns)
+    wall = time.monotonic() - t0
+    teacher_s = recorder.latency_s
+    grader_s = server.runtime.grader_s if server is not None else 0.0
+    last_tokens = next((t.tokens for t in reversed(turns) if t.steps), 0)
+    result = EdgeResult(
+        edge_id=edge_id,
+        turns=turns,
+        score=best_score(scores, ctx.direction),
+        valid=all(s is not None for s in scores),
+        steps=sum(t.steps for t in turns),
+        tool_calls=calls,
+        tool_errors=errors,
+        tool_error_rate=tool_error_rate(calls, errors),
+        tokens=last_tokens,
+        knowledge=all(t.knowledge for t in turns),
+        regressed_rate=regressed_rate(parent_score, scores, ctx.direction),
+        child_state=child,
+        transcript=str(transcript.relative_to(ctx.tree_dir)),
+        code_diff=str(code_diff.relative_to(ctx.tree_dir)),
+        knowledge_diff=str(knowledge_diff.relative_to(ctx.tree_dir)),
+        error=error,
+        wall_s=wall,
+        evals=sum(1 for t in turns if t.eval_number is not None),
+        framework_s=max(0.0, wall - teacher_s - grader_s),
+        teacher_s=teacher_s,
+        grader_s=grader_s,
+    )
+    log.info(
+        "edge %s: score=%s valid=%s steps=%d tool_errors=%d/%d tokens=%d %.1fs%s",
+        edge_id,
+        result.score,
+        result.valid,
+        result.steps,
+        errors,
+        calls,
+        result.tokens,
+        wall,
+        f" error={error}" if error else "",
+    )
+    return result

@@ -1,0 +1,266 @@
+"""Section 3: rank a tree's root-to-leaf paths by PathScore and keep the top k (`sftree select-paths`).
+
+A candidate is a normally ended root-to-leaf path (its leaf node has a `leaf_reason`) whose logical nodes all
+have a numeric score and whose edges all have `cleanliness` and `knowledge_score`. The root is not one of a
+path's logical nodes (its score is the Student's, not the Teacher's). Ranks are taken among this tree's
+candidates on oriented scores (minimize tasks negated), with mid-ranks for ties:
+
+    PathScore = .35 max_score_rank + .25 avg_score_rank + .20 avg_cleanliness + .20 avg_knowledge
+
+**Choice** (tie-break, deterministic): PathScore desc, then oriented max_score desc, then oriented avg_score
+desc, then leaf creation order (node number ascending). PathScores equal to 12 decimals count as tied, so
+floating-point noise from summation order never decides a rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sftree.errors import InputError
+from sftree.fileio import read_json, write_json_atomic
+from sftree.scoring import percentile_rank
+
+log = logging.getLogger("sftree.paths")
+
+W_MAX_RANK, W_AVG_RANK, W_CLEAN, W_KNOW = 0.35, 0.25, 0.20, 0.20
+PATHS_VERSION = 1
+
+
+def orient(score: float, direction: str) -> float:
+    return -score if direction == "minimize" else score
+
+
+def path_score(
+    max_score_rank: float, avg_score_rank: float, avg_cleanliness: float, avg_knowledge: float
+) -> float:
+    return (
+        W_MAX_RANK * max_score_rank
+        + W_AVG_RANK * avg_score_rank
+        + W_CLEAN * avg_cleanliness
+        + W_KNOW * avg_knowledge
+    )
+
+
+def _num(x: Any) -> float | None:
+    """A usable number, or None (null, bool, NaN and strings are not scores)."""
+    if isinstance(x, bool) or not isinstance(x, int | float) or math.isnan(x):
+        return None
+    return float(x)
+
+
+@dataclass
+class Candidate:
+    leaf: str
+    leaf_reason: str
+    nodes: list[str]
+    edges: list[str]
+    scores: list[float]  # raw node scores, root excluded
+    cleanliness: list[float]
+    knowledge: list[float]
+
+
+@dataclass
+class PathRecord:
+    rank: int
+    selected: bool
+    leaf: str
+    leaf_reason: str
+    nodes: list[str]
+    edges: list[str]
+    avg_cleanliness: float
+    avg_knowledge: float
+    avg_score: float
+    avg_score_rank: float
+    max_score: float
+    max_score_rank: float
+    path_score: float
+
+
+def _node_number(node_id: str) -> tuple[int, str]:
+    m = re.search(r"(\d+)$", node_id)
+    return (int(m.group(1)) if m else 1 << 30, node_id)
+
+
+def _index_tree(tree: dict, source: str) -> tuple[dict[str, dict], dict[str, dict], str]:
+    try:
+        nodes = {n["id"]: n for n in tree["nodes"]}
+        edges = {e["id"]: e for e in tree["edges"]}
+    except (KeyError, TypeError) as exc:
+        raise InputError(f"{source}: tree has no usable `nodes`/`edges` lists ({exc})") from None
+    roots = [n["id"] for n in nodes.values() if n.get("parent") is None]
+    if len(roots) != 1:
+        raise InputError(f"{source}: expected exactly one root node (parent null), found {roots}")
+    return nodes, edges, roots[0]
+
+
+def _edge_into(node: dict, edges: dict[str, dict], child_edge: dict[str, dict], source: str) -> dict:
+    eid = node.get("edge")
+    edge = edges.get(eid) if eid else child_edge.get(node["id"])
+    if edge is None:
+        raise InputError(f"{source}: node {node['id']} has no edge leading into it")
+    return edge
+
+
+def candidate_paths(tree: dict, source: str = "tree.json") -> tuple[list[Candidate], list[dict]]:
+    """Every normally ended root-to-leaf path with all metrics available, and the excluded ones with why."""
+    nodes, edges, root = _index_tree(tree, source)
+    child_edge = {e["child"]: e for e in edges.values() if e.get("child")}
+    has_child = {n.get("parent") for n in nodes.values()}
+    candidates: list[Candidate] = []
+    excluded: list[dict] = []
+    for nid in sorted(nodes, key=_node_number):
+        node = nodes[nid]
+        if nid == root or nid in has_child:
+            continue
+        if not node.get("leaf_reason"):
+            excluded.append(
+                {"leaf": nid, "reason": f"not a normally ended leaf (status {node.get('status')})"}
+            )
+            continue
+        chain: list[dict] = []
+        cur = node
+        while cur["id"] != root:
+            chain.append(cur)
+            parent = cur.get("parent")
+            if parent not in nodes:
+                raise InputError(f"{source}: node {cur['id']} has unknown parent {parent!r}")
+            if len(chain) > len(nodes):
+                raise InputError(f"{source}: parent links of node {nid} form a cycle")
+            cur = nodes[parent]
+        chain.reverse()
+        path_edges = [_edge_into(n, edges, child_edge, source) for n in chain]
+        scores = [_num(n.get("score")) for n in chain]
+        clean = [_num(e.get("cleanliness")) for e in path_edges]
+        know = [_num(e.get("knowledge_score")) for e in path_edges]
+        missing = (
+            [f"missing score on {n['id']}" for n, s in zip(chain, scores, strict=True) if s is None]
+            + [
+                f"missing cleanliness on {e['id']}"
+                for e, c in zip(path_edges, clean, strict=True)
+                if c is None
+            ]
+            + [
+                f"missing knowledge_score on {e['id']}"
+                for e, k in zip(path_edges, know, strict=True)
+                if k is None
+            ]
+        )
+        if missing:
+            excluded.append({"leaf": nid, "reason": "; ".join(missing)})
+            continue
+        candidates.append(
+            Candidate(
+                leaf=nid,
+                leaf_reason=node["leaf_reason"],
+                nodes=[n["id"] for n in chain],
+                edges=[e["id"] for e in path_edges],
+                scores=scores,
+                cleanliness=clean,
+                knowledge=know,
+            )
+        )
+    return candidates, excluded
+
+
+def score_paths(candidates: list[Candidate], direction: str, top_k: int) -> list[PathRecord]:
+    """The seven fields of 3.4 for each candidate, sorted by PathScore (tie-break above), top k selected."""
+    avg_scores = [sum(c.scores) / len(c.scores) for c in candidates]
+    max_scores = [max(c.scores, key=lambda s: orient(s, direction)) for c in candidates]
+    o_avg = [orient(s, direction) for s in avg_scores]
+    o_max = [orient(s, direction) for s in max_scores]
+    records = []
+    for i, c in enumerate(candidates):
+        avg_rank = percentile_rank(o_avg[i], o_avg)
+        max_rank = percentile_rank(o_max[i], o_max)
+        avg_clean = sum(c.cleanliness) / len(c.cleanliness)
+        avg_know = sum(c.knowledge) / len(c.knowledge)
+        records.append(
+            PathRecord(
+                rank=0,
+                selected=False,
+                leaf=c.leaf,
+                leaf_reason=c.leaf_reason,
+                nodes=c.nodes,
+                edges=c.edges,
+                avg_cleanliness=avg_clean,
+                avg_knowledge=avg_know,
+                avg_score=avg_scores[i],
+                avg_score_rank=avg_rank,
+                max_score=max_scores[i],
+                max_score_rank=max_rank,
+                path_score=path_score(max_rank, avg_rank, avg_clean, avg_know),
+            )
+        )
+    keys = [
+        (-round(r.path_score, 12), -o_max[i], -o_avg[i], _node_number(r.leaf)) for i, r in enumerate(records)
+    ]
+    order = sorted(range(len(records)), key=keys.__getitem__)
+    ranked = [records[i] for i in order]
+    for i, r in enumerate(ranked):
+        r.rank = i + 1
+        r.selected = i < top_k
+    return ranked
+
+
+def select_paths(tree: dict, top_k: int = 6, source: str = "tree.json") -> dict:
+    """The paths.json document for one tree (see docs/architecture.md)."""
+    if top_k < 1:
+        raise InputError(f"--top-k must be at least 1, got {top_k}")
+    direction = tree.get("direction")
+    if direction not in ("maximize", "minimize"):
+        raise InputError(f"{source}: `direction` must be maximize or minimize, got {direction!r}")
+    candidates, excluded = candidate_paths(tree, source)
+    records = score_paths(candidates, direction, top_k)
+    nodes, _, root = _index_tree(tree, source)
+    paths = [asdict(r) for r in records]
+    return {
+        "version": PATHS_VERSION,
+        "task": tree.get("task"),
+        "root": tree.get("root"),
+        "direction": direction,
+        "root_score": _num(nodes[root].get("score")),
+        "top_k": top_k,
+        "counts": {
+            "candidates": len(records),
+            "selected": sum(r.selected for r in records),
+            "excluded": len(excluded),
+        },
+        "paths": paths,
+        "excluded": excluded,
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tree", required=True, help="TREEDIR/tree.json written by `sftree explore`")
+    parser.add_argument("--out", required=True, help="paths.json to write (normally TREEDIR/paths.json)")
+    parser.add_argument("--top-k", type=int, default=6, help="paths to select (all if fewer; default 6)")
+
+
+def run(args: argparse.Namespace) -> int:
+    tree = read_json(args.tree, "tree file")
+    if not isinstance(tree, dict):
+        raise InputError(f"tree file {args.tree}: top level must be an object")
+    if tree.get("status") not in (None, "finished"):
+        log.warning(
+            "%s: tree status is %r, not finished; ranking what is there", args.tree, tree.get("status")
+        )
+    doc = select_paths(tree, args.top_k, source=str(args.tree))
+    write_json_atomic(Path(args.out), doc)
+    c = doc["counts"]
+    best = doc["paths"][0]["path_score"] if doc["paths"] else None
+    log.info(
+        "%s: %d candidate paths, %d selected, %d excluded, best PathScore %s -> %s",
+        args.tree,
+        c["candidates"],
+        c["selected"],
+        c["excluded"],
+        f"{best:.4f}" if best is not None else "-",
+        args.out,
+    )
+    return 0

@@ -1,0 +1,665 @@
+"""The self-contained HTML report (`sftree report --results DIR --out report.html`).
+
+Everything is inline (SVG, CSS, a few lines of JS), so the file opens in any browser without network:
+
+- per task: the Student's learning curve (scores, smoothed curve, stage bands, chosen roots) from `stages.tsv`;
+- per tree: a drawing with nodes by depth, coloured by score, failed and pruned attempts drawn as red crosses,
+  selected paths highlighted; hovering a node shows its score and tokens, clicking shows the full breakdown
+  (Select breakdown of each dispatch from that node, the edge that made it); then the ranked paths table;
+- dataset statistics from `sft.jsonl` (records by task and stage, tokens, tools called in trained responses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import html
+import json
+import logging
+import math
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sftree.errors import InputError
+from sftree.fileio import read_json, write_text_atomic
+from sftree.progress import Progress
+from sftree.scoring import oriented
+
+log = logging.getLogger("sftree.report")
+
+STAGE_COLORS = {"early": "#1f77b4", "middle": "#2ca02c", "late": "#ff7f0e"}  # as in select_roots' stages.svg
+SELECTED = "#f59e0b"
+FAILED = "#dc2626"
+# viridis stops: low score dark purple -> high score yellow
+VIRIDIS = ["#440154", "#3b528b", "#21918c", "#5ec962", "#fde725"]
+
+
+def esc(x: object) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def fmt(x: object, nd: int = 4) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return (
+            f"{x:.{nd}g}"
+            if (x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3))
+            else f"{x:.{nd}f}".rstrip("0").rstrip(".")
+        )
+    return str(x)
+
+
+def _hex(c: str) -> tuple[int, int, int]:
+    return int(c[1:3], 16), int(c[3:5], 16), int(c[5:7], 16)
+
+
+def color_scale(t: float | None) -> str:
+    """t in [0, 1] -> viridis colour; None -> grey."""
+    if t is None or math.isnan(t):
+        return "#9ca3af"
+    t = min(1.0, max(0.0, t)) * (len(VIRIDIS) - 1)
+    i = min(int(t), len(VIRIDIS) - 2)
+    a, b, f = _hex(VIRIDIS[i]), _hex(VIRIDIS[i + 1]), t - i
+    return "#" + "".join(f"{round(a[k] + (b[k] - a[k]) * f):02x}" for k in range(3))
+
+
+def _float(x: str) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+# --- inputs ---------------------------------------------------------------------------------------------
+
+
+def read_stages(path: Path) -> list[dict]:
+    try:
+        with open(path, encoding="utf-8", newline="") as fh:
+            rows = list(csv.DictReader(fh, delimiter="\t"))
+    except OSError as exc:
+        raise InputError(f"cannot read stages table {path}: {exc}") from None
+    need = {"global_index", "score", "stage", "selected"}
+    if rows and not need <= set(rows[0]):
+        raise InputError(f"stages table {path}: missing columns {sorted(need - set(rows[0]))}")
+    return rows
+
+
+@dataclass
+class TreeView:
+    task: str
+    root: str
+    tree: dict
+    paths: dict | None
+    tree_dir: Path
+
+
+@dataclass
+class TaskView:
+    name: str
+    stages: list[dict] = field(default_factory=list)
+    trees: list[TreeView] = field(default_factory=list)
+
+
+def collect(results: Path) -> list[TaskView]:
+    tasks: dict[str, TaskView] = {}
+    for tsv in sorted(results.glob("*/stages.tsv")):
+        tasks.setdefault(tsv.parent.name, TaskView(tsv.parent.name)).stages = read_stages(tsv)
+    tree_files = sorted(results.glob("*/trees/*/tree.json"))
+    progress = Progress("report trees", total=len(tree_files), logger=log)
+    for tf in tree_files:
+        task = tf.parent.parent.parent.name
+        pf = tf.parent / "paths.json"
+        view = TreeView(
+            task,
+            tf.parent.name,
+            read_json(tf, "tree file"),
+            read_json(pf, "paths file") if pf.is_file() else None,
+            tf.parent,
+        )
+        tasks.setdefault(task, TaskView(task)).trees.append(view)
+        progress.update()
+    progress.finish()
+    return [tasks[k] for k in sorted(tasks)]
+
+
+def dataset_stats(sft: Path) -> dict | None:
+    if not sft.is_file():
+        return None
+    by_task_stage: Counter = Counter()
+    by_root: Counter = Counter()
+    tools: Counter = Counter()
+    tokens: Counter = Counter()
+    n = msgs = malformed = 0
+    with open(sft, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{sft} line {lineno}: not valid JSON ({exc})") from None
+            m = rec.get("metadata", {})
+            n += 1
+            msgs += len(rec.get("messages", []))
+            by_task_stage[(m.get("task"), m.get("stage") or "unknown")] += 1
+            by_root[(m.get("task"), m.get("root"))] += 1
+            malformed += m.get("malformed_arguments", 0)
+            for k, v in (m.get("usage") or {}).items():
+                tokens[k] += v
+            trained = [x for x in rec.get("messages", []) if x.get("role") == "assistant"][-1:]
+            for x in trained:
+                for tc in x.get("tool_calls", []):
+                    tools[tc["function"]["name"]] += 1
+    return {
+        "records": n,
+        "messages": msgs,
+        "by_task_stage": by_task_stage,
+        "by_root": by_root,
+        "tools": tools,
+        "tokens": tokens,
+        "malformed": malformed,
+    }
+
+
+# --- SVG ------------------------------------------------------------------------------------------------
+
+
+def _truthy(x: object) -> bool:
+    return str(x).strip().lower() in ("true", "1", "yes")
+
+
+def learning_curve_svg(rows: list[dict], task: str, direction: str | None) -> str:
+    """The Student's scores over the global eval index (plots.svg_plot): stage bands, smoothed curve, chosen roots."""
+    from sftree.plots import Band, Series, svg_plot
+
+    rows = sorted(
+        (r for r in rows if _float(r.get("global_index")) is not None),
+        key=lambda r: _float(r["global_index"]),
+    )
+    if not rows:
+        return "<p>No snapshots in stages.tsv.</p>"
+    x = [_float(r["global_index"]) for r in rows]
+    ok = [r for r in rows if _truthy(r.get("eval_ok")) and _float(r.get("score")) is not None]
+    bad = [r for r in rows if not (_truthy(r.get("eval_ok")) and _float(r.get("score")) is not None)]
+    chosen = [r for r in rows if _truthy(r.get("selected"))]
+    bands, labelled, start = [], set(), 0
+    for i in range(1, len(rows) + 1):  # runs of one stage, split halfway between neighbours
+        if i == len(rows) or rows[i].get("stage") != rows[start].get("stage"):
+            x0 = x[0] - 0.5 if start == 0 else (x[start - 1] + x[start]) / 2
+            x1 = x[-1] + 0.5 if i == len(rows) else (x[i - 1] + x[i]) / 2
+            stage = rows[start].get("stage", "")
+            bands.append(
+                Band(x0, x1, STAGE_COLORS.get(stage, "#9ca3af"), None if stage in labelled else stage, 0.16)
+            )
+            labelled.add(stage)
+            start = i
+
+    def gi(rs):
+        return [_float(r["global_index"]) for r in rs]
+
+    def y_of(r):
+        return (
+            _float(r.get("score")) if _float(r.get("score")) is not None else _float(r.get("score_for_stage"))
+        )
+
+    series = [
+        Series(
+            gi(ok),
+            [_float(r["score"]) for r in ok],
+            "points",
+            "score (eval ok)",
+            "#2563eb",
+            size=2.4,
+            opacity=0.8,
+        ),
+        Series(
+            gi(bad),
+            [_float(r.get("score_for_stage")) for r in bad],
+            "points",
+            "eval failed",
+            FAILED,
+            marker="cross",
+        ),
+        Series(x, [_float(r.get("smooth_score")) for r in rows], "line", "smoothed", "#111827", width=1.8),
+        Series(
+            gi(chosen),
+            [y_of(r) for r in chosen],
+            "points",
+            f"chosen roots ({len(chosen)})",
+            SELECTED,
+            marker="ring",
+            size=6,
+        ),
+    ]
+    title = f"{task}: Student learning curve ({direction or 'direction unknown'})"
+    return svg_plot(
+        series, title=title, xlabel="global eval index", ylabel="score", bands=bands, width=1000, height=340
+    )
+
+
+def _num_key(s: str) -> tuple[int, str]:
+    m = re.search(r"(\d+)$", s or "")
+    return (int(m.group(1)) if m else 1 << 30, s or "")
+
+
+def tree_svg(view: TreeView, uid: str) -> str:
+    """Nodes by depth (rows), leaves spread left to right, parents centred over their children."""
+    tree = view.tree
+    direction = tree.get("direction", "maximize")
+    nodes = {n["id"]: n for n in tree.get("nodes", [])}
+    edges = tree.get("edges", [])
+    root = next((n for n in nodes.values() if n.get("parent") is None), None)
+    if root is None:
+        return "<p>Tree has no root node.</p>"
+    selected_edges: set[str] = set()
+    selected_nodes: set[str] = set()
+    for p in (view.paths or {}).get("paths", []):
+        if p.get("selected"):
+            selected_edges.update(p["edges"])
+            selected_nodes.update(p["nodes"])
+    # children of a node: its edges (a failed attempt is a child slot without a node)
+    kids: dict[str, list[dict]] = defaultdict(list)
+    for e in edges:
+        kids[e.get("parent")].append(e)
+    for v in kids.values():
+        v.sort(key=lambda e: _num_key(e["id"]))
+    dispatches: dict[str, list[dict]] = defaultdict(list)
+    for e in edges:
+        if isinstance(e.get("select"), dict):
+            dispatches[e["select"].get("node", e.get("parent"))].append({"edge": e["id"], **e["select"]})
+
+    pos: dict[str, tuple[float, int]] = {}  # node id or "x:<edge>" -> (slot x, depth)
+    slot = [0]
+
+    def place(nid: str, depth: int) -> float:
+        xs = []
+        for e in kids.get(nid, []):
+            child = e.get("child")
+            if child and child in nodes:
+                xs.append(place(child, depth + 1))
+            else:
+                pos["x:" + e["id"]] = (slot[0], depth + 1)
+                xs.append(slot[0])
+                slot[0] += 1
+        if not xs:
+            x = slot[0]
+            slot[0] += 1
+        else:
+            x = (min(xs) + max(xs)) / 2
+        pos[nid] = (x, depth)
+        return x
+
+    place(root["id"], 0)
+    scores = [oriented(n.get("score"), direction) for n in nodes.values()]
+    numeric = [s for s in scores if s is not None]
+    lo, hi = (min(numeric), max(numeric)) if numeric else (0.0, 1.0)
+    max_depth = max(d for _, d in pos.values())
+    dx, dy, m = 56, 80, 30
+    width = max(int(slot[0] * dx + 2 * m), 320)
+    height = int(max_depth * dy + 2 * m + 10)
+
+    def xy(key):
+        x, d = pos[key]
+        return m + x * dx + dx / 2, m + d * dy
+
+    out = [f'<svg class="tree" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">']
+    for e in edges:
+        if e.get("parent") not in pos:
+            continue
+        px, py = xy(e["parent"])
+        child = e.get("child")
+        tip = (
+            f"edge {e['id']} attempt {e.get('attempt')}: score {fmt(e.get('score'))}, soft {fmt(e.get('soft'))}, "
+            f"tool error rate {fmt(e.get('tool_error_rate'))}, tokens {e.get('tokens')}"
+        )
+        if child and child in nodes:
+            cx, cy = xy(child)
+            sel = e["id"] in selected_edges
+            # kept although a turn failed (fallback retry at depth 1, exemption at depth 2): dashed
+            kept_failed = e.get("pruned") or any(t.get("score") is None for t in e.get("turns") or [])
+            if kept_failed:
+                tip += "; a turn had no numeric score (kept: fallback/exemption)"
+            dash = ' stroke-dasharray="6 4"' if kept_failed else ""
+            stroke = SELECTED if sel else (FAILED if kept_failed else "#9ca3af")
+            out.append(
+                f'<line x1="{px:.1f}" y1="{py:.1f}" x2="{cx:.1f}" y2="{cy:.1f}" stroke="{stroke}" '
+                f'stroke-width="{5 if sel else 1.5}"{dash}>'
+                f"<title>{esc(tip)}</title></line>"
+            )
+        else:
+            cx, cy = xy("x:" + e["id"])
+            reason = e.get("prune_reason") or "failed"
+            out.append(
+                f'<line x1="{px:.1f}" y1="{py:.1f}" x2="{cx:.1f}" y2="{cy:.1f}" stroke="{FAILED}" stroke-width="1.2" '
+                f'stroke-dasharray="4 3"/><g class="fail"><title>{esc(tip + f"; pruned: {reason}")}</title>'
+                f'<path d="M{cx - 6:.1f},{cy - 6:.1f}L{cx + 6:.1f},{cy + 6:.1f}M{cx + 6:.1f},{cy - 6:.1f}L{cx - 6:.1f},{cy + 6:.1f}" '
+                f'stroke="{FAILED}" stroke-width="2.5"/></g>'
+            )
+    edge_by_id = {e["id"]: e for e in edges}
+    for nid, n in sorted(nodes.items(), key=lambda kv: _num_key(kv[0])):
+        if nid not in pos:
+            continue
+        x, y = xy(nid)
+        s = oriented(n.get("score"), direction)
+        t = None if s is None else (0.5 if hi == lo else (s - lo) / (hi - lo))
+        into = edge_by_id.get(n.get("edge") or "") or next((e for e in edges if e.get("child") == nid), None)
+        info = {
+            "node": nid,
+            "depth": n.get("depth"),
+            "score": n.get("score"),
+            "path_best_score": n.get("path_best_score"),
+            "tokens (max_token_total)": n.get("max_token_total"),
+            "status": n.get("status"),
+            "leaf_reason": n.get("leaf_reason"),
+            "valid_children": n.get("valid_children"),
+            "failed_expansions": n.get("failed_expansions"),
+            "on selected path": nid in selected_nodes,
+        }
+        if into:
+            info["made by edge"] = {
+                k: into.get(k)
+                for k in (
+                    "id",
+                    "attempt",
+                    "exempt",
+                    "steps",
+                    "tool_error_rate",
+                    "outcome",
+                    "cleanliness",
+                    "knowledge_score",
+                    "regression_stability",
+                    "soft",
+                    "wall_s",
+                )
+            }
+            if into.get("select"):
+                info["parent's Select when this edge was dispatched"] = into["select"]
+        if dispatches.get(nid):
+            info["Select breakdown of dispatches from this node"] = dispatches[nid]
+        tip = f"{nid}: score {fmt(n.get('score'))}, tokens {n.get('max_token_total')}"
+        if dispatches.get(nid):
+            last = dispatches[nid][-1]
+            tip += (
+                f"\nSelect {fmt(last.get('select'))} = Q {fmt(last.get('Q'))} + alpha*T {fmt(last.get('T'))}"
+            )
+        if n.get("leaf_reason"):
+            tip += f"\nleaf: {n['leaf_reason']}"
+        r = 11 if nid == root["id"] else 9
+        stroke = SELECTED if nid in selected_nodes else "#111827"
+        out.append(
+            f'<g class="node" tabindex="0" data-tree="{esc(uid)}" data-info="{esc(json.dumps(info))}">'
+            f"<title>{esc(tip)}</title>"
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r}" fill="{color_scale(t)}" stroke="{stroke}" '
+            f'stroke-width="{3 if nid in selected_nodes else 1.2}"/>'
+            + (
+                f'<rect x="{x - 3:.1f}" y="{y + r + 2:.1f}" width="6" height="6" fill="#111827"/>'
+                if n.get("leaf_reason")
+                else ""
+            )
+            + f'<text x="{x:.1f}" y="{y - r - 4:.1f}" text-anchor="middle" class="nid">{esc(nid)}</text></g>'
+        )
+    out.append("</svg>")
+    legend = (
+        '<div class="legend"><span class="grad">score '
+        f"{fmt(lo if direction != 'minimize' else -lo)}"
+        '<i style="width:90px;background:linear-gradient(90deg,' + ",".join(VIRIDIS) + ')"></i>'
+        f"{fmt(hi if direction != 'minimize' else -hi)}</span>"
+        f'<span><i style="background:{SELECTED};height:4px"></i>selected path</span>'
+        f'<span><b style="color:{FAILED}">&#x2715;</b> failed / pruned attempt</span>'
+        f'<span><i style="border-top:2px dashed {FAILED};height:0"></i>kept despite a failed turn</span>'
+        '<span><i style="background:#111827;width:6px;height:6px"></i>leaf</span>'
+        '<span><i style="background:#9ca3af;border-radius:50%"></i>no score</span></div>'
+    )
+    return f'<div class="scroll">{"".join(out)}</div>{legend}'
+
+
+# --- HTML -----------------------------------------------------------------------------------------------
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#111827;background:#f9fafb}
+main{max-width:1200px;margin:0 auto;padding:16px 24px 80px}
+h1{font-size:24px;margin:8px 0} h2{font-size:20px;margin:28px 0 8px;border-bottom:2px solid #e5e7eb}
+h3{font-size:16px;margin:16px 0 6px}
+table{border-collapse:collapse;margin:8px 0;background:#fff;font-size:13px}
+th,td{border:1px solid #e5e7eb;padding:3px 8px;text-align:right} th{background:#f3f4f6}
+td.l,th.l{text-align:left} tr.sel td{background:#fff7ed}
+.card{background:#fff;border:1px solid #e5e7eb;border-radius:8px;padding:10px 14px;margin:10px 0}
+.legend{display:flex;flex-wrap:wrap;gap:14px;font-size:12px;color:#374151;margin:4px 0 8px}
+.legend i{display:inline-block;width:14px;height:10px;margin-right:4px;vertical-align:middle}
+.legend b{margin-right:4px}
+.tick{font-size:11px;fill:#6b7280} .axis{font-size:12px;fill:#374151} .nid{font-size:10px;fill:#374151}
+.scroll{overflow-x:auto} svg{background:#fff}
+.node{cursor:pointer} .node:focus circle,.node:hover circle{stroke-width:3;stroke:#000}
+details>summary{cursor:pointer;font-weight:600;margin:6px 0}
+#details{position:fixed;right:12px;bottom:12px;width:380px;max-height:60vh;overflow:auto;background:#fff;
+ border:1px solid #9ca3af;border-radius:8px;padding:10px;font:12px/1.4 ui-monospace,monospace;display:none;
+ box-shadow:0 4px 16px rgba(0,0,0,.15);white-space:pre-wrap}
+#details button{float:right}
+.muted{color:#6b7280}
+"""
+
+JS = """
+document.addEventListener('click', function (ev) {
+  var g = ev.target.closest && ev.target.closest('.node');
+  var box = document.getElementById('details');
+  if (ev.target.id === 'details-close') { box.style.display = 'none'; return; }
+  if (!g) return;
+  var info = JSON.parse(g.getAttribute('data-info'));
+  box.textContent = '';
+  var b = document.createElement('button'); b.id = 'details-close'; b.textContent = 'close';
+  box.appendChild(b);
+  var pre = document.createElement('div');
+  pre.textContent = g.getAttribute('data-tree') + '\\n' + JSON.stringify(info, null, 2);
+  box.appendChild(pre);
+  box.style.display = 'block';
+});
+"""
+
+
+def _table(headers: list[str], rows: list[list[object]], left: int = 1, row_class=None) -> str:
+    head = "".join(f'<th class="{"l" if i < left else ""}">{esc(h)}</th>' for i, h in enumerate(headers))
+    body = []
+    for ri, r in enumerate(rows):
+        cls = f' class="{row_class(ri)}"' if row_class and row_class(ri) else ""
+        body.append(
+            f"<tr{cls}>"
+            + "".join(f'<td class="{"l" if i < left else ""}">{esc(fmt(c))}</td>' for i, c in enumerate(r))
+            + "</tr>"
+        )
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def tree_section(view: TreeView, uid: str) -> str:
+    t = view.tree
+    c = t.get("counters") or {}
+    nodes = t.get("nodes", [])
+    edges = t.get("edges", [])
+    failed = sum(1 for e in edges if not e.get("child"))
+    kept = sum(
+        1 for e in edges if e.get("child") and any(x.get("score") is None for x in e.get("turns") or [])
+    )
+    root = next((n for n in nodes if n.get("parent") is None), {})
+    best = [n.get("score") for n in nodes if n.get("parent") is not None and n.get("score") is not None]
+    direction = t.get("direction", "maximize")
+    best_score = max(best, key=lambda s: oriented(s, direction)) if best else None
+    paths = (view.paths or {}).get("paths", [])
+    nsel = sum(1 for p in paths if p.get("selected"))
+    summary = (
+        f"{esc(view.root)}: {len(nodes) - 1} nodes, {len(edges)} edges ({failed} attempts without a node, "
+        f"{kept} kept despite a failed turn), "
+        f"root score {fmt(root.get('score'))}, best {fmt(best_score)}, {nsel}/{len(paths)} paths selected, "
+        f"stop: {esc(t.get('stop_reason'))}"
+    )
+    parts = [f'<details open><summary>{summary}</summary><div class="card">', tree_svg(view, uid)]
+    if paths:
+        rows = [
+            [
+                p["rank"],
+                p["leaf"],
+                " → ".join(p["nodes"]),
+                p.get("leaf_reason"),
+                p["max_score"],
+                p["max_score_rank"],
+                p["avg_score"],
+                p["avg_score_rank"],
+                p["avg_cleanliness"],
+                p["avg_knowledge"],
+                p["path_score"],
+                "yes" if p.get("selected") else "",
+            ]
+            for p in paths
+        ]
+        parts.append(
+            _table(
+                [
+                    "rank",
+                    "leaf",
+                    "nodes",
+                    "leaf reason",
+                    "max score",
+                    "max rank",
+                    "avg score",
+                    "avg rank",
+                    "avg clean",
+                    "avg knowledge",
+                    "PathScore",
+                    "selected",
+                ],
+                rows,
+                left=4,
+                row_class=lambda i: "sel" if paths[i].get("selected") else "",
+            )
+        )
+    elif view.paths is None:
+        parts.append('<p class="muted">No paths.json yet.</p>')
+    excluded = (view.paths or {}).get("excluded", [])
+    if excluded:
+        parts.append(
+            '<p class="muted">Excluded leaves: '
+            + "; ".join(f"{esc(x['leaf'])} ({esc(x['reason'])})" for x in excluded)
+            + "</p>"
+        )
+    counters = ", ".join(f"{k} {v}" for k, v in c.items())
+    if counters:
+        parts.append(f'<p class="muted">Counters: {esc(counters)}</p>')
+    parts.append("</div></details>")
+    return "".join(parts)
+
+
+def task_section(task: TaskView) -> str:
+    direction = next((v.tree.get("direction") for v in task.trees), None)
+    parts = [f'<h2 id="task-{esc(task.name)}">Task {esc(task.name)}</h2>']
+    if task.stages:
+        counts = Counter(r.get("stage") for r in task.stages)
+        chosen = [r for r in task.stages if _truthy(r.get("selected"))]
+        parts.append(
+            f"<h3>Student learning curve</h3><p>{len(task.stages)} snapshots "
+            f"(early {counts['early']}, middle {counts['middle']}, late {counts['late']}), {len(chosen)} chosen roots.</p>"
+        )
+        parts.append(
+            f'<div class="card scroll">{learning_curve_svg(task.stages, task.name, direction)}</div>'
+        )
+        by_root = {v.root: v for v in task.trees}
+        rows = []
+        for r in chosen:
+            v = by_root.get(r.get("snapshot"))
+            paths = (v.paths or {}).get("paths", []) if v else []
+            rows.append(
+                [
+                    r.get("snapshot"),
+                    r.get("stage"),
+                    r.get("selection_reason"),
+                    _float(r.get("score")),
+                    len(v.tree.get("nodes", [])) - 1 if v else "-",
+                    sum(p.get("selected", False) for p in paths),
+                    paths[0]["path_score"] if paths else None,
+                ]
+            )
+        parts.append(
+            _table(
+                ["root", "stage", "reason", "score", "tree nodes", "selected paths", "best PathScore"],
+                rows,
+                left=3,
+            )
+        )
+    parts.append(f"<h3>Trees ({len(task.trees)})</h3>")
+    for i, v in enumerate(task.trees):
+        parts.append(tree_section(v, f"{task.name}/{v.root}#{i}"))
+    return "".join(parts)
+
+
+def dataset_section(stats: dict | None) -> str:
+    if stats is None:
+        return '<h2 id="dataset">Dataset</h2><p class="muted">No sft.jsonl yet.</p>'
+    parts = [
+        '<h2 id="dataset">Dataset</h2>',
+        f"<p>{stats['records']} records, {stats['messages']} messages "
+        f"({stats['messages'] / max(stats['records'], 1):.1f} per record). Tokens (server usage of the exported "
+        f"model calls): prompt {stats['tokens']['prompt_tokens']}, completion {stats['tokens']['completion_tokens']}, "
+        f"total {stats['tokens']['total_tokens']}. Malformed tool arguments kept raw: {stats['malformed']}.</p>",
+    ]
+    tasks = sorted({t for t, _ in stats["by_task_stage"]}, key=str)
+    stages = ["early", "middle", "late", "unknown"]
+    rows = [
+        [t]
+        + [stats["by_task_stage"][(t, s)] for s in stages]
+        + [sum(stats["by_task_stage"][(t, s)] for s in stages)]
+        for t in tasks
+    ]
+    parts.append("<h3>Records by task and stage</h3>" + _table(["task"] + stages + ["total"], rows))
+    rows = [
+        [t, r, n]
+        for (t, r), n in sorted(stats["by_root"].items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1])))
+    ]
+    parts.append("<h3>Records by root</h3>" + _table(["task", "root", "records"], rows, left=2))
+    rows = [[name, n] for name, n in stats["tools"].most_common()]
+    parts.append("<h3>Tools called in the trained responses</h3>" + _table(["tool", "calls"], rows))
+    return "".join(parts)
+
+
+def render(results: Path) -> str:
+    tasks = collect(results)
+    stats = dataset_stats(results / "sft.jsonl")
+    n_trees = sum(len(t.trees) for t in tasks)
+    n_nodes = sum(max(len(v.tree.get("nodes", [])) - 1, 0) for t in tasks for v in t.trees)
+    n_sel = sum(
+        p.get("selected", False) for t in tasks for v in t.trees for p in (v.paths or {}).get("paths", [])
+    )
+    nav = (
+        " · ".join(f'<a href="#task-{esc(t.name)}">{esc(t.name)}</a>' for t in tasks)
+        + ' · <a href="#dataset">dataset</a>'
+    )
+    body = [
+        "<h1>sftree report</h1>",
+        f"<p>{len(tasks)} tasks, {n_trees} trees, {n_nodes} Teacher nodes, {n_sel} selected paths, "
+        f"{stats['records'] if stats else 0} SFT records. {nav}</p>",
+        '<p class="muted">Hover a tree node for its score and tokens; click it for the full breakdown (Select '
+        "breakdown of every dispatch from it, and the metrics of the edge that made it).</p>",
+    ]
+    body += [task_section(t) for t in tasks]
+    body.append(dataset_section(stats))
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>sftree report</title>'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>'
+        f'<body><main>{"".join(body)}</main><div id="details"></div><script>{JS}</script></body></html>\n'
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--results", required=True, help="the workflow's results folder")
+    parser.add_argument("--out", required=True, help="report.html to write")
+
+
+def run(args: argparse.Namespace) -> int:
+    results = Path(args.results)
+    if not results.is_dir():
+        raise InputError(f"results folder not found: {results}")
+    page = render(results)
+    write_text_atomic(args.out, page)
+    log.info("report (%d KiB) -> %s", len(page.encode()) // 1024, args.out)
+    return 0

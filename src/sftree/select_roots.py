@@ -1,0 +1,333 @@
+"""`sftree select-roots`: split a Student run into early/middle/late stages and pick the root snapshots.
+
+    sftree select-roots --snapshots DIR --out OUTDIR --table STAGES.tsv --direction {maximize,minimize}
+                        [--num-roots 30] [--smooth-window 5] [--link copy|hardlink] [--plot STAGES.svg]
+                        [--task NAME]
+
+Reads the task's eval-* folders (`snapshots.py`), applies section 2 (`stages.py`), copies each chosen folder to
+OUTDIR/<same name>/ with `score, stage, selection_reason, task, direction` added to its metadata.json, and writes
+one stages.tsv row per candidate. OUTDIR is built beside itself and renamed into place at the end, so a failed run
+leaves the previous output (or none) and never half of one. The input is never modified: in hardlink mode the
+copy's metadata.json is a new file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sftree import stages as st
+from sftree.errors import InputError
+from sftree.fileio import write_json_atomic, write_text_atomic
+from sftree.snapshots import Scan, Snapshot, load_json_object, resolve_task_dir, scan
+
+log = logging.getLogger(__name__)
+
+TABLE_COLUMNS = (
+    "snapshot",
+    "global_index",
+    "agent_id",
+    "commit_hash",
+    "eval_count",
+    "eval_ok",
+    "status",
+    "score",
+    "score_for_stage",
+    "smooth_score",
+    "gain_ratio",
+    "stage",
+    "stage_method",
+    "selected",
+    "selection_reason",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--snapshots", required=True, help="the task's eval-* folder, or a folder of task folders"
+    )
+    parser.add_argument("--out", required=True, help="output folder for the chosen root snapshots")
+    parser.add_argument("--table", required=True, help="stages.tsv: one row per candidate snapshot")
+    parser.add_argument("--direction", required=True, choices=["maximize", "minimize"])
+    parser.add_argument("--num-roots", type=int, default=30, help="roots to choose (split 1:3:2)")
+    parser.add_argument("--smooth-window", type=int, default=5, help="centred moving-average window")
+    parser.add_argument(
+        "--link", choices=["copy", "hardlink"], default="copy", help="how root files are copied"
+    )
+    parser.add_argument("--plot", help="write the stage plot (SVG) here")
+    parser.add_argument("--task", help="task name (default: the snapshot folder's name)")
+
+
+@dataclass
+class Row:
+    snap: Snapshot
+    score_for_stage: float
+    smooth: float  # in the task's own units (not oriented)
+    gain: float | None
+    stage: str
+    reason: str | None  # None: not selected
+
+
+@dataclass
+class Selection:
+    task: str
+    direction: str
+    method: str
+    s0: float  # oriented
+    s_inf: float
+    rows: list[Row]
+    quotas: dict[str, int]
+    window: int
+
+    @property
+    def chosen(self) -> list[Row]:
+        return [r for r in self.rows if r.reason]
+
+
+def select(result: Scan, direction: str, num_roots: int, window: int) -> Selection:
+    """Apply section 2 to the scanned candidates (global order)."""
+    snaps = result.snapshots
+    try:
+        filled = st.fill_missing([s.score for s in snaps])
+    except ValueError:
+        raise InputError(
+            f"task {result.task!r}: none of the {len(snaps)} candidate snapshots in {result.directory} has a "
+            "numeric score (every attempt score is null or missing)"
+        ) from None
+    split = st.split_stages(st.orient(filled, direction), window)
+    # A root must have eval_ok and a score of its own: explore starts from the root's score.
+    eligible = [s.eval_ok and s.score is not None for s in snaps]
+    chosen = st.choose(split.stages, eligible, num_roots)
+    sign = 1.0 if direction == "maximize" else -1.0
+    rows = [
+        Row(s, filled[i], sign * split.smooth[i], split.gain[i], split.stages[i], chosen.get(i))
+        for i, s in enumerate(snaps)
+    ]
+    return Selection(
+        result.task, direction, split.method, split.s0, split.s_inf, rows, st.quotas(num_roots), window
+    )
+
+
+# --- outputs ----------------------------------------------------------------------------------------------
+
+
+def _num(v: float | None) -> str:
+    return "" if v is None else repr(float(v))
+
+
+def table_text(sel: Selection) -> str:
+    lines = ["\t".join(TABLE_COLUMNS)]
+    for r in sel.rows:
+        s = r.snap
+        lines.append(
+            "\t".join(
+                (
+                    s.name,
+                    str(s.global_index),
+                    s.agent_id,
+                    s.commit_hash,
+                    "" if s.eval_count is None else str(s.eval_count),
+                    "true" if s.eval_ok else "false",
+                    s.status or "",
+                    _num(s.score),
+                    _num(r.score_for_stage),
+                    _num(r.smooth),
+                    _num(r.gain),
+                    r.stage,
+                    sel.method,
+                    "true" if r.reason else "false",
+                    r.reason or "",
+                )
+            )
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _copy_tree(src: str, dst: str, link: str, warned: list[bool]) -> None:
+    def hardlink(s: str, d: str) -> None:
+        try:
+            os.link(s, d)
+        except OSError as exc:  # another filesystem, or links not allowed: fall back to a copy
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                raise
+            if not warned[0]:
+                log.warning("hardlink not possible (%s), copying instead", exc.strerror)
+                warned[0] = True
+            shutil.copy2(s, d)
+
+    shutil.copytree(src, dst, symlinks=True, copy_function=hardlink if link == "hardlink" else shutil.copy2)
+
+
+def write_roots(sel: Selection, out: Path, link: str) -> None:
+    """Build the roots folder beside `out`, then swap it in (the old one is removed only at the end)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result should look like any other folder
+    old = None
+    try:
+        warned = [False]
+        for r in sel.chosen:
+            dst = tmp / r.snap.name
+            _copy_tree(r.snap.path, str(dst), link, warned)
+            meta = load_json_object(os.path.join(r.snap.path, "metadata.json"), "metadata.json")
+            meta.update(
+                score=r.snap.score,
+                stage=r.stage,
+                selection_reason=r.reason,
+                task=sel.task,
+                direction=sel.direction,
+            )
+            # A rename replaces the (possibly hard-linked) name: the input's metadata.json stays untouched.
+            write_json_atomic(dst / "metadata.json", meta)
+        if out.exists() or out.is_symlink():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.rename(out, old)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not out.exists():
+            os.rename(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+STAGE_COLORS = {"early": "#1f77b4", "middle": "#2ca02c", "late": "#ff7f0e"}
+
+
+def plot_svg(sel: Selection) -> str:
+    from sftree.plots import Band, Series, svg_plot
+
+    rows = sel.rows
+    x = [r.snap.global_index for r in rows]
+    ok = [r for r in rows if r.snap.eval_ok and r.snap.score is not None]
+    bad = [r for r in rows if not (r.snap.eval_ok and r.snap.score is not None)]
+    chosen = sel.chosen
+    # Stage bands: runs of consecutive snapshots in one stage, split halfway between neighbours.
+    bands: list[Band] = []
+    labelled: set[str] = set()
+    start = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i].stage != rows[start].stage:
+            x0 = x[0] - 0.5 if start == 0 else (x[start - 1] + x[start]) / 2
+            x1 = x[-1] + 0.5 if i == len(rows) else (x[i - 1] + x[i]) / 2
+            stage = rows[start].stage
+            bands.append(Band(x0, x1, STAGE_COLORS[stage], None if stage in labelled else stage, 0.14))
+            labelled.add(stage)
+            start = i
+    series = [
+        Series(
+            [r.snap.global_index for r in ok],
+            [r.snap.score for r in ok],
+            "points",
+            "score (eval_ok)",
+            "#555555",
+            size=2.2,
+            opacity=0.7,
+        ),
+        Series(
+            [r.snap.global_index for r in bad],
+            [r.score_for_stage for r in bad],
+            "points",
+            "eval_ok false",
+            "#d62728",
+            marker="cross",
+            size=3.0,
+        ),
+        Series(x, [r.smooth for r in rows], "line", f"smoothed (window {sel.window})", "#000000", width=1.8),
+        Series(
+            [r.snap.global_index for r in chosen],
+            [r.snap.score for r in chosen],
+            "points",
+            f"chosen roots ({len(chosen)})",
+            "#9467bd",
+            marker="ring",
+            size=5.5,
+        ),
+    ]
+    title = f"{sel.task}: stages by {'gain ratio' if sel.method == 'gain' else 'time position (no rise)'} ({sel.direction})"
+    return svg_plot(series, title=title, xlabel="global eval index", ylabel="score", bands=bands)
+
+
+# --- command ----------------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.num_roots < 1:
+        raise InputError(f"--num-roots must be at least 1, not {args.num_roots}")
+    if args.smooth_window < 1:
+        raise InputError(f"--smooth-window must be at least 1, not {args.smooth_window}")
+    t0 = time.monotonic()
+    task_dir, task = resolve_task_dir(args.snapshots, args.task)
+    result = scan(task_dir, task)
+    read_s = time.monotonic() - t0
+    sel = select(result, args.direction, args.num_roots, args.smooth_window)
+    if result.non_finite:
+        log.warning(
+            "%s: %d non-finite score(s) treated as missing, e.g. %s",
+            task,
+            len(result.non_finite),
+            result.non_finite[0],
+        )
+    # Everything is computed before anything is written: a bad input leaves no output behind.
+    if args.plot:
+        write_text_atomic(args.plot, plot_svg(sel))
+    write_text_atomic(args.table, table_text(sel))
+    write_roots(sel, Path(args.out), args.link)
+    n = len(sel.rows)
+    log.info(
+        "%s: %d snapshots read (%d candidates, %d pending skipped) in %.2fs (%.0f/s); stages by %s "
+        "(S0=%.6g, S_inf=%.6g, %s)",
+        task,
+        n + len(result.pending),
+        n,
+        len(result.pending),
+        read_s,
+        (n + len(result.pending)) / max(read_s, 1e-9),
+        "gain ratio" if sel.method == "gain" else "time position",
+        sel.s0,
+        sel.s_inf,
+        sel.direction,
+    )
+    for stage in st.STAGES:
+        members = [r for r in sel.rows if r.stage == stage]
+        eligible = sum(r.snap.eval_ok and r.snap.score is not None for r in members)
+        picked = [r for r in sel.chosen if r.stage == stage]
+        refills = sum(1 for r in picked if r.reason != "quota")
+        log.info(
+            "%s: %-6s %5d snapshots, %5d eligible, quota %2d, chosen %2d (%d refill)",
+            task,
+            stage,
+            len(members),
+            eligible,
+            sel.quotas[stage],
+            len(picked),
+            refills,
+        )
+    chosen = len(sel.chosen)
+    if chosen < args.num_roots:
+        log.warning(
+            "%s: only %d eligible snapshot(s), fewer than --num-roots %d: all of them chosen",
+            task,
+            chosen,
+            args.num_roots,
+        )
+    log.info(
+        "%s: %d roots -> %s, table -> %s (%.2fs total)",
+        task,
+        chosen,
+        args.out,
+        args.table,
+        time.monotonic() - t0,
+    )
+    return 0

@@ -1,0 +1,238 @@
+"""Read a Student Coral run: the `eval-*` snapshot folders of one task and their attempt records.
+
+A snapshot folder is `eval-<global index>-<agent id>-<hash>/` with `code/`, `shared/` and `metadata.json`.
+`metadata.json` without `eval_ok` is a pending snapshot (the grader never wrote back): skipped and counted.
+The score comes from the Coral attempt record `shared/attempts/<commit hash>.json`, matched by file name first
+(exact, then a short-hash prefix either way), then by the `commit_hash` field inside the files.
+
+Every problem is collected and reported together (up to a few dozen lines), each naming the path, so one run
+shows everything that is wrong with the input. Nothing is written here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sftree.errors import InputError
+from sftree.progress import Progress
+
+log = logging.getLogger(__name__)
+
+NAME_RE = re.compile(r"^eval-(\d+)-(.+)-([0-9a-fA-F]{6,64})$")
+MIN_PREFIX = 6  # shortest hash prefix accepted when matching attempt files
+MAX_REPORTED = 25  # problems listed in one error message
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """One non-pending snapshot (a candidate of section 2.1)."""
+
+    name: str
+    path: str
+    global_index: int
+    agent_id: str
+    commit_hash: str
+    eval_ok: bool
+    score: float | None  # raw score from the attempt record (None: missing, null or non-finite)
+    status: str | None
+    eval_count: int | None
+
+
+@dataclass
+class Scan:
+    task: str
+    directory: Path
+    snapshots: list[Snapshot]  # candidates, sorted by global index
+    pending: list[str] = field(default_factory=list)  # names of skipped pending snapshots
+    non_finite: list[str] = field(default_factory=list)  # names whose score was NaN/inf (treated as missing)
+
+
+def parse_name(name: str) -> tuple[int, str, str] | None:
+    """(global index, agent id, hash) from `eval-000003-agent-3-e248a487ce3d`, or None."""
+    m = NAME_RE.match(name)
+    if not m:
+        return None
+    return int(m.group(1)), m.group(2), m.group(3).lower()
+
+
+def _has_eval_dirs(path: Path) -> bool:
+    try:
+        with os.scandir(path) as it:
+            return any(e.name.startswith("eval-") and e.is_dir() for e in it)
+    except OSError:
+        return False
+
+
+def resolve_task_dir(snapshots: str | os.PathLike, task: str | None = None) -> tuple[Path, str]:
+    """The folder holding the task's eval-* folders, and the task name.
+
+    `snapshots` is either that folder itself (task defaults to its name) or a folder with one subfolder per
+    task (then `task` must be given).
+    """
+    root = Path(snapshots)
+    if not root.is_dir():
+        raise InputError(f"snapshot folder not found: {root}")
+    if _has_eval_dirs(root):
+        return root, task or root.resolve().name
+    if task and (root / task).is_dir():
+        if _has_eval_dirs(root / task):
+            return root / task, task
+        raise InputError(f"task {task!r}: no eval-* snapshot folders in {root / task}")
+    if task:
+        raise InputError(f"task {task!r}: no eval-* snapshot folders in {root} (nor in {root / task})")
+    raise InputError(f"no eval-* snapshot folders in {root}")
+
+
+def load_json_object(path: str, what: str) -> dict:
+    """Read a JSON object; InputError naming the path on any failure."""
+    try:
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read())
+    except FileNotFoundError:
+        raise InputError(f"{what} not found: {path}") from None
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{what} {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{what} {path} must hold a JSON object, not {type(data).__name__}")
+    return data
+
+
+def find_attempt(snapshot_path: str, commit_hash: str) -> tuple[str, dict]:
+    """The attempt record of `commit_hash` in the snapshot's shared/attempts/: (path, record)."""
+    attempts = os.path.join(snapshot_path, "shared", "attempts")
+    exact = os.path.join(attempts, commit_hash + ".json")
+    try:
+        return exact, load_json_object(exact, "attempt record")
+    except InputError:
+        if os.path.exists(exact):
+            raise
+    try:
+        names = sorted(n for n in os.listdir(attempts) if n.endswith(".json"))
+    except FileNotFoundError:
+        raise InputError(f"no shared/attempts folder in {snapshot_path}") from None
+    except OSError as exc:
+        raise InputError(f"cannot list {attempts}: {exc.strerror or exc}") from None
+    want = commit_hash.lower()
+
+    def same(h: str) -> bool:
+        h = h.lower()
+        return len(h) >= MIN_PREFIX and (h.startswith(want) or want.startswith(h))
+
+    for name in names:  # by file name: a short hash on either side
+        if same(name[: -len(".json")]):
+            path = os.path.join(attempts, name)
+            return path, load_json_object(path, "attempt record")
+    for name in names:  # by the commit_hash field inside the files
+        path = os.path.join(attempts, name)
+        try:
+            record = load_json_object(path, "attempt record")
+        except InputError:
+            continue  # another commit's broken record is not this snapshot's problem
+        if isinstance(record.get("commit_hash"), str) and same(record["commit_hash"]):
+            return path, record
+    raise InputError(f"no attempt record for commit {commit_hash} in {attempts}")
+
+
+def _score(value, where: str) -> tuple[float | None, bool]:
+    """(score, non_finite) from an attempt's `score` field; InputError for a non-numeric value."""
+    if value is None:
+        return None, False
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(f"{where}: score must be a number or null, not {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        return None, True
+    return value, False
+
+
+def read_snapshot(path: str, name: str) -> tuple[Snapshot | None, bool]:
+    """(snapshot, non_finite_score); snapshot is None when pending (no eval_ok)."""
+    parsed = parse_name(name)
+    if parsed is None:
+        raise InputError(f"snapshot folder name does not parse as eval-<index>-<agent>-<hash>: {path}")
+    index, agent_from_name, _ = parsed
+    meta_path = os.path.join(path, "metadata.json")
+    meta = load_json_object(meta_path, "metadata.json")
+    if "eval_ok" not in meta:
+        return None, False
+    eval_ok = meta["eval_ok"]
+    if not isinstance(eval_ok, bool):
+        raise InputError(f"{meta_path}: eval_ok must be true or false, not {eval_ok!r}")
+    commit = meta.get("commit_hash")
+    if not isinstance(commit, str) or not commit.strip():
+        raise InputError(f"{meta_path}: commit_hash is missing or not a string")
+    attempt_path, attempt = find_attempt(path, commit.strip())
+    score, non_finite = _score(attempt.get("score"), attempt_path)
+    eval_count = meta.get("eval_count")
+    return (
+        Snapshot(
+            name=name,
+            path=path,
+            global_index=index,
+            agent_id=str(meta.get("agent_id") or agent_from_name),
+            commit_hash=commit.strip(),
+            eval_ok=eval_ok,
+            score=score,
+            status=attempt.get("status"),
+            eval_count=eval_count
+            if isinstance(eval_count, int) and not isinstance(eval_count, bool)
+            else None,
+        ),
+        non_finite,
+    )
+
+
+def scan(directory: str | os.PathLike, task: str) -> Scan:
+    """Read every eval-* folder of one task. Raises one InputError listing all problems found."""
+    directory = Path(directory)
+    try:
+        with os.scandir(directory) as it:
+            entries = sorted((e.name, e.path) for e in it if e.name.startswith("eval-") and e.is_dir())
+    except OSError as exc:
+        raise InputError(
+            f"task {task!r}: cannot list snapshot folder {directory}: {exc.strerror or exc}"
+        ) from None
+    if not entries:
+        raise InputError(f"task {task!r}: no eval-* snapshot folders in {directory}")
+    progress = Progress(f"select-roots[{task}]: read snapshots", total=len(entries), logger=log)
+    problems: list[str] = []
+    result = Scan(task, directory, [])
+    by_index: dict[int, str] = {}
+    for name, path in entries:
+        progress.update()
+        parsed = parse_name(name)
+        if parsed is not None:  # duplicates are checked on every folder, pending or not
+            if parsed[0] in by_index:
+                problems.append(f"duplicate global index {parsed[0]}: {by_index[parsed[0]]} and {path}")
+                continue
+            by_index[parsed[0]] = path
+        try:
+            snap, non_finite = read_snapshot(path, name)
+        except InputError as exc:
+            problems.append(str(exc))
+            continue
+        if snap is None:
+            result.pending.append(name)
+        else:
+            result.snapshots.append(snap)
+            if non_finite:
+                result.non_finite.append(name)
+    progress.finish(candidates=len(result.snapshots), pending=len(result.pending), problems=len(problems))
+    if problems:
+        shown = "\n  ".join(problems[:MAX_REPORTED])
+        more = f"\n  ... and {len(problems) - MAX_REPORTED} more" if len(problems) > MAX_REPORTED else ""
+        raise InputError(f"task {task!r}: {len(problems)} bad snapshot(s) in {directory}:\n  {shown}{more}")
+    if not result.snapshots:
+        raise InputError(
+            f"task {task!r}: no candidate snapshots in {directory} ({len(result.pending)} pending, none with eval_ok)"
+        )
+    result.snapshots.sort(key=lambda s: s.global_index)
+    return result

@@ -1,0 +1,257 @@
+"""Client for the Teacher: an OpenAI-compatible `/v1/chat/completions` server with tool calling (SGLang).
+
+- `wait_ready()` polls `/health` then `/v1/models` until `health_timeout`, and fails with a message naming the
+  URL and how to start SGLang.
+- `chat()` retries connection errors, timeouts, 429 and 5xx (SGLang answers 503 when its queue is full) with
+  capped exponential backoff, under a semaphore of `max_concurrency` requests in flight.
+- Every reply carries its usage (`prompt_tokens`, `completion_tokens`,
+  `usage.prompt_tokens_details.cached_tokens`) and latency.
+- Requests are serialized deterministically (fixed key order, compact separators, UTF-8), so a forked session
+  resends its earlier turns byte for byte and SGLang's radix cache can reuse the prefix.
+- `X-Sftree-*` headers name the tree, edge, depth, turn, attempt and session (SGLang ignores them; teacher-sim
+  matches scripted faults on them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import requests
+
+from sftree.errors import TeacherUnavailable
+
+log = logging.getLogger(__name__)
+
+SGLANG_HINT = (
+    "start SGLang first, e.g. `python -m sglang.launch_server --model-path <model> --port 30000 "
+    "--tool-call-parser <parser> --enable-cache-report`, or set `teacher.sim` / run `sftree teacher-sim` for a "
+    "stand-in"
+)
+
+
+class TeacherError(TeacherUnavailable):
+    """A request failed past the retry budget or with a non-retryable status."""
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+        }
+
+
+@dataclass
+class Completion:
+    message: dict  # the assistant message (role, content, tool_calls, reasoning_content if any)
+    finish_reason: str | None
+    usage: Usage
+    latency_s: float
+    attempts: int = 1
+    raw: dict = field(default_factory=dict, repr=False)
+
+
+def serialize(body: dict) -> bytes:
+    """Deterministic request bytes (see module docstring)."""
+    return json.dumps(body, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def backoff_delay(attempt: int, base: float, cap: float) -> float:
+    """Capped exponential backoff: base * 2**attempt, at most cap (no jitter: reruns stay reproducible)."""
+    return min(cap, base * (2**attempt))
+
+
+def _server_root(base_url: str) -> str:
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+class TeacherClient:
+    def __init__(
+        self,
+        base_url: str,
+        model: str = "default",
+        *,
+        api_key: str | None = None,
+        temperature: float = 0.7,
+        max_tokens: int = 4096,
+        request_timeout: float = 900,
+        retries: int = 8,
+        backoff_max: float = 60,
+        backoff_base: float = 0.5,
+        health_timeout: float = 600,
+        max_concurrency: int = 64,
+        extra_body: dict | None = None,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.root_url = _server_root(self.base_url)
+        self.model = model
+        self.api_key = api_key
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.request_timeout = request_timeout
+        self.retries = retries
+        self.backoff_max = backoff_max
+        self.backoff_base = backoff_base
+        self.health_timeout = health_timeout
+        self.extra_body = dict(extra_body or {})
+        self._sem = threading.BoundedSemaphore(max_concurrency)
+        self._local = threading.local()
+        self.stats_lock = threading.Lock()
+        self.stats = {
+            "requests": 0,
+            "retries": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "cached_tokens": 0,
+        }
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> TeacherClient:
+        key_env = cfg.get("api_key_env", "SFTREE_TEACHER_API_KEY")
+        return cls(
+            cfg.get("base_url", "http://127.0.0.1:30000/v1"),
+            cfg.get("model", "default"),
+            api_key=os.environ.get(key_env) if key_env else None,
+            temperature=cfg.get("temperature", 0.7),
+            max_tokens=cfg.get("max_tokens", 4096),
+            request_timeout=cfg.get("request_timeout", 900),
+            retries=cfg.get("retries", 8),
+            backoff_max=cfg.get("backoff_max", 60),
+            backoff_base=cfg.get("backoff_base", 0.5),
+            health_timeout=cfg.get("health_timeout", 600),
+            max_concurrency=cfg.get("max_concurrency", 64),
+            extra_body=cfg.get("extra_body"),
+        )
+
+    # one Session per thread: requests.Session is not thread-safe, and keep-alive saves a handshake per step
+    def _session(self) -> requests.Session:
+        s = getattr(self._local, "session", None)
+        if s is None:
+            s = self._local.session = requests.Session()
+        return s
+
+    def _headers(self, extra: dict | None) -> dict:
+        h = {"Content-Type": "application/json"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        if extra:
+            h.update({k: str(v) for k, v in extra.items()})
+        return h
+
+    def wait_ready(self) -> None:
+        """Block until /health and /v1/models answer, or raise TeacherUnavailable naming the URL."""
+        deadline = time.monotonic() + self.health_timeout
+        last = "no answer"
+        delay = 0.2
+        while True:
+            try:
+                r = self._session().get(f"{self.root_url}/health", timeout=10, headers=self._headers(None))
+                if r.status_code == 200:
+                    m = self._session().get(
+                        f"{self.base_url}/models", timeout=10, headers=self._headers(None)
+                    )
+                    if m.status_code == 200:
+                        names = [d.get("id") for d in m.json().get("data", [])]
+                        log.info(
+                            "teacher ready at %s (models: %s)", self.base_url, ", ".join(map(str, names))
+                        )
+                        return
+                    last = f"/v1/models answered HTTP {m.status_code}"
+                else:
+                    last = f"/health answered HTTP {r.status_code}"
+            except (requests.RequestException, ValueError) as exc:
+                last = f"{type(exc).__name__}"
+            if time.monotonic() >= deadline:
+                raise TeacherUnavailable(
+                    f"Teacher server at {self.root_url} not ready after {self.health_timeout:g}s ({last}); "
+                    f"{SGLANG_HINT}"
+                )
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 5.0)
+
+    def request_body(self, messages: list[dict], tools: list[dict] | None) -> dict:
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
+        if tools:
+            body["tools"] = tools
+        body.update(self.extra_body)
+        return body
+
+    def chat(
+        self, messages: list[dict], tools: list[dict] | None = None, *, headers: dict | None = None
+    ) -> Completion:
+        """One chat completion; raises TeacherError once the retry budget is spent."""
+        body = self.request_body(messages, tools)
+        data = serialize(body)
+        hdrs = self._headers(headers)
+        url = f"{self.base_url}/chat/completions"
+        last = ""
+        with self._sem:
+            t0 = time.monotonic()
+            for attempt in range(self.retries + 1):
+                if attempt:
+                    with self.stats_lock:
+                        self.stats["retries"] += 1
+                    time.sleep(backoff_delay(attempt - 1, self.backoff_base, self.backoff_max))
+                try:
+                    r = self._session().post(url, data=data, headers=hdrs, timeout=self.request_timeout)
+                except requests.RequestException as exc:
+                    last = f"{type(exc).__name__}: {exc}"
+                    log.warning(
+                        "teacher request failed (%s), attempt %d/%d",
+                        last[:200],
+                        attempt + 1,
+                        self.retries + 1,
+                    )
+                    continue
+                if r.status_code == 429 or r.status_code >= 500:
+                    last = f"HTTP {r.status_code}: {r.text[:200]}"
+                    log.warning("teacher answered %s, attempt %d/%d", last, attempt + 1, self.retries + 1)
+                    continue
+                if r.status_code != 200:
+                    raise TeacherError(f"Teacher at {url} answered HTTP {r.status_code}: {r.text[:500]}")
+                try:
+                    payload = r.json()
+                    choice = payload["choices"][0]
+                    message = dict(choice["message"])
+                except (ValueError, KeyError, IndexError, TypeError) as exc:
+                    last = f"unreadable reply ({exc})"
+                    continue
+                return self._completion(
+                    payload, message, choice.get("finish_reason"), time.monotonic() - t0, attempt + 1
+                )
+        raise TeacherError(f"Teacher at {url} failed {self.retries + 1} times; last error: {last}")
+
+    def _completion(
+        self, payload: dict, message: dict, finish: str | None, latency: float, attempts: int
+    ) -> Completion:
+        u = payload.get("usage") or {}
+        details = u.get("prompt_tokens_details") or {}
+        usage = Usage(
+            int(u.get("prompt_tokens") or 0),
+            int(u.get("completion_tokens") or 0),
+            int(details.get("cached_tokens") or 0),
+        )
+        with self.stats_lock:
+            self.stats["requests"] += 1
+            for k, v in usage.to_dict().items():
+                self.stats[k] += v
+        message.setdefault("content", None)
+        message["role"] = "assistant"
+        return Completion(message, finish, usage, latency, attempts, payload)

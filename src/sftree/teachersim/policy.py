@@ -1,0 +1,290 @@
+"""teacher-sim's seeded policy: a small agent that really works a task through OpenCode's tools.
+
+Within a rollout turn (the messages after the last user message) the policy walks a fixed plan, one tool call
+per step; a step whose tool result was an error is retried (up to MAX_FAILED failures, then it submits):
+
+    0 knowledge   `coral log`, `ls .opencode/notes .opencode/attempts`, or glob/read of the notes
+    1 find        grep for UPPER_CASE numeric constants in *.py (`NAME = 1.5`)
+    2 read        read the file that holds them
+    3 edit        nudge one constant (ints by +-1..2, floats by up to +-20%)
+    4 note        sometimes (35%) write a note under .opencode/notes/
+    5 eval        `coral eval -m "..."`
+    after a nudge (a user message that opens no turn, see _is_turn_start): eval at once
+
+Every choice comes from `random.Random(key)` with key = (seed, a hash of the request's skeleton, the
+X-Sftree-Edge header). The skeleton is the roles, the assistant messages and tool calls, and whether each tool
+result was an error - not the text of tool results or prompts, which can hold timestamps - so the same request
+gets the same answer, two forks of one node (different edges) explore differently, and a search run with
+parallel_width 1 is reproducible.
+
+Faults (server.py decides which apply to a request) change the answer: no_eval (text only, no tool call),
+malformed_args (broken JSON arguments), unknown_tool, tool_errors (read a missing file), broken_code (the edit
+writes a syntax error, so the eval crashes), pad_tokens (filler text of N tokens).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+
+MAX_FAILED = 3
+NOTE_P = 0.35
+CONST_RX = r"^[A-Z][A-Z0-9_]*\s*=\s*[-+]?[0-9][0-9_]*(\.[0-9_]*)?([eE][-+]?[0-9]+)?\s*(#.*)?$"
+_CONST_LINE = re.compile(
+    r"^(?P<name>[A-Z][A-Z0-9_]*)(?P<eq>\s*=\s*)(?P<val>[-+]?[0-9][0-9_]*(\.[0-9_]*)?"
+    r"([eE][-+]?[0-9]+)?)(?P<rest>\s*(#.*)?)$"
+)
+_GREP_HIT = re.compile(r"^(?P<path>[^:\n]+):(?P<line>\d+): (?P<text>.*)$")
+_READ_LINE = re.compile(r"^(?P<no>\d{5})\| (?P<text>.*)$")
+
+
+def skeleton_hash(messages: list[dict]) -> str:
+    h = hashlib.sha256()
+    for m in messages:
+        role = m.get("role")
+        if role == "assistant":
+            part = {
+                "r": "a",
+                "c": m.get("content") or "",
+                "t": [
+                    [c.get("function", {}).get("name"), c.get("function", {}).get("arguments")]
+                    for c in m.get("tool_calls") or []
+                ],
+            }
+        elif role == "tool":
+            part = {"r": "t", "e": str(m.get("content") or "").startswith("Error")}
+        else:
+            part = {"r": role}
+        h.update(json.dumps(part, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def make_rng(seed: int, messages: list[dict], edge: str, salt: str = "") -> random.Random:
+    key = f"{seed}|{skeleton_hash(messages)}|{edge}|{salt}"
+    return random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
+
+
+def _call(name: str, args: dict | str, idx: int) -> dict:
+    arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return {"id": f"call_{idx}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _is_turn_start(messages: list[dict], i: int) -> bool:
+    """A user message opens a turn when it is the session's first, or carries a `## ... Results` heading;
+    any other user message (after a text-only reply) is a nudge that continues the turn."""
+    m = messages[i]
+    if m.get("role") != "user":
+        return False
+    first = not any(x.get("role") == "user" for x in messages[:i])
+    return first or bool(re.search(r"^## .*Results", str(m.get("content") or ""), re.M))
+
+
+def _turn_view(messages: list[dict]):
+    """(the current turn's messages after its opening prompt, nudged?)."""
+    start = max((i for i in range(len(messages)) if _is_turn_start(messages, i)), default=-1)
+    nudged = any(m.get("role") == "user" for m in messages[start + 1 :])
+    return messages[start + 1 :], nudged
+
+
+def _steps(turn_msgs: list[dict]) -> list[tuple[dict, list[dict]]]:
+    """(assistant message with tool calls, its tool results) pairs of the turn."""
+    out = []
+    for i, m in enumerate(turn_msgs):
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            results = []
+            for r in turn_msgs[i + 1 :]:
+                if r.get("role") != "tool":
+                    break
+                results.append(r)
+            out.append((m, results))
+    return out
+
+
+def _stage_of(call: dict) -> str | None:
+    name = call["function"]["name"]
+    try:
+        args = json.loads(call["function"]["arguments"])
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(args, dict):
+        return None
+    if name == "bash":
+        cmd = str(args.get("command", ""))
+        if "coral eval" in cmd:
+            return "eval"
+        return "knowledge" if ("coral log" in cmd or ".opencode" in cmd) else None
+    if name in ("glob", "read") and ".opencode/notes" in json.dumps(args):
+        return "knowledge"
+    if name == "grep":
+        return "find"
+    if name == "read":
+        return "read"
+    if name == "edit":
+        return "edit"
+    if name == "write" and ".opencode/notes" in str(args.get("filePath", "")):
+        return "note"
+    return None
+
+
+def nudge_value(val: str, rng: random.Random) -> str:
+    """A nearby value of a numeric literal, kept the same kind (int stays int, non-negative stays so)."""
+    clean = val.replace("_", "")
+    if re.fullmatch(r"[-+]?\d+", clean):
+        v = int(clean)
+        new = v + rng.choice([-2, -1, 1, 2])
+        if v >= 0 and new < 0 or new == v:
+            new = v + 1
+        if v > 0 and new == 0:
+            new = v + 1
+        return str(new)
+    v = float(clean)
+    factor = 1.0 + rng.choice([-1, 1]) * rng.uniform(0.02, 0.2)
+    new = v * factor if v != 0 else rng.uniform(0.01, 0.1)
+    return f"{new:.6g}" if "e" in f"{new:.6g}" or "." in f"{new:.6g}" else f"{new:.6g}.0"
+
+
+def decide(
+    messages: list[dict],
+    *,
+    seed: int = 0,
+    edge: str = "",
+    faults: frozenset = frozenset(),
+    pad_tokens: int = 0,
+) -> dict:
+    """The assistant message for this request."""
+    rng = make_rng(seed, messages, edge)
+    turn_msgs, nudged = _turn_view(messages)
+    steps = _steps(turn_msgs)
+    idx = sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
+    done: dict[str, tuple[dict, list[dict]]] = {}
+    failed = 0
+    for m, results in steps:
+        call = m["tool_calls"][0]
+        ok = bool(results) and not str(results[0].get("content") or "").startswith("Error")
+        stage = _stage_of(call)
+        if ok and stage:
+            done[stage] = (call, results)
+        elif not ok:
+            failed += 1
+    content, call = _plan(rng, done, nudged or failed >= MAX_FAILED, faults, idx)
+    if "no_eval" in faults:
+        content, call = "I think the current solution is in good shape; no further changes for now.", None
+    elif call is not None and "unknown_tool" in faults:
+        call = _call("browser_open", {"url": "https://example.com"}, idx)
+    elif call is not None and "tool_errors" in faults:
+        call = _call("read", {"filePath": f"missing_{idx}.py"}, idx)
+    elif call is not None and "malformed_args" in faults:
+        call["function"]["arguments"] = call["function"]["arguments"][:-1] + ',"'
+    if pad_tokens > 0:
+        words = (
+            "consider the layout of the constants and the grader feedback carefully before the next change"
+        )
+        filler = (words + " ") * (pad_tokens * 4 // (len(words) + 1) + 1)
+        content = (content + "\n\n" + filler[: pad_tokens * 4]).strip()
+    msg = {"role": "assistant", "content": content}
+    if call is not None:
+        msg["tool_calls"] = [call]
+    return msg
+
+
+def _plan(rng: random.Random, done: dict, submit_now: bool, faults: frozenset, idx: int):
+    if submit_now:
+        return "Submitting the current state for evaluation.", _eval_call(done, idx)
+    if "knowledge" not in done:
+        choice = rng.randrange(3)
+        if choice == 0:
+            return "Let me check what has been tried so far.", _call(
+                "bash", {"command": "coral log -n 10", "description": "List recent attempts"}, idx
+            )
+        if choice == 1:
+            return "First, the shared notes and attempts.", _call(
+                "bash",
+                {
+                    "command": "ls .opencode/notes .opencode/attempts | head -40",
+                    "description": "List shared notes and attempts",
+                },
+                idx,
+            )
+        return "Looking for notes from other agents.", _call(
+            "glob", {"pattern": "**/*.md", "path": ".opencode/notes"}, idx
+        )
+    if "find" not in done:
+        return "Now the tunable constants in the code.", _call(
+            "grep", {"pattern": CONST_RX, "include": "*.py"}, idx
+        )
+    hits = _grep_hits(done["find"][1])
+    if not hits:
+        return "I found no tunable constants; submitting as is.", _eval_call(done, idx)
+    files = sorted({h[0] for h in hits})
+    if "read" not in done:
+        return "Let me read the code around them.", _call("read", {"filePath": rng.choice(files)}, idx)
+    if "edit" not in done:
+        path, lines = _read_result(done["read"])
+        consts = _documented(lines) or [ln for ln in lines if _CONST_LINE.match(ln)]
+        if not consts:
+            return "Nothing tunable in this file; submitting.", _eval_call(done, idx)
+        line = rng.choice(consts)
+        m = _CONST_LINE.match(line)
+        new_val = "(" if "broken_code" in faults else nudge_value(m.group("val"), rng)
+        new_line = f"{m.group('name')}{m.group('eq')}{new_val}{m.group('rest')}"
+        return (
+            f"I'll try {m.group('name')} = {new_val} instead of {m.group('val')}.",
+            _call("edit", {"filePath": path, "oldString": line, "newString": new_line}, idx),
+        )
+    if "note" not in done and "eval" not in done and rng.random() < NOTE_P:
+        change = _change_summary(done)
+        name = f".opencode/notes/sim-{hashlib.sha1(change.encode()).hexdigest()[:8]}.md"
+        return "Recording this idea for the others.", _call(
+            "write",
+            {
+                "filePath": name,
+                "content": f"# Tried: {change}\n\nNudging one constant at a time; "
+                f"compare the score against the branch's best.\n",
+            },
+            idx,
+        )
+    return "Submitting this change.", _eval_call(done, idx)
+
+
+def _grep_hits(results: list[dict]) -> list[tuple[str, int, str]]:
+    out = []
+    for line in str(results[0].get("content") or "").splitlines():
+        m = _GREP_HIT.match(line)
+        if m and not m.group("path").startswith(".opencode"):
+            out.append((m.group("path"), int(m.group("line")), m.group("text")))
+    return out
+
+
+def _read_result(step) -> tuple[str, list[str]]:
+    call, results = step
+    path = json.loads(call["function"]["arguments"])["filePath"]
+    lines = []
+    for ln in str(results[0].get("content") or "").splitlines():
+        m = _READ_LINE.match(ln)
+        if m:
+            lines.append(m.group("text"))
+    return path, lines
+
+
+def _documented(lines: list[str]) -> list[str]:
+    """Constant lines whose names the file documents above the first constant (its tunables)."""
+    idx = [i for i, ln in enumerate(lines) if _CONST_LINE.match(ln)]
+    if not idx:
+        return []
+    head = "\n".join(lines[: idx[0]])
+    return [lines[i] for i in idx if re.search(rf"\b{_CONST_LINE.match(lines[i]).group('name')}\b", head)]
+
+
+def _change_summary(done: dict) -> str:
+    if "edit" in done:
+        args = json.loads(done["edit"][0]["function"]["arguments"])
+        old, new = args["oldString"].split("#")[0].strip(), args["newString"].split("#")[0].strip()
+        return f"{old} -> {new} in {args['filePath']}"
+    return "no code change"
+
+
+def _eval_call(done: dict, idx: int) -> dict:
+    msg = _change_summary(done).replace('"', "'")
+    return _call("bash", {"command": f'coral eval -m "{msg}"', "description": "Evaluate the change"}, idx)

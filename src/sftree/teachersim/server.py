@@ -1,0 +1,470 @@
+"""`sftree teacher-sim`: a deterministic OpenAI-compatible stand-in for SGLang (tests, demo, benchmarks).
+
+    sftree teacher-sim --port 30000 [--host 127.0.0.1] [--seed 0] [--latency-ms-per-token 0]
+                       [--latency-tail pareto:2.5] [--script faults.yaml] [--fault-rate http_500=0.05,...]
+                       [--hang-s 30] [--model teacher-sim]
+
+Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` (non-streaming, or SSE with
+`"stream": true`: a role chunk, content and tool-call chunks, a finish chunk, then - as SGLang does with
+`stream_options.include_usage` - a usage chunk with empty `choices`, then `data: [DONE]`).
+
+The policy (policy.py) really works the task through tool calls. Usage: `prompt_tokens` = characters of the
+serialized request // 4; `completion_tokens` likewise for the reply; `prompt_tokens_details.cached_tokens` =
+the longest prefix, at message boundaries, shared with any earlier request (a set of chained prefix hashes:
+O(request size) per request), which is what SGLang's radix cache would reuse.
+
+Latency: (completion tokens + uncached prompt tokens / 50) * `--latency-ms-per-token`, times a Pareto(alpha)
+draw (>= 1, heavy-tailed) with `--latency-tail pareto:alpha`.
+
+Faults. `--fault-rate KIND=P[,KIND=P...]` gives each request probability P of KIND (drawn from the request's
+hash and how often that exact request was seen, so a retried request can succeed). `--script FILE` (YAML or
+JSON) is a list of rules aimed by the `X-Sftree-*` headers:
+
+    - match: {edge: e4}              # keys: tree, edge, depth, turn, attempt, session (string compare)
+      fault: tool_errors             # one of the kinds below
+      count: 4                       # apply to the first N matching requests only (default: all)
+    - match: {depth: 3, attempt: 1}
+      fault: no_eval
+    - match: {edge: e2, turn: 2}
+      pad_tokens: 5000               # add ~N completion tokens of filler (a large context)
+    - match: {}
+      fault: http_503
+      count: 2
+
+Kinds: http_500, http_503, http_429 (error status, no body work), hang (sleep `hang_s`, default --hang-s,
+then answer: the client's request timeout fires first), malformed_args (tool-call arguments not valid JSON),
+unknown_tool, tool_errors (a read of a missing file), no_eval (text only: the model stops without an eval),
+broken_code (the constant edit writes a syntax error, so the grader crashes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import yaml
+
+from sftree.errors import InputError
+from sftree.teachersim import policy
+
+log = logging.getLogger(__name__)
+
+FAULT_KINDS = {
+    "http_500",
+    "http_503",
+    "http_429",
+    "hang",
+    "malformed_args",
+    "unknown_tool",
+    "tool_errors",
+    "no_eval",
+    "broken_code",
+}
+HTTP_FAULTS = {"http_500": 500, "http_503": 503, "http_429": 429}
+MATCH_KEYS = {"tree", "edge", "depth", "turn", "attempt", "session"}
+
+
+@dataclass
+class Rule:
+    match: dict[str, str]
+    fault: str | None = None
+    count: int | None = None
+    pad_tokens: int = 0
+    hang_s: float | None = None
+    used: int = 0
+
+    def matches(self, headers: dict[str, str]) -> bool:
+        return all(headers.get(k) == v for k, v in self.match.items())
+
+
+def parse_rules(data, source: str = "script") -> list[Rule]:
+    if data is None:
+        return []
+    if not isinstance(data, list):
+        raise InputError(f"{source}: expected a list of rules")
+    rules = []
+    for i, r in enumerate(data):
+        if not isinstance(r, dict):
+            raise InputError(f"{source}: rule {i} is not a mapping")
+        unknown = set(r) - {"match", "fault", "count", "pad_tokens", "hang_s"}
+        if unknown:
+            raise InputError(f"{source}: rule {i}: unknown keys {sorted(unknown)}")
+        match = r.get("match") or {}
+        if not isinstance(match, dict) or set(match) - MATCH_KEYS:
+            raise InputError(f"{source}: rule {i}: match keys must be among {sorted(MATCH_KEYS)}")
+        fault = r.get("fault")
+        if fault is not None and fault not in FAULT_KINDS:
+            raise InputError(f"{source}: rule {i}: unknown fault {fault!r} (one of {sorted(FAULT_KINDS)})")
+        rules.append(
+            Rule(
+                {k: str(v) for k, v in match.items()},
+                fault,
+                r.get("count"),
+                int(r.get("pad_tokens", 0)),
+                r.get("hang_s"),
+            )
+        )
+    return rules
+
+
+def load_script(path) -> list[Rule]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"teacher-sim script {path}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InputError(f"teacher-sim script {path} is not valid YAML/JSON: {exc}") from None
+    return parse_rules(data, str(path))
+
+
+def parse_fault_rate(spec) -> dict[str, float]:
+    if not spec:
+        return {}
+    if isinstance(spec, dict):
+        items = spec.items()
+    else:
+        items = []
+        for part in str(spec).split(","):
+            if "=" not in part:
+                raise InputError(f"--fault-rate: expected KIND=P, got {part!r}")
+            k, v = part.split("=", 1)
+            items.append((k.strip(), v))
+    out = {}
+    for k, v in items:
+        if k not in FAULT_KINDS:
+            raise InputError(f"--fault-rate: unknown fault {k!r} (one of {sorted(FAULT_KINDS)})")
+        out[k] = float(v)
+    return out
+
+
+def parse_tail(spec: str | None) -> float | None:
+    if not spec:
+        return None
+    kind, _, alpha = str(spec).partition(":")
+    if kind != "pareto" or not alpha:
+        raise InputError(f"--latency-tail: expected pareto:ALPHA, got {spec!r}")
+    return float(alpha)
+
+
+@dataclass
+class SimState:
+    seed: int = 0
+    latency_ms_per_token: float = 0.0
+    tail_alpha: float | None = None
+    rules: list[Rule] = field(default_factory=list)
+    fault_rate: dict[str, float] = field(default_factory=dict)
+    hang_s: float = 30.0
+    model: str = "teacher-sim"
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    prefixes: set = field(default_factory=set)
+    seen: dict = field(default_factory=dict)
+    requests: int = 0
+
+    def usage(self, messages: list[dict], tools, reply: dict) -> dict:
+        """Token counts and the prefix-cache estimate (see module docstring)."""
+        h = hashlib.sha256(json.dumps(tools or [], sort_keys=True).encode())
+        chars = len(json.dumps(tools or [], sort_keys=True))
+        boundaries = []
+        for m in messages:
+            s = json.dumps(m, sort_keys=True, ensure_ascii=False)
+            h = hashlib.sha256(h.digest() + s.encode())
+            chars += len(s)
+            boundaries.append((h.digest(), chars // 4))
+        cached = 0
+        with self.lock:
+            for digest, toks in boundaries:
+                if digest in self.prefixes:
+                    cached = toks
+            self.prefixes.update(d for d, _ in boundaries)
+        prompt = chars // 4
+        completion = max(1, len(json.dumps(reply, ensure_ascii=False)) // 4)
+        # A request is never all cached: the last message is new work (as SGLang reports it).
+        cached = min(cached, max(0, prompt - 1))
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+
+    def faults_for(self, headers: dict[str, str], body_hash: str) -> tuple[set[str], int, float | None]:
+        faults: set[str] = set()
+        pad = 0
+        hang = None
+        with self.lock:
+            n = self.seen.get(body_hash, 0)
+            self.seen[body_hash] = n + 1
+            self.requests += 1
+            for r in self.rules:
+                if not r.matches(headers) or (r.count is not None and r.used >= r.count):
+                    continue
+                r.used += 1
+                if r.fault:
+                    faults.add(r.fault)
+                pad += r.pad_tokens
+                if r.hang_s is not None:
+                    hang = float(r.hang_s)
+        if self.fault_rate:
+            rng = random.Random(f"{self.seed}|{body_hash}|{n}")
+            for kind, p in sorted(self.fault_rate.items()):
+                if rng.random() < p:
+                    faults.add(kind)
+        return faults, pad, hang
+
+    def latency(self, usage: dict, body_hash: str) -> float:
+        if not self.latency_ms_per_token:
+            return 0.0
+        toks = (
+            usage["completion_tokens"]
+            + (usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]) / 50
+        )
+        secs = toks * self.latency_ms_per_token / 1000.0
+        if self.tail_alpha:
+            secs *= random.Random(f"lat|{self.seed}|{body_hash}").paretovariate(self.tail_alpha)
+        return secs
+
+
+def _header_view(handler: BaseHTTPRequestHandler) -> dict[str, str]:
+    out = {}
+    for k in MATCH_KEYS:
+        v = handler.headers.get(f"X-Sftree-{k.capitalize()}")
+        if v is not None:
+            out[k] = v
+    return out
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "sftree-teacher-sim/1"
+    state: SimState  # set on the subclass made per server
+
+    def log_message(self, fmt, *args):  # quiet: the client logs what matters
+        log.debug("%s " + fmt, self.address_string(), *args)
+
+    def _send(self, status: int, obj) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        path = self.path.split("?")[0].rstrip("/")
+        if path == "/health":
+            self._send(200, {"status": "ok"})
+        elif path in ("/v1/models", "/models"):
+            self._send(
+                200,
+                {
+                    "object": "list",
+                    "data": [{"id": self.state.model, "object": "model", "owned_by": "sftree"}],
+                },
+            )
+        else:
+            self._send(404, {"error": {"message": f"no route {self.path}"}})
+
+    def do_POST(self):
+        path = self.path.split("?")[0].rstrip("/")
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        if path not in ("/v1/chat/completions", "/chat/completions"):
+            self._send(404, {"error": {"message": f"no route {self.path}"}})
+            return
+        try:
+            body = json.loads(raw)
+            messages = body["messages"]
+            assert isinstance(messages, list)
+        except (ValueError, KeyError, AssertionError):
+            self._send(400, {"error": {"message": "body must be JSON with a `messages` list"}})
+            return
+        st = self.state
+        body_hash = hashlib.sha256(raw).hexdigest()
+        headers = _header_view(self)
+        faults, pad, hang = st.faults_for(headers, body_hash)
+        for kind, status in HTTP_FAULTS.items():
+            if kind in faults:
+                self._send(status, {"error": {"message": f"teacher-sim injected {kind}"}})
+                return
+        if "hang" in faults:
+            time.sleep(hang if hang is not None else st.hang_s)
+        reply = policy.decide(
+            messages, seed=st.seed, edge=headers.get("edge", ""), faults=frozenset(faults), pad_tokens=pad
+        )
+        usage = st.usage(messages, body.get("tools"), reply)
+        delay = st.latency(usage, body_hash)
+        if delay:
+            time.sleep(delay)
+        finish = "tool_calls" if reply.get("tool_calls") else "stop"
+        rid = f"chatcmpl-{body_hash[:24]}"
+        if body.get("stream"):
+            self._stream(rid, reply, finish, usage)
+            return
+        self._send(
+            200,
+            {
+                "id": rid,
+                "object": "chat.completion",
+                "created": 0,
+                "model": st.model,
+                "choices": [{"index": 0, "message": reply, "finish_reason": finish}],
+                "usage": usage,
+            },
+        )
+
+    def _stream(self, rid: str, reply: dict, finish: str, usage: dict) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+
+        def chunk(delta: dict | None, finish_reason=None, usage_=None):
+            obj = {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": self.state.model,
+                "choices": []
+                if delta is None
+                else [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            }
+            if usage_ is not None:
+                obj["usage"] = usage_
+            self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+        chunk({"role": "assistant", "content": ""})
+        content = reply.get("content") or ""
+        for i in range(0, len(content), 64):
+            chunk({"content": content[i : i + 64]})
+        for j, c in enumerate(reply.get("tool_calls") or []):
+            args = c["function"]["arguments"]
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": j,
+                            "id": c["id"],
+                            "type": "function",
+                            "function": {"name": c["function"]["name"], "arguments": ""},
+                        }
+                    ]
+                }
+            )
+            for i in range(0, len(args), 64):
+                chunk({"tool_calls": [{"index": j, "function": {"arguments": args[i : i + 64]}}]})
+        chunk({}, finish_reason=finish)
+        chunk(None, usage_=usage)
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+
+def make_state(
+    *,
+    seed: int = 0,
+    latency_ms_per_token: float = 0.0,
+    latency_tail: str | None = None,
+    script=None,
+    fault_rate=None,
+    hang_s: float = 30.0,
+    model: str = "teacher-sim",
+) -> SimState:
+    if isinstance(script, list):
+        rules = parse_rules(script, "teacher.sim.script")
+    elif script:
+        rules = load_script(script)
+    else:
+        rules = []
+    return SimState(
+        seed=int(seed),
+        latency_ms_per_token=float(latency_ms_per_token),
+        tail_alpha=parse_tail(latency_tail),
+        rules=rules,
+        fault_rate=parse_fault_rate(fault_rate),
+        hang_s=float(hang_s),
+        model=model,
+    )
+
+
+class SimServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # A client that timed out and hung up (a `hang` fault) is expected, not an error worth a traceback.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
+def make_server(host: str = "127.0.0.1", port: int = 0, **opts) -> ThreadingHTTPServer:
+    state = make_state(**opts)
+    handler = type("SimHandler", (Handler,), {"state": state})
+    server = SimServer((host, port), handler)
+    server.daemon_threads = True
+    server.state = state
+    return server
+
+
+def start_teacher_sim(port: int = 0, host: str = "127.0.0.1", **opts):
+    """Serve in a background thread; returns (base_url ending in /v1, stop). Port 0 picks a free port."""
+    server = make_server(host, port, **opts)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True, name="teacher-sim"
+    )
+    thread.start()
+    url = f"http://{host}:{server.server_address[1]}/v1"
+
+    def stop():
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    stop.server = server  # tests read server.state
+    return url, stop
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--latency-ms-per-token", type=float, default=0.0)
+    parser.add_argument("--latency-tail", default=None, help="pareto:ALPHA (heavy-tailed latency multiplier)")
+    parser.add_argument("--script", default=None, help="YAML/JSON list of fault rules (see module docstring)")
+    parser.add_argument("--fault-rate", default=None, help="KIND=P[,KIND=P...]")
+    parser.add_argument("--hang-s", type=float, default=30.0, help="how long a `hang` fault sleeps")
+    parser.add_argument("--model", default="teacher-sim", help="model name served at /v1/models")
+
+
+def run(args) -> int:
+    server = make_server(
+        args.host,
+        args.port,
+        seed=args.seed,
+        latency_ms_per_token=args.latency_ms_per_token,
+        latency_tail=args.latency_tail,
+        script=args.script,
+        fault_rate=args.fault_rate,
+        hang_s=args.hang_s,
+        model=args.model,
+    )
+    host, port = server.server_address[:2]
+    print(f"teacher-sim serving on http://{host}:{port}/v1 (seed {args.seed})", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,327 @@
+"""Tree state of one root's search: flat node and edge lists (docs/architecture.md, tree.json), load/save,
+validation. No policy lives here; `search.py` decides what to expand and how a finished edge changes the tree.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from sftree.config import SCHEMA_DIR
+from sftree.errors import InputError
+from sftree.fileio import read_json, write_json_atomic
+
+VERSION = 1
+TREE_SCHEMA = SCHEMA_DIR / "tree.schema.json"
+LIVE_NAME, FINAL_NAME = "tree.live.json", "tree.json"
+
+NODE_STATUSES = ("active", "expanded", "leaf", "closed")
+LEAF_REASONS = ("token_limit", "depth_limit", "no_room", "tree_stopped")
+STOP_REASONS = ("good_leaves", "edge_budget", "frontier_empty")
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class SearchParams:
+    """The `search:` section of config.yaml (defaults are the seed's v0 values)."""
+
+    root_children: int = 3
+    max_children: int = 2
+    max_depth: int = 4
+    hard_token_limit: int = 100000
+    target_good_leaves: int = 12
+    max_valid_edges: int = 40
+    max_failed_expansions: int = 2
+    prune_tool_error_rate: float = 0.30
+    alpha: float = 0.50
+    parallel_width: int = 8
+    schedule: str = "async"
+    seed: int = 0
+    keep_workspaces: bool = False
+
+    @classmethod
+    def from_config(cls, search_cfg: dict) -> SearchParams:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (search_cfg or {}).items() if k in names})
+
+
+@dataclass
+class Node:
+    id: str
+    parent: str | None
+    edge: str | None  # the edge that made this node
+    depth: int
+    score: float | None  # raw; None when the (exempt) edge that made it had no numeric score
+    path_best_score: float | None  # raw best score on root..this node
+    max_token_total: int  # session context length (root: 0, a fresh session)
+    valid_children: int = 0
+    failed_expansions: int = 0
+    status: str = "active"
+    leaf_reason: str | None = None
+    path_valid: bool = True  # no failed (exempt-kept) edge on root..this node
+    state: dict | None = None  # NodeState as a dict: code_commit, knowledge_commit, session
+    eval_count: int | None = None
+
+
+@dataclass
+class Edge:
+    id: str
+    parent: str
+    depth: int  # depth of the child it would make
+    attempt: int
+    slot: int | None
+    exempt: bool
+    select: dict
+    child: str | None = None
+    pruned: bool = False
+    prune_reason: str | None = None
+    failed: bool = False  # failed the hard-prune test (kept anyway when exempt)
+    fail_reason: str | None = None
+    turns: list[dict] = field(default_factory=list)
+    score: float | None = None
+    steps: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_error_rate: float = 0.0
+    tokens: int = 0
+    knowledge: bool = False
+    regressed_rate: float | None = None
+    outcome: float | None = None
+    cleanliness: float | None = None
+    knowledge_score: float | None = None
+    regression_stability: float | None = None
+    soft: float | None = None
+    transcript: str | None = None
+    code_diff: str | None = None
+    knowledge_diff: str | None = None
+    error: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    wall_s: float | None = None
+
+
+@dataclass
+class Tree:
+    task: str
+    root: str
+    direction: str
+    params: SearchParams
+    nodes: list[Node] = field(default_factory=list)
+    edges: list[Edge] = field(default_factory=list)
+    status: str = "running"
+    stop_reason: str | None = None
+    next_edge: int = 1  # edge ids are never reused, so a resumed run leaves a gap for a discarded edge
+    in_flight: list[dict] = field(default_factory=list)  # dispatches started but not finished (persisted)
+    created_at: str = field(default_factory=now_iso)
+    updated_at: str | None = None
+    version: int = VERSION
+    _index: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
+    _edge_index: dict[str, Edge] = field(default_factory=dict, repr=False, compare=False)
+
+    # --- construction and lookup -------------------------------------------------------------------
+
+    @classmethod
+    def new(cls, task, root, direction, params, root_score, root_state=None, eval_count=None) -> Tree:
+        tree = cls(task=task, root=root, direction=direction, params=params)
+        tree.add_node(
+            Node(
+                id="n0",
+                parent=None,
+                edge=None,
+                depth=0,
+                score=root_score,
+                path_best_score=root_score,
+                max_token_total=0,
+                state=root_state,
+                eval_count=eval_count,
+            )
+        )
+        return tree
+
+    def add_node(self, node: Node) -> Node:
+        self.nodes.append(node)
+        self._index[node.id] = node
+        return node
+
+    def add_edge(self, edge: Edge) -> Edge:
+        self.edges.append(edge)
+        self._edge_index[edge.id] = edge
+        return edge
+
+    def node(self, node_id: str) -> Node:
+        return self._index[node_id]
+
+    def edge(self, edge_id: str) -> Edge:
+        return self._edge_index[edge_id]
+
+    @property
+    def root_node(self) -> Node:
+        return self.nodes[0]
+
+    def new_node_id(self) -> str:
+        return f"n{len(self.nodes)}"
+
+    def take_edge_id(self) -> str:
+        eid = f"e{self.next_edge}"
+        self.next_edge += 1
+        return eid
+
+    def children(self, node_id: str) -> list[Node]:
+        return [n for n in self.nodes if n.parent == node_id]
+
+    def path(self, node_id: str) -> list[Node]:
+        """Nodes root..node_id."""
+        out = []
+        cur: str | None = node_id
+        while cur is not None:
+            n = self.node(cur)
+            out.append(n)
+            cur = n.parent
+        return out[::-1]
+
+    def path_edges(self, node_id: str) -> list[Edge]:
+        return [self.edge(n.edge) for n in self.path(node_id) if n.edge is not None]
+
+    # --- derived numbers ---------------------------------------------------------------------------
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "edges": len(self.edges),
+            "valid_edges": sum(1 for e in self.edges if e.child is not None),
+            "pruned_edges": sum(1 for e in self.edges if e.pruned),
+            "failed_edges": sum(1 for e in self.edges if e.failed),
+            "good_leaves": sum(1 for n in self.nodes if is_good_leaf(n)),
+            "leaves": sum(1 for n in self.nodes if n.status == "leaf"),
+            "in_flight": len(self.in_flight),
+        }
+
+    # --- serialization -----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return {
+            "version": self.version,
+            "task": self.task,
+            "root": self.root,
+            "direction": self.direction,
+            "params": asdict(self.params),
+            "status": self.status,
+            "stop_reason": self.stop_reason,
+            "counters": self.counters(),
+            "next_edge": self.next_edge,
+            "in_flight": list(self.in_flight),
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "nodes": [asdict(n) for n in self.nodes],
+            "edges": [asdict(e) for e in self.edges],
+        }
+
+    @classmethod
+    def from_dict(cls, obj: dict, source: str = "tree") -> Tree:
+        validate_tree(obj, source)
+        tree = cls(
+            task=obj["task"],
+            root=obj["root"],
+            direction=obj["direction"],
+            params=SearchParams.from_config(obj["params"]),
+            status=obj["status"],
+            stop_reason=obj.get("stop_reason"),
+            next_edge=obj.get("next_edge", len(obj["edges"]) + 1),
+            in_flight=list(obj.get("in_flight", [])),
+            created_at=obj.get("created_at") or now_iso(),
+            updated_at=obj.get("updated_at"),
+            version=obj["version"],
+        )
+        node_names = {f.name for f in fields(Node)}
+        edge_names = {f.name for f in fields(Edge)}
+        for n in obj["nodes"]:
+            tree.add_node(Node(**{k: v for k, v in n.items() if k in node_names}))
+        for e in obj["edges"]:
+            tree.add_edge(Edge(**{k: v for k, v in e.items() if k in edge_names}))
+        return tree
+
+
+def is_good_leaf(node: Node) -> bool:
+    """A normally ended leaf (1.9): any leaf reason, and no failed edge on its path."""
+    return node.status == "leaf" and node.path_valid
+
+
+# --- validation ----------------------------------------------------------------------------------------
+
+_schema_cache: dict | None = None
+
+
+def tree_schema() -> dict:
+    global _schema_cache
+    if _schema_cache is None:
+        with open(TREE_SCHEMA, encoding="utf-8") as fh:
+            _schema_cache = json.load(fh)
+    return _schema_cache
+
+
+def validate_tree(obj: Any, source: str = "tree") -> None:
+    """JSON Schema plus the links a schema cannot express; raises InputError naming the file and field."""
+    validator = jsonschema.Draft202012Validator(tree_schema())
+    errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.path))
+    if errors:
+        lines = [f"{'.'.join(str(p) for p in e.path) or '<top>'}: {e.message}" for e in errors[:10]]
+        raise InputError(f"{source} is not a valid tree (schema):\n  " + "\n  ".join(lines))
+    problems = _link_problems(obj)
+    if problems:
+        raise InputError(f"{source} is not a valid tree:\n  " + "\n  ".join(problems[:10]))
+
+
+def _link_problems(obj: dict) -> list[str]:
+    out: list[str] = []
+    nodes = {n["id"]: n for n in obj["nodes"]}
+    edges = {e["id"]: e for e in obj["edges"]}
+    if len(nodes) != len(obj["nodes"]):
+        out.append("nodes: duplicate node id")
+    if len(edges) != len(obj["edges"]):
+        out.append("edges: duplicate edge id")
+    for i, n in enumerate(obj["nodes"]):
+        where = f"nodes[{i}] ({n['id']})"
+        if n["parent"] is None:
+            if n["depth"] != 0 or n["edge"] is not None:
+                out.append(f"{where}: a node without parent must be the root at depth 0")
+            continue
+        parent = nodes.get(n["parent"])
+        if parent is None:
+            out.append(f"{where}.parent: unknown node {n['parent']}")
+        elif n["depth"] != parent["depth"] + 1:
+            out.append(f"{where}.depth: {n['depth']} is not parent depth + 1")
+        e = edges.get(n["edge"])
+        if e is None or e["child"] != n["id"] or e["parent"] != n["parent"]:
+            out.append(f"{where}.edge: {n['edge']} does not link {n['parent']} -> {n['id']}")
+    roots = [n for n in obj["nodes"] if n["parent"] is None]
+    if len(roots) != 1:
+        out.append(f"nodes: expected exactly one root, found {len(roots)}")
+    for i, e in enumerate(obj["edges"]):
+        where = f"edges[{i}] ({e['id']})"
+        if e["parent"] not in nodes:
+            out.append(f"{where}.parent: unknown node {e['parent']}")
+        if e["child"] is not None and e["child"] not in nodes:
+            out.append(f"{where}.child: unknown node {e['child']}")
+        if e["child"] is None and not e["pruned"]:
+            out.append(f"{where}: an edge that made no node must be pruned")
+    return out
+
+
+# --- files ---------------------------------------------------------------------------------------------
+
+
+def save(tree: Tree, path: str | Path) -> None:
+    """Write atomically (readers and a rerun see the old or the new tree, never half of one)."""
+    tree.updated_at = now_iso()
+    write_json_atomic(path, tree.to_dict())
+
+
+def load(path: str | Path) -> Tree:
+    return Tree.from_dict(read_json(path, "tree file"), source=str(path))

@@ -1,0 +1,310 @@
+"""Forkable per-tree workspaces: code in one git repository, shared knowledge in a second one.
+
+Layout under a tree directory (docs/runtime.md):
+
+    store/code.git        bare repository of the root's code/; every `coral eval` commits into it
+    store/knowledge.git   bare repository of the root's shared/ (Coral's knowledge base); one commit per turn
+    work/<edge>/code/     `git worktree add --detach` of the node's code commit = the agent's workspace
+    work/<edge>/code/.opencode/  private checkout of the node's knowledge commit (git-excluded from code)
+    work/<edge>/code/AGENTS.md   standing instructions (git-excluded from code)
+    work/<edge>/knowledge.index  the edge's own index for knowledge.git (so parallel edges never share one)
+
+A node's state is (code commit, knowledge commit, session file). Forking checks out both commits into a fresh
+folder, so two branches never see each other's files. Every commit gets a ref under `refs/sftree/` so `git gc`
+never drops it. Commit dates and identity are fixed, so equal content on equal parents gives equal hashes and a
+rerun of a deterministic search reproduces its commit ids (the eval prompts quote them).
+
+Thread safety: commands that touch shared repository metadata (worktree add/remove, update-ref) run under one
+lock per store; commits inside a worktree and knowledge commits (own index file) need none.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sftree.errors import InputError, SftreeError
+
+log = logging.getLogger(__name__)
+
+# Files the agent's workspace holds that are not part of the code (never committed by `coral eval`).
+CODE_EXCLUDES = ["/.opencode/", "/AGENTS.md", "__pycache__/", "*.pyc", ".pytest_cache/"]
+KNOWLEDGE_DIR = ".opencode"
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "sftree",
+    "GIT_AUTHOR_EMAIL": "sftree@localhost",
+    "GIT_COMMITTER_NAME": "sftree",
+    "GIT_COMMITTER_EMAIL": "sftree@localhost",
+    # Fixed dates: deterministic commit ids (see module docstring).
+    "GIT_AUTHOR_DATE": "1700000000 +0000",
+    "GIT_COMMITTER_DATE": "1700000000 +0000",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+}
+
+
+class GitError(SftreeError):
+    """A git command failed; the message holds the command and its stderr."""
+
+
+def git(
+    args: list[str],
+    *,
+    git_dir: Path | None = None,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    input: bytes | None = None,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
+    """Run git with a clean, fixed identity; return the CompletedProcess (stdout as text)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    full_env.update(GIT_ENV)
+    full_env["HOME"] = full_env.get("HOME", "/tmp")
+    if env:
+        full_env.update(env)
+    cmd = ["git", "-c", "core.quotepath=off", "-c", "gc.auto=0", "-c", "advice.detachedHead=false"]
+    if git_dir is not None:
+        cmd += ["--git-dir", str(git_dir)]
+    cmd += args
+    proc = subprocess.run(cmd, cwd=cwd, env=full_env, input=input, capture_output=True)
+    out = subprocess.CompletedProcess(
+        proc.args,
+        proc.returncode,
+        proc.stdout.decode("utf-8", "replace"),
+        proc.stderr.decode("utf-8", "replace"),
+    )
+    if check and proc.returncode != 0:
+        raise GitError(f"git {' '.join(args[:3])} failed ({proc.returncode}): {out.stderr.strip()[-2000:]}")
+    return out
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What a tree node is: a code commit, a knowledge commit, and the session that led there.
+
+    `session` is a path relative to the tree directory (`sessions/<id>.json`, the exact message list), or None
+    for a fresh session (the root: the Teacher does not inherit the Student's context).
+    """
+
+    code_commit: str
+    knowledge_commit: str
+    session: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "code_commit": self.code_commit,
+            "knowledge_commit": self.knowledge_commit,
+            "session": self.session,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> NodeState:
+        return cls(d["code_commit"], d["knowledge_commit"], d.get("session"))
+
+
+@dataclass
+class EdgeWorkspace:
+    """One edge's private working copy: `root` is the agent's workspace (code worktree + .opencode + AGENTS.md)."""
+
+    store: TreeStore
+    edge_id: str
+    parent: NodeState
+    dir: Path  # work/<edge>
+    root: Path  # work/<edge>/code
+    session: list[dict] = field(default_factory=list)  # parent's messages (empty for a fresh session)
+    closed: bool = False
+
+    @property
+    def knowledge_dir(self) -> Path:
+        return self.root / KNOWLEDGE_DIR
+
+    @property
+    def index_file(self) -> Path:
+        return self.dir / "knowledge.index"
+
+    def head(self) -> str:
+        return git(["rev-parse", "HEAD"], cwd=self.root).stdout.strip()
+
+    def store_git(self, args: list[str]) -> str:
+        """A read-only git query on the code store; stripped stdout, "" when it fails."""
+        proc = git(args, git_dir=self.store.code_git, check=False)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    def commit_code(self, message: str) -> str | None:
+        """`git add -A` + commit in the worktree; the new commit id, or None when there is nothing to commit."""
+        git(["add", "-A"], cwd=self.root)
+        if git(["diff", "--cached", "--quiet"], cwd=self.root, check=False).returncode == 0:
+            return None
+        git(["commit", "-q", "--no-verify", "-m", message or "(no message)"], cwd=self.root)
+        sha = self.head()
+        self.store.keep_ref(f"{self.edge_id}/code/{sha[:12]}", sha)
+        return sha
+
+    def commit_knowledge(self, message: str) -> str:
+        """Snapshot .opencode/ into knowledge.git (a new commit only if it changed); the current commit id."""
+        return self.store.snapshot_knowledge(self.knowledge_dir, self.index_file, self.edge_id, message)
+
+    def state(self, session: str | None) -> NodeState:
+        """The workspace's current state (commits whatever is left uncommitted, so the state is complete)."""
+        code = self.commit_code("sftree: uncommitted work at the end of the edge") or self.head()
+        return NodeState(code, self.commit_knowledge("sftree: end of edge"), session)
+
+    def close(self) -> None:
+        """Remove the worktree and the edge's folder (the commits stay in the store)."""
+        if not self.closed:
+            self.store.remove_worktree(self.dir)
+            self.closed = True
+
+
+class TreeStore:
+    """The repositories of one tree under `<tree_dir>/store`, and the edge worktrees under `<tree_dir>/work`."""
+
+    def __init__(self, tree_dir: str | os.PathLike, task_cfg: dict):
+        self.tree_dir = Path(tree_dir).resolve()
+        self.task_cfg = task_cfg
+        self.store_dir = self.tree_dir / "store"
+        self.code_git = self.store_dir / "code.git"
+        self.knowledge_git = self.store_dir / "knowledge.git"
+        self.work_dir = self.tree_dir / "work"
+        self._lock = threading.Lock()
+
+    # ---- creation and resume -------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, tree_dir, root_snapshot_dir, task_cfg: dict) -> tuple[TreeStore, NodeState]:
+        """Seed the store from the root snapshot's `code/` and `shared/`; return it and the root's state.
+
+        Idempotent: if the store already holds a root (a resumed run), that root is returned unchanged.
+        """
+        self = cls(tree_dir, task_cfg)
+        root_dir = Path(root_snapshot_dir)
+        if (self.code_git / "refs" / "sftree" / "root").exists():
+            return self, self.root_state()
+        code_src, shared_src = root_dir / "code", root_dir / "shared"
+        if not code_src.is_dir():
+            raise InputError(f"root snapshot {root_dir} has no code/ folder")
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        for repo in (self.code_git, self.knowledge_git):
+            if repo.exists():
+                shutil.rmtree(repo)  # a half-made store from a killed run
+            git(["init", "-q", "--bare", str(repo)])
+        (self.code_git / "info").mkdir(exist_ok=True)
+        (self.code_git / "info" / "exclude").write_text("\n".join(CODE_EXCLUDES) + "\n")
+        code = self._import_dir(self.code_git, code_src, "root snapshot code")
+        shared_src_dir = shared_src if shared_src.is_dir() else None
+        knowledge = self._import_dir(self.knowledge_git, shared_src_dir, "root snapshot shared knowledge")
+        # The root ref is written last: its presence marks a complete store.
+        git(["update-ref", "refs/sftree/root", knowledge], git_dir=self.knowledge_git)
+        git(["update-ref", "refs/sftree/root", code], git_dir=self.code_git)
+        self.work_dir.mkdir(exist_ok=True)
+        log.info("store seeded from %s: code %s, knowledge %s", root_dir, code[:12], knowledge[:12])
+        return self, NodeState(code, knowledge, None)
+
+    @classmethod
+    def open(cls, tree_dir, task_cfg: dict) -> TreeStore:
+        """Open an existing store (resume)."""
+        self = cls(tree_dir, task_cfg)
+        if not (self.code_git / "refs" / "sftree" / "root").exists():
+            raise InputError(f"no tree store under {self.store_dir} (create it first)")
+        self.work_dir.mkdir(exist_ok=True)
+        return self
+
+    def root_state(self) -> NodeState:
+        code = git(["rev-parse", "refs/sftree/root"], git_dir=self.code_git).stdout.strip()
+        knowledge = git(["rev-parse", "refs/sftree/root"], git_dir=self.knowledge_git).stdout.strip()
+        return NodeState(code, knowledge, None)
+
+    def _import_dir(self, repo: Path, src: Path | None, what: str) -> str:
+        """Commit the files of `src` (or nothing) as a root commit of `repo`, without touching `src`."""
+        index = repo / "sftree-import.index"
+        env = {"GIT_INDEX_FILE": str(index)}
+        if src is not None:
+            git(["--work-tree", str(src), "add", "-A", "--", "."], git_dir=repo, env=env)
+        tree = git(["write-tree"], git_dir=repo, env=env).stdout.strip()
+        index.unlink(missing_ok=True)
+        return git(["commit-tree", tree, "-m", f"sftree: {what}"], git_dir=repo).stdout.strip()
+
+    # ---- forks ---------------------------------------------------------------------------------------------
+    def fork(self, state: NodeState, edge_id: str) -> EdgeWorkspace:
+        """A fresh workspace at `state`: worktree of the code commit, private knowledge checkout, session copy."""
+        from sftree.fileio import read_json
+
+        edge_dir = self.work_dir / edge_id
+        if edge_dir.exists():
+            self.remove_worktree(edge_dir)  # a stale one from a killed run
+        edge_dir.mkdir(parents=True)
+        root = edge_dir / "code"
+        with self._lock:
+            git(["worktree", "add", "-q", "--detach", str(root), state.code_commit], git_dir=self.code_git)
+            git(
+                ["update-ref", f"refs/sftree/edges/{edge_id}", state.knowledge_commit],
+                git_dir=self.knowledge_git,
+            )
+        ws = EdgeWorkspace(self, edge_id, state, edge_dir, root)
+        kdir = ws.knowledge_dir
+        kdir.mkdir()
+        env = {"GIT_INDEX_FILE": str(ws.index_file)}
+        git(
+            ["--work-tree", str(kdir), "read-tree", state.knowledge_commit],
+            git_dir=self.knowledge_git,
+            env=env,
+        )
+        git(["--work-tree", str(kdir), "checkout-index", "-a", "-f"], git_dir=self.knowledge_git, env=env)
+        for sub in ("notes", "skills", "attempts", "roles", "logs"):
+            (kdir / sub).mkdir(exist_ok=True)
+        if state.session:
+            messages = read_json(self.tree_dir / state.session, "session file")
+            if not isinstance(messages, list):
+                raise InputError(f"session file {self.tree_dir / state.session}: expected a list of messages")
+            ws.session = messages
+        return ws
+
+    def snapshot_knowledge(self, kdir: Path, index: Path, edge_id: str, message: str) -> str:
+        env = {"GIT_INDEX_FILE": str(index)}
+        repo = self.knowledge_git
+        git(["--work-tree", str(kdir), "add", "-A", "--", "."], git_dir=repo, env=env)
+        tree = git(["write-tree"], git_dir=repo, env=env).stdout.strip()
+        ref = f"refs/sftree/edges/{edge_id}"
+        # fork() points the edge's ref at the knowledge commit it started from.
+        head = git(["rev-parse", "-q", "--verify", ref], git_dir=repo, check=False).stdout.strip()
+        if head and git(["rev-parse", f"{head}^{{tree}}"], git_dir=repo).stdout.strip() == tree:
+            return head
+        args = ["commit-tree", tree, "-m", message] + (["-p", head] if head else [])
+        sha = git(args, git_dir=repo).stdout.strip()
+        with self._lock:
+            git(["update-ref", ref, sha], git_dir=repo)
+        return sha
+
+    def keep_ref(self, name: str, sha: str) -> None:
+        with self._lock:
+            git(["update-ref", f"refs/sftree/edges/{name}", sha], git_dir=self.code_git)
+
+    def diff(self, repo: str, a: str, b: str) -> str:
+        """`git diff a b` in the code or knowledge repository ("code" | "knowledge")."""
+        git_dir = self.code_git if repo == "code" else self.knowledge_git
+        return git(["diff", "--binary", a, b], git_dir=git_dir).stdout
+
+    def remove_worktree(self, edge_dir: Path) -> None:
+        root = edge_dir / "code"
+        with self._lock:
+            if root.exists():
+                git(["worktree", "remove", "--force", str(root)], git_dir=self.code_git, check=False)
+            shutil.rmtree(edge_dir, ignore_errors=True)
+            git(["worktree", "prune"], git_dir=self.code_git, check=False)
+
+    def cleanup_stale(self, keep: set[str]) -> None:
+        """Remove the worktrees of edges not in `keep` (half-done edges of a killed run)."""
+        if not self.work_dir.is_dir():
+            return
+        for d in sorted(self.work_dir.iterdir()):
+            if d.is_dir() and d.name not in keep:
+                log.info("removing stale workspace %s", d)
+                self.remove_worktree(d)
+
+    def close(self) -> None:
+        """Remove every worktree (the store keeps all commits)."""
+        self.cleanup_stale(set())

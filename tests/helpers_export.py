@@ -1,0 +1,166 @@
+"""Hand-written tree directories (tree.json, steps.jsonl, root metadata) as input fixtures for export/report tests.
+
+The layout follows docs/architecture.md: results/<task>/roots/<root>/metadata.json and
+results/<task>/trees/<root>/{tree.json,edges/<edge>/steps.jsonl}. Sessions grow like a real agent's: each step's
+request is the previous request + the previous response + its tool results, and a forked edge starts from its
+parent's final messages.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "bash", "description": "run", "parameters": {"type": "object"}},
+    },
+    {
+        "type": "function",
+        "function": {"name": "read", "description": "read", "parameters": {"type": "object"}},
+    },
+]
+ROOT = "eval-000005-agent-1-aaaaaaaaaaaa"
+
+
+def _assistant(edge, turn, step, last, malformed):
+    cid = f"call_{edge}_{turn}_{step}"
+    if last:
+        name, args = "bash", json.dumps({"command": 'coral eval -m "try"'})
+    else:
+        name, args = "read", json.dumps({"filePath": ".opencode/notes/a.md"})
+    if malformed:
+        args = '{"command": "ls'
+    msg = {
+        "role": "assistant",
+        "content": None if step % 2 else f"step {step}",
+        "tool_calls": [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}],
+    }
+    if turn == 2 and step == 1:
+        msg["reasoning_content"] = "think first"
+    return msg, [
+        {"tool_call_id": cid, "name": name, "content": f"out {cid}", "error": False, "knowledge": not last}
+    ]
+
+
+def write_edge(
+    tree_dir: Path, edge: str, start: list[dict], steps_per_turn: int = 2, malformed=None, title=True
+):
+    """Two turns of `steps_per_turn` steps; returns the session's messages after the edge."""
+    messages = list(start)
+    lines = []
+    for turn in (1, 2):
+        messages.append({"role": "user", "content": f"{edge} turn {turn} prompt"})
+        for step in range(1, steps_per_turn + 1):
+            resp, results = _assistant(edge, turn, step, step == steps_per_turn, malformed == (turn, step))
+            lines.append(
+                {
+                    "edge": edge,
+                    "turn": turn,
+                    "step": step,
+                    "kind": "agent",
+                    "request": {"model": "m", "messages": list(messages), "tools": TOOLS},
+                    "response": resp,
+                    "tool_results": results,
+                    "usage": {"prompt_tokens": 100 * step, "completion_tokens": 10, "cached_tokens": 50},
+                    "finish_reason": "tool_calls",
+                }
+            )
+            messages.append(resp)
+            messages.extend(
+                {"role": "tool", "tool_call_id": r["tool_call_id"], "content": r["content"]} for r in results
+            )
+    if title:
+        lines.insert(
+            0,
+            {
+                "edge": edge,
+                "turn": 1,
+                "step": 0,
+                "kind": "title",
+                "request": {"messages": [{"role": "user", "content": "title?"}]},
+                "response": {"role": "assistant", "content": "A title"},
+                "tool_results": [],
+            },
+        )
+    d = tree_dir / "edges" / edge
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return messages
+
+
+def make_results(
+    base: Path, task: str = "circle_packing", direction: str = "maximize", stage: str = "middle"
+):
+    """n0 -(e1)-> n1 -(e2)-> n2 ; n1 -(e3)-> n3 ; n0 -(e4)-> n4 (no score: pruned-like, excluded). Returns tree dir."""
+    root_dir = base / task / "roots" / ROOT
+    root_dir.mkdir(parents=True)
+    (root_dir / "metadata.json").write_text(json.dumps({"stage": stage, "score": 1.0, "task": task}))
+    tree_dir = base / task / "trees" / ROOT
+    system = [{"role": "system", "content": "You are a Coral agent."}]
+    s1 = write_edge(tree_dir, "e1", system)
+    write_edge(tree_dir, "e2", s1, malformed=(2, 1))
+    write_edge(tree_dir, "e3", s1)
+    write_edge(tree_dir, "e4", system)
+
+    def node(i, parent, score, depth, leaf):
+        return {
+            "id": f"n{i}",
+            "parent": parent,
+            "edge": f"e{i}" if i else None,
+            "depth": depth,
+            "score": score,
+            "max_token_total": 1000 * i,
+            "leaf_reason": leaf,
+            "status": "leaf" if leaf else "expanded",
+        }
+
+    def edge(i, parent, score, clean, know, soft):
+        return {
+            "id": f"e{i}",
+            "parent": parent,
+            "child": f"n{i}",
+            "depth": 1,
+            "attempt": 1,
+            "pruned": False,
+            "score": score,
+            "cleanliness": clean,
+            "knowledge_score": know,
+            "soft": soft,
+            "tokens": 1000 * i,
+            "transcript": f"edges/e{i}/steps.jsonl",
+            "select": {
+                "node": parent,
+                "score_rank": 0.5,
+                "best_rank": 0.5,
+                "process": 0.0,
+                "Q": 0.35,
+                "T": 0.5,
+                "select": 0.6,
+            },
+        }
+
+    tree = {
+        "version": 1,
+        "task": task,
+        "root": ROOT,
+        "direction": direction,
+        "status": "finished",
+        "stop_reason": "frontier_empty",
+        "nodes": [
+            node(0, None, 1.0, 0, None),
+            node(1, "n0", 2.0, 1, None),
+            node(2, "n1", 3.0, 2, "depth_limit"),
+            node(3, "n1", 1.5, 2, "depth_limit"),
+            node(4, "n0", None, 1, "tree_stopped"),
+        ],
+        "edges": [
+            edge(1, "n0", 2.0, 1.0, 1.0, 0.9),
+            edge(2, "n1", 3.0, 0.8, 1.0, 0.8),
+            edge(3, "n1", 1.5, 1.0, 0.6, 0.7),
+            edge(4, "n0", None, None, None, None),
+        ],
+    }
+    (tree_dir / "tree.json").write_text(json.dumps(tree))
+    return tree_dir

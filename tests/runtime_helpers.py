@@ -1,0 +1,64 @@
+"""Shared helpers for the tests of the Teacher runtime (tests/test_runtime_*.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from sftree.config import REPO_ROOT, load_config, task_config
+
+EXAMPLES = REPO_ROOT / "examples"
+
+
+def make_root(tmp: Path, task: str = "circle_packing", *, attempts: list[dict] | None = None) -> Path:
+    """A root snapshot folder: the example task's code/ and a small shared/ knowledge base."""
+    root = tmp / f"root-{task}"
+    shutil.copytree(EXAMPLES / task / "code", root / "code")
+    (root / "shared" / "notes").mkdir(parents=True)
+    (root / "shared" / "attempts").mkdir()
+    (root / "shared" / "notes" / "student.md").write_text("# Student note\nROWS = 5 did not help.\n")
+    for a in attempts or []:
+        (root / "shared" / "attempts" / f"{a['commit_hash']}.json").write_text(json.dumps(a))
+    (root / "metadata.json").write_text(json.dumps({"task": task, "eval_count": 5}))
+    return root
+
+
+def make_task(tmp: Path, grader_py: str, *, direction: str = "maximize", timeout: float = 20) -> dict:
+    """A task config with a grader written by the test (`{code_dir}`, `{task_dir}` placeholders)."""
+    task_dir = tmp / "task"
+    task_dir.mkdir(exist_ok=True)
+    (task_dir / "grader.py").write_text(grader_py)
+    (task_dir / "task.md").write_text("Make VALUE in solution.py large.\n")
+    return {
+        "name": "toy",
+        "direction": direction,
+        "task_dir": str(task_dir),
+        "grader": "python3 {task_dir}/grader.py {code_dir}",
+        "grader_timeout": timeout,
+    }
+
+
+TOY_GRADER = """
+import json, runpy, sys
+ns = runpy.run_path(sys.argv[1] + "/solution.py")
+print("grading...")
+print(json.dumps({"score": float(ns["VALUE"]), "feedback": "value is %s" % ns["VALUE"]}))
+"""
+
+
+def config(**over) -> dict:
+    """examples/demo.yaml with test-sized retries; `over` is merged per section."""
+    cfg = load_config(EXAMPLES / "demo.yaml")
+    cfg["teacher"].update({"retries": 2, "backoff_max": 0.05, "health_timeout": 5, "request_timeout": 10})
+    for section, values in over.items():
+        cfg[section] = {**cfg.get(section, {}), **values} if isinstance(values, dict) else values
+    return cfg
+
+
+def example_task(cfg: dict, task: str = "circle_packing") -> dict:
+    return task_config(cfg, task)
+
+
+def read_steps(tree_dir: Path, edge: str) -> list[dict]:
+    return [json.loads(line) for line in (tree_dir / "edges" / edge / "steps.jsonl").read_text().splitlines()]

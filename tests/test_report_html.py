@@ -1,0 +1,113 @@
+"""The HTML report: self-contained, one drawing per tree with selected paths, failures and node details."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import subprocess
+import sys
+
+from helpers_export import ROOT, make_results
+
+from sftree.export import export_task, merge
+from sftree.fileio import write_json_atomic, write_jsonl_atomic
+from sftree.paths import select_paths
+from sftree.report import color_scale
+
+HEADER = "snapshot\tglobal_index\tagent_id\tcommit_hash\teval_ok\tscore\tscore_for_stage\tsmooth_score\tgain_ratio\tstage\tselected\tselection_reason"
+
+
+def stages_tsv(path, chosen):
+    rows = [HEADER]
+    for i in range(1, 11):
+        stage = "early" if i <= 2 else "middle" if i <= 6 else "late"
+        ok = i != 4
+        name = ROOT if i == 5 else f"eval-{i:06d}-agent-1-{i:012x}"
+        score = 1 + 0.1 * i
+        rows.append(
+            f"{name}\t{i}\tagent-1\tabc\t{ok}\t{score if ok else ''}\t{score}\t{score}\t0.5\t{stage}\t{i in chosen}\t{'quota' if i in chosen else ''}"
+        )
+    path.write_text("\n".join(rows) + "\n")
+
+
+def build(tmp_path):
+    base = tmp_path / "results"
+    tree_dir = make_results(base, "circle_packing", "maximize", "middle")
+    tree = json.loads((tree_dir / "tree.json").read_text())
+    tree["edges"].append(
+        {
+            "id": "e5",
+            "parent": "n1",
+            "child": None,
+            "attempt": 1,
+            "pruned": True,
+            "prune_reason": "no_score",
+            "score": None,
+        }
+    )
+    tree["edges"][2]["turns"] = [{"turn": 1, "score": 1.5}, {"turn": 2, "score": None}]  # e3: kept, exempt
+    (tree_dir / "tree.json").write_text(json.dumps(tree))
+    write_json_atomic(tree_dir / "paths.json", select_paths(tree))
+    stages_tsv(base / "circle_packing" / "stages.tsv", chosen={5, 8})
+    records, _ = export_task([tree_dir / "paths.json"], "step")
+    write_jsonl_atomic(base / "circle_packing" / "sft.jsonl", records)
+    merge([str(base / "circle_packing" / "sft.jsonl")], str(base / "sft.jsonl"), None, None)
+    return base
+
+
+def test_report_cli(tmp_path):
+    base = build(tmp_path)
+    out = tmp_path / "report.html"
+    res = subprocess.run(
+        [sys.executable, "-m", "sftree", "report", "--results", str(base), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    page = out.read_text()
+    # self-contained: no external scripts, styles or images
+    assert not re.search(r"""(src|href)=["']https?:""", page) and "<link" not in page
+    assert page.count("Student learning curve (maximize)") == 1 and page.count('<svg class="tree"') == 1
+    # stage bands early/middle/late, two chosen roots ringed, one failed eval drawn hollow
+    assert len(re.findall(r'<rect [^>]*fill="#(1f77b4|2ca02c|ff7f0e)" fill-opacity="0.16"', page)) == 3
+    assert len(re.findall(r'<circle [^>]*r="6.0" fill="none" stroke="#f59e0b"', page)) == 2
+    assert len(re.findall(r'<path [^>]*stroke="#dc2626" stroke-width="1.6"', page)) == 2  # + legend
+    # selected paths n1->n2 (rank 1) and n1->n3 (rank 2): edges e1, e2, e3 highlighted, e4 not
+    assert len(re.findall(r'<line [^>]*stroke="#f59e0b" stroke-width="5"', page)) == 3
+    # the failed attempt e5 is drawn as a cross with its prune reason
+    assert "pruned: no_score" in page and page.count('<g class="fail">') == 1
+    # e3 kept despite a failed turn: dashed (and still highlighted as selected)
+    assert len(re.findall(r'<line [^>]*stroke="#f59e0b" stroke-width="5" stroke-dasharray="6 4"', page)) == 1
+    # every node carries its details; n0's holds the Select breakdown of its dispatches (e1, e4)
+    infos = [json.loads(html.unescape(m)) for m in re.findall(r'data-info="([^"]*)"', page)]
+    assert sorted(i["node"] for i in infos) == ["n0", "n1", "n2", "n3", "n4"]
+    n0 = next(i for i in infos if i["node"] == "n0")
+    assert [d["edge"] for d in n0["Select breakdown of dispatches from this node"]] == ["e1", "e4"]
+    n2 = next(i for i in infos if i["node"] == "n2")
+    assert n2["score"] == 3.0 and n2["tokens (max_token_total)"] == 2000 and n2["on selected path"] is True
+    assert n2["made by edge"]["cleanliness"] == 0.8
+    # dataset statistics: 12 records, all middle
+    assert (
+        "12 records" in page
+        and '<td class="l">circle_packing</td><td class="">0</td><td class="">12</td>' in page
+    )
+
+
+def test_color_scale_ends():
+    assert color_scale(0.0) == "#440154" and color_scale(1.0) == "#fde725" and color_scale(None) == "#9ca3af"
+    assert color_scale(0.5) == "#21918c"
+
+
+def test_report_without_sft_or_paths(tmp_path):
+    base = tmp_path / "results"
+    make_results(base)
+    out = tmp_path / "r.html"
+    res = subprocess.run(
+        [sys.executable, "-m", "sftree", "report", "--results", str(base), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    page = out.read_text()
+    assert "No sft.jsonl yet" in page and "No paths.json yet" in page

@@ -1,0 +1,240 @@
+"""ask/tell/stop rules of search.py on EdgeResult values built by hand (no runtime): the algorithm itself."""
+
+import pytest
+
+from sftree import search
+from sftree import tree as treemod
+from sftree.edge import EdgeResult, TurnResult
+from sftree.workspace import NodeState
+
+approx = pytest.approx
+
+
+def result(
+    eid, s1, s2, *, calls=10, errors=0, tokens=1000, knowledge=True, parent=None, direction="maximize"
+):
+    """An EdgeResult as run_edge reports it: per-turn scores, tool calls, context length."""
+    from sftree.edge import best_score, regressed_rate
+
+    turns = [
+        TurnResult(i + 1, s, "improved" if s is not None else None, None, 3, calls // 2 if i == 0 else calls - calls // 2,
+                   errors // 2 if i == 0 else errors - errors // 2, knowledge, tokens // 2 * (i + 1),
+                   "eval" if s is not None else "no_eval")
+        for i, s in enumerate((s1, s2))
+    ]  # fmt: skip
+    return EdgeResult(
+        edge_id=eid, turns=turns, score=best_score([s1, s2], direction), valid=s1 is not None and s2 is not None,
+        steps=6, tool_calls=calls, tool_errors=errors, tool_error_rate=errors / calls if calls else 0.0,
+        tokens=tokens, knowledge=knowledge, regressed_rate=regressed_rate(parent, [s1, s2], direction),
+        child_state=NodeState(f"c-{eid}", f"k-{eid}", f"sessions/{eid}.json"), transcript=f"edges/{eid}/steps.jsonl",
+        code_diff="", knowledge_diff="", error=None, wall_s=0.1, evals=2,
+    )  # fmt: skip
+
+
+def new_tree(direction="maximize", root_score=1.0, **params):
+    p = treemod.SearchParams(**params)
+    return treemod.Tree.new("t", "eval-000001-agent-1-abc", direction, p, root_score, {"code_commit": "c0",
+                            "knowledge_commit": "k0", "session": None}, 10)  # fmt: skip
+
+
+def step(tree, exp, s1, s2, **kw):
+    d = search.begin(tree, exp)
+    return search.tell(tree, d, result(d.edge, s1, s2, parent=d.parent_score, direction=tree.direction, **kw))
+
+
+def grow_root(tree):
+    """Three root edges with hand-computed soft scores (see test_select_breakdown)."""
+    exps = search.ask(tree, 8)
+    assert [(e.node, e.slot, e.attempt, e.exempt, e.depth) for e in exps] == [
+        ("n0", 0, 1, False, 1), ("n0", 1, 1, False, 1), ("n0", 2, 1, False, 1)]  # fmt: skip
+    assert exps[0].select == {"node": "n0", "score_rank": 0.5, "best_rank": 0.5, "process": 0.0, "Q": 0.35,
+                              "T": 0.5, "select": 0.6}  # fmt: skip
+    ds = [search.begin(tree, e) for e in exps]
+    assert search.ask(tree, 8) == []  # virtual visits: all three root directions are in flight
+    e1 = search.tell(tree, ds[0], result("e1", 1.5, 2.0, tokens=1000, parent=1.0))
+    e2 = search.tell(tree, ds[1], result("e2", 0.8, 0.5, errors=1, tokens=3000, knowledge=False, parent=1.0))
+    e3 = search.tell(tree, ds[2], result("e3", 1.0, 1.2, calls=0, tokens=2000, parent=1.0))
+    return e1, e2, e3
+
+
+def test_soft_scores_of_root_edges():
+    tree = new_tree()
+    e1, e2, e3 = grow_root(tree)
+    assert (e1.outcome, e1.cleanliness, e1.knowledge_score, e1.regression_stability, e1.soft) == (
+        1,
+        1,
+        1,
+        1,
+        1,
+    )
+    assert (
+        e2.score == 0.8 and e2.outcome == 0.7 and e2.knowledge_score == 0.4 and e2.regression_stability == 0
+    )
+    assert e2.cleanliness == approx(0.8 - 0.5 * 0.1 / 0.3, abs=1e-6)
+    assert e2.soft == approx(0.21 + 0.2 * (0.8 - 0.5 / 3) + 0.08, abs=1e-6)
+    assert e3.soft == 1.0 and e3.tool_error_rate == 0.0
+    root = tree.node("n0")
+    assert root.status == "expanded" and root.valid_children == 3 and root.failed_expansions == 0
+    n2 = tree.node("n2")
+    assert n2.score == 0.8 and n2.path_best_score == 1.0 and n2.eval_count == 12
+    assert n2.state == {"code_commit": "c-e2", "knowledge_commit": "k-e2", "session": "sessions/e2.json"}
+
+
+def test_select_breakdown_hand_computed():
+    tree = new_tree()
+    grow_root(tree)
+    exps = search.ask(tree, 3)
+    sel = {e.node: e.select for e in exps}
+    # n1: score 2.0 (rank 3.5/4), path best 2.0 (3.5/4), process 1.0, tokens 1000 (2.5/3 among 1000/3000/2000)
+    assert sel["n1"]["Q"] == approx(0.4 * 0.875 + 0.3 * 0.875 + 0.3, abs=1e-6)
+    assert sel["n1"]["T"] == approx(2.5 / 3, abs=1e-6)
+    assert sel["n1"]["select"] == approx(0.9125 + 0.5 * 2.5 / 3, abs=1e-5)
+    # n3: score 1.2 (2.5/4), best 1.2 (2.5/4), process 1.0, tokens 2000 (1.5/3)
+    assert sel["n3"]["select"] == approx(0.7375 + 0.25, abs=1e-5)
+    # n1 takes both of its slots first (exempt: edges into depth 2), then n3; n2 (select 0.33) waits
+    assert [(e.node, e.attempt, e.exempt, e.depth) for e in exps] == [
+        ("n1", 1, True, 2), ("n1", 2, True, 2), ("n3", 1, True, 2)]  # fmt: skip
+    s2 = search.select_breakdowns(tree, [tree.node("n1"), tree.node("n2"), tree.node("n3")])["n2"]
+    assert s2["score_rank"] == 0.125 and s2["best_rank"] == 0.25 and s2["T"] == approx(1 / 6, abs=1e-6)
+    assert s2["select"] == approx(0.05 + 0.075 + 0.3 * s2["process"] + 0.5 / 6, abs=1e-5)
+
+
+def test_minimize_ranks_lower_scores_higher():
+    tree = new_tree("minimize", root_score=10.0)
+    exps = search.ask(tree, 3)
+    ds = [search.begin(tree, e) for e in exps]
+    search.tell(tree, ds[0], result("e1", 9.0, 8.0, parent=10.0, direction="minimize"))
+    search.tell(tree, ds[1], result("e2", 12.0, 11.0, parent=10.0, direction="minimize"))
+    search.tell(tree, ds[2], result("e3", 10.0, 10.0, parent=10.0, direction="minimize"))
+    n1, n2, n3 = (tree.node(f"n{i}") for i in (1, 2, 3))
+    assert (n1.score, n2.score, n3.score) == (8.0, 11.0, 10.0)
+    assert (
+        tree.edge("e1").outcome == 1.0 and tree.edge("e2").outcome == 0.7 and tree.edge("e3").outcome == 0.7
+    )
+    assert n2.path_best_score == 10.0 and n1.path_best_score == 8.0
+    sel = search.select_breakdowns(tree, [n1, n2, n3])
+    assert sel["n1"]["score_rank"] == 0.875 and sel["n2"]["score_rank"] == 0.125  # 8 best, 11 worst
+
+
+def test_layer1_fallback_and_kept_failure():
+    tree = new_tree()
+    exps = search.ask(tree, 1)
+    e = step(tree, exps[0], 1.1, None)  # slot 0, first try: no score -> pruned, root failed_expansions 1
+    assert e.pruned and e.prune_reason == "no_score" and e.child is None and e.soft is None
+    assert tree.node("n0").failed_expansions == 1
+    retry = search.ask(tree, 1)[0]
+    assert (retry.slot, retry.attempt, retry.exempt) == (0, 2, True)
+    e = step(tree, retry, None, None, errors=9)  # the retry fails again: kept anyway
+    assert not e.pruned and e.failed and e.fail_reason == "no_score" and e.child == "n1"
+    n1 = tree.node("n1")
+    assert n1.score is None and n1.path_best_score == 1.0 and not n1.path_valid and n1.status == "active"
+    # soft of the kept failure: not improved .7, cleanliness floor .3, knowledge .6, stability 0
+    assert e.soft == approx(0.21 + 0.06 + 0.12 + 0.0, abs=1e-6)
+    # the other two root directions come next; a root whose first try of slot 1 fails gets a second failure
+    e = step(tree, search.ask(tree, 1)[0], None, 2.0)
+    assert e.slot == 1 and e.pruned and tree.node("n0").failed_expansions == 2
+    assert tree.node("n0").status == "active"  # the root is governed by its directions, not failed < 2
+    nxt = search.ask(tree, 5)
+    assert [(x.node, x.slot, x.attempt) for x in nxt][:2] == [("n0", 1, 2), ("n0", 2, 1)]
+
+
+def test_depth2_exempt_then_depth3_prunes():
+    tree = new_tree(max_depth=4)
+    for exp in search.ask(tree, 3):
+        step(tree, exp, 1.5, 2.0)
+    # expand n1 into depth 2 with a failed eval and 50% tool errors: exempt, kept
+    exp = next(x for x in search.ask(tree, 8) if x.node == "n1")
+    e = step(tree, exp, None, None, calls=10, errors=5)
+    assert e.exempt and e.depth == 2 and not e.pruned and e.fail_reason == "no_score" and e.child is not None
+    n = tree.node(e.child)
+    assert n.score is None and not n.path_valid and n.status == "active"
+    # from depth 3 on: no score -> pruned; 31% tool errors -> pruned; exactly 30% -> kept
+    d3 = next(x for x in search.ask(tree, 20) if x.node == n.id)
+    assert d3.depth == 3 and not d3.exempt
+    assert step(tree, d3, 2.0, None).prune_reason == "no_score"
+    d3 = next(x for x in search.ask(tree, 20) if x.node == n.id)
+    assert step(tree, d3, 2.0, 2.1, calls=100, errors=31).prune_reason == "tool_error_rate"
+    assert n.failed_expansions == 2 and n.status == "leaf" and n.leaf_reason == "no_room"
+    assert not treemod.is_good_leaf(n)  # its path holds a failed (exempt) edge
+    ok_parent = tree.node("n2")
+    exp = next(x for x in search.ask(tree, 20) if x.node == "n2")
+    e2 = step(tree, exp, 2.0, 2.1)
+    d3 = next(x for x in search.ask(tree, 20) if x.node == e2.child)
+    e = step(tree, d3, 2.0, 2.1, calls=10, errors=3)  # 3/10 == 0.30: not > 0.30
+    assert not e.pruned and e.tool_error_rate == 0.3 and e.cleanliness == approx(0.3)
+    assert ok_parent.valid_children == 1
+
+
+def test_two_failed_expansions_make_no_room_leaf_and_good():
+    tree = new_tree(max_depth=3, max_children=2)
+    for exp in search.ask(tree, 3):
+        step(tree, exp, 1.5, 2.0)
+    exp = next(x for x in search.ask(tree, 8) if x.node == "n1")
+    child = tree.node(step(tree, exp, 2.0, 2.2).child)  # depth 2, valid path
+    for _ in range(2):
+        x = next(x for x in search.ask(tree, 20) if x.node == child.id)
+        step(tree, x, None, 2.0)
+    assert child.failed_expansions == 2 and child.status == "leaf" and child.leaf_reason == "no_room"
+    assert treemod.is_good_leaf(child)
+    assert all(x.node != child.id for x in search.ask(tree, 20))
+
+
+def test_token_and_depth_limit_leaves():
+    tree = new_tree(max_depth=2, hard_token_limit=5000)
+    exps = search.ask(tree, 3)
+    a = step(tree, exps[0], 1.5, 2.0, tokens=5000)  # == limit: leaf
+    b = step(tree, exps[1], 1.5, 2.0, tokens=4999)
+    assert tree.node(a.child).leaf_reason == "token_limit" and tree.node(a.child).status == "leaf"
+    assert tree.node(b.child).status == "active"
+    x = next(x for x in search.ask(tree, 8) if x.node == b.child)
+    c = step(tree, x, 2.0, 2.5, tokens=9000)  # over the token limit and at max depth: token_limit first
+    d = step(tree, next(x for x in search.ask(tree, 8) if x.node == b.child), 2.0, 2.5, tokens=100)
+    assert tree.node(c.child).leaf_reason == "token_limit"
+    assert tree.node(d.child).leaf_reason == "depth_limit"
+    assert tree.node(b.child).status == "expanded"
+
+
+def run_tree(tree, script):
+    saved = []
+    search.run_search(tree, lambda d: script(d), lambda t: saved.append(t.counters()))
+    return saved
+
+
+def test_stop_good_leaves_and_running_edges_finish():
+    # depth 1 only: every root child is a depth_limit leaf; target 2 fires after the 2nd, the 3rd still lands
+    tree = new_tree(max_depth=1, target_good_leaves=2, parallel_width=3)
+    run_tree(tree, lambda d: result(d.edge, 1.5, 2.0, parent=d.parent_score))
+    assert tree.stop_reason == "good_leaves" and tree.status == "finished"
+    assert tree.counters()["good_leaves"] == 3 and len(tree.edges) == 3
+
+
+def test_stop_edge_budget_strictly_more():
+    tree = new_tree(max_valid_edges=4, parallel_width=1)
+    run_tree(tree, lambda d: result(d.edge, 1.5, 2.0, parent=d.parent_score))
+    assert tree.stop_reason == "edge_budget"
+    assert tree.counters()["valid_edges"] == 5  # 4 is not > 4; the 5th valid edge fires the rule
+    leaves = [n for n in tree.nodes if n.status == "leaf"]
+    assert leaves and all(n.leaf_reason == "tree_stopped" for n in leaves)
+    assert all(n.status in ("leaf", "expanded") for n in tree.nodes)
+
+
+def test_stop_frontier_empty_full_tree():
+    tree = new_tree(max_depth=2, root_children=2, max_children=2, parallel_width=4)
+    saved = run_tree(tree, lambda d: result(d.edge, 1.5, 2.0, parent=d.parent_score))
+    assert tree.stop_reason == "frontier_empty"
+    assert len(tree.nodes) == 1 + 2 + 4 and tree.counters()["good_leaves"] == 4
+    assert saved and saved[-1]["edges"] == 6
+    obj = tree.to_dict()
+    treemod.validate_tree(obj)
+    again = treemod.Tree.from_dict(obj)
+    assert again.to_dict() == obj
+
+
+def test_async_refill_counts_in_flight():
+    tree = new_tree(max_depth=3)
+    ds = [search.begin(tree, e) for e in search.ask(tree, 3)]
+    search.tell(tree, ds[0], result(ds[0].edge, 1.5, 2.0, parent=1.0))
+    exps = search.ask(tree, 8)  # n1 exists; root slots 1, 2 still running
+    assert [(e.node, e.depth) for e in exps] == [("n1", 2), ("n1", 2)]
+    search.begin(tree, exps[0])
+    assert [(e.node, e.attempt) for e in search.ask(tree, 8)] == [("n1", 2)]

@@ -1,0 +1,104 @@
+"""The demo workflow end to end through Snakemake: all_snapshots -> sft.jsonl + report, then reruns.
+
+Config = examples/demo.yaml with the session's simulated Student run and one root per task (to fit the test
+budget); explore jobs start their own teacher-sim. Then: a rerun has nothing to do, and `--forcerun select_paths`
+reruns only select_paths and the rules after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = json.loads((REPO / "workflow/schemas/sft_record.schema.json").read_text())
+AFTER_PATHS = {"select_paths", "export_sft", "merge_sft", "report", "all"}
+
+
+def snakemake(workdir: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = ["snakemake", "--cores", "2", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)]
+    cmd += ["--configfile", str(workdir / "config.yaml"), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=workdir)
+
+
+def rules_run(res: subprocess.CompletedProcess) -> Counter:
+    return Counter(re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", res.stdout + res.stderr))
+
+
+@pytest.mark.slow
+def test_demo_workflow_end_to_end(tmp_path, example_snapshots_dir):
+    config = yaml.safe_load((REPO / "examples/demo.yaml").read_text())
+    config["snapshots"] = str(example_snapshots_dir)
+    for task in config["tasks"].values():
+        task["task_dir"] = str(REPO / task["task_dir"])
+    config["select_roots"]["num_roots"] = 1
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+
+    res = snakemake(tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+    results = tmp_path / "results"
+    ran = rules_run(res)
+    assert (
+        ran["explore"] == 2 and ran["select_paths"] == 2 and ran["export_sft"] == 2 and ran["merge_sft"] == 1
+    )
+
+    # paths.json: every candidate ranked, at most top_k selected
+    trees = sorted(results.glob("*/trees/*/tree.json"))
+    assert [t.parents[2].name for t in trees] == ["circle_packing", "tsp"]
+    selected = 0
+    for t in trees:
+        doc = json.loads((t.parent / "paths.json").read_text())
+        assert [p["rank"] for p in doc["paths"]] == list(range(1, len(doc["paths"]) + 1))
+        assert doc["paths"] and sum(p["selected"] for p in doc["paths"]) == min(6, len(doc["paths"]))
+        scores = [p["path_score"] for p in doc["paths"]]
+        assert scores == sorted(scores, reverse=True)
+        selected += sum(p["selected"] for p in doc["paths"])
+
+    # sft.jsonl: schema-valid records, tool calls paired, no duplicate steps, metadata from the roots
+    records = [json.loads(x) for x in (results / "sft.jsonl").read_text().splitlines()]
+    assert records
+    ids = [r["metadata"]["id"] for r in records]
+    assert len(ids) == len(set(ids))
+    for r in records:
+        jsonschema.validate(r, SCHEMA)
+        asked = [
+            tc["id"] for m in r["messages"] if m["role"] == "assistant" for tc in m.get("tool_calls", [])
+        ]
+        answered = Counter(m["tool_call_id"] for m in r["messages"] if m["role"] == "tool")
+        assert sorted(asked) == sorted(answered) and set(answered.values()) == {1}
+        assert r["messages"][-1]["role"] in ("assistant", "tool")
+    assert {r["metadata"]["task"] for r in records} == {"circle_packing", "tsp"}
+    per_task = sum(
+        len((results / t / "sft.jsonl").read_text().splitlines()) for t in ("circle_packing", "tsp")
+    )
+    assert per_task == len(records)
+    stages = {json.loads(p.read_text())["stage"] for p in results.glob("*/roots/*/metadata.json")}
+    assert {r["metadata"]["stage"] for r in records} == stages
+    assert len({(r["metadata"]["task"], r["metadata"]["path_rank"]) for r in records}) == selected
+
+    info = json.loads((results / "dataset_info.json").read_text())
+    assert info["sftree"]["file_name"] == "sft.jsonl"
+    card = (results / "dataset_card.md").read_text()
+    assert f"{len(records)} records" in card
+    page = (results / "report.html").read_text()
+    assert page.count('<svg class="tree"') == 2 and "Task circle_packing" in page and "Task tsp" in page
+
+    # nothing to do on a rerun
+    res = snakemake(tmp_path, "-n")
+    assert res.returncode == 0 and "Nothing to be done" in res.stdout + res.stderr, res.stdout[-2000:]
+
+    # --forcerun select_paths: only select_paths and its dependents; the trees are not touched
+    tree_mtimes = {t: os.stat(t).st_mtime_ns for t in trees}
+    res = snakemake(tmp_path, "--forcerun", "select_paths")
+    assert res.returncode == 0, res.stderr[-4000:]
+    ran = rules_run(res)
+    assert set(ran) == AFTER_PATHS and ran["select_paths"] == 2, ran
+    assert {t: os.stat(t).st_mtime_ns for t in trees} == tree_mtimes
