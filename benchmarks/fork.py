@@ -74,7 +74,7 @@ def bench_copy(tmp: Path, n: int, reps: int) -> float:
 
 
 def part1(sizes: list[int], reps: int) -> None:
-    print("\nfork + commit (median of %d)" % reps)
+    print(f"\nfork + commit (median of {reps})")
     print(f"{'files':>7} | {'git worktree':>12} | {'plain copy':>10} | {'seed store':>10}")
     print("-" * 50)
     for n in sizes:
@@ -92,9 +92,11 @@ def part2(latencies: list[float], edges: int, sandbox: str) -> None:
 
     logging.disable(logging.WARNING)
     print(f"\nframework time per edge (native agent, sandbox {sandbox}, teacher-sim, circle_packing grader)")
-    print(f"{'ms/token':>8} | {'edges':>5} | {'steps':>5} | {'wall s':>7} | {'model s':>7} | {'grader s':>8} | "
-          f"{'framework s':>11} | {'share':>6} | {'per step':>8}")
-    print("-" * 90)
+    print(
+        f"{'ms/token':>8} | {'edges':>5} | {'steps':>5} | {'wall s':>7} | {'model s':>7} | {'grader s':>8} | "
+        f"{'framework s':>11} | {'share':>6} | {'fw/step':>7} | {'model/step':>10}"
+    )
+    print("-" * 104)
     for ms in latencies:
         cfg = load_config(REPO / "examples" / "demo.yaml")
         cfg["teacher"]["sim"] = {"seed": 0, "latency_ms_per_token": ms}
@@ -106,8 +108,10 @@ def part2(latencies: list[float], edges: int, sandbox: str) -> None:
             (root / "shared" / "notes").mkdir(parents=True)
             ctx = EdgeContext.create(Path(tmp) / "tree", root, cfg, task)
             try:
-                results = [run_edge(ctx, ctx.root_state, f"e{i}", None, depth=1, attempt=1, eval_count=0)
-                           for i in range(edges)]
+                results = [
+                    run_edge(ctx, ctx.root_state, f"e{i}", None, depth=1, attempt=1, eval_count=0)
+                    for i in range(edges)
+                ]
             finally:
                 ctx.close()
         wall = sum(r.wall_s for r in results)
@@ -115,8 +119,12 @@ def part2(latencies: list[float], edges: int, sandbox: str) -> None:
         grader = sum(r.grader_s for r in results)
         fw = sum(r.framework_s for r in results)
         steps = sum(r.steps for r in results)
-        print(f"{ms:>8g} | {edges:>5} | {steps:>5} | {wall:>7.2f} | {model:>7.2f} | {grader:>8.2f} | "
-              f"{fw:>11.2f} | {100 * fw / wall:>5.1f}% | {1000 * fw / max(steps, 1):>5.0f} ms", flush=True)
+        print(
+            f"{ms:>8g} | {edges:>5} | {steps:>5} | {wall:>7.2f} | {model:>7.2f} | {grader:>8.2f} | "
+            f"{fw:>11.2f} | {100 * fw / wall:>5.1f}% | {1000 * fw / max(steps, 1):>4.0f} ms | "
+            f"{model / max(steps, 1):>8.2f} s",
+            flush=True,
+        )
 
 
 def main() -> int:

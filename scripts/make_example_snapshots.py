@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-VERSION = 2  # bump when the output changes, so stale stamped folders are rebuilt
+VERSION = 3  # bump when the output changes, so stale stamped folders are rebuilt
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 AGENTS = 4
@@ -252,6 +252,8 @@ def simulate(task: str, seed: int, count: int, grader: Grader) -> list[Event]:
     # A few evals whose grading never wrote back (pending): one in the middle, the last round's tail.
     mid_pending = rng.randrange(count // 3, 2 * count // 3)
     crash_at = rng.randrange(count // 5, count // 2)  # at least one grader crash per run
+    if crash_at == mid_pending:
+        crash_at -= 1
     clock = START_TIME
     while len(events) < count:
         order = rng.sample(range(1, AGENTS + 1), AGENTS)[: count - len(events)]

@@ -164,3 +164,21 @@ def make_results(
     }
     (tree_dir / "tree.json").write_text(json.dumps(tree))
     return tree_dir
+
+
+def llamafactory_alternates(messages):
+    """LLaMA-Factory's `openai` converter rule: after the system prompt, consecutive tool messages form one
+    observation, assistant messages with tool_calls are function turns, trailing tool messages are dropped;
+    turns must then alternate user|observation, assistant|function and end on the assistant side."""
+    msgs = messages[1:] if messages and messages[0]["role"] == "system" else messages
+    aligned, pending = [], False
+    for m in msgs:
+        if m["role"] == "tool":
+            pending = True
+            continue
+        if pending:
+            aligned.append("observation")
+            pending = False
+        aligned.append("function" if m["role"] == "assistant" and m.get("tool_calls") else m["role"])
+    odd, even = ("user", "observation"), ("assistant", "function")
+    return len(aligned) % 2 == 0 and all(r in (odd if i % 2 == 0 else even) for i, r in enumerate(aligned))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from helpers_export import ROOT, make_results
+from helpers_export import ROOT, llamafactory_alternates, make_results
 
 from sftree.errors import InputError
 from sftree.export import export_task, parse_arguments
@@ -24,24 +24,6 @@ def paths_file(tree_dir: Path, top_k: int = 6) -> Path:
     doc = select_paths(json.loads((tree_dir / "tree.json").read_text()), top_k=top_k)
     write_json_atomic(tree_dir / "paths.json", doc)
     return tree_dir / "paths.json"
-
-
-def llamafactory_alternates(messages):
-    """LLaMA-Factory's `openai` converter rule: after the system prompt, consecutive tool messages form one
-    observation, assistant messages with tool_calls are function turns, trailing tool messages are dropped;
-    turns must then alternate user|observation, assistant|function and end on the assistant side."""
-    msgs = messages[1:] if messages and messages[0]["role"] == "system" else messages
-    aligned, pending = [], False
-    for m in msgs:
-        if m["role"] == "tool":
-            pending = True
-            continue
-        if pending:
-            aligned.append("observation")
-            pending = False
-        aligned.append("function" if m["role"] == "assistant" and m.get("tool_calls") else m["role"])
-    odd, even = ("user", "observation"), ("assistant", "function")
-    return len(aligned) % 2 == 0 and all(r in (odd if i % 2 == 0 else even) for i, r in enumerate(aligned))
 
 
 def check_record(rec):
@@ -126,13 +108,19 @@ def test_top_k_limits_export(tree_dir):
     assert stats.paths == 1 and [r["metadata"]["edge"] for r in records] == ["e1"] * 4 + ["e2"] * 4
 
 
-def test_unanswered_tool_call_is_skipped(tree_dir):
+def test_unanswered_tool_call_and_failed_request_are_skipped(tree_dir):
     f = tree_dir / "edges" / "e3" / "steps.jsonl"
     lines = [json.loads(x) for x in f.read_text().splitlines()]
     lines[-1]["tool_results"] = []  # the turn's last step lost its result (cut off by a limit)
     f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    f = tree_dir / "edges" / "e2" / "steps.jsonl"
+    lines = [json.loads(x) for x in f.read_text().splitlines()]
+    lines.append(
+        dict(lines[-1], step=3, response=None, tool_results=[], error="teacher unavailable after 8 retries")
+    )
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
     records, stats = export_task([paths_file(tree_dir)], "step")
-    assert len(records) == 11 and stats.skipped == {"unpaired_tool_calls": 1}
+    assert len(records) == 11 and stats.skipped == {"unpaired_tool_calls": 1, "no_response": 1}
 
 
 def test_bad_step_file_names_file_and_line(tree_dir):
@@ -186,7 +174,7 @@ def test_cli_export_and_merge(tmp_path):
     )
     assert res.returncode == 0, res.stderr
     lines = (base / "sft.jsonl").read_text().splitlines()
-    assert len(lines) == 24
+    assert len(lines) == 24 and (base / "sft.jsonl").stat().st_mode & 0o777 == 0o644
     info = json.loads((base / "dataset_info.json").read_text())
     assert (
         info["sftree"]["file_name"] == "sft_llamafactory.jsonl" and info["sftree"]["formatting"] == "openai"

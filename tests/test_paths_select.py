@@ -116,6 +116,27 @@ def test_ties_share_mid_rank_and_break_deterministically():
     assert p["n1"]["path_score"] == pytest.approx(0.8) and p["n3"]["path_score"] == pytest.approx(0.5)
 
 
+def test_max_rank_weighs_more_than_avg_rank():
+    # A: 1 -> 4 (avg 2.5, max 4); B: 3 -> 3 (avg 3, max 3); C: 2 -> 2. max ranks A 5/6 B 1/2 C 1/6, avg ranks B 5/6 A 1/2
+    spec = [
+        ("n1", "n0", 1.0, 1.0, 1.0, None),
+        ("n2", "n1", 4.0, 1.0, 1.0, "depth_limit"),
+        ("n3", "n0", 3.0, 1.0, 1.0, None),
+        ("n4", "n3", 3.0, 1.0, 1.0, "depth_limit"),
+        ("n5", "n0", 2.0, 1.0, 1.0, None),
+        ("n6", "n5", 2.0, 1.0, 1.0, "depth_limit"),
+    ]
+    doc = select_paths(make_tree("maximize", spec))
+    p = by_leaf(doc)
+    assert p["n2"]["max_score_rank"] == pytest.approx(5 / 6) and p["n2"]["avg_score_rank"] == pytest.approx(
+        0.5
+    )
+    assert p["n2"]["path_score"] == pytest.approx(0.35 * 5 / 6 + 0.25 * 0.5 + 0.4)  # 0.81667
+    assert p["n4"]["path_score"] == pytest.approx(0.35 * 0.5 + 0.25 * 5 / 6 + 0.4)  # 0.78333
+    assert p["n6"]["path_score"] == pytest.approx(0.5)
+    assert [x["leaf"] for x in doc["paths"]] == ["n2", "n4", "n6"]
+
+
 def test_equal_path_score_is_broken_by_max_score():
     # ranks .875/.625/.375/.125; n2: .6*.875+.2*.5+.2*.75 = .775 = n1: .6*.625+.2+.2
     spec = [

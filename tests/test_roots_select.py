@@ -361,3 +361,28 @@ def test_console_script_exit_status_and_message(tmp_path):
     assert (
         proc.returncode == 2 and "metadata.json not found" in proc.stderr and "Traceback" not in proc.stderr
     )
+
+
+def test_eval_ok_without_a_score_and_non_finite_scores_are_never_roots(tmp_path, caplog):
+    snaps = tmp_path / "t"
+    folders = make_run(snaps, [1.0, MISSING, 3.0, 4.0], eval_ok=[True, True, True, True])
+    p = folders[2] / "shared" / "attempts" / f"{commit_of(3)}.json"
+    p.write_text(p.read_text().replace('"score": 3.0', '"score": NaN'))
+    caplog.set_level("INFO")
+    rc, out, table, _ = select(tmp_path, snaps, "maximize", "--smooth-window", "1")
+    assert rc == 0 and sorted(chosen(out)) == [1, 4]
+    rows = read_table(table)
+    assert [r["score"] for r in rows] == ["1.0", "", "", "4.0"]
+    assert [r["score_for_stage"] for r in rows] == ["1.0", "1.0", "1.0", "4.0"]
+    assert "1 non-finite score(s) treated as missing" in caplog.text
+
+
+def test_parallel_read_gives_the_same_scan(tmp_path, monkeypatch):
+    from sftree import snapshots
+
+    make_run(tmp_path / "t", [float(i % 7) for i in range(60)], pending=(5, 17))
+    serial = snapshots.scan(tmp_path / "t", "t", jobs=1)
+    monkeypatch.setattr(snapshots, "PARALLEL_MIN", 8)
+    parallel = snapshots.scan(tmp_path / "t", "t", jobs=2)
+    assert parallel.snapshots == serial.snapshots and parallel.pending == serial.pending
+    assert len(serial.snapshots) == 58

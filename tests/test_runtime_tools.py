@@ -154,3 +154,17 @@ def test_bwrap_confines_the_shell(ws, tmp_path, request):
     # the workspace itself is writable
     run("echo hi > made.txt && rm -f ../../e2/code/solution.py")
     assert (ws / "made.txt").read_text() == "hi\n" and (other / "solution.py").exists()
+
+
+@needs_bwrap
+def test_bwrap_keeps_python_and_hides_credentials(ws):
+    from sftree.agents.sandbox import private_home_paths
+
+    hidden = private_home_paths()
+    c = ctx(ws, sandbox="bwrap", hidden=hidden)
+    out = execute("bash", json.dumps({"command": "python3 -c 'print(6*7)'; echo HOME=$HOME"}), c)
+    assert "42" in out.content and "HOME=/tmp" in out.content
+    for p in hidden:
+        if p.is_dir() and any(p.iterdir()):
+            listing = execute("bash", json.dumps({"command": f"ls -A {p} | wc -l"}), c).content
+            assert listing.strip().splitlines()[0] == "0", (p, listing)

@@ -238,3 +238,66 @@ def test_async_refill_counts_in_flight():
     assert [(e.node, e.depth) for e in exps] == [("n1", 2), ("n1", 2)]
     search.begin(tree, exps[0])
     assert [(e.node, e.attempt) for e in search.ask(tree, 8)] == [("n1", 2)]
+
+
+def _timed_runs(schedule):
+    """Run a 2-level tree whose edges take 0.05 s, except e1 which takes 0.3 s; record (edge, start, end)."""
+    import threading
+    import time
+
+    tree = new_tree(max_depth=2, root_children=3, max_children=2, parallel_width=3, schedule=schedule)
+    log, lock = [], threading.Lock()
+
+    def run(d):
+        t0 = time.monotonic()
+        time.sleep(0.3 if d.edge == "e1" else 0.05)
+        with lock:
+            log.append((d.edge, d.node, t0, time.monotonic()))
+        return result(d.edge, 1.5, 2.0, parent=d.parent_score)
+
+    search.run_search(tree, run, lambda t: None)
+    return tree, log
+
+
+def test_rounds_waits_for_the_whole_batch_async_refills():
+    tree, log = _timed_runs("rounds")
+    e1_end = next(end for e, _, _, end in log if e == "e1")
+    later = [start for e, node, start, _ in log if node != "n0"]
+    assert later and min(later) >= e1_end  # nothing of round 2 starts before the slow edge of round 1 ends
+    assert tree.stop_reason == "frontier_empty" and len(tree.nodes) == 1 + 3 + 6
+
+    tree, log = _timed_runs("async")
+    e1_end = next(end for e, _, _, end in log if e == "e1")
+    early = [start for e, node, start, _ in log if node != "n0" and start < e1_end]
+    assert early  # a freed slot was refilled while e1 was still running
+    assert tree.stop_reason == "frontier_empty" and len(tree.nodes) == 1 + 3 + 6
+
+
+def test_an_exception_in_an_edge_stops_the_loop_and_keeps_it_in_flight():
+    tree = new_tree(max_depth=1, parallel_width=3)
+
+    def run(d):
+        if d.edge == "e2":
+            raise RuntimeError("boom")
+        return result(d.edge, 1.5, 2.0, parent=d.parent_score)
+
+    with pytest.raises(RuntimeError):
+        search.run_search(tree, run, lambda t: None)
+    assert [d["edge"] for d in tree.in_flight] == ["e2"] and {e.id for e in tree.edges} == {"e1", "e3"}
+    assert tree.status == "running"
+
+
+def test_teacher_down_is_not_recorded_and_raises():
+    from sftree.errors import TeacherUnavailable
+
+    tree = new_tree(max_depth=1, parallel_width=3)
+
+    def run(d):
+        r = result(d.edge, 1.5, 2.0, parent=d.parent_score)
+        if d.edge == "e3":
+            r.turns[1].ended, r.error = "teacher_error", "connection refused"
+        return r
+
+    with pytest.raises(TeacherUnavailable):
+        search.run_search(tree, run, lambda t: None)
+    assert [d["edge"] for d in tree.in_flight] == ["e3"] and len(tree.edges) == 2

@@ -17,6 +17,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from helpers_export import llamafactory_alternates
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "workflow/schemas/sft_record.schema.json").read_text())
@@ -85,7 +86,9 @@ def test_demo_workflow_end_to_end(tmp_path, example_snapshots_dir):
     assert len({(r["metadata"]["task"], r["metadata"]["path_rank"]) for r in records}) == selected
 
     info = json.loads((results / "dataset_info.json").read_text())
-    assert info["sftree"]["file_name"] == "sft.jsonl"
+    assert info["sftree"]["file_name"] == "sft_llamafactory.jsonl"
+    lf = [json.loads(x) for x in (results / "sft_llamafactory.jsonl").read_text().splitlines()]
+    assert len(lf) == len(records) and all(llamafactory_alternates(r["messages"]) for r in lf)
     card = (results / "dataset_card.md").read_text()
     assert f"{len(records)} records" in card
     page = (results / "report.html").read_text()

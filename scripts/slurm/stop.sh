@@ -14,10 +14,13 @@ fi
 # shellcheck disable=SC1090
 . "$PIDS"
 
+# Alive and not a zombie (an exited daemon whose parent has not reaped it yet counts as stopped).
+running() { kill -0 "$1" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
+
 # Stop in reverse start order; check the process name first so a recycled PID is never signalled.
 stop_one() { # name pid
   local name=$1 pid=${2:-}
-  if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
+  if [ -z "$pid" ] || ! running "$pid"; then
     log "$name: not running"
     return 0
   fi
@@ -27,7 +30,7 @@ stop_one() { # name pid
   fi
   kill -TERM "$pid"
   for _ in $(seq 100); do
-    kill -0 "$pid" 2>/dev/null || { log "$name: stopped (pid $pid)"; return 0; }
+    running "$pid" || { log "$name: stopped (pid $pid)"; return 0; }
     sleep 0.1
   done
   log "$name: still running after 10 s, sending KILL (pid $pid)"

@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        # add_help=False: `sftree CMD --help` is answered by the module's own parser (see main).
+        p = sub.add_parser(name, help=help_text, description=help_text, add_help=False)
         p.set_defaults(_module=module)
         # Arguments are added only for the chosen command (see main) to keep imports lazy.
     return parser

@@ -31,9 +31,11 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tarfile
 import tempfile
 import threading
@@ -370,7 +372,7 @@ def _coral_parser() -> argparse.ArgumentParser:
 
 
 # ---- socket server and client ------------------------------------------------------------------------------
-CLIENT_SCRIPT = r'''#!/usr/bin/env python3
+CLIENT_SCRIPT = r'''#!{python} -IS
 """coral: forwards to the sftree runner outside the sandbox (sftree.coral)."""
 import json, os, socket, sys
 path = os.environ.get("CORAL_SOCKET")
@@ -403,7 +405,8 @@ class CoralServer:
         self.bin_dir = self.dir / "bin"
         self.bin_dir.mkdir()
         client = self.bin_dir / "coral"
-        client.write_text(CLIENT_SCRIPT)
+        # The running interpreter, isolated and without site: no shim (pyenv) and ~10x faster startup.
+        client.write_text(CLIENT_SCRIPT.replace("{python}", sys.executable, 1))
         client.chmod(0o755)
         self.socket_path = self.dir / "coral.sock"
         self._sock: socket.socket | None = None
@@ -453,12 +456,14 @@ class CoralServer:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._sock:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked accept() at once
+            except OSError:
+                pass
+            self._sock.close()
         if self._thread:
             self._thread.join(timeout=5)
-        if self._sock:
-            self._sock.close()
-        import shutil
-
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

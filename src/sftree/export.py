@@ -15,16 +15,18 @@ A record is `{"messages": [...], "tools": [...], "metadata": {...}}` in OpenAI c
   the whole session since the root), plus its response and tool results.
 - `tool_calls[].function.arguments` are JSON objects. **Choice**: arguments that are not a JSON object are kept
   as `{"_raw": "<the string>"}` and counted in `metadata.malformed_arguments`, so nothing the Teacher did is
-  silently rewritten. A record whose tool calls are not all answered exactly once (a turn cut off by a limit) is
-  skipped and counted.
+  silently rewritten. A record whose tool calls are not all answered exactly once (a turn cut off by a limit), or
+  a request that failed (`response: null`, `error`), is skipped and counted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from sftree.errors import InputError
-from sftree.fileio import read_json, write_json_atomic, write_jsonl_atomic, write_text_atomic
+from sftree.fileio import read_json, write_json_atomic, write_text_atomic
 from sftree.progress import Progress
 from sftree.scoring import oriented
 
@@ -222,6 +224,8 @@ def _usage_tokens(step: dict) -> dict:
 def build_record(step: dict, meta: dict) -> tuple[dict | None, str | None]:
     """The SFT record of one step, or (None, why) when it cannot be one."""
     req = step["request"]
+    if not isinstance(step.get("response"), dict) or step.get("error"):
+        return None, f"no response: {str(step.get('error') or 'response is null')[:120]}"
     malformed = 0
     messages = []
     try:
@@ -290,7 +294,14 @@ def export_tree(ctx: TreeContext, granularity: str, stats: ExportStats) -> Itera
         meta = dict(meta, edge=edge_id, transcript=str(ctx.transcript(edge_id)))
         rec, why = build_record(step, meta)
         if rec is None:
-            stats.skipped["bad_message" if why.startswith("bad message") else "unpaired_tool_calls"] += 1
+            kind = (
+                "no_response"
+                if why.startswith("no response")
+                else "bad_message"
+                if why.startswith("bad message")
+                else "unpaired_tool_calls"
+            )
+            stats.skipped[kind] += 1
             log.warning(
                 "%s: skipping step %s/%s of %s: %s",
                 ctx.paths_file,
@@ -311,7 +322,12 @@ def export_tree(ctx: TreeContext, granularity: str, stats: ExportStats) -> Itera
         for path in selected:
             meta = _path_meta(ctx, path) | {"granularity": "path", "path_ranks": [path["rank"]]}
             last_edge = path["edges"][-1]
-            steps = _exported_steps(ctx, last_edge)
+            # the last model call that answered (a failed request at the end holds nothing to learn)
+            steps = [
+                x
+                for x in _exported_steps(ctx, last_edge)
+                if isinstance(x.get("response"), dict) and not x.get("error")
+            ]
             if not steps:
                 stats.skipped["no_steps"] += 1
                 log.warning(
@@ -337,31 +353,68 @@ def export_tree(ctx: TreeContext, granularity: str, stats: ExportStats) -> Itera
                 yield from emit(step, meta | {"path_ranks": ranks_of[edge_id]}, edge_id)
 
 
-def export_task(paths_files: Iterable[str | Path], granularity: str) -> tuple[list[dict], ExportStats]:
+def iter_task_records(
+    paths_files: Iterable[str | Path], granularity: str, stats: ExportStats
+) -> Iterator[dict]:
+    """Records of all selected paths of one task's trees, one tree at a time (nothing held in memory)."""
     paths_files = list(paths_files)
-    stats = ExportStats()
-    records: list[dict] = []
     progress = Progress("export-sft trees", total=len(paths_files), logger=log)
     for pf in paths_files:
-        records.extend(export_tree(TreeContext.load(pf), granularity, stats))
-        progress.update(records=len(records))
-    progress.finish(records=len(records), paths=stats.paths)
+        yield from export_tree(TreeContext.load(pf), granularity, stats)
+        progress.update(records=stats.records)
+    progress.finish(records=stats.records, paths=stats.paths)
+
+
+def export_task(paths_files: Iterable[str | Path], granularity: str) -> tuple[list[dict], ExportStats]:
+    stats = ExportStats()
+    records = list(iter_task_records(paths_files, granularity, stats))
     return records, stats
+
+
+class AtomicLines:
+    """Write a large JSONL file line by line into a temporary file, then rename it into place (atomic, streaming:
+    records can be far larger in total than memory, since each holds a whole session)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.count = 0
+
+    def __enter__(self) -> AtomicLines:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        self.fh = os.fdopen(fd, "w", encoding="utf-8")
+        return self
+
+    def write(self, record: dict | str) -> None:
+        line = record if isinstance(record, str) else json.dumps(record, ensure_ascii=False)
+        self.fh.write(line.rstrip("\n") + "\n")
+        self.count += 1
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self.fh.flush()
+                os.fsync(self.fh.fileno())
+            self.fh.close()
+            if exc_type is None:
+                os.chmod(self.tmp, 0o644)  # a shareable dataset, not mkstemp's 0600
+                os.replace(self.tmp, self.path)
+        finally:
+            if os.path.exists(self.tmp):
+                os.unlink(self.tmp)
 
 
 # --- merge, dataset_info, card -------------------------------------------------------------------------
 
 
-def read_records(path: str | Path) -> list[dict]:
-    out = []
+def iter_records(path: str | Path) -> Iterator[dict]:
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if line.strip():
                 try:
-                    out.append(json.loads(line))
+                    yield json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise InputError(f"SFT file {path} line {lineno}: not valid JSON ({exc})") from None
-    return out
 
 
 def llamafactory_messages(messages: list[dict]) -> list[dict]:
@@ -521,22 +574,27 @@ def dataset_card(records: list[dict], sft_name: str, lf_name: str | None = None)
 def merge(
     inputs: list[str], out: str, info: str | None, card: str | None, llamafactory: str | None = None
 ) -> int:
-    records: list[dict] = []
-    for f in inputs:
-        records.extend(read_records(f))
-    n = write_jsonl_atomic(out, records)
-    if llamafactory:
-        write_jsonl_atomic(
-            llamafactory, (dict(r, messages=llamafactory_messages(r["messages"])) for r in records)
-        )
+    """Concatenate per-task files (streaming), write the LLaMA-Factory copy, dataset_info.json and the card."""
+    metadata: list[dict] = []  # the card needs only these, not the messages
+    with contextlib.ExitStack() as stack:
+        main = stack.enter_context(AtomicLines(out))
+        lf = stack.enter_context(AtomicLines(llamafactory)) if llamafactory else None
+        progress = Progress("merge-sft records", logger=log)
+        for f in inputs:
+            for rec in iter_records(f):
+                main.write(rec)
+                if lf:
+                    lf.write(dict(rec, messages=llamafactory_messages(rec["messages"])))
+                metadata.append(rec.get("metadata") or {})
+                progress.update()
+        progress.finish(files=len(inputs))
     if info:
         write_json_atomic(info, dataset_info(llamafactory or out, info))
     if card:
-        write_text_atomic(
-            card, dataset_card(records, Path(out).name, Path(llamafactory).name if llamafactory else None)
-        )
-    log.info("merged %d records from %d files -> %s", n, len(inputs), out)
-    return n
+        lf_name = Path(llamafactory).name if llamafactory else None
+        write_text_atomic(card, dataset_card([{"metadata": m} for m in metadata], Path(out).name, lf_name))
+    log.info("merged %d records from %d files -> %s", main.count, len(inputs), out)
+    return main.count
 
 
 # --- CLI ------------------------------------------------------------------------------------------------
@@ -564,8 +622,10 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"SFT files to merge not found: {', '.join(missing)}")
         merge(args.merge, args.out, args.dataset_info, args.card, args.llamafactory_out)
         return 0
-    records, stats = export_task(args.paths, args.granularity)
-    write_jsonl_atomic(args.out, records)
+    stats = ExportStats()
+    with AtomicLines(args.out) as out:
+        for rec in iter_task_records(args.paths, args.granularity, stats):
+            out.write(rec)
     log.info(
         "%d records (%s) from %d selected paths in %d trees -> %s; skipped %s; malformed arguments %d",
         stats.records,

@@ -109,7 +109,15 @@ def collect(results: Path) -> list[TaskView]:
     tasks: dict[str, TaskView] = {}
     for tsv in sorted(results.glob("*/stages.tsv")):
         tasks.setdefault(tsv.parent.name, TaskView(tsv.parent.name)).stages = read_stages(tsv)
-    tree_files = sorted(results.glob("*/trees/*/tree.json"))
+    # only the roots the current stages.tsv chose (a tree left over from an earlier config is not shown)
+    chosen = {
+        name: {r.get("snapshot") for r in t.stages if _truthy(r.get("selected"))} for name, t in tasks.items()
+    }
+    tree_files = [
+        f
+        for f in sorted(results.glob("*/trees/*/tree.json"))
+        if f.parents[2].name not in chosen or f.parent.name in chosen[f.parents[2].name]
+    ]
     progress = Progress("report trees", total=len(tree_files), logger=log)
     for tf in tree_files:
         task = tf.parent.parent.parent.name
@@ -385,7 +393,8 @@ def tree_svg(view: TreeView, uid: str) -> str:
         if dispatches.get(nid):
             last = dispatches[nid][-1]
             tip += (
-                f"\nSelect {fmt(last.get('select'))} = Q {fmt(last.get('Q'))} + alpha*T {fmt(last.get('T'))}"
+                f"\nSelect {fmt(last.get('select'))} = Q {fmt(last.get('Q'))} + alpha x T (T {fmt(last.get('T'))}; "
+                f"score_rank {fmt(last.get('score_rank'))}, best_rank {fmt(last.get('best_rank'))}, process {fmt(last.get('process'))})"
             )
         if n.get("leaf_reason"):
             tip += f"\nleaf: {n['leaf_reason']}"
@@ -490,7 +499,7 @@ def tree_section(view: TreeView, uid: str) -> str:
     paths = (view.paths or {}).get("paths", [])
     nsel = sum(1 for p in paths if p.get("selected"))
     summary = (
-        f"{esc(view.root)}: {len(nodes) - 1} nodes, {len(edges)} edges ({failed} attempts without a node, "
+        f"{esc(view.root)}: {len(nodes) - 1} nodes, {len(edges)} edges ({failed} failed attempt(s) without a node, "
         f"{kept} kept despite a failed turn), "
         f"root score {fmt(root.get('score'))}, best {fmt(best_score)}, {nsel}/{len(paths)} paths selected, "
         f"stop: {esc(t.get('stop_reason'))}"

@@ -26,7 +26,7 @@ from pathlib import Path
 from sftree import stages as st
 from sftree.errors import InputError
 from sftree.fileio import write_json_atomic, write_text_atomic
-from sftree.snapshots import Scan, Snapshot, load_json_object, resolve_task_dir, scan
+from sftree.snapshots import Scan, Snapshot, default_jobs, load_json_object, resolve_task_dir, scan
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--plot", help="write the stage plot (SVG) here")
     parser.add_argument("--task", help="task name (default: the snapshot folder's name)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="processes reading a large run (>= 4000 folders); 0 = one per core, at most 8. Helps on network "
+        "filesystems and idle cores; on a busy 2-core machine 1 is fastest",
+    )
 
 
 @dataclass
@@ -122,6 +129,11 @@ def _num(v: float | None) -> str:
     return "" if v is None else repr(float(v))
 
 
+def _cell(text: str | None) -> str:
+    """Free text from the input must not break the TSV."""
+    return "" if text is None else str(text).replace("\t", " ").replace("\n", " ")
+
+
 def table_text(sel: Selection) -> str:
     lines = ["\t".join(TABLE_COLUMNS)]
     for r in sel.rows:
@@ -131,11 +143,11 @@ def table_text(sel: Selection) -> str:
                 (
                     s.name,
                     str(s.global_index),
-                    s.agent_id,
-                    s.commit_hash,
+                    _cell(s.agent_id),
+                    _cell(s.commit_hash),
                     "" if s.eval_count is None else str(s.eval_count),
                     "true" if s.eval_ok else "false",
-                    s.status or "",
+                    _cell(s.status),
                     _num(s.score),
                     _num(r.score_for_stage),
                     _num(r.smooth),
@@ -165,15 +177,13 @@ def _copy_tree(src: str, dst: str, link: str, warned: list[bool]) -> None:
     shutil.copytree(src, dst, symlinks=True, copy_function=hardlink if link == "hardlink" else shutil.copy2)
 
 
-def write_roots(sel: Selection, out: Path, link: str) -> None:
-    """Build the roots folder beside `out`, then swap it in (the old one is removed only at the end)."""
-    out = Path(out)
+def build_roots(sel: Selection, out: Path, link: str) -> Path:
+    """Copy the chosen folders into a new temporary folder beside `out` and return it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result should look like any other folder
-    old = None
     try:
         warned = [False]
         for r in sel.chosen:
@@ -189,13 +199,22 @@ def write_roots(sel: Selection, out: Path, link: str) -> None:
             )
             # A rename replaces the (possibly hard-linked) name: the input's metadata.json stays untouched.
             write_json_atomic(dst / "metadata.json", meta)
-        if out.exists() or out.is_symlink():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.rename(out, old)
-        os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not out.exists():
+        raise
+    return tmp
+
+
+def swap_in(tmp: Path, out: Path) -> None:
+    """Put the finished folder in place of `out`; the old one is removed only after the swap."""
+    old = None
+    if out.exists() or out.is_symlink():
+        old = out.parent / f".{out.name}.old-{os.getpid()}-{time.time_ns()}"
+        os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        if old is not None:
             os.rename(old, out)
         raise
     if old is not None:
@@ -269,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--smooth-window must be at least 1, not {args.smooth_window}")
     t0 = time.monotonic()
     task_dir, task = resolve_task_dir(args.snapshots, args.task)
-    result = scan(task_dir, task)
+    result = scan(task_dir, task, jobs=args.jobs or default_jobs())
     read_s = time.monotonic() - t0
     sel = select(result, args.direction, args.num_roots, args.smooth_window)
     if result.non_finite:
@@ -280,10 +299,16 @@ def run(args: argparse.Namespace) -> int:
             result.non_finite[0],
         )
     # Everything is computed before anything is written: a bad input leaves no output behind.
-    if args.plot:
-        write_text_atomic(args.plot, plot_svg(sel))
-    write_text_atomic(args.table, table_text(sel))
-    write_roots(sel, Path(args.out), args.link)
+    out = Path(args.out)
+    tmp = build_roots(sel, out, args.link)
+    try:
+        if args.plot:
+            write_text_atomic(args.plot, plot_svg(sel))
+        write_text_atomic(args.table, table_text(sel))
+        swap_in(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     n = len(sel.rows)
     log.info(
         "%s: %d snapshots read (%d candidates, %d pending skipped) in %.2fs (%.0f/s); stages by %s "

@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import multiprocessing
 import os
 import re
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 NAME_RE = re.compile(r"^eval-(\d+)-(.+)-([0-9a-fA-F]{6,64})$")
 MIN_PREFIX = 6  # shortest hash prefix accepted when matching attempt files
 MAX_REPORTED = 25  # problems listed in one error message
+PARALLEL_MIN = 4000  # folders below which a process pool costs more than it saves
 
 
 @dataclass(slots=True)
@@ -92,7 +95,7 @@ def resolve_task_dir(snapshots: str | os.PathLike, task: str | None = None) -> t
 def load_json_object(path: str, what: str) -> dict:
     """Read a JSON object; InputError naming the path on any failure."""
     try:
-        with open(path, "rb") as fh:
+        with open(path, encoding="utf-8") as fh:
             data = json.loads(fh.read())
     except FileNotFoundError:
         raise InputError(f"{what} not found: {path}") from None
@@ -107,8 +110,8 @@ def load_json_object(path: str, what: str) -> dict:
 
 def find_attempt(snapshot_path: str, commit_hash: str) -> tuple[str, dict]:
     """The attempt record of `commit_hash` in the snapshot's shared/attempts/: (path, record)."""
-    attempts = os.path.join(snapshot_path, "shared", "attempts")
-    exact = os.path.join(attempts, commit_hash + ".json")
+    attempts = f"{snapshot_path}/shared/attempts"
+    exact = f"{attempts}/{commit_hash}.json"
     try:
         return exact, load_json_object(exact, "attempt record")
     except InputError:
@@ -153,13 +156,15 @@ def _score(value, where: str) -> tuple[float | None, bool]:
     return value, False
 
 
-def read_snapshot(path: str, name: str) -> tuple[Snapshot | None, bool]:
+def read_snapshot(
+    path: str, name: str, parsed: tuple[int, str, str] | None = None
+) -> tuple[Snapshot | None, bool]:
     """(snapshot, non_finite_score); snapshot is None when pending (no eval_ok)."""
-    parsed = parse_name(name)
+    parsed = parsed or parse_name(name)
     if parsed is None:
         raise InputError(f"snapshot folder name does not parse as eval-<index>-<agent>-<hash>: {path}")
     index, agent_from_name, _ = parsed
-    meta_path = os.path.join(path, "metadata.json")
+    meta_path = f"{path}/metadata.json"
     meta = load_json_object(meta_path, "metadata.json")
     if "eval_ok" not in meta:
         return None, False
@@ -190,8 +195,30 @@ def read_snapshot(path: str, name: str) -> tuple[Snapshot | None, bool]:
     )
 
 
-def scan(directory: str | os.PathLike, task: str) -> Scan:
-    """Read every eval-* folder of one task. Raises one InputError listing all problems found."""
+def _read_many(items: list[tuple[str, str, tuple | None]]) -> list[tuple[Snapshot | None, bool, str | None]]:
+    """Read a slice of snapshot folders: (snapshot or None if pending, non_finite, problem) per item."""
+    out = []
+    for name, path, parsed in items:
+        try:
+            snap, non_finite = read_snapshot(path, name, parsed)
+            out.append((snap, non_finite, None))
+        except InputError as exc:
+            out.append((None, False, str(exc)))
+    return out
+
+
+def default_jobs() -> int:
+    return max(
+        1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    )
+
+
+def scan(directory: str | os.PathLike, task: str, jobs: int = 1) -> Scan:
+    """Read every eval-* folder of one task. Raises one InputError listing all problems found.
+
+    With jobs > 1 and a large run, slices of folders are read by a pool of processes (file reads and JSON
+    parsing dominate; on a network filesystem the overlap of many small reads matters even more).
+    """
     directory = Path(directory)
     try:
         with os.scandir(directory) as it:
@@ -202,30 +229,44 @@ def scan(directory: str | os.PathLike, task: str) -> Scan:
         ) from None
     if not entries:
         raise InputError(f"task {task!r}: no eval-* snapshot folders in {directory}")
-    progress = Progress(f"select-roots[{task}]: read snapshots", total=len(entries), logger=log)
     problems: list[str] = []
     result = Scan(task, directory, [])
     by_index: dict[int, str] = {}
+    items = []
     for name, path in entries:
-        progress.update()
         parsed = parse_name(name)
         if parsed is not None:  # duplicates are checked on every folder, pending or not
             if parsed[0] in by_index:
                 problems.append(f"duplicate global index {parsed[0]}: {by_index[parsed[0]]} and {path}")
                 continue
             by_index[parsed[0]] = path
-        try:
-            snap, non_finite = read_snapshot(path, name)
-        except InputError as exc:
-            problems.append(str(exc))
-            continue
-        if snap is None:
-            result.pending.append(name)
-        else:
-            result.snapshots.append(snap)
-            if non_finite:
-                result.non_finite.append(name)
-    progress.finish(candidates=len(result.snapshots), pending=len(result.pending), problems=len(problems))
+        items.append((name, path, parsed))
+    progress = Progress(f"select-roots[{task}]: read snapshots", total=len(items), logger=log)
+    step = max(PARALLEL_MIN // 4, -(-len(items) // (8 * max(1, jobs))))
+    chunks = [items[i : i + step] for i in range(0, len(items), step)]
+    if jobs > 1 and len(items) >= PARALLEL_MIN:
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
+        results = pool.map(_read_many, chunks)
+    else:
+        pool, results = None, map(_read_many, chunks)
+    try:
+        for chunk, read in zip(chunks, results, strict=True):
+            for (name, _, _), (snap, non_finite, problem) in zip(chunk, read, strict=True):
+                if problem:
+                    problems.append(problem)
+                elif snap is None:
+                    result.pending.append(name)
+                else:
+                    result.snapshots.append(snap)
+                    if non_finite:
+                        result.non_finite.append(name)
+            progress.update(len(chunk))
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    progress.finish(
+        candidates=len(result.snapshots), pending=len(result.pending), problems=len(problems), jobs=jobs
+    )
     if problems:
         shown = "\n  ".join(problems[:MAX_REPORTED])
         more = f"\n  ... and {len(problems) - MAX_REPORTED} more" if len(problems) > MAX_REPORTED else ""

@@ -9,14 +9,14 @@ checkpoint select_roots:
             caption="../report/stages.rst",
             category="Root selection",
         ),
+    log:
+        f"{RESULTS}/{{task}}/logs/select_roots.log",
     params:
         snapshots=lambda wc: task_snapshot_dir(wc.task),
         direction=lambda wc: config["tasks"][wc.task]["direction"],
         num_roots=config["select_roots"]["num_roots"],
         smooth_window=config["select_roots"]["smooth_window"],
         link=config["select_roots"]["link"],
-    log:
-        f"{RESULTS}/{{task}}/logs/select_roots.log",
     shell:
         "sftree select-roots --snapshots {params.snapshots} --out {output.roots}"
         " --table {output.table} --plot {output.plot} --task {wildcards.task}"

@@ -73,8 +73,20 @@ def scrubbed_env(coral_env: dict[str, str], *, sandboxed: bool, workspace: Path)
     return env
 
 
-CREDENTIAL_PATHS = (".ssh", ".aws", ".config", ".gnupg", ".docker", ".kube", ".netrc", ".git-credentials",
-                    ".pypirc", ".npmrc", ".claude", ".cache")
+CREDENTIAL_PATHS = (
+    ".ssh",
+    ".aws",
+    ".config",
+    ".gnupg",
+    ".docker",
+    ".kube",
+    ".netrc",
+    ".git-credentials",
+    ".pypirc",
+    ".npmrc",
+    ".claude",
+    ".cache",
+)
 
 
 def private_home_paths() -> list[Path]:

@@ -1,0 +1,68 @@
+"""Helpers for the explore tests (tests/test_explore_*.py): a root snapshot, a config file, a run of the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+
+from sftree import cli
+from sftree import tree as treemod
+from sftree.config import REPO_ROOT
+
+EXAMPLES = REPO_ROOT / "examples"
+
+
+def make_root(tmp: Path, task: str = "circle_packing", score: float = 1.2, name: str | None = None) -> Path:
+    """A root snapshot as select-roots writes it: code/, shared/ and metadata annotated with task and score."""
+    root = tmp / "roots" / (name or "eval-000007-agent-1-0123456789ab")
+    shutil.copytree(EXAMPLES / task / "code", root / "code")
+    (root / "shared" / "notes").mkdir(parents=True)
+    (root / "shared" / "attempts").mkdir()
+    (root / "shared" / "notes" / "student.md").write_text("# Student note\nROWS = 5 did not help.\n")
+    meta = {"task": task, "direction": "maximize" if task == "circle_packing" else "minimize", "score": score,
+            "eval_count": 7, "eval_ok": True, "commit_hash": "0123456789ab" * 3 + "0123"}  # fmt: skip
+    (root / "metadata.json").write_text(json.dumps(meta))
+    return root
+
+
+def write_config(tmp: Path, search: dict, *, script: list | None = None, base_url: str | None = None,
+                 seed: int = 0, name: str = "config.yaml") -> Path:  # fmt: skip
+    """A config for one circle_packing tree; the Teacher is teacher-sim (in-process with `script`, or base_url)."""
+    teacher = {"health_timeout": 10, "retries": 2, "backoff_max": 0.1, "request_timeout": 30}
+    if base_url:
+        teacher["base_url"] = base_url
+    else:
+        teacher["sim"] = {"seed": seed, "script": script or []}
+    cfg = {
+        "tasks": {
+            "circle_packing": {
+                "direction": "maximize",
+                "task_dir": str(EXAMPLES / "circle_packing"),
+                "grader": "python3 {task_dir}/grader.py {code_dir}",
+                "grader_timeout": 60,
+            }
+        },
+        "results": str(tmp / "results"),
+        "teacher": teacher,
+        "agent": {"sandbox": "none", "max_steps_per_turn": 12},
+        "search": {"seed": seed, **search},
+    }
+    path = tmp / name
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def explore(root: Path, out: Path, config: Path) -> int:
+    return cli.main(["explore", "--root", str(root), "--out", str(out), "--config", str(config)])
+
+
+def load_final(out: Path) -> treemod.Tree:
+    """tree.json, validated against the schema and the link checks."""
+    return treemod.load(out / "tree.json")
+
+
+def edges_by(tree: treemod.Tree, **where) -> list[treemod.Edge]:
+    return [e for e in tree.edges if all(getattr(e, k) == v for k, v in where.items())]

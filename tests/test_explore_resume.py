@@ -1,0 +1,120 @@
+"""Resume after `kill -9` of a running `sftree explore`, and reproducibility with parallel_width 1."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from helpers_explore import explore, load_final, make_root, write_config
+
+from sftree.teachersim.server import make_server
+
+# Wall-clock fields; knowledge commits hold Coral attempt records, which carry a timestamp.
+VOLATILE = {"created_at", "updated_at", "started_at", "finished_at", "wall_s", "knowledge_commit"}
+
+
+def _strip(obj):
+    if isinstance(obj, dict):
+        return {k: _strip(v) for k, v in obj.items() if k not in VOLATILE}
+    if isinstance(obj, list):
+        return [_strip(v) for v in obj]
+    return obj
+
+
+def start_logged_sim(log: list, **opts):
+    """teacher-sim in this process, with a handler subclass that notes each request's X-Sftree headers."""
+    server = make_server("127.0.0.1", 0, **opts)
+    base = server.RequestHandlerClass
+
+    class Logged(base):
+        def do_POST(self):
+            log.append(
+                (time.monotonic(), self.headers.get("X-Sftree-Edge"), self.headers.get("X-Sftree-Turn"))
+            )
+            super().do_POST()
+
+    server.RequestHandlerClass = Logged
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    return f"http://127.0.0.1:{server.server_address[1]}/v1", server
+
+
+def test_kill_9_then_resume(tmp_path):
+    requests: list = []
+    url, server = start_logged_sim(requests, seed=3, latency_ms_per_token=0.4)
+    try:
+        root = make_root(tmp_path)
+        search = {"root_children": 2, "max_children": 2, "max_depth": 2, "parallel_width": 2}
+        cfg = write_config(tmp_path, search, base_url=url)
+        out = tmp_path / "trees" / root.name
+        live = out / "tree.live.json"
+        cmd = [
+            sys.executable,
+            "-m",
+            "sftree",
+            "explore",
+            "--root",
+            str(root),
+            "--out",
+            str(out),
+            "--config",
+            str(cfg),
+        ]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        before = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if live.exists():
+                snap = json.loads(live.read_text())
+                if len(snap["edges"]) >= 2 and snap["in_flight"]:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    killed_at = time.monotonic()
+                    before = snap
+                    break
+            time.sleep(0.05)
+        proc.wait(timeout=30)
+        assert before is not None, "explore finished before it could be killed mid-tree"
+        assert not (out / "tree.json").exists()
+        done_before = {e["id"]: e for e in before["edges"]}
+        running_before = {d["edge"] for d in before["in_flight"]}
+        transcripts = {e: hashlib.sha256((out / "edges" / e / "steps.jsonl").read_bytes()).hexdigest()
+                       for e in done_before}  # fmt: skip
+        time.sleep(0.3)  # let requests of the killed process that were already on the wire land
+
+        assert explore(root, out, cfg) == 0
+        tree = load_final(out)
+        assert tree.status == "finished" and tree.stop_reason == "frontier_empty"
+        assert len([e for e in tree.edges if e.child]) == 6  # the full tree: 2 + 4
+        final = {e.id: e for e in tree.edges}
+        for eid, e in done_before.items():  # finished edges kept as they were
+            assert _strip(e) == _strip(final[eid].__dict__ | {"child": final[eid].child})
+            digest = hashlib.sha256((out / "edges" / eid / "steps.jsonl").read_bytes()).hexdigest()
+            assert digest == transcripts[eid]
+        assert not running_before & set(final)  # half-done edges discarded, their ids not reused
+        after = {edge for t, edge, _ in requests if t > killed_at + 0.3}
+        assert after and not after & (set(done_before) | running_before)
+        assert list((out / "work").iterdir()) == []
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_width1_fixed_seed_is_reproducible_and_edge_budget(tmp_path):
+    search = {"root_children": 3, "max_depth": 2, "max_valid_edges": 2, "parallel_width": 1, "seed": 5}
+    trees = []
+    for run in ("a", "b"):
+        d = tmp_path / run
+        root = make_root(d)
+        cfg = write_config(d, search, seed=5)
+        out = d / "trees" / root.name
+        assert explore(root, out, cfg) == 0
+        trees.append(json.loads((out / "tree.json").read_text()))
+        load_final(out)
+    a, b = (_strip(t) for t in trees)
+    assert a == b
+    assert trees[0]["stop_reason"] == "edge_budget" and trees[0]["counters"]["valid_edges"] == 3
+    assert all(n["state"]["code_commit"] for n in trees[0]["nodes"])

@@ -1,0 +1,102 @@
+"""Trees grown by `sftree explore` against teacher-sim with scripted faults aimed at each rule of section 1."""
+
+import json
+
+from helpers_explore import edges_by, explore, load_final, make_root, write_config
+
+from sftree import scoring
+
+
+def test_layer1_fallback_token_and_depth_leaves(tmp_path):
+    """Root of 3 directions at max depth 1: e1 fails (no eval) and its fallback fails too but is kept;
+    e2's context is padded over the token limit; e3 ends at the depth limit; then the frontier is empty."""
+    root = make_root(tmp_path)
+    script = [
+        {"match": {"edge": "e1"}, "fault": "no_eval"},
+        {"match": {"depth": 1, "attempt": 2}, "fault": "no_eval"},
+        {"match": {"edge": "e2"}, "pad_tokens": 3000, "count": 1},
+    ]
+    cfg = write_config(tmp_path, {"root_children": 3, "max_depth": 1, "hard_token_limit": 6000,
+                                  "parallel_width": 3}, script=script)  # fmt: skip
+    out = tmp_path / "trees" / root.name
+    assert explore(root, out, cfg) == 0
+    tree = load_final(out)
+    assert tree.status == "finished" and tree.stop_reason == "frontier_empty"
+    assert not (out / "tree.live.json").exists() and list((out / "work").iterdir()) == []
+
+    e1 = tree.edge("e1")
+    assert (e1.slot, e1.attempt, e1.exempt, e1.pruned, e1.prune_reason, e1.child) == (
+        0,
+        1,
+        False,
+        True,
+        "no_score",
+        None,
+    )
+    assert [t["ended"] for t in e1.turns] == ["no_eval", "no_eval"]
+    (retry,) = edges_by(tree, slot=0, attempt=2)
+    assert retry.exempt and not retry.pruned and retry.failed and retry.fail_reason == "no_score"
+    kept = tree.node(retry.child)
+    assert kept.score is None and not kept.path_valid and kept.leaf_reason == "depth_limit"
+    # soft of the kept failure from the real transcript numbers: not improved, no score on either turn
+    clean = scoring.cleanliness(retry.tool_error_rate)
+    ks = scoring.knowledge_score(False, retry.knowledge)
+    assert retry.soft == round(0.3 * 0.7 + 0.2 * clean + 0.2 * ks + 0.0, 6)
+
+    e2, e3 = tree.edge("e2"), tree.edge("e3")
+    n2, n3 = tree.node(e2.child), tree.node(e3.child)
+    assert e2.tokens >= 6000 and n2.leaf_reason == "token_limit" and n2.max_token_total == e2.tokens
+    assert e3.tokens < 6000 and n3.leaf_reason == "depth_limit" and n3.score == e3.score
+    assert tree.counters()["good_leaves"] == 2  # the kept failure's leaf is not good
+    assert tree.node("n0").failed_expansions == 1 and tree.node("n0").status == "expanded"
+    # the transcript of every attempt stays, also of the pruned one
+    steps = [json.loads(x) for x in (out / e1.transcript).read_text().splitlines()]
+    assert steps and all(s["edge"] == "e1" for s in steps)
+    assert tree.edge("e1").select["node"] == "n0" and tree.edge("e1").select["process"] == 0.0
+
+
+def test_depth2_exempt_depth3_pruned_and_no_room(tmp_path):
+    """One direction, one child per node, max depth 3: the depth-2 edge fails (no eval) but is kept; below it
+    the first depth-3 edge fails its eval and the second has tool errors and no score: two failed expansions."""
+    root = make_root(tmp_path)
+    script = [
+        {"match": {"depth": 2}, "fault": "no_eval"},
+        {"match": {"depth": 3, "attempt": 1}, "fault": "no_eval"},
+        {"match": {"depth": 3, "attempt": 2}, "fault": "tool_errors"},
+    ]
+    cfg = write_config(tmp_path, {"root_children": 1, "max_children": 1, "max_depth": 3, "parallel_width": 2},
+                       script=script)  # fmt: skip
+    out = tmp_path / "trees" / root.name
+    assert explore(root, out, cfg) == 0
+    tree = load_final(out)
+    (d2,) = edges_by(tree, depth=2)
+    assert d2.exempt and d2.failed and not d2.pruned and d2.child is not None
+    mid = tree.node(d2.child)
+    assert mid.score is None and mid.path_best_score == tree.node("n1").score  # best of the path above
+    d3 = edges_by(tree, depth=3)
+    assert [(e.attempt, e.exempt, e.pruned, e.prune_reason) for e in d3] == [
+        (1, False, True, "no_score"), (2, False, True, "no_score")]  # fmt: skip
+    assert d3[1].tool_error_rate > 0.30 and d3[1].tool_errors >= 3
+    assert mid.failed_expansions == 2 and mid.status == "leaf" and mid.leaf_reason == "no_room"
+    assert tree.stop_reason == "frontier_empty" and tree.counters()["good_leaves"] == 0
+    assert len(tree.edges) == 4 and len(tree.nodes) == 3
+
+
+def test_good_leaves_stop_lets_running_edge_finish(tmp_path):
+    root = make_root(tmp_path)
+    cfg = write_config(tmp_path, {"root_children": 3, "max_depth": 1, "target_good_leaves": 1,
+                                  "parallel_width": 2})  # fmt: skip
+    out = tmp_path / "trees" / root.name
+    assert explore(root, out, cfg) == 0
+    tree = load_final(out)
+    # the first finished edge fires the rule; the other running one is still recorded; slot 2 never starts
+    assert tree.stop_reason == "good_leaves" and len(tree.edges) == 2
+    assert tree.counters()["good_leaves"] == 2
+    assert tree.node("n0").status == "expanded"
+
+
+def test_bad_root_is_a_clear_error(tmp_path, capsys):
+    cfg = write_config(tmp_path, {})
+    (tmp_path / "roots" / "eval-1").mkdir(parents=True)
+    assert explore(tmp_path / "roots" / "eval-1", tmp_path / "out", cfg) == 2
+    assert "metadata.json" in capsys.readouterr().err

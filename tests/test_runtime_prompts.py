@@ -1,0 +1,77 @@
+"""Prompt rendering: start prompt, Coral's results prompt and its heartbeats, failed-turn prompt, overrides."""
+
+from __future__ import annotations
+
+import json
+
+from sftree.agents.prompts import heartbeat, next_turn_prompt, start_prompt, write_agents_md
+from sftree.config import REPO_ROOT
+
+TASK = {
+    "name": "circle_packing",
+    "direction": "maximize",
+    "task_dir": str(REPO_ROOT / "examples" / "circle_packing"),
+}
+
+
+def attempts(statuses):
+    return [
+        {"commit_hash": f"{i:040d}", "status": s, "timestamp": f"2020-01-{i + 1:02d}"}
+        for i, s in enumerate(statuses)
+    ]
+
+
+def test_start_prompt_has_task_knowledge_and_submission():
+    p = start_prompt(TASK)
+    assert "26 non-overlapping circles" in p  # task.md content
+    assert ".opencode/notes/" in p and "coral eval -m" in p and "higher is better" in p
+
+
+def test_heartbeats():
+    assert heartbeat(7, attempts(["improved"])).count("\n- ") == 0 and "Reflect" in heartbeat(7, [])
+    assert "Consolidate: this is eval #20" in heartbeat(20, [])
+    assert "Consolidate" not in heartbeat(21, [])
+    assert "Pivot: the last 5 evals" in heartbeat(3, attempts(["improved"] + ["regressed"] * 4 + ["crashed"]))
+    assert "Pivot" not in heartbeat(3, attempts(["regressed"] * 4 + ["improved"]))
+
+
+def test_results_prompt_from_session(tmp_path):
+    kdir = tmp_path / ".opencode"
+    (kdir / "attempts").mkdir(parents=True)
+    commit = "ab" * 20
+    (kdir / "attempts" / f"{commit}.json").write_text(
+        json.dumps(
+            {
+                "commit_hash": commit,
+                "title": "raise MARGIN",
+                "score": 2.5,
+                "status": "improved",
+                "timestamp": "t",
+            }
+        )
+    )
+    block = f"CORAL Eval (#10): 2.5\nCommit: {commit}\nStatus: improved (previous best 2.4)\nFeedback: fine\n"
+    session = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]},
+        {"role": "tool", "tool_call_id": "c1", "content": block},
+    ]
+    p = next_turn_prompt(session, kdir, TASK)
+    assert p.startswith("## Eval #10 Results")
+    assert f"- Commit: {commit}" in p and "- Status: improved" in p and "- What you did: raise MARGIN" in p
+    assert "- Feedback: fine" in p and "Consolidate: this is eval #10" in p
+    # a turn that ended without an eval (the last message is the model's text) gets the failed-turn prompt
+    failed = next_turn_prompt(session + [{"role": "assistant", "content": "done"}], kdir, TASK)
+    assert failed.startswith("## Last Turn Results") and "no eval was submitted" in failed
+    nothing = session[:2] + [{"role": "tool", "tool_call_id": "c1", "content": "Nothing to commit: ..."}]
+    assert "(nothing to commit)" in next_turn_prompt(nothing, kdir, TASK)
+
+
+def test_overrides_and_agents_md(tmp_path):
+    t = tmp_path / "turn.md"
+    t.write_text("Eval ${eval_number} gave ${score}; {braces} stay.")
+    block = "CORAL Eval (#3): FAILED\nCommit: abc\nStatus: crashed\nFeedback: boom\n"
+    p = next_turn_prompt([{"role": "tool", "content": block}], tmp_path, TASK, {"turn": str(t)})
+    assert p == "Eval 3 gave FAILED; {braces} stay."
+    write_agents_md(tmp_path, TASK)
+    assert "circle_packing" in (tmp_path / "AGENTS.md").read_text()
