@@ -19,8 +19,8 @@ include: "workflow/rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         f"{RESULTS}/sft.jsonl",
         f"{RESULTS}/dataset_info.json",
         f"{RESULTS}/report.html",
-    default_target: True

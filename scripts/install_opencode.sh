@@ -8,6 +8,15 @@ cd "$(dirname "$0")/.."
 version="${OPENCODE_VERSION:-1.18.33}"
 prefix="${1:-.tools/opencode}"
 bin_dir=".tools/bin"
+# OpenCode's grep/glob tools run ripgrep and download it from GitHub when it is not on PATH: install it first.
+if ! command -v rg >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get install -y -qq ripgrep >/dev/null 2>&1 ||
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ripgrep >/dev/null; }
+  else
+    echo "install_opencode: please install ripgrep (rg); OpenCode would try to download it" >&2
+  fi
+fi
 if ! command -v npm >/dev/null; then
   echo "install_opencode: npm not found; install Node.js (>= 18) and npm, then rerun" >&2
   exit 1

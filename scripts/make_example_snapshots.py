@@ -416,6 +416,8 @@ def build(task: str, out_dir: Path, seed: int, count: int, workers: int) -> str:
                 return f"{task}: up to date ({final}), skipped"
         except ValueError:
             pass
+    elif final.exists():  # never replace a folder this script did not make (it may be a real Student run)
+        raise SystemExit(f"{final} exists and was not made by this script: remove it or choose another --out")
     t0 = time.monotonic()
     grader = Grader(task, workers)
     events = simulate(task, seed, count, grader)

@@ -86,12 +86,12 @@ def squeue_jobs(run_name: str) -> list[SlurmJob]:
     return jobs
 
 
-def jobcomp_records(path: str | os.PathLike) -> dict[str, dict[str, str]]:
-    """The job completion log, one `Key=Value ...` line per finished job, keyed by JobId."""
+def jobcomp_records(path: str | os.PathLike, run_name: str) -> dict[str, dict[str, str]]:
+    """This run's jobs in the job completion log (one `Key=Value ...` line per finished job), by JobId."""
     records = {}
     for line in Path(path).read_text().splitlines():
         fields = dict(re.findall(r"(\w+)=(\S*)", line))
-        if "JobId" in fields:
+        if fields.get("Name") == run_name:
             records[fields["JobId"]] = fields
     return records
 

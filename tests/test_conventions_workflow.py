@@ -54,7 +54,8 @@ def test_every_job_rule_has_log_and_conda_env(rules):
         assert rule.log, f"rule {name} has no log:"
         env = rule.conda_env
         assert env is not None, f"rule {name} has no conda:"
-        assert Path(str(env.get_path_or_uri(secret_free=True))).resolve() == ENV_FILE, f"rule {name}: {env}"
+        # A relative conda: path is relative to the file that defines the rule.
+        assert (Path(str(rule.snakefile)).parent / str(env)).resolve() == ENV_FILE, f"rule {name}: {env}"
 
 
 def test_long_rules_have_benchmark(rules):
@@ -138,12 +139,12 @@ def test_profiles_readme_explains_every_key():
 def test_profile_loads_in_a_dry_run(tmp_path, name):
     """Snakemake and the plugin accept the profile: resources parse, set-resources reach the job."""
     (tmp_path / "Snakefile").write_text(
-        "rule explore:\n    output:\n        'out.txt',\n    threads: 2\n    shell:\n        'touch {output}'\n"
+        "rule explore:\n    output:\n        'out.txt',\n    threads: 2\n    shell:\n        'echo threads={threads} > {output}'\n"
     )
     env = {"PATH": str(Path(shutil.which("snakemake")).parent) + ":/usr/bin:/bin", "HOME": str(tmp_path)}
     env |= {"SFTREE_SLURM_ACCOUNT": "acct1", "SFTREE_SLURM_PARTITION": "part1"}
     proc = subprocess.run(
-        ["snakemake", "--profile", str(PROFILES[name].parent), "--dry-run"],
+        ["snakemake", "--profile", str(PROFILES[name].parent), "--dry-run", "--printshellcmds"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -157,7 +158,9 @@ def test_profile_loads_in_a_dry_run(tmp_path, name):
     if name == "slurm":
         assert "mem_mb=16000" in resources and "runtime=1440" in resources
         assert "slurm_account=acct1" in resources and "slurm_partition=part1" in resources
+        assert "echo threads=8 " in out  # set-threads explore=8 over the rule's 2
     else:
         assert (
             "mem_mb=2000" in resources and "runtime=30" in resources and "slurm_partition=debug" in resources
         )
+        assert "echo threads=2 " in out

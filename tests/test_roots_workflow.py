@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 
+import pytest
 import yaml
 from helpers_examples import REPO, task_config
 from helpers_roots import read_table
@@ -25,6 +26,7 @@ def snakemake(workdir, *args):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=workdir)
 
 
+@pytest.mark.slow
 def test_select_roots_checkpoint(example_snapshots_dir, tmp_path):
     snaps = tmp_path / "snapshots"
     shutil.copytree(example_snapshots_dir, snaps)  # this test touches a file below

@@ -170,3 +170,31 @@ def test_bad_script_is_an_input_error(tmp_path):
     p.write_text("- match: {colour: red}\n")
     with pytest.raises(InputError, match="match keys"):
         load_script(p)
+
+
+@pytest.mark.parametrize("sim", [{"fault_rate": "http_503=0.5", "seed": 4}], indirect=True)
+def test_random_faults_are_retried(sim):
+    url, state = sim
+    c = client(url, retries=8)
+    for i in range(6):
+        c.chat([{"role": "user", "content": f"task {i}"}], TOOL_SCHEMAS)
+    assert c.stats["requests"] == 6 and state.requests == 6 + c.stats["retries"] and c.stats["retries"] > 0
+
+
+def test_cli_serves_until_stopped():
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sftree", "teacher-sim", "--port", "0", "--seed", "2"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        url = line.split("serving on ")[1].split()[0]
+        assert requests.get(url.removesuffix("/v1") + "/health", timeout=5).status_code == 200
+        assert requests.get(url + "/models", timeout=5).json()["data"][0]["id"] == "teacher-sim"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -104,3 +104,15 @@ def test_cleanup_stale_and_close(store):
         ["git", "--git-dir", str(st.code_git), "worktree", "list"], capture_output=True, text=True
     ).stdout
     assert "work/e" not in listing
+
+
+def test_opencode_housekeeping_is_not_knowledge(store):
+    st, root = store
+    ws = st.fork(root, "e1")
+    (ws.knowledge_dir / "package.json").write_text("{}")
+    (ws.knowledge_dir / "node_modules" / "x").mkdir(parents=True)
+    (ws.knowledge_dir / "node_modules" / "x" / "index.js").write_text("1")
+    assert ws.commit_knowledge("no change") == root.knowledge_commit
+    (ws.knowledge_dir / "skills" / "s").mkdir(parents=True)
+    (ws.knowledge_dir / "skills" / "s" / "SKILL.md").write_text("# skill")
+    assert ws.commit_knowledge("skill") != root.knowledge_commit

@@ -301,3 +301,20 @@ def test_teacher_down_is_not_recorded_and_raises():
     with pytest.raises(TeacherUnavailable):
         search.run_search(tree, run, lambda t: None)
     assert [d["edge"] for d in tree.in_flight] == ["e3"] and len(tree.edges) == 2
+
+
+def test_default_params_stop_at_12_good_leaves():
+    tree = new_tree(parallel_width=8)  # the seed's v0 defaults: 3/2 children, depth 4, 12 leaves, 40 edges
+    run_tree(tree, lambda d: result(d.edge, 1.5, 2.0, parent=d.parent_score))
+    c = tree.counters()
+    assert tree.stop_reason == "good_leaves" and c["good_leaves"] >= 12 and c["valid_edges"] <= 40
+
+
+def test_default_params_stop_over_40_valid_edges():
+    # every edge into depth 2 fails but is kept (exempt): no path is valid, so no leaf is good and the
+    # full tree (45 edges) would be grown; the budget stops it at the 41st valid edge (width 1: exactly)
+    tree = new_tree(parallel_width=1)
+    run_tree(tree, lambda d: result(d.edge, None if d.depth == 2 else 1.5, 2.0, parent=d.parent_score))
+    c = tree.counters()
+    assert tree.stop_reason == "edge_budget" and c["valid_edges"] == 41 and c["good_leaves"] == 0
+    assert all(n.status != "active" for n in tree.nodes)

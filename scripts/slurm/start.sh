@@ -25,7 +25,8 @@ NODE=localhost
 log() { echo "slurm-start: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
+# Alive and not a zombie (a daemon that exited but was not reaped, e.g. in a container without an init).
+alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
 
 node_state() { timeout 10 sinfo -h -n "$NODE" -o %t 2>/dev/null | head -n1 || true; }
 

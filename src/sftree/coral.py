@@ -256,6 +256,7 @@ class CoralRuntime:
     def cmd_eval(self, args) -> tuple[int, str]:
         msg = " ".join(args.message or []).strip() or "(no message)"
         attempts = load_attempts(self.attempts_dir)
+        parent = self.ws.head()
         commit = self.ws.commit_code(msg)
         if commit is None:
             ev = EvalResult(None, None, None, "nothing_to_commit", "Nothing to commit", msg, "")
@@ -272,7 +273,6 @@ class CoralRuntime:
             status = "baseline"
         else:
             status = "improved" if is_better(score, best, self.direction) else "regressed"
-        parent = self.ws.store_git(["rev-parse", f"{commit}^"])
         record = {
             "commit_hash": commit,
             "agent_id": self.agent_id,

@@ -199,7 +199,7 @@ def run_edge(
     `eval_count` is Coral's eval count at the parent (the root: the snapshot's `eval_count`).
     """
     from sftree.agents.base import StepRecorder, TurnRun
-    from sftree.agents.prompts import next_turn_prompt, start_prompt
+    from sftree.agents.prompts import next_turn_prompt, start_prompt, write_agents_md
     from sftree.coral import CoralServer
 
     t0 = time.monotonic()
@@ -225,8 +225,6 @@ def run_edge(
             "X-Sftree-Attempt": str(attempt),
             "X-Sftree-Session": parent.session or "fresh",
         }
-        from sftree.agents.prompts import write_agents_md
-
         write_agents_md(ws.root, ctx.task_cfg, ctx.agent_cfg.get("prompts", {}))
         for turn in range(1, _TURNS + 1):
             if not messages:
@@ -246,7 +244,7 @@ def run_edge(
                 agent_cfg=ctx.agent_cfg,
                 task_cfg=ctx.task_cfg,
                 env=server.env(),
-                extra_ro_hidden=[ctx.store.store_dir, ctx.store.work_dir],
+                extra_ro_hidden=[ctx.tree_dir],  # store, sessions, transcripts, other branches
             )
             outcome = ctx.agent.run_turn(run)
             ev = outcome.eval

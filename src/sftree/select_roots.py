@@ -131,33 +131,23 @@ def _num(v: float | None) -> str:
 
 def _cell(text: str | None) -> str:
     """Free text from the input must not break the TSV."""
-    return "" if text is None else str(text).replace("\t", " ").replace("\n", " ")
+    if text is None:
+        return ""
+    text = str(text)
+    return text.replace("\t", " ").replace("\n", " ") if ("\t" in text or "\n" in text) else text
 
 
 def table_text(sel: Selection) -> str:
+    # One f-string per row: this runs for every snapshot, so it stays lean (scores are floats or None).
+    method = sel.method
     lines = ["\t".join(TABLE_COLUMNS)]
     for r in sel.rows:
         s = r.snap
         lines.append(
-            "\t".join(
-                (
-                    s.name,
-                    str(s.global_index),
-                    _cell(s.agent_id),
-                    _cell(s.commit_hash),
-                    "" if s.eval_count is None else str(s.eval_count),
-                    "true" if s.eval_ok else "false",
-                    _cell(s.status),
-                    _num(s.score),
-                    _num(r.score_for_stage),
-                    _num(r.smooth),
-                    _num(r.gain),
-                    r.stage,
-                    sel.method,
-                    "true" if r.reason else "false",
-                    r.reason or "",
-                )
-            )
+            f"{s.name}\t{s.global_index}\t{_cell(s.agent_id)}\t{_cell(s.commit_hash)}\t"
+            f"{'' if s.eval_count is None else s.eval_count}\t{'true' if s.eval_ok else 'false'}\t"
+            f"{_cell(s.status)}\t{_num(s.score)}\t{_num(r.score_for_stage)}\t{_num(r.smooth)}\t"
+            f"{_num(r.gain)}\t{r.stage}\t{method}\t{'true' if r.reason else 'false'}\t{r.reason or ''}"
         )
     return "\n".join(lines) + "\n"
 

@@ -172,8 +172,8 @@ def read_snapshot(
     if not isinstance(eval_ok, bool):
         raise InputError(f"{meta_path}: eval_ok must be true or false, not {eval_ok!r}")
     commit = meta.get("commit_hash")
-    if not isinstance(commit, str) or not commit.strip():
-        raise InputError(f"{meta_path}: commit_hash is missing or not a string")
+    if not isinstance(commit, str) or not commit.strip() or "/" in commit:
+        raise InputError(f"{meta_path}: commit_hash is missing or not a plain string: {commit!r}")
     attempt_path, attempt = find_attempt(path, commit.strip())
     score, non_finite = _score(attempt.get("score"), attempt_path)
     eval_count = meta.get("eval_count")

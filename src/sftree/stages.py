@@ -141,10 +141,12 @@ def choose(stages: Sequence[str], eligible: Sequence[bool], num_roots: int) -> d
     early, each giving evenly spaced picks among its not yet chosen eligible snapshots. Short stages are
     refilled in time order (early, middle, late).
     """
-    pool = {
-        s: [i for i, (st, ok) in enumerate(zip(stages, eligible, strict=True)) if ok and st == s]
-        for s in STAGES
-    }
+    if len(stages) != len(eligible):
+        raise ValueError("stages and eligible differ in length")
+    pool: dict[str, list[int]] = {s: [] for s in STAGES}
+    for i, (stage, ok) in enumerate(zip(stages, eligible, strict=True)):
+        if ok:
+            pool[stage].append(i)
     want = quotas(num_roots)
     chosen: dict[int, str] = {}
     short: dict[str, int] = {}

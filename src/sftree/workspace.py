@@ -34,6 +34,18 @@ log = logging.getLogger(__name__)
 
 # Files the agent's workspace holds that are not part of the code (never committed by `coral eval`).
 CODE_EXCLUDES = ["/.opencode/", "/AGENTS.md", "__pycache__/", "*.pyc", ".pytest_cache/"]
+# OpenCode's own files in .opencode/ (plugins, npm metadata) are not shared knowledge.
+KNOWLEDGE_EXCLUDES = [
+    "/node_modules/",
+    "/package.json",
+    "/package-lock.json",
+    "/bun.lock",
+    "/.gitignore",
+    "/opencode.json",
+    "/opencode.jsonc",
+    "/plugin/",
+    "/plugins/",
+]
 KNOWLEDGE_DIR = ".opencode"
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "sftree",
@@ -134,7 +146,19 @@ class EdgeWorkspace:
         return self.dir / "knowledge.index"
 
     def head(self) -> str:
+        """The worktree's commit. Read from its detached HEAD file (a git call fewer per commit)."""
+        try:
+            gitdir = (self.root / ".git").read_text().strip().removeprefix("gitdir:").strip()
+            sha = (Path(gitdir) / "HEAD").read_text().strip()
+            if len(sha) == 40 and all(c in "0123456789abcdef" for c in sha):
+                return sha
+        except OSError:
+            pass
         return git(["rev-parse", "HEAD"], cwd=self.root).stdout.strip()
+
+    def dirty(self) -> bool:
+        """Uncommitted changes in the worktree (excluded files do not count)."""
+        return bool(git(["status", "--porcelain", "--untracked-files=all"], cwd=self.root).stdout.strip())
 
     def store_git(self, args: list[str]) -> str:
         """A read-only git query on the code store; stripped stdout, "" when it fails."""
@@ -160,6 +184,9 @@ class EdgeWorkspace:
     def commit_knowledge(self, message: str) -> str:
         """Snapshot .opencode/ into knowledge.git (a new commit only if it changed); the current commit id."""
         repo, env = self.store.knowledge_git, {"GIT_INDEX_FILE": str(self.index_file)}
+        self.knowledge_dir.mkdir(
+            exist_ok=True
+        )  # the agent may have deleted it: that is an empty knowledge base
         git(["--work-tree", str(self.knowledge_dir), "add", "-A", "--", "."], git_dir=repo, env=env)
         tree = git(["write-tree"], git_dir=repo, env=env).stdout.strip()
         if self._k_tree is None:
@@ -176,7 +203,9 @@ class EdgeWorkspace:
 
         Also writes the refs that keep this edge's commits (one `update-ref --stdin` per repository).
         """
-        code = self.commit_code("sftree: uncommitted work at the end of the edge") or self.head()
+        code = (
+            self.dirty() and self.commit_code("sftree: uncommitted work at the end of the edge")
+        ) or self.head()
         knowledge = self.commit_knowledge("sftree: end of edge")
         self.store.keep_refs("code", {f"{self.edge_id}/{c[:12]}": c for c in self._code_commits})
         self.store.keep_refs("knowledge", {self.edge_id: knowledge})
@@ -220,8 +249,7 @@ class TreeStore:
             if repo.exists():
                 shutil.rmtree(repo)  # a half-made store from a killed run
             git(["init", "-q", "--bare", str(repo)])
-        (self.code_git / "info").mkdir(exist_ok=True)
-        (self.code_git / "info" / "exclude").write_text("\n".join(CODE_EXCLUDES) + "\n")
+        self._write_excludes()
         code = self._import_dir(self.code_git, code_src, "root snapshot code")
         shared_src_dir = shared_src if shared_src.is_dir() else None
         knowledge = self._import_dir(self.knowledge_git, shared_src_dir, "root snapshot shared knowledge")
@@ -238,8 +266,14 @@ class TreeStore:
         self = cls(tree_dir, task_cfg)
         if not (self.code_git / "refs" / "sftree" / "root").exists():
             raise InputError(f"no tree store under {self.store_dir} (create it first)")
+        self._write_excludes()
         self.work_dir.mkdir(exist_ok=True)
         return self
+
+    def _write_excludes(self) -> None:
+        for repo, patterns in ((self.code_git, CODE_EXCLUDES), (self.knowledge_git, KNOWLEDGE_EXCLUDES)):
+            (repo / "info").mkdir(exist_ok=True)
+            (repo / "info" / "exclude").write_text("\n".join(patterns) + "\n")
 
     def root_state(self) -> NodeState:
         code = git(["rev-parse", "refs/sftree/root"], git_dir=self.code_git).stdout.strip()

@@ -24,7 +24,9 @@ def task_snapshot_dir(task):
 def task_metadata_files(wildcards):
     """Every snapshot's metadata.json, so a new or changed snapshot reruns select_roots."""
     return sorted(
-        glob.glob(os.path.join(task_snapshot_dir(wildcards.task), "eval-*", "metadata.json"))
+        glob.glob(
+            os.path.join(task_snapshot_dir(wildcards.task), "eval-*", "metadata.json")
+        )
     )
 
 
@@ -36,6 +38,23 @@ def chosen_roots(task):
         for d in os.listdir(roots_dir)
         if os.path.isfile(os.path.join(roots_dir, d, "metadata.json"))
     )
+
+
+def task_paths_files(wildcards):
+    """paths.json of every chosen root of one task (export_sft's input)."""
+    return [
+        f"{RESULTS}/{wildcards.task}/trees/{root}/paths.json"
+        for root in chosen_roots(wildcards.task)
+    ]
+
+
+def all_paths_files(wildcards):
+    """paths.json of every chosen root of every task (the report's input)."""
+    return [
+        f"{RESULTS}/{task}/trees/{root}/paths.json"
+        for task in TASKS
+        for root in chosen_roots(task)
+    ]
 
 
 def effective_config_file():

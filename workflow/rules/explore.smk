@@ -11,6 +11,8 @@ rule explore:
     benchmark:
         f"{RESULTS}/{{task}}/benchmarks/explore/{{root}}.tsv"
     retries: 2
+    conda:
+        "../../envs/sftree.yaml"
     resources:
         teacher_slots=config["search"]["parallel_width"],
     params:

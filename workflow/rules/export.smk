@@ -1,10 +1,3 @@
-def task_paths_files(wildcards):
-    return [
-        f"{RESULTS}/{wildcards.task}/trees/{root}/paths.json"
-        for root in chosen_roots(wildcards.task)
-    ]
-
-
 rule export_sft:
     input:
         paths=task_paths_files,
@@ -12,6 +5,8 @@ rule export_sft:
         sft=f"{RESULTS}/{{task}}/sft.jsonl",
     log:
         f"{RESULTS}/{{task}}/logs/export_sft.log",
+    conda:
+        "../../envs/sftree.yaml"
     params:
         granularity=config["export"]["granularity"],
     shell:
@@ -29,6 +24,8 @@ rule merge_sft:
         card=report(f"{RESULTS}/dataset_card.md", category="Dataset"),
     log:
         f"{RESULTS}/logs/merge_sft.log",
+    conda:
+        "../../envs/sftree.yaml"
     shell:
         "sftree export-sft --merge {input} --out {output.sft} --dataset-info {output.info}"
         " --card {output.card} --llamafactory-out {output.llamafactory} > {log} 2>&1"

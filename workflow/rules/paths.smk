@@ -5,6 +5,8 @@ rule select_paths:
         paths=f"{RESULTS}/{{task}}/trees/{{root}}/paths.json",
     log:
         f"{RESULTS}/{{task}}/logs/select_paths/{{root}}.log",
+    conda:
+        "../../envs/sftree.yaml"
     params:
         top_k=config["select_paths"]["top_k"],
     shell:

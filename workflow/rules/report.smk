@@ -1,11 +1,3 @@
-def all_paths_files(wildcards):
-    return [
-        f"{RESULTS}/{task}/trees/{root}/paths.json"
-        for task in TASKS
-        for root in chosen_roots(task)
-    ]
-
-
 rule report:
     input:
         tables=expand(f"{RESULTS}/{{task}}/stages.tsv", task=TASKS),
@@ -15,7 +7,9 @@ rule report:
         html=report(f"{RESULTS}/report.html", category="Report"),
     log:
         f"{RESULTS}/logs/report.log",
+    conda:
+        "../../envs/sftree.yaml"
     params:
-        results=RESULTS,
+        results=lambda wc, output: os.path.dirname(output.html),
     shell:
         "sftree report --results {params.results} --out {output.html} > {log} 2>&1"

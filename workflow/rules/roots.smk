@@ -11,6 +11,10 @@ checkpoint select_roots:
         ),
     log:
         f"{RESULTS}/{{task}}/logs/select_roots.log",
+    benchmark:
+        f"{RESULTS}/{{task}}/benchmarks/select_roots.tsv"
+    conda:
+        "../../envs/sftree.yaml"
     params:
         snapshots=lambda wc: task_snapshot_dir(wc.task),
         direction=lambda wc: config["tasks"][wc.task]["direction"],

@@ -26,5 +26,7 @@ def make_agent(config: dict, *, teacher, task_cfg: dict | None = None, hidden=No
 
         return NativeAgent(teacher, agent_cfg, hidden=extra)
     if backend == "opencode":
-        raise InputError("agent.backend `opencode` is not available in this build; use `native`")
+        from sftree.agents.opencode import OpenCodeAgent
+
+        return OpenCodeAgent(teacher, agent_cfg, search_cfg=config.get("search"), hidden=extra)
     raise InputError(f"agent.backend: unknown backend {backend!r} (native | opencode)")

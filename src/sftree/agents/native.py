@@ -9,6 +9,7 @@ step limit (`step_limit`), the turn timeout (`timeout`), or a model that keeps s
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -34,8 +35,6 @@ def assistant_message(msg: dict) -> dict:
         fn = c.get("function") or {}
         args = fn.get("arguments")
         if not isinstance(args, str):
-            import json
-
             args = json.dumps(args, ensure_ascii=False)
         calls.append(
             {

@@ -38,6 +38,11 @@ _CONST_LINE = re.compile(
 )
 _GREP_HIT = re.compile(r"^(?P<path>[^:\n]+):(?P<line>\d+): (?P<text>.*)$")
 _READ_LINE = re.compile(r"^(?P<no>\d{5})\| (?P<text>.*)$")
+# The real OpenCode's formats (agent.backend: opencode): grep prints `<path>:` then `  Line N: text` lines,
+# read prints `N: text` lines inside <content>.
+_OC_GREP_FILE = re.compile(r"^(?P<path>\S[^\n]*):$")
+_OC_GREP_LINE = re.compile(r"^  Line (?P<line>\d+): (?P<text>.*)$")
+_OC_READ_LINE = re.compile(r"^(?P<no>\d+): (?P<text>.*)$")
 
 
 def skeleton_hash(messages: list[dict]) -> str:
@@ -250,10 +255,15 @@ def _plan(rng: random.Random, done: dict, submit_now: bool, faults: frozenset, i
 
 def _grep_hits(results: list[dict]) -> list[tuple[str, int, str]]:
     out = []
+    oc_path = None
     for line in str(results[0].get("content") or "").splitlines():
         m = _GREP_HIT.match(line)
         if m and not m.group("path").startswith(".opencode"):
             out.append((m.group("path"), int(m.group("line")), m.group("text")))
+        elif (f := _OC_GREP_FILE.match(line)) and not line.startswith(" "):
+            oc_path = f.group("path")
+        elif oc_path and (h := _OC_GREP_LINE.match(line)) and "/.opencode/" not in oc_path:
+            out.append((oc_path, int(h.group("line")), h.group("text")))
     return out
 
 
@@ -262,7 +272,7 @@ def _read_result(step) -> tuple[str, list[str]]:
     path = json.loads(call["function"]["arguments"])["filePath"]
     lines = []
     for ln in str(results[0].get("content") or "").splitlines():
-        m = _READ_LINE.match(ln)
+        m = _READ_LINE.match(ln) or _OC_READ_LINE.match(ln)
         if m:
             lines.append(m.group("text"))
     return path, lines

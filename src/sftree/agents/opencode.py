@@ -1,0 +1,699 @@
+"""The `opencode` agent backend: real OpenCode sessions (`opencode run --format json`) as the Teacher.
+
+Per edge (docs/opencode.md):
+
+- an isolated OpenCode home (`work/<edge>/opencode/`: XDG data/config/state/cache and HOME) with an
+  `opencode.json` whose only provider is `@ai-sdk/openai-compatible` pointing at this job's recording proxy
+  (proxy.py) in front of the Teacher; autoupdate, sharing, model-list fetches, LSP downloads, plugin installs,
+  web tools and compaction are off, and the model's context limit sits above the tree's hard token limit;
+- a rollout turn = `opencode run --format json [--session ID] --model sftree/<model>` with the prompt on stdin,
+  in the edge's workspace. Under bubblewrap (agent.sandbox) the workspace is mounted at `/workspace` and the
+  home at `/tmp/.sftree-opencode`, so every edge's OpenCode sees the same paths (its system prompt, which names
+  the working directory, is byte-identical across forks) and the grader, the tree store and $HOME are hidden;
+- the event stream is parsed: `step_finish.part.tokens.total` (context length), `tool_use` parts
+  (`state.status == "error"` = tool error; inputs -> knowledge actions), and the completed `coral eval` call,
+  which ends the turn: the proxy stops passing requests on and the process gets SIGINT, then SIGTERM/SIGKILL,
+  as Coral's manager interrupts its agents before it injects the next prompt;
+- after each turn the session is exported to `sessions/<edge>.opencode.json` (to a file: piped output is cut
+  at 64 KiB); a child edge imports its parent's export into its own home and continues it with `--session`.
+
+The step records come from the proxy (exact request messages and tools), enriched with the tool results (the
+next request's `role: tool` messages, or the event's output for the turn's last step) and the error/knowledge
+flags from the event stream. `TurnRun.messages` is replaced by the session's real message list (last request
++ its answer + the tool results), so edge.py's session file and next-turn prompt work as with `native`.
+
+Compaction: `compaction.auto/prune: false`, OPENCODE_DISABLE_AUTOCOMPACT/PRUNE, and a context limit above the
+hard token limit mean it should never fire; if it still does (a request of OpenCode's summarising agent, or a
+request carrying its `<conversation-checkpoint>`), the turn's records get `"compacted": true`, the outcome's
+`compacted` attribute is set and a warning is logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sftree.agents.base import AgentBackend, TurnOutcome, TurnRun
+from sftree.agents.prompts import nudge_prompt
+from sftree.agents.sandbox import CORAL_MOUNT, resolve_mode
+from sftree.errors import InputError
+from sftree.proxy import RecordingProxy
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+PINNED_VERSION = "1.18.33"
+INSTALL_HINT = (
+    "install it with `bash scripts/install_opencode.sh` (npm package opencode-ai@" + PINNED_VERSION + ")"
+)
+WS_MOUNT = "/tmp/sftree/workspace"
+HOME_MOUNT = "/tmp/sftree/opencode"
+KNOWLEDGE_SUBDIRS = ("notes", "skills", "attempts", "roles")
+# OpenCode installs @opencode-ai/plugin from npm into every config folder that lacks it; these stubs make it
+# see the dependency as present (no network), and its own .gitignore keeps them out of commits.
+PLUGIN_DEP = {"@opencode-ai/plugin": PINNED_VERSION}
+GITIGNORE = "node_modules\npackage.json\npackage-lock.json\nbun.lock\n.gitignore\n"
+ENV_FLAGS = {
+    "OPENCODE_DISABLE_AUTOUPDATE": "1",
+    "OPENCODE_DISABLE_MODELS_FETCH": "1",
+    "OPENCODE_DISABLE_AUTOCOMPACT": "1",
+    "OPENCODE_DISABLE_PRUNE": "1",
+    "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    "OPENCODE_DISABLE_SHARE": "1",
+    "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+    "OPENCODE_DISABLE_EXTERNAL_SKILLS": "1",
+    "OPENCODE_DISABLE_CLAUDE_CODE": "1",
+    "OPENCODE_DISABLE_EMBEDDED_WEB_UI": "1",
+    "OPENCODE_EXPERIMENTAL_DISABLE_FILEWATCHER": "1",
+    "OPENCODE_PURE": "1",
+}
+EVAL_RX = re.compile(r"(^|[\s;&|(])coral\s+eval\b")
+KNOWLEDGE_CMD_RX = re.compile(r"(^|[\s;&|(])coral\s+(notes|skills|log|show)\b")
+KNOWLEDGE_PATH_RX = re.compile(r"\.opencode/(notes|skills|attempts|roles)\b|\.opencode/?$|\.opencode['\"\s]")
+
+
+# ---- pure helpers --------------------------------------------------------------------------------------------
+def find_binary(configured: str | None = None) -> str:
+    """The opencode executable: config path, $SFTREE_OPENCODE_BIN, .tools/bin/opencode, then PATH."""
+    for cand in (os.environ.get("SFTREE_OPENCODE_BIN"), configured):
+        if cand and (os.sep in cand) and os.access(cand, os.X_OK):
+            return str(Path(cand).resolve())
+    local = REPO_ROOT / ".tools" / "bin" / "opencode"
+    if local.exists() and os.access(local, os.X_OK):
+        return str(local.resolve())
+    found = shutil.which(configured or "opencode")
+    if found:
+        return str(Path(found).resolve())
+    raise InputError(
+        f"agent.backend is `opencode` but the opencode binary ({configured or 'opencode'}) was not found; {INSTALL_HINT}"
+    )
+
+
+def is_eval(tool: str, inp: dict) -> bool:
+    return tool == "bash" and bool(EVAL_RX.search(str(inp.get("command", ""))))
+
+
+def is_knowledge(tool: str, inp: dict, knowledge_dir: str | None = None) -> bool:
+    """A tool call that reads or writes shared knowledge (DESIGN.md); `coral eval` itself does not count."""
+    if not isinstance(inp, dict):
+        return False
+    if tool == "skill":  # OpenCode's skill tool loads a skill from .opencode/skills
+        return True
+    if tool == "bash":
+        cmd = str(inp.get("command", ""))
+        if KNOWLEDGE_CMD_RX.search(cmd):
+            return True
+        cmd = EVAL_RX.sub(" ", cmd) if EVAL_RX.search(cmd) else cmd
+        texts = [cmd, str(inp.get("workdir", ""))]
+    else:
+        texts = [
+            str(v) for k, v in inp.items() if k in ("filePath", "path", "pattern", "include", "file_path")
+        ]
+    for t in texts:
+        if KNOWLEDGE_PATH_RX.search(t) or (knowledge_dir and knowledge_dir in t):
+            return True
+    return False
+
+
+def opencode_config(
+    base_url: str,
+    model: str,
+    *,
+    provider: str,
+    context_limit: int,
+    output_limit: int,
+    temperature: float | None,
+    hidden: list[str],
+    sandboxed: bool,
+) -> dict:
+    """The per-edge opencode.json."""
+    external = {"*": "deny"}
+    for h in hidden:  # the grader and the store: denied even if the path is visible
+        external[h.rstrip("/") + "/**"] = "deny"
+    cfg = {
+        "$schema": "https://opencode.ai/config.json",
+        "model": f"{provider}/{model}",
+        "small_model": f"{provider}/{model}",
+        "autoupdate": False,
+        "share": "disabled",
+        "snapshot": False,
+        "formatter": False,
+        "lsp": False,
+        "enabled_providers": [provider],
+        "compaction": {"auto": False, "prune": False},
+        "provider": {
+            provider: {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "sftree teacher (recording proxy)",
+                "options": {"baseURL": base_url, "apiKey": "sftree-proxy"},
+                "models": {
+                    model: {
+                        "name": model,
+                        "tool_call": True,
+                        "limit": {"context": int(context_limit), "output": int(output_limit)},
+                    }
+                },
+            }
+        },
+        "permission": {
+            "external_directory": external,
+            "webfetch": "deny",
+            "websearch": "deny",
+            "task": "deny",  # subagents would be separate sessions outside the edge's transcript
+            "question": "deny",
+        },
+        "experimental": {"continue_loop_on_deny": True},
+    }
+    if temperature is not None:
+        cfg["agent"] = {"build": {"temperature": float(temperature)}}
+    return cfg
+
+
+@dataclass
+class ToolEvent:
+    call_id: str
+    tool: str
+    status: str  # completed | error
+    input: dict
+    output: str
+    knowledge: bool
+
+
+@dataclass
+class TurnEvents:
+    """What the event stream of one `opencode run` says."""
+
+    session_id: str | None = None
+    steps: int = 0
+    tokens: int = 0
+    tools: list[ToolEvent] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    eval_call: str | None = None  # callID of the completed `coral eval`
+
+
+def apply_event(ev: dict, acc: TurnEvents, knowledge_dir: str | None = None) -> None:
+    """Fold one JSON event of `opencode run --format json` into `acc`."""
+    acc.session_id = acc.session_id or ev.get("sessionID")
+    part = ev.get("part") or {}
+    kind = ev.get("type")
+    if kind == "step_finish":
+        acc.steps += 1
+        tok = part.get("tokens") or {}
+        total = tok.get("total")
+        if total is None:
+            cache = tok.get("cache") or {}
+            total = sum(int(tok.get(k) or 0) for k in ("input", "output", "reasoning")) + int(
+                cache.get("read") or 0
+            )
+        acc.tokens = int(total or 0)
+    elif kind == "tool_use":
+        state = part.get("state") or {}
+        inp = state.get("input") if isinstance(state.get("input"), dict) else {}
+        status = str(state.get("status"))
+        out = state.get("output") if status == "completed" else state.get("error")
+        te = ToolEvent(
+            call_id=str(part.get("callID") or part.get("id")),
+            tool=str(part.get("tool")),
+            status=status,
+            input=inp,
+            output="" if out is None else str(out),
+            knowledge=is_knowledge(str(part.get("tool")), inp, knowledge_dir),
+        )
+        acc.tools.append(te)
+        if status == "completed" and is_eval(te.tool, inp) and acc.eval_call is None:
+            acc.eval_call = te.call_id
+    elif kind == "error":
+        err = ev.get("error") or {}
+        data = err.get("data") if isinstance(err, dict) else None
+        msg = (data or {}).get("message") if isinstance(data, dict) else None
+        acc.errors.append(str(msg or (err.get("name") if isinstance(err, dict) else err)))
+
+
+def enrich_records(records: list[dict], events: TurnEvents, eval_call: str | None) -> list[dict]:
+    """Step records of one turn: cut after the step that ran `coral eval`, tool results filled in."""
+    kept = []
+    for rec in records:
+        kept.append(rec)
+        calls = (rec.get("response") or {}).get("tool_calls") or []
+        if eval_call and any(c.get("id") == eval_call for c in calls):
+            break  # later requests slipped out while the process was being interrupted
+    kept += [r for r in records[len(kept) :] if r.get("kind") not in ("agent", "nudge")]
+    by_id = {t.call_id: t for t in events.tools}
+    agent = [r for r in kept if r.get("kind") in ("agent", "nudge") and r.get("response")]
+    for i, rec in enumerate(agent):
+        calls = rec["response"].get("tool_calls") or []
+        sent = {}
+        if i + 1 < len(agent):  # what OpenCode really sent back: the next request's tool messages
+            sent = {
+                m.get("tool_call_id"): m.get("content")
+                for m in agent[i + 1]["request"]["messages"]
+                if m.get("role") == "tool"
+            }
+        results = []
+        for c in calls:
+            te = by_id.get(c.get("id"))
+            content = sent.get(c.get("id"))
+            if content is None:
+                content = te.output if te else ""
+            results.append(
+                {
+                    "tool_call_id": c.get("id"),
+                    "name": (c.get("function") or {}).get("name"),
+                    "content": content if isinstance(content, str) else json.dumps(content),
+                    "error": bool(te and te.status == "error"),
+                    "knowledge": bool(te and te.knowledge),
+                }
+            )
+        rec["tool_results"] = results
+    return kept
+
+
+def session_messages(records: list[dict]) -> list[dict] | None:
+    """The session as the model will see it next: the last agent request + its answer + tool results."""
+    last = next(
+        (r for r in reversed(records) if r.get("kind") in ("agent", "nudge") and r.get("response")), None
+    )
+    if last is None:
+        return None
+    resp = dict(last["response"])
+    if resp.get("tool_calls"):  # OpenCode resends arguments as JSON.stringify does (compact)
+        resp["tool_calls"] = [_compact_call(c) for c in resp["tool_calls"]]
+    msgs = list(last["request"]["messages"]) + [resp]
+    for tr in last.get("tool_results") or []:
+        msgs.append({"role": "tool", "tool_call_id": tr["tool_call_id"], "content": tr["content"]})
+    return msgs
+
+
+def _compact_call(call: dict) -> dict:
+    fn = dict(call.get("function") or {})
+    try:
+        fn["arguments"] = json.dumps(
+            json.loads(fn.get("arguments") or "{}"), ensure_ascii=False, separators=(",", ":")
+        )
+    except ValueError:
+        pass
+    return {**call, "function": fn}
+
+
+# ---- the backend ---------------------------------------------------------------------------------------------
+@dataclass
+class _Edge:
+    home: Path
+    session_id: str | None = None
+
+
+class OpenCodeAgent(AgentBackend):
+    name = "opencode"
+
+    def __init__(
+        self, teacher, agent_cfg: dict, *, search_cfg: dict | None = None, hidden: list[Path] | None = None
+    ):
+        self.teacher = teacher
+        self.cfg = agent_cfg
+        self.oc = dict(agent_cfg.get("opencode") or {})
+        self.binary = find_binary(self.oc.get("binary"))
+        self.provider = str(self.oc.get("provider", "sftree"))
+        self.sandbox = resolve_mode(agent_cfg.get("sandbox", "auto"))
+        self.hidden = [Path(h) for h in hidden or []]
+        hard = int((search_cfg or {}).get("hard_token_limit", 100000))
+        # Above the hard token limit (compaction must not fire before the tree stops the path) and roomy.
+        self.context_limit = int(self.oc.get("context_limit") or max(4 * hard, 262144))
+        self._edges: dict[str, _Edge] = {}
+        self._lock = threading.Lock()
+        self.proxy = RecordingProxy(
+            teacher.base_url,
+            api_key=getattr(teacher, "api_key", None),
+            timeout=float(getattr(teacher, "request_timeout", 900)),
+            retries=int(getattr(teacher, "retries", 8)),
+            backoff_max=float(getattr(teacher, "backoff_max", 60)),
+            extra_body=getattr(teacher, "extra_body", None),
+        ).start()
+
+    def close(self) -> None:
+        self.proxy.stop()
+
+    # -- homes, sessions, forks --
+    def _edge(self, run: TurnRun) -> _Edge:
+        ws = run.workspace
+        with self._lock:
+            st = self._edges.get(ws.edge_id)
+            if st is not None and st.home.exists():
+                return st
+            st = _Edge(home=Path(ws.dir) / "opencode")
+            self._edges[ws.edge_id] = st
+        for sub in ("data", "config/opencode", "state", "cache", "home"):
+            (st.home / sub).mkdir(parents=True, exist_ok=True)
+        parent_export = self.export_path(ws.store.tree_dir, ws.parent.session)
+        if parent_export is not None and parent_export.is_file():
+            dst = st.home / "parent-session.json"
+            shutil.copyfile(parent_export, dst)
+            proc = self._run_cli(run, st, ["import", self._in_home(st, dst)], timeout=120)
+            if proc.returncode != 0:
+                raise RuntimeError(f"opencode import {parent_export} failed: {proc.stderr[-500:]}")
+            st.session_id = json.loads(parent_export.read_text(encoding="utf-8"))["info"]["id"]
+        return st
+
+    @staticmethod
+    def export_path(tree_dir: Path, session: str | None) -> Path | None:
+        """sessions/<node edge>.json (edge.py's message list) -> sessions/<node edge>.opencode.json."""
+        if not session:
+            return None
+        p = Path(tree_dir) / session
+        return p.with_name(p.name.removesuffix(".json") + ".opencode.json")
+
+    def _in_home(self, st: _Edge, p: Path) -> str:
+        return f"{HOME_MOUNT}/{p.relative_to(st.home)}" if self.sandbox == "bwrap" else str(p)
+
+    def _write_config(self, run: TurnRun, st: _Edge) -> None:
+        base = self.proxy.base_url(run.workspace.edge_id)
+        hidden = [str(p) for p in self._hidden(run)]
+        cfg = opencode_config(
+            base,
+            self.teacher.model,
+            provider=self.provider,
+            context_limit=self.context_limit,
+            output_limit=int(getattr(self.teacher, "max_tokens", 4096)),
+            temperature=getattr(self.teacher, "temperature", None),
+            hidden=hidden,
+            sandboxed=self.sandbox == "bwrap",
+        )
+        cdir = st.home / "config" / "opencode"
+        (cdir / "opencode.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+        self._plugin_stub(cdir)
+        self._plugin_stub(Path(run.workspace.root) / ".opencode")
+
+    @staticmethod
+    def _plugin_stub(d: Path) -> None:
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "node_modules").mkdir(exist_ok=True)
+        (d / "package.json").write_text(json.dumps({"dependencies": PLUGIN_DEP}) + "\n")
+        (d / "package-lock.json").write_text(
+            json.dumps({"packages": {"": {"dependencies": PLUGIN_DEP}}}) + "\n"
+        )
+        (d / ".gitignore").write_text(GITIGNORE)
+
+    def _hidden(self, run: TurnRun) -> list[Path]:
+        task_dir = run.task_cfg.get("task_dir")
+        out = self.hidden + list(run.extra_ro_hidden) + ([Path(task_dir)] if task_dir else [])
+        return [p.resolve() for p in out if p]
+
+    # -- processes --
+    def _env(self, run: TurnRun, st: _Edge) -> dict[str, str]:
+        home = HOME_MOUNT if self.sandbox == "bwrap" else str(st.home)
+        ws = WS_MOUNT if self.sandbox == "bwrap" else str(Path(run.workspace.root).resolve())
+        coral_bin = f"{CORAL_MOUNT}/bin" if self.sandbox == "bwrap" else run.env.get("CORAL_BIN", "")
+        coral_sock = (
+            f"{CORAL_MOUNT}/coral.sock" if self.sandbox == "bwrap" else run.env.get("CORAL_SOCKET", "")
+        )
+        path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        env = {
+            "PATH": f"{coral_bin}:{Path(self.binary).parent}:{path}" if coral_bin else path,
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "TERM": "dumb",
+            "HOME": f"{home}/home",
+            "XDG_DATA_HOME": f"{home}/data",
+            "XDG_CONFIG_HOME": f"{home}/config",
+            "XDG_STATE_HOME": f"{home}/state",
+            "XDG_CACHE_HOME": f"{home}/cache",
+            "PWD": ws,
+            "CORAL_SOCKET": coral_sock,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "npm_config_offline": "true",  # belt and braces: no npm registry from inside OpenCode
+        }
+        env.update(ENV_FLAGS)
+        if self.sandbox == "bwrap":
+            env["TMPDIR"] = "/tmp"
+        return env
+
+    def _argv(self, run: TurnRun, st: _Edge, args: list[str]) -> tuple[list[str], str]:
+        cmd = [self.binary, *args]
+        ws = str(Path(run.workspace.root).resolve())
+        if self.sandbox != "bwrap":
+            return cmd, ws
+        argv = [
+            "bwrap",
+            "--ro-bind",
+            "/",
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--tmpfs",
+            "/tmp",
+            "--unshare-ipc",
+            "--unshare-pid",
+            "--die-with-parent",
+        ]
+        # Programs the agent needs (opencode, python for the coral client and the agent's own runs) must
+        # stay visible: a hidden folder that holds one of them (a pyenv under $HOME) is left alone.
+        needed = [
+            Path(self.binary).resolve(),
+            Path(sys.executable).resolve(),
+            Path(os.path.realpath(sys.executable)),
+        ]
+        for h in sorted({str(p) for p in self._hidden(run) + [Path.home().resolve()] if p.is_dir()}):
+            if h == "/tmp" or h.startswith("/tmp/") or any(str(n).startswith(h + "/") for n in needed):
+                continue
+            argv += ["--tmpfs", h]
+        argv += ["--bind", ws, WS_MOUNT, "--bind", str(st.home), HOME_MOUNT]
+        coral_sock = run.env.get("CORAL_SOCKET")
+        if coral_sock:
+            argv += ["--ro-bind", str(Path(coral_sock).parent), CORAL_MOUNT]
+        argv += ["--chdir", WS_MOUNT, "--"]
+        return argv + cmd, ws
+
+    def _run_cli(
+        self, run: TurnRun, st: _Edge, args: list[str], timeout: float
+    ) -> subprocess.CompletedProcess:
+        argv, cwd = self._argv(run, st, args)
+        return subprocess.run(
+            argv,
+            cwd=cwd,
+            env=self._env(run, st),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def _export(self, run: TurnRun, st: _Edge) -> None:
+        if not st.session_id:
+            return
+        tmp = st.home / "export.json"
+        argv, cwd = self._argv(run, st, ["export", st.session_id])
+        with open(tmp, "wb") as fh:  # to a file: piped output is cut at 64 KiB
+            proc = subprocess.run(
+                argv,
+                cwd=cwd,
+                env=self._env(run, st),
+                stdout=fh,
+                stderr=subprocess.PIPE,
+                timeout=120,
+                stdin=subprocess.DEVNULL,
+            )
+        if proc.returncode != 0:
+            raise RuntimeError(f"opencode export {st.session_id} failed: {proc.stderr.decode()[-500:]}")
+        text = tmp.read_text(encoding="utf-8")
+        data = json.loads(text[text.index("{") :])  # tolerate a status line before the JSON
+        dst = self.export_path(run.workspace.store.tree_dir, f"sessions/{run.workspace.edge_id}.json")
+        from sftree.fileio import write_json_atomic
+
+        write_json_atomic(dst, data)
+
+    @staticmethod
+    def _interrupt(proc: subprocess.Popen) -> None:
+        """SIGINT to the process group (Coral's manager interrupts its agent), then TERM, then KILL."""
+        for sig, wait in ((signal.SIGINT, 5), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+            if proc.poll() is not None:
+                return
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def _one_run(
+        self,
+        run: TurnRun,
+        st: _Edge,
+        prompt: str,
+        acc: TurnEvents,
+        deadline: float,
+        max_steps: int,
+        evals_before: int,
+    ) -> str | None:
+        """One `opencode run`; returns why it was stopped (eval | step_limit | timeout) or None if it exited."""
+        ch = self.proxy.channels[run.workspace.edge_id]
+        args = ["run", "--format", "json", "--thinking", "--model", f"{self.provider}/{self.teacher.model}"]
+        args += ["--session", st.session_id] if st.session_id else ["--title", run.workspace.edge_id]
+        argv, cwd = self._argv(run, st, args)
+        stderr_path = st.home / "stderr.log"
+        with open(stderr_path, "ab") as err:
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=self._env(run, st),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                start_new_session=True,
+            )
+        lines: queue.Queue = queue.Queue()
+
+        def pump():
+            for line in proc.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True, name=f"oc-{run.workspace.edge_id}").start()
+        proc.stdin.write(prompt.encode("utf-8"))
+        proc.stdin.close()
+        kdir = str(Path(run.workspace.knowledge_dir).resolve())
+        stop: str | None = None
+        eval_seen_at: float | None = None
+        try:
+            while True:
+                if len(run.coral.evals) > evals_before and not ch.stopped:
+                    ch.stopped = True  # the eval is in: nothing more may reach the Teacher this turn
+                    eval_seen_at = time.monotonic()
+                if acc.eval_call or (eval_seen_at and time.monotonic() - eval_seen_at > 10):
+                    stop = "eval"
+                    break
+                if acc.steps >= max_steps:
+                    stop = "step_limit"
+                    break
+                if time.monotonic() >= deadline:
+                    stop = "timeout"
+                    break
+                try:
+                    line = lines.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if line is None:
+                    break
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                apply_event(ev, acc, kdir)
+                if acc.session_id and not st.session_id:
+                    st.session_id = acc.session_id
+        finally:
+            ch.stopped = True
+            self._interrupt(proc)
+            proc.wait()
+        if stop is None and len(run.coral.evals) > evals_before:
+            stop = "eval"
+        return stop
+
+    def run_turn(self, run: TurnRun) -> TurnOutcome:
+        st = self._edge(run)
+        self._write_config(run, st)
+        headers = {k: v for k, v in run.headers.items() if k.lower() != "x-sftree-turn"}
+        ch = self.proxy.channel(run.workspace.edge_id, headers)
+        ch.turn = run.turn
+        ch.take()
+        max_steps = int(self.cfg.get("max_steps_per_turn", 40))
+        deadline = time.monotonic() + float(self.cfg.get("turn_timeout", 3600))
+        nudges_left = int(self.cfg.get("nudges", 2))
+        evals_before = len(run.coral.evals)
+        acc = TurnEvents()
+        out = TurnOutcome(ended="no_eval")
+        prompt, kind = run.prompt, "agent"
+        records: list[dict] = []
+        while True:
+            n_before = len(records)
+            stop = self._one_run(run, st, prompt, acc, deadline, max_steps, evals_before)
+            new = ch.take()
+            for r in new:
+                if (
+                    r["kind"] == "agent"
+                    and kind == "nudge"
+                    and not any(x["kind"] == "nudge" for x in new[: new.index(r)])
+                ):
+                    r["kind"] = "nudge"  # the first model call after a reminder
+            records += new
+            ch.stopped = False
+            teacher_failed = any(
+                r.get("error") for r in records[n_before:] if r["kind"] in ("agent", "nudge")
+            )
+            if stop is not None:
+                out.ended = stop
+                break
+            if teacher_failed and not any(r.get("response") for r in records[n_before:]):
+                out.ended, out.error = (
+                    "teacher_error",
+                    next(r["error"] for r in records[n_before:] if r.get("error")),
+                )
+                break
+            if nudges_left <= 0 or acc.steps >= max_steps:
+                out.ended = "no_eval" if acc.steps < max_steps else "step_limit"
+                break
+            nudges_left -= 1
+            prompt, kind = nudge_prompt(self.cfg.get("prompts") or {}), "nudge"
+        if out.ended == "eval" and len(run.coral.evals) > evals_before:
+            out.eval = run.coral.evals[evals_before]
+        elif out.ended == "eval":
+            out.ended = "no_eval"
+        records = enrich_records(records, acc, acc.eval_call)
+        compaction = any(r["kind"] == "compaction" or r.get("compacted") for r in records)
+        out.compacted = compaction  # not a TurnOutcome field yet: edge.py ignores it
+        if compaction:
+            log.warning("edge %s turn %d: OpenCode compacted the session", run.workspace.edge_id, run.turn)
+        step = 0
+        for r in records:
+            step += 1
+            r["step"] = step
+            r["turn"] = run.turn
+            if compaction:
+                r["compacted"] = True
+            run.recorder.write(r)
+        model_calls = [r for r in records if r["kind"] in ("agent", "nudge") and r.get("response")]
+        out.steps = len(model_calls)
+        counted = self._counted_tools(acc)
+        out.tool_calls = len(counted)
+        out.tool_errors = sum(t.status == "error" for t in counted)
+        out.knowledge = any(t.knowledge for t in counted)
+        last_usage = next((r["usage"] for r in reversed(model_calls) if r.get("usage")), None)
+        out.tokens = acc.tokens or (
+            last_usage["prompt_tokens"] + last_usage["completion_tokens"] if last_usage else 0
+        )
+        if acc.errors and out.error is None and out.ended != "eval":
+            out.error = "; ".join(acc.errors)[-500:]
+        msgs = session_messages(records)
+        if msgs is not None:
+            run.messages[:] = msgs
+        else:
+            run.messages.append({"role": "user", "content": run.prompt})
+        if run.turn >= 2 or out.ended == "teacher_error":  # the edge's last turn: its node keeps the session
+            self._export(run, st)
+        if run.turn >= 2:
+            with self._lock:
+                self._edges.pop(run.workspace.edge_id, None)
+        return out
+
+    @staticmethod
+    def _counted_tools(acc: TurnEvents) -> list[ToolEvent]:
+        """Tool calls up to and including the turn's `coral eval` (later ones were cut by the interrupt)."""
+        out = []
+        for t in acc.tools:
+            out.append(t)
+            if acc.eval_call and t.call_id == acc.eval_call:
+                break
+        return out
