@@ -144,7 +144,15 @@ def test_profile_loads_in_a_dry_run(tmp_path, name):
     env = {"PATH": str(Path(shutil.which("snakemake")).parent) + ":/usr/bin:/bin", "HOME": str(tmp_path)}
     env |= {"SFTREE_SLURM_ACCOUNT": "acct1", "SFTREE_SLURM_PARTITION": "part1"}
     proc = subprocess.run(
-        ["snakemake", "--profile", str(PROFILES[name].parent), "--dry-run", "--printshellcmds"],
+        [
+            "snakemake",
+            "--profile",
+            str(PROFILES[name].parent),
+            "--dry-run",
+            "--printshellcmds",
+            "--cores",
+            "16",
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,

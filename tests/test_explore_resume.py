@@ -95,6 +95,9 @@ def test_kill_9_then_resume(tmp_path):
             digest = hashlib.sha256((out / "edges" / eid / "steps.jsonl").read_bytes()).hexdigest()
             assert digest == transcripts[eid]
         assert not running_before & set(final)  # half-done edges discarded, their ids not reused
+        assert not any(
+            (out / "edges" / e).exists() or (out / "sessions" / f"{e}.json").exists() for e in running_before
+        )
         after = {edge for t, edge, _ in requests if t > killed_at + 0.3}
         assert after and not after & (set(done_before) | running_before)
         assert list((out / "work").iterdir()) == []

@@ -82,9 +82,14 @@ def _resume(live: Path, out: Path, root_name: str, task: str, params: treemod.Se
         raise InputError(f"{live} belongs to {tree.task}/{tree.root}, not {task}/{root_name}")
     for d in tree.in_flight:  # half-done edges: dropped, their ids are not reused
         log.info("discarding half-done edge %s (from %s)", d["edge"], d["node"])
-        shutil.rmtree(out / "edges" / d["edge"], ignore_errors=True)
-        (out / "sessions" / f"{d['edge']}.json").unlink(missing_ok=True)
     tree.in_flight = []
+    finished = {e.id for e in tree.edges}
+    for d in sorted((out / "edges").iterdir()) if (out / "edges").is_dir() else []:
+        if d.name not in finished:  # transcripts of edges that never finished
+            shutil.rmtree(d, ignore_errors=True)
+    for f in sorted((out / "sessions").glob("*.json")) if (out / "sessions").is_dir() else []:
+        if f.stem not in finished:
+            f.unlink()
     changed = {
         k for k in vars(params) if k not in OPERATIONAL and getattr(params, k) != getattr(tree.params, k)
     }

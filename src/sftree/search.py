@@ -385,8 +385,10 @@ def run_search(tree: Tree, run_edge: RunEdge, persist: Callable[[Tree], None]) -
         while True:
             may_refill = p.schedule == "async" or not running
             if stop is None and fatal is None and may_refill:
-                for exp in ask(tree, width - len(running)):  # select
-                    d = begin(tree, exp)
+                batch = [begin(tree, exp) for exp in ask(tree, width - len(running))]  # select
+                if batch:
+                    persist(tree)  # in flight on disk before any work starts, so a rerun can discard it
+                for d in batch:
                     s = d.select
                     log.info(
                         "dispatch %s: %s -> depth %d (slot %s, attempt %d%s) score_rank=%.3f best_rank=%.3f"
@@ -395,7 +397,6 @@ def run_search(tree: Tree, run_edge: RunEdge, persist: Callable[[Tree], None]) -
                         s["score_rank"], s["best_rank"], s["process"], s["Q"], s["T"], s["select"],
                     )  # fmt: skip
                     running[pool.submit(run_edge, d)] = d  # fork + two turns + verify, in a worker
-                persist(tree)
             if not running:
                 if stop is None and fatal is None:
                     stop = stop_reason(tree)
