@@ -100,3 +100,23 @@ def test_bad_root_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "roots" / "eval-1").mkdir(parents=True)
     assert explore(tmp_path / "roots" / "eval-1", tmp_path / "out", cfg) == 2
     assert "metadata.json" in capsys.readouterr().err
+
+
+def test_tree_killed_after_finishing_is_written_without_teacher(tmp_path):
+    from test_search_policy import result
+
+    from sftree import search
+    from sftree import tree as treemod
+
+    root = make_root(tmp_path)
+    state = {"code_commit": "c0", "knowledge_commit": "k0", "session": None}
+    tree = treemod.Tree.new(
+        "circle_packing", root.name, "maximize", treemod.SearchParams(max_depth=1), 1.2, state, 7
+    )
+    search.run_search(tree, lambda d: result(d.edge, 1.5, 2.0, parent=1.2), lambda t: None)
+    out = tmp_path / "trees" / root.name
+    treemod.save(tree, out / "tree.live.json")
+    cfg = write_config(tmp_path, {"max_depth": 1}, base_url="http://127.0.0.1:9/v1")  # nothing listens there
+    assert explore(root, out, cfg) == 0
+    assert load_final(out).to_dict()["edges"] == tree.to_dict()["edges"]
+    assert not (out / "tree.live.json").exists()

@@ -95,8 +95,8 @@ def test_one_edge_two_turns_two_evals(tree):
     prefix = last_of_turn[0]["request"]["messages"]
     assert t2_first["request"]["messages"][: len(prefix)] == prefix
     assert t2_first["request"]["messages"][-1]["content"].startswith("## Eval #6 Results")
-    # Tokens = OpenCode's step_finish tokens.total of the last step: above the last request's prompt size.
-    assert e1.tokens >= steps[-1]["usage"]["prompt_tokens"] > 0
+    # Tokens = the session's context length after the last step: its prompt + completion tokens.
+    assert e1.tokens == steps[-1]["usage"]["prompt_tokens"] + steps[-1]["usage"]["completion_tokens"] > 0
     assert (ctx.tree_dir / "sessions" / "e1.opencode.json").is_file()
 
 

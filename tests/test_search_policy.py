@@ -318,3 +318,18 @@ def test_default_params_stop_over_40_valid_edges():
     c = tree.counters()
     assert tree.stop_reason == "edge_budget" and c["valid_edges"] == 41 and c["good_leaves"] == 0
     assert all(n.status != "active" for n in tree.nodes)
+
+
+def test_edge_without_state_is_pruned_even_when_exempt():
+    tree = new_tree()
+    first = search.ask(tree, 1)[0]
+    step(tree, first, None, None)
+    retry = next(x for x in search.ask(tree, 8) if x.slot == 0)
+    assert retry.exempt
+    d = search.begin(tree, retry)
+    r = result(d.edge, None, None, parent=1.0)
+    r.child_state, r.error = None, "GitError: worktree add failed"
+    e = search.tell(tree, d, r)
+    assert e.pruned and e.prune_reason == "edge_error" and e.child is None and e.error.startswith("GitError")
+    assert tree.node("n0").failed_expansions == 2
+    assert all(x.slot != 0 for x in search.ask(tree, 8))  # the direction is spent: two tries

@@ -103,10 +103,36 @@ def _resume(live: Path, out: Path, root_name: str, task: str, params: treemod.Se
     return tree
 
 
-def run(args: argparse.Namespace) -> int:
+def _grow(tree, root_dir: Path, out: Path, config: dict, info: dict, params) -> treemod.Tree:
+    """Create or continue the tree with the edge runtime until a stop rule holds."""
     from sftree.edge import EdgeContext, run_edge
     from sftree.workspace import NodeState
 
+    live = out / treemod.LIVE_NAME
+    ctx = EdgeContext.create(out, root_dir, config, info["task_cfg"])
+    try:
+        ctx.store.cleanup_stale(keep=set())  # nothing runs yet: every worktree is a leftover
+        if tree is None:
+            tree = treemod.Tree.new(
+                info["task"], root_dir.name, info["direction"], params, info["score"],
+                ctx.root_state.to_dict(), info["eval_count"],
+            )  # fmt: skip
+            log.info("new tree for %s/%s (root score %s, %s)", info["task"], root_dir.name, info["score"],
+                     info["direction"])  # fmt: skip
+        treemod.save(tree, live)
+
+        def run_one(d: search.Dispatch):
+            return run_edge(
+                ctx, NodeState.from_dict(d.parent_state), d.edge, d.parent_score,
+                depth=d.depth, attempt=d.attempt, eval_count=d.parent_eval_count or 0,
+            )  # fmt: skip
+
+        return search.run_search(tree, run_one, lambda t: treemod.save(t, live))
+    finally:
+        ctx.close()  # worktrees removed unless keep_workspaces; a teacher-sim it started is stopped
+
+
+def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     root_dir, out = Path(args.root).resolve(), Path(args.out).resolve()
     if not root_dir.is_dir():
@@ -119,34 +145,14 @@ def run(args: argparse.Namespace) -> int:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     logging.getLogger().addHandler(handler)
     try:
-        if live.exists():
-            tree = _resume(live, out, root_dir.name, info["task"], params)
-        else:
-            tree = None
+        tree = _resume(live, out, root_dir.name, info["task"], params) if live.exists() else None
+        if tree is None:
+            final.unlink(missing_ok=True)
             for name in RUN_DIRS:  # leftovers of an earlier exploration of this root
                 shutil.rmtree(out / name, ignore_errors=True)
-        ctx = EdgeContext.create(out, root_dir, config, info["task_cfg"])
-        try:
-            ctx.store.cleanup_stale(keep=set())  # nothing runs yet: every worktree is a leftover
-            if tree is None:
-                tree = treemod.Tree.new(
-                    info["task"], root_dir.name, info["direction"], params, info["score"],
-                    ctx.root_state.to_dict(), info["eval_count"],
-                )  # fmt: skip
-                log.info("new tree for %s/%s (root score %s, %s)", info["task"], root_dir.name, info["score"],
-                         info["direction"])  # fmt: skip
-            treemod.save(tree, live)
-
-            def run_one(d: search.Dispatch):
-                return run_edge(
-                    ctx, NodeState.from_dict(d.parent_state), d.edge, d.parent_score,
-                    depth=d.depth, attempt=d.attempt, eval_count=d.parent_eval_count or 0,
-                )  # fmt: skip
-
-            if tree.status != "finished":
-                search.run_search(tree, run_one, lambda t: treemod.save(t, live))
-        finally:
-            ctx.close()  # worktrees removed unless keep_workspaces; a teacher-sim it started is stopped
+        if tree is None or tree.status != "finished":
+            # (a tree killed after it finished needs no Teacher: it is only written out)
+            tree = _grow(tree, root_dir, out, config, info, params)
         treemod.save(tree, final)
         live.unlink(missing_ok=True)
         c = tree.counters()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -163,6 +164,16 @@ def usage_record(usage: dict | None) -> dict | None:
     }
 
 
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # An interrupted OpenCode hangs up mid-request: expected, not worth a traceback.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
 # ---- channels ------------------------------------------------------------------------------------------------
 @dataclass
 class Channel:
@@ -202,7 +213,7 @@ class RecordingProxy:
         self.extra_body = dict(extra_body or {})  # e.g. chat_template_kwargs: sent on, not recorded
         self.channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
-        self.server = ThreadingHTTPServer((host, 0), _handler_for(self))
+        self.server = _QuietServer((host, 0), _handler_for(self))
         self.server.daemon_threads = True
         self.host, self.port = host, self.server.server_address[1]
         self._thread: threading.Thread | None = None

@@ -671,8 +671,10 @@ class OpenCodeAgent(AgentBackend):
         out.tool_errors = sum(t.status == "error" for t in counted)
         out.knowledge = any(t.knowledge for t in counted)
         last_usage = next((r["usage"] for r in reversed(model_calls) if r.get("usage")), None)
-        out.tokens = acc.tokens or (
-            last_usage["prompt_tokens"] + last_usage["completion_tokens"] if last_usage else 0
+        # Context length after the turn = the last step's prompt + completion tokens (the proxy saw that step;
+        # OpenCode's step_finish for the eval step may not arrive before the interrupt).
+        out.tokens = (
+            last_usage["prompt_tokens"] + last_usage["completion_tokens"] if last_usage else acc.tokens
         )
         if acc.errors and out.error is None and out.ended != "eval":
             out.error = "; ".join(acc.errors)[-500:]
