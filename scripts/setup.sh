@@ -13,3 +13,5 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   fi
 fi
 python3 -m pip install -q -e '.[dev]'
+# OpenCode (agent.backend: opencode; its tests skip without it): pinned npm package into .tools/opencode.
+bash scripts/install_opencode.sh || echo "setup: WARNING: OpenCode not installed (needs npm); the opencode backend and its tests are unavailable" >&2

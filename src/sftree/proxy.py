@@ -22,11 +22,15 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import socketserver
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -174,6 +178,15 @@ class _QuietServer(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
+class _QuietUnixServer(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
 # ---- channels ------------------------------------------------------------------------------------------------
 @dataclass
 class Channel:
@@ -216,20 +229,50 @@ class RecordingProxy:
         self.server = _QuietServer((host, 0), _handler_for(self))
         self.server.daemon_threads = True
         self.host, self.port = host, self.server.server_address[1]
-        self._thread: threading.Thread | None = None
-        self.session = requests.Session()
+        self._threads: list[threading.Thread] = []
+        self._local = threading.local()  # one requests.Session per handler thread (not thread-safe)
+        self.unix_server: socketserver.ThreadingUnixStreamServer | None = None
+        self.unix_dir: Path | None = None
+
+    @property
+    def session(self) -> requests.Session:
+        s = getattr(self._local, "session", None)
+        if s is None:
+            s = self._local.session = requests.Session()
+        return s
+
+    @property
+    def unix_socket(self) -> Path | None:
+        return self.unix_dir / "proxy.sock" if self.unix_dir else None
 
     # lifecycle
-    def start(self) -> RecordingProxy:
-        self._thread = threading.Thread(target=self.server.serve_forever, name="sftree-proxy", daemon=True)
-        self._thread.start()
-        log.info("recording proxy on http://%s:%d -> %s", self.host, self.port, self.upstream)
+    def start(self, unix: bool = False) -> RecordingProxy:
+        """Serve on TCP, and with `unix` also on a Unix socket (for agents in a network-less sandbox)."""
+        servers = [self.server]
+        if unix:
+            self.unix_dir = Path(tempfile.mkdtemp(prefix="sftree-proxy-"))  # short: socket paths < 108 bytes
+            self.unix_server = _QuietUnixServer(str(self.unix_socket), _handler_for(self))
+            servers.append(self.unix_server)
+        for srv in servers:
+            t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+            t.start()
+            self._threads.append(t)
+        log.info(
+            "recording proxy on http://%s:%d%s -> %s",
+            self.host,
+            self.port,
+            f" and {self.unix_socket}" if unix else "",
+            self.upstream,
+        )
         return self
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.session.close()
+        for srv in (self.server, self.unix_server):
+            if srv is not None:
+                srv.shutdown()
+                srv.server_close()
+        if self.unix_dir is not None:
+            shutil.rmtree(self.unix_dir, ignore_errors=True)
 
     # channels
     def channel(self, name: str, headers: dict[str, str] | None = None) -> Channel:

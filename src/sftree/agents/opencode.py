@@ -59,7 +59,44 @@ INSTALL_HINT = (
 )
 WS_MOUNT = "/tmp/sftree/workspace"
 HOME_MOUNT = "/tmp/sftree/opencode"
-KNOWLEDGE_SUBDIRS = ("notes", "skills", "attempts", "roles")
+PROXY_MOUNT = "/tmp/sftree/proxy"
+# Runs inside the sandbox (python -I, no sftree import): 127.0.0.1:PORT -> the proxy's Unix socket.
+BRIDGE_SCRIPT = r"""import socket, sys, threading
+path, port = sys.argv[1], int(sys.argv[2])
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", port))
+srv.listen(64)
+def pipe(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            b.sendall(d)
+    except OSError:
+        pass
+    try:
+        b.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+def serve(c):
+    u = socket.socket(socket.AF_UNIX)
+    try:
+        u.connect(path)
+    except OSError:
+        c.close()
+        return
+    t = threading.Thread(target=pipe, args=(u, c), daemon=True)
+    t.start()
+    pipe(c, u)
+    t.join()
+    c.close()
+    u.close()
+while True:
+    c, _ = srv.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
 # OpenCode installs @opencode-ai/plugin from npm into every config folder that lacks it; these stubs make it
 # see the dependency as present (no network), and its own .gitignore keeps them out of commits.
 PLUGIN_DEP = {"@opencode-ai/plugin": PINNED_VERSION}
@@ -338,7 +375,7 @@ class OpenCodeAgent(AgentBackend):
             retries=int(getattr(teacher, "retries", 8)),
             backoff_max=float(getattr(teacher, "backoff_max", 60)),
             extra_body=getattr(teacher, "extra_body", None),
-        ).start()
+        ).start(unix=self.sandbox == "bwrap")
 
     def close(self) -> None:
         self.proxy.stop()
@@ -436,7 +473,8 @@ class OpenCodeAgent(AgentBackend):
             env["TMPDIR"] = "/tmp"
         return env
 
-    def _argv(self, run: TurnRun, st: _Edge, args: list[str]) -> tuple[list[str], str]:
+    def _argv(self, run: TurnRun, st: _Edge, args: list[str], net: bool = False) -> tuple[list[str], str]:
+        """The command line; under bwrap without a network, `net` adds the bridge to the proxy's socket."""
         cmd = [self.binary, *args]
         ws = str(Path(run.workspace.root).resolve())
         if self.sandbox != "bwrap":
@@ -452,6 +490,7 @@ class OpenCodeAgent(AgentBackend):
             "/proc",
             "--tmpfs",
             "/tmp",
+            "--unshare-net",
             "--unshare-ipc",
             "--unshare-pid",
             "--die-with-parent",
@@ -472,6 +511,14 @@ class OpenCodeAgent(AgentBackend):
         if coral_sock:
             argv += ["--ro-bind", str(Path(coral_sock).parent), CORAL_MOUNT]
         argv += ["--chdir", WS_MOUNT, "--"]
+        if net:
+            # No network in here: a tiny bridge serves the proxy's port on the sandbox's own loopback and
+            # forwards to the proxy's Unix socket, so OpenCode reaches the Teacher and nothing else.
+            bridge = st.home / "bridge.py"
+            bridge.write_text(BRIDGE_SCRIPT)
+            argv[-3:-3] = ["--ro-bind", str(self.proxy.unix_dir), PROXY_MOUNT]
+            launch = f'{sys.executable} -I {HOME_MOUNT}/bridge.py {PROXY_MOUNT}/proxy.sock {self.proxy.port} & exec "$@"'
+            return argv + ["/bin/sh", "-c", launch, "sh", *cmd], ws
         return argv + cmd, ws
 
     def _run_cli(
@@ -542,7 +589,7 @@ class OpenCodeAgent(AgentBackend):
         ch = self.proxy.channels[run.workspace.edge_id]
         args = ["run", "--format", "json", "--thinking", "--model", f"{self.provider}/{self.teacher.model}"]
         args += ["--session", st.session_id] if st.session_id else ["--title", run.workspace.edge_id]
-        argv, cwd = self._argv(run, st, args)
+        argv, cwd = self._argv(run, st, args, net=True)
         stderr_path = st.home / "stderr.log"
         with open(stderr_path, "ab") as err:
             proc = subprocess.Popen(
