@@ -101,6 +101,15 @@ def private_home_paths() -> list[Path]:
     return [home / name for name in CREDENTIAL_PATHS]
 
 
+def python_roots() -> list[str]:
+    """Folders the running Python needs: its prefix, its base installation and the resolved interpreter's."""
+    import sys
+
+    exe = Path(sys.executable).resolve()
+    roots = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), exe.parent.parent}
+    return sorted(str(r) for r in roots)
+
+
 def bwrap_argv(
     command: list[str], *, workspace: Path, cwd: Path, coral_dir: Path | None, hidden: list[Path]
 ) -> list[str]:
@@ -122,11 +131,17 @@ def bwrap_argv(
         "--new-session",
     ]
     ws = str(Path(workspace).resolve())
-    for h in sorted({str(Path(p).resolve()) for p in hidden if p and Path(p).exists()}):
+    hidden_set = sorted({str(Path(p).resolve()) for p in hidden if p and Path(p).exists()})
+    for h in hidden_set:
         if h == "/tmp" or h.startswith("/tmp/"):  # /tmp is a fresh tmpfs already
             continue
         argv += ["--tmpfs", h] if Path(h).is_dir() else ["--ro-bind", "/dev/null", h]
     argv += ["--bind", ws, ws]
+    # The coral client runs on this Python: keep its installation readable even when it lives under /tmp or a
+    # hidden folder (a venv in /tmp, a CI clone), or `coral` cannot even start inside the sandbox.
+    for p in python_roots():
+        if p == "/tmp" or p.startswith("/tmp/") or any(p == h or p.startswith(h + "/") for h in hidden_set):
+            argv += ["--ro-bind", p, p]
     if coral_dir is not None:
         argv += ["--ro-bind", str(coral_dir), CORAL_MOUNT]
     argv += ["--chdir", str(cwd), "--"]
