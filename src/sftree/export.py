@@ -26,7 +26,6 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from sftree.errors import InputError
-from sftree.fileio import read_json, write_json_atomic, write_text_atomic
+from sftree.fileio import AtomicLines, iter_jsonl, read_json, write_json_atomic, write_text_atomic
 from sftree.progress import Progress
 from sftree.scoring import oriented
 
@@ -164,20 +163,10 @@ def pairing_problems(messages: list[dict]) -> list[str]:
 def read_steps(path: Path) -> list[dict]:
     """Step records of one edge (docs/architecture.md), errors naming file and line."""
     steps = []
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"step records {path} line {lineno}: not valid JSON ({exc})") from None
-                if not isinstance(rec, dict) or not isinstance(rec.get("request"), dict):
-                    raise InputError(f"step records {path} line {lineno}: no `request` object")
-                steps.append(rec)
-    except FileNotFoundError:
-        raise InputError(f"step records not found: {path}") from None
+    for n, rec in enumerate(iter_jsonl(path, "step records"), 1):
+        if not isinstance(rec, dict) or not isinstance(rec.get("request"), dict):
+            raise InputError(f"step records {path} record {n}: no `request` object")
+        steps.append(rec)
     return steps
 
 
@@ -371,50 +360,11 @@ def export_task(paths_files: Iterable[str | Path], granularity: str) -> tuple[li
     return records, stats
 
 
-class AtomicLines:
-    """Write a large JSONL file line by line into a temporary file, then rename it into place (atomic, streaming:
-    records can be far larger in total than memory, since each holds a whole session)."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.count = 0
-
-    def __enter__(self) -> AtomicLines:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        self.fh = os.fdopen(fd, "w", encoding="utf-8")
-        return self
-
-    def write(self, record: dict | str) -> None:
-        line = record if isinstance(record, str) else json.dumps(record, ensure_ascii=False)
-        self.fh.write(line.rstrip("\n") + "\n")
-        self.count += 1
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            if exc_type is None:
-                self.fh.flush()
-                os.fsync(self.fh.fileno())
-            self.fh.close()
-            if exc_type is None:
-                os.chmod(self.tmp, 0o644)  # a shareable dataset, not mkstemp's 0600
-                os.replace(self.tmp, self.path)
-        finally:
-            if os.path.exists(self.tmp):
-                os.unlink(self.tmp)
-
-
 # --- merge, dataset_info, card -------------------------------------------------------------------------
 
 
 def iter_records(path: str | Path) -> Iterator[dict]:
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"SFT file {path} line {lineno}: not valid JSON ({exc})") from None
+    return iter_jsonl(path, "SFT file")
 
 
 def llamafactory_messages(messages: list[dict]) -> list[dict]:

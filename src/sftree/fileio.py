@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +49,61 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int | None = 2)
     write_text_atomic(path, json.dumps(obj, indent=indent, ensure_ascii=False, sort_keys=False) + "\n")
 
 
+class AtomicLines:
+    """Write a large JSONL file line by line into a temporary file, then rename it into place: streaming (records
+    can be far larger in total than memory, since each holds a whole session) and atomic."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.count = 0
+
+    def __enter__(self) -> AtomicLines:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        self.fh = os.fdopen(fd, "w", encoding="utf-8")
+        return self
+
+    def write(self, record: Any) -> None:
+        line = record if isinstance(record, str) else json.dumps(record, ensure_ascii=False)
+        self.fh.write(line.rstrip("\n") + "\n")
+        self.count += 1
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self.fh.flush()
+                os.fsync(self.fh.fileno())
+            self.fh.close()
+            if exc_type is None:
+                os.chmod(self.tmp, _FILE_MODE)
+                os.replace(self.tmp, self.path)
+        finally:
+            if os.path.exists(self.tmp):
+                os.unlink(self.tmp)
+
+
 def write_jsonl_atomic(path: str | os.PathLike, records: Iterable[Any]) -> int:
-    lines = [json.dumps(r, ensure_ascii=False) for r in records]
-    write_text_atomic(path, "".join(line + "\n" for line in lines))
-    return len(lines)
+    with AtomicLines(path) as out:
+        for r in records:
+            out.write(r)
+    return out.count
+
+
+def iter_jsonl(path: str | os.PathLike, what: str = "JSONL file") -> Iterator[Any]:
+    """Yield the records of a JSONL file; a missing file or a bad line is an InputError naming path and line."""
+    from sftree.errors import InputError
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InputError(f"{what} {path} line {lineno}: not valid JSON ({exc})") from None
+    except FileNotFoundError:
+        raise InputError(f"{what} not found: {path}") from None
 
 
 def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:

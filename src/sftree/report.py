@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sftree.errors import InputError
-from sftree.fileio import read_json, write_text_atomic
+from sftree.fileio import iter_jsonl, read_json, write_text_atomic
 from sftree.progress import Progress
 from sftree.scoring import oriented
 
@@ -143,26 +143,19 @@ def dataset_stats(sft: Path) -> dict | None:
     tools: Counter = Counter()
     tokens: Counter = Counter()
     n = msgs = malformed = 0
-    with open(sft, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{sft} line {lineno}: not valid JSON ({exc})") from None
-            m = rec.get("metadata", {})
-            n += 1
-            msgs += len(rec.get("messages", []))
-            by_task_stage[(m.get("task"), m.get("stage") or "unknown")] += 1
-            by_root[(m.get("task"), m.get("root"))] += 1
-            malformed += m.get("malformed_arguments", 0)
-            for k, v in (m.get("usage") or {}).items():
-                tokens[k] += v
-            trained = [x for x in rec.get("messages", []) if x.get("role") == "assistant"][-1:]
-            for x in trained:
-                for tc in x.get("tool_calls", []):
-                    tools[tc["function"]["name"]] += 1
+    for rec in iter_jsonl(sft, "SFT file"):
+        m = rec.get("metadata", {})
+        n += 1
+        msgs += len(rec.get("messages", []))
+        by_task_stage[(m.get("task"), m.get("stage") or "unknown")] += 1
+        by_root[(m.get("task"), m.get("root"))] += 1
+        malformed += m.get("malformed_arguments", 0)
+        for k, v in (m.get("usage") or {}).items():
+            tokens[k] += v
+        trained = [x for x in rec.get("messages", []) if x.get("role") == "assistant"][-1:]
+        for x in trained:
+            for tc in x.get("tool_calls", []):
+                tools[tc["function"]["name"]] += 1
     return {
         "records": n,
         "messages": msgs,
