@@ -31,26 +31,35 @@ pytestmark = [
 ]
 # OpenCode 1.18.33's tools as the agent sees them; task (subagents) and webfetch are denied by our config.
 OPENCODE_TOOLS = ["bash", "edit", "glob", "grep", "read", "skill", "todowrite", "write"]
-FAULTS = [{"match": {"edge": "e3", "turn": "1"}, "fault": "tool_errors", "count": 1}]
+FAULTS = [
+    {"match": {"edge": "e3", "turn": "1"}, "fault": "tool_errors", "count": 1},
+    {"match": {"edge": "e4", "turn": "1"}, "fault": "no_eval", "count": 1},  # stops talking: nudged
+    {"match": {"edge": "e4", "turn": "2"}, "fault": "http_500"},  # the Teacher stays down in e4's turn 2
+]
 
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
-    """e1 from the root; e2 and e3 forked from e1's node at once (e3's first request reads a missing file)."""
+    """e1 and e4 from the root, then e2 and e3 forked from e1's node at once (e3 reads a missing file)."""
     tmp = tmp_path_factory.mktemp("oc")
     cfg = config(
         teacher={"sim": {"seed": 3, "script": FAULTS}},
         agent={"backend": "opencode", "max_steps_per_turn": 12, "turn_timeout": 240},
     )
     ctx = EdgeContext.create(tmp / "tree", make_root(tmp), cfg, example_task(cfg))
-    e1 = run_edge(ctx, ctx.root_state, "e1", 1.0, depth=1, attempt=1, eval_count=5)
+    with ThreadPoolExecutor(2) as pool:
+        firsts = [
+            pool.submit(run_edge, ctx, ctx.root_state, e, 1.0, depth=1, attempt=1, eval_count=5)
+            for e in ("e1", "e4")
+        ]
+        e1, e4 = (f.result() for f in firsts)
     with ThreadPoolExecutor(2) as pool:
         kids = [
             pool.submit(run_edge, ctx, e1.child_state, e, e1.score, depth=2, attempt=1, eval_count=7)
             for e in ("e2", "e3")
         ]
         e2, e3 = (f.result() for f in kids)
-    yield ctx, {"e1": e1, "e2": e2, "e3": e3}
+    yield ctx, {"e1": e1, "e2": e2, "e3": e3, "e4": e4}
     ctx.close()
 
 
@@ -109,11 +118,14 @@ def test_fork_continues_the_parent_session(tree):
     for edge in ("e2", "e3"):
         first = agent_steps(ctx, edge)[0]
         msgs = first["request"]["messages"]
+        if ctx.agent.sandbox != "bwrap":  # the system prompt names the workspace, which differs per edge
+            ws = lambda e: str((ctx.tree_dir / "work" / e / "code").resolve())  # noqa: E731
+            msgs = [{**msgs[0], "content": msgs[0]["content"].replace(ws(edge), ws("e1"))}] + msgs[1:]
         assert msgs[: len(parent_msgs)] == parent_msgs  # byte-identical prefix: radix-cache reuse
         assert msgs[: len(session)] == session  # the node's session file is exactly what OpenCode resends
         assert msgs[len(session)]["role"] == "user" and msgs[len(session)]["content"].startswith("## Eval #7")
         firsts.append(first)
-    assert firsts[0]["request"]["messages"] == firsts[1]["request"]["messages"]
+    assert firsts[0]["request"]["messages"][1:] == firsts[1]["request"]["messages"][1:]
     assert r["e2"].valid and [t.eval_number for t in r["e2"].turns] == [8, 9]
 
 
@@ -135,16 +147,34 @@ def test_tool_error_and_knowledge_from_the_event_stream(tree):
     assert flagged and all(t["name"] in ("bash", "glob", "read", "write") for t in flagged)
 
 
-def test_explore_runs_a_small_tree_with_opencode(tmp_path):
+def test_nudge_then_teacher_down(tree):
+    ctx, r = tree
+    e4 = r["e4"]
+    t1 = [s for s in read_steps(ctx.tree_dir, "e4") if s["turn"] == 1]
+    assert t1[0]["kind"] == "agent" and not t1[0]["response"].get("tool_calls")  # text only, OpenCode stopped
+    nudge = t1[1]
+    assert nudge["kind"] == "nudge" and nudge["request"]["messages"][-1]["role"] == "user"
+    assert nudge["request"]["messages"][-2] == {"role": "assistant", "content": t1[0]["response"]["content"]}
+    assert "coral eval" in nudge["response"]["tool_calls"][0]["function"]["arguments"]
+    assert [t.ended for t in e4.turns] == ["eval", "teacher_error"] and not e4.valid
+    # The nudged model submits at once, before any edit: Coral's "Nothing to commit" (no score).
+    assert e4.turns[0].eval_status == "nothing_to_commit" and e4.error == "HTTP 500"
+    failed = [s for s in read_steps(ctx.tree_dir, "e4") if s["turn"] == 2]
+    assert failed and failed[-1]["response"] is None and failed[-1]["error"] == "HTTP 500"
+
+
+def test_explore_grows_a_small_tree_with_opencode(tmp_path):
+    """`sftree explore` with backend opencode: two root children at once, then one fork below them."""
     cfg = config(
         teacher={"sim": {"seed": 5}},
         agent={"backend": "opencode", "max_steps_per_turn": 12, "turn_timeout": 240},
         search={
-            "root_children": 1,
+            "root_children": 2,
             "max_children": 1,
-            "max_depth": 1,
-            "max_valid_edges": 1,
-            "parallel_width": 1,
+            "max_depth": 2,
+            "max_valid_edges": 3,
+            "target_good_leaves": 4,
+            "parallel_width": 2,
         },
     )
     cfg_path = tmp_path / "cfg.json"  # YAML is a superset of JSON
@@ -170,9 +200,100 @@ def test_explore_runs_a_small_tree_with_opencode(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     t = json.loads((out / "tree.json").read_text())
-    assert t["status"] == "finished" and len(t["edges"]) >= 1
-    e = t["edges"][0]
-    assert e["score"] is not None and len(e["turns"]) == 2
-    assert (out / "sessions" / f"{e['id']}.opencode.json").is_file()
-    steps = [json.loads(x) for x in (out / e["transcript"]).read_text().splitlines()]
-    assert steps and all(s["request"]["tools"] for s in steps if s["kind"] == "agent")
+    # The budget stops dispatching at 3 valid edges; an expansion already running still finishes (async).
+    assert t["status"] == "finished" and 3 <= len(t["edges"]) <= 4, [e["id"] for e in t["edges"]]
+    nodes = {n["id"]: n for n in t["nodes"]}
+    deep = [e for e in t["edges"] if e["depth"] == 2]
+    assert len(deep) >= 1 and nodes[deep[0]["parent"]]["depth"] == 1
+    for e in t["edges"]:
+        assert e["score"] is not None and len(e["turns"]) == 2 and e["knowledge"] is True
+        assert (out / "sessions" / f"{e['id']}.opencode.json").is_file()
+        steps = [json.loads(x) for x in (out / e["transcript"]).read_text().splitlines()]
+        assert steps and all(s["request"]["tools"] for s in steps if s["kind"] == "agent")
+    # The depth-2 edge continued its parent's OpenCode session.
+    parent_edge = next(e for e in t["edges"] if e["child"] == deep[0]["parent"])
+    parent_last = [json.loads(x) for x in (out / parent_edge["transcript"]).read_text().splitlines()][-1]
+    child_first = json.loads((out / deep[0]["transcript"]).read_text().splitlines()[0])
+    n = len(parent_last["request"]["messages"])
+    assert child_first["request"]["messages"][1:n] == parent_last["request"]["messages"][1:]
+
+
+def test_sandbox_reaches_the_proxy_and_nothing_else(tree, tmp_path):
+    """Under bwrap, OpenCode's process sees the proxy (through the bridge) but no other port, and no grader."""
+    from sftree.agents.base import TurnRun
+    from sftree.agents.opencode import _Edge
+
+    ctx, _ = tree
+    agent = ctx.agent
+    if agent.sandbox != "bwrap":
+        pytest.skip("bubblewrap is not usable here (agent.sandbox resolved to none)")
+    ws = ctx.store.fork(ctx.root_state, "probe")
+    try:
+        st = _Edge(home=ws.dir / "opencode")
+        st.home.mkdir()
+        run = TurnRun(
+            ws, None, [], "", 1, {}, None, {}, ctx.task_cfg, env={}, extra_ro_hidden=[ctx.store.store_dir]
+        )
+        agent.proxy.channel("probe")
+        teacher_port = int(ctx.teacher.base_url.rsplit(":", 1)[1].split("/")[0])
+        probe = f"""
+import os, socket, urllib.request
+ok = urllib.request.urlopen("http://127.0.0.1:{agent.proxy.port}/c/probe/v1/models", timeout=10).status
+try:
+    socket.create_connection(("127.0.0.1", {teacher_port}), timeout=3); direct = "open"
+except OSError:
+    direct = "refused"
+print(ok, direct, os.path.exists({ctx.task_cfg["task_dir"] + "/grader.py"!r}), os.getcwd())
+"""
+        agent_binary, agent.binary = agent.binary, sys.executable  # run python where opencode would run
+        try:
+            argv, cwd = agent._argv(run, st, ["-c", "import time; time.sleep(0.5)\n" + probe], net=True)
+        finally:
+            agent.binary = agent_binary
+        out = subprocess.run(
+            argv, cwd=cwd, env=agent._env(run, st), capture_output=True, text=True, timeout=60
+        )
+        assert out.stdout.split() == ["200", "refused", "False", "/tmp/sftree/workspace"], out.stderr
+    finally:
+        ws.close()
+
+
+def test_compaction_when_allowed_is_detected_and_marked(tmp_path):
+    """With autocompaction allowed and a tiny context limit OpenCode compacts; the turn is marked as such."""
+    from sftree.agents.base import StepRecorder, TurnRun
+    from sftree.agents.prompts import start_prompt
+    from sftree.coral import CoralServer
+
+    cfg = config(
+        teacher={"sim": {"seed": 3}},
+        agent={
+            "backend": "opencode",
+            "max_steps_per_turn": 8,
+            "turn_timeout": 60,
+            "nudges": 0,
+            "opencode": {"disable_autocompact": False, "context_limit": 12000},
+        },
+    )
+    ctx = EdgeContext.create(tmp_path / "tree", make_root(tmp_path), cfg, example_task(cfg))
+    ws = ctx.store.fork(ctx.root_state, "c1")
+    server = CoralServer(ws, ctx.task_cfg, eval_count=5, agent_id="teacher-c1")
+    server.start()
+    recorder = StepRecorder(tmp_path / "steps.jsonl", "c1")
+    try:
+        run = TurnRun(
+            ws, server.runtime, [], start_prompt(ctx.task_cfg), 1, {"X-Sftree-Edge": "c1"}, recorder,
+            ctx.agent_cfg, ctx.task_cfg, env=server.env(), extra_ro_hidden=[ctx.store.store_dir],
+        )  # fmt: skip
+        out = ctx.agent.run_turn(run)
+    finally:
+        recorder.close()
+        server.stop()
+        ws.close()
+        ctx.close()
+    assert out.compacted is True
+    recs = [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    kinds = [r["kind"] for r in recs]
+    assert kinds[0] == "agent" and "compaction" in kinds and all(r["compacted"] for r in recs)
+    first_compaction = recs[kinds.index("compaction")]
+    system = first_compaction["request"]["messages"][0]
+    assert first_compaction["request"]["tools"] == [] and "structured summary" in system["content"]

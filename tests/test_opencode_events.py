@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from sftree.agents.opencode import (
     TurnEvents,
     apply_event,
     enrich_records,
+    find_binary,
     is_eval,
     is_knowledge,
     opencode_config,
     session_messages,
 )
+from sftree.errors import InputError
 
 
 def tool_event(call_id, tool, status, inp, out):
@@ -136,7 +140,17 @@ def test_config_points_at_the_proxy_and_turns_compaction_and_web_off():
         and prov["options"]["baseURL"] == "http://127.0.0.1:5/c/e1/v1"
     )
     assert prov["models"]["default"]["limit"] == {"context": 400000, "output": 4096}
+    assert prov["models"]["default"]["temperature"] is True and cfg["agent"]["build"]["temperature"] == 0.7
     assert cfg["compaction"] == {"auto": False, "prune": False} and cfg["model"] == "sftree/default"
     perm = cfg["permission"]
     assert perm["webfetch"] == perm["websearch"] == "deny"
     assert perm["external_directory"]["/srv/task/**"] == "deny"
+
+
+def test_missing_binary_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("SFTREE_OPENCODE_BIN", raising=False)
+    with pytest.raises(InputError, match=r"agent.opencode.binary: .*not an executable.*install_opencode.sh"):
+        find_binary(str(tmp_path / "opencode"))
+    monkeypatch.setenv("SFTREE_OPENCODE_BIN", str(tmp_path / "nope"))
+    with pytest.raises(InputError, match=r"SFTREE_OPENCODE_BIN"):
+        find_binary("opencode")

@@ -197,6 +197,7 @@ class Channel:
     turn: int = 1
     records: list[dict] = field(default_factory=list)
     stopped: bool = False
+    teacher_failures: int = 0  # requests the Teacher failed past the proxy's retries (not client hang-ups)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def take(self) -> list[dict]:
@@ -267,6 +268,10 @@ class RecordingProxy:
         return self
 
     def stop(self) -> None:
+        """Idempotent: also runs at interpreter exit when the owner forgot (see OpenCodeAgent)."""
+        if getattr(self, "_stopped", False):
+            return
+        self._stopped = True
         for srv in (self.server, self.unix_server):
             if srv is not None:
                 srv.shutdown()
@@ -384,12 +389,16 @@ def _handler_for(proxy: RecordingProxy):
                 self._record(
                     ch, body, turn, None, None, None, time.monotonic() - t0, f"teacher unreachable: {exc}"
                 )
+                if ch is not None:
+                    ch.teacher_failures += 1
                 return self._reply(502, {"error": {"message": f"teacher unreachable: {exc}"}})
             if resp.status_code != 200:
                 data = resp.content
                 self._record(
                     ch, body, turn, None, None, None, time.monotonic() - t0, f"HTTP {resp.status_code}"
                 )
+                if ch is not None:
+                    ch.teacher_failures += 1
                 self.send_response(resp.status_code)
                 self.send_header("Content-Type", resp.headers.get("Content-Type", "application/json"))
                 self.send_header("Content-Length", str(len(data)))

@@ -1,7 +1,7 @@
 """Agent backends behind one interface (`AgentBackend.run_turn`), chosen by config `agent.backend`.
 
 `native` (agents/native.py) is a Python loop with OpenCode's tool names and schemas. `opencode` (the real
-OpenCode CLI behind a recording proxy) is not built yet: asking for it is a clear configuration error.
+OpenCode CLI behind a recording proxy, agents/opencode.py and docs/opencode.md) needs the opencode binary.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ request carrying its `<conversation-checkpoint>`), the turn's records get `"comp
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -122,10 +123,18 @@ KNOWLEDGE_PATH_RX = re.compile(r"\.opencode/(notes|skills|attempts|roles)\b|\.op
 
 # ---- pure helpers --------------------------------------------------------------------------------------------
 def find_binary(configured: str | None = None) -> str:
-    """The opencode executable: config path, $SFTREE_OPENCODE_BIN, .tools/bin/opencode, then PATH."""
-    for cand in (os.environ.get("SFTREE_OPENCODE_BIN"), configured):
-        if cand and (os.sep in cand) and os.access(cand, os.X_OK):
-            return str(Path(cand).resolve())
+    """The opencode executable: $SFTREE_OPENCODE_BIN, a configured path, .tools/bin/opencode, then PATH.
+
+    A configured or environment path that is not executable is an error (no silent fallback to another one).
+    """
+    for what, cand in (
+        ("$SFTREE_OPENCODE_BIN", os.environ.get("SFTREE_OPENCODE_BIN")),
+        ("agent.opencode.binary", configured),
+    ):
+        if cand and os.sep in cand:
+            if os.access(cand, os.X_OK) and Path(cand).is_file():
+                return str(Path(cand).resolve())
+            raise InputError(f"{what}: {cand} is not an executable file; {INSTALL_HINT}")
     local = REPO_ROOT / ".tools" / "bin" / "opencode"
     if local.exists() and os.access(local, os.X_OK):
         return str(local.resolve())
@@ -133,7 +142,8 @@ def find_binary(configured: str | None = None) -> str:
     if found:
         return str(Path(found).resolve())
     raise InputError(
-        f"agent.backend is `opencode` but the opencode binary ({configured or 'opencode'}) was not found; {INSTALL_HINT}"
+        f"agent.backend is `opencode` but the opencode binary ({configured or 'opencode'}) was not found "
+        f"on PATH or in .tools/bin; {INSTALL_HINT}"
     )
 
 
@@ -173,6 +183,7 @@ def opencode_config(
     temperature: float | None,
     hidden: list[str],
     sandboxed: bool,
+    autocompact: bool = False,
 ) -> dict:
     """The per-edge opencode.json."""
     external = {"*": "deny"}
@@ -188,7 +199,7 @@ def opencode_config(
         "formatter": False,
         "lsp": False,
         "enabled_providers": [provider],
-        "compaction": {"auto": False, "prune": False},
+        "compaction": {"auto": bool(autocompact), "prune": False},
         "provider": {
             provider: {
                 "npm": "@ai-sdk/openai-compatible",
@@ -198,6 +209,7 @@ def opencode_config(
                     model: {
                         "name": model,
                         "tool_call": True,
+                        "temperature": temperature is not None,  # else OpenCode sends no temperature
                         "limit": {"context": int(context_limit), "output": int(output_limit)},
                     }
                 },
@@ -376,6 +388,7 @@ class OpenCodeAgent(AgentBackend):
             backoff_max=float(getattr(teacher, "backoff_max", 60)),
             extra_body=getattr(teacher, "extra_body", None),
         ).start(unix=self.sandbox == "bwrap")
+        atexit.register(self.proxy.stop)  # EdgeContext.close does not close agents: remove the socket folder
 
     def close(self) -> None:
         self.proxy.stop()
@@ -399,6 +412,13 @@ class OpenCodeAgent(AgentBackend):
             if proc.returncode != 0:
                 raise RuntimeError(f"opencode import {parent_export} failed: {proc.stderr[-500:]}")
             st.session_id = json.loads(parent_export.read_text(encoding="utf-8"))["info"]["id"]
+        elif ws.parent.session:
+            log.warning(
+                "edge %s: parent session %s has no OpenCode export (%s); starting a fresh OpenCode session",
+                ws.edge_id,
+                ws.parent.session,
+                parent_export,
+            )
         return st
 
     @staticmethod
@@ -424,6 +444,7 @@ class OpenCodeAgent(AgentBackend):
             temperature=getattr(self.teacher, "temperature", None),
             hidden=hidden,
             sandboxed=self.sandbox == "bwrap",
+            autocompact=not self.oc.get("disable_autocompact", True),
         )
         cdir = st.home / "config" / "opencode"
         (cdir / "opencode.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
@@ -438,7 +459,8 @@ class OpenCodeAgent(AgentBackend):
         (d / "package-lock.json").write_text(
             json.dumps({"packages": {"": {"dependencies": PLUGIN_DEP}}}) + "\n"
         )
-        (d / ".gitignore").write_text(GITIGNORE)
+        if not (d / ".gitignore").exists():  # as OpenCode does: only when there is none
+            (d / ".gitignore").write_text(GITIGNORE)
 
     def _hidden(self, run: TurnRun) -> list[Path]:
         task_dir = run.task_cfg.get("task_dir")
@@ -469,6 +491,8 @@ class OpenCodeAgent(AgentBackend):
             "npm_config_offline": "true",  # belt and braces: no npm registry from inside OpenCode
         }
         env.update(ENV_FLAGS)
+        if not self.oc.get("disable_autocompact", True):
+            env.pop("OPENCODE_DISABLE_AUTOCOMPACT")
         if self.sandbox == "bwrap":
             env["TMPDIR"] = "/tmp"
         return env
@@ -622,6 +646,9 @@ class OpenCodeAgent(AgentBackend):
                 if acc.eval_call or (eval_seen_at and time.monotonic() - eval_seen_at > 10):
                     stop = "eval"
                     break
+                if ch.teacher_failures:  # past the proxy's retry budget: OpenCode would only retry again
+                    stop = "teacher_error"
+                    break
                 if acc.steps >= max_steps:
                     stop = "step_limit"
                     break
@@ -655,6 +682,7 @@ class OpenCodeAgent(AgentBackend):
         headers = {k: v for k, v in run.headers.items() if k.lower() != "x-sftree-turn"}
         ch = self.proxy.channel(run.workspace.edge_id, headers)
         ch.turn = run.turn
+        ch.teacher_failures = 0
         ch.take()
         max_steps = int(self.cfg.get("max_steps_per_turn", 40))
         deadline = time.monotonic() + float(self.cfg.get("turn_timeout", 3600))
@@ -680,6 +708,10 @@ class OpenCodeAgent(AgentBackend):
             teacher_failed = any(
                 r.get("error") for r in records[n_before:] if r["kind"] in ("agent", "nudge")
             )
+            if stop == "teacher_error":
+                failed = [r for r in records[n_before:] if r.get("error") and not r.get("response")]
+                out.ended, out.error = "teacher_error", (failed[-1]["error"] if failed else "teacher failed")
+                break
             if stop is not None:
                 out.ended = stop
                 break
@@ -735,6 +767,7 @@ class OpenCodeAgent(AgentBackend):
         if run.turn >= 2:
             with self._lock:
                 self._edges.pop(run.workspace.edge_id, None)
+            self.proxy.drop(run.workspace.edge_id)
         return out
 
     @staticmethod
