@@ -15,12 +15,24 @@ from sftree.errors import SftreeError
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "select-roots": ("sftree.select_roots", "section 2: split a Student run into stages and pick root snapshots"),
-    "explore": ("sftree.explore", "section 1: grow the token-aware MCTS tree of Teacher sessions from one root"),
-    "select-paths": ("sftree.paths", "section 3: rank a tree's root-to-leaf paths by PathScore, keep the top k"),
+    "select-roots": (
+        "sftree.select_roots",
+        "section 2: split a Student run into stages and pick root snapshots",
+    ),
+    "explore": (
+        "sftree.explore",
+        "section 1: grow the token-aware MCTS tree of Teacher sessions from one root",
+    ),
+    "select-paths": (
+        "sftree.paths",
+        "section 3: rank a tree's root-to-leaf paths by PathScore, keep the top k",
+    ),
     "export-sft": ("sftree.export", "write selected paths as messages+tools JSONL"),
     "report": ("sftree.report", "write the self-contained HTML report"),
-    "teacher-sim": ("sftree.teachersim.server", "serve a deterministic OpenAI-compatible stand-in for SGLang"),
+    "teacher-sim": (
+        "sftree.teachersim.server",
+        "serve a deterministic OpenAI-compatible stand-in for SGLang",
+    ),
     "coral": ("sftree.coral", "the coral command inside an agent workspace (eval, log, show, notes, skills)"),
 }
 

@@ -46,6 +46,9 @@ class TurnResult:
     feedback: str = ""
     eval_number: int | None = None  # Coral's #N
     error: str | None = None
+    compacted: bool = (
+        False  # the session was compacted during the turn (the path's real context was replaced)
+    )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -174,6 +177,7 @@ class EdgeContext:
         """Stop a teacher-sim this context started; remove worktrees unless keep_workspaces."""
         if not self.keep_workspaces:
             self.store.close()
+        self.agent.close()
         for stop in self._closers:
             stop()
         self._closers.clear()
@@ -263,6 +267,7 @@ def run_edge(
                     feedback=ev.feedback if ev else (outcome.error or ""),
                     eval_number=ev.number if ev else None,
                     error=outcome.error,
+                    compacted=bool(getattr(outcome, "compacted", False)),
                 )
             )
             ws.commit_knowledge(f"sftree: {edge_id} turn {turn}")

@@ -9,7 +9,9 @@ import time
 class Progress:
     """Logs `label: done/total (rate/s)` at most every `every` seconds, and once at the end."""
 
-    def __init__(self, label: str, total: int | None = None, every: float = 5.0, logger: logging.Logger | None = None):
+    def __init__(
+        self, label: str, total: int | None = None, every: float = 5.0, logger: logging.Logger | None = None
+    ):
         self.label, self.total, self.every = label, total, every
         self.log = logger or logging.getLogger("sftree.progress")
         self.start = self.last = time.monotonic()
@@ -29,4 +31,12 @@ class Progress:
         elapsed = max(time.monotonic() - self.start, 1e-9)
         total = f"/{self.total}" if self.total is not None else ""
         tail = "".join(f" {k}={v}" for k, v in extra.items())
-        self.log.info("%s: %d%s done (%.1f/s, %.1fs)%s", self.label, self.done, total, self.done / elapsed, elapsed, tail)
+        self.log.info(
+            "%s: %d%s done (%.1f/s, %.1fs)%s",
+            self.label,
+            self.done,
+            total,
+            self.done / elapsed,
+            elapsed,
+            tail,
+        )

@@ -48,6 +48,7 @@ class TurnOutcome:
     tokens: int = 0  # prompt + completion tokens of the turn's last step
     eval: Any = None  # sftree.coral.EvalResult of the turn's first `coral eval`, if any
     error: str | None = None
+    compacted: bool = False  # the backend compacted the session: its real context was replaced (OpenCode)
 
 
 class AgentBackend(ABC):
@@ -57,6 +58,9 @@ class AgentBackend(ABC):
 
     @abstractmethod
     def run_turn(self, run: TurnRun) -> TurnOutcome: ...
+
+    def close(self) -> None:  # noqa: B027 - most backends hold nothing; overriding is optional
+        """Release what the backend holds for the whole tree (servers, sockets); called by EdgeContext.close."""
 
 
 class StepRecorder:

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from sftree.agents.base import AgentBackend, TurnOutcome, TurnRun
 from sftree.agents.prompts import nudge_prompt
-from sftree.agents.sandbox import CORAL_MOUNT, resolve_mode
+from sftree.agents.sandbox import CORAL_MOUNT, bwrap_argv, resolve_mode
 from sftree.errors import InputError
 from sftree.proxy import RecordingProxy
 
@@ -388,7 +388,7 @@ class OpenCodeAgent(AgentBackend):
             backoff_max=float(getattr(teacher, "backoff_max", 60)),
             extra_body=getattr(teacher, "extra_body", None),
         ).start(unix=self.sandbox == "bwrap")
-        atexit.register(self.proxy.stop)  # EdgeContext.close does not close agents: remove the socket folder
+        atexit.register(self.proxy.stop)  # also when a tree is killed before EdgeContext.close runs
 
     def close(self) -> None:
         self.proxy.stop()
@@ -499,48 +499,30 @@ class OpenCodeAgent(AgentBackend):
 
     def _argv(self, run: TurnRun, st: _Edge, args: list[str], net: bool = False) -> tuple[list[str], str]:
         """The command line; under bwrap without a network, `net` adds the bridge to the proxy's socket."""
-        cmd = [self.binary, *args]
         ws = str(Path(run.workspace.root).resolve())
         if self.sandbox != "bwrap":
-            return cmd, ws
-        argv = [
-            "bwrap",
-            "--ro-bind",
-            "/",
-            "/",
-            "--dev",
-            "/dev",
-            "--proc",
-            "/proc",
-            "--tmpfs",
-            "/tmp",
-            "--unshare-net",
-            "--unshare-ipc",
-            "--unshare-pid",
-            "--die-with-parent",
-        ]
-        # Programs the agent needs (opencode, python for the coral client and the agent's own runs) must
-        # stay visible: a hidden folder that holds one of them (a pyenv under $HOME) is left alone.
-        needed = [
-            Path(self.binary).resolve(),
-            Path(sys.executable).resolve(),
-            Path(os.path.realpath(sys.executable)),
-        ]
-        for h in sorted({str(p) for p in self._hidden(run) + [Path.home().resolve()] if p.is_dir()}):
-            if h == "/tmp" or h.startswith("/tmp/") or any(str(n).startswith(h + "/") for n in needed):
-                continue
-            argv += ["--tmpfs", h]
-        argv += ["--bind", ws, WS_MOUNT, "--bind", str(st.home), HOME_MOUNT]
-        coral_sock = run.env.get("CORAL_SOCKET")
-        if coral_sock:
-            argv += ["--ro-bind", str(Path(coral_sock).parent), CORAL_MOUNT]
-        argv += ["--chdir", WS_MOUNT, "--"]
+            return [self.binary, *args], ws
+        cmd = [str(Path(self.binary).resolve()), *args]  # a symlink to it may lie in a hidden folder
+        # OpenCode itself and the Python of the coral client must stay readable even where a hidden folder
+        # or /tmp covers them (bwrap_argv re-exposes them).
+        ro = [(Path(coral_sock).parent, CORAL_MOUNT)] if (coral_sock := run.env.get("CORAL_SOCKET")) else []
+        if net:
+            ro.append((self.proxy.unix_dir, PROXY_MOUNT))
+        hidden = [p for p in self._hidden(run) + [Path.home().resolve()] if p.is_dir()]
+        argv = bwrap_argv(
+            [],
+            cwd=WS_MOUNT,
+            binds=[(ws, WS_MOUNT), (st.home, HOME_MOUNT)],
+            ro_binds=ro,
+            hidden=hidden,
+            keep_visible=[Path(self.binary).resolve()],
+            new_session=False,
+        )
         if net:
             # No network in here: a tiny bridge serves the proxy's port on the sandbox's own loopback and
             # forwards to the proxy's Unix socket, so OpenCode reaches the Teacher and nothing else.
             bridge = st.home / "bridge.py"
             bridge.write_text(BRIDGE_SCRIPT)
-            argv[-3:-3] = ["--ro-bind", str(self.proxy.unix_dir), PROXY_MOUNT]
             launch = f'{sys.executable} -I {HOME_MOUNT}/bridge.py {PROXY_MOUNT}/proxy.sock {self.proxy.port} & exec "$@"'
             return argv + ["/bin/sh", "-c", launch, "sh", *cmd], ws
         return argv + cmd, ws
@@ -732,7 +714,7 @@ class OpenCodeAgent(AgentBackend):
             out.ended = "no_eval"
         records = enrich_records(records, acc, acc.eval_call)
         compaction = any(r["kind"] == "compaction" or r.get("compacted") for r in records)
-        out.compacted = compaction  # not a TurnOutcome field yet: edge.py ignores it
+        out.compacted = compaction
         if compaction:
             log.warning("edge %s turn %d: OpenCode compacted the session", run.workspace.edge_id, run.turn)
         step = 0

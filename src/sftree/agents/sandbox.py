@@ -110,39 +110,39 @@ def python_roots() -> list[str]:
     return sorted(str(r) for r in roots)
 
 
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
 def bwrap_argv(
-    command: list[str], *, workspace: Path, cwd: Path, coral_dir: Path | None, hidden: list[Path]
+    command: list[str],
+    *,
+    cwd: str | Path,
+    binds: list[tuple[str | Path, str | Path]] = (),
+    ro_binds: list[tuple[str | Path, str | Path]] = (),
+    hidden: list[Path] = (),
+    keep_visible: list[str | Path] = (),
+    new_session: bool = True,
 ) -> list[str]:
-    argv = [
-        "bwrap",
-        "--ro-bind",
-        "/",
-        "/",
-        "--dev",
-        "/dev",
-        "--proc",
-        "/proc",
-        "--tmpfs",
-        "/tmp",
-        "--unshare-net",
-        "--unshare-ipc",
-        "--unshare-pid",
-        "--die-with-parent",
-        "--new-session",
-    ]
-    ws = str(Path(workspace).resolve())
+    """The bwrap command line shared by every backend: `/` read-only, a private /tmp, no network, `hidden`
+    folders replaced by empty tmpfs (files by /dev/null), then `keep_visible` and the running Python re-exposed
+    read-only where a hidden folder or /tmp covered them (a venv in /tmp, a pyenv under $HOME), then the
+    read-write `binds` and read-only `ro_binds` (source, destination)."""
+    argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    argv += ["--unshare-net", "--unshare-ipc", "--unshare-pid", "--die-with-parent"]
+    if new_session:
+        argv.append("--new-session")
     hidden_set = sorted({str(Path(p).resolve()) for p in hidden if p and Path(p).exists()})
     for h in hidden_set:
-        if h == "/tmp" or h.startswith("/tmp/"):  # /tmp is a fresh tmpfs already
+        if _under(h, "/tmp"):  # /tmp is a fresh tmpfs already
             continue
         argv += ["--tmpfs", h] if Path(h).is_dir() else ["--ro-bind", "/dev/null", h]
-    argv += ["--bind", ws, ws]
-    # The coral client runs on this Python: keep its installation readable even when it lives under /tmp or a
-    # hidden folder (a venv in /tmp, a CI clone), or `coral` cannot even start inside the sandbox.
-    for p in python_roots():
-        if p == "/tmp" or p.startswith("/tmp/") or any(p == h or p.startswith(h + "/") for h in hidden_set):
+    covered = ["/tmp", *hidden_set]
+    for p in sorted(set(python_roots()) | {str(Path(k).resolve()) for k in keep_visible}):
+        if any(_under(p, c) for c in covered):
             argv += ["--ro-bind", p, p]
-    if coral_dir is not None:
-        argv += ["--ro-bind", str(coral_dir), CORAL_MOUNT]
-    argv += ["--chdir", str(cwd), "--"]
-    return argv + command
+    for src, dst in binds:
+        argv += ["--bind", str(src), str(dst)]
+    for src, dst in ro_binds:
+        argv += ["--ro-bind", str(src), str(dst)]
+    return argv + ["--chdir", str(cwd), "--", *command]

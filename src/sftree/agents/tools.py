@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sftree.agents.base import ToolOutcome
-from sftree.agents.sandbox import bwrap_argv, scrubbed_env
+from sftree.agents.sandbox import CORAL_MOUNT, bwrap_argv, scrubbed_env
 
 
 def _fn(name: str, description: str, props: dict, required: list[str]) -> dict:
@@ -346,7 +346,9 @@ def tool_bash(args: dict, ctx: ToolContext) -> str:
     env = scrubbed_env(ctx.coral_env, sandboxed=sandboxed, workspace=ctx.root)
     argv = ["bash", "-c", args["command"]]
     if sandboxed:
-        argv = bwrap_argv(argv, workspace=ctx.root, cwd=cwd, coral_dir=ctx.coral_dir, hidden=ctx.hidden)
+        ws = Path(ctx.root).resolve()
+        coral = [(ctx.coral_dir, CORAL_MOUNT)] if ctx.coral_dir is not None else []
+        argv = bwrap_argv(argv, cwd=cwd, binds=[(ws, ws)], ro_binds=coral, hidden=ctx.hidden)
     proc = subprocess.Popen(
         argv,
         cwd=cwd,
