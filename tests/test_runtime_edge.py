@@ -80,7 +80,11 @@ def test_edge_metrics_match_the_transcript(cp, e1):
         assert t.knowledge == any(flags)
     assert e1.knowledge == all(t.knowledge for t in e1.turns)
     assert e1.tokens == steps[-1]["usage"]["prompt_tokens"] + steps[-1]["usage"]["completion_tokens"]
-    assert steps[0]["request"]["messages"][0]["content"].startswith("You are an autonomous research agent")
+    first_sent = steps[0]["request"]["messages"]
+    assert first_sent[0]["role"] == "system" and "Instructions from: AGENTS.md\n# Agent instructions" in (
+        first_sent[0]["content"]
+    )
+    assert first_sent[1]["content"].startswith("You are an autonomous research agent")
     turn2_first = next(s for s in steps if s["turn"] == 2)
     assert turn2_first["request"]["messages"][-1]["content"].startswith("## Eval #6 Results")
 
@@ -201,5 +205,5 @@ def test_parallel_forks_of_one_node_are_isolated(cp, tmp_path):
             text=True,
         ).stdout.split()
         assert other.turns[0].commit not in log and cp.root_state.code_commit in log
-        first = read_steps(cp.tree_dir, r.edge_id)[0]["request"]["messages"][0]["content"]
+        first = read_steps(cp.tree_dir, r.edge_id)[0]["request"]["messages"][1]["content"]
         assert first == "Custom start for circle_packing. Submit with coral eval."

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from sftree.agents.base import AgentBackend, ToolOutcome, TurnOutcome, TurnRun
-from sftree.agents.prompts import nudge_prompt
+from sftree.agents.prompts import nudge_prompt, render
 from sftree.agents.sandbox import private_home_paths, resolve_mode
 from sftree.agents.tools import TOOL_SCHEMAS, ToolContext, execute
 from sftree.teacher import TeacherError
@@ -81,6 +81,12 @@ class NativeAgent(AgentBackend):
         overrides = self.cfg.get("prompts") or {}
         out = TurnOutcome(ended="step_limit")
         messages = run.messages
+        if not messages:  # a fresh session: the system prompt, carrying AGENTS.md as OpenCode does
+            agents_md = Path(run.workspace.root) / "AGENTS.md"
+            text = agents_md.read_text(encoding="utf-8") if agents_md.is_file() else ""
+            messages.append(
+                {"role": "system", "content": render("system", overrides, agents_md=text.strip())}
+            )
         messages.append({"role": "user", "content": run.prompt})
         kind = "agent"
         evals_before = len(run.coral.evals)

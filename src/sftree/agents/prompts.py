@@ -3,7 +3,8 @@
 Templates use `${name}` placeholders (string.Template, so literal braces in task text are safe):
 start.md (first turn of a fresh session: task, knowledge base, how to submit), turn.md (each later turn: Coral's
 `## Eval #N Results` block plus heartbeat actions), turn_failed.md (a later turn after a turn with no graded
-eval), nudge.md (the model stopped without `coral eval`), agents_md.md (AGENTS.md, the standing instructions).
+eval), nudge.md (the model stopped without `coral eval`), agents_md.md (AGENTS.md, the standing instructions),
+system.md (the native agent's system prompt; like OpenCode, it carries the workspace's AGENTS.md).
 
 Heartbeats follow Coral's defaults: reflect after every eval, consolidate every 10 evals, pivot after 5 evals
 without improvement.
@@ -24,6 +25,7 @@ NAMES = {
     "turn_failed": "turn_failed.md",
     "nudge": "nudge.md",
     "agents_md": "agents_md.md",
+    "system": "system.md",
 }
 CONSOLIDATE_EVERY = 10
 PIVOT_AFTER = 5

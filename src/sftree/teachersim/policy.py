@@ -49,6 +49,8 @@ def skeleton_hash(messages: list[dict]) -> str:
     h = hashlib.sha256()
     for m in messages:
         role = m.get("role")
+        if role == "system":  # the same for every session of a run (and absent in some backends): no signal
+            continue
         if role == "assistant":
             part = {
                 "r": "a",
