@@ -82,6 +82,48 @@ def test_depth2_exempt_depth3_pruned_and_no_room(tmp_path):
     assert len(tree.edges) == 4 and len(tree.nodes) == 3
 
 
+def test_depth3_tool_error_rate_boundary_with_scores(tmp_path):
+    """Two depth-3 edges that do their normal work (edit, eval, a numeric score on both turns) plus scripted extra
+    calls: 3 failing reads per turn, and 3 resp. 4 extra successful calls. 6 errors of 19 calls (0.316) is pruned
+    for its tool error rate although both turns scored; 6 of 20 (0.30 exactly) is kept: the rule is `> 0.30`."""
+    root = make_root(tmp_path)
+
+    def extra(attempt: int, ok_calls: int) -> list[dict]:
+        errs = [{"match": {"depth": 3, "attempt": attempt, "turn": t}, "fault": "extra_tool_errors", "count": 3}
+                for t in (1, 2)]  # fmt: skip
+        return errs + [{"match": {"depth": 3, "attempt": attempt, "turn": 2}, "fault": "extra_tool_calls",
+                        "count": ok_calls}]  # fmt: skip
+
+    cfg = write_config(tmp_path, {"root_children": 1, "max_children": 1, "max_depth": 3, "parallel_width": 1},
+                       script=extra(1, 3) + extra(2, 4))  # fmt: skip
+    out = tmp_path / "trees" / root.name
+    assert explore(root, out, cfg) == 0
+    tree = load_final(out)
+    d3 = edges_by(tree, depth=3)
+    assert [(e.attempt, e.pruned) for e in d3] == [(1, True), (2, False)]
+    over, at = d3
+    for e in (over, at):
+        assert not e.exempt and [t["ended"] for t in e.turns] == ["eval", "eval"]
+        assert all(isinstance(t["score"], float) for t in e.turns) and e.score is not None
+        assert [t["tool_errors"] for t in e.turns] == [3, 3]
+        steps = [json.loads(x) for x in (out / e.transcript).read_text().splitlines()]
+        calls = [
+            (s["turn"], c["function"]["name"]) for s in steps for c in s["response"].get("tool_calls") or []
+        ]
+        assert {(1, "edit"), (2, "edit")} <= set(calls)  # each turn changed a constant besides the errors
+        errors = [r["content"] for s in steps for r in s["tool_results"] if r["error"]]
+        assert len(errors) == 6 and all("file not found: missing_extra_" in c for c in errors)
+    # measured with seed 0: 13 and 14 successful calls (each turn's normal 5-6 plus the extra ones)
+    assert (over.attempt, over.tool_errors, over.tool_calls) == (1, 6, 19) and over.tool_error_rate > 0.30
+    assert over.pruned and over.failed and over.prune_reason == "tool_error_rate" and over.child is None
+    assert (at.attempt, at.tool_errors, at.tool_calls) == (2, 6, 20) and at.tool_error_rate == 0.30
+    assert not at.pruned and not at.failed and at.prune_reason is None
+    assert at.cleanliness == round(scoring.cleanliness(0.30), 6)
+    leaf = tree.node(at.child)
+    assert leaf.score == at.score and leaf.path_valid and leaf.leaf_reason == "depth_limit"
+    assert tree.node(at.parent).failed_expansions == 1 and tree.counters()["good_leaves"] == 1
+
+
 def test_good_leaves_stop_lets_running_edge_finish(tmp_path):
     root = make_root(tmp_path)
     cfg = write_config(tmp_path, {"root_children": 3, "max_depth": 1, "target_good_leaves": 1,

@@ -43,7 +43,7 @@ def tree(tmp_path_factory):
     """e1 and e4 from the root, then e2 and e3 forked from e1's node at once (e3 reads a missing file)."""
     tmp = tmp_path_factory.mktemp("oc")
     cfg = config(
-        teacher={"sim": {"seed": 3, "script": FAULTS}},
+        teacher={"sim": {"seed": 1, "script": FAULTS}},
         agent={"backend": "opencode", "max_steps_per_turn": 12, "turn_timeout": 240},
     )
     ctx = EdgeContext.create(tmp / "tree", make_root(tmp), cfg, example_task(cfg))
@@ -166,7 +166,7 @@ def test_nudge_then_teacher_down(tree):
 def test_explore_grows_a_small_tree_with_opencode(tmp_path):
     """`sftree explore` with backend opencode: two root children at once, then one fork below them."""
     cfg = config(
-        teacher={"sim": {"seed": 5}},
+        teacher={"sim": {"seed": 1}},
         agent={"backend": "opencode", "max_steps_per_turn": 12, "turn_timeout": 240},
         search={
             "root_children": 2,

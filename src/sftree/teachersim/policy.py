@@ -1,7 +1,8 @@
 """teacher-sim's seeded policy: a small agent that really works a task through OpenCode's tools.
 
 Within a rollout turn (the messages after the last user message) the policy walks a fixed plan, one tool call
-per step; a step whose tool result was an error is retried (up to MAX_FAILED failures, then it submits):
+per step; a step whose tool result was an error is retried (up to MAX_FAILED failures, then it submits; the
+extra_tool_errors fault's reads do not count):
 
     0 knowledge   `coral log`, `ls .opencode/notes .opencode/attempts`, or glob/read of the notes
     1 find        grep for UPPER_CASE numeric constants in *.py (`NAME = 1.5`)
@@ -20,6 +21,13 @@ parallel_width 1 is reproducible.
 Faults (server.py decides which apply to a request) change the answer: no_eval (text only, no tool call),
 malformed_args (broken JSON arguments), unknown_tool, tool_errors (read a missing file), broken_code (the edit
 writes a syntax error, so the eval crashes), pad_tokens (filler text of N tokens).
+
+Two faults add a step *in front of* the planned one instead of breaking the plan, so a turn still does its
+normal work (edit, eval, numeric score) and a script sets its tool counts exactly - one extra call per faulted
+request: extra_tool_errors (a read of `missing_extra_<i>.py`, a real tool error, which does not count toward
+MAX_FAILED: the policy never gives up because of it) and extra_tool_calls (a `glob` of `**/*.py`, a successful
+call that is no knowledge action). When both apply to one request, its step carries both calls (the read
+first), so each rule's `count` is the number of calls it adds.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ import random
 import re
 
 MAX_FAILED = 3
+# file name prefix of the extra_tool_errors fault's reads (not counted toward MAX_FAILED)
+EXTRA_MISSING = "missing_extra_"
 NOTE_P = 0.35
 CONST_RX = r"^[A-Z][A-Z0-9_]*\s*=\s*[-+]?[0-9][0-9_]*(\.[0-9_]*)?([eE][-+]?[0-9]+)?\s*(#.*)?$"
 _CONST_LINE = re.compile(
@@ -173,13 +183,16 @@ def decide(
         stage = _stage_of(call)
         if ok and stage:
             done[stage] = (call, results)
-        elif not ok:
+        elif not ok and not _is_extra_error(call):
             failed += 1
     content, call = _plan(rng, done, nudged or failed >= MAX_FAILED, faults, idx)
+    calls: list[dict] = []
     if "no_eval" in faults:
         content, call = "I think the current solution is in good shape; no further changes for now.", None
     elif call is not None and "unknown_tool" in faults:
         call = _call("browser_open", {"url": "https://example.com"}, idx)
+    elif call is not None and faults & {"extra_tool_errors", "extra_tool_calls"}:
+        content, calls = _extra_calls(faults, idx)
     elif call is not None and "tool_errors" in faults:
         call = _call("read", {"filePath": f"missing_{idx}.py"}, idx)
     elif call is not None and "malformed_args" in faults:
@@ -191,9 +204,32 @@ def decide(
         filler = (words + " ") * (pad_tokens * 4 // (len(words) + 1) + 1)
         content = (content + "\n\n" + filler[: pad_tokens * 4]).strip()
     msg = {"role": "assistant", "content": content}
-    if call is not None:
+    if calls:
+        msg["tool_calls"] = calls
+    elif call is not None:
         msg["tool_calls"] = [call]
     return msg
+
+
+def _extra_calls(faults: frozenset, idx: int) -> tuple[str, list[dict]]:
+    """The extra step put in front of the planned one: a failing read and/or a successful glob."""
+    out = []
+    if "extra_tool_errors" in faults:
+        out.append(_call("read", {"filePath": f"{EXTRA_MISSING}{idx}.py"}, idx + len(out)))
+    if "extra_tool_calls" in faults:
+        out.append(_call("glob", {"pattern": "**/*.py"}, idx + len(out)))
+    return "Let me look around the code first.", out
+
+
+def _is_extra_error(call: dict) -> bool:
+    """A failing read made by the extra_tool_errors fault (not a failure of the plan)."""
+    if call["function"]["name"] != "read":
+        return False
+    try:
+        args = json.loads(call["function"]["arguments"])
+    except (TypeError, ValueError):
+        return False
+    return isinstance(args, dict) and str(args.get("filePath", "")).startswith(EXTRA_MISSING)
 
 
 def _plan(rng: random.Random, done: dict, submit_now: bool, faults: frozenset, idx: int):

@@ -27,14 +27,26 @@ JSON) is a list of rules aimed by the `X-Sftree-*` headers:
       fault: no_eval
     - match: {edge: e2, turn: 2}
       pad_tokens: 5000               # add ~N completion tokens of filler (a large context)
+    - match: {depth: 3, attempt: 1, turn: 1}
+      fault: extra_tool_errors       # 3 failing tool calls in that turn, besides its normal work
+      count: 3
     - match: {}
       fault: http_503
       count: 2
 
 Kinds: http_500, http_503, http_429 (error status, no body work), hang (sleep `hang_s`, default --hang-s,
 then answer: the client's request timeout fires first), malformed_args (tool-call arguments not valid JSON),
-unknown_tool, tool_errors (a read of a missing file), no_eval (text only: the model stops without an eval),
+unknown_tool, tool_errors (a read of a missing file; after 3 failed calls the policy gives up and submits, so a
+turn under it usually has no code change and no score), no_eval (text only: the model stops without an eval),
 broken_code (the constant edit writes a syntax error, so the grader crashes).
+
+extra_tool_errors / extra_tool_calls put one extra tool call *before* the planned step of each faulted request:
+a read of a missing file (a real tool error) / a successful `glob` (no knowledge action). The plan goes on after
+it and these errors never make the policy give up, so the turn still edits a constant, evals and gets a numeric
+score. With `count: N` and a match that names one turn (`edge` or `depth`+`attempt`, plus `turn`), that turn
+makes exactly N extra failing (or successful) calls: the way to set an edge's tool error rate precisely, e.g.
+to test the hard-prune boundary (`tool_error_rate > 0.30`). If both apply to one request, that step carries
+both calls (the failing read first), so each rule's `count` is still the number of calls it adds.
 """
 
 from __future__ import annotations
@@ -66,6 +78,8 @@ FAULT_KINDS = {
     "malformed_args",
     "unknown_tool",
     "tool_errors",
+    "extra_tool_errors",
+    "extra_tool_calls",
     "no_eval",
     "broken_code",
 }
