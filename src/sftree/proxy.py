@@ -29,11 +29,13 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import requests
+
+from sftree.httpserver import QuietThreadingHTTPServer
 
 log = logging.getLogger(__name__)
 
@@ -168,16 +170,6 @@ def usage_record(usage: dict | None) -> dict | None:
     }
 
 
-class _QuietServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):
-        # An interrupted OpenCode hangs up mid-request: expected, not worth a traceback.
-        if isinstance(sys.exc_info()[1], ConnectionError):
-            return
-        super().handle_error(request, client_address)
-
-
 class _QuietUnixServer(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
 
@@ -227,7 +219,7 @@ class RecordingProxy:
         self.extra_body = dict(extra_body or {})  # e.g. chat_template_kwargs: sent on, not recorded
         self.channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
-        self.server = _QuietServer((host, 0), _handler_for(self))
+        self.server = QuietThreadingHTTPServer((host, 0), _handler_for(self))
         self.server.daemon_threads = True
         self.host, self.port = host, self.server.server_address[1]
         self._threads: list[threading.Thread] = []

@@ -56,7 +56,6 @@ import hashlib
 import json
 import logging
 import random
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -66,6 +65,7 @@ from pathlib import Path
 import yaml
 
 from sftree.errors import InputError
+from sftree.httpserver import QuietThreadingHTTPServer
 from sftree.teachersim import policy
 
 log = logging.getLogger(__name__)
@@ -412,20 +412,10 @@ def make_state(
     )
 
 
-class SimServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):
-        # A client that timed out and hung up (a `hang` fault) is expected, not an error worth a traceback.
-        if isinstance(sys.exc_info()[1], ConnectionError):
-            return
-        super().handle_error(request, client_address)
-
-
 def make_server(host: str = "127.0.0.1", port: int = 0, **opts) -> ThreadingHTTPServer:
     state = make_state(**opts)
     handler = type("SimHandler", (Handler,), {"state": state})
-    server = SimServer((host, port), handler)
+    server = QuietThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     server.state = state
     return server

@@ -1,0 +1,18 @@
+"""The threading HTTP server behind teacher-sim and the recording proxy."""
+
+from __future__ import annotations
+
+import sys
+from http.server import ThreadingHTTPServer
+
+
+class QuietThreadingHTTPServer(ThreadingHTTPServer):
+    """Daemon threads, and no traceback when a client hangs up mid-request (an interrupted OpenCode, a client
+    that timed out on a `hang` fault): expected, not an error."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
