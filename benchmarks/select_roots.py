@@ -168,7 +168,8 @@ def main() -> int:
     print(
         "\nfloor: read every metadata.json and attempt file once (paths known, bytes only); floor+json: list the"
         "\nfolders and parse metadata.json + the attempt it names;"
-        "\nselect-roots: the full command (read, stages, table, plot, copy 30 roots); best of 2 runs each."
+        "\nselect-roots: the full command (read, stages, table, plot, copy 30 roots); best of 2 runs each;"
+        "\nratio: select-roots / floor (the goal is at most 2), ratio json: select-roots / floor+json."
     )
     return 0
 

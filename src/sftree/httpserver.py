@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from http.server import ThreadingHTTPServer
 
@@ -16,3 +17,13 @@ class QuietThreadingHTTPServer(ThreadingHTTPServer):
         if isinstance(sys.exc_info()[1], ConnectionError):
             return
         super().handle_error(request, client_address)
+
+
+def send_json(handler, status: int, obj) -> None:
+    """Answer a request of a BaseHTTPRequestHandler with a JSON body."""
+    data = json.dumps(obj).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)

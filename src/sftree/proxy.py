@@ -35,7 +35,7 @@ from typing import Any
 
 import requests
 
-from sftree.httpserver import QuietThreadingHTTPServer
+from sftree.httpserver import QuietThreadingHTTPServer, send_json
 
 log = logging.getLogger(__name__)
 
@@ -339,13 +339,8 @@ def _handler_for(proxy: RecordingProxy):
                 out["X-Sftree-Turn"] = str(ch.turn)
             return out
 
-        def _reply(self, status: int, obj: dict) -> None:
-            data = json.dumps(obj).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+        def _reply(self, status: int, obj) -> None:
+            send_json(self, status, obj)
 
         def do_GET(self):
             ch, path = self._route()
@@ -417,53 +412,33 @@ def _handler_for(proxy: RecordingProxy):
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            error = None
             recorded = False
+
+            def record(error: str | None = None) -> None:
+                nonlocal recorded
+                if not recorded:
+                    recorded = True
+                    asm.close()
+                    msg, latency = asm.message(), time.monotonic() - t0
+                    self._record(ch, body, turn, msg, asm.finish_reason, asm.usage, latency, error)
+
             try:
                 for piece in resp.iter_content(chunk_size=None):
                     if not piece:
                         continue
                     asm.feed(piece)
                     if b"[DONE]" in piece:  # record before the client can see the end of the answer
-                        asm.close()
-                        self._record(
-                            ch,
-                            body,
-                            turn,
-                            asm.message(),
-                            asm.finish_reason,
-                            asm.usage,
-                            time.monotonic() - t0,
-                            None,
-                        )
-                        recorded = True
+                        record()
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
                     self.wfile.flush()
-                if not recorded:
-                    asm.close()
-                    self._record(
-                        ch,
-                        body,
-                        turn,
-                        asm.message(),
-                        asm.finish_reason,
-                        asm.usage,
-                        time.monotonic() - t0,
-                        None,
-                    )
-                    recorded = True
+                record()
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
             except (OSError, requests.RequestException) as exc:  # OpenCode went away, or the Teacher broke
-                error = f"stream cut: {type(exc).__name__}"
                 self.close_connection = True
+                record(f"stream cut: {type(exc).__name__}")
             finally:
                 resp.close()
-            if not recorded:
-                asm.close()
-                self._record(
-                    ch, body, turn, asm.message(), asm.finish_reason, asm.usage, time.monotonic() - t0, error
-                )
 
         def _record(self, ch, body, turn, msg, finish, usage, latency, error) -> None:
             if ch is None:

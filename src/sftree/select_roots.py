@@ -26,7 +26,15 @@ from pathlib import Path
 from sftree import stages as st
 from sftree.errors import InputError
 from sftree.fileio import write_json_atomic, write_text_atomic
-from sftree.snapshots import Scan, Snapshot, default_jobs, load_json_object, resolve_task_dir, scan
+from sftree.snapshots import (
+    Scan,
+    Snapshot,
+    default_jobs,
+    gc_paused,
+    load_json_object,
+    resolve_task_dir,
+    scan,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-@dataclass
+@dataclass(slots=True)
 class Row:
     snap: Snapshot
     score_for_stage: float
@@ -112,10 +120,14 @@ def select(result: Scan, direction: str, num_roots: int, window: int) -> Selecti
     # A root must have eval_ok and a score of its own: explore starts from the root's score.
     eligible = [s.eval_ok and s.score is not None for s in snaps]
     chosen = st.choose(split.stages, eligible, num_roots)
-    sign = 1.0 if direction == "maximize" else -1.0
+    # Back to the task's units; 1.0 * x is x for every float, so a maximize task keeps the list as it is.
+    smooth = split.smooth if direction == "maximize" else [-v for v in split.smooth]
+    get = chosen.get
     rows = [
-        Row(s, filled[i], sign * split.smooth[i], split.gain[i], split.stages[i], chosen.get(i))
-        for i, s in enumerate(snaps)
+        Row(s, f, m, g, stage, get(i))
+        for i, (s, f, m, g, stage) in enumerate(
+            zip(snaps, filled, smooth, split.gain, split.stages, strict=True)
+        )
     ]
     return Selection(
         result.task, direction, split.method, split.s0, split.s_inf, rows, st.quotas(num_roots), window
@@ -138,18 +150,34 @@ def _cell(text: str | None) -> str:
 
 
 def table_text(sel: Selection) -> str:
-    # One f-string per row: this runs for every snapshot, so it stays lean (scores are floats or None).
+    # One f-string per row, few helper calls: this runs for every snapshot. Scores are floats or None, so repr is
+    # what `_num` writes; the free-text cells go through `_cell` only when they hold a tab or a newline.
     method = sel.method
     lines = ["\t".join(TABLE_COLUMNS)]
+    append = lines.append
     for r in sel.rows:
         s = r.snap
-        lines.append(
-            f"{s.name}\t{s.global_index}\t{_cell(s.agent_id)}\t{_cell(s.commit_hash)}\t"
+        agent, commit, status = s.agent_id, s.commit_hash, s.status
+        if "\t" in agent or "\n" in agent:
+            agent = _cell(agent)
+        if "\t" in commit or "\n" in commit:
+            commit = _cell(commit)
+        if status is None:
+            status = ""
+        elif type(status) is not str or "\t" in status or "\n" in status:
+            status = _cell(status)
+        # Float repr is the dearest part of a row; score_for_stage is usually the score itself (same object).
+        score, filled, gain = s.score, r.score_for_stage, r.gain
+        score_text = "" if score is None else repr(score)
+        filled_text = score_text if filled is score else repr(filled)
+        append(
+            f"{s.name}\t{s.global_index}\t{agent}\t{commit}\t"
             f"{'' if s.eval_count is None else s.eval_count}\t{'true' if s.eval_ok else 'false'}\t"
-            f"{_cell(s.status)}\t{_num(s.score)}\t{_num(r.score_for_stage)}\t{_num(r.smooth)}\t"
-            f"{_num(r.gain)}\t{r.stage}\t{method}\t{'true' if r.reason else 'false'}\t{r.reason or ''}"
+            f"{status}\t{score_text}\t{filled_text}\t{r.smooth!r}\t{'' if gain is None else repr(gain)}\t"
+            f"{r.stage}\t{method}\t{'true' if r.reason else 'false'}\t{r.reason or ''}"
         )
-    return "\n".join(lines) + "\n"
+    append("")
+    return "\n".join(lines)
 
 
 def _copy_tree(src: str, dst: str, link: str, warned: list[bool]) -> None:
@@ -272,6 +300,13 @@ def plot_svg(sel: Selection) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # No cycles are made here; with the collector paused, the per-snapshot objects of a large run are not walked
+    # again and again while they are built.
+    with gc_paused():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.num_roots < 1:
         raise InputError(f"--num-roots must be at least 1, not {args.num_roots}")
     if args.smooth_window < 1:
@@ -314,22 +349,27 @@ def run(args: argparse.Namespace) -> int:
         sel.s_inf,
         sel.direction,
     )
+    members = dict.fromkeys(st.STAGES, 0)
+    eligible = dict.fromkeys(st.STAGES, 0)
+    for r in sel.rows:  # one pass: this runs over every snapshot
+        members[r.stage] += 1
+        if r.snap.eval_ok and r.snap.score is not None:
+            eligible[r.stage] += 1
+    picked = sel.chosen
     for stage in st.STAGES:
-        members = [r for r in sel.rows if r.stage == stage]
-        eligible = sum(r.snap.eval_ok and r.snap.score is not None for r in members)
-        picked = [r for r in sel.chosen if r.stage == stage]
-        refills = sum(1 for r in picked if r.reason != "quota")
+        in_stage = [r for r in picked if r.stage == stage]
+        refills = sum(1 for r in in_stage if r.reason != "quota")
         log.info(
             "%s: %-6s %5d snapshots, %5d eligible, quota %2d, chosen %2d (%d refill)",
             task,
             stage,
-            len(members),
-            eligible,
+            members[stage],
+            eligible[stage],
             sel.quotas[stage],
-            len(picked),
+            len(in_stage),
             refills,
         )
-    chosen = len(sel.chosen)
+    chosen = len(picked)
     if chosen < args.num_roots:
         log.warning(
             "%s: only %d eligible snapshot(s), fewer than --num-roots %d: all of them chosen",

@@ -11,14 +11,15 @@ shows everything that is wrong with the input. Nothing is written here.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
-import multiprocessing
 import os
 import re
-from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 
 from sftree.errors import InputError
@@ -61,7 +62,8 @@ def parse_name(name: str) -> tuple[int, str, str] | None:
     m = NAME_RE.match(name)
     if not m:
         return None
-    return int(m.group(1)), m.group(2), m.group(3).lower()
+    index, agent, digest = m.groups()
+    return int(index), agent, digest.lower()
 
 
 def _has_eval_dirs(path: Path) -> bool:
@@ -108,10 +110,48 @@ def load_json_object(path: str, what: str) -> dict:
     return data
 
 
+_CHUNK = 1 << 16
+_DECODER = json.JSONDecoder()  # what json.loads(str) uses
+_decode, _scan_once = _DECODER.decode, _DECODER.scan_once
+
+
+def _quick_json_object(path: str) -> dict | None:
+    """The JSON object in `path` on the common path, else None: missing, unreadable, not UTF-8, not valid JSON or
+    not an object. The caller then reads it again with `load_json_object`, which gives the exact error message, so
+    this only makes the usual case cheap (one open, one read, no Python file object) and never changes a result.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (OSError, ValueError):
+        return None
+    try:
+        data = os.read(fd, _CHUNK)
+        if len(data) == _CHUNK:  # a large file: read on to the end
+            parts = [data]
+            while more := os.read(fd, _CHUNK):
+                parts.append(more)
+            data = b"".join(parts)
+        text = data.decode()  # strict UTF-8, as open(encoding="utf-8") reads it
+        if text[:1] == "{":  # what _decode does, less its two whitespace regex matches
+            obj, end = _scan_once(text, 0)
+            if end != len(text) and text[end:].strip(" \t\n\r"):
+                return None
+        else:
+            obj = _decode(text)
+    except (OSError, ValueError, StopIteration):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
+    finally:
+        os.close(fd)
+    return obj if type(obj) is dict else None
+
+
 def find_attempt(snapshot_path: str, commit_hash: str) -> tuple[str, dict]:
     """The attempt record of `commit_hash` in the snapshot's shared/attempts/: (path, record)."""
     attempts = f"{snapshot_path}/shared/attempts"
     exact = f"{attempts}/{commit_hash}.json"
+    record = _quick_json_object(exact)  # the usual case: the file is named by the full hash
+    if record is not None:
+        return exact, record
     try:
         return exact, load_json_object(exact, "attempt record")
     except InputError:
@@ -156,6 +196,9 @@ def _score(value, where: str) -> tuple[float | None, bool]:
     return value, False
 
 
+_MISSING = object()
+
+
 def read_snapshot(
     path: str, name: str, parsed: tuple[int, str, str] | None = None
 ) -> tuple[Snapshot | None, bool]:
@@ -165,31 +208,36 @@ def read_snapshot(
         raise InputError(f"snapshot folder name does not parse as eval-<index>-<agent>-<hash>: {path}")
     index, agent_from_name, _ = parsed
     meta_path = f"{path}/metadata.json"
-    meta = load_json_object(meta_path, "metadata.json")
-    if "eval_ok" not in meta:
+    meta = _quick_json_object(meta_path)
+    if meta is None:
+        meta = load_json_object(meta_path, "metadata.json")
+    eval_ok = meta.get("eval_ok", _MISSING)
+    if eval_ok is _MISSING:
         return None, False
-    eval_ok = meta["eval_ok"]
-    if not isinstance(eval_ok, bool):
+    if eval_ok is not True and eval_ok is not False:
         raise InputError(f"{meta_path}: eval_ok must be true or false, not {eval_ok!r}")
     commit = meta.get("commit_hash")
     if not isinstance(commit, str) or not commit.strip() or "/" in commit:
         raise InputError(f"{meta_path}: commit_hash is missing or not a plain string: {commit!r}")
-    attempt_path, attempt = find_attempt(path, commit.strip())
-    score, non_finite = _score(attempt.get("score"), attempt_path)
+    commit = commit.strip()
+    attempt_path, attempt = find_attempt(path, commit)
+    value = attempt.get("score")
+    if type(value) is float and math.isfinite(value):  # the usual case, same result as _score
+        score, non_finite = value, False
+    else:
+        score, non_finite = _score(value, attempt_path)
     eval_count = meta.get("eval_count")
     return (
         Snapshot(
-            name=name,
-            path=path,
-            global_index=index,
-            agent_id=str(meta.get("agent_id") or agent_from_name),
-            commit_hash=commit.strip(),
-            eval_ok=eval_ok,
-            score=score,
-            status=attempt.get("status"),
-            eval_count=eval_count
-            if isinstance(eval_count, int) and not isinstance(eval_count, bool)
-            else None,
+            name,
+            path,
+            index,
+            str(meta.get("agent_id") or agent_from_name),
+            commit,
+            eval_ok,
+            score,
+            attempt.get("status"),
+            eval_count if type(eval_count) is int else None,
         ),
         non_finite,
     )
@@ -213,38 +261,29 @@ def default_jobs() -> int:
     )
 
 
-def scan(directory: str | os.PathLike, task: str, jobs: int = 1) -> Scan:
-    """Read every eval-* folder of one task. Raises one InputError listing all problems found.
-
-    With jobs > 1 and a large run, slices of folders are read by a pool of processes (file reads and JSON
-    parsing dominate; on a network filesystem the overlap of many small reads matters even more).
-    """
-    directory = Path(directory)
+@contextmanager
+def gc_paused():
+    """Pause the cyclic garbage collector: reading creates two small dicts per snapshot and keeps one object,
+    none of them in a cycle, so the collections those allocations trigger (each older one walking the growing
+    list of kept objects) find nothing and only cost time. Restored on exit; nested uses are harmless."""
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
-        with os.scandir(directory) as it:
-            entries = sorted((e.name, e.path) for e in it if e.name.startswith("eval-") and e.is_dir())
-    except OSError as exc:
-        raise InputError(
-            f"task {task!r}: cannot list snapshot folder {directory}: {exc.strerror or exc}"
-        ) from None
-    if not entries:
-        raise InputError(f"task {task!r}: no eval-* snapshot folders in {directory}")
-    problems: list[str] = []
-    result = Scan(task, directory, [])
-    by_index: dict[int, str] = {}
-    items = []
-    for name, path in entries:
-        parsed = parse_name(name)
-        if parsed is not None:  # duplicates are checked on every folder, pending or not
-            if parsed[0] in by_index:
-                problems.append(f"duplicate global index {parsed[0]}: {by_index[parsed[0]]} and {path}")
-                continue
-            by_index[parsed[0]] = path
-        items.append((name, path, parsed))
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _read_all(items: list, jobs: int, result: Scan, problems: list[str], task: str) -> None:
+    """Read the folders of `items` (serially or with a process pool) into `result` and `problems`."""
     progress = Progress(f"select-roots[{task}]: read snapshots", total=len(items), logger=log)
     step = max(PARALLEL_MIN // 4, -(-len(items) // (8 * max(1, jobs))))
     chunks = [items[i : i + step] for i in range(0, len(items), step)]
     if jobs > 1 and len(items) >= PARALLEL_MIN:
+        import multiprocessing  # only here: the import costs more start-up than a small run takes to read
+        from concurrent.futures import ProcessPoolExecutor
+
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
         results = pool.map(_read_many, chunks)
     else:
@@ -267,6 +306,41 @@ def scan(directory: str | os.PathLike, task: str, jobs: int = 1) -> Scan:
     progress.finish(
         candidates=len(result.snapshots), pending=len(result.pending), problems=len(problems), jobs=jobs
     )
+
+
+@gc_paused()
+def scan(directory: str | os.PathLike, task: str, jobs: int = 1) -> Scan:
+    """Read every eval-* folder of one task. Raises one InputError listing all problems found.
+
+    With jobs > 1 and a large run, slices of folders are read by a pool of processes (file reads and JSON
+    parsing dominate; on a network filesystem the overlap of many small reads matters even more).
+    """
+    directory = Path(directory)
+    try:
+        with os.scandir(directory) as it:
+            names = sorted([e.name for e in it if e.name.startswith("eval-") and e.is_dir()])
+    except OSError as exc:
+        raise InputError(
+            f"task {task!r}: cannot list snapshot folder {directory}: {exc.strerror or exc}"
+        ) from None
+    if not names:
+        raise InputError(f"task {task!r}: no eval-* snapshot folders in {directory}")
+    # prefix + name is what DirEntry.path would be (os.path.join), without keeping 100k entries around.
+    prefix = os.path.join(directory, "")
+    problems: list[str] = []
+    result = Scan(task, directory, [])
+    by_index: dict[int, str] = {}
+    items = []
+    for name in names:
+        path = prefix + name
+        parsed = parse_name(name)
+        if parsed is not None:  # duplicates are checked on every folder, pending or not
+            if parsed[0] in by_index:
+                problems.append(f"duplicate global index {parsed[0]}: {by_index[parsed[0]]} and {path}")
+                continue
+            by_index[parsed[0]] = path
+        items.append((name, path, parsed))
+    _read_all(items, jobs, result, problems, task)
     if problems:
         shown = "\n  ".join(problems[:MAX_REPORTED])
         more = f"\n  ... and {len(problems) - MAX_REPORTED} more" if len(problems) > MAX_REPORTED else ""
@@ -275,5 +349,5 @@ def scan(directory: str | os.PathLike, task: str, jobs: int = 1) -> Scan:
         raise InputError(
             f"task {task!r}: no candidate snapshots in {directory} ({len(result.pending)} pending, none with eval_ok)"
         )
-    result.snapshots.sort(key=lambda s: s.global_index)
+    result.snapshots.sort(key=attrgetter("global_index"))
     return result

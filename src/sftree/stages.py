@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 STAGES = ("early", "middle", "late")
 REFILL_ORDER = ("middle", "late", "early")
@@ -56,14 +57,17 @@ def moving_average(values: Sequence[float], window: int) -> list[float]:
         raise ValueError("window must be >= 1")
     n = len(values)
     before, after = window // 2, (window - 1) // 2
-    prefix = [0.0]
-    for v in values:
-        prefix.append(prefix[-1] + v)
-    out = []
-    for i in range(n):
+    prefix = list(accumulate(values, initial=0.0))  # the same additions, in the same order, as a loop
+
+    def at(i: int) -> float:
         lo, hi = max(0, i - before), min(n, i + after + 1)
-        out.append((prefix[hi] - prefix[lo]) / (hi - lo))
-    return out
+        return (prefix[hi] - prefix[lo]) / (hi - lo)
+
+    if n < window:
+        return [at(i) for i in range(n)]
+    # Away from the ends every window is full: (prefix[i + after + 1] - prefix[i - before]) / window.
+    full = [(hi - lo) / window for lo, hi in zip(prefix, prefix[window:], strict=False)]
+    return [at(i) for i in range(before)] + full + [at(i) for i in range(n - after, n)]
 
 
 def levels(smooth: Sequence[float]) -> tuple[float, float]:
@@ -108,8 +112,17 @@ def split_stages(oriented: Sequence[float], window: int = 5) -> StageSplit:
     s0, s_inf = levels(smooth)
     if s_inf <= s0:
         return StageSplit(smooth, [None] * len(smooth), time_stages(len(smooth)), s0, s_inf, "time")
-    gain = [gain_ratio(v, s0, s_inf) for v in smooth]
-    return StageSplit(smooth, gain, [stage_of_ratio(c) for c in gain], s0, s_inf, "gain")
+    # gain_ratio and stage_of_ratio, inlined (they run once per snapshot) with the same results: min(1.0, max(0.0, c))
+    # keeps c only when 0 < c < 1 (NaN gives 0.0, as max does).
+    span = s_inf - s0
+    gain: list[float | None] = []
+    stages: list[str] = []
+    for v in smooth:
+        c = (v - s0) / span
+        c = 1.0 if c >= 1.0 else (c if c > 0.0 else 0.0)
+        gain.append(c)
+        stages.append("early" if c < EARLY_BELOW else ("middle" if c < LATE_FROM else "late"))
+    return StageSplit(smooth, gain, stages, s0, s_inf, "gain")
 
 
 def quotas(num_roots: int, ratio: dict[str, int] = STAGE_RATIO) -> dict[str, int]:

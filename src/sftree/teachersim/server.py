@@ -65,7 +65,7 @@ from pathlib import Path
 import yaml
 
 from sftree.errors import InputError
-from sftree.httpserver import QuietThreadingHTTPServer
+from sftree.httpserver import QuietThreadingHTTPServer, send_json
 from sftree.teachersim import policy
 
 log = logging.getLogger(__name__)
@@ -267,12 +267,7 @@ class Handler(BaseHTTPRequestHandler):
         log.debug("%s " + fmt, self.address_string(), *args)
 
     def _send(self, status: int, obj) -> None:
-        data = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, obj)
 
     def do_GET(self):
         path = self.path.split("?")[0].rstrip("/")
