@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import yaml
@@ -55,8 +56,17 @@ def write_config(tmp: Path, search: dict, *, script: list | None = None, base_ur
     return path
 
 
+def explore_args(root: Path, out: Path, config: Path) -> list[str]:
+    return ["explore", "--root", str(root), "--out", str(out), "--config", str(config)]
+
+
 def explore(root: Path, out: Path, config: Path) -> int:
-    return cli.main(["explore", "--root", str(root), "--out", str(out), "--config", str(config)])
+    return cli.main(explore_args(root, out, config))
+
+
+def explore_cmd(root: Path, out: Path, config: Path) -> list[str]:
+    """The same run as a separate process (to kill it, or to isolate it from the test's threads)."""
+    return [sys.executable, "-m", "sftree", *explore_args(root, out, config)]
 
 
 def load_final(out: Path) -> treemod.Tree:

@@ -5,11 +5,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
-from helpers_explore import explore, load_final, make_root, write_config
+from helpers_explore import explore, explore_cmd, load_final, make_root, write_config
 
 from sftree.teachersim.server import make_server
 
@@ -52,18 +51,7 @@ def test_kill_9_then_resume(tmp_path):
         cfg = write_config(tmp_path, search, base_url=url)
         out = tmp_path / "trees" / root.name
         live = out / "tree.live.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "sftree",
-            "explore",
-            "--root",
-            str(root),
-            "--out",
-            str(out),
-            "--config",
-            str(cfg),
-        ]
+        cmd = explore_cmd(root, out, cfg)
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         before = None
         deadline = time.monotonic() + 120

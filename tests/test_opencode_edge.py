@@ -11,6 +11,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from helpers_explore import explore_cmd
 from runtime_helpers import config, example_task, make_root, read_steps
 
 from sftree.edge import EdgeContext, run_edge
@@ -182,18 +183,7 @@ def test_explore_grows_a_small_tree_with_opencode(tmp_path):
     root = make_root(tmp_path)
     out = tmp_path / "trees" / root.name
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sftree",
-            "explore",
-            "--root",
-            str(root),
-            "--out",
-            str(out),
-            "--config",
-            str(cfg_path),
-        ],
+        explore_cmd(root, out, cfg_path),
         capture_output=True,
         text=True,
         timeout=300,
