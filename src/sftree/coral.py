@@ -32,9 +32,7 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -46,6 +44,7 @@ from pathlib import Path
 
 from sftree.errors import SftreeError
 from sftree.fileio import write_json_atomic
+from sftree.procs import run_group
 
 log = logging.getLogger(__name__)
 
@@ -189,26 +188,14 @@ def run_grader(task_cfg: dict, commit: str, git_dir: Path) -> tuple[float | None
             code_dir=shlex.quote(str(code_dir)), task_dir=shlex.quote(str(task_cfg.get("task_dir", "")))
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CORAL_", "SFTREE_"))}
-        proc = subprocess.Popen(
-            cmd,
-            shell=True,
-            cwd=tmp,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        res = run_group(cmd, timeout=timeout, shell=True, cwd=tmp, env=env)
+        if res.timed_out:
             return None, f"grader timed out after {timeout:g}s", "timeout", time.monotonic() - t0
     secs = time.monotonic() - t0
-    stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-    if proc.returncode != 0:
+    stdout, stderr = res.stdout.decode("utf-8", "replace"), res.stderr.decode("utf-8", "replace")
+    if res.returncode != 0:
         tail = (stderr.strip() or stdout.strip())[-FEEDBACK_CAP:]
-        return None, f"grader exited with code {proc.returncode}: {tail}", "crashed", secs
+        return None, f"grader exited with code {res.returncode}: {tail}", "crashed", secs
     try:
         score, feedback = parse_grader_output(stdout)
     except (ValueError, json.JSONDecodeError) as exc:

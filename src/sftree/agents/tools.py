@@ -15,13 +15,12 @@ import fnmatch
 import json
 import os
 import re
-import signal
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sftree.agents.base import ToolOutcome
 from sftree.agents.sandbox import CORAL_MOUNT, bwrap_argv, scrubbed_env
+from sftree.procs import run_group
 
 
 def _fn(name: str, description: str, props: dict, required: list[str]) -> dict:
@@ -349,26 +348,12 @@ def tool_bash(args: dict, ctx: ToolContext) -> str:
         ws = Path(ctx.root).resolve()
         coral = [(ctx.coral_dir, CORAL_MOUNT)] if ctx.coral_dir is not None else []
         argv = bwrap_argv(argv, cwd=cwd, binds=[(ws, ws)], ro_binds=coral, hidden=ctx.hidden)
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise ToolError(
-            f"command timed out after {timeout:g}s\n{_cap(out.decode('utf-8', 'replace'), 2000)}"
-        ) from None
-    text = out.decode("utf-8", "replace")
-    if proc.returncode != 0:
-        text += f"\n(exit code {proc.returncode})"
+    res = run_group(argv, timeout=timeout, merge_stderr=True, cwd=cwd, env=env)
+    text = res.stdout.decode("utf-8", "replace")
+    if res.timed_out:
+        raise ToolError(f"command timed out after {timeout:g}s\n{_cap(text, 2000)}")
+    if res.returncode != 0:
+        text += f"\n(exit code {res.returncode})"
     return text
 
 
