@@ -56,16 +56,21 @@ def build(tmp_path):
     return base
 
 
-def test_report_cli(tmp_path):
-    base = build(tmp_path)
-    out = tmp_path / "report.html"
+def run_report(base, out) -> str:
+    """`sftree report` as a user runs it; the page it wrote."""
     res = subprocess.run(
         [sys.executable, "-m", "sftree", "report", "--results", str(base), "--out", str(out)],
         capture_output=True,
         text=True,
     )
     assert res.returncode == 0, res.stderr
-    page = out.read_text()
+    return out.read_text()
+
+
+def test_report_cli(tmp_path):
+    base = build(tmp_path)
+    out = tmp_path / "report.html"
+    page = run_report(base, out)
     # self-contained: no external scripts, styles or images
     assert not re.search(r"""(src|href)=["']https?:""", page) and "<link" not in page
     assert page.count("Student learning curve (maximize)") == 1 and page.count('<svg class="tree"') == 1
@@ -103,11 +108,5 @@ def test_report_without_sft_or_paths(tmp_path):
     base = tmp_path / "results"
     make_results(base)
     out = tmp_path / "r.html"
-    res = subprocess.run(
-        [sys.executable, "-m", "sftree", "report", "--results", str(base), "--out", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    assert res.returncode == 0, res.stderr
-    page = out.read_text()
+    page = run_report(base, out)
     assert "No sft.jsonl yet" in page and "No paths.json yet" in page
