@@ -93,6 +93,7 @@ class TeacherClient:
         health_timeout: float = 600,
         max_concurrency: int = 64,
         extra_body: dict | None = None,
+        tool_choice: str = "auto",
     ):
         self.base_url = base_url.rstrip("/")
         self.root_url = _server_root(self.base_url)
@@ -106,6 +107,7 @@ class TeacherClient:
         self.backoff_base = backoff_base
         self.health_timeout = health_timeout
         self.extra_body = dict(extra_body or {})
+        self.tool_choice = tool_choice
         self._sem = threading.BoundedSemaphore(max_concurrency)
         self._local = threading.local()
         self.stats_lock = threading.Lock()
@@ -133,6 +135,7 @@ class TeacherClient:
             health_timeout=cfg.get("health_timeout", 600),
             max_concurrency=cfg.get("max_concurrency", 64),
             extra_body=cfg.get("extra_body"),
+            tool_choice=cfg.get("tool_choice", "auto"),
         )
 
     # one Session per thread: requests.Session is not thread-safe, and keep-alive saves a handshake per step
@@ -190,6 +193,8 @@ class TeacherClient:
         }
         if tools:
             body["tools"] = tools
+            if self.tool_choice != "auto":  # `auto` is the servers' default: left out, bodies stay as they were
+                body["tool_choice"] = self.tool_choice
         body.update(self.extra_body)
         return body
 
