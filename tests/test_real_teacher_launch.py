@@ -35,7 +35,7 @@ def test_config_schema_takes_launch_and_tool_choice(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump(cfg))
     loaded = load_config(p)
-    assert loaded["teacher"]["tool_choice"] == "required" and loaded["teacher"]["launch"] == {"threads": 2}
+    assert loaded["teacher"]["tool_choice"] == "required" and loaded["teacher"]["launch"] == {"threads": 1}
     assert load_config(REPO_ROOT / "config.yaml")["teacher"]["launch"] is None
     for bad in ({"tool_choice": "any"}, {"launch": {"modle": "x.gguf"}}, {"launch": {"ctx_size": 10}}):
         cfg["teacher"] = bad

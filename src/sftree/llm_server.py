@@ -40,7 +40,7 @@ class LaunchSpec:
     model: Path = DEFAULT_MODEL
     chat_template_file: Path | None = DEFAULT_TEMPLATE
     ctx_size: int = 8192
-    threads: int = 2
+    threads: int = 1  # 2 spinning threads on 2 busy cores ran 10x slower than 1 (docs/real_teacher.md)
     parallel: int = 1
     extra_args: list[str] = field(default_factory=list)
     startup_timeout: float = 120.0
@@ -62,7 +62,7 @@ class LaunchSpec:
             model=path("model", DEFAULT_MODEL),
             chat_template_file=path("chat_template_file", DEFAULT_TEMPLATE),
             ctx_size=int(cfg.get("ctx_size", 8192)),
-            threads=int(cfg.get("threads", 2)),
+            threads=int(cfg.get("threads", 1)),
             parallel=int(cfg.get("parallel", 1)),
             extra_args=[str(a) for a in cfg.get("extra_args", [])],
             startup_timeout=float(cfg.get("startup_timeout", 120)),
