@@ -179,6 +179,7 @@ def llamafactory_alternates(messages):
         if pending:
             aligned.append("observation")
             pending = False
-        aligned.append("function" if m["role"] == "assistant" and m.get("tool_calls") else m["role"])
+        calls = m["role"] == "function_call" or (m["role"] == "assistant" and m.get("tool_calls"))
+        aligned.append("function" if calls else m["role"])
     odd, even = ("user", "observation"), ("assistant", "function")
     return len(aligned) % 2 == 0 and all(r in (odd if i % 2 == 0 else even) for i, r in enumerate(aligned))
