@@ -11,14 +11,35 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+# Two tools whose parameter schemas differ, as real ones do (Arrow must not merge their keys).
 TOOLS = [
     {
         "type": "function",
-        "function": {"name": "bash", "description": "run", "parameters": {"type": "object"}},
+        "function": {
+            "name": "bash",
+            "description": "run",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "shell command"},
+                    "timeout": {"type": "integer"},
+                },
+                "required": ["command"],
+            },
+        },
     },
     {
         "type": "function",
-        "function": {"name": "read", "description": "read", "parameters": {"type": "object"}},
+        "function": {
+            "name": "read",
+            "description": "read",
+            "parameters": {
+                "type": "object",
+                "properties": {"filePath": {"type": "string"}, "offset": {"type": "number", "minimum": 0}},
+                "required": ["filePath"],
+                "additionalProperties": False,
+            },
+        },
     },
 ]
 ROOT = "eval-000005-agent-1-aaaaaaaaaaaa"
