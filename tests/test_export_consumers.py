@@ -30,7 +30,9 @@ def venv_python(name: str) -> str:
 
 
 def sftree(*args: str) -> None:
-    res = subprocess.run([sys.executable, "-m", "sftree", "export-sft", *args], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "sftree", "export-sft", *args], capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stderr
 
 
@@ -79,10 +81,14 @@ def lines(path: Path) -> list[dict]:
 
 def rendered_turn(msg: dict, call_sep: str, call_prefix: str) -> str:
     """Hand-written expectation of one assistant turn as the Qwen-style templates print it."""
-    think = f"{THINK_WORDS[0]}{msg['reasoning_content']}{THINK_WORDS[1]}" if msg.get("reasoning_content") else ""
+    think = (
+        f"{THINK_WORDS[0]}{msg['reasoning_content']}{THINK_WORDS[1]}" if msg.get("reasoning_content") else ""
+    )
     calls = [
         "<tool_call>\n"
-        + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]}, ensure_ascii=False)
+        + json.dumps(
+            {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}, ensure_ascii=False
+        )
         + "\n</tool_call>"
         for c in msg.get("tool_calls", [])
     ]
@@ -121,7 +127,9 @@ def test_trl_reads_path_records(tmp_path):
     for rec, row in zip(ours, got["rows"], strict=True):
         assert row["loaded"] == {"messages": rec["messages"], "tools": rec["tools"]}
         # the whole session is rendered: every assistant turn is in the text
-        assert row["text"].count("<|im_start|>assistant") == sum(m["role"] == "assistant" for m in rec["messages"])
+        assert row["text"].count("<|im_start|>assistant") == sum(
+            m["role"] == "assistant" for m in rec["messages"]
+        )
 
 
 def _function_turn(content: str) -> tuple[str | None, str, list]:
@@ -165,7 +173,9 @@ def test_llamafactory_converts_without_loss_and_masks_history(step_results):
             if turn["role"] == "user":
                 assert m["role"] == "user" and turn["content"] == m["content"]
                 continue
-            assert m["role"] == "assistant" and turn["role"] == ("function" if m.get("tool_calls") else "assistant")
+            assert m["role"] == "assistant" and turn["role"] == (
+                "function" if m.get("tool_calls") else "assistant"
+            )
             reasoning, text, calls = _function_turn(turn["content"])
             assert reasoning == m.get("reasoning_content") and text == m["content"]
             assert calls == [
@@ -178,7 +188,8 @@ def test_llamafactory_converts_without_loss_and_masks_history(step_results):
         assert row["trained_contiguous"]
         assert row["trained_text"] == rendered_turn(target, call_sep="\n", call_prefix="")
         assert row["trained_calls"] == [
-            {"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in target["tool_calls"]
+            {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+            for c in target["tool_calls"]
         ]
 
 
@@ -189,6 +200,8 @@ def test_llamafactory_file_loads_unchanged_in_newest_datasets(step_results):
         "ds = datasets.load_dataset('json', data_files=sys.argv[1], split='train');"
         "print(json.dumps(ds.to_list()))"
     )
-    res = subprocess.run([venv_python("trl"), "-c", code, str(src)], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [venv_python("trl"), "-c", code, str(src)], capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads(res.stdout.splitlines()[-1]) == lines(src)

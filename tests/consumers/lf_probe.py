@@ -49,7 +49,9 @@ def load_llamafactory() -> None:
     for sub in ("", ".data", ".data.processor", ".extras", ".hparams"):
         _package("llamafactory" + sub, root / sub.replace(".", "/").lstrip("/"))
     _package("peft", root)
-    _module("peft.utils", SAFETENSORS_WEIGHTS_NAME="adapter_model.safetensors", WEIGHTS_NAME="adapter_model.bin")
+    _module(
+        "peft.utils", SAFETENSORS_WEIGHTS_NAME="adapter_model.safetensors", WEIGHTS_NAME="adapter_model.bin"
+    )
     _module("llamafactory.extras.misc", use_modelscope=lambda: False, use_openmind=lambda: False)
     _module("llamafactory.data.mm_plugin", get_mm_plugin=lambda *a, **k: TextOnlyPlugin())
 
@@ -57,6 +59,7 @@ def load_llamafactory() -> None:
 def main(dataset_dir: str, out: str) -> None:
     load_llamafactory()
     import datasets
+    from common import byte_tokenizer
     from llamafactory.data.converter import get_dataset_converter
     from llamafactory.data.parser import get_dataset_list
     from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
@@ -65,8 +68,6 @@ def main(dataset_dir: str, out: str) -> None:
     from llamafactory.extras.constants import IGNORE_INDEX
     from llamafactory.hparams.data_args import DataArguments
 
-    from common import byte_tokenizer
-
     (attr,) = get_dataset_list(["sftree"], dataset_dir)
     data_args = DataArguments(
         dataset_dir=dataset_dir, template="qwen", mask_history=True, cutoff_len=1_000_000
@@ -74,12 +75,17 @@ def main(dataset_dir: str, out: str) -> None:
     converter = get_dataset_converter(attr.formatting, attr, data_args)
     tok = byte_tokenizer()
     template = get_template_and_fix_tokenizer(tok, data_args)
-    processor = SupervisedDatasetProcessor(template=template, tokenizer=tok, processor=None, data_args=data_args)
+    processor = SupervisedDatasetProcessor(
+        template=template, tokenizer=tok, processor=None, data_args=data_args
+    )
     ds = datasets.load_dataset("json", data_files=str(Path(dataset_dir) / attr.dataset_name), split="train")
     rows = []
     for row in ds:
         conv = converter(row)
-        got = {"loaded": dict(row), "converted": {k: conv[k] for k in ("_prompt", "_response", "_system", "_tools")}}
+        got = {
+            "loaded": dict(row),
+            "converted": {k: conv[k] for k in ("_prompt", "_response", "_system", "_tools")},
+        }
         if conv["_response"]:
             ids, labels = processor._encode_data_example(
                 conv["_prompt"], conv["_response"], conv["_system"], conv["_tools"], [], [], []
@@ -87,11 +93,15 @@ def main(dataset_dir: str, out: str) -> None:
             trained = [i for i, lab in zip(ids, labels, strict=True) if lab != IGNORE_INDEX]
             # labelled tokens must form one span (the last turn), not pieces of several turns
             first = next((k for k, lab in enumerate(labels) if lab != IGNORE_INDEX), len(labels))
-            got["trained_contiguous"] = all(lab != IGNORE_INDEX for lab in labels[first : first + len(trained)])
+            got["trained_contiguous"] = all(
+                lab != IGNORE_INDEX for lab in labels[first : first + len(trained)]
+            )
             got["trained_text"] = tok.decode(trained)
             calls = QwenToolUtils.tool_extractor(got["trained_text"].rsplit("<|im_end|>", 1)[0])
             got["trained_calls"] = (
-                [{"name": c.name, "arguments": json.loads(c.arguments)} for c in calls] if isinstance(calls, list) else None
+                [{"name": c.name, "arguments": json.loads(c.arguments)} for c in calls]
+                if isinstance(calls, list)
+                else None
             )
         rows.append(got)
     versions = {"datasets": datasets.__version__, "llamafactory": importlib.metadata.version("llamafactory")}

@@ -41,7 +41,7 @@ def main(src: str, out: str) -> None:
         if "prompt" in example:
             # SFTTrainer's tokenize_fn: prompt with the generation prompt, then prompt + completion; the completion
             # mask starts where the two token lists diverge.
-            def ids(messages, **kw):
+            def ids(messages, tools=tools, **kw):
                 text = tok.apply_chat_template(messages, tools=tools, tokenize=False, **kw)
                 return tok(text, add_special_tokens=False)["input_ids"]
 
