@@ -29,7 +29,7 @@ rule merge_sft:
         "../../envs/sftree.yaml"
     params:
         dedupe="--dedupe" if config["export"]["dedupe"] else "",
-        results=RESULTS,
+        results=lambda wc, output: os.path.dirname(output.sft),
     shell:
         "sftree export-sft --merge {input.sft} --out {output.sft} --dataset-info {output.info}"
         " --card {output.card} --llamafactory-out {output.llamafactory}"
