@@ -1,22 +1,24 @@
-"""Selected paths -> messages+tools JSONL for SFT (`sftree export-sft`), and the merged dataset with its card.
+"""Selected paths -> SFT JSONL (`sftree export-sft`), and the merged dataset with its card.
 
 Per task: `--paths P1 P2 ... --out results/<task>/sft.jsonl --granularity step|path`.
 Merge: `--merge T1.jsonl T2.jsonl --out results/sft.jsonl --dataset-info results/dataset_info.json
---card results/dataset_card.md`.
+--card results/dataset_card.md --llamafactory-out results/sft_llamafactory.jsonl [--results DIR] [--dedupe]`.
 
-A record is `{"messages": [...], "tools": [...], "metadata": {...}}` in OpenAI chat format
-(`workflow/schemas/sft_record.schema.json`):
+OpenAI chat messages (`workflow/schemas/sft_record.schema.json`, docs/outputs.md):
 
-- step granularity (default): one record per model call (`kind` agent or nudge) on the selected paths:
-  the exact request messages + the response + that step's tool results, so every `tool_calls` id is answered by
-  exactly one `tool` message. **Choice**: an edge shared by several selected paths is exported once, attributed
-  to the best-ranked selected path that holds it (its metadata lists all of them in `path_ranks`).
-- path granularity: one record per selected path: the last such step of its last edge (its request already holds
-  the whole session since the root), plus its response and tool results.
+- step granularity (default): one record per model call (`kind` agent or nudge) on the selected paths, in TRL's
+  prompt-completion form `{prompt, completion, tools, metadata}`: the exact request messages, then the response
+  alone, so each record trains exactly one assistant message. Its tool results are checked (every `tool_calls` id
+  answered exactly once) but not included: they open the next step's prompt. **Choice**: an edge shared by several
+  selected paths is exported once, attributed to the best-ranked selected path that holds it (its metadata lists
+  all of them in `path_ranks`).
+- path granularity: `{messages, tools, metadata}`, one record per selected path: the last such step of its last
+  edge (its request already holds the whole session since the root), plus its response and tool results.
 - `tool_calls[].function.arguments` are JSON objects. **Choice**: arguments that are not a JSON object are kept
   as `{"_raw": "<the string>"}` and counted in `metadata.malformed_arguments`, so nothing the Teacher did is
   silently rewritten. A record whose tool calls are not all answered exactly once (a turn cut off by a limit), or
   a request that failed (`response: null`, `error`), is skipped and counted.
+- the LLaMA-Factory copy (`llamafactory_record`) and exact-duplicate targets (`target_key`) are made at merge.
 """
 
 from __future__ import annotations
