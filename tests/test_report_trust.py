@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 from helpers_export import ROOT, make_results
@@ -141,3 +143,18 @@ def test_report_shows_trust(tmp_path, sandbox):
         r"aside\): 20 ",
         page,
     )
+
+
+def test_cli_merge_dedupe_flag(tmp_path):
+    base = tmp_path / "results"
+    files = build(base)
+    out = tmp_path / "sft.jsonl"
+    res = subprocess.run(
+        [sys.executable, "-m", "sftree", "export-sft", "--merge", *files, "--out", str(out)]
+        + ["--card", str(tmp_path / "card.md"), "--results", str(base), "--dedupe"],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    assert len(out.read_text().splitlines()) == 4 and "20 exact-duplicate targets (20 dropped)" in res.stderr
+    assert "| circle_packing | 8 | 2 | 3 | bwrap |" in (tmp_path / "card.md").read_text()
