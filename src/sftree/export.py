@@ -621,9 +621,10 @@ def dataset_card(
         f"Prompt tokens {tokens['prompt_tokens']}, completion tokens {tokens['completion_tokens']}, "
         f"total {tokens['total_tokens']} (the Teacher server's `usage` of each exported model call).",
         "",
-        "## Score gains of the selected paths",
+        "## Best-node gains of the selected paths",
         "",
-        "Gain = the path's best node score minus its root's (Student) score, oriented so that positive is better.",
+        "Gain here = the path's best node score (not its leaf's, as above) minus its root's (Student) score, "
+        "oriented so that positive is better.",
         "",
         "| task | paths | improved | mean gain | best gain | mean PathScore |",
         "|---|---:|---:|---:|---:|---:|",
