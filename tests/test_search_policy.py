@@ -1,6 +1,7 @@
 """ask/tell/stop rules of search.py on EdgeResult values built by hand (no runtime): the algorithm itself."""
 
 import pytest
+from tree_rules import check_tree
 
 from sftree import search
 from sftree import tree as treemod
@@ -208,8 +209,10 @@ def test_token_and_depth_limit_leaves():
 
 
 def run_tree(tree, script):
+    """Grow the tree with `script(dispatch) -> EdgeResult`; the finished tree must pass the rule checker."""
     saved = []
     search.run_search(tree, lambda d: script(d), lambda t: saved.append(t.counters()))
+    assert check_tree(tree.to_dict()) == []
     return saved
 
 
