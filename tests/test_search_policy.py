@@ -71,8 +71,9 @@ def test_soft_scores_of_root_edges():
     assert (
         e2.score == 0.8 and e2.outcome == 0.7 and e2.knowledge_score == 0.4 and e2.regression_stability == 0
     )
-    assert e2.cleanliness == approx(0.8 - 0.5 * 0.1 / 0.3, abs=1e-6)
-    assert e2.soft == approx(0.21 + 0.2 * (0.8 - 0.5 / 3) + 0.08, abs=1e-6)
+    # stored at full precision (tree.json keeps the float; only the log rounds)
+    assert e2.tool_error_rate == 0.1 and e2.cleanliness == 0.8 - 0.5 * 0.1 / 0.3 != round(e2.cleanliness, 6)
+    assert e2.soft == approx(0.21 + 0.2 * (0.8 - 0.5 / 3) + 0.08, abs=1e-15)
     assert e3.soft == 1.0 and e3.tool_error_rate == 0.0
     root = tree.node("n0")
     assert root.status == "expanded" and root.valid_children == 3 and root.failed_expansions == 0
@@ -376,3 +377,70 @@ def test_edge_without_state_is_pruned_even_when_exempt():
     assert e.pruned and e.prune_reason == "edge_error" and e.child is None and e.error.startswith("GitError")
     assert tree.node("n0").failed_expansions == 2
     assert all(x.slot != 0 for x in search.ask(tree, 8))  # the direction is spent: two tries
+
+
+def _tie_tree(first_knows: bool):
+    """alpha 0.024; n1 and n2 both score 2.0 (equal ranks). The one with knowledge has soft 1.0 (process 1.0)
+    and 2000 tokens, the other soft 0.96 (knowledge .8) and 1000 tokens; n3 (0.9, 1000 tokens) is worse.
+    Long+knowledge: Q .3 + .225 + .3 = .825, T 1/6 (-> .829); short: Q .3 + .225 + .288 = .813, T 2/3 (-> .829)."""
+    tree = new_tree(alpha=0.024)
+    ds = [search.begin(tree, e) for e in search.ask(tree, 3)]
+    long_ = dict(knowledge=True, tokens=2000)
+    short = dict(knowledge=False, tokens=1000)
+    search.tell(tree, ds[0], result("e1", 1.5, 2.0, parent=1.0, **(long_ if first_knows else short)))
+    search.tell(tree, ds[1], result("e2", 1.5, 2.0, parent=1.0, **(short if first_knows else long_)))
+    search.tell(tree, ds[2], result("e3", 0.8, 0.9, tokens=1000, parent=1.0))
+    return tree
+
+
+@pytest.mark.parametrize("first_knows", [True, False])
+def test_select_tie_between_different_nodes_goes_to_the_older(first_knows):
+    tree = _tie_tree(first_knows)
+    n1, n2, n3 = (tree.node(f"n{i}") for i in (1, 2, 3))
+    sel = search.select_breakdowns(tree, [n1, n2, n3])
+    knows, short = (sel["n1"], sel["n2"]) if first_knows else (sel["n2"], sel["n1"])
+    assert (knows["Q"], knows["T"]) == (approx(0.825, abs=1e-15), approx(1 / 6, abs=1e-15))
+    assert (short["Q"], short["T"]) == (approx(0.813, abs=1e-15), approx(2 / 3, abs=1e-15))
+    assert knows["select"] == approx(0.829, abs=1e-15) and short["select"] == approx(0.829, abs=1e-15)
+    assert sel["n3"]["select"] < 0.829
+    # different parts, equal Select: the older node (creation order) first, whichever part is larger
+    exps = search.ask(tree, 8)
+    assert [e.node for e in exps] == ["n1", "n1", "n2", "n2", "n3", "n3"]
+
+
+def test_select_order_treats_float_noise_as_a_tie():
+    tree = new_tree()
+    a, b = treemod.Node("a", "n0", "e1", 1, 1.0, 1.0, 0), treemod.Node("b", "n0", "e2", 1, 1.0, 1.0, 0)
+    assert search.select_order([a, b], {"a": {"select": 0.7}, "b": {"select": 0.7 + 1e-15}}) == [a, b]
+    assert search.select_order([a, b], {"a": {"select": 0.7}, "b": {"select": 0.7 + 1e-9}}) == [b, a]
+    assert tree.root_node.id == "n0"
+
+
+def test_rule_checker_catches_each_broken_rule():
+    """tests/tree_rules.py must be able to fail: break one rule at a time in a tree that passes it."""
+    tree = new_tree(max_depth=2, parallel_width=1)
+    run_tree(tree, lambda d: result(d.edge, 1.5, 2.0, errors=1, parent=d.parent_score))
+    good = tree.to_dict()
+    assert check_tree(good) == []
+
+    def broken(change):
+        import copy
+
+        obj = copy.deepcopy(good)
+        change(obj)
+        return " | ".join(check_tree(obj))
+
+    def deeper_first(o):  # a deeper edge takes the id of a root edge
+        e3, e4 = o["edges"][2], o["edges"][3]
+        e3["id"], e4["id"] = e4["id"], e3["id"]
+
+    assert "root first" in broken(deeper_first)
+    assert "cleanliness" in broken(
+        lambda o: o["edges"][0].update(cleanliness=round(o["edges"][0]["cleanliness"], 6))
+    )
+    assert "good_leaves" in broken(
+        lambda o: o["counters"].update(good_leaves=o["counters"]["good_leaves"] + 1)
+    )
+    assert "exempt" in broken(lambda o: o["edges"][3].update(exempt=False))
+    assert "kept should be" in broken(lambda o: o["edges"][0].update(tool_errors=4, tool_error_rate=0.4))
+    assert "path_valid" in broken(lambda o: o["nodes"][4].update(path_valid=False))
