@@ -55,19 +55,23 @@ def make_root(tmp: Path) -> Path:
 
 
 def longest_chain(tree: treemod.Tree, dur: dict[str, float]) -> float:
-    """Longest sum of edge times along parent-before-child dependencies."""
+    """Longest sum of edge times along the search's dependencies: parent before child, a root fallback after its
+    direction's first try, and (root first) every edge below the root after the whole root layer."""
     memo: dict[str, float] = {}
+    root = tree.root_node.id
+    root_edges = [e.id for e in tree.edges if e.parent == root]
 
-    def pred(e: treemod.Edge) -> str | None:
-        if e.attempt == 2 and e.slot is not None:  # a root fallback starts after its direction's first try
-            first = [x for x in tree.edges if x.parent == e.parent and x.slot == e.slot and x.attempt == 1]
-            return first[0].id if first else None
-        return tree.node(e.parent).edge
+    def before(e: treemod.Edge) -> float:
+        if e.parent == root:
+            first = [x for x in tree.edges if x.parent == root and x.slot == e.slot and x.attempt == 1]
+            return chain(first[0].id) if e.attempt == 2 and first else 0.0
+        if tree.node(e.parent).parent == root:  # depth 2: after every root edge (root first)
+            return max(chain(x) for x in root_edges)
+        return chain(tree.node(e.parent).edge)
 
     def chain(eid: str) -> float:
         if eid not in memo:
-            p = pred(tree.edge(eid))
-            memo[eid] = dur[eid] + (chain(p) if p else 0.0)
+            memo[eid] = dur[eid] + before(tree.edge(eid))
         return memo[eid]
 
     return max((chain(e.id) for e in tree.edges), default=0.0)
