@@ -10,7 +10,8 @@ teacher-sim whose per-request latency is (tokens * ms-per-token) times a Pareto 
 - makespan: wall time of the search loop;
 - utilization: total edge time / (width * makespan);
 - bound: the work-conserving lower bound max(total edge time / width, longest parent-before-child chain of edge
-  times; a root direction's fallback waits for its failed first try), and makespan / bound;
+  times; a root direction's fallback waits for its failed first try, and, root first, every edge below the root
+  waits for the whole root layer), and makespan / bound;
 - cache share: teacher-sim's cached_tokens / prompt_tokens over every request of the tree (what SGLang's radix
   cache could serve, since forked sessions resend their prefix byte for byte).
 

@@ -1,7 +1,9 @@
 """The token-aware MCTS of seed section 1: a stateless policy over `tree.Tree` and the loop that drives it.
 
-    ask(tree, n)            -> up to n Expansions: the highest Select = Q + alpha*T candidates, counting the
-                               expansions already in flight against each node's child limit (virtual visits)
+    ask(tree, n)            -> up to n Expansions: while the root's layer is pending, its directions (first
+                               tries, then fallbacks); after that the highest Select = Q + alpha*T candidates,
+                               counting the expansions already in flight against each node's child limit
+                               (virtual visits)
     begin(tree, expansion)  -> Dispatch: takes an edge id and marks it in flight
     tell(tree, dispatch, r) -> applies one finished edge: attach a child or prune, update counters and leaves
     stop_reason(tree)       -> the first stop rule of 1.9 that holds, or None
