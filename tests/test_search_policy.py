@@ -444,3 +444,29 @@ def test_rule_checker_catches_each_broken_rule():
     assert "exempt" in broken(lambda o: o["edges"][3].update(exempt=False))
     assert "kept should be" in broken(lambda o: o["edges"][0].update(tool_errors=4, tool_error_rate=0.4))
     assert "path_valid" in broken(lambda o: o["nodes"][4].update(path_valid=False))
+
+
+@pytest.mark.parametrize("schedule", ["async", "rounds"])
+def test_root_first_with_width_below_root_children(schedule):
+    """Width 2 < 3 directions: the first tries e1-e3, then e1's fallback e4, and only then deeper nodes, in both
+    schedules; a kept fallback failure (no score) still makes the direction's node."""
+    tree = new_tree(max_depth=2, parallel_width=2, schedule=schedule)
+    order = []
+
+    def run(d):
+        order.append((d.edge, d.node, d.slot, d.attempt))
+        return result(d.edge, None if d.edge in ("e1", "e4") else 1.5, 2.0, parent=d.parent_score)
+
+    search.run_search(tree, run, lambda t: None)
+    assert check_tree(tree.to_dict()) == []
+    order.sort(key=lambda x: int(x[0][1:]))  # dispatch order
+    assert order[:4] == [
+        ("e1", "n0", 0, 1),
+        ("e2", "n0", 1, 1),
+        ("e3", "n0", 2, 1),
+        ("e4", "n0", 0, 2),
+    ]
+    assert all(node != "n0" for _, node, _, _ in order[4:]) and len(order) == 4 + 6
+    e4 = tree.edge("e4")
+    assert e4.exempt and e4.failed and e4.child is not None and not tree.node(e4.child).path_valid
+    assert tree.node("n0").valid_children == 3 and tree.stop_reason == "frontier_empty"
