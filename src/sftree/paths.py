@@ -5,8 +5,9 @@ seed 1.8/1.9/3.1: token or depth limit reached, or no room left with a valid pat
 kept only by the depth-2 exemption or the layer-1 fallback after failing; path validity is re-derived here from
 the edges' `failed` flags) whose logical nodes all have a numeric score and whose edges all have `cleanliness`
 and `knowledge_score` (3.1: all four metrics computable). The root is not one of a path's logical nodes (its
-score is the Student's, not the Teacher's). Metrics are averaged at full precision (tree.json stores full floats). Ranks are taken among this tree's
-candidates on oriented scores (minimize tasks negated), with mid-ranks for ties:
+score is the Student's, not the Teacher's). Metrics are averaged at full precision (tree.json stores full
+floats). Ranks are taken among this tree's candidates on oriented scores (minimize tasks negated), with mid-ranks
+for ties:
 
     PathScore = .35 max_score_rank + .25 avg_score_rank + .20 avg_cleanliness + .20 avg_knowledge
 
