@@ -1,5 +1,13 @@
 import glob
 import os
+import sys
+
+# Rules call `sftree` (and graders `python3`) by name. Put the bin folder of the interpreter Snakemake runs
+# with first on PATH when sftree is installed there, so `.venv/bin/snakemake` uses the venv's tools without
+# the venv being activated (jobs inherit it; `--sdm conda` still puts its env's bin before it).
+_BIN = os.path.dirname(sys.executable)
+if os.path.isfile(os.path.join(_BIN, "sftree")):
+    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
 RESULTS = config["results"]
 TASKS = list(config["tasks"])
@@ -10,19 +18,30 @@ wildcard_constraints:
     root="eval-[^/]+",
 
 
+EXAMPLE_RUN = config.get("example_run")
+
+
 def task_snapshot_dir(task):
-    """A task's eval-* folder: its own `snapshots` key, <snapshots>/<task>, or <snapshots> itself for one task."""
+    """A task's eval-* folder: its own `snapshots` key, <snapshots>/<task>, or <snapshots> itself for one task.
+
+    With `example_run` the folder is the example_run rule's output, always <snapshots>/<task>.
+    """
     entry = config["tasks"][task]
-    if entry.get("snapshots"):
+    if entry.get("snapshots") and not EXAMPLE_RUN:
         return entry["snapshots"]
     nested = os.path.join(config["snapshots"], task)
-    if os.path.isdir(nested) or len(TASKS) > 1:
+    if EXAMPLE_RUN or os.path.isdir(nested) or len(TASKS) > 1:
         return nested
     return config["snapshots"]
 
 
 def task_metadata_files(wildcards):
-    """Every snapshot's metadata.json, so a new or changed snapshot reruns select_roots."""
+    """Every snapshot's metadata.json, so a new or changed snapshot reruns select_roots.
+
+    With `example_run` the input is the generated folder itself (the example_run rule's output).
+    """
+    if EXAMPLE_RUN:
+        return [task_snapshot_dir(wildcards.task)]
     return sorted(
         glob.glob(
             os.path.join(task_snapshot_dir(wildcards.task), "eval-*", "metadata.json")
