@@ -7,7 +7,7 @@ import sys
 # the venv being activated (jobs inherit it; `--sdm conda` still puts its env's bin before it).
 _BIN = os.path.dirname(sys.executable)
 if os.path.isfile(os.path.join(_BIN, "sftree")):
-    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
+    os.environ.update(PATH=_BIN + os.pathsep + os.environ.get("PATH", ""))
 
 RESULTS = config["results"]
 TASKS = list(config["tasks"])

@@ -8,9 +8,11 @@ rule example_run:
         snapshots=directory(os.path.join(config["snapshots"], "{task}")),
     log:
         f"{RESULTS}/{{task}}/logs/example_run.log",
+    conda:
+        "../../envs/sftree.yaml"
     threads: 2  # grader processes
     params:
-        out=config["snapshots"],
+        out=lambda wc, output: os.path.dirname(output.snapshots),
         snapshots_per_task=EXAMPLE_RUN["count"],
         seed=EXAMPLE_RUN["seed"],
     shell:
