@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -36,9 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="tree folder (results/<task>/trees/<snapshot>)")
     parser.add_argument("--config", help="config.yaml (default: the repository's)")
     parser.add_argument(
-        "--console",
-        help="also write one progress line per finished edge to this file (the workflow passes the job's"
-        " console, /dev/fd/3, while the log goes to the log file)",
+        "--progress-fd",
+        type=int,
+        help="also write one progress line per finished edge to this open file descriptor (the workflow"
+        " passes the job's console as fd 3 while stdout and stderr go to the log file)",
     )
 
 
@@ -109,6 +111,17 @@ def _resume(live: Path, out: Path, root_name: str, task: str, params: treemod.Se
     return tree
 
 
+def _progress_stream(fd: int | None):
+    """The inherited descriptor as a text stream (written through the shared descriptor, not reopened, so the
+    lines land in order with the console's other writers even when the console is a file)."""
+    if fd is None:
+        return None
+    try:
+        return os.fdopen(fd, "w", encoding="utf-8", closefd=False)
+    except OSError as exc:
+        raise InputError(f"--progress-fd {fd}: not an open file descriptor ({exc.strerror})") from exc
+
+
 def _tree_progress(console: ConsoleLines, tree: treemod.Tree) -> None:
     """A console line whenever the number of finished edges or the tree's status changed."""
     c, p = tree.counters(), tree.params
@@ -165,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     handler = logging.FileHandler(out / "explore.log", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     logging.getLogger().addHandler(handler)
-    stream = open(args.console, "a", encoding="utf-8") if getattr(args, "console", None) else None
+    stream = _progress_stream(getattr(args, "progress_fd", None))
     console = ConsoleLines(stream)
     try:
         tree = _resume(live, out, root_dir.name, info["task"], params) if live.exists() else None

@@ -22,4 +22,4 @@ rule explore:
     shell:
         # fd 3 is the job's console (copied before stderr goes to the log): one progress line per edge.
         "sftree explore --root {params.root_dir} --out {params.tree_dir} {params.config}"
-        " --console /dev/fd/3 3>&2 > {log} 2>&1"
+        " --progress-fd 3 3>&2 > {log} 2>&1"
