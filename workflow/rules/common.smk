@@ -1,4 +1,5 @@
 import glob
+import logging
 import os
 import sys
 
@@ -8,6 +9,29 @@ import sys
 _BIN = os.path.dirname(sys.executable)
 if os.path.isfile(os.path.join(_BIN, "sftree")):
     os.environ.update(PATH=_BIN + os.pathsep + os.environ.get("PATH", ""))
+
+
+class _NoAccountGuessWarnings(logging.Filter):
+    """Quiet on a Slurm cluster without accounting: with `slurm-no-account: true` in the profile
+    (profiles/slurm-local) no account is wanted, but snakemake-executor-plugin-slurm 2.8.0 does not read that
+    option and, given no `slurm_account`, tries to guess one with sacct, warns three times and submits without
+    `-A`. That is the run asked for, so its warnings about the guess are dropped (all else passes).
+    """
+
+    GUESSING = (
+        "No SLURM account given, trying to guess",
+        "not able to get a SLURM account via sacct",
+        "Unable to guess SLURM account",
+    )
+
+    def filter(self, record):
+        # executor_settings is set after the Snakefile is read, before the first job is submitted.
+        if not getattr(workflow.executor_settings, "no_account", False):
+            return True
+        return not any(text in record.getMessage() for text in self.GUESSING)
+
+
+logging.getLogger("snakemake.logging").addFilter(_NoAccountGuessWarnings())
 
 RESULTS = config["results"]
 TASKS = list(config["tasks"])
