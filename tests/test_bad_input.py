@@ -222,23 +222,40 @@ def test_temp_folders_removed_after_a_run_and_after_a_failure(tmp_path, private_
     assert _ours(private_tmp) == []
 
 
-def test_temp_folders_removed_on_sigterm(tmp_path, private_tmp):
+def _kill_mid_edge(cmd, tmpdir: Path, sig: int) -> None:
+    proc = subprocess.Popen(cmd, env=_run_env(tmpdir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _ours(tmpdir):
+            time.sleep(0.05)
+        assert _ours(tmpdir), "no edge started"
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == -sig
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_temp_folders_removed_on_sigterm_and_after_kill_9(tmp_path, private_tmp):
     root = make_root(tmp_path)
     cfg = write_config(tmp_path, {"root_children": 2, "max_depth": 2, "parallel_width": 2})
     data = yaml.safe_load(cfg.read_text())
     data["teacher"]["sim"]["latency_ms_per_token"] = 2.0  # slow enough to be caught mid-edge
     cfg.write_text(yaml.safe_dump(data))
     out = tmp_path / "trees" / root.name
-    proc = subprocess.Popen(explore_cmd(root, out, cfg), env=_run_env(private_tmp),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not _ours(private_tmp):
-            time.sleep(0.05)
-        assert _ours(private_tmp), "no edge started"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == -signal.SIGTERM
-    finally:
-        proc.kill()
+    cmd = explore_cmd(root, out, cfg)
+    _kill_mid_edge(cmd, private_tmp, signal.SIGTERM)
     assert _ours(private_tmp) == []
     assert (out / "tree.live.json").exists()  # a rerun resumes
+    # kill -9 cannot clean up; the next run removes what the dead process left, and only that
+    _kill_mid_edge(cmd, private_tmp, signal.SIGKILL)
+    left = _ours(private_tmp)
+    assert left
+    alive = private_tmp / f"sftree-coral-{os.getpid()}-keep"  # a live process's folder is not touched
+    alive.mkdir()
+    data["teacher"]["sim"]["latency_ms_per_token"] = 0.0
+    cfg.write_text(yaml.safe_dump(data))
+    res = subprocess.run(cmd, env=_run_env(private_tmp), capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"removed {len(left)} temporary folder(s) of killed runs" in res.stderr
+    assert _ours(private_tmp) == [alive.name]

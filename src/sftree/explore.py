@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 RUN_DIRS = ("store", "work", "edges", "sessions")
 # Params that only change how the search runs, not which tree it grows: a resumed run takes them from config.
 OPERATIONAL = ("parallel_width", "schedule", "keep_workspaces")
+# Temporary folders of edges (coral sockets, grader checkouts): removed on exit, SIGTERM, and after kill -9 by
+# the next run (tempdirs.sweep).
+TEMP_PREFIXES = ("sftree-coral-", "sftree-grade-")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -183,6 +186,9 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger().addHandler(handler)
     try:
         with tempdirs.removed_on_sigterm():
+            stale = tempdirs.sweep(TEMP_PREFIXES)
+            if stale:
+                log.info("removed %d temporary folder(s) of killed runs: %s", len(stale), ", ".join(stale))
             return _explore(out, root_dir, config, info, params)
     except BaseException:
         if created and not live.exists() and not final.exists():
