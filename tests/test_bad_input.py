@@ -8,7 +8,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -149,7 +148,9 @@ def test_teacher_sim_bad_port_port_in_use_and_fault_rate(capsys):
         fails(capsys, ["teacher-sim", "--port", str(port)], f"cannot listen on 127.0.0.1:{port}", "in use")
     finally:
         busy.close()
-    fails(capsys, ["teacher-sim", "--port", "0", "--fault-rate", "http_500=abc"], "--fault-rate: http_500='abc'")
+    fails(
+        capsys, ["teacher-sim", "--port", "0", "--fault-rate", "http_500=abc"], "--fault-rate: http_500='abc'"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -209,14 +210,18 @@ def private_tmp():
 def test_temp_folders_removed_after_a_run_and_after_a_failure(tmp_path, private_tmp):
     root = make_root(tmp_path)
     cfg = write_config(tmp_path, {"root_children": 1, "max_depth": 1, "parallel_width": 1})
-    res = subprocess.run(explore_cmd(root, tmp_path / "t1", cfg), env=_run_env(private_tmp), capture_output=True)
+    res = subprocess.run(
+        explore_cmd(root, tmp_path / "t1", cfg), env=_run_env(private_tmp), capture_output=True
+    )
     assert res.returncode == 0 and (tmp_path / "t1" / "tree.json").exists()
     assert _ours(private_tmp) == []
     # the Teacher goes down during the second turn: the run fails (rerun resumes), its temp folders are gone
     data = yaml.safe_load(cfg.read_text())
     data["teacher"]["sim"]["script"] = [{"match": {"turn": 2}, "fault": "http_500"}]
     cfg.write_text(yaml.safe_dump(data))
-    res = subprocess.run(explore_cmd(root, tmp_path / "t2", cfg), env=_run_env(private_tmp), capture_output=True)
+    res = subprocess.run(
+        explore_cmd(root, tmp_path / "t2", cfg), env=_run_env(private_tmp), capture_output=True
+    )
     assert res.returncode == 2 and b"Traceback" not in res.stderr
     assert (tmp_path / "t2" / "tree.live.json").exists()
     assert _ours(private_tmp) == []

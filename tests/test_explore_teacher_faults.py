@@ -33,7 +33,13 @@ def steps(out, edge):
 
 def test_overflow_and_real_server_shapes_finish_the_tree(tmp_path):
     root = make_root(tmp_path)
-    search = {"root_children": 3, "max_children": 1, "max_depth": 1, "parallel_width": 3, "max_valid_edges": 4}
+    search = {
+        "root_children": 3,
+        "max_children": 1,
+        "max_depth": 1,
+        "parallel_width": 3,
+        "max_valid_edges": 4,
+    }
     cfg = write_config(tmp_path, search, script=SCRIPT)
     out = tmp_path / "trees" / root.name
     assert explore(root, out, cfg) == 0
@@ -68,7 +74,10 @@ def test_overflow_and_real_server_shapes_finish_the_tree(tmp_path):
     assert e3[0]["error"].startswith("malformed reply: usage.prompt_tokens is not a non-negative number")
     cut = [s for s in e3 if "truncated_tool_call" in (s.get("notes") or [])]
     assert len(cut) == 1 and cut[0]["finish_reason"] == "length"
-    assert all(r["error"] and r["content"].startswith("Not run: your reply was cut off") for r in cut[0]["tool_results"])
+    assert all(
+        r["error"] and r["content"].startswith("Not run: your reply was cut off")
+        for r in cut[0]["tool_results"]
+    )
     assert edges["e3"].tool_errors >= len(cut[0]["tool_results"])
     hermes = [s for s in e3 if s["turn"] == 2 and s["response"]]
     assert hermes and all(s["notes"] == ["text_tool_calls:hermes"] for s in hermes)
@@ -82,7 +91,9 @@ def test_overflow_and_real_server_shapes_finish_the_tree(tmp_path):
 
     # reasoning text is training signal: it reaches the export
     paths = out / "paths.json"
-    assert cli.main(["select-paths", "--tree", str(out / "tree.json"), "--out", str(paths), "--top-k", "9"]) == 0
+    assert (
+        cli.main(["select-paths", "--tree", str(out / "tree.json"), "--out", str(paths), "--top-k", "9"]) == 0
+    )
     sft = tmp_path / "sft.jsonl"
     assert cli.main(["export-sft", "--paths", str(paths), "--out", str(sft)]) == 0
     records = [json.loads(line) for line in sft.read_text().splitlines()]

@@ -66,8 +66,10 @@ def full_tree(tree: dict) -> dict:
         stop_reason="frontier_empty",
         counters={"edges": 0, "valid_edges": 0, "pruned_edges": 0, "failed_edges": 0, "good_leaves": 0},
         nodes=[{**node, **n, "status": "leaf" if n["leaf_reason"] else "expanded"} for n in tree["nodes"]],
-        edges=[{**edge, **e, "depth": depth[e["child"]], "select": dict(edge["select"], node=e["parent"])}
-               for e in tree["edges"]],  # fmt: skip
+        edges=[
+            {**edge, **e, "depth": depth[e["child"]], "select": dict(edge["select"], node=e["parent"])}
+            for e in tree["edges"]
+        ],  # fmt: skip
     )
 
 

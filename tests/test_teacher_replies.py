@@ -71,8 +71,12 @@ def test_tool_calls_written_as_text_become_tool_calls(fault, note):
     plain, _ = reply_under(None)
     comp, _ = reply_under(fault)
     assert comp.notes == [f"text_tool_calls:{note}"]
-    got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in comp.message["tool_calls"]]
-    want = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in plain.message["tool_calls"]]
+    got = [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in comp.message["tool_calls"]
+    ]
+    want = [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in plain.message["tool_calls"]
+    ]
     assert got == want and "<tool_call>" not in comp.message["content"]
 
 
@@ -102,7 +106,9 @@ def _payload(message: dict, finish="stop", usage=None) -> dict:
 def test_normalize_edge_cases_by_hand():
     # a JSON answer that names no offered tool stays text
     r = normalize(_payload({"content": '{"name": "circle", "arguments": {}}'}), NAMES)
-    assert r.message == {"role": "assistant", "content": '{"name": "circle", "arguments": {}}'} and not r.notes
+    assert (
+        r.message == {"role": "assistant", "content": '{"name": "circle", "arguments": {}}'} and not r.notes
+    )
     # an unclosed Hermes block under finish_reason length: truncated, left as text
     r = normalize(_payload({"content": 'ok <tool_call>{"name": "bash", "argu'}, "length"), NAMES)
     assert r.truncated_calls and "tool_calls" not in r.message
