@@ -100,6 +100,17 @@ def test_missing_prompt_template_before_first_dispatch(setup, capsys):
     assert not (tmp / "trees").exists()  # no store, no edge: nothing was dispatched
 
 
+def test_unreachable_teacher_leaves_no_tree_folder(tmp_path, capsys):
+    root = make_root(tmp_path)
+    cfg = write_config(tmp_path, {"root_children": 1, "max_depth": 1}, base_url="http://127.0.0.1:9/v1")
+    data = yaml.safe_load(cfg.read_text())
+    data["teacher"]["health_timeout"] = 0.3
+    cfg.write_text(yaml.safe_dump(data))
+    out = tmp_path / "trees" / root.name
+    fails(capsys, explore_argv(root, out, cfg), "Teacher server at http://127.0.0.1:9 not ready")
+    assert not (tmp_path / "trees").exists()
+
+
 @pytest.mark.parametrize("kind", ["fifo", "socket", "non_utf8_name"])
 def test_root_with_unexplorable_entries_is_refused_up_front(setup, capsys, kind):
     tmp, root, cfg = setup

@@ -179,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
     config, root_dir, out, info = preflight(args)
     params = treemod.SearchParams.from_config(config["search"])
     live, final = out / treemod.LIVE_NAME, out / treemod.FINAL_NAME
-    created = not out.exists()
+    # the topmost folder this run creates (None: out exists): removed if the run fails before its first save
+    created = next((p for p in reversed([out, *out.parents]) if not p.exists()), None)
     out.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(out / "explore.log", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
@@ -191,9 +192,9 @@ def run(args: argparse.Namespace) -> int:
                 log.info("removed %d temporary folder(s) of killed runs: %s", len(stale), ", ".join(stale))
             return _explore(out, root_dir, config, info, params)
     except BaseException:
-        if created and not live.exists() and not final.exists():
+        if created is not None and not live.exists() and not final.exists():
             # failed before the tree's first state was saved (Teacher not reachable, ...): nothing to resume
-            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(created, ignore_errors=True)
         raise
     finally:
         logging.getLogger().removeHandler(handler)
