@@ -38,7 +38,8 @@ Kinds: http_500, http_503, http_429 (error status, no body work), hang (sleep `h
 then answer: the client's request timeout fires first), malformed_args (tool-call arguments not valid JSON),
 unknown_tool, tool_errors (a read of a missing file; after 3 failed calls the policy gives up and submits, so a
 turn under it usually has no code change and no score), no_eval (text only: the model stops without an eval),
-broken_code (the constant edit writes a syntax error, so the grader crashes).
+broken_code (the constant edit writes a syntax error, so the grader crashes), break_workspace (a bash step
+that breaks the worktree's `.git` link: the edge's fork/runtime breaks, the search records `edge_error`).
 
 Real-server shapes (docs/failures.md): context_overflow (HTTP 400 with SGLang's "longer than the model's
 context length" message; also sent for every request whose prompt exceeds `--context-tokens`), lone_surrogate
@@ -90,6 +91,7 @@ FAULT_KINDS = {
     "extra_tool_calls",
     "no_eval",
     "broken_code",
+    "break_workspace",
     *(
         "context_overflow",
         "lone_surrogate",
