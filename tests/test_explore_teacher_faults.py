@@ -89,6 +89,12 @@ def test_overflow_and_real_server_shapes_finish_the_tree(tmp_path):
     assert notes == {"text_tool_calls:json", "legacy_function_call"}
     assert not edges["e4"].pruned
 
+    # generated tool call ids never repeat within a session
+    for e in ("e3", "e4"):
+        session = json.loads((out / "sessions" / f"{e}.json").read_text())
+        ids = [c["id"] for m in session for c in m.get("tool_calls") or []]
+        assert ids and len(ids) == len(set(ids))
+
     # reasoning text is training signal: it reaches the export
     paths = out / "paths.json"
     assert (
@@ -97,9 +103,10 @@ def test_overflow_and_real_server_shapes_finish_the_tree(tmp_path):
     sft = tmp_path / "sft.jsonl"
     assert cli.main(["export-sft", "--paths", str(paths), "--out", str(sft)]) == 0
     records = [json.loads(line) for line in sft.read_text().splitlines()]
-    assert any(
-        m.get("reasoning_content", "").startswith("I should look") for r in records for m in r["messages"]
-    )
+    messages = [m for r in records for m in r["prompt"] + r["completion"]]
+    assert any(m.get("reasoning_content", "").startswith("I should look") for m in messages)
+    # steps whose calls came as text or as a legacy function_call are exported as tool calls
+    assert {"e3", "e4"} <= {r["metadata"]["edge"] for r in records if r["completion"][0].get("tool_calls")}
 
 
 def test_context_budget_stops_the_turn_before_the_server_400(tmp_path):

@@ -91,7 +91,7 @@ def test_legacy_function_call_becomes_one_tool_call():
     comp, _ = reply_under("function_call")
     assert comp.notes == ["legacy_function_call"] and len(comp.message["tool_calls"]) == 1
     assert comp.message["tool_calls"][0]["function"] == plain.message["tool_calls"][0]["function"]
-    assert comp.message["tool_calls"][0]["id"] == "call_0"
+    assert comp.message["tool_calls"][0]["id"].startswith("call_")
 
 
 def test_length_mid_tool_call_is_marked_truncated():
@@ -120,6 +120,11 @@ def test_normalize_edge_cases_by_hand():
                                        "</tool_call>"}), NAMES)  # fmt: skip
     assert r.message["content"] == "Run it."
     assert r.message["tool_calls"][0]["function"] == {"name": "bash", "arguments": '{"command": "ls"}'}
+    # generated call ids differ between replies (a session must not repeat one), and are reproducible
+    calls = '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
+    ids = [normalize(dict(_payload({"content": calls}), id=rid), NAMES).message["tool_calls"][0]["id"]
+           for rid in ("a", "b", "a")]  # fmt: skip
+    assert ids[0] != ids[1] and ids[0] == ids[2]
     for bad, reason in [
         ({}, r"no `choices\[0\]`"),
         (_payload("text"), "message is not an object"),

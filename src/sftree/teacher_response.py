@@ -20,6 +20,7 @@ written as UTF-8), usage counts that are not numbers, `tool_calls` that is not a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -74,17 +75,21 @@ def _check_text(value, where: str) -> str | None:
     return value
 
 
-def _call(i: int, name, arguments, call_id=None) -> dict:
+def _call(i: int, name, arguments, call_id=None, reply_id: str = "") -> dict:
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
+    if not (isinstance(call_id, str) and call_id):
+        # ids must be unique across the session (the export checks it): derive one from the reply and the call
+        key = f"{reply_id}\x00{i}\x00{name}\x00{arguments}".encode("utf-8", "backslashreplace")
+        call_id = f"call_{hashlib.sha256(key).hexdigest()[:16]}"
     return {
-        "id": call_id if isinstance(call_id, str) and call_id else f"call_{i}",
+        "id": call_id,
         "type": "function",
         "function": {"name": str(name), "arguments": arguments},
     }
 
 
-def _structured_calls(raw, where: str) -> list[dict]:
+def _structured_calls(raw, where: str, reply_id: str) -> list[dict]:
     if raw is None:
         return []
     if not isinstance(raw, list):
@@ -97,7 +102,7 @@ def _structured_calls(raw, where: str) -> list[dict]:
         args = fn.get("arguments")
         if isinstance(args, str):
             _check_text(args, f"{where}[{i}].function.arguments")
-        calls.append(_call(i, fn["name"], args if args is not None else "{}", c.get("id")))
+        calls.append(_call(i, fn["name"], args if args is not None else "{}", c.get("id"), reply_id))
     return calls
 
 
@@ -109,7 +114,9 @@ def _as_call(obj) -> tuple[str, object] | None:
     return (obj["name"], args) if isinstance(args, dict | str) else None
 
 
-def _text_calls(content: str, tool_names: set[str] | None) -> tuple[list[dict], str, str | None]:
+def _text_calls(
+    content: str, tool_names: set[str] | None, reply_id: str
+) -> tuple[list[dict], str, str | None]:
     """Tool calls written in the content: (calls, remaining content, form) - form None when there are none."""
     blocks = _HERMES.findall(content)
     if blocks:
@@ -121,7 +128,7 @@ def _text_calls(content: str, tool_names: set[str] | None) -> tuple[list[dict], 
                 parsed = None
             if parsed is None:
                 return [], content, None  # not a call we can read: leave the text as it is
-            calls.append(_call(len(calls), *parsed))
+            calls.append(_call(len(calls), *parsed, reply_id=reply_id))
         return calls, _HERMES.sub("", content).strip(), "hermes"
     text = content.strip()
     if text.startswith("```") and text.endswith("```"):
@@ -137,7 +144,7 @@ def _text_calls(content: str, tool_names: set[str] | None) -> tuple[list[dict], 
     # bare JSON is only a call when it names a tool we offered: a JSON answer stays text
     if not items or any(p is None or (tool_names and p[0] not in tool_names) for p in parsed):
         return [], content, None
-    return [_call(i, *p) for i, p in enumerate(parsed)], "", "json"
+    return [_call(i, *p, reply_id=reply_id) for i, p in enumerate(parsed)], "", "json"
 
 
 def _args_ok(arguments: str) -> bool:
@@ -178,15 +185,17 @@ def normalize(payload, tool_names: set[str] | None = None) -> Reply:
     if reasoning is None and msg.get("reasoning") is not None:
         reasoning = _check_text(msg.get("reasoning"), "message.reasoning")
         notes.append("reasoning_field")
-    calls = _structured_calls(msg.get("tool_calls"), "message.tool_calls")
+    # the reply's id, else its content: what makes generated call ids differ from step to step
+    reply_id = str(payload.get("id") or "") + "\x00" + json.dumps(msg, sort_keys=True, ensure_ascii=True)
+    calls = _structured_calls(msg.get("tool_calls"), "message.tool_calls", reply_id)
     if not calls and msg.get("function_call") is not None:
         fc = msg["function_call"]
         if not isinstance(fc, dict) or not isinstance(fc.get("name"), str):
             raise MalformedResponse("message.function_call is not an object with a name")
-        calls = [_call(0, fc["name"], fc.get("arguments") or "{}")]
+        calls = [_call(0, fc["name"], fc.get("arguments") or "{}", None, reply_id)]
         notes.append("legacy_function_call")
     if not calls and content:
-        found, rest, form = _text_calls(content, tool_names)
+        found, rest, form = _text_calls(content, tool_names, reply_id)
         if form:
             calls, content = found, rest
             notes.append(f"text_tool_calls:{form}")
