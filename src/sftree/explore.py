@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from sftree import search, tempdirs
+from sftree import scoring, search, tempdirs
 from sftree import tree as treemod
 from sftree.config import load_config, task_config
 from sftree.errors import InputError
 from sftree.fileio import read_json
+from sftree.progress import ConsoleLines, tree_line
 from sftree.snapshots import check_files
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", required=True, help="tree folder (results/<task>/trees/<snapshot>)")
     parser.add_argument("--config", help="config.yaml (default: the repository's)")
+    parser.add_argument(
+        "--progress-fd",
+        type=int,
+        help="also write one progress line per finished edge to this open file descriptor (the workflow"
+        " passes the job's console as fd 3 while stdout and stderr go to the log file)",
+    )
 
 
 def read_root(root_dir: Path, config: dict) -> dict:
@@ -107,7 +115,29 @@ def _resume(live: Path, out: Path, root_name: str, task: str, params: treemod.Se
     return tree
 
 
-def _grow(tree, root_dir: Path, out: Path, config: dict, info: dict, params) -> treemod.Tree:
+def _progress_stream(fd: int | None):
+    """The inherited descriptor as a text stream (written through the shared descriptor, not reopened, so the
+    lines land in order with the console's other writers even when the console is a file)."""
+    if fd is None:
+        return None
+    try:
+        return os.fdopen(fd, "w", encoding="utf-8", closefd=False)
+    except OSError as exc:
+        raise InputError(f"--progress-fd {fd}: not an open file descriptor ({exc.strerror})") from exc
+
+
+def _tree_progress(console: ConsoleLines, tree: treemod.Tree) -> None:
+    """A console line whenever the number of finished edges or the tree's status changed."""
+    c, p = tree.counters(), tree.params
+    best = scoring.best_of([n.score for n in tree.nodes], tree.direction)
+    stop = tree.stop_reason if tree.status == "finished" else None
+    line = tree_line(
+        f"explore {tree.task}/{tree.root}", c, p.max_valid_edges, p.target_good_leaves, best, stop
+    )
+    console.emit((c["edges"], stop), line)
+
+
+def _grow(tree, root_dir: Path, out: Path, config: dict, info: dict, params, console) -> treemod.Tree:
     """Create or continue the tree with the edge runtime until a stop rule holds."""
     from sftree.edge import EdgeContext, run_edge
     from sftree.workspace import NodeState
@@ -131,7 +161,11 @@ def _grow(tree, root_dir: Path, out: Path, config: dict, info: dict, params) -> 
                 depth=d.depth, attempt=d.attempt, eval_count=d.parent_eval_count or 0,
             )  # fmt: skip
 
-        return search.run_search(tree, run_one, lambda t: treemod.save(t, live))
+        def persist(t: treemod.Tree) -> None:
+            treemod.save(t, live)
+            _tree_progress(console, t)
+
+        return search.run_search(tree, run_one, persist)
     finally:
         ctx.close()  # worktrees removed unless keep_workspaces; a teacher-sim it started is stopped
 
@@ -179,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
     config, root_dir, out, info = preflight(args)
     params = treemod.SearchParams.from_config(config["search"])
     live, final = out / treemod.LIVE_NAME, out / treemod.FINAL_NAME
+    stream = _progress_stream(getattr(args, "progress_fd", None))  # a bad fd fails before anything is made
+    console = ConsoleLines(stream)
     # the topmost folder this run creates (None: out exists): removed if the run fails before its first save
     created = next((p for p in reversed([out, *out.parents]) if not p.exists()), None)
     out.mkdir(parents=True, exist_ok=True)
@@ -190,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
             stale = tempdirs.sweep(TEMP_PREFIXES)
             if stale:
                 log.info("removed %d temporary folder(s) of killed runs: %s", len(stale), ", ".join(stale))
-            return _explore(out, root_dir, config, info, params)
+            return _explore(out, root_dir, config, info, params, console)
     except BaseException:
         if created is not None and not live.exists() and not final.exists():
             # failed before the tree's first state was saved (Teacher not reachable, ...): nothing to resume
@@ -199,9 +235,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
+        if stream is not None:
+            stream.close()
 
 
-def _explore(out: Path, root_dir: Path, config: dict, info: dict, params) -> int:
+def _explore(out: Path, root_dir: Path, config: dict, info: dict, params, console: ConsoleLines) -> int:
     live, final = out / treemod.LIVE_NAME, out / treemod.FINAL_NAME
     tree = _resume(live, out, root_dir.name, info["task"], params) if live.exists() else None
     if tree is None:
@@ -210,8 +248,9 @@ def _explore(out: Path, root_dir: Path, config: dict, info: dict, params) -> int
             shutil.rmtree(out / name, ignore_errors=True)
     if tree is None or tree.status != "finished":
         # (a tree killed after it finished needs no Teacher: it is only written out)
-        tree = _grow(tree, root_dir, out, config, info, params)
+        tree = _grow(tree, root_dir, out, config, info, params, console)
     treemod.save(tree, final)
+    _tree_progress(console, tree)
     live.unlink(missing_ok=True)
     c = tree.counters()
     log.info("wrote %s: %d nodes, %d edges, %d good leaves, stop: %s", final, len(tree.nodes), c["edges"],
