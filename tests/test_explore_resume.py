@@ -11,6 +11,7 @@ import time
 from helpers_explore import explore, explore_cmd, load_final, make_root, write_config
 
 from sftree.teachersim.server import make_server
+from sftree.tree import LiveTree
 
 # Wall-clock fields; knowledge commits hold Coral attempt records, which carry a timestamp.
 VOLATILE = {"created_at", "updated_at", "started_at", "finished_at", "wall_s", "knowledge_commit"}
@@ -50,14 +51,14 @@ def test_kill_9_then_resume(tmp_path):
         search = {"root_children": 2, "max_children": 2, "max_depth": 2, "parallel_width": 2}
         cfg = write_config(tmp_path, search, base_url=url)
         out = tmp_path / "trees" / root.name
-        live = out / "tree.live.json"
+        live = LiveTree(out)
         cmd = explore_cmd(root, out, cfg)
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         before = None
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
             if live.exists():
-                snap = json.loads(live.read_text())
+                snap = live.load().to_dict()  # the snapshot with the appended log replayed
                 if len(snap["edges"]) >= 2 and snap["in_flight"]:
                     os.kill(proc.pid, signal.SIGKILL)
                     killed_at = time.monotonic()
@@ -67,6 +68,9 @@ def test_kill_9_then_resume(tmp_path):
         proc.wait(timeout=30)
         assert before is not None, "explore finished before it could be killed mid-tree"
         assert not (out / "tree.json").exists()
+        # The finished edges reached disk as appended log lines, not as rewrites of the snapshot.
+        assert len(json.loads(live.snapshot_path.read_text())["edges"]) < len(before["edges"])
+        assert len(live.log_path.read_text().splitlines()) >= 3
         done_before = {e["id"]: e for e in before["edges"]}
         running_before = {d["edge"] for d in before["in_flight"]}
         transcripts = {e: hashlib.sha256((out / "edges" / e / "steps.jsonl").read_bytes()).hexdigest()
@@ -89,6 +93,7 @@ def test_kill_9_then_resume(tmp_path):
         after = {edge for t, edge, _ in requests if t > killed_at + 0.3}
         assert after and not after & (set(done_before) | running_before)
         assert list((out / "work").iterdir()) == []
+        assert not live.snapshot_path.exists() and not live.log_path.exists()
     finally:
         server.shutdown()
         server.server_close()

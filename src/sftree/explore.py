@@ -1,6 +1,7 @@
 """`sftree explore --root DIR --out TREEDIR [--config config.yaml]`: grow one root's MCTS tree.
 
-Resumable: `tree.live.json` is rewritten atomically after every edge; a rerun of a killed job loads it, discards
+Resumable: the live tree (`tree.live.json`, a snapshot, plus `tree.log.jsonl`, one appended line per change:
+`tree.LiveTree`) is persisted after every dispatch and every edge; a rerun of a killed job loads it, discards
 the edges that were running (their worktrees and partial transcripts) and continues. The declared output
 `tree.json` is written once, when the search stops (Snakemake deletes declared outputs before a job runs, so it
 cannot hold the live state). A rerun without `tree.live.json` (e.g. `--forcerun explore`) starts afresh.
@@ -76,10 +77,12 @@ def _attempt_score(root_dir: Path, commit: str | None) -> float | None:
     return None
 
 
-def _resume(live: Path, out: Path, root_name: str, task: str, params: treemod.SearchParams) -> treemod.Tree:
-    tree = treemod.load(live)
+def _resume(
+    live: treemod.LiveTree, out: Path, root_name: str, task: str, params: treemod.SearchParams
+) -> treemod.Tree:
+    tree = live.load()
     if tree.root != root_name or tree.task != task:
-        raise InputError(f"{live} belongs to {tree.task}/{tree.root}, not {task}/{root_name}")
+        raise InputError(f"{live.snapshot_path} belongs to {tree.task}/{tree.root}, not {task}/{root_name}")
     for d in tree.in_flight:  # half-done edges: dropped, their ids are not reused
         log.info("discarding half-done edge %s (from %s)", d["edge"], d["node"])
     tree.in_flight = []
@@ -99,17 +102,16 @@ def _resume(live: Path, out: Path, root_name: str, task: str, params: treemod.Se
         )
     tree.params = replace(tree.params, **{k: getattr(params, k) for k in OPERATIONAL})
     c = tree.counters()
-    log.info("resuming %s: %d edges done, %d nodes", live, c["edges"], len(tree.nodes))
+    log.info("resuming %s: %d edges done, %d nodes", live.dir, c["edges"], len(tree.nodes))
     return tree
 
 
-def _grow(tree, root_dir: Path, out: Path, config: dict, info: dict, params) -> treemod.Tree:
+def _grow(tree, live: treemod.LiveTree, root_dir: Path, config: dict, info: dict, params) -> treemod.Tree:
     """Create or continue the tree with the edge runtime until a stop rule holds."""
     from sftree.edge import EdgeContext, run_edge
     from sftree.workspace import NodeState
 
-    live = out / treemod.LIVE_NAME
-    ctx = EdgeContext.create(out, root_dir, config, info["task_cfg"])
+    ctx = EdgeContext.create(live.dir, root_dir, config, info["task_cfg"])
     try:
         ctx.store.cleanup_stale(keep=set())  # nothing runs yet: every worktree is a leftover
         if tree is None:
@@ -119,7 +121,7 @@ def _grow(tree, root_dir: Path, out: Path, config: dict, info: dict, params) -> 
             )  # fmt: skip
             log.info("new tree for %s/%s (root score %s, %s)", info["task"], root_dir.name, info["score"],
                      info["direction"])  # fmt: skip
-        treemod.save(tree, live)
+        live.save(tree)
 
         def run_one(d: search.Dispatch):
             return run_edge(
@@ -127,8 +129,9 @@ def _grow(tree, root_dir: Path, out: Path, config: dict, info: dict, params) -> 
                 depth=d.depth, attempt=d.attempt, eval_count=d.parent_eval_count or 0,
             )  # fmt: skip
 
-        return search.run_search(tree, run_one, lambda t: treemod.save(t, live))
+        return search.run_search(tree, run_one, live.save)
     finally:
+        live.close()
         ctx.close()  # worktrees removed unless keep_workspaces; a teacher-sim it started is stopped
 
 
@@ -139,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"root snapshot folder not found: {root_dir}")
     info = read_root(root_dir, config)
     params = treemod.SearchParams.from_config(config["search"])
-    live, final = out / treemod.LIVE_NAME, out / treemod.FINAL_NAME
+    live, final = treemod.LiveTree(out), out / treemod.FINAL_NAME
     out.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(out / "explore.log", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
@@ -152,9 +155,9 @@ def run(args: argparse.Namespace) -> int:
                 shutil.rmtree(out / name, ignore_errors=True)
         if tree is None or tree.status != "finished":
             # (a tree killed after it finished needs no Teacher: it is only written out)
-            tree = _grow(tree, root_dir, out, config, info, params)
+            tree = _grow(tree, live, root_dir, config, info, params)
         treemod.save(tree, final)
-        live.unlink(missing_ok=True)
+        live.remove()
         c = tree.counters()
         log.info("wrote %s: %d nodes, %d edges, %d good leaves, stop: %s", final, len(tree.nodes), c["edges"],
                  c["good_leaves"], tree.stop_reason)  # fmt: skip
