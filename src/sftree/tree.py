@@ -58,8 +58,18 @@ class SearchParams:
         return cls(**{k: v for k, v in (search_cfg or {}).items() if k in names})
 
 
+class _Tracked:
+    """Notes any field assignment, so the live tree appends only what changed (LiveTree.save) without comparing
+    every node and edge. Fields are reassigned, never mutated in place (search.py)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name != "_saved":
+            object.__setattr__(self, "_saved", False)
+
+
 @dataclass
-class Node:
+class Node(_Tracked):
     id: str
     parent: str | None
     edge: str | None  # the edge that made this node
@@ -77,7 +87,7 @@ class Node:
 
 
 @dataclass
-class Edge:
+class Edge(_Tracked):
     id: str
     parent: str
     depth: int  # depth of the child it would make
@@ -339,9 +349,13 @@ SNAPSHOT_MIN = 64  # log lines before a snapshot is due (at least; see LiveTree)
 _HEADER = ("status", "stop_reason", "next_edge", "in_flight", "updated_at")
 
 
-def _fingerprint(obj: Node | Edge) -> tuple:
-    # Fields are reassigned, not mutated in place (search.py), so comparing the values finds every change.
-    return tuple(vars(obj).values())
+def _changed(items: list) -> list:
+    out = []
+    for obj in items:
+        if not obj.__dict__.get("_saved"):
+            object.__setattr__(obj, "_saved", True)
+            out.append(asdict(obj))
+    return out
 
 
 class LiveTree:
@@ -363,7 +377,6 @@ class LiveTree:
         self._log = None
         self._gen: str | None = None
         self._lines = 0
-        self._seen: dict[tuple[str, str], tuple] = {}
 
     def exists(self) -> bool:
         return self.snapshot_path.exists()
@@ -375,14 +388,7 @@ class LiveTree:
             return
         entry: dict[str, Any] = {"gen": self._gen, "tree": {k: getattr(tree, k) for k in _HEADER}}
         entry["tree"]["params"] = asdict(tree.params)
-        for kind, items in (("nodes", tree.nodes), ("edges", tree.edges)):
-            changed = []
-            for obj in items:
-                fp = _fingerprint(obj)
-                if self._seen.get((kind, obj.id)) != fp:
-                    self._seen[kind, obj.id] = fp
-                    changed.append(asdict(obj))
-            entry[kind] = changed
+        entry["nodes"], entry["edges"] = _changed(tree.nodes), _changed(tree.edges)
         self._log.write(json.dumps(entry, ensure_ascii=False) + "\n")
         self._log.flush()
         os.fsync(self._log.fileno())
@@ -395,8 +401,8 @@ class LiveTree:
             self._log.close()
         self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 - held open between saves
         self._lines = 0
-        self._seen = {("nodes", n.id): _fingerprint(n) for n in tree.nodes}
-        self._seen.update({("edges", e.id): _fingerprint(e) for e in tree.edges})
+        for obj in (*tree.nodes, *tree.edges):
+            object.__setattr__(obj, "_saved", True)
 
     def load(self) -> Tree:
         """The tree as of the last save: the snapshot with the log replayed, validated as a whole."""
