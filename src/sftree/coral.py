@@ -127,13 +127,14 @@ def parse_block(text: str) -> dict | None:
 
 # Parsed attempt records by file identity. A fork checks out every attempt of the root (10k+ in a long Coral run)
 # and each eval and turn prompt reads them all: parsing only files not seen before keeps that proportional to
-# what changed. Key: device, inode, size, mtime and ctime (ctime cannot be set back by the agent); files touched
-# in the last seconds are parsed every time (racy: a rewrite within one timestamp tick would look unchanged).
+# what changed. Key: device, inode, size, mtime and ctime (ctime cannot be set back by the agent); a file changed
+# in the last half second is parsed every time (racy, as in git: a rewrite within one timestamp tick, a few ms on
+# local filesystems, would look unchanged).
 _ATTEMPTS: dict[tuple, dict | None] = {}
 _UNSEEN = object()
 _ATTEMPTS_LOCK = threading.Lock()
 _ATTEMPTS_MAX = 1_000_000
-_RACY_S = 2.0
+_RACY_S = 0.5
 
 
 def _parse_attempt(path: str, name: str) -> dict | None:
