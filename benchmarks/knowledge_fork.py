@@ -110,7 +110,12 @@ def one_edge(store: TreeStore, state, edge_id: str, n: int) -> tuple[object, dic
 
 
 def run_tree(tmp: Path, root: Path, edges: int, mode: str) -> dict[str, float]:
-    saved = (TreeStore._checkout_knowledge, TreeStore.park_knowledge, coral.load_attempts, prompts.load_attempts)
+    saved = (
+        TreeStore._checkout_knowledge,
+        TreeStore.park_knowledge,
+        coral.load_attempts,
+        prompts.load_attempts,
+    )
     if mode == "before":
         TreeStore._checkout_knowledge = old_checkout_knowledge
         TreeStore.park_knowledge = lambda self, ws: None
@@ -125,7 +130,12 @@ def run_tree(tmp: Path, root: Path, edges: int, mode: str) -> dict[str, float]:
                 times.append(t)
         store.close()
     finally:
-        TreeStore._checkout_knowledge, TreeStore.park_knowledge, coral.load_attempts, prompts.load_attempts = saved
+        (
+            TreeStore._checkout_knowledge,
+            TreeStore.park_knowledge,
+            coral.load_attempts,
+            prompts.load_attempts,
+        ) = saved
     return {k: 1000 * statistics.median(t[k] for t in times) for k in times[0]}
 
 
@@ -135,7 +145,9 @@ def main() -> int:
     ap.add_argument("--edges", type=int, default=6)
     args = ap.parse_args()
     cols = ["fork", "loads", "commits", "state+close", "edge"]
-    print(f"Per-edge knowledge cost (ms, median of {args.edges} chained edges; loads = 4 attempt loads, commits = 2)")
+    print(
+        f"Per-edge knowledge cost (ms, median of {args.edges} chained edges; loads = 4 attempt loads, commits = 2)"
+    )
     print(f"{'attempts':>8} {'mode':>7} " + " ".join(f"{c:>11}" for c in cols))
     with tempfile.TemporaryDirectory(prefix="sftree-kfork-") as tmp:
         for a in [int(x) for x in args.attempts.split(",")]:

@@ -22,6 +22,7 @@ Part 2 - step-record storage: one session of S model calls (each request = the p
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -37,6 +38,8 @@ from sftree import scoring, search, steplog  # noqa: E402
 from sftree import tree as treemod  # noqa: E402
 from sftree.edge import EdgeResult, TurnResult, best_score, regressed_rate  # noqa: E402
 from sftree.workspace import NodeState  # noqa: E402
+
+print = functools.partial(print, flush=True)  # progress shows when piped
 
 
 def old_select_breakdowns(tree, candidates):
@@ -160,7 +163,9 @@ def main() -> int:
             runs[mode] = grow(d, max(sizes), mode)
             files = sorted(p.name for p in d.iterdir())
             size = sum((d / f).stat().st_size for f in files)
-            print(f"{mode}: {len(runs[mode])} edges in {runs[mode][-1]:.1f} s; on disk {size / 1e6:.2f} MB ({', '.join(files)})")
+            print(
+                f"{mode}: {len(runs[mode])} edges in {runs[mode][-1]:.1f} s; on disk {size / 1e6:.2f} MB ({', '.join(files)})"
+            )
         print()
         print(f"Loop cost per edge (ms, mean of the {args.window} edges before the N-th; width 8, async)")
         print(f"{'edges':>6} {'before':>9} {'after':>9} {'before/after':>13}")
@@ -174,7 +179,9 @@ def main() -> int:
         for s in [int(x) for x in args.steps.split(",")]:
             inline, stored = session_bytes(s, Path(tmp))
             print(f"{s:>6} {inline:>12.0f} {stored:>12.0f} {inline / stored:>6.1f}x")
-    print(f"\nmachine: {os.cpu_count()} CPUs, {sys.platform}, Python {sys.version.split()[0]}; tmp dir {tempfile.gettempdir()}")
+    print(
+        f"\nmachine: {os.cpu_count()} CPUs, {sys.platform}, Python {sys.version.split()[0]}; tmp dir {tempfile.gettempdir()}"
+    )
     return 0
 
 

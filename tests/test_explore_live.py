@@ -24,7 +24,9 @@ def runner(seed: int):
     rng = random.Random(seed)
 
     def run(d: search.Dispatch):
-        s1, s2 = (rng.choice([None, rng.uniform(0, 3)]) if rng.random() < 0.2 else rng.uniform(0, 3) for _ in "ab")
+        s1, s2 = (
+            rng.choice([None, rng.uniform(0, 3)]) if rng.random() < 0.2 else rng.uniform(0, 3) for _ in "ab"
+        )
         return result(d.edge, s1, s2, errors=rng.choice([0, 0, 1, 5]), tokens=rng.randint(500, 9000),
                       parent=d.parent_score)  # fmt: skip
 

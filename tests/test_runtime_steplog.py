@@ -25,7 +25,9 @@ def session_records(steps: int, out_len=lambda i: 50 * i) -> list[dict]:
         resp = {
             "role": "assistant",
             "content": None,
-            "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}],
+            "tool_calls": [
+                {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+            ],
         }
         out.append(
             {"turn": 1, "step": i, "kind": "agent", "request": {"model": "m", "messages": list(msgs), "tools": TOOLS},
@@ -109,7 +111,10 @@ def test_export_unchanged_when_transcripts_are_reencoded(tmp_path):
 @pytest.mark.parametrize(
     "damage, expect",
     [
-        (lambda enc: enc[1]["request"]["messages"].update(add=["feedfeed"]), "feedfeed is not in messages.jsonl"),
+        (
+            lambda enc: enc[1]["request"]["messages"].update(add=["feedfeed"]),
+            "feedfeed is not in messages.jsonl",
+        ),
         (lambda enc: enc[1]["request"]["messages"].update(base=7), "base 7 is not an earlier record"),
         (lambda enc: enc[1]["request"]["messages"].update(keep=99), "keep 99 exceeds record 0"),
         (lambda enc: enc[1].update(enc=2), "unknown encoding 2"),

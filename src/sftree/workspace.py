@@ -259,6 +259,9 @@ class TreeStore:
         code = self._import_dir(self.code_git, code_src, "root snapshot code")
         shared_src_dir = shared_src if shared_src.is_dir() else None
         knowledge = self._import_dir(self.knowledge_git, shared_src_dir, "root snapshot shared knowledge")
+        # One pack instead of a loose object per attempt file: each knowledge commit's write-tree checks that
+        # every blob exists, a lookup in a pack index rather than a file per object.
+        git(["repack", "-a", "-d", "-q"], git_dir=self.knowledge_git)
         # The root ref is written last: its presence marks a complete store.
         git(["update-ref", "refs/sftree/root", knowledge], git_dir=self.knowledge_git)
         git(["update-ref", "refs/sftree/root", code], git_dir=self.code_git)
