@@ -3,10 +3,11 @@
     python3 benchmarks/loop_cost.py [--sizes 10,100,500,1000] [--window 10] [--steps 10,100,500,1000]
 
 Part 1 - loop cost per edge: the real `search.run_search` (ask/Select, begin, tell, stop rules, persistence
-after every dispatch batch and every edge, parallel_width 8, async) drives one tree to the largest size with
-an in-process edge runner that returns at once (so only the loop is measured; an edge record carries two
-turns with 400 characters of feedback each, like a real one). The cost at N edges is the wall time of the
-`--window` edges that finish just before the N-th, divided by the window. Side by side in one run:
+after every dispatch batch and every edge, parallel_width 8, async) with an in-process edge runner that returns
+at once (so only the loop is measured; an edge record carries two turns with 400 characters of feedback each,
+like a real one). One tree is grown to each size N unmeasured; from copies of that same tree the loop then runs
+`--window` more edges in each mode, and the cost at N is their wall time divided by the window. Growing a
+1000-edge tree the old way takes many minutes, which is why the sizes are reached unmeasured. Side by side:
 
 - before: the tree rewritten in full (`tree.save`: JSON of every node and edge, fsync, rename) at every
   persist, and Select ranking each candidate against every node one by one (the previous `select_breakdowns`,
@@ -22,6 +23,7 @@ Part 2 - step-record storage: one session of S model calls (each request = the p
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import os
@@ -86,46 +88,56 @@ def stub_runner(seed: int = 0):
     return run
 
 
-def grow(out: Path, edges: int, mode: str) -> list[float]:
-    """Finish times of each edge (seconds since start) for a tree grown to `edges` edges."""
+class _Enough(Exception):
+    """Raised from the persist callback to stop the loop at a given edge count (the tree stays running)."""
+
+
+def new_tree() -> treemod.Tree:
     params = treemod.SearchParams(root_children=3, max_children=4, max_depth=12, hard_token_limit=10**9,
-                                  target_good_leaves=10**6, max_valid_edges=edges, max_failed_expansions=3,
+                                  target_good_leaves=10**6, max_valid_edges=10**6, max_failed_expansions=3,
                                   parallel_width=8)  # fmt: skip
-    tree = treemod.Tree.new("t", "eval-000001-agent-1-abc", "maximize", params, 1.0,
+    return treemod.Tree.new("t", "eval-000001-agent-1-abc", "maximize", params, 1.0,
                             {"code_commit": "c" * 40, "knowledge_commit": "k" * 40, "session": None}, 5)  # fmt: skip
+
+
+def run_until(tree: treemod.Tree, edges: int, persist, runner) -> list[float]:
+    """Run the real loop until `edges` edges are finished; the finish time of each edge after the start."""
     finished: list[float] = []
     t0 = time.perf_counter()
+
+    def on_persist(t):
+        persist(t)
+        if len(t.edges) > len(finished) + start:
+            finished.append(time.perf_counter() - t0)
+        if len(t.edges) >= edges:
+            raise _Enough
+
+    start = len(tree.edges)
+    try:
+        search.run_search(tree, runner, on_persist)
+    except _Enough:
+        pass
+    tree.in_flight = []  # dispatched but never told: dropped, as a resumed run does
+    return finished
+
+
+def window_cost(tree: treemod.Tree, out: Path, window: int, mode: str, runner) -> float:
+    """ms per edge of the next `window` edges grown on (a copy of) `tree` with the given persistence/Select."""
+    tree = copy.deepcopy(tree)
+    saved = search.select_breakdowns
     if mode == "before":
         path = out / treemod.LIVE_NAME
-
-        def persist(t):
-            treemod.save(t, path)
-            if len(t.edges) > len(finished):
-                finished.append(time.perf_counter() - t0)
-
-        saved, search.select_breakdowns = search.select_breakdowns, old_select_breakdowns
+        persist = functools.partial(treemod.save, path=path)
+        search.select_breakdowns = old_select_breakdowns
     else:
         live = treemod.LiveTree(out)
-
-        def persist(t):
-            live.save(t)
-            if len(t.edges) > len(finished):
-                finished.append(time.perf_counter() - t0)
-
-        saved = search.select_breakdowns
+        live.save(tree)  # the snapshot a run takes once (and then every ~edges lines): not in the window
+        persist = live.save
     try:
-        search.run_search(tree, stub_runner(), persist)
+        times = run_until(tree, len(tree.edges) + window, persist, runner)
     finally:
         search.select_breakdowns = saved
-    return finished[:edges]
-
-
-def per_edge_ms(finished: list[float], n: int, window: int) -> float | None:
-    if n > len(finished):
-        return None
-    w = min(window, n - 1) if n > 1 else 1
-    start = finished[n - 1 - w] if n - 1 - w >= 0 else 0.0
-    return 1000 * (finished[n - 1] - start) / w
+    return 1000 * times[-1] / len(times)
 
 
 def session_bytes(steps: int, tmp: Path) -> tuple[float, float]:
@@ -151,28 +163,23 @@ def session_bytes(steps: int, tmp: Path) -> tuple[float, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="10,100,500,1000")
-    ap.add_argument("--window", type=int, default=10)
+    ap.add_argument("--window", type=int, default=20)
     ap.add_argument("--steps", default="10,100,500,1000")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
     with tempfile.TemporaryDirectory(prefix="sftree-loop-") as tmp:
-        runs = {}
-        for mode in ("before", "after"):
-            d = Path(tmp) / mode
-            d.mkdir()
-            runs[mode] = grow(d, max(sizes), mode)
-            files = sorted(p.name for p in d.iterdir())
-            size = sum((d / f).stat().st_size for f in files)
-            print(
-                f"{mode}: {len(runs[mode])} edges in {runs[mode][-1]:.1f} s; on disk {size / 1e6:.2f} MB ({', '.join(files)})"
-            )
-        print()
-        print(f"Loop cost per edge (ms, mean of the {args.window} edges before the N-th; width 8, async)")
+        print(f"Loop cost per edge (ms, mean of the {args.window} edges after the N-th; width 8, async)")
         print(f"{'edges':>6} {'before':>9} {'after':>9} {'before/after':>13}")
+        tree, runner = new_tree(), stub_runner()
         for n in sizes:
-            b, a = per_edge_ms(runs["before"], n, args.window), per_edge_ms(runs["after"], n, args.window)
-            ratio = f"{b / a:.1f}x" if a and b else "-"
-            print(f"{n:>6} {b or float('nan'):>9.2f} {a or float('nan'):>9.2f} {ratio:>13}")
+            run_until(tree, n, lambda t: None, runner)  # grow to N (not measured)
+            cost = {}
+            for mode in ("before", "after"):
+                d = Path(tmp) / f"{mode}{n}"
+                d.mkdir()
+                cost[mode] = window_cost(tree, d, args.window, mode, stub_runner(n))
+            b, a = cost["before"], cost["after"]
+            print(f"{n:>6} {b:>9.2f} {a:>9.2f} {b / a:>12.1f}x")
         print()
         print("Step-record storage per model call (bytes) for one session of S calls")
         print(f"{'S':>6} {'inline':>12} {'stored once':>12} {'ratio':>7}")
