@@ -282,7 +282,7 @@ def test_compaction_when_allowed_is_detected_and_marked(tmp_path):
         ws.close()
         ctx.close()
     assert out.compacted is True
-    recs = [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    recs = steplog.read_steps(tmp_path / "steps.jsonl")
     kinds = [r["kind"] for r in recs]
     assert kinds[0] == "agent" and "compaction" in kinds and all(r["compacted"] for r in recs)
     first_compaction = recs[kinds.index("compaction")]
