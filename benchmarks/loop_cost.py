@@ -57,8 +57,8 @@ def old_select_breakdowns(tree, candidates):
         pr = scoring.process([e.soft for e in tree.path_edges(n.id)])
         q = scoring.q_value(sr, br, pr)
         t = scoring.token_reward(n.max_token_total, active_tokens)
-        out[n.id] = {"node": n.id, "score_rank": round(sr, 6), "best_rank": round(br, 6), "process": round(pr, 6),
-                     "Q": round(q, 6), "T": round(t, 6), "select": round(scoring.select_value(q, t, tree.params.alpha), 6)}  # fmt: skip
+        out[n.id] = {"node": n.id, "score_rank": sr, "best_rank": br, "process": pr, "Q": q, "T": t,
+                     "select": scoring.select_value(q, t, tree.params.alpha)}  # fmt: skip
     return out
 
 
