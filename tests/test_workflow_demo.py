@@ -73,12 +73,11 @@ def test_demo_workflow_end_to_end(tmp_path, example_snapshots_dir):
     assert len(ids) == len(set(ids))
     for r in records:
         jsonschema.validate(r, SCHEMA)
-        asked = [
-            tc["id"] for m in r["messages"] if m["role"] == "assistant" for tc in m.get("tool_calls", [])
-        ]
-        answered = Counter(m["tool_call_id"] for m in r["messages"] if m["role"] == "tool")
-        assert sorted(asked) == sorted(answered) and set(answered.values()) == {1}
-        assert r["messages"][-1]["role"] in ("assistant", "tool")
+        # step records: the prompt's calls are all answered; the completion is the one trained message
+        asked = [tc["id"] for m in r["prompt"] if m["role"] == "assistant" for tc in m.get("tool_calls", [])]
+        answered = Counter(m["tool_call_id"] for m in r["prompt"] if m["role"] == "tool")
+        assert sorted(asked) == sorted(answered) and set(answered.values()) <= {1}
+        assert [m["role"] for m in r["completion"]] == ["assistant"]
     assert {r["metadata"]["task"] for r in records} == {"circle_packing", "tsp"}
     per_task = sum(
         len((results / t / "sft.jsonl").read_text().splitlines()) for t in ("circle_packing", "tsp")
@@ -94,6 +93,10 @@ def test_demo_workflow_end_to_end(tmp_path, example_snapshots_dir):
     assert len(lf) == len(records) and all(llamafactory_alternates(r["messages"]) for r in lf)
     card = (results / "dataset_card.md").read_text()
     assert f"{len(records)} records" in card
+    # the card reads the trees: one gain row per selected path, the snapshots skipped, the sandbox
+    row = r"^\| (circle_packing|tsp) \| eval-\S+ \| \S+ \| \S+ \| \d+ \| \S+ \| \S+ \| \S+ \| [^|]*\|$"
+    assert len(re.findall(row, card, re.M)) == selected
+    assert "| circle_packing | " in card.split("| task | snapshots |")[1]
     page = (results / "report.html").read_text()
     assert page.count('<svg class="tree"') == 2 and "Task circle_packing" in page and "Task tsp" in page
 
