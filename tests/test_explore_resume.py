@@ -74,8 +74,10 @@ def test_kill_9_then_resume(tmp_path):
         assert len(live.log_path.read_text().splitlines()) >= 3
         done_before = {e["id"]: e for e in before["edges"]}
         running_before = {d["edge"] for d in before["in_flight"]}
-        transcripts = {e: hashlib.sha256((out / "edges" / e / "steps.jsonl").read_bytes()).hexdigest()
-                       for e in done_before}  # fmt: skip
+        def digest(e):  # an edge's step records and its message store
+            return [hashlib.sha256((out / "edges" / e / f).read_bytes()).hexdigest() for f in ("steps.jsonl", "messages.jsonl")]
+
+        transcripts = {e: digest(e) for e in done_before}
         time.sleep(0.3)  # let requests of the killed process that were already on the wire land
 
         assert explore(root, out, cfg) == 0
@@ -85,8 +87,7 @@ def test_kill_9_then_resume(tmp_path):
         final = {e.id: e for e in tree.edges}
         for eid, e in done_before.items():  # finished edges kept as they were
             assert _strip(e) == _strip(asdict(final[eid]))
-            digest = hashlib.sha256((out / "edges" / eid / "steps.jsonl").read_bytes()).hexdigest()
-            assert digest == transcripts[eid]
+            assert digest(eid) == transcripts[eid]
         assert not running_before & set(final)  # half-done edges discarded, their ids not reused
         assert not any(
             (out / "edges" / e).exists() or (out / "sessions" / f"{e}.json").exists() for e in running_before

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from sftree import search
+from sftree import scoring, search
 from sftree import tree as treemod
 from sftree.config import load_config, task_config
 from sftree.errors import InputError
 from sftree.fileio import read_json
+from sftree.progress import ConsoleLines, tree_line
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", required=True, help="tree folder (results/<task>/trees/<snapshot>)")
     parser.add_argument("--config", help="config.yaml (default: the repository's)")
+    parser.add_argument(
+        "--progress-fd",
+        type=int,
+        help="also write one progress line per finished edge to this open file descriptor (the workflow"
+        " passes the job's console as fd 3 while stdout and stderr go to the log file)",
+    )
 
 
 def read_root(root_dir: Path, config: dict) -> dict:
@@ -106,7 +114,31 @@ def _resume(
     return tree
 
 
-def _grow(tree, live: treemod.LiveTree, root_dir: Path, config: dict, info: dict, params) -> treemod.Tree:
+def _progress_stream(fd: int | None):
+    """The inherited descriptor as a text stream (written through the shared descriptor, not reopened, so the
+    lines land in order with the console's other writers even when the console is a file)."""
+    if fd is None:
+        return None
+    try:
+        return os.fdopen(fd, "w", encoding="utf-8", closefd=False)
+    except OSError as exc:
+        raise InputError(f"--progress-fd {fd}: not an open file descriptor ({exc.strerror})") from exc
+
+
+def _tree_progress(console: ConsoleLines, tree: treemod.Tree) -> None:
+    """A console line whenever the number of finished edges or the tree's status changed."""
+    c, p = tree.counters(), tree.params
+    best = scoring.best_of([n.score for n in tree.nodes], tree.direction)
+    stop = tree.stop_reason if tree.status == "finished" else None
+    line = tree_line(
+        f"explore {tree.task}/{tree.root}", c, p.max_valid_edges, p.target_good_leaves, best, stop
+    )
+    console.emit((c["edges"], stop), line)
+
+
+def _grow(
+    tree, live: treemod.LiveTree, root_dir: Path, config: dict, info: dict, params, console
+) -> treemod.Tree:
     """Create or continue the tree with the edge runtime until a stop rule holds."""
     from sftree.edge import EdgeContext, run_edge
     from sftree.workspace import NodeState
@@ -129,7 +161,11 @@ def _grow(tree, live: treemod.LiveTree, root_dir: Path, config: dict, info: dict
                 depth=d.depth, attempt=d.attempt, eval_count=d.parent_eval_count or 0,
             )  # fmt: skip
 
-        return search.run_search(tree, run_one, live.save)
+        def persist(t: treemod.Tree) -> None:
+            live.save(t)
+            _tree_progress(console, t)
+
+        return search.run_search(tree, run_one, persist)
     finally:
         live.close()
         ctx.close()  # worktrees removed unless keep_workspaces; a teacher-sim it started is stopped
@@ -147,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
     handler = logging.FileHandler(out / "explore.log", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     logging.getLogger().addHandler(handler)
+    stream = _progress_stream(getattr(args, "progress_fd", None))
+    console = ConsoleLines(stream)
     try:
         tree = _resume(live, out, root_dir.name, info["task"], params) if live.exists() else None
         if tree is None:
@@ -155,8 +193,9 @@ def run(args: argparse.Namespace) -> int:
                 shutil.rmtree(out / name, ignore_errors=True)
         if tree is None or tree.status != "finished":
             # (a tree killed after it finished needs no Teacher: it is only written out)
-            tree = _grow(tree, live, root_dir, config, info, params)
+            tree = _grow(tree, live, root_dir, config, info, params, console)
         treemod.save(tree, final)
+        _tree_progress(console, tree)
         live.remove()
         c = tree.counters()
         log.info("wrote %s: %d nodes, %d edges, %d good leaves, stop: %s", final, len(tree.nodes), c["edges"],
@@ -165,3 +204,5 @@ def run(args: argparse.Namespace) -> int:
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
+        if stream is not None:
+            stream.close()

@@ -20,4 +20,6 @@ rule explore:
         tree_dir=lambda wc: f"{RESULTS}/{wc.task}/trees/{wc.root}",
         config=config_args(),
     shell:
-        "sftree explore --root {params.root_dir} --out {params.tree_dir} {params.config} > {log} 2>&1"
+        # fd 3 is the job's console (copied before stderr goes to the log): one progress line per edge.
+        "sftree explore --root {params.root_dir} --out {params.tree_dir} {params.config}"
+        " --progress-fd 3 3>&2 > {log} 2>&1"
