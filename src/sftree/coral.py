@@ -31,17 +31,16 @@ import logging
 import os
 import re
 import shlex
-import shutil
 import socket
 import sys
 import tarfile
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from sftree import tempdirs
 from sftree.errors import SftreeError
 from sftree.fileio import write_json_atomic
 from sftree.procs import run_group
@@ -207,7 +206,7 @@ def run_grader(task_cfg: dict, commit: str, git_dir: Path) -> tuple[float | None
     grader = task_cfg.get("grader")
     timeout = float(task_cfg.get("grader_timeout", 120))
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="sftree-grade-") as tmp:
+    with tempdirs.temporary("sftree-grade-") as tmp:
         code_dir = Path(tmp) / "code"
         code_dir.mkdir()
         from sftree.workspace import git
@@ -423,7 +422,7 @@ class CoralServer:
 
     def __init__(self, ws, task_cfg: dict, *, eval_count: int, agent_id: str):
         self.runtime = CoralRuntime(ws, task_cfg, eval_count=eval_count, agent_id=agent_id)
-        self.dir = Path(tempfile.mkdtemp(prefix="sftree-coral-"))
+        self.dir = tempdirs.make("sftree-coral-")
         self.bin_dir = self.dir / "bin"
         self.bin_dir.mkdir()
         client = self.bin_dir / "coral"
@@ -486,7 +485,7 @@ class CoralServer:
             self._sock.close()
         if self._thread:
             self._thread.join(timeout=5)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        tempdirs.remove(self.dir)
 
 
 # ---- `sftree coral` ------------------------------------------------------------------------------------------

@@ -16,12 +16,13 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from sftree import scoring, search
+from sftree import scoring, search, tempdirs
 from sftree import tree as treemod
 from sftree.config import load_config, task_config
 from sftree.errors import InputError
 from sftree.fileio import read_json
 from sftree.progress import ConsoleLines, tree_line
+from sftree.snapshots import check_files
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 RUN_DIRS = ("store", "work", "edges", "sessions")
 # Params that only change how the search runs, not which tree it grows: a resumed run takes them from config.
 OPERATIONAL = ("parallel_width", "schedule", "keep_workspaces")
+# Temporary folders of edges (coral sockets, grader checkouts): removed on exit, SIGTERM, and after kill -9 by
+# the next run (tempdirs.sweep).
+TEMP_PREFIXES = ("sftree-coral-", "sftree-grade-")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -171,38 +175,89 @@ def _grow(
         ctx.close()  # worktrees removed unless keep_workspaces; a teacher-sim it started is stopped
 
 
-def run(args: argparse.Namespace) -> int:
+def _resolve(arg: str, flag: str) -> Path:
+    try:
+        return Path(arg).resolve(strict=False)
+    except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+        raise InputError(f"{flag} {arg}: cannot be resolved ({exc})") from None
+
+
+def check_out(out: Path, flag: str = "--out") -> None:
+    """`out` is a folder or can become one: no part of it is an existing file."""
+    for p in [out, *out.parents]:
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                raise InputError(f"{flag} {out}: {p} exists and is not a folder")
+            return
+
+
+def preflight(args: argparse.Namespace) -> tuple[dict, Path, Path, dict]:
+    """Everything that can be checked before the first write: config, root, out, prompt templates, teacher-sim
+    options. A bad input fails here, so it leaves no output folder behind."""
     config = load_config(args.config)
-    root_dir, out = Path(args.root).resolve(), Path(args.out).resolve()
+    root_dir, out = _resolve(args.root, "--root"), _resolve(args.out, "--out")
     if not root_dir.is_dir():
-        raise InputError(f"root snapshot folder not found: {root_dir}")
+        raise InputError(f"--root {args.root}: root snapshot folder not found")
+    check_out(out)
     info = read_root(root_dir, config)
+    check_files(root_dir, "--root")
+    from sftree.agents.prompts import NAMES, load_template
+
+    overrides = config.get("agent", {}).get("prompts") or {}
+    for name in NAMES:  # a missing template would otherwise surface inside the first edge
+        load_template(name, overrides)
+    sim = config.get("teacher", {}).get("sim")
+    if sim is not None:
+        from sftree.teachersim.server import make_state
+
+        make_state(**sim)  # script file, fault rates, latency tail: the same checks the server makes
+    return config, root_dir, out, info
+
+
+def run(args: argparse.Namespace) -> int:
+    config, root_dir, out, info = preflight(args)
     params = treemod.SearchParams.from_config(config["search"])
     live, final = treemod.LiveTree(out), out / treemod.FINAL_NAME
+    stream = _progress_stream(getattr(args, "progress_fd", None))  # a bad fd fails before anything is made
+    console = ConsoleLines(stream)
+    # the topmost folder this run creates (None: out exists): removed if the run fails before its first save
+    created = next((p for p in reversed([out, *out.parents]) if not p.exists()), None)
     out.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(out / "explore.log", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     logging.getLogger().addHandler(handler)
-    stream = _progress_stream(getattr(args, "progress_fd", None))
-    console = ConsoleLines(stream)
     try:
-        tree = _resume(live, out, root_dir.name, info["task"], params) if live.exists() else None
-        if tree is None:
-            final.unlink(missing_ok=True)
-            for name in RUN_DIRS:  # leftovers of an earlier exploration of this root
-                shutil.rmtree(out / name, ignore_errors=True)
-        if tree is None or tree.status != "finished":
-            # (a tree killed after it finished needs no Teacher: it is only written out)
-            tree = _grow(tree, live, root_dir, config, info, params, console)
-        treemod.save(tree, final)
-        _tree_progress(console, tree)
-        live.remove()
-        c = tree.counters()
-        log.info("wrote %s: %d nodes, %d edges, %d good leaves, stop: %s", final, len(tree.nodes), c["edges"],
-                 c["good_leaves"], tree.stop_reason)  # fmt: skip
-        return 0
+        with tempdirs.removed_on_sigterm():
+            stale = tempdirs.sweep(TEMP_PREFIXES)
+            if stale:
+                log.info("removed %d temporary folder(s) of killed runs: %s", len(stale), ", ".join(stale))
+            return _explore(out, root_dir, config, info, params, console)
+    except BaseException:
+        if created is not None and not live.exists() and not final.exists():
+            # failed before the tree's first state was saved (Teacher not reachable, ...): nothing to resume
+            shutil.rmtree(created, ignore_errors=True)
+        raise
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
         if stream is not None:
             stream.close()
+
+
+def _explore(out: Path, root_dir: Path, config: dict, info: dict, params, console: ConsoleLines) -> int:
+    live, final = treemod.LiveTree(out), out / treemod.FINAL_NAME
+    tree = _resume(live, out, root_dir.name, info["task"], params) if live.exists() else None
+    if tree is None:
+        final.unlink(missing_ok=True)
+        for name in RUN_DIRS:  # leftovers of an earlier exploration of this root
+            shutil.rmtree(out / name, ignore_errors=True)
+    if tree is None or tree.status != "finished":
+        # (a tree killed after it finished needs no Teacher: it is only written out)
+        tree = _grow(tree, live, root_dir, config, info, params, console)
+    treemod.save(tree, final)
+    _tree_progress(console, tree)
+    live.remove()
+    c = tree.counters()
+    log.info("wrote %s: %d nodes, %d edges, %d good leaves, stop: %s", final, len(tree.nodes), c["edges"],
+             c["good_leaves"], tree.stop_reason)  # fmt: skip
+    return 0

@@ -356,9 +356,8 @@ class TreeStore:
                 env=env,
                 input=stale.encode(),
             )
-        git(
-            [*wt, "clean", "-f", "-f", "-d", "-x", "-q"], git_dir=repo, env=env
-        )  # untracked and ignored files
+        # Untracked and ignored files (what the last agent added, OpenCode's housekeeping) go too.
+        git([*wt, "clean", "-f", "-f", "-d", "-x", "-q"], git_dir=repo, env=env)
 
     def park_knowledge(self, ws: EdgeWorkspace) -> None:
         """Keep a closing edge's knowledge checkout for the next fork (a real folder only: never a link)."""

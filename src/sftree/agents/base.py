@@ -37,11 +37,12 @@ class TurnRun:
     task_cfg: dict
     env: dict[str, str] = field(default_factory=dict)  # CORAL_SOCKET, CORAL_BIN (host paths)
     extra_ro_hidden: list[Path] = field(default_factory=list)  # more paths the sandbox must hide
+    context_used: int = 0  # the session's context length so far (last step's usage; 0 = not known)
 
 
 @dataclass
 class TurnOutcome:
-    ended: str  # eval | step_limit | timeout | no_eval | teacher_error
+    ended: str  # eval | step_limit | timeout | no_eval | teacher_error | context_overflow
     steps: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
