@@ -74,9 +74,8 @@ def test_teacher_down_past_its_retries_then_resume(tmp_path, capsys):
     cfg = write_config(tmp_path, search, script=[])
     assert explore(root, out, cfg) == 0
     tree = load_final(out)
-    # (by id: e1 and e3 run at once, so either may finish, and be recorded, first)
-    got = sorted(((e.id, e.slot, e.attempt) for e in tree.edges), key=lambda x: int(x[0][1:]))
-    assert got == [("e1", 0, 1), ("e3", 2, 1), ("e4", 1, 1)]
+    # e1 and e3 finish in either order under load: the edge list is in completion order.
+    assert sorted((e.id, e.slot, e.attempt) for e in tree.edges) == [("e1", 0, 1), ("e3", 2, 1), ("e4", 1, 1)]
     assert not (out / "edges" / "e2").exists() and tree.in_flight == []
     assert tree.stop_reason == "frontier_empty" and tree.counters()["good_leaves"] == 3
 
