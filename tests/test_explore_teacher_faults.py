@@ -12,7 +12,7 @@ import json
 import yaml
 from helpers_explore import explore, load_final, make_root, write_config
 
-from sftree import cli
+from sftree import cli, steplog
 
 SCRIPT = [
     {"match": {"edge": "e1", "turn": 2}, "fault": "context_overflow"},
@@ -28,7 +28,7 @@ SCRIPT = [
 
 
 def steps(out, edge):
-    return [json.loads(line) for line in (out / "edges" / edge / "steps.jsonl").read_text().splitlines()]
+    return steplog.read_steps(out / "edges" / edge / "steps.jsonl")
 
 
 def test_overflow_and_real_server_shapes_finish_the_tree(tmp_path):

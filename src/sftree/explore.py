@@ -1,6 +1,7 @@
 """`sftree explore --root DIR --out TREEDIR [--config config.yaml]`: grow one root's MCTS tree.
 
-Resumable: `tree.live.json` is rewritten atomically after every edge; a rerun of a killed job loads it, discards
+Resumable: the live tree (`tree.live.json`, a snapshot, plus `tree.log.jsonl`, one appended line per change:
+`tree.LiveTree`) is persisted after every dispatch and every edge; a rerun of a killed job loads it, discards
 the edges that were running (their worktrees and partial transcripts) and continues. The declared output
 `tree.json` is written once, when the search stops (Snakemake deletes declared outputs before a job runs, so it
 cannot hold the live state). A rerun without `tree.live.json` (e.g. `--forcerun explore`) starts afresh.
@@ -88,10 +89,12 @@ def _attempt_score(root_dir: Path, commit: str | None) -> float | None:
     return None
 
 
-def _resume(live: Path, out: Path, root_name: str, task: str, params: treemod.SearchParams) -> treemod.Tree:
-    tree = treemod.load(live)
+def _resume(
+    live: treemod.LiveTree, out: Path, root_name: str, task: str, params: treemod.SearchParams
+) -> treemod.Tree:
+    tree = live.load()
     if tree.root != root_name or tree.task != task:
-        raise InputError(f"{live} belongs to {tree.task}/{tree.root}, not {task}/{root_name}")
+        raise InputError(f"{live.snapshot_path} belongs to {tree.task}/{tree.root}, not {task}/{root_name}")
     for d in tree.in_flight:  # half-done edges: dropped, their ids are not reused
         log.info("discarding half-done edge %s (from %s)", d["edge"], d["node"])
     tree.in_flight = []
@@ -111,7 +114,7 @@ def _resume(live: Path, out: Path, root_name: str, task: str, params: treemod.Se
         )
     tree.params = replace(tree.params, **{k: getattr(params, k) for k in OPERATIONAL})
     c = tree.counters()
-    log.info("resuming %s: %d edges done, %d nodes", live, c["edges"], len(tree.nodes))
+    log.info("resuming %s: %d edges done, %d nodes", live.dir, c["edges"], len(tree.nodes))
     return tree
 
 
@@ -137,13 +140,14 @@ def _tree_progress(console: ConsoleLines, tree: treemod.Tree) -> None:
     console.emit((c["edges"], stop), line)
 
 
-def _grow(tree, root_dir: Path, out: Path, config: dict, info: dict, params, console) -> treemod.Tree:
+def _grow(
+    tree, live: treemod.LiveTree, root_dir: Path, config: dict, info: dict, params, console
+) -> treemod.Tree:
     """Create or continue the tree with the edge runtime until a stop rule holds."""
     from sftree.edge import EdgeContext, run_edge
     from sftree.workspace import NodeState
 
-    live = out / treemod.LIVE_NAME
-    ctx = EdgeContext.create(out, root_dir, config, info["task_cfg"])
+    ctx = EdgeContext.create(live.dir, root_dir, config, info["task_cfg"])
     try:
         ctx.store.cleanup_stale(keep=set())  # nothing runs yet: every worktree is a leftover
         if tree is None:
@@ -153,7 +157,7 @@ def _grow(tree, root_dir: Path, out: Path, config: dict, info: dict, params, con
             )  # fmt: skip
             log.info("new tree for %s/%s (root score %s, %s)", info["task"], root_dir.name, info["score"],
                      info["direction"])  # fmt: skip
-        treemod.save(tree, live)
+        live.save(tree)
 
         def run_one(d: search.Dispatch):
             return run_edge(
@@ -162,11 +166,12 @@ def _grow(tree, root_dir: Path, out: Path, config: dict, info: dict, params, con
             )  # fmt: skip
 
         def persist(t: treemod.Tree) -> None:
-            treemod.save(t, live)
+            live.save(t)
             _tree_progress(console, t)
 
         return search.run_search(tree, run_one, persist)
     finally:
+        live.close()
         ctx.close()  # worktrees removed unless keep_workspaces; a teacher-sim it started is stopped
 
 
@@ -212,7 +217,7 @@ def preflight(args: argparse.Namespace) -> tuple[dict, Path, Path, dict]:
 def run(args: argparse.Namespace) -> int:
     config, root_dir, out, info = preflight(args)
     params = treemod.SearchParams.from_config(config["search"])
-    live, final = out / treemod.LIVE_NAME, out / treemod.FINAL_NAME
+    live, final = treemod.LiveTree(out), out / treemod.FINAL_NAME
     stream = _progress_stream(getattr(args, "progress_fd", None))  # a bad fd fails before anything is made
     console = ConsoleLines(stream)
     # the topmost folder this run creates (None: out exists): removed if the run fails before its first save
@@ -240,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _explore(out: Path, root_dir: Path, config: dict, info: dict, params, console: ConsoleLines) -> int:
-    live, final = out / treemod.LIVE_NAME, out / treemod.FINAL_NAME
+    live, final = treemod.LiveTree(out), out / treemod.FINAL_NAME
     tree = _resume(live, out, root_dir.name, info["task"], params) if live.exists() else None
     if tree is None:
         final.unlink(missing_ok=True)
@@ -248,10 +253,10 @@ def _explore(out: Path, root_dir: Path, config: dict, info: dict, params, consol
             shutil.rmtree(out / name, ignore_errors=True)
     if tree is None or tree.status != "finished":
         # (a tree killed after it finished needs no Teacher: it is only written out)
-        tree = _grow(tree, root_dir, out, config, info, params, console)
+        tree = _grow(tree, live, root_dir, config, info, params, console)
     treemod.save(tree, final)
     _tree_progress(console, tree)
-    live.unlink(missing_ok=True)
+    live.remove()
     c = tree.counters()
     log.info("wrote %s: %d nodes, %d edges, %d good leaves, stop: %s", final, len(tree.nodes), c["edges"],
              c["good_leaves"], tree.stop_reason)  # fmt: skip

@@ -1,6 +1,6 @@
 # Section 1: one token-aware MCTS tree per chosen root (`sftree explore`, docs/search.md).
 # teacher_slots = parallel_width, so `--resources teacher_slots=N` caps the expansions running against one
-# SGLang server across all explore jobs. A retried or rerun job resumes from tree.live.json.
+# SGLang server across all explore jobs. A retried or rerun job resumes from tree.live.json + tree.log.jsonl.
 rule explore:
     input:
         root=f"{RESULTS}/{{task}}/roots/{{root}}/metadata.json",
