@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import logging
 import shutil
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from sftree import steplog  # noqa: E402
 from sftree.config import load_config, task_config  # noqa: E402
 from sftree.edge import EdgeContext, run_edge  # noqa: E402
 from sftree.llm_server import LaunchSpec  # noqa: E402
@@ -45,9 +45,7 @@ def grow(cfg: dict, tmp: Path, per_level: int) -> list[dict]:
             pstate = states[parent] if parent else ctx.root_state
             r = run_edge(ctx, pstate, eid, None, depth=2 if parent else 1, attempt=1, eval_count=0)
             states[eid] = r.child_state
-            steps = [
-                json.loads(x) for x in (tree_dir / "edges" / eid / "steps.jsonl").read_text().splitlines()
-            ]
+            steps = steplog.read_steps(tree_dir / "edges" / eid / "steps.jsonl")
             usage = [s["usage"] for s in steps if s.get("usage")]
             rows.append(
                 {

@@ -16,6 +16,7 @@ import yaml
 from helpers_explore import explore, make_root
 from test_workflow_demo import REPO, SCHEMA, rules_run, snakemake
 
+from sftree import steplog
 from sftree import tree as treemod
 from sftree.agents.prompts import nudge_prompt
 from sftree.llm_server import LaunchSpec
@@ -30,7 +31,7 @@ TURN_ENDS = {"eval", "step_limit", "timeout", "no_eval", "teacher_error"}
 
 def steps_of(tree_dir: Path, edge_id: str) -> list[dict]:
     f = tree_dir / "edges" / edge_id / "steps.jsonl"
-    return [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+    return steplog.read_steps(f) if f.exists() else []
 
 
 def check_server_usage(tree_dir: Path, tree: treemod.Tree) -> list[dict]:
