@@ -185,6 +185,7 @@ class EdgeContext:
 
 # ---- the edge ----------------------------------------------------------------------------------------------
 _TURNS = 2
+LAST_TURN = "last_turn.json"  # edges/<edge>/: how the edge's last turn ended, by the host's records
 
 
 def run_edge(
@@ -203,7 +204,7 @@ def run_edge(
     `eval_count` is Coral's eval count at the parent (the root: the snapshot's `eval_count`).
     """
     from sftree.agents.base import StepRecorder, TurnRun
-    from sftree.agents.prompts import next_turn_prompt, start_prompt, write_agents_md
+    from sftree.agents.prompts import next_turn_prompt, start_prompt, turn_record, write_agents_md
     from sftree.coral import CoralServer
 
     t0 = time.monotonic()
@@ -222,6 +223,7 @@ def run_edge(
         server = CoralServer(ws, ctx.task_cfg, eval_count=eval_count, agent_id=f"teacher-{edge_id}")
         server.start()
         messages = list(ws.session)
+        last = ws.last_turn  # the host's record of the parent's last turn (never text from the session)
         headers = {
             "X-Sftree-Tree": ctx.tree_name,
             "X-Sftree-Edge": edge_id,
@@ -235,7 +237,7 @@ def run_edge(
                 prompt = start_prompt(ctx.task_cfg, ctx.agent_cfg.get("prompts", {}))
             else:
                 prompt = next_turn_prompt(
-                    messages, ws.knowledge_dir, ctx.task_cfg, ctx.agent_cfg.get("prompts", {})
+                    last, ws.knowledge_dir, ctx.task_cfg, ctx.agent_cfg.get("prompts", {})
                 )
             run = TurnRun(
                 workspace=ws,
@@ -270,10 +272,12 @@ def run_edge(
                     compacted=bool(getattr(outcome, "compacted", False)),
                 )
             )
+            last = turn_record(ev, outcome.ended)
             ws.commit_knowledge(f"sftree: {edge_id} turn {turn}")
             if outcome.ended == "teacher_error":
                 error = outcome.error
                 break  # the Teacher is down past the retry budget: a third request would fail too
+        write_json_atomic(edge_dir / LAST_TURN, last)  # before the session: a fork needs both
         write_json_atomic(ctx.tree_dir / session_rel, messages, indent=None)
         child = ws.state(session_rel)
     except Exception as exc:  # noqa: BLE001 - an edge never takes the search down; the error is recorded

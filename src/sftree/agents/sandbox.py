@@ -282,13 +282,18 @@ def bwrap_argv(
     for h in hidden_set:
         if any(_under(h, e) for e in exposed):
             argv += ["--tmpfs", h] if Path(h).is_dir() else ["--ro-bind", "/dev/null", h]
-    for p in sorted(set(python_roots()) | {str(Path(k).resolve()) for k in keep_visible}):
-        if Path(p).exists():
-            argv += ["--ro-bind", p, p]
-    for src, dst in binds:
-        argv += ["--bind", str(src), str(dst)]
-    for src, dst in ro_binds:
-        argv += ["--ro-bind", str(src), str(dst)]
+    mounts = [("--ro-bind", p, p) for p in sorted(set(python_roots()) | {str(Path(k).resolve()) for k in keep_visible})]
+    mounts = [m for m in mounts if Path(m[1]).exists()]
+    mounts += [("--bind", str(src), str(dst)) for src, dst in binds]
+    mounts += [("--ro-bind", str(src), str(dst)) for src, dst in ro_binds]
+    made = {"/", "/tmp", *SYSTEM_ROOTS}
+    for kind, src, dst in mounts:
+        # Folders leading to a mount point are made traversable (bwrap would copy a 0700 /root or /tmp/x).
+        for parent in reversed(Path(dst).parents):
+            if str(parent) not in made and not any(_under(str(parent), e) for e in exposed):
+                argv += ["--perms", "0755", "--dir", str(parent)]
+                made.add(str(parent))
+        argv += [kind, src, dst]
     if uid is None:
         return argv + ["--chdir", str(cwd), "--", *command]
     drop = [
