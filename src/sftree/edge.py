@@ -220,7 +220,13 @@ def run_edge(
     recorder = StepRecorder(transcript, edge_id)
     try:
         ws = ctx.store.fork(parent, edge_id)
-        server = CoralServer(ws, ctx.task_cfg, eval_count=eval_count, agent_id=f"teacher-{edge_id}")
+        server = CoralServer(
+            ws,
+            ctx.task_cfg,
+            eval_count=eval_count,
+            agent_id=f"teacher-{edge_id}",
+            sandbox=getattr(ctx.agent, "sandbox", "auto"),
+        )
         server.start()
         messages = list(ws.session)
         last = ws.last_turn  # the host's record of the parent's last turn (never text from the session)
