@@ -119,6 +119,9 @@ def _grow(tree, root_dir: Path, out: Path, config: dict, info: dict, params) -> 
             )  # fmt: skip
             log.info("new tree for %s/%s (root score %s, %s)", info["task"], root_dir.name, info["score"],
                      info["direction"])  # fmt: skip
+        tree.sandbox = getattr(ctx.agent, "sandbox", None)  # the report and dataset card show it
+        if tree.sandbox == "none":
+            log.warning("agent.sandbox is none: the Teacher's commands and the graded code run unconfined")
         treemod.save(tree, live)
 
         def run_one(d: search.Dispatch):

@@ -253,6 +253,7 @@ def _path_meta(ctx: TreeContext, path: dict) -> dict:
         "stage": ctx.stage,
         "direction": doc.get("direction") or ctx.tree.get("direction"),
         "root_score": doc.get("root_score"),
+        "sandbox": ctx.tree.get("sandbox"),
         "path_rank": path["rank"],
         "leaf": path["leaf"],
         "leaf_reason": path.get("leaf_reason"),
@@ -416,8 +417,10 @@ def dataset_card(records: list[dict], sft_name: str, lf_name: str | None = None)
     tokens = Counter()
     granularities = Counter()
     malformed = 0
+    sandboxes: Counter[str] = Counter()
     for r in records:
         m = r["metadata"]
+        sandboxes[str(m.get("sandbox") or "unknown")] += 1
         task, root, stage = m.get("task"), m.get("root"), m.get("stage") or "unknown"
         by_task[task] += 1
         by_stage[(task, stage)] += 1
@@ -445,6 +448,11 @@ def dataset_card(records: list[dict], sft_name: str, lf_name: str | None = None)
         "| task | early | middle | late | unknown | total |",
         "|---|---:|---:|---:|---:|---:|",
     ]
+    if sandboxes:
+        note = ", ".join(f"{k}: {v} records" for k, v in sorted(sandboxes.items()))
+        unsafe = " **Some records were made WITHOUT a sandbox** (`agent.sandbox: none`): their scores come from " \
+            "code that ran unconfined." if "none" in sandboxes else ""
+        lines[3:3] = [f"Sandbox (docs/security.md): {note}.{unsafe}", ""]
     for task in sorted(by_task):
         cells = [str(by_stage[(task, s)]) for s in ("early", "middle", "late", "unknown")]
         lines.append(f"| {task} | {' | '.join(cells)} | {by_task[task]} |")

@@ -495,7 +495,7 @@ def tree_section(view: TreeView, uid: str) -> str:
         f"{esc(view.root)}: {len(nodes) - 1} nodes, {len(edges)} edges ({failed} failed attempt(s) without a node, "
         f"{kept} kept despite a failed turn), "
         f"root score {fmt(root.get('score'))}, best {fmt(best_score)}, {nsel}/{len(paths)} paths selected, "
-        f"stop: {esc(t.get('stop_reason'))}"
+        f"stop: {esc(t.get('stop_reason'))}, sandbox: {esc(t.get('sandbox') or 'unknown')}"
     )
     parts = [f'<details open><summary>{summary}</summary><div class="card">', tree_svg(view, uid)]
     if paths:
@@ -636,8 +636,17 @@ def render(results: Path) -> str:
         " · ".join(f'<a href="#task-{esc(t.name)}">{esc(t.name)}</a>' for t in tasks)
         + ' · <a href="#dataset">dataset</a>'
     )
+    unconfined = [v.root for t in tasks for v in t.trees if v.tree.get("sandbox") == "none"]
+    warn = (
+        [f'<p class="warn"><b>{len(unconfined)} tree(s) were made WITHOUT a sandbox</b> (agent.sandbox: none): '
+         "the Teacher's commands and the graded code ran unconfined, so their scores are not protected "
+         "(docs/security.md).</p>"]
+        if unconfined
+        else []
+    )  # fmt: skip
     body = [
         "<h1>sftree report</h1>",
+        *warn,
         f"<p>{len(tasks)} tasks, {n_trees} trees, {n_nodes} Teacher nodes, {n_sel} selected paths, "
         f"{stats['records'] if stats else 0} SFT records. {nav}</p>",
         '<p class="muted">Hover a tree node for its score and tokens; click it for the full breakdown (Select '

@@ -305,5 +305,6 @@ def bwrap_argv(
         "--bounding-set=-all",
         "--",
     ]
-    inner = ["bwrap", *userns, "--bind", "/", "/", "--chdir", str(cwd), "--", *command]
+    # Device nodes reached through a mount made in another user namespace cannot be opened: a fresh /dev.
+    inner = ["bwrap", *userns, "--bind", "/", "/", "--dev", "/dev", "--chdir", str(cwd), "--", *command]
     return argv + ["--chdir", "/", "--", *drop, *inner]
