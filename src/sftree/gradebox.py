@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -90,22 +91,25 @@ def run_solution(
         )
         request.chmod(0o644)
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp"}
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
-        argv = [sys.executable, "-I", "-c", RUNNER]
+        argv = [sys.executable, "-I", "-B", "-c", RUNNER]  # -B: no __pycache__ left in the graded folder
         if mode == "bwrap":
+            # The child works on a private copy (links copied as links), shown at the original path: it can
+            # change nothing the grader reads afterwards, and the grader's folder keeps its owner.
+            work = Path(tmp) / "code"
+            shutil.copytree(code_dir, work, symlinks=True)
             uid = sandbox_uid(os.getpid() % 997)
-            give_to(code_dir, uid)
+            give_to(work, uid)
             argv = bwrap_argv(
                 [*argv, REQUEST_MOUNT],
                 cwd=code_dir,
-                binds=[(code_dir, code_dir)],
+                binds=[(work, code_dir)],
                 ro_binds=[(request, REQUEST_MOUNT)],
                 uid=uid,
             )
             argv = wrap_limits(argv, limits, uid)
         else:
             argv = wrap_limits([*argv, str(request)], limits)
-        res = run_group(argv, timeout=timeout, cwd=code_dir, env=env, max_output=MAX_RESULT)
+        res = run_group(argv, timeout=timeout, cwd=tmp, env=env, max_output=MAX_RESULT)
     stderr = res.stderr.decode("utf-8", "replace")[-4000:]
     if res.timed_out:
         return SolutionRun(False, error=f"solution took longer than {timeout:g} s", stderr=stderr,
