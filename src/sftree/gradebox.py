@@ -112,8 +112,13 @@ def run_solution(
         res = run_group(argv, timeout=timeout, cwd=tmp, env=env, max_output=MAX_RESULT)
     stderr = res.stderr.decode("utf-8", "replace")[-4000:]
     if res.timed_out:
-        return SolutionRun(False, error=f"solution took longer than {timeout:g} s", stderr=stderr,
-                           timed_out=True, sandbox=mode)
+        return SolutionRun(
+            False,
+            error=f"solution took longer than {timeout:g} s",
+            stderr=stderr,
+            timed_out=True,
+            sandbox=mode,
+        )
     try:
         out = json.loads(res.stdout.decode("utf-8"))
         if not isinstance(out, dict) or not isinstance(out.get("ok"), bool):
@@ -121,7 +126,10 @@ def run_solution(
     except ValueError:
         why = f"exited with code {res.returncode}" if res.returncode else "exited"
         return SolutionRun(
-            False, error=f"solution {why} without returning a value\n{stderr[-2000:]}", stderr=stderr, sandbox=mode
+            False,
+            error=f"solution {why} without returning a value\n{stderr[-2000:]}",
+            stderr=stderr,
+            sandbox=mode,
         )
     if not out["ok"]:
         return SolutionRun(False, error=str(out.get("error", "")), stderr=stderr, sandbox=mode)

@@ -94,7 +94,9 @@ def write_bytes_atomic(root: Path, rel: str | Path, data: bytes, mode: int = 0o6
             os.unlink(tmp, dir_fd=dfd)
         except FileNotFoundError:
             pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd
+        )
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)

@@ -152,7 +152,10 @@ EVAL = bash("coral eval -m scripted")
 
 def edit_solution() -> tuple[str, dict]:
     """A real change that keeps the packing valid (so `coral eval` commits and scores it)."""
-    return ("edit", {"filePath": "solution.py", "oldString": "GROW_PASSES = 0", "newString": "GROW_PASSES = 1"})
+    return (
+        "edit",
+        {"filePath": "solution.py", "oldString": "GROW_PASSES = 0", "newString": "GROW_PASSES = 1"},
+    )
 
 
 if __name__ == "__main__":  # used by the memory test: run one edge in a fresh process, print peak RSS (MB)
@@ -166,8 +169,16 @@ if __name__ == "__main__":  # used by the memory test: run one edge in a fresh p
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         r = s.edge("e1")
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        print(json.dumps({"before_mb": before / 1024, "peak_mb": peak / 1024, "outputs": [
-            o[:200] + "..." + o[-200:] for o in s.outputs("e1")], "error": r.error}))
+        print(
+            json.dumps(
+                {
+                    "before_mb": before / 1024,
+                    "peak_mb": peak / 1024,
+                    "outputs": [o[:200] + "..." + o[-200:] for o in s.outputs("e1")],
+                    "error": r.error,
+                }
+            )
+        )
     finally:
         s.close()
         shutil.rmtree(base, ignore_errors=True)

@@ -56,7 +56,7 @@ def test_output_is_capped_while_reading(base):
 
 def test_process_limit_stops_a_fork_bomb(scripted):
     bomb = (
-        "python3 -c \"import os, time\nn = 0\ntry:\n    for i in range(1500):\n"
+        'python3 -c "import os, time\nn = 0\ntry:\n    for i in range(1500):\n'
         "        if os.fork() == 0:\n            time.sleep(2); os._exit(0)\n        n += 1\n"
         "except OSError as e:\n    print('stopped', e.errno)\nprint('forked', n)\""
     )
@@ -78,7 +78,9 @@ def test_turn_timeout_holds_for_a_running_tool(scripted):
 def test_auto_refuses_to_run_unconfined_when_bwrap_does_not_work(tmp_path, monkeypatch):
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "bwrap").write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    (fake / "bwrap").write_text(
+        "#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n"
+    )
     (fake / "bwrap").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     sandbox.bwrap_works.cache_clear()
@@ -114,7 +116,10 @@ def test_sandbox_shows_no_project_snapshots_or_other_trees(scripted, base):
     seen = [o for o in s.outputs("e1") if "VISIBLE:" in o]
     assert not seen, seen
     # ...and the workspace itself works: python runs, files can be written, coral answers.
-    s.teacher.script[("e2", 1)] = [[bash("python3 -c 'print(6*7)' && echo hi > made.txt && coral log")], [EVAL]]
+    s.teacher.script[("e2", 1)] = [
+        [bash("python3 -c 'print(6*7)' && echo hi > made.txt && coral log")],
+        [EVAL],
+    ]
     s.edge("e2")
     out = s.outputs("e2")[0]
     assert "42" in out and "attempts" in out.lower(), out

@@ -43,7 +43,9 @@ def test_linked_agents_md_is_not_committed_nor_written_through(scripted, base):
 
 
 def test_linked_knowledge_folder_fails_only_its_edge(scripted):
-    s = scripted({1: [[bash(f"mv .opencode /tmp/k && ln -s {TASK_DIR} .opencode")], [edit_solution()], [EVAL]]})
+    s = scripted(
+        {1: [[bash(f"mv .opencode /tmp/k && ln -s {TASK_DIR} .opencode")], [edit_solution()], [EVAL]]}
+    )
     r = s.edge("e1")
     assert r.child_state is None and r.error and "symlink" in r.error, r.error
     k = s.ctx.store.knowledge_git

@@ -60,7 +60,9 @@ def _bwrap_flags() -> tuple[str, ...]:
 
 def probe_argv() -> list[str]:
     """The isolation the sandbox relies on, tried once: user namespace, no capabilities, no network."""
-    return bwrap_argv(["/bin/sh", "-c", "test \"$(id -u)\" != 0 || test -z \"$SUDO_UID\""], cwd="/", uid=sandbox_uid(0))
+    return bwrap_argv(
+        ["/bin/sh", "-c", 'test "$(id -u)" != 0 || test -z "$SUDO_UID"'], cwd="/", uid=sandbox_uid(0)
+    )
 
 
 @functools.cache
@@ -282,7 +284,10 @@ def bwrap_argv(
     for h in hidden_set:
         if any(_under(h, e) for e in exposed):
             argv += ["--tmpfs", h] if Path(h).is_dir() else ["--ro-bind", "/dev/null", h]
-    mounts = [("--ro-bind", p, p) for p in sorted(set(python_roots()) | {str(Path(k).resolve()) for k in keep_visible})]
+    mounts = [
+        ("--ro-bind", p, p)
+        for p in sorted(set(python_roots()) | {str(Path(k).resolve()) for k in keep_visible})
+    ]
     mounts = [m for m in mounts if Path(m[1]).exists()]
     mounts += [("--bind", str(src), str(dst)) for src, dst in binds]
     mounts += [("--ro-bind", str(src), str(dst)) for src, dst in ro_binds]
