@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sftree.agents.base import ToolOutcome
-from sftree.agents.sandbox import AGENT_LIMITS, CORAL_MOUNT, bwrap_argv, scrubbed_env, wrap_limits
+from sftree.agents.sandbox import AGENT_LIMITS, CORAL_MOUNT, bwrap_argv, give_to, scrubbed_env, wrap_limits
 from sftree.procs import run_group
 
 
@@ -251,8 +251,11 @@ def tool_write(args: dict, ctx: ToolContext) -> str:
     if path.is_dir():
         raise ToolError(f"{args['filePath']} is a directory")
     existed = path.exists()
+    first_new = next((p for p in reversed([path.parent, *path.parent.parents]) if not p.exists()), None)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(args["content"], encoding="utf-8")
+    if ctx.uid is not None:  # the sandbox user must be able to change what the tool made
+        give_to(first_new or path, ctx.uid)
     return f"{'Overwrote' if existed else 'Wrote'} {args['filePath']} ({len(args['content'])} characters)"
 
 
