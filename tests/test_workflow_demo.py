@@ -18,6 +18,7 @@ import jsonschema
 import pytest
 import yaml
 from helpers_export import llamafactory_alternates
+from tree_rules import check_paths, check_tree
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "workflow/schemas/sft_record.schema.json").read_text())
@@ -61,6 +62,8 @@ def test_demo_workflow_end_to_end(tmp_path, example_snapshots_dir):
         assert doc["paths"] and sum(p["selected"] for p in doc["paths"]) == min(6, len(doc["paths"]))
         scores = [p["path_score"] for p in doc["paths"]]
         assert scores == sorted(scores, reverse=True)
+        tree = json.loads(t.read_text())
+        assert check_tree(tree) + check_paths(tree, doc) == []  # sections 1 and 3, re-derived (tree_rules.py)
         selected += sum(p["selected"] for p in doc["paths"])
 
     # sft.jsonl: schema-valid records, tool calls paired, no duplicate steps, metadata from the roots
@@ -70,12 +73,11 @@ def test_demo_workflow_end_to_end(tmp_path, example_snapshots_dir):
     assert len(ids) == len(set(ids))
     for r in records:
         jsonschema.validate(r, SCHEMA)
-        asked = [
-            tc["id"] for m in r["messages"] if m["role"] == "assistant" for tc in m.get("tool_calls", [])
-        ]
-        answered = Counter(m["tool_call_id"] for m in r["messages"] if m["role"] == "tool")
-        assert sorted(asked) == sorted(answered) and set(answered.values()) == {1}
-        assert r["messages"][-1]["role"] in ("assistant", "tool")
+        # step records: the prompt's calls are all answered; the completion is the one trained message
+        asked = [tc["id"] for m in r["prompt"] if m["role"] == "assistant" for tc in m.get("tool_calls", [])]
+        answered = Counter(m["tool_call_id"] for m in r["prompt"] if m["role"] == "tool")
+        assert sorted(asked) == sorted(answered) and set(answered.values()) <= {1}
+        assert [m["role"] for m in r["completion"]] == ["assistant"]
     assert {r["metadata"]["task"] for r in records} == {"circle_packing", "tsp"}
     per_task = sum(
         len((results / t / "sft.jsonl").read_text().splitlines()) for t in ("circle_packing", "tsp")
@@ -91,6 +93,10 @@ def test_demo_workflow_end_to_end(tmp_path, example_snapshots_dir):
     assert len(lf) == len(records) and all(llamafactory_alternates(r["messages"]) for r in lf)
     card = (results / "dataset_card.md").read_text()
     assert f"{len(records)} records" in card
+    # the card reads the trees: one gain row per selected path, the snapshots skipped, the sandbox
+    row = r"^\| (circle_packing|tsp) \| eval-\S+ \| \S+ \| \S+ \| \d+ \| \S+ \| \S+ \| \S+ \| [^|]*\|$"
+    assert len(re.findall(row, card, re.M)) == selected
+    assert "| circle_packing | " in card.split("| task | snapshots |")[1]
     page = (results / "report.html").read_text()
     assert page.count('<svg class="tree"') == 2 and "Task circle_packing" in page and "Task tsp" in page
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from tree_rules import check_paths, check_tree
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "workflow/schemas/sft_record.schema.json").read_text())
@@ -75,6 +76,7 @@ def test_faulty_tree_exports_cleanly(tmp_path, example_snapshots_dir):
     )
 
     tree = json.loads((tree_dir / "tree.json").read_text())
+    assert check_tree(tree) + check_paths(tree, json.loads((tree_dir / "paths.json").read_text())) == []
     edges = {e["id"]: e for e in tree["edges"]}
     nodeless = [e for e in tree["edges"] if not e.get("child")]
     assert edges["e2"]["child"] is None and nodeless, (
@@ -95,10 +97,9 @@ def test_faulty_tree_exports_cleanly(tmp_path, example_snapshots_dir):
     assert records
     for r in records:
         jsonschema.validate(r, SCHEMA)
-        asked = [
-            tc["id"] for m in r["messages"] if m["role"] == "assistant" for tc in m.get("tool_calls", [])
-        ]
-        assert Counter(m["tool_call_id"] for m in r["messages"] if m["role"] == "tool") == Counter(asked)
+        asked = [tc["id"] for m in r["prompt"] if m["role"] == "assistant" for tc in m.get("tool_calls", [])]
+        assert Counter(m["tool_call_id"] for m in r["prompt"] if m["role"] == "tool") == Counter(asked)
+        assert [m["role"] for m in r["completion"]] == ["assistant"]
     exported_edges = {r["metadata"]["edge"] for r in records}
     assert exported_edges.isdisjoint(e["id"] for e in nodeless)
     assert "e1" in exported_edges  # seed 0: e1 is on the selected paths
@@ -107,8 +108,7 @@ def test_faulty_tree_exports_cleanly(tmp_path, example_snapshots_dir):
     raw = [
         tc
         for r in e1t1
-        for m in r["messages"]
-        if m["role"] == "assistant"
+        for m in r["completion"]
         for tc in m.get("tool_calls", [])
         if "_raw" in tc["function"]["arguments"]
     ]

@@ -195,7 +195,7 @@ def _copy_tree(src: str, dst: str, link: str, warned: list[bool]) -> None:
     shutil.copytree(src, dst, symlinks=True, copy_function=hardlink if link == "hardlink" else shutil.copy2)
 
 
-def build_roots(sel: Selection, out: Path, link: str) -> Path:
+def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None) -> Path:
     """Copy the chosen folders into a new temporary folder beside `out` and return it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -215,6 +215,8 @@ def build_roots(sel: Selection, out: Path, link: str) -> Path:
                 task=sel.task,
                 direction=sel.direction,
             )
+            if pending is not None:  # the task's pending snapshots skipped, for the report and dataset card
+                meta["snapshots_pending"] = pending
             # A rename replaces the (possibly hard-linked) name: the input's metadata.json stays untouched.
             write_json_atomic(dst / "metadata.json", meta)
     except BaseException:
@@ -325,7 +327,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     # Everything is computed before anything is written: a bad input leaves no output behind.
     out = Path(args.out)
-    tmp = build_roots(sel, out, args.link)
+    tmp = build_roots(sel, out, args.link, pending=len(result.pending))
     try:
         if args.plot:
             write_text_atomic(args.plot, plot_svg(sel))
