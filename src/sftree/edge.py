@@ -42,7 +42,7 @@ class TurnResult:
     tool_errors: int
     knowledge: bool  # the turn read or wrote shared knowledge (DESIGN.md)
     tokens: int  # context length after the turn's last step (prompt + completion tokens)
-    ended: str  # eval | step_limit | timeout | no_eval | teacher_error
+    ended: str  # eval | step_limit | timeout | no_eval | teacher_error | edge_error (the edge broke before it)
     feedback: str = ""
     eval_number: int | None = None  # Coral's #N
     error: str | None = None
@@ -305,7 +305,13 @@ def run_edge(
                 tool_errors=0,
                 knowledge=False,
                 tokens=0,
-                ended="teacher_error" if error else "no_eval",
+                # not run: after a Teacher outage it is one; after a broken workspace it is not (the search
+                # treats only the first as a reason to stop)
+                ended=(
+                    "teacher_error"
+                    if any(t.ended == "teacher_error" for t in turns)
+                    else ("edge_error" if error else "no_eval")
+                ),
                 error=error,
             )
         )
