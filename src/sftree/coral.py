@@ -31,18 +31,17 @@ import logging
 import os
 import re
 import shlex
-import shutil
 import socket
+import stat
 import sys
 import tarfile
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sftree import safefs
+from sftree import safefs, tempdirs
 from sftree.errors import SftreeError
 from sftree.procs import run_group
 
@@ -126,22 +125,62 @@ def parse_block(text: str) -> dict | None:
     }
 
 
+# Parsed attempt records by file identity. A fork checks out every attempt of the root (10k+ in a long Coral run)
+# and each eval and turn prompt reads them all: parsing only files not seen before keeps that proportional to
+# what changed. Key: device, inode, size, mtime and ctime (ctime cannot be set back by the agent); a file changed
+# in the last half second is parsed every time (racy, as in git: a rewrite within one timestamp tick, a few ms on
+# local filesystems, would look unchanged).
+_ATTEMPTS: dict[tuple, dict | None] = {}
+_UNSEEN = object()
+_ATTEMPTS_LOCK = threading.Lock()
+_ATTEMPTS_MAX = 1_000_000
+_RACY_S = 0.5
+
+
+def _parse_attempt(dir_fd: int, name: str) -> dict | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        with os.fdopen(fd, "rb") as fh:
+            d = json.loads(fh.read(safefs.MAX_READ).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(d, dict):
+        return None
+    d.setdefault("commit_hash", name[: -len(".json")])
+    return d
+
+
 def load_attempts(attempts_dir: Path) -> list[dict]:
     """The branch's attempt records, oldest first. Read without following links (`.opencode` and `attempts`
     must be real folders, each record a regular file); unreadable files are skipped (the agent may edit them)."""
     attempts_dir = Path(attempts_dir)
     root, rel = attempts_dir.parents[1], Path(*attempts_dir.parts[-2:])
     out = []
-    for name in safefs.list_files(root, rel):
-        if "/" in name or not name.endswith(".json"):
-            continue
-        try:
-            d = json.loads(safefs.read_bytes(root, rel / name).decode("utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(d, dict):
-            d.setdefault("commit_hash", name.removesuffix(".json"))
-            out.append(d)
+    racy_after = time.time() - _RACY_S
+    try:
+        with safefs.open_dir(root, rel) as dfd:
+            with os.scandir(dfd) as it:
+                names = [e.name for e in it if e.name.endswith(".json") and not e.name.startswith(".")]
+            for name in names:
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):  # a link or a special file: never followed
+                    continue
+                key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, name)
+                d = _ATTEMPTS.get(key, _UNSEEN)
+                if d is _UNSEEN:
+                    d = _parse_attempt(dfd, name)
+                    if max(st.st_mtime, st.st_ctime) < racy_after:
+                        with _ATTEMPTS_LOCK:
+                            if len(_ATTEMPTS) >= _ATTEMPTS_MAX:
+                                _ATTEMPTS.clear()
+                            _ATTEMPTS[key] = d  # None: an unreadable file, skipped until it changes
+                if d is not None:
+                    out.append(dict(d))  # callers get their own copy
+    except OSError:  # no attempts folder, or a link where it should be: no attempts
+        pass
     out.sort(key=lambda d: (str(d.get("timestamp", "")), str(d.get("commit_hash"))))
     return out
 
@@ -181,7 +220,7 @@ def run_grader(
     grader = task_cfg.get("grader")
     timeout = float(task_cfg.get("grader_timeout", 120))
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="sftree-grade-") as tmp:
+    with tempdirs.temporary("sftree-grade-") as tmp:
         code_dir = Path(tmp) / "code"
         code_dir.mkdir()
         from sftree.workspace import git
@@ -412,7 +451,7 @@ class CoralServer:
         self.runtime = CoralRuntime(
             ws, task_cfg, eval_count=eval_count, agent_id=agent_id, sandbox=sandbox
         )
-        self.dir = Path(tempfile.mkdtemp(prefix="sftree-coral-"))
+        self.dir = tempdirs.make("sftree-coral-")
         self.bin_dir = self.dir / "bin"
         self.bin_dir.mkdir()
         client = self.bin_dir / "coral"
@@ -475,7 +514,7 @@ class CoralServer:
             self._sock.close()
         if self._thread:
             self._thread.join(timeout=5)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        tempdirs.remove(self.dir)
 
 
 # ---- `sftree coral` ------------------------------------------------------------------------------------------

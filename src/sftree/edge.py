@@ -42,7 +42,7 @@ class TurnResult:
     tool_errors: int
     knowledge: bool  # the turn read or wrote shared knowledge (DESIGN.md)
     tokens: int  # context length after the turn's last step (prompt + completion tokens)
-    ended: str  # eval | step_limit | timeout | no_eval | teacher_error | edge_error (the edge broke before it)
+    ended: str  # eval | step_limit | timeout | no_eval | teacher_error | context_overflow | edge_error
     feedback: str = ""
     eval_number: int | None = None  # Coral's #N
     error: str | None = None
@@ -214,6 +214,7 @@ def run_edge(
     session_rel = f"sessions/{edge_id}.json"
     turns: list[TurnResult] = []
     error: str | None = None
+    overflow: str | None = None  # why the session could not go on (context_overflow), if it could not
     child: NodeState | None = None
     ws = None
     server = None
@@ -257,6 +258,7 @@ def run_edge(
                 task_cfg=ctx.task_cfg,
                 env=server.env(),
                 extra_ro_hidden=[ctx.tree_dir],  # store, sessions, transcripts, other branches
+                context_used=turns[-1].tokens if turns else 0,
             )
             outcome = ctx.agent.run_turn(run)
             ev = outcome.eval
@@ -283,6 +285,9 @@ def run_edge(
             if outcome.ended == "teacher_error":
                 error = outcome.error
                 break  # the Teacher is down past the retry budget: a third request would fail too
+            if outcome.ended == "context_overflow":
+                overflow = outcome.error
+                break  # the session is full: the next turn could not send a single request
         write_json_atomic(edge_dir / LAST_TURN, last)  # before the session: a fork needs both
         write_json_atomic(ctx.tree_dir / session_rel, messages, indent=None)
         child = ws.state(session_rel)
@@ -310,9 +315,9 @@ def run_edge(
                 ended=(
                     "teacher_error"
                     if any(t.ended == "teacher_error" for t in turns)
-                    else ("edge_error" if error else "no_eval")
+                    else ("context_overflow" if overflow else ("edge_error" if error else "no_eval"))
                 ),
-                error=error,
+                error=error or overflow,
             )
         )
     code_diff = edge_dir / "code.diff"

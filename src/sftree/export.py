@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sftree import steplog
 from sftree.errors import InputError
 from sftree.fileio import AtomicLines, iter_jsonl, read_json, write_json_atomic, write_text_atomic
 from sftree.progress import Progress
@@ -164,11 +165,10 @@ def pairing_problems(messages: list[dict]) -> list[str]:
 
 def read_steps(path: Path) -> list[dict]:
     """Step records of one edge (docs/architecture.md), errors naming file and line."""
-    steps = []
-    for n, rec in enumerate(iter_jsonl(path, "step records"), 1):
-        if not isinstance(rec, dict) or not isinstance(rec.get("request"), dict):
+    steps = steplog.read_steps(path)  # requests rebuilt from the edge's message store
+    for n, rec in enumerate(steps, 1):
+        if not isinstance(rec.get("request"), dict):
             raise InputError(f"step records {path} record {n}: no `request` object")
-        steps.append(rec)
     return steps
 
 

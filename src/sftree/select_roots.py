@@ -29,6 +29,7 @@ from sftree.fileio import write_json_atomic, write_text_atomic
 from sftree.snapshots import (
     Scan,
     Snapshot,
+    check_files,
     default_jobs,
     gc_paused,
     load_json_object,
@@ -326,6 +327,8 @@ def _run(args: argparse.Namespace) -> int:
             result.non_finite[0],
         )
     # Everything is computed before anything is written: a bad input leaves no output behind.
+    for r in sel.chosen:
+        check_files(r.snap.path, "snapshot")
     out = Path(args.out)
     tmp = build_roots(sel, out, args.link, pending=len(result.pending))
     try:

@@ -1,6 +1,6 @@
 # Section 1: one token-aware MCTS tree per chosen root (`sftree explore`, docs/search.md).
 # teacher_slots = parallel_width, so `--resources teacher_slots=N` caps the expansions running against one
-# SGLang server across all explore jobs. A retried or rerun job resumes from tree.live.json.
+# SGLang server across all explore jobs. A retried or rerun job resumes from tree.live.json + tree.log.jsonl.
 rule explore:
     input:
         root=f"{RESULTS}/{{task}}/roots/{{root}}/metadata.json",
@@ -20,4 +20,6 @@ rule explore:
         tree_dir=lambda wc: f"{RESULTS}/{wc.task}/trees/{wc.root}",
         config=config_args(),
     shell:
-        "sftree explore --root {params.root_dir} --out {params.tree_dir} {params.config} > {log} 2>&1"
+        # fd 3 is the job's console (copied before stderr goes to the log): one progress line per edge.
+        "sftree explore --root {params.root_dir} --out {params.tree_dir} {params.config}"
+        " --progress-fd 3 3>&2 > {log} 2>&1"
