@@ -127,8 +127,9 @@ class Scripted:
         )
 
     def steps(self, edge_id: str) -> list[dict]:
-        path = self.tree_dir / "edges" / edge_id / "steps.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()]
+        from sftree import steplog
+
+        return steplog.read_steps(self.tree_dir / "edges" / edge_id / "steps.jsonl")
 
     def outputs(self, edge_id: str) -> list[str]:
         """Every tool result the model saw in the edge, in order."""
