@@ -34,6 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", required=True, help="tree folder (results/<task>/trees/<snapshot>)")
     parser.add_argument("--config", help="config.yaml (default: the repository's)")
+    parser.add_argument(
+        "--width",
+        type=int,
+        help="at most this many expansions at once (the workflow passes the teacher_slots Snakemake granted); "
+        "lowers search.parallel_width, never raises it",
+    )
 
 
 def read_root(root_dir: Path, config: dict) -> dict:
@@ -132,13 +138,25 @@ def _grow(tree, root_dir: Path, out: Path, config: dict, info: dict, params) -> 
         ctx.close()  # worktrees removed unless keep_workspaces; a teacher-sim it started is stopped
 
 
+def cap_width(params: treemod.SearchParams, width: int | None) -> treemod.SearchParams:
+    """`parallel_width` lowered to the granted slots, so a global `teacher_slots` limit holds across jobs."""
+    if width is None:
+        return params
+    if width < 1:
+        raise InputError(f"--width must be at least 1, not {width}")
+    if width < params.parallel_width:
+        log.info("parallel_width %d capped to %d granted teacher slots", params.parallel_width, width)
+        return replace(params, parallel_width=width)
+    return params
+
+
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     root_dir, out = Path(args.root).resolve(), Path(args.out).resolve()
     if not root_dir.is_dir():
         raise InputError(f"root snapshot folder not found: {root_dir}")
     info = read_root(root_dir, config)
-    params = treemod.SearchParams.from_config(config["search"])
+    params = cap_width(treemod.SearchParams.from_config(config["search"]), args.width)
     live, final = out / treemod.LIVE_NAME, out / treemod.FINAL_NAME
     out.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(out / "explore.log", encoding="utf-8")

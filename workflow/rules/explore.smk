@@ -1,6 +1,7 @@
 # Section 1: one token-aware MCTS tree per chosen root (`sftree explore`, docs/search.md).
 # teacher_slots = parallel_width, so `--resources teacher_slots=N` caps the expansions running against one
-# SGLang server across all explore jobs. A retried or rerun job resumes from tree.live.json.
+# SGLang server across all explore jobs: Snakemake lowers a job's request to N, and the job runs with the
+# granted width (`--width`). A retried or rerun job resumes from tree.live.json.
 rule explore:
     input:
         root=f"{RESULTS}/{{task}}/roots/{{root}}/metadata.json",
@@ -20,4 +21,4 @@ rule explore:
         tree_dir=lambda wc: f"{RESULTS}/{wc.task}/trees/{wc.root}",
         config=config_args(),
     shell:
-        "sftree explore --root {params.root_dir} --out {params.tree_dir} {params.config} > {log} 2>&1"
+        "sftree explore --root {params.root_dir} --out {params.tree_dir} {params.config} --width {resources.teacher_slots} > {log} 2>&1"
