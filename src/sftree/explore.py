@@ -156,13 +156,14 @@ def run(args: argparse.Namespace) -> int:
     if not root_dir.is_dir():
         raise InputError(f"root snapshot folder not found: {root_dir}")
     info = read_root(root_dir, config)
-    params = cap_width(treemod.SearchParams.from_config(config["search"]), args.width)
+    params = treemod.SearchParams.from_config(config["search"])
     live, final = out / treemod.LIVE_NAME, out / treemod.FINAL_NAME
     out.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(out / "explore.log", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     logging.getLogger().addHandler(handler)
     try:
+        params = cap_width(params, args.width)
         tree = _resume(live, out, root_dir.name, info["task"], params) if live.exists() else None
         if tree is None:
             final.unlink(missing_ok=True)
