@@ -244,7 +244,18 @@ def test_default_links_roots_and_explore_never_writes_through(tmp_path):
     assert tree_digest(snaps) == before
     # copy mode: new files; a linker that cannot link (another filesystem) copies instead
     rc, out, _, _ = select(tmp_path, snaps, "maximize", "--num-roots", "6", "--link", "copy")
-    assert os.stat(out / src.name / "code" / "solution.py").st_ino != os.stat(src / "code" / "solution.py").st_ino
+    assert (
+        os.stat(out / src.name / "code" / "solution.py").st_ino
+        != os.stat(src / "code" / "solution.py").st_ino
+    )
+    # symlink mode: the top-level entries refer to the snapshot; a tree seeds from it as from a copy
+    rc, out, _, _ = select(tmp_path, snaps, "maximize", "--num-roots", "6", "--link", "symlink")
+    assert rc == 0 and sorted(os.listdir(out / src.name)) == ["code", "metadata.json", "shared"]
+    assert os.readlink(out / src.name / "code") == str(src.resolve() / "code")
+    assert not os.path.islink(out / src.name / "metadata.json")
+    assert json.loads((out / src.name / "metadata.json").read_text())["stage"]
+    store2, state2 = TreeStore.create(tmp_path / "tree2", out / src.name, {})
+    assert (state2.code_commit, state2.knowledge_commit) == (state.code_commit, state.knowledge_commit)
     linker = Linker("auto", can_link=False, can_clone=False)
     linker.place(str(src / "code" / "solution.py"), str(tmp_path / "copied.py"))
     assert linker.counts == {"hardlink": 0, "reflink": 0, "copy": 1}

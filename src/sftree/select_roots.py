@@ -72,9 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smooth-window", type=int, default=5, help="centred moving-average window")
     parser.add_argument(
         "--link",
-        choices=["auto", "hardlink", "copy"],
+        choices=["auto", "hardlink", "copy", "symlink"],
         default="auto",
-        help="how root files are copied: auto/hardlink = hard link, else reflink, else copy; copy = full copies",
+        help="how root files are copied: auto/hardlink = hard link, else reflink, else copy; copy = full copies; "
+        "symlink = link the snapshot's top-level entries (constant cost; the snapshot must stay in place)",
     )
     parser.add_argument("--plot", help="write the stage plot (SVG) here")
     parser.add_argument("--task", help="task name (default: the snapshot folder's name)")
@@ -238,6 +239,15 @@ class Linker:
         return True
 
 
+def _link_entries(src: str, dst: str) -> None:
+    """A root that refers to the snapshot: each top-level entry (but metadata.json) a symlink to its absolute path."""
+    os.mkdir(dst)
+    with os.scandir(src) as it:
+        names = sorted(e.name for e in it if e.name != "metadata.json")
+    for name in names:
+        os.symlink(os.path.abspath(os.path.join(src, name)), os.path.join(dst, name))
+
+
 def _copy_tree(src: str, dst: str, linker: Linker) -> None:
     """copytree with `linker` placing each file; symlinks stay symlinks (never followed out of the snapshot)."""
     os.mkdir(dst)
@@ -265,7 +275,10 @@ def build_roots(sel: Selection, out: Path, link: str) -> Path:
         linker = Linker(link)
         for r in sel.chosen:
             dst = tmp / r.snap.name
-            _copy_tree(r.snap.path, str(dst), linker)
+            if link == "symlink":
+                _link_entries(r.snap.path, str(dst))
+            else:
+                _copy_tree(r.snap.path, str(dst), linker)
             meta = load_json_object(os.path.join(r.snap.path, "metadata.json"), "metadata.json")
             meta.update(
                 score=r.snap.score,
