@@ -1,7 +1,9 @@
 # Section 1: one token-aware MCTS tree per chosen root (`sftree explore`, docs/search.md).
 # teacher_slots = parallel_width, so `--resources teacher_slots=N` caps the expansions running against one
 # SGLang server across all explore jobs: Snakemake lowers a job's request to N, and the job runs with the
-# granted width (`--width`). A retried or rerun job resumes from tree.live.json.
+# granted width (`--width`). teacher_trees = 1 per job, so `--resources teacher_trees=K` keeps at most K trees
+# active at once: their sessions then fit the server's KV room and its prefix cache keeps serving them
+# (docs/benchmarks.md, cache model). A retried or rerun job resumes from tree.live.json.
 rule explore:
     input:
         root=f"{RESULTS}/{{task}}/roots/{{root}}/metadata.json",
@@ -16,6 +18,7 @@ rule explore:
         "../../envs/sftree.yaml"
     resources:
         teacher_slots=config["search"]["parallel_width"],
+        teacher_trees=1,
     params:
         root_dir=lambda wc: f"{RESULTS}/{wc.task}/roots/{wc.root}",
         tree_dir=lambda wc: f"{RESULTS}/{wc.task}/trees/{wc.root}",
