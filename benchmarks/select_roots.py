@@ -22,10 +22,10 @@ eval_ok=false and 1% pending. Timed, each in a fresh process, interleaved, best 
 - select-roots: the real command line (`python3 -m sftree select-roots ... --plot`), 30 roots, once per --links
   mode: auto (the default: each root file hard-linked) and symlink (each root's top-level entries linked).
 
-Warm: the data was just read. Cold: before the run every file of the run is evicted from the page cache with
-posix_fadvise(DONTNEED) (dropping all caches needs write access to /proc/sys/vm/drop_caches; the benchmark says
-whether it has it). Directory entries and inodes stay cached either way, and a virtual disk may be cached by its
-host. Peak memory is the child's own: the child reports getrusage(RUSAGE_SELF).ru_maxrss and /proc/self/status
+Warm: the data was just read. Cold: before the run `echo 3 > /proc/sys/vm/drop_caches` (page cache, dentries
+and inodes; where it may be written, which the benchmark prints) and every file of the run evicted with
+posix_fadvise(DONTNEED) (needs no privilege; directory entries and inodes stay cached then). A virtual disk may
+still be cached by its host. Peak memory is the child's own: the child reports getrusage(RUSAGE_SELF).ru_maxrss and /proc/self/status
 VmHWM itself on exit (not wait4's figure, which a forked child starts with the parent's).
 """
 
@@ -163,7 +163,14 @@ def fill_roots(snaps: Path, chosen: list[str], own: list[Path]) -> int:
 
 
 def evict(paths: list[str]) -> None:
-    """Drop these files' pages from the page cache (posix_fadvise DONTNEED; needs no privilege)."""
+    """Drop these files' pages from the page cache (posix_fadvise DONTNEED; needs no privilege), and every cache
+    (page cache, dentries, inodes) where /proc/sys/vm/drop_caches may be written."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as fh:
+            fh.write("3\n")
+    except OSError:
+        pass
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -173,12 +180,9 @@ def evict(paths: list[str]) -> None:
 
 
 def drop_caches_status() -> str:
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as fh:
-            fh.write("3\n")
-        return "drop_caches permitted (used as well)"
-    except OSError as exc:
-        return f"drop_caches not permitted ({exc.strerror}): posix_fadvise per file only"
+    if os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        return "cold runs: drop_caches (page cache, dentries and inodes) and posix_fadvise per file"
+    return "cold runs: posix_fadvise per file only (/proc/sys/vm/drop_caches is not writable here)"
 
 
 def measure(cmd: list[str], cold: list[str] | None = None) -> tuple[float, float, str, str]:

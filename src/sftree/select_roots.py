@@ -289,7 +289,8 @@ def build_roots(sel: Selection, out: Path, link: str) -> Path:
             )
             # A rename replaces the (possibly hard-linked) name: the input's metadata.json stays untouched.
             write_json_atomic(dst / "metadata.json", meta)
-        log.info("root files: %s", ", ".join(f"{v} {k}" for k, v in linker.counts.items() if v) or "none")
+        placed = ", ".join(f"{v} {k}" for k, v in linker.counts.items() if v)
+        log.info("root files: %s", placed or ("top-level entries symlinked" if link == "symlink" else "none"))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
