@@ -12,8 +12,9 @@ draw. Reported per run, then as mean [min-max] over the runs:
 
 - makespan: wall time of the search loop;
 - utilization: total edge time / (width * makespan): the share of the reserved width that was busy;
-- bound: the work-conserving lower bound max(total edge time / width, longest parent-before-child chain of edge
-  times; a root direction's fallback waits for its failed first try), and makespan / bound;
+- bound: the lower bound max(total edge time / width, longest parent-before-child chain of edge times (a root
+  direction's fallback waits for its failed first try, and, root first, every edge below the root waits for the
+  whole root layer), root layer time + edge time below the root / width), and makespan / bound;
 - sim cache: teacher-sim's own estimate (every prefix this tree ever sent, never evicted).
 
 Cache model (`sftree.kvcache`): every model call of the async runs at each width is recorded (prompt as a chain
@@ -68,22 +69,39 @@ def make_root(tmp: Path) -> Path:
 
 
 def longest_chain(tree: treemod.Tree, dur: dict[str, float]) -> float:
-    """Longest sum of edge times along parent-before-child dependencies."""
+    """Longest sum of edge times along the search's dependencies: parent before child, a root fallback after its
+    direction's first try, and (root first) every edge below the root after the whole root layer."""
     memo: dict[str, float] = {}
+    root = tree.root_node.id
+    root_edges = [e.id for e in tree.edges if e.parent == root]
 
-    def pred(e: treemod.Edge) -> str | None:
-        if e.attempt == 2 and e.slot is not None:  # a root fallback starts after its direction's first try
-            first = [x for x in tree.edges if x.parent == e.parent and x.slot == e.slot and x.attempt == 1]
-            return first[0].id if first else None
-        return tree.node(e.parent).edge
+    def before(e: treemod.Edge) -> float:
+        if e.parent == root:
+            first = [x for x in tree.edges if x.parent == root and x.slot == e.slot and x.attempt == 1]
+            return chain(first[0].id) if e.attempt == 2 and first else 0.0
+        if tree.node(e.parent).parent == root:  # depth 2: after every root edge (root first)
+            return max(chain(x) for x in root_edges)
+        return chain(tree.node(e.parent).edge)
 
     def chain(eid: str) -> float:
         if eid not in memo:
-            p = pred(tree.edge(eid))
-            memo[eid] = dur[eid] + (chain(p) if p else 0.0)
+            memo[eid] = dur[eid] + before(tree.edge(eid))
         return memo[eid]
 
     return max((chain(e.id) for e in tree.edges), default=0.0)
+
+
+def root_layer_bound(tree: treemod.Tree, dur: dict[str, float], width: int) -> float:
+    """Root first: nothing below the root starts before the root layer ends (its longest try + fallback chain),
+    and then the edges below the root need at least their total time / width."""
+    root = tree.root_node.id
+    root_edges = [e for e in tree.edges if e.parent == root]
+    layer = 0.0
+    for e in root_edges:
+        first = [x for x in root_edges if x.slot == e.slot and x.attempt == 1 and e.attempt == 2]
+        layer = max(layer, dur[e.id] + (dur[first[0].id] if first else 0.0))
+    below = sum(dur[e.id] for e in tree.edges if e.parent != root)
+    return layer + below / width
 
 
 def record_calls(teacher, t0: float, calls: list, lock: threading.Lock) -> None:
@@ -151,7 +169,7 @@ def run_tree(work: Path, width: int, schedule: str, args, seed: int) -> dict:
     dur = {e: b - a for e, (a, b) in times.items()}
     total = sum(dur.values())
     chain = longest_chain(tree, dur)
-    bound = max(total / width, chain)
+    bound = max(total / width, chain, root_layer_bound(tree, dur, width))
     prompt = sum(c[5] for c in calls)
     cached = sum(c[6] for c in calls)
     c = tree.counters()

@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 
 import yaml
+from tree_rules import check_paths, check_tree
 
 from sftree import cli
 from sftree import tree as treemod
 from sftree.config import REPO_ROOT
+from sftree.paths import select_paths
 
 EXAMPLES = REPO_ROOT / "examples"
 
@@ -30,7 +32,7 @@ def make_root(tmp: Path, task: str = "circle_packing", score: float = 1.2, name:
 
 
 def write_config(tmp: Path, search: dict, *, script: list | None = None, base_url: str | None = None,
-                 seed: int = 0, name: str = "config.yaml") -> Path:  # fmt: skip
+                 seed: int = 0, name: str = "config.yaml", agent: dict | None = None) -> Path:  # fmt: skip
     """A config for one circle_packing tree; the Teacher is teacher-sim (in-process with `script`, or base_url)."""
     teacher = {"health_timeout": 10, "retries": 2, "backoff_max": 0.1, "request_timeout": 30}
     if base_url:
@@ -48,7 +50,7 @@ def write_config(tmp: Path, search: dict, *, script: list | None = None, base_ur
         },
         "results": str(tmp / "results"),
         "teacher": teacher,
-        "agent": {"sandbox": "none", "max_steps_per_turn": 12},
+        "agent": {"sandbox": "none", "max_steps_per_turn": 12, **(agent or {})},
         "search": {"seed": seed, **search},
     }
     path = tmp / name
@@ -70,8 +72,13 @@ def explore_cmd(root: Path, out: Path, config: Path) -> list[str]:
 
 
 def load_final(out: Path) -> treemod.Tree:
-    """tree.json, validated against the schema and the link checks."""
-    return treemod.load(out / "tree.json")
+    """tree.json, validated against the schema and the link checks, and checked against the rules of sections 1
+    and 3 by the independent checker (tests/tree_rules.py)."""
+    tree = treemod.load(out / "tree.json")
+    obj = tree.to_dict()
+    problems = check_tree(obj) + check_paths(obj, select_paths(obj))
+    assert problems == [], f"{out / 'tree.json'} breaks the rules:\n" + "\n".join(problems)
+    return tree
 
 
 def edges_by(tree: treemod.Tree, **where) -> list[treemod.Edge]:

@@ -201,3 +201,43 @@ def test_cli_writes_paths_json(tmp_path):
         cmd[:-4] + ["--tree", str(tmp_path / "nope.json"), "--out", str(out)], capture_output=True, text=True
     )
     assert res.returncode == 2 and "nope.json" in res.stderr
+
+
+def test_candidates_are_exactly_the_normal_leaves():
+    """3.1 = 1.9: limit leaves count whatever the path; no_room and tree_stopped leaves only on a valid path (no
+    edge kept after failing). Then a normal leaf is ranked only when all four metrics are computable."""
+    spec = [
+        ("n1", "n0", 2.0, 1.0, 1.0, None),  # e1 failed but was kept (fallback): paths below it are not valid
+        ("n2", "n1", 2.5, 1.0, 0.6, "depth_limit"),  # normal (limit), metrics computable: ranked
+        ("n3", "n1", 2.2, 1.0, 0.6, "no_room"),  # no room below a failed edge: not normal
+        ("n4", "n0", 1.5, 1.0, 0.4, "tree_stopped"),  # valid path: normal
+        ("n5", "n0", 1.1, 0.3, 0.4, "token_limit"),  # its own edge failed but was kept: limit leaf, normal
+        ("n6", "n0", 1.3, 1.0, 0.4, "no_room"),  # valid path: normal
+    ]
+    tree = make_tree("maximize", spec)
+    for e in tree["edges"]:
+        e["failed"] = e["id"] in ("e1", "e5")
+    doc = select_paths(tree)
+    assert sorted(p["leaf"] for p in doc["paths"]) == ["n2", "n4", "n5", "n6"]
+    assert doc["excluded"] == [{"leaf": "n3", "reason": "not a normal leaf: no_room below failed edge e1"}]
+    # max scores 2.5, 1.5, 1.1, 1.3 -> ranks .875, .625, .125, .375; avg 2.25, 1.5, 1.1, 1.3 -> the same ranks
+    p = by_leaf(doc)
+    assert p["n2"]["path_score"] == pytest.approx(0.6 * 0.875 + 0.2 * 1.0 + 0.2 * 0.8)
+    assert p["n5"]["path_score"] == pytest.approx(0.6 * 0.125 + 0.2 * 0.3 + 0.2 * 0.4)
+
+
+def test_path_metrics_use_full_precision():
+    """Full floats in, full floats out: avg_cleanliness of (0.8 - 0.5/3, 0.8 - 1/3) is their exact mean, and two
+    paths whose PathScores differ by 2e-8 (equal when cleanliness is rounded to 6 decimals) keep their order."""
+    c1, c2 = 0.8 - 0.5 * 0.1 / 0.3, 0.8 - 0.5 * 0.2 / 0.3
+    spec = [
+        ("n1", "n0", 2.0, c1, 1.0, None),
+        ("n2", "n1", 2.0, c2, 1.0, "depth_limit"),
+        ("n3", "n0", 2.0, 0.7 + 1e-7, 1.0, "no_room"),
+        ("n4", "n0", 2.0, 0.7 + 2e-7, 1.0, "no_room"),
+    ]
+    doc = select_paths(make_tree("maximize", spec))
+    p = by_leaf(doc)
+    assert p["n2"]["avg_cleanliness"] == (c1 + c2) / 2
+    assert p["n4"]["path_score"] - p["n3"]["path_score"] == pytest.approx(2e-8, rel=1e-3)
+    assert [x["leaf"] for x in doc["paths"]][:2] == ["n4", "n3"]

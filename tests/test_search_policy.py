@@ -1,6 +1,7 @@
 """ask/tell/stop rules of search.py on EdgeResult values built by hand (no runtime): the algorithm itself."""
 
 import pytest
+from tree_rules import check_tree
 
 from sftree import search
 from sftree import tree as treemod
@@ -70,8 +71,9 @@ def test_soft_scores_of_root_edges():
     assert (
         e2.score == 0.8 and e2.outcome == 0.7 and e2.knowledge_score == 0.4 and e2.regression_stability == 0
     )
-    assert e2.cleanliness == approx(0.8 - 0.5 * 0.1 / 0.3, abs=1e-6)
-    assert e2.soft == approx(0.21 + 0.2 * (0.8 - 0.5 / 3) + 0.08, abs=1e-6)
+    # stored at full precision (tree.json keeps the float; only the log rounds)
+    assert e2.tool_error_rate == 0.1 and e2.cleanliness == 0.8 - 0.5 * 0.1 / 0.3 != round(e2.cleanliness, 6)
+    assert e2.soft == approx(0.21 + 0.2 * (0.8 - 0.5 / 3) + 0.08, abs=1e-15)
     assert e3.soft == 1.0 and e3.tool_error_rate == 0.0
     root = tree.node("n0")
     assert root.status == "expanded" and root.valid_children == 3 and root.failed_expansions == 0
@@ -117,25 +119,37 @@ def test_minimize_ranks_lower_scores_higher():
 
 
 def test_layer1_fallback_and_kept_failure():
+    """Width 1: the three first tries in slot order, then the fallbacks; nothing deeper before the root layer."""
     tree = new_tree()
     exps = search.ask(tree, 1)
-    e = step(tree, exps[0], 1.1, None)  # slot 0, first try: no score -> pruned, root failed_expansions 1
+    e = step(tree, exps[0], 1.1, None)  # e1 slot 0, first try: no score -> pruned, root failed_expansions 1
     assert e.pruned and e.prune_reason == "no_score" and e.child is None and e.soft is None
     assert tree.node("n0").failed_expansions == 1
-    retry = search.ask(tree, 1)[0]
-    assert (retry.slot, retry.attempt, retry.exempt) == (0, 2, True)
-    e = step(tree, retry, None, None, errors=9)  # the retry fails again: kept anyway
-    assert not e.pruned and e.failed and e.fail_reason == "no_score" and e.child == "n1"
-    n1 = tree.node("n1")
-    assert n1.score is None and n1.path_best_score == 1.0 and not n1.path_valid and n1.status == "active"
-    # soft of the kept failure: not improved .7, cleanliness floor .3, knowledge .6, stability 0
-    assert e.soft == approx(0.21 + 0.06 + 0.12 + 0.0, abs=1e-6)
-    # the other two root directions come next; a root whose first try of slot 1 fails gets a second failure
-    e = step(tree, search.ask(tree, 1)[0], None, 2.0)
+    nxt = search.ask(tree, 5)  # first tries of slots 1, 2 before the fallback of slot 0
+    assert [(x.node, x.slot, x.attempt, x.exempt) for x in nxt] == [
+        ("n0", 1, 1, False), ("n0", 2, 1, False), ("n0", 0, 2, True)]  # fmt: skip
+    e = step(tree, nxt[0], None, 2.0)  # e2 slot 1 fails too: the root's second failure
     assert e.slot == 1 and e.pruned and tree.node("n0").failed_expansions == 2
     assert tree.node("n0").status == "active"  # the root is governed by its directions, not failed < 2
+    e = step(tree, search.ask(tree, 1)[0], 1.5, 2.0)  # e3 slot 2 -> n1
+    assert (e.slot, e.attempt, e.child) == (2, 1, "n1")
+    # n1 could grow, but the two fallbacks come first (root first, 1.6 / 1.10 step 5)
     nxt = search.ask(tree, 5)
-    assert [(x.node, x.slot, x.attempt) for x in nxt][:2] == [("n0", 1, 2), ("n0", 2, 1)]
+    assert [(x.node, x.slot, x.attempt) for x in nxt] == [("n0", 0, 2), ("n0", 1, 2)]
+    retry = nxt[0]
+    e = step(tree, retry, None, None, errors=9)  # e4: the retry fails again: kept anyway
+    assert not e.pruned and e.failed and e.fail_reason == "no_score" and e.child == "n2"
+    n2 = tree.node("n2")
+    assert n2.score is None and n2.path_best_score == 1.0 and not n2.path_valid and n2.status == "active"
+    # soft of the kept failure: not improved .7, cleanliness floor .3, knowledge .6, stability 0
+    assert e.soft == approx(0.21 + 0.06 + 0.12 + 0.0, abs=1e-12)
+    assert [(x.node, x.slot) for x in search.ask(tree, 5)] == [("n0", 1)]
+    e = step(tree, search.ask(tree, 1)[0], 1.2, 1.4)  # e5: slot 1's fallback -> n3
+    assert (e.slot, e.attempt, e.exempt, e.child) == (1, 2, True, "n3")
+    root = tree.node("n0")
+    assert root.status == "expanded" and root.valid_children == 3 and root.failed_expansions == 2
+    assert not search.root_layer_pending(tree)
+    assert {x.node for x in search.ask(tree, 8)} <= {"n1", "n2", "n3"}
 
 
 def test_depth2_exempt_then_depth3_prunes():
@@ -184,6 +198,7 @@ def test_token_and_depth_limit_leaves():
     exps = search.ask(tree, 3)
     a = step(tree, exps[0], 1.5, 2.0, tokens=5000)  # == limit: leaf
     b = step(tree, exps[1], 1.5, 2.0, tokens=4999)
+    step(tree, exps[2], 1.5, 2.0, tokens=4999)
     assert tree.node(a.child).leaf_reason == "token_limit" and tree.node(a.child).status == "leaf"
     assert tree.node(b.child).status == "active"
     x = next(x for x in search.ask(tree, 8) if x.node == b.child)
@@ -195,8 +210,10 @@ def test_token_and_depth_limit_leaves():
 
 
 def run_tree(tree, script):
+    """Grow the tree with `script(dispatch) -> EdgeResult`; the finished tree must pass the rule checker."""
     saved = []
     search.run_search(tree, lambda d: script(d), lambda t: saved.append(t.counters()))
+    assert check_tree(tree.to_dict()) == []
     return saved
 
 
@@ -234,14 +251,24 @@ def test_async_refill_counts_in_flight():
     tree = new_tree(max_depth=3)
     ds = [search.begin(tree, e) for e in search.ask(tree, 3)]
     search.tell(tree, ds[0], result(ds[0].edge, 1.5, 2.0, parent=1.0))
-    exps = search.ask(tree, 8)  # n1 exists; root slots 1, 2 still running
-    assert [(e.node, e.depth) for e in exps] == [("n1", 2), ("n1", 2)]
+    assert search.ask(tree, 8) == []  # n1 exists, but root slots 1, 2 are still running: root first
+    search.tell(tree, ds[1], result(ds[1].edge, None, 2.0, parent=1.0))  # slot 1 fails
+    (retry,) = search.ask(tree, 8)  # its fallback, not n1 (slot 2 still running)
+    assert (retry.node, retry.slot, retry.attempt, retry.exempt) == ("n0", 1, 2, True)
+    dr = search.begin(tree, retry)
+    search.tell(tree, ds[2], result(ds[2].edge, 1.5, 2.0, parent=1.0))
+    assert search.ask(tree, 8) == [] and search.root_layer_pending(tree)  # the fallback is running
+    search.tell(tree, dr, result(dr.edge, 1.5, 1.6, parent=1.0))
+    assert not search.root_layer_pending(tree)
+    exps = search.ask(tree, 8)  # n1 and n2 tie on everything: the older node first
+    assert [(e.node, e.depth) for e in exps][:2] == [("n1", 2), ("n1", 2)]
     search.begin(tree, exps[0])
-    assert [(e.node, e.attempt) for e in search.ask(tree, 8)] == [("n1", 2)]
+    assert [(e.node, e.attempt) for e in search.ask(tree, 8)][:1] == [("n1", 2)]
 
 
 def _timed_runs(schedule):
-    """Run a 2-level tree whose edges take 0.05 s, except e1 which takes 0.3 s; record (edge, start, end)."""
+    """Run a 2-level tree whose edges take 0.05 s, except e4 (the first below the root) which takes 0.3 s;
+    record (edge, node, start, end)."""
     import threading
     import time
 
@@ -250,7 +277,7 @@ def _timed_runs(schedule):
 
     def run(d):
         t0 = time.monotonic()
-        time.sleep(0.3 if d.edge == "e1" else 0.05)
+        time.sleep(0.3 if d.edge == "e4" else 0.05)
         with lock:
             log.append((d.edge, d.node, t0, time.monotonic()))
         return result(d.edge, 1.5, 2.0, parent=d.parent_score)
@@ -261,15 +288,19 @@ def _timed_runs(schedule):
 
 def test_rounds_waits_for_the_whole_batch_async_refills():
     tree, log = _timed_runs("rounds")
-    e1_end = next(end for e, _, _, end in log if e == "e1")
-    later = [start for e, node, start, _ in log if node != "n0"]
-    assert later and min(later) >= e1_end  # nothing of round 2 starts before the slow edge of round 1 ends
+    root_end = max(end for _, node, _, end in log if node == "n0")
+    assert min(start for _, node, start, _ in log if node != "n0") >= root_end  # root first
+    e4_end = next(end for e, _, _, end in log if e == "e4")
+    later = [start for e, _, start, _ in log if int(e[1:]) > 6]
+    assert later and min(later) >= e4_end  # nothing of round 3 starts before the slow edge of round 2 ends
     assert tree.stop_reason == "frontier_empty" and len(tree.nodes) == 1 + 3 + 6
 
     tree, log = _timed_runs("async")
-    e1_end = next(end for e, _, _, end in log if e == "e1")
-    early = [start for e, node, start, _ in log if node != "n0" and start < e1_end]
-    assert early  # a freed slot was refilled while e1 was still running
+    root_end = max(end for _, node, _, end in log if node == "n0")
+    assert min(start for _, node, start, _ in log if node != "n0") >= root_end  # root first here too
+    e4_end = next(end for e, _, _, end in log if e == "e4")
+    early = [start for e, _, start, _ in log if int(e[1:]) > 6 and start < e4_end]
+    assert early  # a freed slot was refilled while e4 was still running
     assert tree.stop_reason == "frontier_empty" and len(tree.nodes) == 1 + 3 + 6
 
 
@@ -310,13 +341,26 @@ def test_default_params_stop_at_12_good_leaves():
     assert tree.stop_reason == "good_leaves" and c["good_leaves"] >= 12 and c["valid_edges"] <= 40
 
 
-def test_default_params_stop_over_40_valid_edges():
-    # every edge into depth 2 fails but is kept (exempt): no path is valid, so no leaf is good and the
-    # full tree (45 edges) would be grown; the budget stops it at the 41st valid edge (width 1: exactly)
+def test_kept_failures_do_not_stop_depth_limit_leaves_from_counting():
+    # every edge into depth 2 fails but is kept (exempt). Depth-4 leaves below them are normal leaves (1.9 item
+    # 2: the depth limit was reached, every edge passed hard prune or exemption), so the 12-leaf rule fires.
     tree = new_tree(parallel_width=1)
     run_tree(tree, lambda d: result(d.edge, None if d.depth == 2 else 1.5, 2.0, parent=d.parent_score))
     c = tree.counters()
-    assert tree.stop_reason == "edge_budget" and c["valid_edges"] == 41 and c["good_leaves"] == 0
+    assert tree.stop_reason == "good_leaves" and c["good_leaves"] == 12
+    assert all(not n.path_valid for n in tree.nodes if n.depth >= 2)
+    assert {n.leaf_reason for n in tree.nodes if treemod.is_good_leaf(n)} == {"depth_limit"}
+    # with width 1 the 12th leaf is the last edge: 3 + 6 + 12 inner edges at most, 12 into depth 4
+    assert c["valid_edges"] <= 3 + 6 + 12 + 12
+
+
+def test_default_params_stop_over_40_valid_edges():
+    # With the seed's 12-leaf target, 41 valid edges cannot happen (depths 1-3 hold at most 21 nodes, so 20 edges
+    # into depth 4 = 20 normal leaves). A large target lets the budget stop at the 41st valid edge (width 1).
+    tree = new_tree(parallel_width=1, target_good_leaves=100)
+    run_tree(tree, lambda d: result(d.edge, None if d.depth == 2 else 1.5, 2.0, parent=d.parent_score))
+    c = tree.counters()
+    assert tree.stop_reason == "edge_budget" and c["valid_edges"] == 41 and c["good_leaves"] >= 20
     assert all(n.status != "active" for n in tree.nodes)
 
 
@@ -333,3 +377,96 @@ def test_edge_without_state_is_pruned_even_when_exempt():
     assert e.pruned and e.prune_reason == "edge_error" and e.child is None and e.error.startswith("GitError")
     assert tree.node("n0").failed_expansions == 2
     assert all(x.slot != 0 for x in search.ask(tree, 8))  # the direction is spent: two tries
+
+
+def _tie_tree(first_knows: bool):
+    """alpha 0.024; n1 and n2 both score 2.0 (equal ranks). The one with knowledge has soft 1.0 (process 1.0)
+    and 2000 tokens, the other soft 0.96 (knowledge .8) and 1000 tokens; n3 (0.9, 1000 tokens) is worse.
+    Long+knowledge: Q .3 + .225 + .3 = .825, T 1/6 (-> .829); short: Q .3 + .225 + .288 = .813, T 2/3 (-> .829)."""
+    tree = new_tree(alpha=0.024)
+    ds = [search.begin(tree, e) for e in search.ask(tree, 3)]
+    long_ = dict(knowledge=True, tokens=2000)
+    short = dict(knowledge=False, tokens=1000)
+    search.tell(tree, ds[0], result("e1", 1.5, 2.0, parent=1.0, **(long_ if first_knows else short)))
+    search.tell(tree, ds[1], result("e2", 1.5, 2.0, parent=1.0, **(short if first_knows else long_)))
+    search.tell(tree, ds[2], result("e3", 0.8, 0.9, tokens=1000, parent=1.0))
+    return tree
+
+
+@pytest.mark.parametrize("first_knows", [True, False])
+def test_select_tie_between_different_nodes_goes_to_the_older(first_knows):
+    tree = _tie_tree(first_knows)
+    n1, n2, n3 = (tree.node(f"n{i}") for i in (1, 2, 3))
+    sel = search.select_breakdowns(tree, [n1, n2, n3])
+    knows, short = (sel["n1"], sel["n2"]) if first_knows else (sel["n2"], sel["n1"])
+    assert (knows["Q"], knows["T"]) == (approx(0.825, abs=1e-15), approx(1 / 6, abs=1e-15))
+    assert (short["Q"], short["T"]) == (approx(0.813, abs=1e-15), approx(2 / 3, abs=1e-15))
+    assert knows["select"] == approx(0.829, abs=1e-15) and short["select"] == approx(0.829, abs=1e-15)
+    assert sel["n3"]["select"] < 0.829
+    # different parts, equal Select: the older node (creation order) first, whichever part is larger
+    exps = search.ask(tree, 8)
+    assert [e.node for e in exps] == ["n1", "n1", "n2", "n2", "n3", "n3"]
+
+
+def test_select_order_treats_float_noise_as_a_tie():
+    tree = new_tree()
+    a, b = treemod.Node("a", "n0", "e1", 1, 1.0, 1.0, 0), treemod.Node("b", "n0", "e2", 1, 1.0, 1.0, 0)
+    assert search.select_order([a, b], {"a": {"select": 0.7}, "b": {"select": 0.7 + 1e-15}}) == [a, b]
+    assert search.select_order([a, b], {"a": {"select": 0.7}, "b": {"select": 0.7 + 1e-9}}) == [b, a]
+    assert tree.root_node.id == "n0"
+
+
+def test_rule_checker_catches_each_broken_rule():
+    """tests/tree_rules.py must be able to fail: break one rule at a time in a tree that passes it."""
+    tree = new_tree(max_depth=2, parallel_width=1)
+    run_tree(tree, lambda d: result(d.edge, 1.5, 2.0, errors=1, parent=d.parent_score))
+    good = tree.to_dict()
+    assert check_tree(good) == []
+
+    def broken(change):
+        import copy
+
+        obj = copy.deepcopy(good)
+        change(obj)
+        return " | ".join(check_tree(obj))
+
+    def deeper_first(o):  # a deeper edge takes the id of a root edge
+        e3, e4 = o["edges"][2], o["edges"][3]
+        e3["id"], e4["id"] = e4["id"], e3["id"]
+
+    assert "root first" in broken(deeper_first)
+    assert "cleanliness" in broken(
+        lambda o: o["edges"][0].update(cleanliness=round(o["edges"][0]["cleanliness"], 6))
+    )
+    assert "good_leaves" in broken(
+        lambda o: o["counters"].update(good_leaves=o["counters"]["good_leaves"] + 1)
+    )
+    assert "exempt" in broken(lambda o: o["edges"][3].update(exempt=False))
+    assert "kept should be" in broken(lambda o: o["edges"][0].update(tool_errors=4, tool_error_rate=0.4))
+    assert "path_valid" in broken(lambda o: o["nodes"][4].update(path_valid=False))
+
+
+@pytest.mark.parametrize("schedule", ["async", "rounds"])
+def test_root_first_with_width_below_root_children(schedule):
+    """Width 2 < 3 directions: the first tries e1-e3, then e1's fallback e4, and only then deeper nodes, in both
+    schedules; a kept fallback failure (no score) still makes the direction's node."""
+    tree = new_tree(max_depth=2, parallel_width=2, schedule=schedule)
+    order = []
+
+    def run(d):
+        order.append((d.edge, d.node, d.slot, d.attempt))
+        return result(d.edge, None if d.edge in ("e1", "e4") else 1.5, 2.0, parent=d.parent_score)
+
+    search.run_search(tree, run, lambda t: None)
+    assert check_tree(tree.to_dict()) == []
+    order.sort(key=lambda x: int(x[0][1:]))  # dispatch order
+    assert order[:4] == [
+        ("e1", "n0", 0, 1),
+        ("e2", "n0", 1, 1),
+        ("e3", "n0", 2, 1),
+        ("e4", "n0", 0, 2),
+    ]
+    assert all(node != "n0" for _, node, _, _ in order[4:]) and len(order) == 4 + 6
+    e4 = tree.edge("e4")
+    assert e4.exempt and e4.failed and e4.child is not None and not tree.node(e4.child).path_valid
+    assert tree.node("n0").valid_children == 3 and tree.stop_reason == "frontier_empty"

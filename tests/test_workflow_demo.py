@@ -18,6 +18,7 @@ import jsonschema
 import pytest
 import yaml
 from helpers_export import llamafactory_alternates
+from tree_rules import check_paths, check_tree
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "workflow/schemas/sft_record.schema.json").read_text())
@@ -61,6 +62,8 @@ def test_demo_workflow_end_to_end(tmp_path, example_snapshots_dir):
         assert doc["paths"] and sum(p["selected"] for p in doc["paths"]) == min(6, len(doc["paths"]))
         scores = [p["path_score"] for p in doc["paths"]]
         assert scores == sorted(scores, reverse=True)
+        tree = json.loads(t.read_text())
+        assert check_tree(tree) + check_paths(tree, doc) == []  # sections 1 and 3, re-derived (tree_rules.py)
         selected += sum(p["selected"] for p in doc["paths"])
 
     # sft.jsonl: schema-valid records, tool calls paired, no duplicate steps, metadata from the roots

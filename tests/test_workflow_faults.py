@@ -13,6 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from tree_rules import check_paths, check_tree
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "workflow/schemas/sft_record.schema.json").read_text())
@@ -75,6 +76,7 @@ def test_faulty_tree_exports_cleanly(tmp_path, example_snapshots_dir):
     )
 
     tree = json.loads((tree_dir / "tree.json").read_text())
+    assert check_tree(tree) + check_paths(tree, json.loads((tree_dir / "paths.json").read_text())) == []
     edges = {e["id"]: e for e in tree["edges"]}
     nodeless = [e for e in tree["edges"] if not e.get("child")]
     assert edges["e2"]["child"] is None and nodeless, (

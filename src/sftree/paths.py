@@ -1,9 +1,13 @@
 """Section 3: rank a tree's root-to-leaf paths by PathScore and keep the top k (`sftree select-paths`).
 
-A candidate is a normally ended root-to-leaf path (its leaf node has a `leaf_reason`) whose logical nodes all
-have a numeric score and whose edges all have `cleanliness` and `knowledge_score`. The root is not one of a
-path's logical nodes (its score is the Student's, not the Teacher's). Ranks are taken among this tree's
-candidates on oriented scores (minimize tasks negated), with mid-ranks for ties:
+A candidate is the path to a normal leaf (`tree.normal_leaf`, the same predicate the search's stop rule counts,
+seed 1.8/1.9/3.1: token or depth limit reached, or no room left with a valid path, i.e. no edge on it that was
+kept only by the depth-2 exemption or the layer-1 fallback after failing; path validity is re-derived here from
+the edges' `failed` flags) whose logical nodes all have a numeric score and whose edges all have `cleanliness`
+and `knowledge_score` (3.1: all four metrics computable). The root is not one of a path's logical nodes (its
+score is the Student's, not the Teacher's). Metrics are averaged at full precision (tree.json stores full
+floats). Ranks are taken among this tree's candidates on oriented scores (minimize tasks negated), with mid-ranks
+for ties:
 
     PathScore = .35 max_score_rank + .25 avg_score_rank + .20 avg_cleanliness + .20 avg_knowledge
 
@@ -25,6 +29,7 @@ from typing import Any
 from sftree.errors import InputError
 from sftree.fileio import read_json, write_json_atomic
 from sftree.scoring import percentile_rank
+from sftree.tree import normal_leaf
 
 log = logging.getLogger("sftree.paths")
 
@@ -108,7 +113,7 @@ def _edge_into(node: dict, edges: dict[str, dict], child_edge: dict[str, dict], 
 
 
 def candidate_paths(tree: dict, source: str = "tree.json") -> tuple[list[Candidate], list[dict]]:
-    """Every normally ended root-to-leaf path with all metrics available, and the excluded ones with why."""
+    """Every path to a normal leaf with all four metrics computable, and the excluded leaves with why."""
     nodes, edges, root = _index_tree(tree, source)
     child_edge = {e["child"]: e for e in edges.values() if e.get("child")}
     has_child = {n.get("parent") for n in nodes.values()}
@@ -135,11 +140,17 @@ def candidate_paths(tree: dict, source: str = "tree.json") -> tuple[list[Candida
             cur = nodes[parent]
         chain.reverse()
         path_edges = [_edge_into(n, edges, child_edge, source) for n in chain]
+        failed = [e["id"] for e in path_edges if e.get("failed")]
+        not_normal = []
+        if not normal_leaf(node["leaf_reason"], not failed, len(chain)):
+            why = f"below failed edge {', '.join(failed)}" if failed else "is not a leaf reason"
+            not_normal = [f"not a normal leaf: {node['leaf_reason']} {why}"]
         scores = [_num(n.get("score")) for n in chain]
         clean = [_num(e.get("cleanliness")) for e in path_edges]
         know = [_num(e.get("knowledge_score")) for e in path_edges]
         missing = (
-            [f"missing score on {n['id']}" for n, s in zip(chain, scores, strict=True) if s is None]
+            not_normal
+            + [f"missing score on {n['id']}" for n, s in zip(chain, scores, strict=True) if s is None]
             + [
                 f"missing cleanliness on {e['id']}"
                 for e, c in zip(path_edges, clean, strict=True)

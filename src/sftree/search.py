@@ -1,7 +1,9 @@
 """The token-aware MCTS of seed section 1: a stateless policy over `tree.Tree` and the loop that drives it.
 
-    ask(tree, n)            -> up to n Expansions: the highest Select = Q + alpha*T candidates, counting the
-                               expansions already in flight against each node's child limit (virtual visits)
+    ask(tree, n)            -> up to n Expansions: while the root's layer is pending, its directions (first
+                               tries, then fallbacks); after that the highest Select = Q + alpha*T candidates,
+                               counting the expansions already in flight against each node's child limit
+                               (virtual visits)
     begin(tree, expansion)  -> Dispatch: takes an edge id and marks it in flight
     tell(tree, dispatch, r) -> applies one finished edge: attach a child or prune, update counters and leaves
     stop_reason(tree)       -> the first stop rule of 1.9 that holds, or None
@@ -76,19 +78,47 @@ def _in_flight_by_node(tree: Tree) -> dict[str, list[dict]]:
     return out
 
 
+def _root_tries(tree: Tree) -> dict[int, list[Edge]]:
+    """The finished edges of each root direction (slot), in dispatch order."""
+    root = tree.root_node.id
+    out: dict[int, list[Edge]] = {slot: [] for slot in range(tree.params.root_children)}
+    for e in tree.edges:
+        if e.parent == root and e.slot in out:
+            out[e.slot].append(e)
+    return out
+
+
 def _root_open_slots(tree: Tree, running: list[dict]) -> list[tuple[int, int]]:
-    """(slot, next attempt) of every root direction that has no child yet, nothing running, and a try left."""
-    p = tree.params
+    """(slot, next attempt) of every root direction that has no child yet, nothing running, and a try left.
+
+    First tries come before fallbacks (each in slot order): the root's directions start together (1.10 step 2),
+    then a failed first try is retried (1.6). So the dispatch order is the same at every `parallel_width`.
+    """
     busy = {d["slot"] for d in running}
     out = []
-    for slot in range(p.root_children):
-        if slot in busy:
-            continue
-        tries = [e for e in tree.edges if e.parent == tree.root_node.id and e.slot == slot]
-        if any(e.child is not None for e in tries) or len(tries) >= 2:
+    for slot, tries in _root_tries(tree).items():
+        if slot in busy or any(e.child is not None for e in tries) or len(tries) >= 2:
             continue
         out.append((slot, len(tries) + 1))
-    return out
+    return sorted(out, key=lambda sa: (sa[1], sa[0]))
+
+
+def root_layer_pending(tree: Tree) -> bool:
+    """True while a root direction is unresolved: no child yet, and a try running or left (1.2, 1.6).
+
+    While it holds, only the root's directions are dispatched (root first, 1.10 steps 2 and 5); a direction is
+    resolved when it has a child or has been lost (two tries without one: the fallback broke, `edge_error`).
+    """
+    root = tree.root_node
+    if root.depth >= tree.params.max_depth or root.max_token_total >= tree.params.hard_token_limit:
+        return False
+    busy = {d["slot"] for d in tree.in_flight if d["node"] == root.id}
+    for slot, tries in _root_tries(tree).items():
+        if any(e.child is not None for e in tries):
+            continue
+        if slot in busy or len(tries) < 2:
+            return True
+    return False
 
 
 def can_grow(tree: Tree, node: Node) -> bool:
@@ -127,7 +157,7 @@ def select_breakdowns(tree: Tree, candidates: list[Node]) -> dict[str, dict]:
     all_scores = [n.score for n in tree.nodes]
     all_bests = [n.path_best_score for n in tree.nodes]
     active_tokens = [n.max_token_total for n in candidates]
-    out = {}
+    out = {}  # full floats (rounded only in the log line), so near-ties are ordered by their exact values
     for n in candidates:
         sr = scoring.score_rank(n.score, all_scores, d)
         br = scoring.best_rank(n.path_best_score, all_bests, d)
@@ -136,20 +166,30 @@ def select_breakdowns(tree: Tree, candidates: list[Node]) -> dict[str, dict]:
         t = scoring.token_reward(n.max_token_total, active_tokens)
         out[n.id] = {
             "node": n.id,
-            "score_rank": round(sr, 6),
-            "best_rank": round(br, 6),
-            "process": round(pr, 6),
-            "Q": round(q, 6),
-            "T": round(t, 6),
-            "select": round(scoring.select_value(q, t, tree.params.alpha), 6),
+            "score_rank": sr,
+            "best_rank": br,
+            "process": pr,
+            "Q": q,
+            "T": t,
+            "select": scoring.select_value(q, t, tree.params.alpha),
         }
     return out
 
 
-def ask(tree: Tree, n: int) -> list[Expansion]:
-    """Up to `n` expansions, best Select first; a node takes as many as its remaining room allows.
+# Select values equal to this many decimals are a tie: summation-order noise never decides between two nodes.
+TIE_DECIMALS = 12
 
-    Ties go to the older node (creation order), so a run is reproducible.
+
+def select_order(candidates: list[Node], sel: dict[str, dict]) -> list[Node]:
+    """Candidates by Select, highest first; ties (equal to TIE_DECIMALS) go to the older node (creation order,
+    i.e. the order of `candidates`, which is `tree.nodes` order), so a run is reproducible."""
+    keyed = [(-round(sel[n.id]["select"], TIE_DECIMALS), i, n) for i, n in enumerate(candidates)]
+    return [n for _, _, n in sorted(keyed, key=lambda k: (k[0], k[1]))]
+
+
+def ask(tree: Tree, n: int) -> list[Expansion]:
+    """Up to `n` expansions. While the root's layer is pending only root directions are given (root first);
+    after that, best Select first among the other nodes, each taking as many as its remaining room allows.
     """
     if n <= 0 or tree.status != "running":
         return []
@@ -159,20 +199,19 @@ def ask(tree: Tree, n: int) -> list[Expansion]:
     if not candidates:
         return []
     sel = select_breakdowns(tree, candidates)
-    order = sorted(range(len(candidates)), key=lambda i: (-sel[candidates[i].id]["select"], i))
+    root = tree.root_node
+    if root_layer_pending(tree):  # root first: its directions and their fallbacks before any deeper node
+        slots = _root_open_slots(tree, running.get(root.id, []))[:n] if room[root.id] > 0 else []
+        return [Expansion(root.id, 1, slot, attempt, attempt >= 2, sel[root.id]) for slot, attempt in slots]
     out: list[Expansion] = []
-    for i in order:
-        node = candidates[i]
+    for node in select_order(candidates, sel):
+        if node.parent is None:  # not reached: a resolved root layer leaves the root no room
+            continue
         take = min(room[node.id], n - len(out))
-        if node.parent is None:
-            slots = _root_open_slots(tree, running.get(node.id, []))[:take]
-            for slot, attempt in slots:
-                out.append(Expansion(node.id, 1, slot, attempt, attempt >= 2, sel[node.id]))
-        else:
-            started = sum(1 for e in tree.edges if e.parent == node.id) + len(running.get(node.id, []))
-            depth = node.depth + 1
-            for k in range(take):
-                out.append(Expansion(node.id, depth, None, started + k + 1, depth == 2, sel[node.id]))
+        started = sum(1 for e in tree.edges if e.parent == node.id) + len(running.get(node.id, []))
+        depth = node.depth + 1
+        for k in range(take):
+            out.append(Expansion(node.id, depth, None, started + k + 1, depth == 2, sel[node.id]))
         if len(out) >= n:
             break
     return out
@@ -234,7 +273,7 @@ def tell(tree: Tree, d: Dispatch, result: Any) -> Edge:
         steps=result.steps,
         tool_calls=result.tool_calls,
         tool_errors=result.tool_errors,
-        tool_error_rate=round(result.tool_error_rate, 6),
+        tool_error_rate=result.tool_error_rate,
         tokens=result.tokens,
         knowledge=bool(result.knowledge),
         regressed_rate=result.regressed_rate,
@@ -256,9 +295,10 @@ def tell(tree: Tree, d: Dispatch, result: Any) -> Edge:
             edge.knowledge,
             result.regressed_rate,
         )
-        edge.outcome, edge.cleanliness = b.outcome, round(b.cleanliness, 6)
-        edge.knowledge_score, edge.regression_stability = b.knowledge_score, round(b.regression_stability, 6)
-        edge.soft = round(b.soft, 6)
+        # full floats: path selection averages them (3.2), so rounding here could reorder near-ties
+        edge.outcome, edge.cleanliness = b.outcome, b.cleanliness
+        edge.knowledge_score, edge.regression_stability = b.knowledge_score, b.regression_stability
+        edge.soft = b.soft
         child = _make_child(tree, parent, edge, result, failed=reason is not None)
         edge.child = child.id
         parent.valid_children += 1

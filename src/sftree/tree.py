@@ -248,9 +248,30 @@ class Tree:
         return tree
 
 
+# Leaf reasons that are normal whatever the path (1.8: the node exists, so every edge on its path passed hard
+# prune or was kept by the layer-1 fallback / depth-2 exemption) and those that need a valid path (1.9 item 3).
+LIMIT_REASONS = ("token_limit", "depth_limit")
+NO_ROOM_REASONS = ("no_room", "tree_stopped")
+
+
+def normal_leaf(leaf_reason: str | None, path_valid: bool, depth: int) -> bool:
+    """The one definition of a normal leaf (seed 1.8, 1.9, 3.1), used by the stop rule and by path selection.
+
+    Normal: the token or depth limit was reached, or the node had no room left (two failed expansions, or the
+    tree stopped before it could grow) and its path is valid (no edge on root..node was kept only by the
+    depth-2 exemption or the layer-1 fallback after failing). **Choice**: the root is never a leaf of a path
+    (a root-to-leaf path needs at least one logical edge).
+    """
+    if depth < 1 or leaf_reason is None:
+        return False
+    if leaf_reason in LIMIT_REASONS:
+        return True
+    return leaf_reason in NO_ROOM_REASONS and path_valid
+
+
 def is_good_leaf(node: Node) -> bool:
-    """A normally ended leaf (1.9): any leaf reason, and no failed edge on its path."""
-    return node.status == "leaf" and node.path_valid
+    """A node that counts toward `target_good_leaves` (1.9 `good_leaf_count`): a normal leaf."""
+    return node.status == "leaf" and normal_leaf(node.leaf_reason, node.path_valid, node.depth)
 
 
 # --- validation ----------------------------------------------------------------------------------------

@@ -41,7 +41,8 @@ Kinds: http_500, http_503, http_429 (error status, no body work), hang (sleep `h
 then answer: the client's request timeout fires first), malformed_args (tool-call arguments not valid JSON),
 unknown_tool, tool_errors (a read of a missing file; after 3 failed calls the policy gives up and submits, so a
 turn under it usually has no code change and no score), no_eval (text only: the model stops without an eval),
-broken_code (the constant edit writes a syntax error, so the grader crashes).
+broken_code (the constant edit writes a syntax error, so the grader crashes), break_workspace (a bash step
+that breaks the worktree's `.git` link: the edge's fork/runtime breaks, the search records `edge_error`).
 
 extra_tool_errors / extra_tool_calls put one extra tool call *before* the planned step of each faulted request:
 a read of a missing file (a real tool error) / a successful `glob` (no knowledge action). The plan goes on after
@@ -85,6 +86,7 @@ FAULT_KINDS = {
     "extra_tool_calls",
     "no_eval",
     "broken_code",
+    "break_workspace",
 }
 HTTP_FAULTS = {"http_500": 500, "http_503": 503, "http_429": 429}
 MATCH_KEYS = {"tree", "edge", "depth", "turn", "attempt", "session"}
