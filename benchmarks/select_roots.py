@@ -233,13 +233,13 @@ def bench(n: int, layout: str, reps: int, links: list[str], keep: Path | None) -
             for mode in links:
                 wall, mib, _, err = measure(select_cmd + [mode])
                 runs.setdefault(mode, []).append((wall, mib))
-                shutil.rmtree(out)
+                out.rename(base / f"trash-{time.monotonic_ns()}")  # deleted at the end, untimed
                 found = re.search(r"root files: (.*)", err)
                 placed[mode] = found.group(1) if found else "symlinked entries"
             runs["floor_cold"].append(measure(floor_cmd + ["bytes"], cold=every)[:2])
             for mode in links:
                 runs.setdefault(mode + "_cold", []).append(measure(select_cmd + [mode], cold=every)[:2])
-                shutil.rmtree(out)
+                out.rename(base / f"trash-{time.monotonic_ns()}")  # deleted at the end, untimed
         best = {k: min(v) for k, v in runs.items()}
         return [
             {"n": n, "layout": layout, "build_s": build_s, "root_files": root_files, "link": mode,
@@ -282,6 +282,11 @@ def main() -> int:
     rows = []
     for n, layout in plan:
         rows += bench(n, layout, args.reps, args.links.split(","), args.keep)
+        print(
+            "\n".join(table(rows[-len(args.links.split(",")) :]).splitlines()[2:]),
+            file=sys.stderr,
+            flush=True,
+        )
         for r in rows[-len(args.links.split(",")) :]:
             print(f"  {layout} {n} --link {r['link']}: built in {r['build_s']:.0f}s, roots: {r['placed']}",
                   file=sys.stderr)  # fmt: skip
