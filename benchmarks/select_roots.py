@@ -25,8 +25,10 @@ eval_ok=false and 1% pending. Timed, each in a fresh process, interleaved, best 
 Warm: the data was just read. Cold: before the run `echo 3 > /proc/sys/vm/drop_caches` (page cache, dentries
 and inodes; where it may be written, which the benchmark prints) and every file of the run evicted with
 posix_fadvise(DONTNEED) (needs no privilege; directory entries and inodes stay cached then). A virtual disk may
-still be cached by its host. Peak memory is the child's own: the child reports getrusage(RUSAGE_SELF).ru_maxrss and /proc/self/status
-VmHWM itself on exit (not wait4's figure, which a forked child starts with the parent's).
+still be cached by its host. Peak memory is the child's own: the child reports /proc/self/status VmHWM itself
+on exit (the high-water mark of its own memory map). Its ru_maxrss, from wait4 or from getrusage(RUSAGE_SELF)
+inside it, is no good: Linux carries the maximum across exec, so a child forked from a large parent reports the
+parent's size.
 """
 
 from __future__ import annotations
@@ -199,7 +201,9 @@ def measure(cmd: list[str], cold: list[str] | None = None) -> tuple[float, float
     m = re.search(r"PEAK ru_maxrss_kib=(\d+) vmhwm_kib=(\d+)", proc.stderr)
     if not m:
         raise SystemExit(f"no peak memory report from {' '.join(cmd)}")
-    return wall, int(m.group(1)) / 1024, proc.stdout, proc.stderr
+    # VmHWM: the high-water mark of the child's own memory map. ru_maxrss, even read by the child itself, keeps
+    # the size of the process it was forked from (Linux carries it across exec), so it shows the parent's size.
+    return wall, int(m.group(2)) / 1024, proc.stdout, proc.stderr
 
 
 def bench(n: int, layout: str, reps: int, links: list[str], keep: Path | None) -> list[dict]:
@@ -297,7 +301,7 @@ def main() -> int:
         "\nparsing); floor+json: list the folders, parse metadata.json + the attempt it names; select-roots: the"
         "\nfull command (read, stages, table, plot, place 30 roots with that --link); root files: the files"
         "\nof the 30 chosen folders; cold: every file evicted (posix_fadvise DONTNEED) before the run;"
-        f"\nbest of {args.reps} runs each; ratio: select-roots / floor (goal <= 2); peak: the child's own ru_maxrss."
+        f"\nbest of {args.reps} runs each; ratio: select-roots / floor (goal <= 2); peak: the child's own VmHWM."
     )
     return 0
 
