@@ -245,12 +245,15 @@ def bench(n: int, layout: str, reps: int, links: list[str], keep: Path | None) -
                 runs.setdefault(mode + "_cold", []).append(measure(select_cmd + [mode], cold=every)[:2])
                 out.rename(base / f"trash-{time.monotonic_ns()}")  # deleted at the end, untimed
         best = {k: min(v) for k, v in runs.items()}
-        return [
+        rows = [
             {"n": n, "layout": layout, "build_s": build_s, "root_files": root_files, "link": mode,
              "placed": placed[mode], "floor": best["floor"], "json": best["json"], "floor_cold": best["floor_cold"],
              "select": best[mode], "select_cold": best[mode + "_cold"]}
             for mode in links
         ]  # fmt: skip
+        # before the cleanup: removing millions of links can take many minutes on a loaded machine
+        print("\n".join(table(rows).splitlines()[2:]), file=sys.stderr, flush=True)
+        return rows
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -286,11 +289,6 @@ def main() -> int:
     rows = []
     for n, layout in plan:
         rows += bench(n, layout, args.reps, args.links.split(","), args.keep)
-        print(
-            "\n".join(table(rows[-len(args.links.split(",")) :]).splitlines()[2:]),
-            file=sys.stderr,
-            flush=True,
-        )
         for r in rows[-len(args.links.split(",")) :]:
             print(f"  {layout} {n} --link {r['link']}: built in {r['build_s']:.0f}s, roots: {r['placed']}",
                   file=sys.stderr)  # fmt: skip
