@@ -11,6 +11,13 @@ validate(config, "workflow/schemas/config.schema.yaml")
 
 
 include: "workflow/rules/common.smk"
+
+
+if EXAMPLE_RUN:
+
+    include: "workflow/rules/example.smk"
+
+
 include: "workflow/rules/roots.smk"
 include: "workflow/rules/explore.smk"
 include: "workflow/rules/paths.smk"

@@ -1,11 +1,18 @@
 """Shared fixtures. Test helpers live in tests/helpers_*.py (importable: pytest puts tests/ on sys.path)."""
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# Tests call `snakemake`, `sftree` and `python3` by name: take them from the environment pytest runs in
+# (`.venv/bin/python -m pytest` finds the venv's tools without the venv being activated).
+_BIN = os.path.dirname(sys.executable)
+if os.path.isfile(os.path.join(_BIN, "sftree")):
+    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
 from helpers_examples import example_snapshots  # noqa: E402
 

@@ -11,14 +11,35 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+# Two tools whose parameter schemas differ, as real ones do (Arrow must not merge their keys).
 TOOLS = [
     {
         "type": "function",
-        "function": {"name": "bash", "description": "run", "parameters": {"type": "object"}},
+        "function": {
+            "name": "bash",
+            "description": "run",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "shell command"},
+                    "timeout": {"type": "integer"},
+                },
+                "required": ["command"],
+            },
+        },
     },
     {
         "type": "function",
-        "function": {"name": "read", "description": "read", "parameters": {"type": "object"}},
+        "function": {
+            "name": "read",
+            "description": "read",
+            "parameters": {
+                "type": "object",
+                "properties": {"filePath": {"type": "string"}, "offset": {"type": "number", "minimum": 0}},
+                "required": ["filePath"],
+                "additionalProperties": False,
+            },
+        },
     },
 ]
 ROOT = "eval-000005-agent-1-aaaaaaaaaaaa"
@@ -179,6 +200,7 @@ def llamafactory_alternates(messages):
         if pending:
             aligned.append("observation")
             pending = False
-        aligned.append("function" if m["role"] == "assistant" and m.get("tool_calls") else m["role"])
+        calls = m["role"] == "function_call" or (m["role"] == "assistant" and m.get("tool_calls"))
+        aligned.append("function" if calls else m["role"])
     odd, even = ("user", "observation"), ("assistant", "function")
     return len(aligned) % 2 == 0 and all(r in (odd if i % 2 == 0 else even) for i, r in enumerate(aligned))

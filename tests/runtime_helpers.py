@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+from sftree import steplog
 from sftree.config import REPO_ROOT, load_config, task_config
 
 EXAMPLES = REPO_ROOT / "examples"
@@ -61,4 +62,5 @@ def example_task(cfg: dict, task: str = "circle_packing") -> dict:
 
 
 def read_steps(tree_dir: Path, edge: str) -> list[dict]:
-    return [json.loads(line) for line in (tree_dir / "edges" / edge / "steps.jsonl").read_text().splitlines()]
+    """An edge's step records, requests rebuilt from the message store."""
+    return steplog.read_steps(tree_dir / "edges" / edge / "steps.jsonl")

@@ -3,12 +3,11 @@ fault scripts: a broken workspace (`edge_error`) on exempt edges and a root dire
 Teacher down past its retries, a turn cut by `turn_timeout`, a root snapshot without a score. Every finished tree
 also passes the rule checker (helpers_explore.load_final -> tests/tree_rules.py)."""
 
-import json
 
 from helpers_explore import explore, load_final, make_root, write_config
 from tree_rules import check_paths
 
-from sftree import paths
+from sftree import paths, steplog
 from sftree import tree as treemod
 
 
@@ -39,7 +38,7 @@ def test_edge_error_on_exempt_edges_and_a_lost_root_direction(tmp_path):
     for e in (tree.edge("e3"), tree.edge("e4")):
         assert e.failed and e.fail_reason == "edge_error" and e.soft is None
         assert "GitError" in e.error and "not a git repository" in e.error
-        steps = [json.loads(x) for x in (out / e.transcript).read_text().splitlines()]
+        steps = steplog.read_steps(out / e.transcript)
         cmds = [c["function"]["arguments"] for s in steps for c in s["response"].get("tool_calls") or []]
         assert any(".git" in c and "nonexistent" in c for c in cmds)  # the transcript of the break is kept
     root_node, n1, n2 = tree.node("n0"), tree.node("n1"), tree.node("n2")
@@ -57,7 +56,7 @@ def test_edge_error_on_exempt_edges_and_a_lost_root_direction(tmp_path):
 
 def test_teacher_down_past_its_retries_then_resume(tmp_path, capsys):
     """Every request of e2 gets 503 past the client's 2 retries: the run records e1 and e3, keeps e2 in flight in
-    tree.live.json and exits 2 naming the Teacher. A rerun with the Teacher back discards e2 and retries its
+    the live tree and exits 2 naming the Teacher. A rerun with the Teacher back discards e2 and retries its
     direction as e4 (first try again: a Teacher outage is not a property of the node)."""
     root = make_root(tmp_path)
     search = {"root_children": 3, "max_depth": 1, "parallel_width": 3}
@@ -66,16 +65,17 @@ def test_teacher_down_past_its_retries_then_resume(tmp_path, capsys):
     assert explore(root, out, cfg) == 2
     err = capsys.readouterr().err
     assert "e2" in err and "503" in err
-    live = treemod.load(out / "tree.live.json")
+    live = treemod.LiveTree(out).load()  # the snapshot with its log replayed
     assert [d["edge"] for d in live.in_flight] == ["e2"] and sorted(e.id for e in live.edges) == ["e1", "e3"]
     assert live.status == "running" and not (out / "tree.json").exists()
-    steps = [json.loads(x) for x in (out / "edges" / "e2" / "steps.jsonl").read_text().splitlines()]
+    steps = steplog.read_steps(out / "edges" / "e2" / "steps.jsonl")
     assert steps[-1]["response"] is None and "503" in steps[-1]["error"]
 
     cfg = write_config(tmp_path, search, script=[])
     assert explore(root, out, cfg) == 0
     tree = load_final(out)
-    assert [(e.id, e.slot, e.attempt) for e in tree.edges] == [("e1", 0, 1), ("e3", 2, 1), ("e4", 1, 1)]
+    # e1 and e3 finish in either order under load: the edge list is in completion order.
+    assert sorted((e.id, e.slot, e.attempt) for e in tree.edges) == [("e1", 0, 1), ("e3", 2, 1), ("e4", 1, 1)]
     assert not (out / "edges" / "e2").exists() and tree.in_flight == []
     assert tree.stop_reason == "frontier_empty" and tree.counters()["good_leaves"] == 3
 

@@ -7,10 +7,12 @@ import signal
 import subprocess
 import threading
 import time
+from dataclasses import asdict
 
 from helpers_explore import explore, explore_cmd, load_final, make_root, write_config
 
 from sftree.teachersim.server import make_server
+from sftree.tree import LiveTree
 
 # Wall-clock fields; knowledge commits hold Coral attempt records, which carry a timestamp.
 VOLATILE = {"created_at", "updated_at", "started_at", "finished_at", "wall_s", "knowledge_commit"}
@@ -50,14 +52,14 @@ def test_kill_9_then_resume(tmp_path):
         search = {"root_children": 2, "max_children": 2, "max_depth": 2, "parallel_width": 2}
         cfg = write_config(tmp_path, search, base_url=url)
         out = tmp_path / "trees" / root.name
-        live = out / "tree.live.json"
+        live = LiveTree(out)
         cmd = explore_cmd(root, out, cfg)
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         before = None
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
             if live.exists():
-                snap = json.loads(live.read_text())
+                snap = live.load().to_dict()  # the snapshot with the appended log replayed
                 if len(snap["edges"]) >= 2 and snap["in_flight"]:
                     os.kill(proc.pid, signal.SIGKILL)
                     killed_at = time.monotonic()
@@ -67,10 +69,15 @@ def test_kill_9_then_resume(tmp_path):
         proc.wait(timeout=30)
         assert before is not None, "explore finished before it could be killed mid-tree"
         assert not (out / "tree.json").exists()
+        # The finished edges reached disk as appended log lines, not as rewrites of the snapshot.
+        assert len(json.loads(live.snapshot_path.read_text())["edges"]) < len(before["edges"])
+        assert len(live.log_path.read_text().splitlines()) >= 3
         done_before = {e["id"]: e for e in before["edges"]}
         running_before = {d["edge"] for d in before["in_flight"]}
-        transcripts = {e: hashlib.sha256((out / "edges" / e / "steps.jsonl").read_bytes()).hexdigest()
-                       for e in done_before}  # fmt: skip
+        def digest(e):  # an edge's step records and its message store
+            return [hashlib.sha256((out / "edges" / e / f).read_bytes()).hexdigest() for f in ("steps.jsonl", "messages.jsonl")]
+
+        transcripts = {e: digest(e) for e in done_before}
         time.sleep(0.3)  # let requests of the killed process that were already on the wire land
 
         assert explore(root, out, cfg) == 0
@@ -79,9 +86,8 @@ def test_kill_9_then_resume(tmp_path):
         assert len([e for e in tree.edges if e.child]) == 6  # the full tree: 2 + 4
         final = {e.id: e for e in tree.edges}
         for eid, e in done_before.items():  # finished edges kept as they were
-            assert _strip(e) == _strip(final[eid].__dict__ | {"child": final[eid].child})
-            digest = hashlib.sha256((out / "edges" / eid / "steps.jsonl").read_bytes()).hexdigest()
-            assert digest == transcripts[eid]
+            assert _strip(e) == _strip(asdict(final[eid]))
+            assert digest(eid) == transcripts[eid]
         assert not running_before & set(final)  # half-done edges discarded, their ids not reused
         assert not any(
             (out / "edges" / e).exists() or (out / "sessions" / f"{e}.json").exists() for e in running_before
@@ -89,6 +95,7 @@ def test_kill_9_then_resume(tmp_path):
         after = {edge for t, edge, _ in requests if t > killed_at + 0.3}
         assert after and not after & (set(done_before) | running_before)
         assert list((out / "work").iterdir()) == []
+        assert not live.snapshot_path.exists() and not live.log_path.exists()
     finally:
         server.shutdown()
         server.server_close()

@@ -1,10 +1,8 @@
 """Trees grown by `sftree explore` against teacher-sim with scripted faults aimed at each rule of section 1."""
 
-import json
-
 from helpers_explore import edges_by, explore, load_final, make_root, write_config
 
-from sftree import scoring
+from sftree import scoring, steplog
 
 
 def test_layer1_fallback_token_and_depth_leaves(tmp_path):
@@ -53,7 +51,7 @@ def test_layer1_fallback_token_and_depth_leaves(tmp_path):
     assert retry.id == "e4"  # the fallback after the three first tries (root first, first tries first)
     assert tree.node("n0").failed_expansions == 1 and tree.node("n0").status == "expanded"
     # the transcript of every attempt stays, also of the pruned one
-    steps = [json.loads(x) for x in (out / e1.transcript).read_text().splitlines()]
+    steps = steplog.read_steps(out / e1.transcript)
     assert steps and all(s["edge"] == "e1" for s in steps)
     assert tree.edge("e1").select["node"] == "n0" and tree.edge("e1").select["process"] == 0.0
 
@@ -109,7 +107,7 @@ def test_depth3_tool_error_rate_boundary_with_scores(tmp_path):
         assert not e.exempt and [t["ended"] for t in e.turns] == ["eval", "eval"]
         assert all(isinstance(t["score"], float) for t in e.turns) and e.score is not None
         assert [t["tool_errors"] for t in e.turns] == [3, 3]
-        steps = [json.loads(x) for x in (out / e.transcript).read_text().splitlines()]
+        steps = steplog.read_steps(out / e.transcript)
         calls = [
             (s["turn"], c["function"]["name"]) for s in steps for c in s["response"].get("tool_calls") or []
         ]

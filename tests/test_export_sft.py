@@ -13,7 +13,7 @@ import pytest
 from helpers_export import ROOT, llamafactory_alternates, make_results
 
 from sftree.errors import InputError
-from sftree.export import export_task, parse_arguments
+from sftree.export import export_task, parse_arguments, record_messages
 from sftree.fileio import write_json_atomic
 from sftree.paths import select_paths
 
@@ -28,11 +28,15 @@ def paths_file(tree_dir: Path, top_k: int = 6) -> Path:
 
 def check_record(rec):
     jsonschema.validate(rec, SCHEMA)
-    msgs = rec["messages"]
-    asked = [tc["id"] for m in msgs if m["role"] == "assistant" for tc in m.get("tool_calls", [])]
-    answers = Counter(m["tool_call_id"] for m in msgs if m["role"] == "tool")
+    msgs = record_messages(rec)
+    # the step form's completion is trained alone: its calls are answered in the next step, not here
+    history = rec["prompt"] if "prompt" in rec else msgs
+    asked = [tc["id"] for m in history if m["role"] == "assistant" for tc in m.get("tool_calls", [])]
+    answers = Counter(m["tool_call_id"] for m in history if m["role"] == "tool")
     assert len(asked) == len(set(asked))
     assert all(answers[i] == 1 for i in asked) and set(answers) == set(asked)
+    if "prompt" in rec:
+        assert rec["prompt"][-1]["role"] in ("user", "tool") and len(rec["completion"]) == 1
     for m in msgs:
         assert isinstance(m["content"], str)
         for tc in m.get("tool_calls", []):
@@ -75,16 +79,19 @@ def test_step_records(tree_dir):
     assert m["usage"] == {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
     e3 = records[8]["metadata"]
     assert (e3["path_rank"], e3["path_ranks"], e3["path_score"]) == (2, [2], pytest.approx(0.51))
-    # e1 turn 1 step 1: system, user, assistant(tool call), tool
-    assert [x["role"] for x in records[0]["messages"]] == ["system", "user", "assistant", "tool"]
-    assert records[0]["messages"][2]["content"] == ""
-    assert records[0]["messages"][2]["tool_calls"][0]["function"]["arguments"] == {
-        "filePath": ".opencode/notes/a.md"
-    }
+    # e1 turn 1 step 1: prompt system, user; completion the assistant's tool call (its result is not trained)
+    assert [x["role"] for x in records[0]["prompt"]] == ["system", "user"]
+    (target,) = records[0]["completion"]
+    assert target["role"] == "assistant" and target["content"] == ""
+    assert target["tool_calls"][0]["function"]["arguments"] == {"filePath": ".opencode/notes/a.md"}
+    # the next step's prompt is this prompt + this completion + its tool result
+    assert records[1]["prompt"] == records[0]["prompt"] + records[0]["completion"] + [
+        {"role": "tool", "tool_call_id": "call_e1_1_1", "content": "out call_e1_1_1"}
+    ]
     # reasoning kept; malformed arguments kept raw and counted (in its own step and in the next one's history)
-    e2t2s1 = records[6]
-    assert e2t2s1["messages"][-2]["reasoning_content"] == "think first"
-    assert e2t2s1["messages"][-2]["tool_calls"][0]["function"]["arguments"] == {"_raw": '{"command": "ls'}
+    (e2t2s1,) = records[6]["completion"]
+    assert e2t2s1["reasoning_content"] == "think first"
+    assert e2t2s1["tool_calls"][0]["function"]["arguments"] == {"_raw": '{"command": "ls'}
     assert [r["metadata"]["malformed_arguments"] for r in records[4:8]] == [0, 0, 1, 1]
     assert stats.malformed_arguments == 2
 
@@ -193,8 +200,9 @@ def test_cli_export_and_merge(tmp_path):
     # the originals do not alternate once a second rollout turn starts (tool result, then user prompt)
     originals = [json.loads(x) for x in lines]
     # per task: e1's two turn-2 steps, and all 4 steps of e2 and e3 (forked after e1's turn boundary)
-    assert sum(not llamafactory_alternates(r["messages"]) for r in originals) == 2 * (2 + 4 + 4)
+    assert sum(not llamafactory_alternates(record_messages(r)) for r in originals) == 2 * (2 + 4 + 4)
     t2 = lf[2]["messages"]  # e1 turn 2 step 1: the turn prompt rides on turn 1's last tool result
-    assert t2[-3]["role"] == "tool" and t2[-3]["content"].endswith("out call_e1_1_2\n\ne1 turn 2 prompt")
+    assert t2[-2]["role"] == "tool" and t2[-2]["content"].endswith("out call_e1_1_2\n\ne1 turn 2 prompt")
+    assert t2[-1]["role"] == "function_call" and lf[2]["id"] == originals[2]["metadata"]["id"]
     res = subprocess.run(exe + ["--out", str(base / "x.jsonl")], capture_output=True, text=True)
     assert res.returncode == 2 and "--paths" in res.stderr

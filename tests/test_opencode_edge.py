@@ -14,6 +14,7 @@ import pytest
 from helpers_explore import explore_cmd
 from runtime_helpers import config, example_task, make_root, read_steps
 
+from sftree import steplog
 from sftree.edge import EdgeContext, run_edge
 from sftree.errors import InputError
 
@@ -198,12 +199,12 @@ def test_explore_grows_a_small_tree_with_opencode(tmp_path):
     for e in t["edges"]:
         assert e["score"] is not None and len(e["turns"]) == 2 and e["knowledge"] is True
         assert (out / "sessions" / f"{e['id']}.opencode.json").is_file()
-        steps = [json.loads(x) for x in (out / e["transcript"]).read_text().splitlines()]
+        steps = steplog.read_steps(out / e["transcript"])
         assert steps and all(s["request"]["tools"] for s in steps if s["kind"] == "agent")
     # The depth-2 edge continued its parent's OpenCode session.
     parent_edge = next(e for e in t["edges"] if e["child"] == deep[0]["parent"])
-    parent_last = [json.loads(x) for x in (out / parent_edge["transcript"]).read_text().splitlines()][-1]
-    child_first = json.loads((out / deep[0]["transcript"]).read_text().splitlines()[0])
+    parent_last = steplog.read_steps(out / parent_edge["transcript"])[-1]
+    child_first = steplog.read_steps(out / deep[0]["transcript"])[0]
     n = len(parent_last["request"]["messages"])
     assert child_first["request"]["messages"][1:n] == parent_last["request"]["messages"][1:]
 
@@ -281,7 +282,7 @@ def test_compaction_when_allowed_is_detected_and_marked(tmp_path):
         ws.close()
         ctx.close()
     assert out.compacted is True
-    recs = [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    recs = steplog.read_steps(tmp_path / "steps.jsonl")
     kinds = [r["kind"] for r in recs]
     assert kinds[0] == "agent" and "compaction" in kinds and all(r["compacted"] for r in recs)
     first_compaction = recs[kinds.index("compaction")]

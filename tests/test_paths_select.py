@@ -45,6 +45,34 @@ def make_tree(direction, spec, root_score=1.0):
     }
 
 
+def full_tree(tree: dict) -> dict:
+    """`make_tree`'s tree with every field tree.schema.json requires (select-paths validates it first)."""
+    from dataclasses import asdict
+
+    from sftree.tree import SearchParams
+
+    node = {"path_best_score": None, "max_token_total": 0, "valid_children": 0, "failed_expansions": 0,
+            "status": "expanded", "path_valid": True, "state": None}  # fmt: skip
+    edge = {"depth": 1, "attempt": 1, "slot": 0, "exempt": False, "pruned": False, "prune_reason": None,
+            "failed": False, "fail_reason": None, "turns": [], "score": None, "steps": 0, "tool_calls": 0,
+            "tool_errors": 0, "tool_error_rate": 0.0, "tokens": 0, "knowledge": True, "regressed_rate": 0.0,
+            "outcome": 1.0, "regression_stability": 1.0, "soft": 1.0, "transcript": None,
+            "select": {"node": "n0", "score_rank": 0, "best_rank": 0, "process": 0, "Q": 0, "T": 0, "select": 0}}  # fmt: skip
+    depth = {n["id"]: n["depth"] for n in tree["nodes"]}
+    return dict(
+        tree,
+        params=asdict(SearchParams()),
+        status="finished",
+        stop_reason="frontier_empty",
+        counters={"edges": 0, "valid_edges": 0, "pruned_edges": 0, "failed_edges": 0, "good_leaves": 0},
+        nodes=[{**node, **n, "status": "leaf" if n["leaf_reason"] else "expanded"} for n in tree["nodes"]],
+        edges=[
+            {**edge, **e, "depth": depth[e["child"]], "select": dict(edge["select"], node=e["parent"])}
+            for e in tree["edges"]
+        ],  # fmt: skip
+    )
+
+
 # n0 -> n1 -> {n4, n5}; n0 -> n2 -> n6 (no score: excluded); n0 -> n3 (leaf)
 SPEC = [
     ("n1", "n0", 2.0, 1.0, 1.0, None),
@@ -180,7 +208,7 @@ def test_bad_tree_is_input_error():
 def test_cli_writes_paths_json(tmp_path):
     tree_dir = tmp_path / "trees" / "eval-000001-agent-1-abc"
     tree_dir.mkdir(parents=True)
-    (tree_dir / "tree.json").write_text(json.dumps(make_tree("maximize", SPEC)))
+    (tree_dir / "tree.json").write_text(json.dumps(full_tree(make_tree("maximize", SPEC))))
     out = tree_dir / "paths.json"
     cmd = [
         sys.executable,

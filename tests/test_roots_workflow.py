@@ -58,5 +58,6 @@ def test_select_roots_checkpoint(example_snapshots_dir, tmp_path):
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "note": "edited"}))
     proc = snakemake(tmp_path, "-n", *targets)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"Updated input files: {meta}" in proc.stdout and "wildcards: task=tsp" in proc.stdout
-    assert "task=circle_packing" not in proc.stdout
+    # (select_roots prints its `message:` line, "Job N: select_roots <task>: ...", not Snakemake's job details)
+    assert f"Updated input files: {meta}" in proc.stdout and "select_roots tsp: " in proc.stdout
+    assert "select_roots circle_packing" not in proc.stdout

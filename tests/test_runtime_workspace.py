@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 
 import pytest
@@ -116,3 +117,43 @@ def test_opencode_housekeeping_is_not_knowledge(store):
     (ws.knowledge_dir / "skills" / "s").mkdir(parents=True)
     (ws.knowledge_dir / "skills" / "s" / "SKILL.md").write_text("# skill")
     assert ws.commit_knowledge("skill") != root.knowledge_commit
+
+
+def _files(d):
+    return {str(p.relative_to(d)): (p.is_symlink(), p.read_bytes() if p.is_file() and not p.is_symlink() else None)
+            for p in sorted(d.rglob("*"))}  # fmt: skip
+
+
+def test_reused_knowledge_checkout_is_exactly_the_target(store):
+    """A closed edge's knowledge checkout is moved into the next fork and brought to that fork's commit: the
+    files are those of a fresh checkout, whatever the last agent left there (edits after its last commit, new,
+    ignored, deleted files, links)."""
+    st, root = store
+    fresh = st.fork(root, "e0")  # nothing parked yet: a full checkout
+    expect = _files(fresh.knowledge_dir)
+    fresh.close()
+    assert len(st._parked) == 1
+    a = st.fork(root, "e1")
+    assert not st._parked and _files(a.knowledge_dir) == expect  # the parked one, reused
+    k = a.knowledge_dir
+    (k / "notes" / "a.md").write_text("from a")
+    child = a.state(None)
+    (k / "notes" / "student.md").write_text("edited after the last commit")  # same path in both commits
+    (k / "notes" / "a.md").unlink()
+    (k / "plugin").mkdir()
+    (k / "plugin" / "x.js").write_text("ignored, never committed")
+    (k / "link").symlink_to("/etc")
+    a.close()
+    b = st.fork(root, "e2")
+    assert _files(b.knowledge_dir) == expect
+    assert b.state(None) == NodeState(root.code_commit, root.knowledge_commit, None)
+    b.close()
+    c = st.fork(child, "e3")  # and to a child's commit: its new file is there
+    assert (c.knowledge_dir / "notes" / "a.md").read_text() == "from a"
+    assert (c.knowledge_dir / "notes" / "student.md").read_text().startswith("# Student note")
+    # a knowledge folder the agent replaced by a link is not kept
+    c_k = c.knowledge_dir
+    shutil.rmtree(c_k)
+    c_k.symlink_to(st.tree_dir)
+    c.close()
+    assert not st._parked

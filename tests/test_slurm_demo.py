@@ -71,6 +71,7 @@ def slurm_run(tmp_path_factory, example_snapshots_dir):
     # Slurm jobs run as root on this machine and must see the directory: pytest's tmp is under /tmp.
     work = tmp_path_factory.mktemp("slurm_demo")
     config = yaml.safe_load((REPO / "examples" / "demo.yaml").read_text())
+    del config["example_run"]  # the session's simulated run stands in for the demo's example_run rule
     config["snapshots"] = str(example_snapshots_dir)
     for task in config["tasks"].values():
         task["task_dir"] = str(REPO / task["task_dir"])

@@ -97,10 +97,9 @@ def test_faulty_tree_exports_cleanly(tmp_path, example_snapshots_dir):
     assert records
     for r in records:
         jsonschema.validate(r, SCHEMA)
-        asked = [
-            tc["id"] for m in r["messages"] if m["role"] == "assistant" for tc in m.get("tool_calls", [])
-        ]
-        assert Counter(m["tool_call_id"] for m in r["messages"] if m["role"] == "tool") == Counter(asked)
+        asked = [tc["id"] for m in r["prompt"] if m["role"] == "assistant" for tc in m.get("tool_calls", [])]
+        assert Counter(m["tool_call_id"] for m in r["prompt"] if m["role"] == "tool") == Counter(asked)
+        assert [m["role"] for m in r["completion"]] == ["assistant"]
     exported_edges = {r["metadata"]["edge"] for r in records}
     assert exported_edges.isdisjoint(e["id"] for e in nodeless)
     assert "e1" in exported_edges  # seed 0: e1 is on the selected paths
@@ -109,8 +108,7 @@ def test_faulty_tree_exports_cleanly(tmp_path, example_snapshots_dir):
     raw = [
         tc
         for r in e1t1
-        for m in r["messages"]
-        if m["role"] == "assistant"
+        for m in r["completion"]
         for tc in m.get("tool_calls", [])
         if "_raw" in tc["function"]["arguments"]
     ]

@@ -48,6 +48,8 @@ def validate_config(config: dict, source: str = "config") -> dict:
     errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(e.path))
     if errors:
         lines = [f"{source}: {'.'.join(str(p) for p in e.path) or '<top>'}: {e.message}" for e in errors]
+        if len(lines) == 1:
+            raise InputError(f"invalid configuration: {lines[0]}")
         raise InputError("invalid configuration:\n  " + "\n  ".join(lines))
     return config
 

@@ -31,17 +31,16 @@ import logging
 import os
 import re
 import shlex
-import shutil
 import socket
 import sys
 import tarfile
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from sftree import tempdirs
 from sftree.errors import SftreeError
 from sftree.fileio import write_json_atomic
 from sftree.procs import run_group
@@ -125,19 +124,54 @@ def parse_block(text: str) -> dict | None:
     }
 
 
+# Parsed attempt records by file identity. A fork checks out every attempt of the root (10k+ in a long Coral run)
+# and each eval and turn prompt reads them all: parsing only files not seen before keeps that proportional to
+# what changed. Key: device, inode, size, mtime and ctime (ctime cannot be set back by the agent); a file changed
+# in the last half second is parsed every time (racy, as in git: a rewrite within one timestamp tick, a few ms on
+# local filesystems, would look unchanged).
+_ATTEMPTS: dict[tuple, dict | None] = {}
+_UNSEEN = object()
+_ATTEMPTS_LOCK = threading.Lock()
+_ATTEMPTS_MAX = 1_000_000
+_RACY_S = 0.5
+
+
+def _parse_attempt(path: str, name: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            d = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(d, dict):
+        return None
+    d.setdefault("commit_hash", name[: -len(".json")])
+    return d
+
+
 def load_attempts(attempts_dir: Path) -> list[dict]:
     """The branch's attempt records, oldest first (unreadable files are skipped: the agent may have edited them)."""
     out = []
     if not attempts_dir.is_dir():
         return out
-    for p in attempts_dir.glob("*.json"):
+    racy_after = time.time() - _RACY_S
+    with os.scandir(attempts_dir) as it:
+        entries = [e for e in it if e.name.endswith(".json") and not e.name.startswith(".")]
+    for e in entries:
         try:
-            d = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            st = e.stat()
+        except OSError:
             continue
-        if isinstance(d, dict):
-            d.setdefault("commit_hash", p.stem)
-            out.append(d)
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, e.name)
+        d = _ATTEMPTS.get(key, _UNSEEN)
+        if d is _UNSEEN:
+            d = _parse_attempt(e.path, e.name)
+            if max(st.st_mtime, st.st_ctime) < racy_after:
+                with _ATTEMPTS_LOCK:
+                    if len(_ATTEMPTS) >= _ATTEMPTS_MAX:
+                        _ATTEMPTS.clear()
+                    _ATTEMPTS[key] = d  # None: an unreadable file, skipped until it changes
+        if d is not None:
+            out.append(dict(d))  # callers get their own copy
     out.sort(key=lambda d: (str(d.get("timestamp", "")), str(d.get("commit_hash"))))
     return out
 
@@ -172,7 +206,7 @@ def run_grader(task_cfg: dict, commit: str, git_dir: Path) -> tuple[float | None
     grader = task_cfg.get("grader")
     timeout = float(task_cfg.get("grader_timeout", 120))
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="sftree-grade-") as tmp:
+    with tempdirs.temporary("sftree-grade-") as tmp:
         code_dir = Path(tmp) / "code"
         code_dir.mkdir()
         from sftree.workspace import git
@@ -388,7 +422,7 @@ class CoralServer:
 
     def __init__(self, ws, task_cfg: dict, *, eval_count: int, agent_id: str):
         self.runtime = CoralRuntime(ws, task_cfg, eval_count=eval_count, agent_id=agent_id)
-        self.dir = Path(tempfile.mkdtemp(prefix="sftree-coral-"))
+        self.dir = tempdirs.make("sftree-coral-")
         self.bin_dir = self.dir / "bin"
         self.bin_dir.mkdir()
         client = self.bin_dir / "coral"
@@ -451,7 +485,7 @@ class CoralServer:
             self._sock.close()
         if self._thread:
             self._thread.join(timeout=5)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        tempdirs.remove(self.dir)
 
 
 # ---- `sftree coral` ------------------------------------------------------------------------------------------

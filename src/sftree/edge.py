@@ -42,7 +42,7 @@ class TurnResult:
     tool_errors: int
     knowledge: bool  # the turn read or wrote shared knowledge (DESIGN.md)
     tokens: int  # context length after the turn's last step (prompt + completion tokens)
-    ended: str  # eval | step_limit | timeout | no_eval | teacher_error
+    ended: str  # eval | step_limit | timeout | no_eval | teacher_error | context_overflow
     feedback: str = ""
     eval_number: int | None = None  # Coral's #N
     error: str | None = None
@@ -213,6 +213,7 @@ def run_edge(
     session_rel = f"sessions/{edge_id}.json"
     turns: list[TurnResult] = []
     error: str | None = None
+    overflow: str | None = None  # why the session could not go on (context_overflow), if it could not
     child: NodeState | None = None
     ws = None
     server = None
@@ -249,6 +250,7 @@ def run_edge(
                 task_cfg=ctx.task_cfg,
                 env=server.env(),
                 extra_ro_hidden=[ctx.tree_dir],  # store, sessions, transcripts, other branches
+                context_used=turns[-1].tokens if turns else 0,
             )
             outcome = ctx.agent.run_turn(run)
             ev = outcome.eval
@@ -274,6 +276,9 @@ def run_edge(
             if outcome.ended == "teacher_error":
                 error = outcome.error
                 break  # the Teacher is down past the retry budget: a third request would fail too
+            if outcome.ended == "context_overflow":
+                overflow = outcome.error
+                break  # the session is full: the next turn could not send a single request
         write_json_atomic(ctx.tree_dir / session_rel, messages, indent=None)
         child = ws.state(session_rel)
     except Exception as exc:  # noqa: BLE001 - an edge never takes the search down; the error is recorded
@@ -295,8 +300,8 @@ def run_edge(
                 tool_errors=0,
                 knowledge=False,
                 tokens=0,
-                ended="teacher_error" if error else "no_eval",
-                error=error,
+                ended="teacher_error" if error else ("context_overflow" if overflow else "no_eval"),
+                error=error or overflow,
             )
         )
     code_diff = edge_dir / "code.diff"

@@ -1,6 +1,7 @@
 """`sftree explore --root DIR --out TREEDIR [--config config.yaml]`: grow one root's MCTS tree.
 
-Resumable: `tree.live.json` is rewritten atomically after every edge; a rerun of a killed job loads it, discards
+Resumable: the live tree (`tree.live.json`, a snapshot, plus `tree.log.jsonl`, one appended line per change:
+`tree.LiveTree`) is persisted after every dispatch and every edge; a rerun of a killed job loads it, discards
 the edges that were running (their worktrees and partial transcripts) and continues. The declared output
 `tree.json` is written once, when the search stops (Snakemake deletes declared outputs before a job runs, so it
 cannot hold the live state). A rerun without `tree.live.json` (e.g. `--forcerun explore`) starts afresh.
@@ -10,15 +11,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from sftree import search
+from sftree import scoring, search, tempdirs
 from sftree import tree as treemod
 from sftree.config import load_config, task_config
 from sftree.errors import InputError
 from sftree.fileio import read_json
+from sftree.progress import ConsoleLines, tree_line
+from sftree.snapshots import check_files
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +30,9 @@ log = logging.getLogger(__name__)
 RUN_DIRS = ("store", "work", "edges", "sessions")
 # Params that only change how the search runs, not which tree it grows: a resumed run takes them from config.
 OPERATIONAL = ("parallel_width", "schedule", "keep_workspaces")
+# Temporary folders of edges (coral sockets, grader checkouts): removed on exit, SIGTERM, and after kill -9 by
+# the next run (tempdirs.sweep).
+TEMP_PREFIXES = ("sftree-coral-", "sftree-grade-")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", required=True, help="tree folder (results/<task>/trees/<snapshot>)")
     parser.add_argument("--config", help="config.yaml (default: the repository's)")
+    parser.add_argument(
+        "--progress-fd",
+        type=int,
+        help="also write one progress line per finished edge to this open file descriptor (the workflow"
+        " passes the job's console as fd 3 while stdout and stderr go to the log file)",
+    )
     parser.add_argument(
         "--width",
         type=int,
@@ -82,10 +95,12 @@ def _attempt_score(root_dir: Path, commit: str | None) -> float | None:
     return None
 
 
-def _resume(live: Path, out: Path, root_name: str, task: str, params: treemod.SearchParams) -> treemod.Tree:
-    tree = treemod.load(live)
+def _resume(
+    live: treemod.LiveTree, out: Path, root_name: str, task: str, params: treemod.SearchParams
+) -> treemod.Tree:
+    tree = live.load()
     if tree.root != root_name or tree.task != task:
-        raise InputError(f"{live} belongs to {tree.task}/{tree.root}, not {task}/{root_name}")
+        raise InputError(f"{live.snapshot_path} belongs to {tree.task}/{tree.root}, not {task}/{root_name}")
     for d in tree.in_flight:  # half-done edges: dropped, their ids are not reused
         log.info("discarding half-done edge %s (from %s)", d["edge"], d["node"])
     tree.in_flight = []
@@ -105,17 +120,40 @@ def _resume(live: Path, out: Path, root_name: str, task: str, params: treemod.Se
         )
     tree.params = replace(tree.params, **{k: getattr(params, k) for k in OPERATIONAL})
     c = tree.counters()
-    log.info("resuming %s: %d edges done, %d nodes", live, c["edges"], len(tree.nodes))
+    log.info("resuming %s: %d edges done, %d nodes", live.dir, c["edges"], len(tree.nodes))
     return tree
 
 
-def _grow(tree, root_dir: Path, out: Path, config: dict, info: dict, params) -> treemod.Tree:
+def _progress_stream(fd: int | None):
+    """The inherited descriptor as a text stream (written through the shared descriptor, not reopened, so the
+    lines land in order with the console's other writers even when the console is a file)."""
+    if fd is None:
+        return None
+    try:
+        return os.fdopen(fd, "w", encoding="utf-8", closefd=False)
+    except OSError as exc:
+        raise InputError(f"--progress-fd {fd}: not an open file descriptor ({exc.strerror})") from exc
+
+
+def _tree_progress(console: ConsoleLines, tree: treemod.Tree) -> None:
+    """A console line whenever the number of finished edges or the tree's status changed."""
+    c, p = tree.counters(), tree.params
+    best = scoring.best_of([n.score for n in tree.nodes], tree.direction)
+    stop = tree.stop_reason if tree.status == "finished" else None
+    line = tree_line(
+        f"explore {tree.task}/{tree.root}", c, p.max_valid_edges, p.target_good_leaves, best, stop
+    )
+    console.emit((c["edges"], stop), line)
+
+
+def _grow(
+    tree, live: treemod.LiveTree, root_dir: Path, config: dict, info: dict, params, console
+) -> treemod.Tree:
     """Create or continue the tree with the edge runtime until a stop rule holds."""
     from sftree.edge import EdgeContext, run_edge
     from sftree.workspace import NodeState
 
-    live = out / treemod.LIVE_NAME
-    ctx = EdgeContext.create(out, root_dir, config, info["task_cfg"])
+    ctx = EdgeContext.create(live.dir, root_dir, config, info["task_cfg"])
     try:
         ctx.store.cleanup_stale(keep=set())  # nothing runs yet: every worktree is a leftover
         if tree is None:
@@ -125,7 +163,7 @@ def _grow(tree, root_dir: Path, out: Path, config: dict, info: dict, params) -> 
             )  # fmt: skip
             log.info("new tree for %s/%s (root score %s, %s)", info["task"], root_dir.name, info["score"],
                      info["direction"])  # fmt: skip
-        treemod.save(tree, live)
+        live.save(tree)
 
         def run_one(d: search.Dispatch):
             return run_edge(
@@ -133,8 +171,13 @@ def _grow(tree, root_dir: Path, out: Path, config: dict, info: dict, params) -> 
                 depth=d.depth, attempt=d.attempt, eval_count=d.parent_eval_count or 0,
             )  # fmt: skip
 
-        return search.run_search(tree, run_one, lambda t: treemod.save(t, live))
+        def persist(t: treemod.Tree) -> None:
+            live.save(t)
+            _tree_progress(console, t)
+
+        return search.run_search(tree, run_one, persist)
     finally:
+        live.close()
         ctx.close()  # worktrees removed unless keep_workspaces; a teacher-sim it started is stopped
 
 
@@ -150,34 +193,90 @@ def cap_width(params: treemod.SearchParams, width: int | None) -> treemod.Search
     return params
 
 
-def run(args: argparse.Namespace) -> int:
+def _resolve(arg: str, flag: str) -> Path:
+    try:
+        return Path(arg).resolve(strict=False)
+    except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+        raise InputError(f"{flag} {arg}: cannot be resolved ({exc})") from None
+
+
+def check_out(out: Path, flag: str = "--out") -> None:
+    """`out` is a folder or can become one: no part of it is an existing file."""
+    for p in [out, *out.parents]:
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                raise InputError(f"{flag} {out}: {p} exists and is not a folder")
+            return
+
+
+def preflight(args: argparse.Namespace) -> tuple[dict, Path, Path, dict]:
+    """Everything that can be checked before the first write: config, root, out, prompt templates, teacher-sim
+    options. A bad input fails here, so it leaves no output folder behind."""
     config = load_config(args.config)
-    root_dir, out = Path(args.root).resolve(), Path(args.out).resolve()
+    root_dir, out = _resolve(args.root, "--root"), _resolve(args.out, "--out")
     if not root_dir.is_dir():
-        raise InputError(f"root snapshot folder not found: {root_dir}")
+        raise InputError(f"--root {args.root}: root snapshot folder not found")
+    check_out(out)
     info = read_root(root_dir, config)
+    check_files(root_dir, "--root")
+    from sftree.agents.prompts import NAMES, load_template
+
+    overrides = config.get("agent", {}).get("prompts") or {}
+    for name in NAMES:  # a missing template would otherwise surface inside the first edge
+        load_template(name, overrides)
+    sim = config.get("teacher", {}).get("sim")
+    if sim is not None:
+        from sftree.teachersim.server import make_state
+
+        make_state(**sim)  # script file, fault rates, latency tail: the same checks the server makes
+    return config, root_dir, out, info
+
+
+def run(args: argparse.Namespace) -> int:
+    config, root_dir, out, info = preflight(args)
     params = treemod.SearchParams.from_config(config["search"])
-    live, final = out / treemod.LIVE_NAME, out / treemod.FINAL_NAME
+    live, final = treemod.LiveTree(out), out / treemod.FINAL_NAME
+    stream = _progress_stream(getattr(args, "progress_fd", None))  # a bad fd fails before anything is made
+    console = ConsoleLines(stream)
+    # the topmost folder this run creates (None: out exists): removed if the run fails before its first save
+    created = next((p for p in reversed([out, *out.parents]) if not p.exists()), None)
     out.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(out / "explore.log", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     logging.getLogger().addHandler(handler)
     try:
-        params = cap_width(params, args.width)
-        tree = _resume(live, out, root_dir.name, info["task"], params) if live.exists() else None
-        if tree is None:
-            final.unlink(missing_ok=True)
-            for name in RUN_DIRS:  # leftovers of an earlier exploration of this root
-                shutil.rmtree(out / name, ignore_errors=True)
-        if tree is None or tree.status != "finished":
-            # (a tree killed after it finished needs no Teacher: it is only written out)
-            tree = _grow(tree, root_dir, out, config, info, params)
-        treemod.save(tree, final)
-        live.unlink(missing_ok=True)
-        c = tree.counters()
-        log.info("wrote %s: %d nodes, %d edges, %d good leaves, stop: %s", final, len(tree.nodes), c["edges"],
-                 c["good_leaves"], tree.stop_reason)  # fmt: skip
-        return 0
+        params = cap_width(params, getattr(args, "width", None))
+        with tempdirs.removed_on_sigterm():
+            stale = tempdirs.sweep(TEMP_PREFIXES)
+            if stale:
+                log.info("removed %d temporary folder(s) of killed runs: %s", len(stale), ", ".join(stale))
+            return _explore(out, root_dir, config, info, params, console)
+    except BaseException:
+        if created is not None and not live.exists() and not final.exists():
+            # failed before the tree's first state was saved (Teacher not reachable, ...): nothing to resume
+            shutil.rmtree(created, ignore_errors=True)
+        raise
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
+        if stream is not None:
+            stream.close()
+
+
+def _explore(out: Path, root_dir: Path, config: dict, info: dict, params, console: ConsoleLines) -> int:
+    live, final = treemod.LiveTree(out), out / treemod.FINAL_NAME
+    tree = _resume(live, out, root_dir.name, info["task"], params) if live.exists() else None
+    if tree is None:
+        final.unlink(missing_ok=True)
+        for name in RUN_DIRS:  # leftovers of an earlier exploration of this root
+            shutil.rmtree(out / name, ignore_errors=True)
+    if tree is None or tree.status != "finished":
+        # (a tree killed after it finished needs no Teacher: it is only written out)
+        tree = _grow(tree, live, root_dir, config, info, params, console)
+    treemod.save(tree, final)
+    _tree_progress(console, tree)
+    live.remove()
+    c = tree.counters()
+    log.info("wrote %s: %d nodes, %d edges, %d good leaves, stop: %s", final, len(tree.nodes), c["edges"],
+             c["good_leaves"], tree.stop_reason)  # fmt: skip
+    return 0

@@ -1,22 +1,24 @@
-"""Selected paths -> messages+tools JSONL for SFT (`sftree export-sft`), and the merged dataset with its card.
+"""Selected paths -> SFT JSONL (`sftree export-sft`), and the merged dataset with its card.
 
 Per task: `--paths P1 P2 ... --out results/<task>/sft.jsonl --granularity step|path`.
 Merge: `--merge T1.jsonl T2.jsonl --out results/sft.jsonl --dataset-info results/dataset_info.json
---card results/dataset_card.md`.
+--card results/dataset_card.md --llamafactory-out results/sft_llamafactory.jsonl [--results DIR] [--dedupe]`.
 
-A record is `{"messages": [...], "tools": [...], "metadata": {...}}` in OpenAI chat format
-(`workflow/schemas/sft_record.schema.json`):
+OpenAI chat messages (`workflow/schemas/sft_record.schema.json`, docs/outputs.md):
 
-- step granularity (default): one record per model call (`kind` agent or nudge) on the selected paths:
-  the exact request messages + the response + that step's tool results, so every `tool_calls` id is answered by
-  exactly one `tool` message. **Choice**: an edge shared by several selected paths is exported once, attributed
-  to the best-ranked selected path that holds it (its metadata lists all of them in `path_ranks`).
-- path granularity: one record per selected path: the last such step of its last edge (its request already holds
-  the whole session since the root), plus its response and tool results.
+- step granularity (default): one record per model call (`kind` agent or nudge) on the selected paths, in TRL's
+  prompt-completion form `{prompt, completion, tools, metadata}`: the exact request messages, then the response
+  alone, so each record trains exactly one assistant message. Its tool results are checked (every `tool_calls` id
+  answered exactly once) but not included: they open the next step's prompt. **Choice**: an edge shared by several
+  selected paths is exported once, attributed to the best-ranked selected path that holds it (its metadata lists
+  all of them in `path_ranks`).
+- path granularity: `{messages, tools, metadata}`, one record per selected path: the last such step of its last
+  edge (its request already holds the whole session since the root), plus its response and tool results.
 - `tool_calls[].function.arguments` are JSON objects. **Choice**: arguments that are not a JSON object are kept
   as `{"_raw": "<the string>"}` and counted in `metadata.malformed_arguments`, so nothing the Teacher did is
   silently rewritten. A record whose tool calls are not all answered exactly once (a turn cut off by a limit), or
   a request that failed (`response: null`, `error`), is skipped and counted.
+- the LLaMA-Factory copy (`llamafactory_record`) and exact-duplicate targets (`target_key`) are made at merge.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sftree import steplog
 from sftree.errors import InputError
 from sftree.fileio import AtomicLines, iter_jsonl, read_json, write_json_atomic, write_text_atomic
 from sftree.progress import Progress
@@ -162,11 +165,10 @@ def pairing_problems(messages: list[dict]) -> list[str]:
 
 def read_steps(path: Path) -> list[dict]:
     """Step records of one edge (docs/architecture.md), errors naming file and line."""
-    steps = []
-    for n, rec in enumerate(iter_jsonl(path, "step records"), 1):
-        if not isinstance(rec, dict) or not isinstance(rec.get("request"), dict):
+    steps = steplog.read_steps(path)  # requests rebuilt from the edge's message store
+    for n, rec in enumerate(steps, 1):
+        if not isinstance(rec.get("request"), dict):
             raise InputError(f"step records {path} record {n}: no `request` object")
-        steps.append(rec)
     return steps
 
 
@@ -202,6 +204,14 @@ class TreeContext:
     def transcript(self, edge_id: str) -> Path:
         rel = (self.edges.get(edge_id) or {}).get("transcript") or f"edges/{edge_id}/steps.jsonl"
         return self.tree_dir / rel
+
+
+def signed_gain(root: float | None, score: float | None, direction: str | None) -> float | None:
+    """score - root oriented so that positive is better (a minimize task gains when its score drops)."""
+    if direction not in ("maximize", "minimize"):
+        return None
+    a, b = oriented(score, direction), oriented(root, direction)
+    return None if a is None or b is None else a - b
 
 
 def _usage_tokens(step: dict) -> dict:
@@ -242,7 +252,18 @@ def build_record(step: dict, meta: dict) -> tuple[dict | None, str | None]:
         finish_reason=step.get("finish_reason"),
         malformed_arguments=malformed,
     )
-    return {"messages": messages, "tools": list(req.get("tools") or []), "metadata": metadata}, None
+    tools = list(req.get("tools") or [])
+    if meta.get("granularity") == "path":
+        return {"messages": messages, "tools": tools, "metadata": metadata}, None
+    # Step form: only the last assistant message is trained. Its tool results are not part of it (they open the
+    # next step's prompt), so TRL's prompt-completion form trains exactly that message and nothing else.
+    n_prompt = len(req.get("messages") or [])
+    return {
+        "prompt": messages[:n_prompt],
+        "completion": [messages[n_prompt]],
+        "tools": tools,
+        "metadata": metadata,
+    }, None
 
 
 def _path_meta(ctx: TreeContext, path: dict) -> dict:
@@ -260,6 +281,9 @@ def _path_meta(ctx: TreeContext, path: dict) -> dict:
         "path_edges": path["edges"],
     }
     meta.update({k: path.get(k) for k in PATH_FIELDS})
+    leaf = next((n for n in ctx.tree.get("nodes", []) if n.get("id") == path["leaf"]), {})
+    meta["leaf_score"] = leaf.get("score")
+    meta["gain"] = signed_gain(meta["root_score"], meta["leaf_score"], meta["direction"])
     return meta
 
 
@@ -367,20 +391,72 @@ def iter_records(path: str | Path) -> Iterator[dict]:
     return iter_jsonl(path, "SFT file")
 
 
-def llamafactory_messages(messages: list[dict]) -> list[dict]:
-    """The same conversation in the shape LLaMA-Factory's `openai` converter accepts.
+THINK_WORDS = ("<think>\n", "\n</think>\n\n")  # LLaMA-Factory's default thought words (qwen3 and others)
+TOOL_CALL_WORDS = ("<tool_call>", "</tool_call>")  # its default tool-call words
 
-    It needs user/observation and assistant/function turns to alternate, so a user message that directly
-    follows tool results (the prompt that starts the next rollout turn) is appended to the last tool result.
-    Trailing tool results are dropped by LLaMA-Factory itself.
+
+def record_messages(rec: dict) -> list[dict]:
+    """The whole conversation of a record, either form (step: prompt + completion; path: messages)."""
+    if "messages" in rec:
+        return rec["messages"]
+    return list(rec.get("prompt") or []) + list(rec.get("completion") or [])
+
+
+def target_key(rec: dict) -> str:
+    """The trained message (the last assistant message) as canonical JSON, tool-call ids left out: two records
+    with the same key teach the same answer."""
+    last = next((m for m in reversed(record_messages(rec)) if m.get("role") == "assistant"), {})
+    calls = [
+        {"name": tc["function"]["name"], "arguments": tc["function"]["arguments"]}
+        for tc in last.get("tool_calls", [])
+    ]
+    body = {k: last.get(k) for k in ("content", "reasoning_content")} | {"tool_calls": calls}
+    return json.dumps(body, sort_keys=True, ensure_ascii=False)
+
+
+def _lf_assistant(m: dict) -> dict:
+    """An assistant message as one LLaMA-Factory turn whose content keeps the text beside the calls.
+
+    Its `openai` converter would replace the content of a message with `tool_calls` by the calls alone, so calls
+    are written the way its FunctionFormatter reads them back: `[thought]text<tool_call>[calls]</tool_call>`,
+    role `function_call`. The calls' JSON sits inside a string, so Arrow never unifies `arguments` across tools.
+    """
+    text = m["content"]
+    if m.get("reasoning_content"):
+        text = f"{THINK_WORDS[0]}{m['reasoning_content']}{THINK_WORDS[1]}{text}"
+    if not m.get("tool_calls"):
+        return {"role": "assistant", "content": text}
+    calls = [
+        {"name": tc["function"]["name"], "arguments": tc["function"]["arguments"]} for tc in m["tool_calls"]
+    ]
+    body = json.dumps(calls, ensure_ascii=False)
+    return {"role": "function_call", "content": f"{text}{TOOL_CALL_WORDS[0]}{body}{TOOL_CALL_WORDS[1]}"}
+
+
+def llamafactory_record(rec: dict) -> dict:
+    """A record in the shape LLaMA-Factory's `openai` converter takes without loss.
+
+    - strict alternation: a user message right after tool results (the prompt that starts the next rollout
+      turn) is appended to the last tool result, separated by a blank line;
+    - trailing tool results are dropped (LLaMA-Factory drops them too), so the record ends on the trained turn;
+    - `tools` is a JSON string (its converter accepts one), so tool schemas are not unified across records.
     """
     out: list[dict] = []
-    for m in messages:
+    for m in record_messages(rec):
         if m["role"] == "user" and out and out[-1]["role"] == "tool":
             out[-1] = dict(out[-1], content=f"{out[-1]['content']}\n\n{m['content']}")
+        elif m["role"] == "assistant":
+            out.append(_lf_assistant(m))
         else:
-            out.append(m)
-    return out
+            out.append({"role": m["role"], "content": m["content"]})
+    while out and out[-1]["role"] == "tool":
+        out.pop()
+    meta = rec.get("metadata") or {}
+    return {
+        "messages": out,
+        "tools": json.dumps(rec.get("tools") or [], ensure_ascii=False),
+        "id": meta.get("id"),
+    }
 
 
 def dataset_info(sft_file: str | Path, info_file: str | Path) -> dict:
@@ -397,18 +473,75 @@ def dataset_info(sft_file: str | Path, info_file: str | Path) -> dict:
 
 
 def _gain(meta: dict) -> float | None:
-    root, best, direction = meta.get("root_score"), meta.get("max_score"), meta.get("direction")
-    if root is None or best is None or direction not in ("maximize", "minimize"):
-        return None
-    return oriented(best, direction) - oriented(root, direction)
+    return signed_gain(meta.get("root_score"), meta.get("max_score"), meta.get("direction"))
 
 
 def _fmt(x: float | None, nd: int = 4) -> str:
     return "-" if x is None else f"{x:.{nd}g}" if abs(x) >= 1e4 else f"{x:.{nd}f}"
 
 
-def dataset_card(records: list[dict], sft_name: str, lf_name: str | None = None) -> str:
-    """Markdown card: counts by task/stage/root, token totals, score gains, how to load."""
+@dataclass
+class MergeStats:
+    records: int = 0  # written
+    duplicates: int = 0  # records whose trained message equals an earlier record's (target_key)
+    dropped: int = 0  # duplicates left out (export.dedupe)
+
+
+def _trust_lines(trust: list) -> list[str]:
+    """Card section: per task the snapshots skipped, per root and selected path the gain over the root."""
+    lines = [
+        "## Can the data be trusted",
+        "",
+        "Gain = leaf score minus root (Student) score, signed so that positive is better in the task's direction. "
+        "**below root** marks a selected path whose leaf scores worse than the snapshot it started from.",
+        "",
+        "| task | snapshots | failed evals (not roots) | pending skipped | sandbox |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for t in trust:
+        pending = "unknown" if t.pending is None else t.pending
+        lines.append(
+            f"| {t.task} | {t.snapshots} | {t.failed_evals} | {pending} | {', '.join(t.sandboxes) or 'unknown'} |"
+        )
+    lines += [
+        "",
+        "| task | root | sandbox | root score | path | leaf | leaf score | gain | flag |",
+        "|---|---|---|---:|---:|---|---:|---:|---|",
+    ]
+    for t in trust:
+        for r in t.roots:
+            if not r.paths:
+                lines.append(
+                    f"| {t.task} | {r.root} | {r.sandbox} | {_fmt(r.root_score)} | - | - | - | - | no selected path |"
+                )
+            for p in r.paths:
+                flag = "below root" if p.below_root else ("no gain" if p.gain == 0 else "")
+                lines.append(
+                    f"| {t.task} | {r.root} | {r.sandbox} | {_fmt(r.root_score)} | {p.rank} | {p.leaf} "
+                    f"| {_fmt(p.leaf_score)} | {_fmt(p.gain)} | {flag} |"
+                )
+    roots = [r for t in trust for r in t.roots]
+    worse = [r for r in roots if r.paths and all(p.below_root for p in r.paths)]
+    flat = [r for r in roots if r.best_gain is not None and r.best_gain <= 0]
+    lines += [
+        "",
+        f"{sum(r.below_root for r in roots)} of {sum(len(r.paths) for r in roots)} selected paths end below their "
+        f"root; {len(worse)} of {len(roots)} roots have all selected paths below the root; {len(flat)} roots have "
+        "no selected path that improves on the root.",
+        "",
+    ]
+    return lines
+
+
+def dataset_card(
+    records: list[dict],
+    sft_name: str,
+    lf_name: str | None = None,
+    trust: list | None = None,
+    merged: MergeStats | None = None,
+    dedupe: bool = False,
+) -> str:
+    """Markdown card: counts by task/stage/root, tokens, trust (gains, skipped snapshots, sandbox), how to load."""
     by_task: Counter[str] = Counter()
     by_stage: Counter[tuple[str, str]] = Counter()
     roots: dict[tuple[str, str], dict] = {}
@@ -431,15 +564,37 @@ def dataset_card(records: list[dict], sft_name: str, lf_name: str | None = None)
         granularities[m.get("granularity")] += 1
         malformed += m.get("malformed_arguments", 0)
         paths.setdefault((task, root, m.get("path_rank")), m)
+    step = granularities.get("step", 0) > 0
+    form = (
+        "Each line is `{prompt, completion, tools, metadata}` (TRL's conversational prompt-completion form): "
+        "`completion` is the one assistant message the record trains, `prompt` every message before it."
+        if step
+        else "Each line is `{messages, tools, metadata}`: the whole session of a selected path, every assistant "
+        "turn trained."
+    )
     lines = [
         "# sftree SFT dataset",
         "",
         f"`{sft_name}`: {len(records)} records ({', '.join(f'{v} {k}' for k, v in granularities.items()) or 'none'}) "
-        f"from {len(paths)} selected root-to-leaf paths of {len(roots)} trees, {len(by_task)} tasks. "
-        "Each line is `{messages, tools, metadata}` in OpenAI chat format: assistant `tool_calls` with "
-        "`arguments` as JSON objects, tool results as `role: tool` messages with `tool_call_id`, "
-        "`reasoning_content` kept when the Teacher produced it.",
+        f"from {len(paths)} selected root-to-leaf paths of {len(roots)} trees, {len(by_task)} tasks. {form} "
+        "OpenAI chat messages: assistant `tool_calls` with `arguments` as JSON objects, tool results as "
+        "`role: tool` messages with `tool_call_id`, `reasoning_content` kept when the Teacher produced it.",
         "",
+    ]
+    if merged is not None:
+        lines += [
+            f"Exact-duplicate targets (same trained message, tool-call ids aside, as an earlier record): "
+            f"{merged.duplicates}; "
+            + (
+                f"dropped ({merged.dropped}, `export.dedupe: true`)."
+                if dedupe
+                else "kept (set `export.dedupe: true` to drop them)."
+            ),
+            "",
+        ]
+    if trust:
+        lines += _trust_lines(trust)
+    lines += [
         "## Records by task and stage",
         "",
         "| task | early | middle | late | unknown | total |",
@@ -464,12 +619,12 @@ def dataset_card(records: list[dict], sft_name: str, lf_name: str | None = None)
         "## Tokens",
         "",
         f"Prompt tokens {tokens['prompt_tokens']}, completion tokens {tokens['completion_tokens']}, "
-        f"total {tokens['total_tokens']} (the Teacher server's `usage` of each exported model call; "
-        "a step record's context is its prompt, its trained target is the completion).",
+        f"total {tokens['total_tokens']} (the Teacher server's `usage` of each exported model call).",
         "",
-        "## Score gains of the selected paths",
+        "## Best-node gains of the selected paths",
         "",
-        "Gain = the path's best node score minus its root's (Student) score, oriented so that positive is better.",
+        "Gain here = the path's best node score (not its leaf's, as above) minus its root's (Student) score, "
+        "oriented so that positive is better.",
         "",
         "| task | paths | improved | mean gain | best gain | mean PathScore |",
         "|---|---:|---:|---:|---:|---:|",
@@ -490,30 +645,31 @@ def dataset_card(records: list[dict], sft_name: str, lf_name: str | None = None)
             "",
             f'{malformed} tool-call arguments were not JSON objects and are kept as `{{"_raw": ...}}`.',
         ]
+    trl_cols = '"prompt", "completion", "tools"' if step else '"messages", "tools"'
     lines += [
         "",
         "## Loading",
         "",
-        "TRL (the `tools` column is passed to the chat template; train on assistant turns only):",
+        "TRL (`datasets>=4.7`; the `tools` column is passed to the chat template"
+        + ("; only the completion is trained" if step else "; train on assistant turns")
+        + "):",
         "",
         "```python",
         "from datasets import load_dataset",
         "from trl import SFTConfig, SFTTrainer",
         "",
-        f'ds = load_dataset("json", data_files="{sft_name}", split="train").remove_columns("metadata")',
-        'trainer = SFTTrainer(model="Qwen/Qwen3-8B", train_dataset=ds, args=SFTConfig(assistant_only_loss=True))',
+        f'ds = load_dataset("json", data_files="{sft_name}", split="train").select_columns([{trl_cols}])',
+        'trainer = SFTTrainer(model="Qwen/Qwen3-8B", train_dataset=ds, args=SFTConfig('
+        + ("" if step else "assistant_only_loss=True")
+        + "))",
         "trainer.train()",
         "```",
         "",
         f"LLaMA-Factory: put `dataset_info.json` and `{lf_name or sft_name}` in your `dataset_dir` and set "
-        f"`dataset: {DATASET_NAME}` in the training YAML (entry `{DATASET_NAME}`: `formatting: openai`, "
-        "`observation_tag: tool`"
-        + (
-            f"; `{lf_name}` holds the same records with the prompt that starts a new rollout turn appended to the "
-            "tool result before it, because LLaMA-Factory needs strictly alternating turns)."
-            if lf_name
-            else ")."
-        ),
+        f"`dataset: {DATASET_NAME}` in the training YAML"
+        + (", with `mask_history: true` so only each record's final turn is trained" if step else "")
+        + f" (entry `{DATASET_NAME}`: `formatting: openai`; tool calls are `function_call` turns whose content "
+        "keeps the assistant's text before `<tool_call>[...]</tool_call>`; `tools` is a JSON string).",
         "",
         "See `docs/outputs.md` for every field of `metadata`.",
         "",
@@ -522,29 +678,62 @@ def dataset_card(records: list[dict], sft_name: str, lf_name: str | None = None)
 
 
 def merge(
-    inputs: list[str], out: str, info: str | None, card: str | None, llamafactory: str | None = None
-) -> int:
-    """Concatenate per-task files (streaming), write the LLaMA-Factory copy, dataset_info.json and the card."""
+    inputs: list[str],
+    out: str,
+    info: str | None,
+    card: str | None,
+    llamafactory: str | None = None,
+    dedupe: bool = False,
+    results: str | None = None,
+) -> MergeStats:
+    """Concatenate per-task files (streaming), write the LLaMA-Factory copy, dataset_info.json and the card.
+
+    Exact-duplicate targets (`target_key`) are counted; with `dedupe` all but the first are left out.
+    """
+    from sftree.provenance import read_results
+
     metadata: list[dict] = []  # the card needs only these, not the messages
+    stats = MergeStats()
+    seen: set[str] = set()
     with contextlib.ExitStack() as stack:
         main = stack.enter_context(AtomicLines(out))
         lf = stack.enter_context(AtomicLines(llamafactory)) if llamafactory else None
         progress = Progress("merge-sft records", logger=log)
         for f in inputs:
             for rec in iter_records(f):
+                key = target_key(rec)
+                if key in seen:
+                    stats.duplicates += 1
+                    if dedupe:
+                        stats.dropped += 1
+                        continue
+                seen.add(key)
                 main.write(rec)
                 if lf:
-                    lf.write(dict(rec, messages=llamafactory_messages(rec["messages"])))
+                    lf.write(llamafactory_record(rec))
                 metadata.append(rec.get("metadata") or {})
                 progress.update()
         progress.finish(files=len(inputs))
+    stats.records = main.count
     if info:
         write_json_atomic(info, dataset_info(llamafactory or out, info))
     if card:
+        tasks = list(dict.fromkeys(m.get("task") for m in metadata if m.get("task")))
+        trust = read_results(Path(results), tasks or None) if results else None
         lf_name = Path(llamafactory).name if llamafactory else None
-        write_text_atomic(card, dataset_card([{"metadata": m} for m in metadata], Path(out).name, lf_name))
-    log.info("merged %d records from %d files -> %s", main.count, len(inputs), out)
-    return main.count
+        text = dataset_card(
+            [{"metadata": m} for m in metadata], Path(out).name, lf_name, trust, stats, dedupe
+        )
+        write_text_atomic(card, text)
+    log.info(
+        "merged %d records from %d files -> %s; %d exact-duplicate targets (%d dropped)",
+        stats.records,
+        len(inputs),
+        out,
+        stats.duplicates,
+        stats.dropped,
+    )
+    return stats
 
 
 # --- CLI ------------------------------------------------------------------------------------------------
@@ -561,6 +750,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--llamafactory-out",
         help="merge mode: the records reshaped for LLaMA-Factory (dataset_info points here)",
     )
+    parser.add_argument(
+        "--dedupe",
+        action="store_true",
+        help="merge mode: leave out records whose target duplicates an earlier one",
+    )
+    parser.add_argument(
+        "--results",
+        help="merge mode: the results folder, for the card's gains, skipped snapshots and sandbox",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -570,7 +768,15 @@ def run(args: argparse.Namespace) -> int:
         missing = [f for f in args.merge if not Path(f).is_file()]
         if missing:
             raise InputError(f"SFT files to merge not found: {', '.join(missing)}")
-        merge(args.merge, args.out, args.dataset_info, args.card, args.llamafactory_out)
+        merge(
+            args.merge,
+            args.out,
+            args.dataset_info,
+            args.card,
+            args.llamafactory_out,
+            dedupe=args.dedupe,
+            results=args.results,
+        )
         return 0
     stats = ExportStats()
     with AtomicLines(args.out) as out:

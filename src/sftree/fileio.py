@@ -94,8 +94,13 @@ def iter_jsonl(path: str | os.PathLike, what: str = "JSONL file") -> Iterator[An
     from sftree.errors import InputError
 
     try:
-        with open(path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
+        with open(path, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise InputError(f"{what} {path} line {lineno}: not UTF-8 ({exc.reason} at byte "
+                                     f"{exc.start})") from None  # fmt: skip
                 if not line.strip():
                     continue
                 try:
@@ -104,6 +109,8 @@ def iter_jsonl(path: str | os.PathLike, what: str = "JSONL file") -> Iterator[An
                     raise InputError(f"{what} {path} line {lineno}: not valid JSON ({exc})") from None
     except FileNotFoundError:
         raise InputError(f"{what} not found: {path}") from None
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
 
 
 def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:

@@ -29,7 +29,7 @@ from typing import Any
 from sftree.errors import InputError
 from sftree.fileio import read_json, write_json_atomic
 from sftree.scoring import percentile_rank
-from sftree.tree import normal_leaf
+from sftree.tree import normal_leaf, validate_tree
 
 log = logging.getLogger("sftree.paths")
 
@@ -255,8 +255,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     tree = read_json(args.tree, "tree file")
-    if not isinstance(tree, dict):
-        raise InputError(f"tree file {args.tree}: top level must be an object")
+    # a wrong-typed field would otherwise read as "no paths" and exit 0: fail naming the field instead
+    validate_tree(tree, f"tree file {args.tree}")
     if tree.get("status") not in (None, "finished"):
         log.warning(
             "%s: tree status is %r, not finished; ranking what is there", args.tree, tree.get("status")

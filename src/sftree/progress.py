@@ -40,3 +40,35 @@ class Progress:
             elapsed,
             tail,
         )
+
+
+def tree_line(
+    label: str,
+    counters: dict[str, int],
+    max_valid_edges: int,
+    target_good_leaves: int,
+    best: float | None,
+    stop: str | None = None,
+) -> str:
+    """One console line about a growing tree: valid edges against the edge budget, good leaves against their
+    target, the best raw score of any node so far (the root's included), and the stop rule once it fired."""
+    best_s = "none" if best is None else f"{best:.6g}"
+    line = (
+        f"{label}: edges {counters['valid_edges']}/{max_valid_edges} valid ({counters['edges']} run),"
+        f" good leaves {counters['good_leaves']}/{target_good_leaves}, best score {best_s}"
+    )
+    return line + (f", finished: {stop}" if stop else "")
+
+
+class ConsoleLines:
+    """Writes one line per change of a key to a text stream (the console of a job whose log is a file)."""
+
+    def __init__(self, stream):
+        self.stream, self.last = stream, None
+
+    def emit(self, key: object, line: str) -> None:
+        if self.stream is None or key == self.last:
+            return
+        self.last = key
+        self.stream.write(line + "\n")
+        self.stream.flush()

@@ -6,7 +6,10 @@ Everything is inline (SVG, CSS, a few lines of JS), so the file opens in any bro
 - per tree: a drawing with nodes by depth, coloured by score, failed and pruned attempts drawn as red crosses,
   selected paths highlighted; hovering a node shows its score and tokens, clicking shows the full breakdown
   (Select breakdown of each dispatch from that node, the edge that made it); then the ranked paths table;
-- dataset statistics from `sft.jsonl` (records by task and stage, tokens, tools called in trained responses).
+- whether to trust it (`sftree.provenance`): per task the snapshots skipped (pending, failed evals) and the
+  sandbox mode; per root and path the root score, leaf score and signed gain, paths ending below their root flagged;
+- dataset statistics from `sft.jsonl` (records by task and stage, tokens, tools called in trained responses,
+  exact-duplicate targets).
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sftree.errors import InputError
+from sftree.export import record_messages, target_key
 from sftree.fileio import iter_jsonl, read_json, write_text_atomic
 from sftree.progress import Progress
+from sftree.provenance import RootTrust, root_trust, skipped_counts
 from sftree.scoring import oriented
 
 log = logging.getLogger("sftree.report")
@@ -101,6 +106,7 @@ class TreeView:
 @dataclass
 class TaskView:
     name: str
+    task_dir: Path | None = None
     stages: list[dict] = field(default_factory=list)
     trees: list[TreeView] = field(default_factory=list)
 
@@ -108,7 +114,7 @@ class TaskView:
 def collect(results: Path) -> list[TaskView]:
     tasks: dict[str, TaskView] = {}
     for tsv in sorted(results.glob("*/stages.tsv")):
-        tasks.setdefault(tsv.parent.name, TaskView(tsv.parent.name)).stages = read_stages(tsv)
+        tasks.setdefault(tsv.parent.name, TaskView(tsv.parent.name, tsv.parent)).stages = read_stages(tsv)
     # only the roots the current stages.tsv chose (a tree left over from an earlier config is not shown)
     chosen = {
         name: {r.get("snapshot") for r in t.stages if _truthy(r.get("selected"))} for name, t in tasks.items()
@@ -143,16 +149,19 @@ def dataset_stats(sft: Path) -> dict | None:
     tools: Counter = Counter()
     tokens: Counter = Counter()
     n = msgs = malformed = 0
+    targets: set[str] = set()
     for rec in iter_jsonl(sft, "SFT file"):
         m = rec.get("metadata", {})
         n += 1
-        msgs += len(rec.get("messages", []))
+        messages = record_messages(rec)
+        msgs += len(messages)
+        targets.add(target_key(rec))
         by_task_stage[(m.get("task"), m.get("stage") or "unknown")] += 1
         by_root[(m.get("task"), m.get("root"))] += 1
         malformed += m.get("malformed_arguments", 0)
         for k, v in (m.get("usage") or {}).items():
             tokens[k] += v
-        trained = [x for x in rec.get("messages", []) if x.get("role") == "assistant"][-1:]
+        trained = [x for x in messages if x.get("role") == "assistant"][-1:]
         for x in trained:
             for tc in x.get("tool_calls", []):
                 tools[tc["function"]["name"]] += 1
@@ -164,6 +173,7 @@ def dataset_stats(sft: Path) -> dict | None:
         "tools": tools,
         "tokens": tokens,
         "malformed": malformed,
+        "duplicates": n - len(targets),
     }
 
 
@@ -429,7 +439,7 @@ h1{font-size:24px;margin:8px 0} h2{font-size:20px;margin:28px 0 8px;border-botto
 h3{font-size:16px;margin:16px 0 6px}
 table{border-collapse:collapse;margin:8px 0;background:#fff;font-size:13px}
 th,td{border:1px solid #e5e7eb;padding:3px 8px;text-align:right} th{background:#f3f4f6}
-td.l,th.l{text-align:left} tr.sel td{background:#fff7ed}
+td.l,th.l{text-align:left} tr.sel td{background:#fff7ed} tr.below td{color:#b91c1c} .bad{color:#b91c1c}
 .card{background:#fff;border:1px solid #e5e7eb;border-radius:8px;padding:10px 14px;margin:10px 0}
 .legend{display:flex;flex-wrap:wrap;gap:14px;font-size:12px;color:#374151;margin:4px 0 8px}
 .legend i{display:inline-block;width:14px;height:10px;margin-right:4px;vertical-align:middle}
@@ -476,6 +486,18 @@ def _table(headers: list[str], rows: list[list[object]], left: int = 1, row_clas
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
+def tree_trust(view: TreeView) -> RootTrust:
+    return root_trust(view.task, view.root, view.tree, view.paths)
+
+
+def _path_gain(trust: RootTrust, view: TreeView, path: dict) -> tuple[float | None, float | None]:
+    """(leaf score, signed gain over the root) of any candidate path, selected or not."""
+    from sftree.export import signed_gain
+
+    leaf = next((n for n in view.tree.get("nodes", []) if n.get("id") == path["leaf"]), {})
+    return leaf.get("score"), signed_gain(trust.root_score, leaf.get("score"), trust.direction)
+
+
 def tree_section(view: TreeView, uid: str) -> str:
     t = view.tree
     c = t.get("counters") or {}
@@ -491,20 +513,29 @@ def tree_section(view: TreeView, uid: str) -> str:
     best_score = max(best, key=lambda s: oriented(s, direction)) if best else None
     paths = (view.paths or {}).get("paths", [])
     nsel = sum(1 for p in paths if p.get("selected"))
+    trust = tree_trust(view)
+    below = (
+        f', <b class="bad">{trust.below_root} selected ending below the root</b>' if trust.below_root else ""
+    )
     summary = (
         f"{esc(view.root)}: {len(nodes) - 1} nodes, {len(edges)} edges ({failed} failed attempt(s) without a node, "
         f"{kept} kept despite a failed turn), "
-        f"root score {fmt(root.get('score'))}, best {fmt(best_score)}, {nsel}/{len(paths)} paths selected, "
-        f"stop: {esc(t.get('stop_reason'))}"
+        f"root score {fmt(root.get('score'))}, best {fmt(best_score)}, {nsel}/{len(paths)} paths selected{below}, "
+        f"sandbox {esc(trust.sandbox)}, stop: {esc(t.get('stop_reason'))}"
     )
     parts = [f'<details open><summary>{summary}</summary><div class="card">', tree_svg(view, uid)]
     if paths:
+        gains = {p["rank"]: _path_gain(trust, view, p) for p in paths}
         rows = [
             [
                 p["rank"],
                 p["leaf"],
                 " → ".join(p["nodes"]),
                 p.get("leaf_reason"),
+                trust.root_score,
+                gains[p["rank"]][0],
+                gains[p["rank"]][1],
+                "below root" if (gains[p["rank"]][1] or 0) < 0 else "",
                 p["max_score"],
                 p["max_score_rank"],
                 p["avg_score"],
@@ -523,6 +554,10 @@ def tree_section(view: TreeView, uid: str) -> str:
                     "leaf",
                     "nodes",
                     "leaf reason",
+                    "root score",
+                    "leaf score",
+                    "gain",
+                    "flag",
                     "max score",
                     "max rank",
                     "avg score",
@@ -534,7 +569,14 @@ def tree_section(view: TreeView, uid: str) -> str:
                 ],
                 rows,
                 left=4,
-                row_class=lambda i: "sel" if paths[i].get("selected") else "",
+                row_class=lambda i: " ".join(
+                    c
+                    for c, on in (
+                        ("sel", paths[i].get("selected")),
+                        ("below", (gains[paths[i]["rank"]][1] or 0) < 0),
+                    )
+                    if on
+                ),
             )
         )
     elif view.paths is None:
@@ -559,9 +601,14 @@ def task_section(task: TaskView) -> str:
     if task.stages:
         counts = Counter(r.get("stage") for r in task.stages)
         chosen = [r for r in task.stages if _truthy(r.get("selected"))]
+        _, failed, pending = skipped_counts(task.task_dir, task.stages) if task.task_dir else (0, 0, None)
+        sandboxes = sorted({tree_trust(v).sandbox for v in task.trees}) or ["unknown"]
         parts.append(
             f"<h3>Student learning curve</h3><p>{len(task.stages)} snapshots "
-            f"(early {counts['early']}, middle {counts['middle']}, late {counts['late']}), {len(chosen)} chosen roots.</p>"
+            f"(early {counts['early']}, middle {counts['middle']}, late {counts['late']}), {len(chosen)} chosen roots. "
+            f"Skipped as roots: {failed} failed evals (eval_ok false), "
+            f"{'unknown' if pending is None else pending} pending snapshots (never graded, not in the table). "
+            f"Sandbox: {esc(', '.join(sandboxes))}.</p>"
         )
         parts.append(
             f'<div class="card scroll">{learning_curve_svg(task.stages, task.name, direction)}</div>'
@@ -571,6 +618,7 @@ def task_section(task: TaskView) -> str:
         for r in chosen:
             v = by_root.get(r.get("snapshot"))
             paths = (v.paths or {}).get("paths", []) if v else []
+            trust = tree_trust(v) if v else None
             rows.append(
                 [
                     r.get("snapshot"),
@@ -580,11 +628,25 @@ def task_section(task: TaskView) -> str:
                     len(v.tree.get("nodes", [])) - 1 if v else "-",
                     sum(p.get("selected", False) for p in paths),
                     paths[0]["path_score"] if paths else None,
+                    trust.best_gain if trust else None,
+                    trust.below_root if trust else "-",
+                    trust.sandbox if trust else "-",
                 ]
             )
         parts.append(
             _table(
-                ["root", "stage", "reason", "score", "tree nodes", "selected paths", "best PathScore"],
+                [
+                    "root",
+                    "stage",
+                    "reason",
+                    "score",
+                    "tree nodes",
+                    "selected paths",
+                    "best PathScore",
+                    "best gain (selected)",
+                    "selected below root",
+                    "sandbox",
+                ],
                 rows,
                 left=3,
             )
@@ -603,7 +665,9 @@ def dataset_section(stats: dict | None) -> str:
         f"<p>{stats['records']} records, {stats['messages']} messages "
         f"({stats['messages'] / max(stats['records'], 1):.1f} per record). Tokens (server usage of the exported "
         f"model calls): prompt {stats['tokens']['prompt_tokens']}, completion {stats['tokens']['completion_tokens']}, "
-        f"total {stats['tokens']['total_tokens']}. Malformed tool arguments kept raw: {stats['malformed']}.</p>",
+        f"total {stats['tokens']['total_tokens']}. Malformed tool arguments kept raw: {stats['malformed']}. "
+        f"Exact-duplicate targets (the trained message equals an earlier record's, tool-call ids aside): "
+        f"{stats['duplicates']} (<code>export.dedupe: true</code> drops them).</p>",
     ]
     tasks = sorted({t for t, _ in stats["by_task_stage"]}, key=str)
     stages = ["early", "middle", "late", "unknown"]

@@ -154,16 +154,17 @@ def capacity(tree: Tree, node: Node, running: list[dict]) -> int:
 def select_breakdowns(tree: Tree, candidates: list[Node]) -> dict[str, dict]:
     """Select = Q + alpha*T for each candidate, with its parts (1.3)."""
     d = tree.direction
-    all_scores = [n.score for n in tree.nodes]
-    all_bests = [n.path_best_score for n in tree.nodes]
-    active_tokens = [n.max_token_total for n in candidates]
+    # Rank tables sorted once per call (O(n log n)), not a scan of every node per candidate (O(n^2)).
+    score_rank = scoring.score_ranks([n.score for n in tree.nodes], d)
+    best_rank = scoring.score_ranks([n.path_best_score for n in tree.nodes], d)
+    token_reward = scoring.token_rewards([n.max_token_total for n in candidates])
     out = {}  # full floats (rounded only in the log line), so near-ties are ordered by their exact values
     for n in candidates:
-        sr = scoring.score_rank(n.score, all_scores, d)
-        br = scoring.best_rank(n.path_best_score, all_bests, d)
+        sr = score_rank(n.score)
+        br = best_rank(n.path_best_score)
         pr = scoring.process([e.soft for e in tree.path_edges(n.id)])
         q = scoring.q_value(sr, br, pr)
-        t = scoring.token_reward(n.max_token_total, active_tokens)
+        t = token_reward(n.max_token_total)
         out[n.id] = {
             "node": n.id,
             "score_rank": sr,
@@ -392,10 +393,15 @@ RunEdge = Callable[[Dispatch], Any]
 class LoopStats:
     started: float
     tokens: int = 0
+    best: float | None = None
+    _scanned: int = 0  # nodes already folded into `best` (nodes are only appended; a score never changes)
 
     def line(self, tree: Tree) -> str:
         c = tree.counters()
-        best = scoring.best_of([n.score for n in tree.nodes], tree.direction)
+        best = self.best = scoring.best_of(
+            [self.best, *(n.score for n in tree.nodes[self._scanned :])], tree.direction
+        )
+        self._scanned = len(tree.nodes)
         rate = self.tokens / max(time.monotonic() - self.started, 1e-9)
         return (
             f"edges {c['edges']} (valid {c['valid_edges']}, pruned {c['pruned_edges']}, failed {c['failed_edges']}),"

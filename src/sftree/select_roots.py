@@ -33,6 +33,7 @@ from sftree.fileio import write_json_atomic, write_text_atomic
 from sftree.snapshots import (
     Scan,
     Snapshot,
+    check_files,
     default_jobs,
     gc_paused,
     load_json_object,
@@ -264,7 +265,7 @@ def _copy_tree(src: str, dst: str, linker: Linker) -> None:
     shutil.copystat(src, dst)
 
 
-def build_roots(sel: Selection, out: Path, link: str) -> Path:
+def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None) -> Path:
     """Copy the chosen folders into a new temporary folder beside `out` and return it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -287,6 +288,8 @@ def build_roots(sel: Selection, out: Path, link: str) -> Path:
                 task=sel.task,
                 direction=sel.direction,
             )
+            if pending is not None:  # the task's pending snapshots skipped, for the report and dataset card
+                meta["snapshots_pending"] = pending
             # A rename replaces the (possibly hard-linked) name: the input's metadata.json stays untouched.
             write_json_atomic(dst / "metadata.json", meta)
         placed = ", ".join(f"{v} {k}" for k, v in linker.counts.items() if v)
@@ -398,8 +401,10 @@ def _run(args: argparse.Namespace) -> int:
             result.non_finite[0],
         )
     # Everything is computed before anything is written: a bad input leaves no output behind.
+    for r in sel.chosen:
+        check_files(r.snap.path, "snapshot")
     out = Path(args.out)
-    tmp = build_roots(sel, out, args.link)
+    tmp = build_roots(sel, out, args.link, pending=len(result.pending))
     try:
         if args.plot:
             write_text_atomic(args.plot, plot_svg(sel))

@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import re
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -55,6 +56,54 @@ class Scan:
     snapshots: list[Snapshot]  # candidates, sorted by global index
     pending: list[str] = field(default_factory=list)  # names of skipped pending snapshots
     non_finite: list[str] = field(default_factory=list)  # names whose score was NaN/inf (treated as missing)
+
+
+def unsupported_files(folder: str | os.PathLike, limit: int = MAX_REPORTED) -> list[str]:
+    """Entries under `folder` a root cannot hold, each `path: why`: FIFOs, sockets and devices (copying one
+    blocks or fails; git cannot store one), and names that are not UTF-8 (git, JSON transcripts and the agent's
+    tools all need text names). Symlinks are not followed. Listed bytes-safe, so the check itself cannot fail."""
+    problems: list[str] = []
+    for top, dirs, files in os.walk(os.fsencode(folder)):
+        for name in dirs + files:
+            path = os.path.join(top, name)
+            shown = os.fsdecode(path).encode("utf-8", "backslashreplace").decode("utf-8")
+            try:
+                name.decode("utf-8")
+            except UnicodeDecodeError:
+                problems.append(f"{shown}: file name is not UTF-8")
+                continue
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError as exc:
+                problems.append(f"{shown}: cannot be read ({exc.strerror})")
+                continue
+            kind = (
+                "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISBLK(mode) or stat.S_ISCHR(mode) else None
+            )  # fmt: skip
+            if kind:
+                problems.append(f"{shown}: {kind}, not a file or folder")
+            if len(problems) >= limit:
+                return problems
+        dirs[:] = [d for d in dirs if _is_utf8(d)]  # a non-UTF-8 folder is reported once, not walked
+    return problems
+
+
+def _is_utf8(name: bytes) -> bool:
+    try:
+        name.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def check_files(folder: str | os.PathLike, what: str) -> None:
+    """Raise InputError naming every entry of `folder` that `unsupported_files` refuses."""
+    problems = unsupported_files(folder)
+    if problems:
+        raise InputError(
+            f"{what} {os.fsdecode(folder)} holds entries sftree cannot explore: " + "; ".join(problems)
+        )
 
 
 def parse_name(name: str) -> tuple[int, str, str] | None:

@@ -4,6 +4,9 @@
   URL and how to start SGLang.
 - `chat()` retries connection errors, timeouts, 429 and 5xx (SGLang answers 503 when its queue is full) with
   capped exponential backoff, under a semaphore of `max_concurrency` requests in flight.
+- A 400 that says the request outgrew the model's context raises `ContextOverflow` (never retried: the agent
+  ends the turn with `context_overflow`); a 200 reply that is not a readable completion raises `BadReply` with
+  the reason (the agent records one failed step). Replies are normalised in `teacher_response.py`.
 - Every reply carries its usage (`prompt_tokens`, `completion_tokens`,
   `usage.prompt_tokens_details.cached_tokens`) and latency. A server that reports no usage gets an estimate from
   the text (`estimate_usage`, 4 characters per token), a warning once per client, and `estimated: true` in the
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 import requests
 
 from sftree.errors import TeacherUnavailable
+from sftree.teacher_response import MalformedResponse, Reply, is_context_overflow, normalize
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,18 @@ SGLANG_HINT = (
 
 class TeacherError(TeacherUnavailable):
     """A request failed past the retry budget or with a non-retryable status."""
+
+
+class ContextOverflow(Exception):
+    """The server refused the request as longer than the model's context (HTTP 400): ends the turn, no retry."""
+
+
+class BadReply(Exception):
+    """The server answered 200 with a reply that is not a readable chat completion: one failed step."""
+
+    def __init__(self, reason: str, raw: str = ""):
+        super().__init__(reason)
+        self.raw = raw  # the reply body, ASCII-escaped and capped (safe to record)
 
 
 @dataclass
@@ -90,6 +106,8 @@ class Completion:
     latency_s: float
     attempts: int = 1
     raw: dict = field(default_factory=dict, repr=False)
+    notes: list[str] = field(default_factory=list)  # what normalisation did (teacher_response.py)
+    truncated_calls: bool = False  # finish_reason length cut a tool call
 
 
 def serialize(body: dict) -> bytes:
@@ -123,6 +141,7 @@ class TeacherClient:
         health_timeout: float = 600,
         max_concurrency: int = 64,
         extra_body: dict | None = None,
+        context_tokens: int | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.root_url = _server_root(self.base_url)
@@ -136,6 +155,7 @@ class TeacherClient:
         self.backoff_base = backoff_base
         self.health_timeout = health_timeout
         self.extra_body = dict(extra_body or {})
+        self.context_tokens = context_tokens
         self._sem = threading.BoundedSemaphore(max_concurrency)
         self._warned_no_usage = False
         self._local = threading.local()
@@ -164,6 +184,7 @@ class TeacherClient:
             health_timeout=cfg.get("health_timeout", 600),
             max_concurrency=cfg.get("max_concurrency", 64),
             extra_body=cfg.get("extra_body"),
+            context_tokens=cfg.get("context_tokens", 131072),
         )
 
     # one Session per thread: requests.Session is not thread-safe, and keep-alive saves a handshake per step
@@ -256,25 +277,27 @@ class TeacherClient:
                     log.warning("teacher answered %s, attempt %d/%d", last, attempt + 1, self.retries + 1)
                     continue
                 if r.status_code != 200:
+                    if is_context_overflow(r.status_code, r.text):
+                        raise ContextOverflow(f"HTTP {r.status_code}: {r.text[:300]}")
                     raise TeacherError(f"Teacher at {url} answered HTTP {r.status_code}: {r.text[:500]}")
+                # a reply that is not a completion is the model's step failing, not the server: no retry
                 try:
                     payload = r.json()
-                    choice = payload["choices"][0]
-                    message = dict(choice["message"])
-                except (ValueError, KeyError, IndexError, TypeError) as exc:
-                    last = f"unreadable reply ({exc})"
-                    continue
-                return self._completion(
-                    payload, message, choice.get("finish_reason"), time.monotonic() - t0, attempt + 1, data
-                )
+                except ValueError as exc:
+                    raise BadReply(f"reply is not JSON ({exc})", _safe(r.text)) from None
+                names = {t["function"]["name"] for t in tools or [] if isinstance(t.get("function"), dict)}
+                try:
+                    reply = normalize(payload, names)
+                except MalformedResponse as exc:
+                    raise BadReply(str(exc), _safe(payload)) from None
+                return self._completion(payload, reply, time.monotonic() - t0, attempt + 1, data)
         raise TeacherError(f"Teacher at {url} failed {self.retries + 1} times; last error: {last}")
 
     def _completion(
-        self, payload: dict, message: dict, finish: str | None, latency: float, attempts: int, request: bytes
+        self, payload: dict, reply: Reply, latency: float, attempts: int, request: bytes
     ) -> Completion:
-        usage = reported_usage(payload)
-        if usage is None:
-            usage = estimate_usage(request, message)
+        if reported_usage(payload) is None:
+            usage = estimate_usage(request, reply.message)
             with self.stats_lock:
                 warn, self._warned_no_usage = not self._warned_no_usage, True
             if warn:
@@ -284,11 +307,20 @@ class TeacherClient:
                     self.base_url,
                     CHARS_PER_TOKEN,
                 )
+        else:
+            usage = Usage(reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens)
         with self.stats_lock:
             self.stats["requests"] += 1
             self.stats["prompt_tokens"] += usage.prompt_tokens
             self.stats["completion_tokens"] += usage.completion_tokens
             self.stats["cached_tokens"] += usage.cached_tokens
-        message.setdefault("content", None)
-        message["role"] = "assistant"
-        return Completion(message, finish, usage, latency, attempts, payload)
+        return Completion(
+            reply.message, reply.finish_reason, usage, latency, attempts, payload, reply.notes,
+            reply.truncated_calls,
+        )  # fmt: skip
+
+
+def _safe(raw, cap: int = 4000) -> str:
+    """A reply body as ASCII-escaped text (lone surrogates and all), capped: always writable to a transcript."""
+    text = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=True)
+    return text.encode("ascii", "backslashreplace").decode("ascii")[:cap]

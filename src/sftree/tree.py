@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
+import os
+import uuid
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,8 @@ import jsonschema
 from sftree.config import SCHEMA_DIR
 from sftree.errors import InputError
 from sftree.fileio import read_json, write_json_atomic
+
+log = logging.getLogger(__name__)
 
 VERSION = 1
 TREE_SCHEMA = SCHEMA_DIR / "tree.schema.json"
@@ -53,8 +58,18 @@ class SearchParams:
         return cls(**{k: v for k, v in (search_cfg or {}).items() if k in names})
 
 
+class _Tracked:
+    """Notes any field assignment, so the live tree appends only what changed (LiveTree.save) without comparing
+    every node and edge. Fields are reassigned, never mutated in place (search.py)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name != "_saved":
+            object.__setattr__(self, "_saved", False)
+
+
 @dataclass
-class Node:
+class Node(_Tracked):
     id: str
     parent: str | None
     edge: str | None  # the edge that made this node
@@ -72,7 +87,7 @@ class Node:
 
 
 @dataclass
-class Edge:
+class Edge(_Tracked):
     id: str
     parent: str
     depth: int  # depth of the child it would make
@@ -346,3 +361,132 @@ def save(tree: Tree, path: str | Path) -> None:
 
 def load(path: str | Path) -> Tree:
     return Tree.from_dict(read_json(path, "tree file"), source=str(path))
+
+
+# --- the live tree: a snapshot plus an append-only log ---------------------------------------------------
+
+LOG_NAME = "tree.log.jsonl"
+SNAPSHOT_MIN = 64  # log lines before a snapshot is due (at least; see LiveTree)
+_HEADER = ("status", "stop_reason", "next_edge", "in_flight", "updated_at")
+
+
+def _changed(items: list) -> list:
+    out = []
+    for obj in items:
+        if not obj.__dict__.get("_saved"):
+            object.__setattr__(obj, "_saved", True)
+            out.append(asdict(obj))
+    return out
+
+
+class LiveTree:
+    """The running tree on disk: `tree.live.json` (a snapshot) and `tree.log.jsonl` (one line per `save`).
+
+    Rewriting the whole tree after every edge costs O(tree) per edge, so `save` appends only the nodes and edges
+    that changed since the last save, with the tree's own fields, and fsyncs that one line. A new snapshot is
+    written when the log holds as many lines as the tree has edges (at least SNAPSHOT_MIN): amortised O(1) per
+    edge, and loading reads O(tree). Each snapshot names a fresh log generation and each line carries it, so lines
+    written before the newest snapshot are never replayed onto it (a kill between the snapshot and the log's
+    truncation loses nothing). Replaying is upserting whole objects. A torn last line (kill -9 mid-write) is the
+    save that never happened and is skipped; a bad line elsewhere is an InputError naming file and line.
+    """
+
+    def __init__(self, out_dir: str | Path, snapshot_min: int = SNAPSHOT_MIN):
+        self.dir = Path(out_dir)
+        self.snapshot_path, self.log_path = self.dir / LIVE_NAME, self.dir / LOG_NAME
+        self.snapshot_min = snapshot_min
+        self._log = None
+        self._gen: str | None = None
+        self._lines = 0
+
+    def exists(self) -> bool:
+        return self.snapshot_path.exists()
+
+    def save(self, tree: Tree) -> None:
+        tree.updated_at = now_iso()
+        if self._log is None or self._lines >= max(self.snapshot_min, len(tree.edges)):
+            self.snapshot(tree)
+            return
+        entry: dict[str, Any] = {"gen": self._gen, "tree": {k: getattr(tree, k) for k in _HEADER}}
+        entry["tree"]["params"] = asdict(tree.params)
+        entry["nodes"], entry["edges"] = _changed(tree.nodes), _changed(tree.edges)
+        self._log.write(json.dumps(entry, ensure_ascii=False) + "\n")
+        self._log.flush()
+        os.fsync(self._log.fileno())
+        self._lines += 1
+
+    def snapshot(self, tree: Tree) -> None:
+        self._gen = uuid.uuid4().hex
+        write_json_atomic(self.snapshot_path, {**tree.to_dict(), "log_gen": self._gen})
+        if self._log is not None:
+            self._log.close()
+        self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 - held open between saves
+        self._lines = 0
+        for obj in (*tree.nodes, *tree.edges):
+            object.__setattr__(obj, "_saved", True)
+
+    def load(self) -> Tree:
+        """The tree as of the last save: the snapshot with the log replayed, validated as a whole."""
+        snap = read_json(self.snapshot_path, "tree file")
+        tree = Tree.from_dict(snap, source=str(self.snapshot_path))
+        gen = snap.get("log_gen") if isinstance(snap, dict) else None
+        replayed = 0
+        for lineno, entry in self._log_entries():
+            if gen is None or entry.get("gen") != gen:
+                continue  # written before this snapshot (already in it)
+            try:
+                _apply(tree, entry)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise InputError(f"{self.log_path} line {lineno}: not a tree log entry ({exc})") from None
+            replayed += 1
+        if replayed:
+            validate_tree(tree.to_dict(), f"{self.snapshot_path} + {replayed} line(s) of {self.log_path}")
+        return tree
+
+    def _log_entries(self):
+        if not self.log_path.exists():
+            return
+        data = self.log_path.read_bytes()
+        lines = data.split(b"\n")
+        torn = lines.pop()  # after the last newline: empty, or a line cut by a kill
+        for lineno, raw in enumerate(lines, 1):
+            try:
+                entry = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise InputError(f"{self.log_path} line {lineno}: not valid JSON ({exc})") from None
+            if not isinstance(entry, dict):
+                raise InputError(f"{self.log_path} line {lineno}: not a JSON object")
+            yield lineno, entry
+        if torn.strip():
+            log.warning("%s: ignoring a torn last line (the save it held never completed)", self.log_path)
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def remove(self) -> None:
+        """Drop the live state (the tree was written out as tree.json)."""
+        self.close()
+        self.snapshot_path.unlink(missing_ok=True)
+        self.log_path.unlink(missing_ok=True)
+
+
+def _apply(tree: Tree, entry: dict) -> None:
+    head = entry["tree"]
+    for k in _HEADER:
+        setattr(tree, k, head[k])
+    tree.params = SearchParams.from_config(head["params"])
+    for kind, cls, index, add in (
+        ("nodes", Node, tree._index, tree.add_node),
+        ("edges", Edge, tree._edge_index, tree.add_edge),
+    ):
+        names = {f.name for f in fields(cls)}
+        for d in entry[kind]:
+            d = {k: v for k, v in d.items() if k in names}
+            old = index.get(d["id"])
+            if old is None:
+                add(cls(**d))
+            else:
+                for k, v in d.items():
+                    setattr(old, k, v)

@@ -214,6 +214,10 @@ class EdgeWorkspace:
     def close(self) -> None:
         """Remove the worktree and the edge's folder (the commits stay in the store)."""
         if not self.closed:
+            try:
+                self.store.park_knowledge(self)
+            except OSError as exc:  # a checkout that cannot be moved is simply not reused
+                log.warning("edge %s: knowledge checkout not kept for reuse: %s", self.edge_id, exc)
             self.store.remove_worktree(self.dir)
             self.closed = True
 
@@ -229,6 +233,8 @@ class TreeStore:
         self.knowledge_git = self.store_dir / "knowledge.git"
         self.work_dir = self.tree_dir / "work"
         self._lock = threading.Lock()
+        self._parked: list[Path] = []  # knowledge checkouts of closed edges (park_knowledge)
+        self._parked_n = 0
 
     # ---- creation and resume -------------------------------------------------------------------------------
     @classmethod
@@ -253,6 +259,9 @@ class TreeStore:
         code = self._import_dir(self.code_git, code_src, "root snapshot code")
         shared_src_dir = shared_src if shared_src.is_dir() else None
         knowledge = self._import_dir(self.knowledge_git, shared_src_dir, "root snapshot shared knowledge")
+        # One pack instead of a loose object per attempt file: each knowledge commit's write-tree checks that
+        # every blob exists, a lookup in a pack index rather than a file per object.
+        git(["repack", "-a", "-d", "-q"], git_dir=self.knowledge_git)
         # The root ref is written last: its presence marks a complete store.
         git(["update-ref", "refs/sftree/root", knowledge], git_dir=self.knowledge_git)
         git(["update-ref", "refs/sftree/root", code], git_dir=self.code_git)
@@ -307,23 +316,66 @@ class TreeStore:
                 git_dir=self.knowledge_git,
             )
         ws = EdgeWorkspace(self, edge_id, state, edge_dir, root)
-        kdir = ws.knowledge_dir
-        kdir.mkdir()
-        env = {"GIT_INDEX_FILE": str(ws.index_file)}
-        git(
-            ["--work-tree", str(kdir), "read-tree", state.knowledge_commit],
-            git_dir=self.knowledge_git,
-            env=env,
-        )
-        git(["--work-tree", str(kdir), "checkout-index", "-a", "-f"], git_dir=self.knowledge_git, env=env)
+        self._checkout_knowledge(ws.knowledge_dir, ws.index_file, state.knowledge_commit)
         for sub in ("notes", "skills", "attempts", "roles", "logs"):
-            (kdir / sub).mkdir(exist_ok=True)
+            (ws.knowledge_dir / sub).mkdir(exist_ok=True)
         if state.session:
             messages = read_json(self.tree_dir / state.session, "session file")
             if not isinstance(messages, list):
                 raise InputError(f"session file {self.tree_dir / state.session}: expected a list of messages")
             ws.session = messages
         return ws
+
+    # ---- knowledge checkouts: reused, so a fork writes what differs, not every attempt file ------------------
+    @property
+    def pool_dir(self) -> Path:
+        return self.work_dir / ".knowledge-pool"  # under work/: cleanup_stale drops it with the worktrees
+
+    def _checkout_knowledge(self, kdir: Path, index: Path, commit: str) -> None:
+        """Make `kdir` exactly `commit`'s files, with `index` matching (stat data included, so the per-turn
+        `add -A` hashes only what the agent changed). A parked checkout of an earlier edge is moved in and moved
+        to `commit` (git writes the files that differ, removes extras); else a full checkout."""
+        repo, env = self.knowledge_git, {"GIT_INDEX_FILE": str(index)}
+        wt = ["--work-tree", str(kdir)]
+        parked = self._take_parked()
+        if parked is None:
+            kdir.mkdir()
+            git([*wt, "read-tree", commit], git_dir=repo, env=env)
+            git([*wt, "checkout-index", "-a", "-f", "-u"], git_dir=repo, env=env)
+            return
+        os.rename(parked / "knowledge", kdir)
+        os.rename(parked / "knowledge.index", index)
+        shutil.rmtree(parked, ignore_errors=True)
+        git([*wt, "read-tree", "--reset", "-u", commit], git_dir=repo, env=env)
+        # Files changed after the parked index last saw them (same path in both commits): restore them too.
+        stale = git([*wt, "diff-files", "--name-only", "-z"], git_dir=repo, env=env).stdout
+        if stale:
+            git(
+                [*wt, "checkout-index", "-f", "-u", "-z", "--stdin"],
+                git_dir=repo,
+                env=env,
+                input=stale.encode(),
+            )
+        # Untracked and ignored files (what the last agent added, OpenCode's housekeeping) go too.
+        git([*wt, "clean", "-f", "-f", "-d", "-x", "-q"], git_dir=repo, env=env)
+
+    def park_knowledge(self, ws: EdgeWorkspace) -> None:
+        """Keep a closing edge's knowledge checkout for the next fork (a real folder only: never a link)."""
+        kdir, index = ws.knowledge_dir, ws.index_file
+        if kdir.is_symlink() or not kdir.is_dir() or index.is_symlink() or not index.is_file():
+            return
+        with self._lock:
+            self._parked_n += 1
+            dest = self.pool_dir / f"k{self._parked_n}"
+        dest.mkdir(parents=True)
+        os.rename(kdir, dest / "knowledge")
+        os.rename(index, dest / "knowledge.index")
+        with self._lock:
+            self._parked.append(dest)
+
+    def _take_parked(self) -> Path | None:
+        with self._lock:
+            return self._parked.pop() if self._parked else None
 
     def keep_refs(self, repo: str, refs: dict[str, str]) -> None:
         """Point `refs/sftree/edges/<name>` at each commit so `git gc` never drops it (one git call)."""
@@ -349,6 +401,9 @@ class TreeStore:
         """Remove the worktrees of edges not in `keep` (half-done edges of a killed run)."""
         if not self.work_dir.is_dir():
             return
+        with self._lock:
+            self._parked.clear()
+        shutil.rmtree(self.pool_dir, ignore_errors=True)
         for d in sorted(self.work_dir.iterdir()):
             if d.is_dir() and d.name not in keep:
                 log.info("removing stale workspace %s", d)

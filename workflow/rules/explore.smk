@@ -3,7 +3,7 @@
 # SGLang server across all explore jobs: Snakemake lowers a job's request to N, and the job runs with the
 # granted width (`--width`). teacher_trees = 1 per job, so `--resources teacher_trees=K` keeps at most K trees
 # active at once: their sessions then fit the server's KV room and its prefix cache keeps serving them
-# (docs/benchmarks.md, cache model). A retried or rerun job resumes from tree.live.json.
+# (docs/benchmarks.md, cache model). A retried or rerun job resumes from tree.live.json + tree.log.jsonl.
 rule explore:
     input:
         root=f"{RESULTS}/{{task}}/roots/{{root}}/metadata.json",
@@ -24,4 +24,6 @@ rule explore:
         tree_dir=lambda wc: f"{RESULTS}/{wc.task}/trees/{wc.root}",
         config=config_args(),
     shell:
-        "sftree explore --root {params.root_dir} --out {params.tree_dir} {params.config} --width {resources.teacher_slots} > {log} 2>&1"
+        # fd 3 is the job's console (copied before stderr goes to the log): one progress line per edge.
+        "sftree explore --root {params.root_dir} --out {params.tree_dir} {params.config}"
+        " --width {resources.teacher_slots} --progress-fd 3 3>&2 > {log} 2>&1"

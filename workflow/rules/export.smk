@@ -16,7 +16,8 @@ rule export_sft:
 
 rule merge_sft:
     input:
-        expand(f"{RESULTS}/{{task}}/sft.jsonl", task=TASKS),
+        sft=expand(f"{RESULTS}/{{task}}/sft.jsonl", task=TASKS),
+        paths=all_paths_files,
     output:
         sft=f"{RESULTS}/sft.jsonl",
         info=f"{RESULTS}/dataset_info.json",
@@ -26,6 +27,10 @@ rule merge_sft:
         f"{RESULTS}/logs/merge_sft.log",
     conda:
         "../../envs/sftree.yaml"
+    params:
+        dedupe="--dedupe" if config["export"]["dedupe"] else "",
+        results=lambda wc, output: os.path.dirname(output.sft),
     shell:
-        "sftree export-sft --merge {input} --out {output.sft} --dataset-info {output.info}"
-        " --card {output.card} --llamafactory-out {output.llamafactory} > {log} 2>&1"
+        "sftree export-sft --merge {input.sft} --out {output.sft} --dataset-info {output.info}"
+        " --card {output.card} --llamafactory-out {output.llamafactory}"
+        " --results {params.results} {params.dedupe} > {log} 2>&1"

@@ -21,6 +21,9 @@ checkpoint select_roots:
         num_roots=config["select_roots"]["num_roots"],
         smooth_window=config["select_roots"]["smooth_window"],
         link=config["select_roots"]["link"],
+    # One console line per job instead of Snakemake's listing of every input metadata.json.
+    message:
+        "select_roots {wildcards.task}: snapshots {params.snapshots} -> {output.roots}, {output.table}"
     shell:
         "sftree select-roots --snapshots {params.snapshots} --out {output.roots}"
         " --table {output.table} --plot {output.plot} --task {wildcards.task}"

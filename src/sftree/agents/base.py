@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from sftree.steplog import StepWriter
 
 
 @dataclass
@@ -36,11 +37,12 @@ class TurnRun:
     task_cfg: dict
     env: dict[str, str] = field(default_factory=dict)  # CORAL_SOCKET, CORAL_BIN (host paths)
     extra_ro_hidden: list[Path] = field(default_factory=list)  # more paths the sandbox must hide
+    context_used: int = 0  # the session's context length so far (last step's usage; 0 = not known)
 
 
 @dataclass
 class TurnOutcome:
-    ended: str  # eval | step_limit | timeout | no_eval | teacher_error
+    ended: str  # eval | step_limit | timeout | no_eval | teacher_error | context_overflow
     steps: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
@@ -64,26 +66,23 @@ class AgentBackend(ABC):
 
 
 class StepRecorder:
-    """Appends step records to `edges/<edge>/steps.jsonl` (one line per model call); thread-safe."""
+    """Appends step records to `edges/<edge>/steps.jsonl` (one line per model call, each message stored once in
+    `messages.jsonl`: `sftree.steplog`); thread-safe."""
 
     def __init__(self, path: Path, edge_id: str):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.edge_id = edge_id
-        self._fh = open(self.path, "w", encoding="utf-8")  # a redone edge starts its transcript afresh
+        self._writer = StepWriter(self.path)
         self._lock = threading.Lock()
         self.latency_s = 0.0
         self.records = 0
 
     def write(self, record: dict) -> None:
-        line = json.dumps({"edge": self.edge_id, **record}, ensure_ascii=False)
         with self._lock:
-            self._fh.write(line + "\n")
-            self._fh.flush()
+            self._writer.write({"edge": self.edge_id, **record})
             self.latency_s += float(record.get("latency_s") or 0.0)
             self.records += 1
 
     def close(self) -> None:
         with self._lock:
-            if not self._fh.closed:
-                self._fh.close()
+            self._writer.close()

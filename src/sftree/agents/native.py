@@ -4,7 +4,12 @@ One rollout turn: append the turn's user prompt, then model steps until the firs
 right after it; later tool calls of the same step get a "not run" result so every call has its answer), the
 step limit (`step_limit`), the turn timeout (`timeout`), or a model that keeps stopping without an eval after
 `agent.nudges` reminders (`no_eval`). A Teacher that stays down past the retry budget ends the turn with
-`teacher_error`. The session is the message list itself; nothing else is carried between turns.
+`teacher_error`. A session that outgrows the model's context ends the turn with `context_overflow`: either the
+server's 400 says so, or the last step's usage plus `teacher.max_tokens` would reach `teacher.context_tokens`
+(checked before each request, so the 400 is rarely needed). A reply that is not a readable completion is one
+failed step (recorded with `response: null` and the reason; the request is sent again as the next step). A tool
+call cut off by `finish_reason: length` is not run: it gets an error result (a tool error) so every call has its
+answer. The session is the message list itself; nothing else is carried between turns.
 """
 
 from __future__ import annotations
@@ -18,11 +23,25 @@ from sftree.agents.base import AgentBackend, ToolOutcome, TurnOutcome, TurnRun
 from sftree.agents.prompts import nudge_prompt, render
 from sftree.agents.sandbox import private_home_paths, resolve_mode
 from sftree.agents.tools import TOOL_SCHEMAS, ToolContext, execute
-from sftree.teacher import TeacherError
+from sftree.teacher import BadReply, ContextOverflow, TeacherError
 
 log = logging.getLogger(__name__)
 
 NOT_RUN = "Not run: the turn ended at `coral eval`."
+TRUNCATED = (
+    "Not run: your reply was cut off at the output token limit (finish_reason: length) inside this tool call, "
+    "so its arguments are incomplete. Make the call again with shorter arguments."
+)
+
+
+def context_check(used: int, max_tokens: int, context_tokens: int | None) -> str | None:
+    """Why the next request would not fit the model's context, or None (pure: used = last prompt+completion)."""
+    if not context_tokens or used + max_tokens < context_tokens:
+        return None
+    return (
+        f"context_overflow: the session holds {used} tokens; with max_tokens {max_tokens} the next request "
+        f"would reach teacher.context_tokens {context_tokens}"
+    )
 
 
 def assistant_message(msg: dict) -> dict:
@@ -46,6 +65,25 @@ def assistant_message(msg: dict) -> dict:
     if calls:
         out["tool_calls"] = calls
     return out
+
+
+def failed_step(turn: int, step: int, kind: str, request: dict, error: str, raw: str | None = None) -> dict:
+    """The step record of a model call that produced no message (docs/architecture.md)."""
+    rec = {
+        "turn": turn,
+        "step": step,
+        "kind": kind,
+        "request": request,
+        "response": None,
+        "tool_results": [],
+        "usage": None,
+        "latency_s": 0.0,
+        "finish_reason": None,
+        "error": error,
+    }
+    if raw is not None:
+        rec["raw_response"] = raw
+    return rec
 
 
 class NativeAgent(AgentBackend):
@@ -90,6 +128,7 @@ class NativeAgent(AgentBackend):
         messages.append({"role": "user", "content": run.prompt})
         kind = "agent"
         evals_before = len(run.coral.evals)
+        used = int(run.context_used or 0)  # the session's context so far (usage of its last step)
         while True:
             if out.steps >= max_steps:
                 out.ended = "step_limit"
@@ -98,35 +137,41 @@ class NativeAgent(AgentBackend):
                 out.ended = "timeout"
                 break
             request = {"model": self.teacher.model, "messages": list(messages), "tools": self.tools}
+            full = context_check(
+                used, getattr(self.teacher, "max_tokens", 0), getattr(self.teacher, "context_tokens", None)
+            )
+            if full:
+                out.ended, out.error = "context_overflow", full
+                break
             try:
                 comp = self.teacher.chat(messages, self.tools, headers=run.headers)
-            except TeacherError as exc:
-                out.ended, out.error = "teacher_error", str(exc)
-                run.recorder.write(
-                    {
-                        "turn": run.turn,
-                        "step": out.steps + 1,
-                        "kind": kind,
-                        "request": request,
-                        "response": None,
-                        "tool_results": [],
-                        "usage": None,
-                        "latency_s": 0.0,
-                        "finish_reason": None,
-                        "error": str(exc),
-                    }
-                )
+            except (TeacherError, ContextOverflow) as exc:
+                overflow = isinstance(exc, ContextOverflow)
+                out.ended = "context_overflow" if overflow else "teacher_error"
+                out.error = f"context_overflow: {exc}" if overflow else str(exc)
+                run.recorder.write(failed_step(run.turn, out.steps + 1, kind, request, out.error))
                 break
+            except BadReply as exc:
+                # one failed step: nothing joins the session, the next step resends the same request
+                out.steps += 1
+                run.recorder.write(
+                    failed_step(run.turn, out.steps, kind, request, f"malformed reply: {exc}", exc.raw)
+                )
+                continue
             out.steps += 1
             msg = assistant_message(comp.message)
             messages.append(msg)
-            out.tokens = comp.usage.prompt_tokens + comp.usage.completion_tokens
+            out.tokens = used = comp.usage.prompt_tokens + comp.usage.completion_tokens
             results = []
             turn_done = False
             for call in msg.get("tool_calls", []):
                 name, call_id = call["function"]["name"], call["id"]
                 if turn_done:
                     res = ToolOutcome(NOT_RUN)
+                elif comp.truncated_calls:
+                    res = ToolOutcome(TRUNCATED, error=True)
+                    out.tool_calls += 1
+                    out.tool_errors += 1
                 else:
                     res = execute(name, call["function"]["arguments"], ctx)
                     out.tool_calls += 1
@@ -145,19 +190,20 @@ class NativeAgent(AgentBackend):
                         "knowledge": res.knowledge,
                     }
                 )
-            run.recorder.write(
-                {
-                    "turn": run.turn,
-                    "step": out.steps,
-                    "kind": kind,
-                    "request": request,
-                    "response": msg,
-                    "tool_results": results,
-                    "usage": comp.usage.to_dict(),
-                    "latency_s": round(comp.latency_s, 4),
-                    "finish_reason": comp.finish_reason,
-                }
-            )
+            record = {
+                "turn": run.turn,
+                "step": out.steps,
+                "kind": kind,
+                "request": request,
+                "response": msg,
+                "tool_results": results,
+                "usage": comp.usage.to_dict(),
+                "latency_s": round(comp.latency_s, 4),
+                "finish_reason": comp.finish_reason,
+            }
+            if comp.notes:
+                record["notes"] = list(comp.notes)
+            run.recorder.write(record)
             kind = "agent"
             if turn_done:
                 out.ended = "eval"

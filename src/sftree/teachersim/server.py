@@ -44,6 +44,14 @@ turn under it usually has no code change and no score), no_eval (text only: the 
 broken_code (the constant edit writes a syntax error, so the grader crashes), break_workspace (a bash step
 that breaks the worktree's `.git` link: the edge's fork/runtime breaks, the search records `edge_error`).
 
+Real-server shapes (docs/failures.md): context_overflow (HTTP 400 with SGLang's "longer than the model's
+context length" message; also sent for every request whose prompt exceeds `--context-tokens`), lone_surrogate
+(content holds a lone UTF-16 surrogate), bad_usage (`usage.prompt_tokens` is a string), tool_calls_string
+(`tool_calls` is a JSON string), length_mid_call (`finish_reason: length`, the last call's arguments cut in
+half), hermes_text / json_text (no tool-call parser: the calls are written in `content` as Hermes
+`<tool_call>{...}</tool_call>` blocks / as bare JSON), reasoning (a `reasoning_content` field, as SGLang's
+`--reasoning-parser` gives), function_call (the legacy `function_call` field with the first call only).
+
 extra_tool_errors / extra_tool_calls put one extra tool call *before* the planned step of each faulted request:
 a read of a missing file (a real tool error) / a successful `glob` (no knowledge action). The plan goes on after
 it and these errors never make the policy give up, so the turn still edits a constant, evals and gets a numeric
@@ -87,6 +95,28 @@ FAULT_KINDS = {
     "no_eval",
     "broken_code",
     "break_workspace",
+    *(
+        "context_overflow",
+        "lone_surrogate",
+        "bad_usage",
+        "tool_calls_string",
+        "length_mid_call",
+        "hermes_text",
+        "json_text",
+        "reasoning",
+        "function_call",
+    ),
+}
+# Reply shapes of real servers (applied to the policy's reply; see `reshape`), not policy behaviour.
+SHAPE_FAULTS = {
+    "lone_surrogate",
+    "bad_usage",
+    "tool_calls_string",
+    "length_mid_call",
+    "hermes_text",
+    "json_text",
+    "reasoning",
+    "function_call",
 }
 HTTP_FAULTS = {"http_500": 500, "http_503": 503, "http_429": 429}
 MATCH_KEYS = {"tree", "edge", "depth", "turn", "attempt", "session"}
@@ -163,7 +193,13 @@ def parse_fault_rate(spec) -> dict[str, float]:
     for k, v in items:
         if k not in FAULT_KINDS:
             raise InputError(f"--fault-rate: unknown fault {k!r} (one of {sorted(FAULT_KINDS)})")
-        out[k] = float(v)
+        try:
+            p = float(v)
+        except (TypeError, ValueError):
+            p = float("nan")
+        if not 0 <= p <= 1:
+            raise InputError(f"--fault-rate: {k}={v!r} is not a probability between 0 and 1")
+        out[k] = p
     return out
 
 
@@ -171,9 +207,13 @@ def parse_tail(spec: str | None) -> float | None:
     if not spec:
         return None
     kind, _, alpha = str(spec).partition(":")
-    if kind != "pareto" or not alpha:
-        raise InputError(f"--latency-tail: expected pareto:ALPHA, got {spec!r}")
-    return float(alpha)
+    try:
+        value = float(alpha) if kind == "pareto" else 0.0
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise InputError(f"--latency-tail: expected pareto:ALPHA with ALPHA > 0, got {spec!r}")
+    return value
 
 
 @dataclass
@@ -185,6 +225,7 @@ class SimState:
     fault_rate: dict[str, float] = field(default_factory=dict)
     hang_s: float = 30.0
     model: str = "teacher-sim"
+    context_tokens: int | None = None
     omit_usage: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     prefixes: set = field(default_factory=set)
@@ -315,9 +356,17 @@ class Handler(BaseHTTPRequestHandler):
         if "hang" in faults:
             time.sleep(hang if hang is not None else st.hang_s)
         reply = policy.decide(
-            messages, seed=st.seed, edge=headers.get("edge", ""), faults=frozenset(faults), pad_tokens=pad
+            messages,
+            seed=st.seed,
+            edge=headers.get("edge", ""),
+            faults=frozenset(faults - SHAPE_FAULTS - {"context_overflow"}),
+            pad_tokens=pad,
         )
         usage = st.usage(messages, body.get("tools"), reply)
+        if "context_overflow" in faults or (st.context_tokens and usage["prompt_tokens"] > st.context_tokens):
+            limit = st.context_tokens or usage["prompt_tokens"] - 1
+            self._send(400, overflow_body(usage["prompt_tokens"], limit))
+            return
         delay = st.latency(usage, body_hash)
         if delay:
             time.sleep(delay)
@@ -328,7 +377,7 @@ class Handler(BaseHTTPRequestHandler):
         if body.get("stream"):
             self._stream(rid, reply, finish, usage)
             return
-        doc = {
+        payload = {
             "id": rid,
             "object": "chat.completion",
             "created": 0,
@@ -336,8 +385,8 @@ class Handler(BaseHTTPRequestHandler):
             "choices": [{"index": 0, "message": reply, "finish_reason": finish}],
         }
         if usage is not None:
-            doc["usage"] = usage
-        self._send(200, doc)
+            payload["usage"] = usage
+        self._send(200, reshape(payload, faults & SHAPE_FAULTS))
 
     def _stream(self, rid: str, reply: dict, finish: str, usage: dict | None) -> None:
         self.send_response(200)
@@ -388,6 +437,60 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
+def overflow_body(tokens: int, limit: int) -> dict:
+    """SGLang's answer to a prompt longer than the context (HTTP 400)."""
+    msg = f"The input ({tokens} tokens) is longer than the model's context length ({limit} tokens)."
+    return {"object": "error", "message": msg, "type": "BadRequestError", "param": None, "code": 400}
+
+
+def reshape(payload: dict, shapes: set[str]) -> dict:
+    """The reply as a real server would shape it under `shapes` (module docstring); pure."""
+    if not shapes:
+        return payload
+    choice = payload["choices"][0]
+    msg = dict(choice["message"])
+    calls = [dict(c, function=dict(c["function"])) for c in msg.get("tool_calls") or []]
+    if "reasoning" in shapes:
+        msg["reasoning_content"] = "I should look at the code, change one thing, then run `coral eval`."
+    if "lone_surrogate" in shapes:
+        msg["content"] = (msg.get("content") or "") + "\ud800"
+    if "bad_usage" in shapes:
+        payload = dict(payload, usage=dict(payload["usage"], prompt_tokens="many"))
+    if calls and "length_mid_call" in shapes:
+        args = calls[-1]["function"]["arguments"]
+        calls[-1]["function"]["arguments"] = args[: max(1, len(args) // 2)]
+        choice = dict(choice, finish_reason="length")
+    if calls and "hermes_text" in shapes:
+        blocks = [
+            "<tool_call>\n"
+            + json.dumps({"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])})
+            + "\n</tool_call>"
+            for c in calls
+        ]
+        msg["content"] = "\n".join([msg.get("content") or "", *blocks]).strip()
+        calls = []
+        choice = dict(choice, finish_reason="stop")
+    elif calls and "json_text" in shapes:
+        objs = [
+            {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
+            for c in calls
+        ]
+        msg["content"] = json.dumps(objs[0] if len(objs) == 1 else objs)
+        calls = []
+        choice = dict(choice, finish_reason="stop")
+    elif calls and "function_call" in shapes:
+        msg["function_call"] = calls[0]["function"]
+        calls = []
+        choice = dict(choice, finish_reason="function_call")
+    if calls and "tool_calls_string" in shapes:
+        msg["tool_calls"] = json.dumps(calls)
+    elif calls:
+        msg["tool_calls"] = calls
+    else:
+        msg.pop("tool_calls", None)
+    return dict(payload, choices=[dict(choice, message=msg)])
+
+
 def make_state(
     *,
     seed: int = 0,
@@ -397,6 +500,7 @@ def make_state(
     fault_rate=None,
     hang_s: float = 30.0,
     model: str = "teacher-sim",
+    context_tokens: int | None = None,
     omit_usage: bool = False,
 ) -> SimState:
     if isinstance(script, list):
@@ -413,14 +517,20 @@ def make_state(
         fault_rate=parse_fault_rate(fault_rate),
         hang_s=float(hang_s),
         model=model,
+        context_tokens=context_tokens,
         omit_usage=bool(omit_usage),
     )
 
 
 def make_server(host: str = "127.0.0.1", port: int = 0, **opts) -> ThreadingHTTPServer:
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise InputError(f"--port: {port!r} is not a TCP port (0-65535)")
     state = make_state(**opts)
     handler = type("SimHandler", (Handler,), {"state": state})
-    server = QuietThreadingHTTPServer((host, port), handler)
+    try:
+        server = QuietThreadingHTTPServer((host, port), handler)
+    except OSError as exc:  # in use, no such address, not permitted
+        raise InputError(f"teacher-sim cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     server.daemon_threads = True
     server.state = state
     return server
@@ -455,6 +565,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hang-s", type=float, default=30.0, help="how long a `hang` fault sleeps")
     parser.add_argument("--model", default="teacher-sim", help="model name served at /v1/models")
     parser.add_argument(
+        "--context-tokens",
+        type=int,
+        default=None,
+        help="answer HTTP 400 (context overflow) above this prompt",
+    )
+    parser.add_argument(
         "--omit-usage",
         action="store_true",
         help="leave token usage out of replies (a server that reports none)",
@@ -472,6 +588,7 @@ def run(args) -> int:
         fault_rate=args.fault_rate,
         hang_s=args.hang_s,
         model=args.model,
+        context_tokens=args.context_tokens,
         omit_usage=args.omit_usage,
     )
     host, port = server.server_address[:2]

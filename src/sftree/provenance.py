@@ -1,0 +1,122 @@
+"""What says whether to trust the data: per root and selected path the score gain, snapshots skipped, sandbox mode.
+
+Shared by the dataset card (`export.py`) and the report (`report.py`). Pure functions over already-read
+documents, plus `read_task` at the edge that reads one task's results folder.
+
+- gain = leaf score - root score, oriented so that positive is better (`export.signed_gain`); a selected path
+  whose gain is negative ends below its root and is flagged.
+- pending snapshots (no `eval_ok`: the grader never wrote back) are skipped by select_roots, which writes their
+  number into each chosen root's `metadata.json` (`snapshots_pending`); failed evals (`eval_ok` false) are rows
+  of stages.tsv that cannot be roots.
+- the sandbox mode is tree.json's `sandbox` field (`unknown` when the tree does not record it).
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sftree.fileio import read_json
+
+
+@dataclass
+class PathTrust:
+    rank: int
+    leaf: str
+    leaf_score: float | None
+    gain: float | None
+
+    @property
+    def below_root(self) -> bool:
+        return self.gain is not None and self.gain < 0
+
+
+@dataclass
+class RootTrust:
+    task: str
+    root: str
+    direction: str | None
+    root_score: float | None
+    sandbox: str
+    paths: list[PathTrust] = field(default_factory=list)  # selected paths, best rank first
+
+    @property
+    def best_gain(self) -> float | None:
+        gains = [p.gain for p in self.paths if p.gain is not None]
+        return max(gains) if gains else None
+
+    @property
+    def below_root(self) -> int:
+        return sum(p.below_root for p in self.paths)
+
+
+@dataclass
+class TaskTrust:
+    task: str
+    snapshots: int = 0  # rows of stages.tsv (candidates)
+    failed_evals: int = 0  # candidates with eval_ok false: never roots
+    pending: int | None = None  # skipped before stages.tsv; None when select_roots did not record it
+    roots: list[RootTrust] = field(default_factory=list)
+
+    @property
+    def sandboxes(self) -> list[str]:
+        return sorted({r.sandbox for r in self.roots})
+
+
+def root_trust(task: str, root: str, tree: dict, paths_doc: dict | None) -> RootTrust:
+    from sftree.export import signed_gain  # export imports this module for the card
+
+    doc = paths_doc or {}
+    direction = doc.get("direction") or tree.get("direction")
+    nodes = {n.get("id"): n for n in tree.get("nodes", [])}
+    root_node = next((n for n in tree.get("nodes", []) if n.get("parent") is None), {})
+    root_score = doc.get("root_score", root_node.get("score"))
+    sandbox = tree.get("sandbox")
+    if isinstance(sandbox, dict):  # a mode plus details: the mode is what the reader needs
+        sandbox = sandbox.get("mode")
+    out = RootTrust(task, root, direction, root_score, str(sandbox) if sandbox else "unknown")
+    for p in sorted((p for p in doc.get("paths", []) if p.get("selected")), key=lambda p: p["rank"]):
+        leaf_score = (nodes.get(p["leaf"]) or {}).get("score")
+        out.paths.append(
+            PathTrust(p["rank"], p["leaf"], leaf_score, signed_gain(root_score, leaf_score, direction))
+        )
+    return out
+
+
+def _truthy(x: object) -> bool:
+    return str(x).strip().lower() in ("true", "1", "yes")
+
+
+def skipped_counts(task_dir: Path, stage_rows: list[dict]) -> tuple[int, int, int | None]:
+    """(snapshots, failed evals, pending) of one task from its stages.tsv rows and a chosen root's metadata."""
+    failed = sum(1 for r in stage_rows if not _truthy(r.get("eval_ok")))
+    pending = None
+    for meta_file in sorted(task_dir.glob("roots/*/metadata.json")):
+        pending = read_json(meta_file, "root metadata").get("snapshots_pending")
+        break
+    return len(stage_rows), failed, pending
+
+
+def read_task(task_dir: Path) -> TaskTrust:
+    """One task's trust summary from `results/<task>/` (stages.tsv, the chosen roots' tree.json and paths.json)."""
+    rows: list[dict] = []
+    tsv = task_dir / "stages.tsv"
+    if tsv.is_file():
+        with open(tsv, encoding="utf-8", newline="") as fh:
+            rows = list(csv.DictReader(fh, delimiter="\t"))
+    out = TaskTrust(task_dir.name)
+    out.snapshots, out.failed_evals, out.pending = skipped_counts(task_dir, rows)
+    chosen = {r.get("snapshot") for r in rows if _truthy(r.get("selected"))}
+    for tf in sorted(task_dir.glob("trees/*/tree.json")):
+        if rows and tf.parent.name not in chosen:
+            continue  # a tree left over from an earlier config
+        pf = tf.parent / "paths.json"
+        paths_doc = read_json(pf, "paths file") if pf.is_file() else None
+        out.roots.append(root_trust(task_dir.name, tf.parent.name, read_json(tf, "tree file"), paths_doc))
+    return out
+
+
+def read_results(results: Path, tasks: list[str] | None = None) -> list[TaskTrust]:
+    names = tasks if tasks is not None else sorted(p.parent.name for p in results.glob("*/stages.tsv"))
+    return [read_task(results / t) for t in names]

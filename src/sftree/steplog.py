@@ -1,0 +1,183 @@
+"""Step records on disk with each message stored once (docs/architecture.md, "Step records").
+
+A step record holds the exact request of one model call, and a session's request repeats every earlier message:
+written as is, an edge's transcript grows with (steps x context). On disk the records therefore keep their shape
+but not their bulk:
+
+- `edges/<edge>/messages.jsonl`: every distinct JSON value (a message, a response, the tools list) once,
+  `{"id": <sha256 prefix of its JSON text>, "value": ...}`;
+- `edges/<edge>/steps.jsonl`: one line per model call, marked `"enc": 1`, whose `request.messages` is
+  `{"base": <index of an earlier line or null>, "keep": n, "add": [ids]}` (the first n messages of that line's
+  request, then these), `request.tools` and `response` are `{"$ref": id}`.
+
+`read_steps` rebuilds the records exactly (same values, same key order), so export is unchanged; a line
+without `enc` (older transcripts, hand-written fixtures) is returned as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from sftree.errors import InputError
+from sftree.fileio import iter_jsonl
+
+ENCODING = 1
+STORE_NAME = "messages.jsonl"
+# Earlier lines tried as the base of a request (an interleaved title or compaction call shares little).
+_LOOKBACK = 8
+
+
+def value_id(value: Any) -> str:
+    """Content address of a JSON value: equal text (key order included), equal id."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+
+
+def _common_prefix(a: list[str], b: list[str]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class StepWriter:
+    """Appends encoded step records; thread-safe. Messages are written (and flushed) before the line using them."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # A redone edge starts its transcript afresh.
+        self._steps = open(self.path, "w", encoding="utf-8")
+        self._store = open(self.path.parent / STORE_NAME, "w", encoding="utf-8")
+        self._seen: set[str] = set()
+        self._lines: list[list[str] | None] = []  # message ids of each written line's request
+        self._lock = threading.Lock()
+
+    def _ref(self, value: Any) -> str:
+        vid = value_id(value)
+        if vid not in self._seen:
+            self._seen.add(vid)
+            self._store.write(json.dumps({"id": vid, "value": value}, ensure_ascii=False) + "\n")
+        return vid
+
+    def _encode(self, record: dict) -> tuple[dict, list[str] | None]:
+        out = dict(record)
+        ids = None
+        req = record.get("request")
+        if isinstance(req, dict):
+            req = dict(req)
+            if isinstance(req.get("messages"), list):
+                ids = [self._ref(m) for m in req["messages"]]
+                base, keep = None, 0
+                for i in range(len(self._lines) - 1, max(-1, len(self._lines) - 1 - _LOOKBACK), -1):
+                    prev = self._lines[i]
+                    n = _common_prefix(prev, ids) if prev is not None else 0
+                    if n > keep:
+                        base, keep = i, n
+                req["messages"] = {"base": base, "keep": keep, "add": ids[keep:]}
+            if "tools" in req:
+                req["tools"] = {"$ref": self._ref(req["tools"])}
+            out["request"] = req
+        if record.get("response") is not None:
+            out["response"] = {"$ref": self._ref(record["response"])}
+        out["enc"] = ENCODING
+        return out, ids
+
+    def write(self, record: dict) -> None:
+        with self._lock:
+            enc, ids = self._encode(record)
+            self._store.flush()
+            self._steps.write(json.dumps(enc, ensure_ascii=False) + "\n")
+            self._steps.flush()
+            self._lines.append(ids)
+
+    def close(self) -> None:
+        with self._lock:
+            for fh in (self._store, self._steps):
+                if not fh.closed:
+                    fh.close()
+
+
+def _load_store(path: Path) -> dict[str, Any]:
+    store: dict[str, Any] = {}
+    if not path.exists():
+        return store
+    for n, rec in enumerate(iter_jsonl(path, "message store"), 1):
+        if not isinstance(rec, dict) or not isinstance(rec.get("id"), str) or "value" not in rec:
+            raise InputError(f"message store {path} line {n}: expected {{id, value}}")
+        store[rec["id"]] = rec["value"]
+    return store
+
+
+def read_steps(path: str | Path) -> list[dict]:
+    """The step records of one edge with their requests rebuilt; InputError names the file, record and field."""
+    path = Path(path)
+    store: dict[str, Any] | None = None
+    lines: list[list[Any] | None] = []
+    out = []
+    for n, rec in enumerate(iter_jsonl(path, "step records"), 1):
+        if not isinstance(rec, dict):
+            raise InputError(f"step records {path} record {n}: not a JSON object")
+        if rec.get("enc") is None:
+            req = rec.get("request")
+            lines.append(
+                list(req["messages"])
+                if isinstance(req, dict) and isinstance(req.get("messages"), list)
+                else None
+            )
+            out.append(rec)
+            continue
+        if rec.get("enc") != ENCODING:
+            raise InputError(f"step records {path} record {n}: unknown encoding {rec.get('enc')!r}")
+        if store is None:
+            store = _load_store(path.parent / STORE_NAME)
+        rec, msgs = _decode(rec, store, lines, f"step records {path} record {n}")
+        lines.append(msgs)
+        out.append(rec)
+    return out
+
+
+def _deref(ref: Any, store: dict[str, Any], where: str) -> Any:
+    if not isinstance(ref, dict) or not isinstance(ref.get("$ref"), str):
+        raise InputError(f'{where}: expected {{"$ref": id}}')
+    try:
+        return store[ref["$ref"]]
+    except KeyError:
+        raise InputError(f"{where}: {ref['$ref']} is not in {STORE_NAME}") from None
+
+
+def _decode(rec: dict, store: dict[str, Any], lines: list, where: str) -> tuple[dict, list | None]:
+    rec = dict(rec)
+    del rec["enc"]
+    msgs = None
+    req = rec.get("request")
+    if isinstance(req, dict):
+        req = dict(req)
+        m = req.get("messages")
+        if isinstance(m, dict):
+            base, keep, add = m.get("base"), m.get("keep"), m.get("add")
+            if not isinstance(keep, int) or keep < 0 or not isinstance(add, list):
+                raise InputError(f"{where}: request.messages needs integer `keep` and list `add`")
+            prefix: list = []
+            if keep:
+                if not isinstance(base, int) or not 0 <= base < len(lines) or lines[base] is None:
+                    raise InputError(f"{where}: request.messages.base {base!r} is not an earlier record")
+                prefix = lines[base][:keep]
+                if len(prefix) != keep:
+                    raise InputError(
+                        f"{where}: request.messages.keep {keep} exceeds record {base}'s messages"
+                    )
+            msgs = prefix + [_deref({"$ref": i}, store, f"{where} request.messages") for i in add]
+            req["messages"] = msgs
+        if "tools" in req:
+            req["tools"] = _deref(req["tools"], store, f"{where} request.tools")
+        rec["request"] = req
+    if rec.get("response") is not None:
+        rec["response"] = _deref(rec["response"], store, f"{where} response")
+    return rec, msgs

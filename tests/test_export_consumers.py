@@ -1,0 +1,207 @@
+"""The exported files as the trainers read them: TRL's own chat-template code with the newest `datasets`, and
+LLaMA-Factory's own dataset_info parser, `openai` converter, template and supervised processor (mask_history)
+with `datasets` 4.0. Each runs in its own virtual environment (scripts/install_consumers.sh) through a probe
+script under tests/consumers/; this test compares what they read back with what sftree wrote."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers_export import make_results
+
+from sftree.export import THINK_WORDS, record_messages
+from sftree.fileio import write_json_atomic
+from sftree.paths import select_paths
+
+REPO = Path(__file__).parents[1]
+PROBES = Path(__file__).parent / "consumers"
+VENVS = {"trl": REPO / ".venv-consumers-trl", "lf": REPO / ".venv-consumers-lf"}
+
+
+def venv_python(name: str) -> str:
+    py = VENVS[name] / "bin" / "python"
+    if not py.is_file():
+        pytest.skip(f"{VENVS[name].name} absent: run `bash scripts/install_consumers.sh` (.ci/run does)")
+    return str(py)
+
+
+def sftree(*args: str) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "sftree", "export-sft", *args], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+
+
+def export(base: Path, granularity: str) -> Path:
+    """Two tasks (maximize, minimize) exported and merged by the real command line."""
+    files = []
+    for task, direction in (("circle_packing", "maximize"), ("tsp", "minimize")):
+        tree_dir = make_results(base, task, direction, "middle")
+        doc = select_paths(json.loads((tree_dir / "tree.json").read_text()), top_k=6)
+        write_json_atomic(tree_dir / "paths.json", doc)
+        out = base / task / "sft.jsonl"
+        sftree("--paths", str(tree_dir / "paths.json"), "--out", str(out), "--granularity", granularity)
+        files.append(str(out))
+    sftree(
+        "--merge",
+        *files,
+        "--out",
+        str(base / "sft.jsonl"),
+        "--dataset-info",
+        str(base / "dataset_info.json"),
+        "--llamafactory-out",
+        str(base / "sft_llamafactory.jsonl"),
+        "--card",
+        str(base / "dataset_card.md"),
+        "--results",
+        str(base),
+    )
+    return base
+
+
+def probe(venv: str, script: str, *args: str | Path) -> dict:
+    out = Path(args[-1]).parent / f"{script}.json"
+    res = subprocess.run(
+        [venv_python(venv), str(PROBES / script), *map(str, args[:-1]), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def rendered_turn(msg: dict, call_sep: str, call_prefix: str) -> str:
+    """Hand-written expectation of one assistant turn as the Qwen-style templates print it."""
+    think = (
+        f"{THINK_WORDS[0]}{msg['reasoning_content']}{THINK_WORDS[1]}" if msg.get("reasoning_content") else ""
+    )
+    calls = [
+        "<tool_call>\n"
+        + json.dumps(
+            {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}, ensure_ascii=False
+        )
+        + "\n</tool_call>"
+        for c in msg.get("tool_calls", [])
+    ]
+    return think + msg["content"] + (call_prefix if calls else "") + call_sep.join(calls) + "<|im_end|>\n"
+
+
+@pytest.fixture(scope="module")
+def step_results(tmp_path_factory):
+    return export(tmp_path_factory.mktemp("step") / "results", "step")
+
+
+def test_trl_reads_step_records_and_trains_only_the_last_message(step_results):
+    ours = lines(step_results / "sft.jsonl")
+    got = probe("trl", "trl_probe.py", step_results / "sft.jsonl", step_results / "out")
+    assert got["versions"] == {"datasets": "5.2.0", "trl": "1.16.0"}
+    assert len(got["rows"]) == len(ours) == 24
+    for rec, row in zip(ours, got["rows"], strict=True):
+        # every message, argument and tool schema comes back exactly (no keys added by Arrow, none lost)
+        assert row["loaded"] == {k: rec[k] for k in ("prompt", "completion", "tools")}
+        assert row["conversational"] and row["prompt_is_prefix"]
+        (target,) = rec["completion"]
+        expected = rendered_turn(target, call_sep="", call_prefix="")  # the test template's whitespace
+        # TRL's text split and its token-level completion mask both cover exactly the final assistant message
+        assert row["completion"] == expected
+        assert row["trained_text"] == expected
+        assert "<tool_response>" not in row["trained_text"] and "<|im_start|>" not in row["trained_text"]
+    # the text beside a call is trained with it
+    assert any(r["completion"][0]["content"] == "step 2" for r in ours)
+
+
+def test_trl_reads_path_records(tmp_path):
+    base = export(tmp_path / "results", "path")
+    ours = lines(base / "sft.jsonl")
+    got = probe("trl", "trl_probe.py", base / "sft.jsonl", base / "out")
+    assert len(got["rows"]) == len(ours) == 4
+    for rec, row in zip(ours, got["rows"], strict=True):
+        assert row["loaded"] == {"messages": rec["messages"], "tools": rec["tools"]}
+        # the whole session is rendered: every assistant turn is in the text
+        assert row["text"].count("<|im_start|>assistant") == sum(
+            m["role"] == "assistant" for m in rec["messages"]
+        )
+
+
+def _function_turn(content: str) -> tuple[str | None, str, list]:
+    """(reasoning, text, calls) back out of a LLaMA-Factory function turn written by sftree."""
+    reasoning = None
+    if content.startswith(THINK_WORDS[0]):
+        reasoning, content = content[len(THINK_WORDS[0]) :].split(THINK_WORDS[1], 1)
+    text, _, calls = content.partition("<tool_call>")
+    return reasoning, text, json.loads(calls.removesuffix("</tool_call>")) if calls else []
+
+
+def test_llamafactory_converts_without_loss_and_masks_history(step_results):
+    ours = lines(step_results / "sft.jsonl")
+    got = probe("lf", "lf_probe.py", step_results, step_results / "out")
+    assert got["versions"] == {"datasets": "4.0.0", "llamafactory": "0.9.5"}
+    assert len(got["rows"]) == len(ours) == 24
+    for rec, row in zip(ours, got["rows"], strict=True):
+        conv = row["converted"]
+        assert conv["_response"], "LLaMA-Factory skipped the record"
+        assert json.loads(conv["_tools"]) == rec["tools"]
+        system = rec["prompt"][0]["content"]
+        assert conv["_system"] == system + "\n"  # LLaMA-Factory's own addition when tools are present
+        turns = conv["_prompt"] + conv["_response"]
+        originals = [m for m in record_messages(rec) if m["role"] != "system"]
+        # walk both: tool results (and a user prompt right after them) form one observation
+        i = 0
+        for turn in turns:
+            if turn["role"] == "observation":
+                parts = []
+                while i < len(originals) and originals[i]["role"] == "tool":
+                    parts.append(originals[i]["content"])
+                    i += 1
+                text = "\n</tool_response>\n<tool_response>\n".join(parts)
+                if i < len(originals) and originals[i]["role"] == "user":
+                    text += "\n\n" + originals[i]["content"]
+                    i += 1
+                assert turn["content"] == text
+                continue
+            m = originals[i]
+            i += 1
+            if turn["role"] == "user":
+                assert m["role"] == "user" and turn["content"] == m["content"]
+                continue
+            assert m["role"] == "assistant" and turn["role"] == (
+                "function" if m.get("tool_calls") else "assistant"
+            )
+            reasoning, text, calls = _function_turn(turn["content"])
+            assert reasoning == m.get("reasoning_content") and text == m["content"]
+            assert calls == [
+                {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                for c in m.get("tool_calls", [])
+            ]
+        assert i == len(originals)  # nothing left over: the completion is the last turn
+        # mask_history: the labelled tokens are the final assistant message, nothing of the history
+        (target,) = rec["completion"]
+        assert row["trained_contiguous"]
+        assert row["trained_text"] == rendered_turn(target, call_sep="\n", call_prefix="")
+        assert row["trained_calls"] == [
+            {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+            for c in target["tool_calls"]
+        ]
+
+
+def test_llamafactory_file_loads_unchanged_in_newest_datasets(step_results):
+    src = step_results / "sft_llamafactory.jsonl"
+    code = (
+        "import json, sys, datasets;"
+        "ds = datasets.load_dataset('json', data_files=sys.argv[1], split='train');"
+        "print(json.dumps(ds.to_list()))"
+    )
+    res = subprocess.run(
+        [venv_python("trl"), "-c", code, str(src)], capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout.splitlines()[-1]) == lines(src)
