@@ -47,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also write one progress line per finished edge to this open file descriptor (the workflow"
         " passes the job's console as fd 3 while stdout and stderr go to the log file)",
     )
+    parser.add_argument(
+        "--width",
+        type=int,
+        help="at most this many expansions at once (the workflow passes the teacher_slots Snakemake granted); "
+        "lowers search.parallel_width, never raises it",
+    )
 
 
 def read_root(root_dir: Path, config: dict) -> dict:
@@ -178,6 +184,18 @@ def _grow(
         ctx.close()  # worktrees removed unless keep_workspaces; a teacher-sim it started is stopped
 
 
+def cap_width(params: treemod.SearchParams, width: int | None) -> treemod.SearchParams:
+    """`parallel_width` lowered to the granted slots, so a global `teacher_slots` limit holds across jobs."""
+    if width is None:
+        return params
+    if width < 1:
+        raise InputError(f"--width must be at least 1, not {width}")
+    if width < params.parallel_width:
+        log.info("parallel_width %d capped to %d granted teacher slots", params.parallel_width, width)
+        return replace(params, parallel_width=width)
+    return params
+
+
 def _resolve(arg: str, flag: str) -> Path:
     try:
         return Path(arg).resolve(strict=False)
@@ -230,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     logging.getLogger().addHandler(handler)
     try:
+        params = cap_width(params, getattr(args, "width", None))
         with tempdirs.removed_on_sigterm():
             stale = tempdirs.sweep(TEMP_PREFIXES)
             if stale:
