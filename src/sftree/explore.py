@@ -163,6 +163,9 @@ def _grow(
             )  # fmt: skip
             log.info("new tree for %s/%s (root score %s, %s)", info["task"], root_dir.name, info["score"],
                      info["direction"])  # fmt: skip
+        tree.sandbox = getattr(ctx.agent, "sandbox", None)  # the report and dataset card show it
+        if tree.sandbox == "none":
+            log.warning("agent.sandbox is none: the Teacher's commands and the graded code run unconfined")
         live.save(tree)
 
         def run_one(d: search.Dispatch):
