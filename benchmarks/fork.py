@@ -4,8 +4,9 @@
 
 Part 1 - fork + commit for code trees of N files (1 KiB each, 20 per folder): `git worktree` (what the
 runtime does: worktree add of the node's commit, private knowledge checkout, edit one file, `git add -A` +
-commit, remove) against a plain copy (copytree the node's folder, edit one file, copytree again as the new
-node's snapshot, remove).
+commit, remove the worktree) against a plain copy (copytree the node's folder once, edit one file: that copy
+is the new node's state and stays). Time per fork, and the disk each one adds (git: the store's growth; copy:
+the new folder), and per tree: the seed plus --tree-edges forks.
 
 Part 2 - framework time per edge: a real edge (fork, two turns of the native agent against teacher-sim over
 HTTP, bwrap when available, the circle_packing grader, diffs, session) at several teacher-sim latencies.
@@ -16,6 +17,7 @@ latencies typical of a real model (tens of ms per output token, a few seconds pe
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -39,12 +41,26 @@ def make_code(root: Path, n: int) -> None:
     (root / "shared" / "notes" / "n.md").write_text("note\n")
 
 
-def bench_worktree(tmp: Path, n: int, reps: int) -> tuple[float, float]:
+def disk_bytes(path: Path) -> int:
+    """Allocated bytes under `path` (du: st_blocks, each inode once)."""
+    seen, total = set(), 0
+    for d, _, files in os.walk(path):
+        for name in files:
+            st = os.lstat(os.path.join(d, name))
+            if st.st_ino not in seen:
+                seen.add(st.st_ino)
+                total += st.st_blocks * 512
+    return total
+
+
+def bench_worktree(tmp: Path, n: int, reps: int) -> tuple[float, float, float, float]:
+    """(median fork s, seed s, seeded store bytes, store bytes added per fork)."""
     root = tmp / f"root{n}"
     make_code(root, n)
     t0 = time.perf_counter()
     store, state = TreeStore.create(tmp / f"tree{n}", root, {})
     seed_s = time.perf_counter() - t0
+    seeded = disk_bytes(tmp / f"tree{n}")
     times = []
     for r in range(reps):
         t0 = time.perf_counter()
@@ -54,34 +70,44 @@ def bench_worktree(tmp: Path, n: int, reps: int) -> tuple[float, float]:
         ws.commit_knowledge("bench")
         ws.close()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), seed_s
+    grown = (disk_bytes(tmp / f"tree{n}") - seeded) / reps
+    return statistics.median(times), seed_s, seeded, grown
 
 
-def bench_copy(tmp: Path, n: int, reps: int) -> float:
+def bench_copy(tmp: Path, n: int, reps: int) -> tuple[float, float]:
+    """(median fork s, bytes per fork): the new node is one copy of its parent, edited."""
     src = tmp / f"root{n}"
     times = []
     for r in range(reps):
         t0 = time.perf_counter()
-        work = tmp / f"copy{n}-{r}"
-        shutil.copytree(src, work)
-        (work / "code" / "pkg0000" / "mod00000.py").write_text(f"x = {r + 2}\n")
-        snap = tmp / f"snap{n}-{r}"
-        shutil.copytree(work, snap)  # the new node's state
-        shutil.rmtree(work)
+        node = tmp / f"copy{n}-{r}"
+        shutil.copytree(src, node)
+        (node / "code" / "pkg0000" / "mod00000.py").write_text(f"x = {r + 2}\n")
         times.append(time.perf_counter() - t0)
-        shutil.rmtree(snap)
-    return statistics.median(times)
+    per_fork = disk_bytes(tmp / f"copy{n}-0")
+    for r in range(reps):
+        shutil.rmtree(tmp / f"copy{n}-{r}")
+    return statistics.median(times), per_fork
 
 
-def part1(sizes: list[int], reps: int) -> None:
-    print(f"\nfork + commit (median of {reps})")
-    print(f"{'files':>7} | {'git worktree':>12} | {'plain copy':>10} | {'seed store':>10}")
-    print("-" * 50)
+def part1(sizes: list[int], reps: int, tree_edges: int) -> None:
+    mib = 1 << 20
+    print(f"\nfork + commit (median of {reps}); disk per fork, and per tree of {tree_edges} forks")
+    print(
+        f"{'files':>7} | {'git worktree':>12} | {'plain copy':>10} | {'seed store':>10} | {'git/fork':>9} | "
+        f"{'copy/fork':>9} | {'git/tree':>9} | {'copy/tree':>9}"
+    )
+    print("-" * 98)
     for n in sizes:
         with tempfile.TemporaryDirectory(prefix="sftree-bench-") as tmp:
-            wt, seed = bench_worktree(Path(tmp), n, reps)
-            cp = bench_copy(Path(tmp), n, reps)
-        print(f"{n:>7} | {wt * 1000:>9.0f} ms | {cp * 1000:>7.0f} ms | {seed * 1000:>7.0f} ms", flush=True)
+            wt, seed, seeded, grown = bench_worktree(Path(tmp), n, reps)
+            cp, per_copy = bench_copy(Path(tmp), n, reps)
+        print(
+            f"{n:>7} | {wt * 1000:>9.0f} ms | {cp * 1000:>7.0f} ms | {seed * 1000:>7.0f} ms | "
+            f"{grown / 1024:>6.0f} KiB | {per_copy / mib:>5.1f} MiB | {(seeded + tree_edges * grown) / mib:>5.1f} MiB | "
+            f"{tree_edges * per_copy / mib:>5.0f} MiB",
+            flush=True,
+        )
 
 
 def part2(latencies: list[float], edges: int, sandbox: str) -> None:
@@ -131,6 +157,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="100,1000,10000")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--tree-edges", type=int, default=40, help="forks per tree for the per-tree disk column")
     p.add_argument("--latencies", default="0,5,20,50", help="teacher-sim ms per output token")
     p.add_argument("--edges", type=int, default=1)
     p.add_argument("--sandbox", default="auto")
@@ -138,7 +165,7 @@ def main() -> int:
     p.add_argument("--skip-edge", action="store_true")
     a = p.parse_args()
     if not a.skip_fork:
-        part1([int(x) for x in a.sizes.split(",")], a.reps)
+        part1([int(x) for x in a.sizes.split(",")], a.reps, a.tree_edges)
     if not a.skip_edge:
         part2([float(x) for x in a.latencies.split(",")], a.edges, a.sandbox)
     return 0

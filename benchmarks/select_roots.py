@@ -1,17 +1,34 @@
 #!/usr/bin/env python3
-"""Benchmark `sftree select-roots` against the I/O floor on large synthetic Student runs.
+"""Benchmark `sftree select-roots` against the I/O floor on large synthetic Student runs, warm and cold.
 
-    nice python3 benchmarks/select_roots.py [--sizes 10000,100000] [--keep DIR]
+    nice python3 benchmarks/select_roots.py [--full 1000,2000] [--sizes 2000,10000,100000] [--reps 2] [--keep DIR]
 
-For each size N it builds N snapshot folders in a temporary folder (metadata.json, one attempt record, a tiny
-code file; a rising noisy score curve with 5% eval_ok=false and 1% pending), then times, each in a fresh process
-with warm page cache:
+Layouts. A real Coral snapshot (and scripts/make_example_snapshots.py) holds every attempt file written so far:
+snapshot i has i files in shared/attempts/, N(N+1)/2 in all.
 
-- floor: read every metadata.json and attempt file once, paths known in advance (bytes, no parsing);
-- floor+json: list the folders, parse each metadata.json and the attempt file it names (what any reader must do);
-- select-roots: the real command line (`python3 -m sftree select-roots ... --plot`), 30 roots copied.
+- `full` (sizes from --full): exactly that. 5e9 directory entries at N = 100k do not fit any disk, so it is built
+  only where it fits (each attempt file written once, linked into every later snapshot: same bytes, same reads).
+- `roots` (sizes from --sizes): every snapshot holds its own attempt file, and each root that select-roots chooses
+  holds every attempt so far (found by a first run of the command, then filled in). These are all the files the
+  command reads or copies in the full layout; the folders it neither reads nor copies are smaller. Both layouts
+  at the same N (2000 by default) show how much that changes.
 
-and prints wall time, peak memory (max RSS of that process), the ratio to the floor and the cost per 1k snapshots.
+Each snapshot: metadata.json, its attempt records, a tiny code file; a rising noisy score curve with 5%
+eval_ok=false and 1% pending. Timed, each in a fresh process, interleaved, best of --reps:
+
+- floor: read every metadata.json and the snapshot's own attempt file once, paths known in advance, the way the
+  product reads (os.open + os.read + os.close, no parsing);
+- floor+json: list the folders, parse each metadata.json and the attempt file it names;
+- select-roots: the real command line (`python3 -m sftree select-roots ... --plot`), 30 roots, once per --links
+  mode: auto (the default: each root file hard-linked) and symlink (each root's top-level entries linked).
+
+Warm: the data was just read. Cold: before the run `echo 3 > /proc/sys/vm/drop_caches` (page cache, dentries
+and inodes; where it may be written, which the benchmark prints) and every file of the run evicted with
+posix_fadvise(DONTNEED) (needs no privilege; directory entries and inodes stay cached then). A virtual disk may
+still be cached by its host. Peak memory is the child's own: the child reports /proc/self/status VmHWM itself
+on exit (the high-water mark of its own memory map). Its ru_maxrss, from wait4 or from getrusage(RUSAGE_SELF)
+inside it, is no good: Linux carries the maximum across exec, so a child forked from a large parent reports the
+parent's size.
 """
 
 from __future__ import annotations
@@ -20,6 +37,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -27,38 +45,71 @@ import tempfile
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+
+# Runs the timed work inside the child, then reports the child's own peak memory on stderr.
+WRAPPER = r"""
+import os, resource, runpy, sys
+def peak():
+    hwm = 0
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                hwm = int(line.split()[1])
+    sys.stderr.write(f"\nPEAK ru_maxrss_kib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} vmhwm_kib={hwm}\n")
+kind = sys.argv[1]
+sys.argv = sys.argv[2:]
+try:
+    if kind == "module":
+        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+    else:
+        exec(compile(open(sys.argv[0]).read(), sys.argv[0], "exec"), {"__name__": "__main__"})
+except SystemExit as exc:
+    peak()
+    raise
+peak()
+"""
+
 FLOOR = r"""
 import json, os, sys
 root, mode = sys.argv[1], sys.argv[2]
 n = 0
-if mode == "bytes":  # the pure I/O floor: every file path known in advance, read once
+if mode == "bytes":  # the pure I/O floor: every file path known in advance, read once as the product reads
     with open(os.path.join(root, "..", "files.txt")) as fh:
-        for path in fh.read().splitlines():
-            with open(path, "rb") as f:
-                f.read()
-            n += 1
+        paths = fh.read().splitlines()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.read(fd, 65536)
+        finally:
+            os.close(fd)
+        n += 1
 else:  # what any reader must do: list the folders, parse metadata.json, open and parse the attempt it names
     for name in sorted(os.listdir(root)):
         if name.startswith("eval-"):
             d = os.path.join(root, name)
-            with open(os.path.join(d, "metadata.json"), "rb") as fh:
-                commit = json.loads(fh.read())["commit_hash"]
-            with open(os.path.join(d, "shared", "attempts", commit + ".json"), "rb") as fh:
-                json.loads(fh.read())
+            fd = os.open(os.path.join(d, "metadata.json"), os.O_RDONLY)
+            commit = json.loads(os.read(fd, 65536))["commit_hash"]
+            os.close(fd)
+            fd = os.open(os.path.join(d, "shared", "attempts", commit + ".json"), os.O_RDONLY)
+            json.loads(os.read(fd, 65536))
+            os.close(fd)
             n += 2
 print(n)
 """
 
 
-def build(root: Path, n: int, seed: int = 0) -> None:
+def build(root: Path, n: int, full: bool, seed: int = 0) -> list[Path]:
+    """N snapshot folders; returns each snapshot's own attempt file (index i-1 = snapshot i)."""
     rng = random.Random(seed)
     t0 = time.monotonic()
-    files = []
+    files, own, dirs = [], [], []
     for i in range(1, n + 1):
         commit = f"{rng.getrandbits(160):040x}"
         agent = f"agent-{rng.randint(1, 4)}"
         d = root / f"eval-{i:07d}-{agent}-{commit[:12]}"
-        (d / "shared" / "attempts").mkdir(parents=True)
+        attempts = d / "shared" / "attempts"
+        attempts.mkdir(parents=True)
         (d / "code").mkdir()
         (d / "code" / "solution.py").write_text(f"X = {i}\n")
         pending = rng.random() < 0.01
@@ -85,91 +136,170 @@ def build(root: Path, n: int, seed: int = 0) -> None:
             "timestamp": "2026-01-01T00:00:00Z",
             "feedback": "synthetic",
         }
-        (d / "shared" / "attempts" / f"{commit}.json").write_text(json.dumps(attempt))
-        files += [str(d / "metadata.json"), str(d / "shared" / "attempts" / f"{commit}.json")]
-        if i % 20000 == 0:
+        mine = attempts / f"{commit}.json"
+        mine.write_text(json.dumps(attempt))
+        if full:  # every earlier attempt as it stood: the same file, linked
+            for p in own:
+                os.link(p, attempts / p.name)
+        own.append(mine)
+        dirs.append(d)
+        files += [str(d / "metadata.json"), str(mine)]
+        if i % 20000 == 0 or (full and i % 500 == 0):
             print(
                 f"  built {i}/{n} folders ({i / (time.monotonic() - t0):.0f}/s)", file=sys.stderr, flush=True
             )
     (root.parent / "files.txt").write_text("\n".join(files) + "\n")
+    return own
 
 
-def measure(cmd: list[str]) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS MiB, stdout) of one command in its own process."""
+def fill_roots(snaps: Path, chosen: list[str], own: list[Path]) -> int:
+    """Give each chosen root every attempt so far (the full layout's roots); returns the files added."""
+    added = 0
+    for name in chosen:
+        i = int(name.split("-")[1])
+        attempts = snaps / name / "shared" / "attempts"
+        for p in own[: i - 1]:
+            os.link(p, attempts / p.name)
+        added += i - 1
+    return added
+
+
+def evict(paths: list[str]) -> None:
+    """Drop these files' pages from the page cache (posix_fadvise DONTNEED; needs no privilege), and every cache
+    (page cache, dentries, inodes) where /proc/sys/vm/drop_caches may be written."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as fh:
+            fh.write("3\n")
+    except OSError:
+        pass
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def drop_caches_status() -> str:
+    if os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        return "cold runs: drop_caches (page cache, dentries and inodes) and posix_fadvise per file"
+    return "cold runs: posix_fadvise per file only (/proc/sys/vm/drop_caches is not writable here)"
+
+
+def measure(cmd: list[str], cold: list[str] | None = None) -> tuple[float, float, str, str]:
+    """(wall seconds, the child's own peak MiB, stdout, stderr) of one command in a fresh process."""
+    if cold is not None:
+        evict(cold)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")}
+    )
     wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    out, err = proc.stdout.read(), proc.stderr.read()
     if proc.returncode != 0:
-        raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{err[-2000:]}")
-    return wall, usage.ru_maxrss / 1024, out
+        raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    m = re.search(r"PEAK ru_maxrss_kib=(\d+) vmhwm_kib=(\d+)", proc.stderr)
+    if not m:
+        raise SystemExit(f"no peak memory report from {' '.join(cmd)}")
+    # VmHWM: the high-water mark of the child's own memory map. ru_maxrss, even read by the child itself, keeps
+    # the size of the process it was forked from (Linux carries it across exec), so it shows the parent's size.
+    return wall, int(m.group(2)) / 1024, proc.stdout, proc.stderr
 
 
-def bench(n: int, keep: Path | None) -> dict:
-    base = Path(tempfile.mkdtemp(prefix=f"sftree-bench-{n}-", dir=keep))
+def bench(n: int, layout: str, reps: int, links: list[str], keep: Path | None) -> list[dict]:
+    base = Path(tempfile.mkdtemp(prefix=f"sftree-bench-{layout}-{n}-", dir=keep))
     try:
         snaps = base / "bench"
         snaps.mkdir()
         t0 = time.monotonic()
-        build(snaps, n)
+        own = build(snaps, n, full=layout == "full")
+        floor_py = base / "floor.py"
+        floor_py.write_text(FLOOR)
+        floor_cmd = [sys.executable, "-c", WRAPPER, "script", str(floor_py), str(snaps)]
+        out = base / "out"
+        select_cmd = [sys.executable, "-c", WRAPPER, "module", "sftree", "select-roots", "--snapshots",
+                      str(snaps), "--out", str(out / "roots"), "--table", str(out / "stages.tsv"),
+                      "--plot", str(out / "stages.svg"), "--direction", "maximize", "--link"]  # fmt: skip
+        measure(select_cmd + ["auto"])  # which roots it chooses (and a warm page cache)
+        chosen = sorted(os.listdir(out / "roots"))
+        shutil.rmtree(out)
+        if layout == "roots":
+            fill_roots(snaps, chosen, own)
         build_s = time.monotonic() - t0
-        floor_cmd = [sys.executable, "-c", FLOOR, str(snaps)]
-        measure(floor_cmd + ["json"])  # warm the page cache
-        select_cmd = [
-            sys.executable,
-            "-m",
-            "sftree",
-            "select-roots",
-            "--snapshots",
-            str(snaps),
-            "--out",
-            str(base / "out" / "roots"),
-            "--table",
-            str(base / "out" / "stages.tsv"),
-            "--plot",
-            str(base / "out" / "stages.svg"),
-            "--direction",
-            "maximize",
-        ]
-        floors, parsed, selects = [], [], []
-        for _ in range(2):  # interleaved, best of two: other work on the machine hits both alike
-            floors.append(measure(floor_cmd + ["bytes"])[:2])
-            parsed.append(measure(floor_cmd + ["json"])[:2])
-            selects.append(measure(select_cmd)[:2])
-            shutil.rmtree(base / "out")
-        floor, floor_json, select = min(floors), min(parsed), min(selects)
-        return {"n": n, "build_s": build_s, "floor": floor, "floor_json": floor_json, "select": select}
+        root_files = sum(len(files) for name in chosen for _, _, files in os.walk(snaps / name))
+        every = [os.path.join(d, f) for d, _, files in os.walk(snaps) for f in files]
+        every = list({os.stat(p).st_ino: p for p in every}.values())  # one path per file
+        runs: dict[str, list] = {"floor": [], "json": [], "floor_cold": []}
+        placed = {}
+        for _ in range(reps):  # interleaved: other work on the machine hits every command alike
+            runs["floor"].append(measure(floor_cmd + ["bytes"])[:2])
+            runs["json"].append(measure(floor_cmd + ["json"])[:2])
+            for mode in links:
+                wall, mib, _, err = measure(select_cmd + [mode])
+                runs.setdefault(mode, []).append((wall, mib))
+                out.rename(base / f"trash-{time.monotonic_ns()}")  # deleted at the end, untimed
+                found = re.search(r"root files: (.*)", err)
+                placed[mode] = found.group(1) if found else "symlinked entries"
+            runs["floor_cold"].append(measure(floor_cmd + ["bytes"], cold=every)[:2])
+            for mode in links:
+                runs.setdefault(mode + "_cold", []).append(measure(select_cmd + [mode], cold=every)[:2])
+                out.rename(base / f"trash-{time.monotonic_ns()}")  # deleted at the end, untimed
+        best = {k: min(v) for k, v in runs.items()}
+        rows = [
+            {"n": n, "layout": layout, "build_s": build_s, "root_files": root_files, "link": mode,
+             "placed": placed[mode], "floor": best["floor"], "json": best["json"], "floor_cold": best["floor_cold"],
+             "select": best[mode], "select_cold": best[mode + "_cold"]}
+            for mode in links
+        ]  # fmt: skip
+        # before the cleanup: removing millions of links can take many minutes on a loaded machine
+        print("\n".join(table(rows).splitlines()[2:]), file=sys.stderr, flush=True)
+        return rows
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def table(rows: list[dict]) -> str:
+    head = ("| N | layout | root files | --link | floor s | floor+json s | select-roots s | ratio | floor cold s | "
+            "select cold s | ratio cold | ms / 1k | peak MiB | floor MiB |")  # fmt: skip
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for r in rows:
+        (fs, fm), (js, _), (ss, sm) = r["floor"], r["json"], r["select"]
+        fc, sc = r["floor_cold"][0], r["select_cold"][0]
+        lines.append(
+            f"| {r['n']:,} | {r['layout']} | {r['root_files']:,} | {r['link']} | {fs:.2f} | {js:.2f} | {ss:.2f} | {ss / fs:.2f} | "
+            f"{fc:.2f} | {sc:.2f} | {sc / fc:.2f} | {1000 * ss / (r['n'] / 1000):.0f} | {sm:.0f} | {fm:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--full", default="1000,2000", help="sizes built in the full layout")
+    parser.add_argument("--sizes", default="2000,10000,100000", help="sizes built in the roots layout")
+    parser.add_argument("--reps", type=int, default=2, help="runs of each command (best is reported)")
+    parser.add_argument("--links", default="auto,symlink", help="select-roots --link modes to time")
     parser.add_argument(
         "--keep", type=Path, help="build the synthetic runs under this folder (default: $TMPDIR)"
     )
     args = parser.parse_args()
-    rows = [bench(int(s), args.keep) for s in args.sizes.split(",")]
+    print(drop_caches_status(), file=sys.stderr)
+    plan = [(int(s), "full") for s in args.full.split(",") if s] + [
+        (int(s), "roots") for s in args.sizes.split(",") if s
+    ]
+    rows = []
+    for n, layout in plan:
+        rows += bench(n, layout, args.reps, args.links.split(","), args.keep)
+        for r in rows[-len(args.links.split(",")) :]:
+            print(f"  {layout} {n} --link {r['link']}: built in {r['build_s']:.0f}s, roots: {r['placed']}",
+                  file=sys.stderr)  # fmt: skip
     print()
+    print(table(rows))
     print(
-        f"{'N':>8} | {'floor s':>8} | {'floor+json s':>12} | {'select-roots s':>14} | {'ratio':>5} | "
-        f"{'ratio json':>10} | {'ms / 1k':>8} | {'peak MiB':>8} | {'floor MiB':>9}"
-    )
-    print("-" * 104)
-    for r in rows:
-        (fs, fm), (js, _), (ss, sm) = r["floor"], r["floor_json"], r["select"]
-        print(
-            f"{r['n']:>8} | {fs:>8.2f} | {js:>12.2f} | {ss:>14.2f} | {ss / fs:>5.2f} | {ss / js:>10.2f} | "
-            f"{1000 * ss / (r['n'] / 1000):>8.1f} | {sm:>8.1f} | {fm:>9.1f}"
-        )
-    print(
-        "\nfloor: read every metadata.json and attempt file once (paths known, bytes only); floor+json: list the"
-        "\nfolders and parse metadata.json + the attempt it names;"
-        "\nselect-roots: the full command (read, stages, table, plot, copy 30 roots); best of 2 runs each;"
-        "\nratio: select-roots / floor (the goal is at most 2), ratio json: select-roots / floor+json."
+        "\nfloor: read every metadata.json and the snapshot's own attempt file once (paths known, os.read, no"
+        "\nparsing); floor+json: list the folders, parse metadata.json + the attempt it names; select-roots: the"
+        "\nfull command (read, stages, table, plot, place 30 roots with that --link); root files: the files"
+        "\nof the 30 chosen folders; cold: every file evicted (posix_fadvise DONTNEED) before the run;"
+        f"\nbest of {args.reps} runs each; ratio: select-roots / floor (goal <= 2); peak: the child's own VmHWM."
     )
     return 0
 

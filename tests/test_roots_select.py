@@ -213,6 +213,56 @@ def test_hardlink_mode_never_touches_the_input(tmp_path):
     assert tree_digest(snaps) == before
 
 
+def test_default_links_roots_and_explore_never_writes_through(tmp_path):
+    """By default root files are hard links into the Student's snapshot (no data copied), metadata.json is a new
+    file, and seeding a tree, forking it and committing an edit leave the snapshot byte for byte as it was."""
+    from sftree.select_roots import Linker
+    from sftree.workspace import TreeStore
+
+    snaps = tmp_path / "t"
+    folders = make_run(snaps, RISING)
+    src = folders[9]
+    (src / "shared" / "notes").mkdir(parents=True, exist_ok=True)
+    (src / "shared" / "notes" / "n.md").write_text("a Student note\n")
+    os.symlink("../metadata.json", src / "code" / "meta-link")  # stays a symlink, never followed
+    before = tree_digest(snaps)
+    rc, out, _, _ = select(tmp_path, snaps, "maximize", "--num-roots", "6")
+    assert rc == 0
+    root = out / src.name
+    for rel in ("code/solution.py", "shared/notes/n.md"):
+        assert os.stat(root / rel).st_ino == os.stat(src / rel).st_ino, rel
+    assert os.readlink(root / "code" / "meta-link") == "../metadata.json"
+    assert os.stat(root / "metadata.json").st_ino != os.stat(src / "metadata.json").st_ino
+    store, state = TreeStore.create(tmp_path / "tree", root, {})
+    ws = store.fork(state, "e1")
+    for rel in ("solution.py", ".opencode/notes/n.md"):
+        assert os.stat(ws.root / rel).st_ino != os.stat(src / "code" / "solution.py").st_ino
+        (ws.root / rel).write_text("changed by the Teacher\n")
+    ws.commit_code("edit")
+    ws.commit_knowledge("edit")
+    ws.close()
+    assert tree_digest(snaps) == before
+    # copy mode: new files; a linker that cannot link (another filesystem) copies instead
+    rc, out, _, _ = select(tmp_path, snaps, "maximize", "--num-roots", "6", "--link", "copy")
+    assert (
+        os.stat(out / src.name / "code" / "solution.py").st_ino
+        != os.stat(src / "code" / "solution.py").st_ino
+    )
+    # symlink mode: the top-level entries refer to the snapshot; a tree seeds from it as from a copy
+    rc, out, _, _ = select(tmp_path, snaps, "maximize", "--num-roots", "6", "--link", "symlink")
+    assert rc == 0 and sorted(os.listdir(out / src.name)) == ["code", "metadata.json", "shared"]
+    assert os.readlink(out / src.name / "code") == str(src.resolve() / "code")
+    assert not os.path.islink(out / src.name / "metadata.json")
+    assert json.loads((out / src.name / "metadata.json").read_text())["stage"]
+    store2, state2 = TreeStore.create(tmp_path / "tree2", out / src.name, {})
+    assert (state2.code_commit, state2.knowledge_commit) == (state.code_commit, state.knowledge_commit)
+    linker = Linker("auto", can_link=False, can_clone=False)
+    linker.place(str(src / "code" / "solution.py"), str(tmp_path / "copied.py"))
+    assert linker.counts == {"hardlink": 0, "reflink": 0, "copy": 1}
+    assert (tmp_path / "copied.py").read_bytes() == (src / "code" / "solution.py").read_bytes()
+    assert tree_digest(snaps) == before
+
+
 def test_rerun_replaces_old_output_completely(tmp_path):
     snaps = tmp_path / "t"
     make_run(snaps, RISING)
@@ -311,7 +361,9 @@ def test_bad_input_names_the_path_and_writes_nothing(tmp_path, capsys, corrupt, 
 
 def test_bad_input_keeps_the_previous_output(tmp_path, capsys):
     snaps, folders = _bad(tmp_path, "t")
-    assert select(tmp_path, snaps, "maximize")[0] == 0
+    # full copies: hard-linked roots share their files with the snapshot, so the in-place edit below would
+    # show through them (a Coral snapshot is written once; docs/select_roots.md)
+    assert select(tmp_path, snaps, "maximize", "--link", "copy")[0] == 0
     old = tree_digest(tmp_path / "out")
     _corrupt_attempt_json(folders)
     assert select(tmp_path, snaps, "maximize")[0] == 2

@@ -50,28 +50,25 @@ def test_results_prompt_from_session(tmp_path):
             }
         )
     )
-    block = f"CORAL Eval (#10): 2.5\nCommit: {commit}\nStatus: improved (previous best 2.4)\nFeedback: fine\n"
-    session = [
-        {"role": "user", "content": "go"},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]},
-        {"role": "tool", "tool_call_id": "c1", "content": block},
-    ]
-    p = next_turn_prompt(session, kdir, TASK)
+    ev = {"number": 10, "score": 2.5, "commit": commit, "status": "improved", "feedback": "fine"}
+    last = {"eval": {**ev, "message": "raise MARGIN"}, "ended": "eval"}
+    p = next_turn_prompt(last, kdir, TASK)
     assert p.startswith("## Eval #10 Results")
     assert f"- Commit: {commit}" in p and "- Status: improved" in p and "- What you did: raise MARGIN" in p
     assert "- Feedback: fine" in p and "Consolidate: this is eval #10" in p
     # a turn that ended without an eval (the last message is the model's text) gets the failed-turn prompt
-    failed = next_turn_prompt(session + [{"role": "assistant", "content": "done"}], kdir, TASK)
+    failed = next_turn_prompt({"eval": None, "ended": "no_eval"}, kdir, TASK)
     assert failed.startswith("## Last Turn Results") and "no eval was submitted" in failed
-    nothing = session[:2] + [{"role": "tool", "tool_call_id": "c1", "content": "Nothing to commit: ..."}]
+    nothing = {"eval": {"number": None, "status": "nothing_to_commit"}, "ended": "eval"}
     assert "(nothing to commit)" in next_turn_prompt(nothing, kdir, TASK)
+    assert "no eval was submitted" in next_turn_prompt(None, kdir, TASK)  # no record: nothing is trusted
 
 
 def test_overrides_and_agents_md(tmp_path):
     t = tmp_path / "turn.md"
     t.write_text("Eval ${eval_number} gave ${score}; {braces} stay.")
-    block = "CORAL Eval (#3): FAILED\nCommit: abc\nStatus: crashed\nFeedback: boom\n"
-    p = next_turn_prompt([{"role": "tool", "content": block}], tmp_path, TASK, {"turn": str(t)})
+    ev = {"number": 3, "score": None, "commit": "abc", "status": "crashed", "feedback": "boom", "message": ""}
+    p = next_turn_prompt({"eval": ev, "ended": "eval"}, tmp_path, TASK, {"turn": str(t)})
     assert p == "Eval 3 gave FAILED; {braces} stay."
     write_agents_md(tmp_path, TASK)
     assert "circle_packing" in (tmp_path / "AGENTS.md").read_text()

@@ -11,7 +11,7 @@ import requests
 
 from sftree.agents.tools import TOOL_SCHEMAS
 from sftree.errors import InputError, TeacherUnavailable
-from sftree.teacher import TeacherClient, TeacherError, backoff_delay, serialize
+from sftree.teacher import TeacherClient, TeacherError, Usage, backoff_delay, reported_usage, serialize
 from sftree.teachersim.policy import decide, nudge_value
 from sftree.teachersim.server import load_script, start_teacher_sim
 
@@ -198,3 +198,53 @@ def test_cli_serves_until_stopped():
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("sim", [{"omit_usage": True}], indirect=True)
+def test_no_usage_is_estimated_from_text_and_warned_once(sim, caplog):
+    url, _ = sim
+    c = client(url)
+    raw = requests.post(f"{url}/chat/completions", json={"messages": MSGS}, timeout=10).json()
+    assert "usage" not in raw and raw["choices"][0]["message"]  # the server really reports none
+    with caplog.at_level("WARNING", logger="sftree.teacher"):
+        first = c.chat(MSGS, TOOL_SCHEMAS)
+        second = c.chat(MSGS + [first.message, {"role": "user", "content": "again"}], TOOL_SCHEMAS)
+    body = serialize(c.request_body(MSGS, TOOL_SCHEMAS))
+    reply = json.dumps(first.message, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    assert first.usage.estimated and first.usage.prompt_tokens == len(body.decode()) // 4
+    assert first.usage.completion_tokens == len(reply) // 4 and first.usage.cached_tokens == 0
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens + first.usage.completion_tokens // 2
+    assert first.usage.to_dict()["estimated"] is True
+    warnings = [r for r in caplog.records if "reports no token usage" in r.getMessage()]
+    assert len(warnings) == 1 and url in warnings[0].getMessage()
+    assert c.stats["prompt_tokens"] == first.usage.prompt_tokens + second.usage.prompt_tokens
+
+
+def test_reported_usage_is_not_estimated(sim):
+    url, _ = sim
+    comp = client(url).chat(MSGS, TOOL_SCHEMAS)
+    assert not comp.usage.estimated and "estimated" not in comp.usage.to_dict()
+    # zero is a real report (a cached-only reply), not a missing one
+    assert reported_usage({"usage": {"prompt_tokens": 0, "completion_tokens": 0}}) == Usage(0, 0, 0)
+    assert reported_usage({"usage": {"completion_tokens": 3}}) is None and reported_usage({}) is None
+
+
+@pytest.mark.parametrize("sim", [{"omit_usage": True}], indirect=True)
+def test_stream_without_usage_chunk(sim):
+    url, _ = sim
+    r = requests.post(f"{url}/chat/completions", json={"messages": MSGS, "stream": True}, timeout=10)
+    chunks = [json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: {")]
+    assert chunks and not any("usage" in c for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"]
+
+
+def test_proxy_records_an_estimate_when_the_reply_has_no_usage():
+    from sftree.proxy import estimated_usage_record, usage_record
+
+    body = {"model": "m", "messages": MSGS}
+    msg = {"role": "assistant", "content": "x" * 400}
+    assert usage_record(None) is None and usage_record({"completion_tokens": 2}) is None
+    rec = estimated_usage_record(body, msg)
+    assert rec["estimated"] is True and rec["prompt_tokens"] == len(serialize(body)) // 4
+    assert rec["completion_tokens"] == len(json.dumps(msg, separators=(",", ":"))) // 4
+    assert estimated_usage_record(body, None) is None  # no reply: nothing to count

@@ -1,18 +1,17 @@
 """Grade a circle packing: `python3 grader.py CODE_DIR`.
 
-Imports CODE_DIR/solution.py, calls `pack()`, checks 26 circles inside the unit square without overlap and
+Runs CODE_DIR/solution.py's `pack()` in a sandboxed child process (sftree.gradebox: no network, only the code
+folder visible, time, memory and process limits) and reads back only its return value; checks 26 circles inside the unit square without overlap and
 prints {"score": sum of radii | null, "feedback": "..."} as JSON on the last stdout line. It never fails:
 code that raises, hangs or returns garbage gives score null with the reason, and the exit status is 0.
 """
 
-import contextlib
-import importlib.util
 import json
 import math
-import signal
 import sys
-import traceback
 from pathlib import Path
+
+from sftree.gradebox import run_solution
 
 N = 26
 TOL = 1e-9  # numerical slack for touching circles and walls
@@ -21,17 +20,6 @@ TIME_LIMIT = 60  # seconds for the solution itself
 
 class Invalid(Exception):
     pass
-
-
-def load_solution(code_dir):
-    path = Path(code_dir) / "solution.py"
-    if not path.is_file():
-        raise Invalid(f"no solution.py in {code_dir}")
-    spec = importlib.util.spec_from_file_location("solution", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(Path(code_dir).resolve()))
-    spec.loader.exec_module(module)
-    return module
 
 
 def check(circles):
@@ -59,27 +47,20 @@ def check(circles):
     return sum(c[2] for c in circles)
 
 
-def _timeout(signum, frame):
-    raise TimeoutError(f"solution took longer than {TIME_LIMIT} s")
-
-
 def grade(code_dir):
+    if not (Path(code_dir) / "solution.py").is_file():
+        return {"score": None, "feedback": f"invalid packing: no solution.py in {code_dir}"}
+    # pack() runs in its own sandboxed process; only its return value comes back, and the score is
+    # computed here from it, so nothing the solution prints or does can set the score (docs/security.md).
+    run = run_solution(code_dir, "pack", calls=[()], timeout=TIME_LIMIT)
+    if not run.ok:
+        return {"score": None, "feedback": f"solution failed:\n{run.error}"}
     try:
-        signal.signal(signal.SIGALRM, _timeout)
-        signal.alarm(TIME_LIMIT)
-        # The solution's own prints go to stderr so the JSON stays the last stdout line.
-        with contextlib.redirect_stdout(sys.stderr):
-            circles = load_solution(code_dir).pack()
-        signal.alarm(0)
+        circles = run.values[0]
         score = check(circles)
     except Invalid as exc:
         return {"score": None, "feedback": f"invalid packing: {exc}"}
-    except BaseException:  # noqa: BLE001 - any failure of the graded code is a null score, not a crash
-        tail = "".join(traceback.format_exc().splitlines(keepends=True)[-8:])
-        return {"score": None, "feedback": f"solution failed:\n{tail}"}
-    finally:
-        signal.alarm(0)
-    radii = sorted(c[2] for c in circles)
+    radii = sorted(float(c[2]) for c in circles)
     return {
         "score": score,
         "feedback": f"valid packing of {N} circles, sum of radii {score:.6f} "

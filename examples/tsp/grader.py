@@ -1,20 +1,19 @@
 """Grade a TSP heuristic: `python3 grader.py CODE_DIR`.
 
-Imports CODE_DIR/solution.py, calls `solve(points)` on fixed seeded instances (uniform points in a 100 x 100
-square), checks each result is a permutation of the cities and prints {"score": mean closed-tour length | null,
+Runs CODE_DIR/solution.py's `solve(points)` in a sandboxed child process (sftree.gradebox: no network, only
+the code folder visible, time, memory and process limits), reading back only its return values, on fixed
+seeded instances (uniform points in a 100 x 100 square), checks each result is a permutation of the cities and prints {"score": mean closed-tour length | null,
 "feedback": "..."} as JSON on the last stdout line (lower is better). It never fails: code that raises, hangs or
 returns an invalid tour gives score null with the reason, and the exit status is 0.
 """
 
-import contextlib
-import importlib.util
 import json
 import math
 import random
-import signal
 import sys
-import traceback
 from pathlib import Path
+
+from sftree.gradebox import run_solution
 
 INSTANCES = [(1001, 60), (1002, 60), (1003, 80), (1004, 80), (1005, 100)]  # (seed, cities): fixed forever
 TIME_LIMIT = 60  # seconds for the solution on all instances
@@ -27,17 +26,6 @@ class Invalid(Exception):
 def instance(seed, n):
     rng = random.Random(seed)
     return [(rng.uniform(0, 100), rng.uniform(0, 100)) for _ in range(n)]
-
-
-def load_solution(code_dir):
-    path = Path(code_dir) / "solution.py"
-    if not path.is_file():
-        raise Invalid(f"no solution.py in {code_dir}")
-    spec = importlib.util.spec_from_file_location("solution", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(Path(code_dir).resolve()))
-    spec.loader.exec_module(module)
-    return module
 
 
 def tour_length(points, tour, name):
@@ -55,30 +43,22 @@ def tour_length(points, tour, name):
     return sum(math.dist(points[tour[i - 1]], points[tour[i]]) for i in range(n))
 
 
-def _timeout(signum, frame):
-    raise TimeoutError(f"solution took longer than {TIME_LIMIT} s")
-
-
 def grade(code_dir):
-    lengths = []
+    if not (Path(code_dir) / "solution.py").is_file():
+        return {"score": None, "feedback": f"invalid tour: no solution.py in {code_dir}"}
+    # solve() runs in its own sandboxed process; only its return values come back, and the score is
+    # computed here from them, so nothing the solution prints or does can set the score (docs/security.md).
+    instances = [instance(seed, n) for seed, n in INSTANCES]
+    run = run_solution(code_dir, "solve", calls=[(pts,) for pts in instances], timeout=TIME_LIMIT)
+    if not run.ok:
+        return {"score": None, "feedback": f"solution failed:\n{run.error}"}
     try:
-        signal.signal(signal.SIGALRM, _timeout)
-        signal.alarm(TIME_LIMIT)
-        # The solution's own prints go to stderr so the JSON stays the last stdout line.
-        with contextlib.redirect_stdout(sys.stderr):
-            module = load_solution(code_dir)
-            for seed, n in INSTANCES:
-                points = instance(seed, n)
-                tour = module.solve([tuple(p) for p in points])
-                lengths.append(tour_length(points, tour, f"instance seed={seed} n={n}"))
-        signal.alarm(0)
+        lengths = [
+            tour_length(points, tour, f"instance seed={seed} n={n}")
+            for (seed, n), points, tour in zip(INSTANCES, instances, run.values, strict=True)
+        ]
     except Invalid as exc:
         return {"score": None, "feedback": f"invalid tour: {exc}"}
-    except BaseException:  # noqa: BLE001 - any failure of the graded code is a null score, not a crash
-        tail = "".join(traceback.format_exc().splitlines(keepends=True)[-8:])
-        return {"score": None, "feedback": f"solution failed:\n{tail}"}
-    finally:
-        signal.alarm(0)
     score = sum(lengths) / len(lengths)
     per = ", ".join(f"{n}:{length:.1f}" for (_, n), length in zip(INSTANCES, lengths, strict=True))
     return {

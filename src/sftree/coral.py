@@ -32,6 +32,7 @@ import os
 import re
 import shlex
 import socket
+import stat
 import sys
 import tarfile
 import threading
@@ -40,14 +41,14 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sftree import tempdirs
+from sftree import safefs, tempdirs
 from sftree.errors import SftreeError
-from sftree.fileio import write_json_atomic
 from sftree.procs import run_group
 
 log = logging.getLogger(__name__)
 
 FEEDBACK_CAP = 4000
+SHA_RE = re.compile(r"^[0-9a-f]{4,64}$")
 
 
 @dataclass
@@ -136,10 +137,11 @@ _ATTEMPTS_MAX = 1_000_000
 _RACY_S = 0.5
 
 
-def _parse_attempt(path: str, name: str) -> dict | None:
+def _parse_attempt(dir_fd: int, name: str) -> dict | None:
     try:
-        with open(path, encoding="utf-8") as fh:
-            d = json.load(fh)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        with os.fdopen(fd, "rb") as fh:
+            d = json.loads(fh.read(safefs.MAX_READ).decode("utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(d, dict):
@@ -149,29 +151,36 @@ def _parse_attempt(path: str, name: str) -> dict | None:
 
 
 def load_attempts(attempts_dir: Path) -> list[dict]:
-    """The branch's attempt records, oldest first (unreadable files are skipped: the agent may have edited them)."""
+    """The branch's attempt records, oldest first. Read without following links (`.opencode` and `attempts`
+    must be real folders, each record a regular file); unreadable files are skipped (the agent may edit them)."""
+    attempts_dir = Path(attempts_dir)
+    root, rel = attempts_dir.parents[1], Path(*attempts_dir.parts[-2:])
     out = []
-    if not attempts_dir.is_dir():
-        return out
     racy_after = time.time() - _RACY_S
-    with os.scandir(attempts_dir) as it:
-        entries = [e for e in it if e.name.endswith(".json") and not e.name.startswith(".")]
-    for e in entries:
-        try:
-            st = e.stat()
-        except OSError:
-            continue
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, e.name)
-        d = _ATTEMPTS.get(key, _UNSEEN)
-        if d is _UNSEEN:
-            d = _parse_attempt(e.path, e.name)
-            if max(st.st_mtime, st.st_ctime) < racy_after:
-                with _ATTEMPTS_LOCK:
-                    if len(_ATTEMPTS) >= _ATTEMPTS_MAX:
-                        _ATTEMPTS.clear()
-                    _ATTEMPTS[key] = d  # None: an unreadable file, skipped until it changes
-        if d is not None:
-            out.append(dict(d))  # callers get their own copy
+    try:
+        with safefs.open_dir(root, rel) as dfd:
+            with os.scandir(dfd) as it:
+                names = [e.name for e in it if e.name.endswith(".json") and not e.name.startswith(".")]
+            for name in names:
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):  # a link or a special file: never followed
+                    continue
+                key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, name)
+                d = _ATTEMPTS.get(key, _UNSEEN)
+                if d is _UNSEEN:
+                    d = _parse_attempt(dfd, name)
+                    if max(st.st_mtime, st.st_ctime) < racy_after:
+                        with _ATTEMPTS_LOCK:
+                            if len(_ATTEMPTS) >= _ATTEMPTS_MAX:
+                                _ATTEMPTS.clear()
+                            _ATTEMPTS[key] = d  # None: an unreadable file, skipped until it changes
+                if d is not None:
+                    out.append(dict(d))  # callers get their own copy
+    except OSError:  # no attempts folder, or a link where it should be: no attempts
+        pass
     out.sort(key=lambda d: (str(d.get("timestamp", "")), str(d.get("commit_hash"))))
     return out
 
@@ -201,8 +210,13 @@ def evals_since_improvement(attempts: list[dict]) -> int:
     return n
 
 
-def run_grader(task_cfg: dict, commit: str, git_dir: Path) -> tuple[float | None, str, str, float]:
-    """Grade a clean checkout of `commit` outside the workspace: (score, feedback, status, seconds)."""
+def run_grader(
+    task_cfg: dict, commit: str, git_dir: Path, sandbox: str = "auto"
+) -> tuple[float | None, str, str, float]:
+    """Grade a clean checkout of `commit` outside the workspace: (score, feedback, status, seconds).
+
+    The grader is trusted (the user's); the code it grades is not. `SFTREE_SANDBOX` tells a grader built on
+    `sftree.gradebox` how to confine the graded code (docs/security.md)."""
     grader = task_cfg.get("grader")
     timeout = float(task_cfg.get("grader_timeout", 120))
     t0 = time.monotonic()
@@ -213,8 +227,11 @@ def run_grader(task_cfg: dict, commit: str, git_dir: Path) -> tuple[float | None
 
         archive = Path(tmp) / "code.tar"
         git(["archive", "--format=tar", "-o", str(archive), commit], git_dir=git_dir)
-        with tarfile.open(archive) as tf:
-            tf.extractall(code_dir, filter="data")
+        try:
+            with tarfile.open(archive) as tf:
+                tf.extractall(code_dir, filter="data")  # refuses links out of the code, device files
+        except tarfile.FilterError as exc:
+            return None, f"the commit cannot be graded: {exc}", "crashed", time.monotonic() - t0
         archive.unlink()
         if not grader:
             return None, "no grader command is configured for this task", "crashed", time.monotonic() - t0
@@ -222,7 +239,8 @@ def run_grader(task_cfg: dict, commit: str, git_dir: Path) -> tuple[float | None
             code_dir=shlex.quote(str(code_dir)), task_dir=shlex.quote(str(task_cfg.get("task_dir", "")))
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CORAL_", "SFTREE_"))}
-        res = run_group(cmd, timeout=timeout, shell=True, cwd=tmp, env=env)
+        env["SFTREE_SANDBOX"] = sandbox
+        res = run_group(cmd, timeout=timeout, shell=True, cwd=tmp, env=env, max_output=4 * 1024 * 1024)
         if res.timed_out:
             return None, f"grader timed out after {timeout:g}s", "timeout", time.monotonic() - t0
     secs = time.monotonic() - t0
@@ -246,8 +264,9 @@ def run_grader(task_cfg: dict, commit: str, git_dir: Path) -> tuple[float | None
 class CoralRuntime:
     """Executes coral commands for one edge workspace; records every eval in `evals`."""
 
-    def __init__(self, ws, task_cfg: dict, *, eval_count: int, agent_id: str):
+    def __init__(self, ws, task_cfg: dict, *, eval_count: int, agent_id: str, sandbox: str = "auto"):
         self.ws = ws
+        self.sandbox = sandbox
         self.task_cfg = task_cfg
         self.direction = task_cfg.get("direction", "maximize")
         self.eval_count = int(eval_count)
@@ -285,7 +304,9 @@ class CoralRuntime:
             self.evals.append(ev)
             return 1, ev.output
         number = self.eval_count + sum(1 for e in self.evals if e.number is not None) + 1
-        score, feedback, gstatus, secs = run_grader(self.task_cfg, commit, self.ws.store.code_git)
+        score, feedback, gstatus, secs = run_grader(
+            self.task_cfg, commit, self.ws.store.code_git, self.sandbox
+        )
         self.grader_s += secs
         best = branch_best(attempts, self.direction, exclude=commit)
         if score is None:
@@ -305,10 +326,15 @@ class CoralRuntime:
             "feedback": feedback,
             "metadata": {"eval_number": number, "source": "sftree", "grader_s": round(secs, 3)},
         }
-        write_json_atomic(self.attempts_dir / f"{commit}.json", record)
         ev = EvalResult(number, commit, score, status, feedback, msg, "", secs)
         ev.output = format_block(ev, best)
-        self.evals.append(ev)
+        self.evals.append(ev)  # the host's record comes first; the workspace copy is for the agent
+        data = (json.dumps(record, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+        try:
+            safefs.write_bytes_atomic(self.ws.root, f".opencode/attempts/{commit}.json", data)
+        except OSError as exc:  # a link planted in .opencode: the record is not written through it
+            log.warning("attempt record for %s not written: %s", commit, exc)
+            ev.output += f"(attempt record not written: {exc})\n"
         return (0 if score is not None else 1), ev.output
 
     def cmd_log(self, args) -> tuple[int, str]:
@@ -333,32 +359,33 @@ class CoralRuntime:
             return 1, f"coral show: no attempt matches {args.hash!r}\n"
         a = hits[-1]
         out = json.dumps(a, indent=2, ensure_ascii=False) + "\n"
-        stat = self.ws.store_git(["show", "--stat", "--format=%s", str(a.get("commit_hash"))])
+        sha = str(a.get("commit_hash"))
+        if not SHA_RE.match(sha):  # agent-written text: never an option such as --output=FILE
+            return 0, out + f"\n(commit_hash {sha!r} is not a commit hash: no diff shown)\n"
+        stat = self.ws.store_git(["show", "--stat", "--format=%s", "--end-of-options", sha])
         if stat:
             out += "\n" + stat + "\n"
         return 0, out
 
     def _list_dir(self, sub: str, read: str | None) -> tuple[int, str]:
-        base = self.ws.knowledge_dir / sub
-        files = sorted(p for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
+        rel = Path(".opencode") / sub
+        files = safefs.list_files(self.ws.root, rel)  # links are neither listed nor followed
         if read:
-            target = (base / read).resolve()
-            if not target.is_relative_to(base.resolve()) or not target.is_file():
+            try:
+                data = safefs.read_bytes(self.ws.root, rel / read)
+            except OSError:
                 return 1, f"coral {sub}: no such entry {read!r}\n"
-            return 0, target.read_text(encoding="utf-8", errors="replace")
+            return 0, data.decode("utf-8", "replace")
         if not files:
             return 0, f"No {sub} yet (.opencode/{sub}/ is empty).\n"
         lines = []
-        for p in files:
-            first = next(
-                (
-                    ln.strip()
-                    for ln in p.read_text(encoding="utf-8", errors="replace").splitlines()
-                    if ln.strip()
-                ),
-                "",
-            )
-            lines.append(f".opencode/{sub}/{p.relative_to(base)}  {first[:100]}")
+        for name in files:
+            try:
+                text = safefs.read_bytes(self.ws.root, rel / name, limit=65536).decode("utf-8", "replace")
+            except OSError:
+                continue
+            first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+            lines.append(f".opencode/{sub}/{name}  {first[:100]}")
         return 0, "\n".join(lines) + "\n"
 
     def cmd_notes(self, args) -> tuple[int, str]:
@@ -420,8 +447,10 @@ sys.exit(reply["rc"])
 class CoralServer:
     """Serves one workspace's coral commands on a Unix socket in a short temp folder (paths <108 bytes)."""
 
-    def __init__(self, ws, task_cfg: dict, *, eval_count: int, agent_id: str):
-        self.runtime = CoralRuntime(ws, task_cfg, eval_count=eval_count, agent_id=agent_id)
+    def __init__(self, ws, task_cfg: dict, *, eval_count: int, agent_id: str, sandbox: str = "auto"):
+        self.runtime = CoralRuntime(
+            ws, task_cfg, eval_count=eval_count, agent_id=agent_id, sandbox=sandbox
+        )
         self.dir = tempdirs.make("sftree-coral-")
         self.bin_dir = self.dir / "bin"
         self.bin_dir.mkdir()

@@ -42,7 +42,7 @@ class TurnResult:
     tool_errors: int
     knowledge: bool  # the turn read or wrote shared knowledge (DESIGN.md)
     tokens: int  # context length after the turn's last step (prompt + completion tokens)
-    ended: str  # eval | step_limit | timeout | no_eval | teacher_error | context_overflow
+    ended: str  # eval | step_limit | timeout | no_eval | teacher_error | context_overflow | edge_error
     feedback: str = ""
     eval_number: int | None = None  # Coral's #N
     error: str | None = None
@@ -194,6 +194,7 @@ class EdgeContext:
 
 # ---- the edge ----------------------------------------------------------------------------------------------
 _TURNS = 2
+LAST_TURN = "last_turn.json"  # edges/<edge>/: how the edge's last turn ended, by the host's records
 
 
 def run_edge(
@@ -212,7 +213,7 @@ def run_edge(
     `eval_count` is Coral's eval count at the parent (the root: the snapshot's `eval_count`).
     """
     from sftree.agents.base import StepRecorder, TurnRun
-    from sftree.agents.prompts import next_turn_prompt, start_prompt, write_agents_md
+    from sftree.agents.prompts import next_turn_prompt, start_prompt, turn_record, write_agents_md
     from sftree.coral import CoralServer
 
     t0 = time.monotonic()
@@ -229,9 +230,16 @@ def run_edge(
     recorder = StepRecorder(transcript, edge_id)
     try:
         ws = ctx.store.fork(parent, edge_id)
-        server = CoralServer(ws, ctx.task_cfg, eval_count=eval_count, agent_id=f"teacher-{edge_id}")
+        server = CoralServer(
+            ws,
+            ctx.task_cfg,
+            eval_count=eval_count,
+            agent_id=f"teacher-{edge_id}",
+            sandbox=getattr(ctx.agent, "sandbox", "auto"),
+        )
         server.start()
         messages = list(ws.session)
+        last = ws.last_turn  # the host's record of the parent's last turn (never text from the session)
         headers = {
             "X-Sftree-Tree": ctx.tree_name,
             "X-Sftree-Edge": edge_id,
@@ -245,7 +253,7 @@ def run_edge(
                 prompt = start_prompt(ctx.task_cfg, ctx.agent_cfg.get("prompts", {}))
             else:
                 prompt = next_turn_prompt(
-                    messages, ws.knowledge_dir, ctx.task_cfg, ctx.agent_cfg.get("prompts", {})
+                    last, ws.knowledge_dir, ctx.task_cfg, ctx.agent_cfg.get("prompts", {})
                 )
             run = TurnRun(
                 workspace=ws,
@@ -281,6 +289,7 @@ def run_edge(
                     compacted=bool(getattr(outcome, "compacted", False)),
                 )
             )
+            last = turn_record(ev, outcome.ended)
             ws.commit_knowledge(f"sftree: {edge_id} turn {turn}")
             if outcome.ended == "teacher_error":
                 error = outcome.error
@@ -288,6 +297,7 @@ def run_edge(
             if outcome.ended == "context_overflow":
                 overflow = outcome.error
                 break  # the session is full: the next turn could not send a single request
+        write_json_atomic(edge_dir / LAST_TURN, last)  # before the session: a fork needs both
         write_json_atomic(ctx.tree_dir / session_rel, messages, indent=None)
         child = ws.state(session_rel)
     except Exception as exc:  # noqa: BLE001 - an edge never takes the search down; the error is recorded
@@ -309,7 +319,13 @@ def run_edge(
                 tool_errors=0,
                 knowledge=False,
                 tokens=0,
-                ended="teacher_error" if error else ("context_overflow" if overflow else "no_eval"),
+                # not run: after a Teacher outage it is one; after a broken workspace it is not (the search
+                # treats only the first as a reason to stop)
+                ended=(
+                    "teacher_error"
+                    if any(t.ended == "teacher_error" for t in turns)
+                    else ("context_overflow" if overflow else ("edge_error" if error else "no_eval"))
+                ),
                 error=error or overflow,
             )
         )

@@ -47,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also write one progress line per finished edge to this open file descriptor (the workflow"
         " passes the job's console as fd 3 while stdout and stderr go to the log file)",
     )
+    parser.add_argument(
+        "--width",
+        type=int,
+        help="at most this many expansions at once (the workflow passes the teacher_slots Snakemake granted); "
+        "lowers search.parallel_width, never raises it",
+    )
 
 
 def read_root(root_dir: Path, config: dict) -> dict:
@@ -157,6 +163,9 @@ def _grow(
             )  # fmt: skip
             log.info("new tree for %s/%s (root score %s, %s)", info["task"], root_dir.name, info["score"],
                      info["direction"])  # fmt: skip
+        tree.sandbox = getattr(ctx.agent, "sandbox", None)  # the report and dataset card show it
+        if tree.sandbox == "none":
+            log.warning("agent.sandbox is none: the Teacher's commands and the graded code run unconfined")
         live.save(tree)
 
         def run_one(d: search.Dispatch):
@@ -173,6 +182,18 @@ def _grow(
     finally:
         live.close()
         ctx.close()  # worktrees removed unless keep_workspaces; a teacher-sim it started is stopped
+
+
+def cap_width(params: treemod.SearchParams, width: int | None) -> treemod.SearchParams:
+    """`parallel_width` lowered to the granted slots, so a global `teacher_slots` limit holds across jobs."""
+    if width is None:
+        return params
+    if width < 1:
+        raise InputError(f"--width must be at least 1, not {width}")
+    if width < params.parallel_width:
+        log.info("parallel_width %d capped to %d granted teacher slots", params.parallel_width, width)
+        return replace(params, parallel_width=width)
+    return params
 
 
 def _resolve(arg: str, flag: str) -> Path:
@@ -227,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     logging.getLogger().addHandler(handler)
     try:
+        params = cap_width(params, getattr(args, "width", None))
         with tempdirs.removed_on_sigterm():
             stale = tempdirs.sweep(TEMP_PREFIXES)
             if stale:

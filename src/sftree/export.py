@@ -274,6 +274,7 @@ def _path_meta(ctx: TreeContext, path: dict) -> dict:
         "stage": ctx.stage,
         "direction": doc.get("direction") or ctx.tree.get("direction"),
         "root_score": doc.get("root_score"),
+        "sandbox": ctx.tree.get("sandbox"),
         "path_rank": path["rank"],
         "leaf": path["leaf"],
         "leaf_reason": path.get("leaf_reason"),
@@ -549,8 +550,10 @@ def dataset_card(
     tokens = Counter()
     granularities = Counter()
     malformed = 0
+    sandboxes: Counter[str] = Counter()
     for r in records:
         m = r["metadata"]
+        sandboxes[str(m.get("sandbox") or "unknown")] += 1
         task, root, stage = m.get("task"), m.get("root"), m.get("stage") or "unknown"
         by_task[task] += 1
         by_stage[(task, stage)] += 1
@@ -581,6 +584,15 @@ def dataset_card(
         "`role: tool` messages with `tool_call_id`, `reasoning_content` kept when the Teacher produced it.",
         "",
     ]
+    if sandboxes:
+        note = ", ".join(f"{k}: {v} records" for k, v in sorted(sandboxes.items()))
+        unsafe = (
+            " **Some records were made WITHOUT a sandbox** (`agent.sandbox: none`): their scores come from "
+            "code that ran unconfined."
+            if "none" in sandboxes
+            else ""
+        )
+        lines += [f"Sandbox (docs/security.md): {note}.{unsafe}", ""]
     if merged is not None:
         lines += [
             f"Exact-duplicate targets (same trained message, tool-call ids aside, as an earlier record): "

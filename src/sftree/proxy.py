@@ -159,8 +159,27 @@ def message_from_completion(obj: dict) -> tuple[dict, str | None, dict | None]:
     return msg, choice.get("finish_reason"), obj.get("usage")
 
 
+_warned_no_usage = threading.Event()
+
+
+def estimated_usage_record(body: dict, msg: dict | None) -> dict | None:
+    """Usage counted from the text when the server reported none (`teacher.estimate_usage`); warns once."""
+    if msg is None:
+        return None
+    from sftree.teacher import CHARS_PER_TOKEN, estimate_usage, serialize
+
+    if not _warned_no_usage.is_set():
+        _warned_no_usage.set()
+        log.warning(
+            "the Teacher reports no token usage; estimating it from the text (%d characters per token, "
+            "recorded as `estimated`)",
+            CHARS_PER_TOKEN,
+        )
+    return estimate_usage(serialize(body), msg).to_dict()
+
+
 def usage_record(usage: dict | None) -> dict | None:
-    if not usage:
+    if not usage or usage.get("prompt_tokens") is None:
         return None
     details = usage.get("prompt_tokens_details") or {}
     return {
@@ -453,7 +472,7 @@ def _handler_for(proxy: RecordingProxy):
                 },
                 "response": msg,
                 "tool_results": [],
-                "usage": usage_record(usage),
+                "usage": usage_record(usage) or estimated_usage_record(body, msg),
                 "latency_s": round(latency, 4),
                 "finish_reason": finish,
                 "session_id": self.headers.get("x-session-id"),

@@ -700,8 +700,17 @@ def render(results: Path) -> str:
         " · ".join(f'<a href="#task-{esc(t.name)}">{esc(t.name)}</a>' for t in tasks)
         + ' · <a href="#dataset">dataset</a>'
     )
+    unconfined = [v.root for t in tasks for v in t.trees if v.tree.get("sandbox") == "none"]
+    warn = (
+        [f'<p class="warn"><b>{len(unconfined)} tree(s) were made WITHOUT a sandbox</b> (agent.sandbox: none): '
+         "the Teacher's commands and the graded code ran unconfined, so their scores are not protected "
+         "(docs/security.md).</p>"]
+        if unconfined
+        else []
+    )  # fmt: skip
     body = [
         "<h1>sftree report</h1>",
+        *warn,
         f"<p>{len(tasks)} tasks, {n_trees} trees, {n_nodes} Teacher nodes, {n_sel} selected paths, "
         f"{stats['records'] if stats else 0} SFT records. {nav}</p>",
         '<p class="muted">Hover a tree node for its score and tokens; click it for the full breakdown (Select '

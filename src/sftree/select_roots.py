@@ -1,14 +1,18 @@
 """`sftree select-roots`: split a Student run into early/middle/late stages and pick the root snapshots.
 
     sftree select-roots --snapshots DIR --out OUTDIR --table STAGES.tsv --direction {maximize,minimize}
-                        [--num-roots 30] [--smooth-window 5] [--link copy|hardlink] [--plot STAGES.svg]
+                        [--num-roots 30] [--smooth-window 5] [--link auto|hardlink|copy] [--plot STAGES.svg]
                         [--task NAME]
 
 Reads the task's eval-* folders (`snapshots.py`), applies section 2 (`stages.py`), copies each chosen folder to
 OUTDIR/<same name>/ with `score, stage, selection_reason, task, direction` added to its metadata.json, and writes
 one stages.tsv row per candidate. OUTDIR is built beside itself and renamed into place at the end, so a failed run
-leaves the previous output (or none) and never half of one. The input is never modified: in hardlink mode the
-copy's metadata.json is a new file.
+leaves the previous output (or none) and never half of one.
+
+A real snapshot holds every attempt file written so far, so 30 roots of a long run carry a million files: by
+default (`--link auto`) each file is hard-linked (no data copied), else reflinked (a copy-on-write clone, where
+the filesystem can), else copied. The input is never modified: metadata.json is always a new file, and nothing
+writes into a root afterwards (explore imports it into git with a private index: docs/select_roots.md).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sftree import stages as st
@@ -68,7 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-roots", type=int, default=30, help="roots to choose (split 1:3:2)")
     parser.add_argument("--smooth-window", type=int, default=5, help="centred moving-average window")
     parser.add_argument(
-        "--link", choices=["copy", "hardlink"], default="copy", help="how root files are copied"
+        "--link",
+        choices=["auto", "hardlink", "copy", "symlink"],
+        default="auto",
+        help="how root files are copied: auto/hardlink = hard link, else reflink, else copy; copy = full copies; "
+        "symlink = link the snapshot's top-level entries (constant cost; the snapshot must stay in place)",
     )
     parser.add_argument("--plot", help="write the stage plot (SVG) here")
     parser.add_argument("--task", help="task name (default: the snapshot folder's name)")
@@ -181,19 +189,80 @@ def table_text(sel: Selection) -> str:
     return "\n".join(lines)
 
 
-def _copy_tree(src: str, dst: str, link: str, warned: list[bool]) -> None:
-    def hardlink(s: str, d: str) -> None:
-        try:
-            os.link(s, d)
-        except OSError as exc:  # another filesystem, or links not allowed: fall back to a copy
-            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-                raise
-            if not warned[0]:
-                log.warning("hardlink not possible (%s), copying instead", exc.strerror)
-                warned[0] = True
-            shutil.copy2(s, d)
+FICLONE = 0x40049409  # ioctl(dest_fd, FICLONE, src_fd): a copy-on-write clone (btrfs, xfs, ...)
+# link() answers these where links cannot be made here (another filesystem, not permitted, too many links, ...).
+NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES)
 
-    shutil.copytree(src, dst, symlinks=True, copy_function=hardlink if link == "hardlink" else shutil.copy2)
+
+@dataclass
+class Linker:
+    """Places one file of a root: hard link, else reflink, else copy (`mode` copy: always a full copy)."""
+
+    mode: str = "auto"
+    can_link: bool = True
+    can_clone: bool = True
+    counts: dict = field(default_factory=lambda: {"hardlink": 0, "reflink": 0, "copy": 0})
+
+    def place(self, src: str, dst: str) -> None:
+        if self.mode != "copy" and self.can_link:
+            try:
+                os.link(src, dst)
+                self.counts["hardlink"] += 1
+                return
+            except OSError as exc:
+                if exc.errno not in NO_LINK:
+                    raise
+                self.can_link = False  # the same answer for every file of this filesystem pair
+                log.warning("hard links not possible here (%s): reflink or copy instead", exc.strerror)
+        if self.mode != "copy" and self.can_clone and self._clone(src, dst):
+            self.counts["reflink"] += 1
+            return
+        shutil.copy2(src, dst)
+        self.counts["copy"] += 1
+
+    def _clone(self, src: str, dst: str) -> bool:
+        import fcntl
+
+        sfd = os.open(src, os.O_RDONLY)
+        try:
+            dfd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                fcntl.ioctl(dfd, FICLONE, sfd)
+            except OSError:
+                self.can_clone = False
+                os.close(dfd)
+                os.unlink(dst)
+                return False
+            os.close(dfd)
+        finally:
+            os.close(sfd)
+        shutil.copystat(src, dst)
+        return True
+
+
+def _link_entries(src: str, dst: str) -> None:
+    """A root that refers to the snapshot: each top-level entry (but metadata.json) a symlink to its absolute path."""
+    os.mkdir(dst)
+    with os.scandir(src) as it:
+        names = sorted(e.name for e in it if e.name != "metadata.json")
+    for name in names:
+        os.symlink(os.path.abspath(os.path.join(src, name)), os.path.join(dst, name))
+
+
+def _copy_tree(src: str, dst: str, linker: Linker) -> None:
+    """copytree with `linker` placing each file; symlinks stay symlinks (never followed out of the snapshot)."""
+    os.mkdir(dst)
+    with os.scandir(src) as it:
+        entries = list(it)
+    for e in entries:
+        s, d = e.path, os.path.join(dst, e.name)
+        if e.is_symlink():
+            os.symlink(os.readlink(s), d)
+        elif e.is_dir():
+            _copy_tree(s, d, linker)
+        else:
+            linker.place(s, d)
+    shutil.copystat(src, dst)
 
 
 def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None) -> Path:
@@ -204,10 +273,13 @@ def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result should look like any other folder
     try:
-        warned = [False]
+        linker = Linker(link)
         for r in sel.chosen:
             dst = tmp / r.snap.name
-            _copy_tree(r.snap.path, str(dst), link, warned)
+            if link == "symlink":
+                _link_entries(r.snap.path, str(dst))
+            else:
+                _copy_tree(r.snap.path, str(dst), linker)
             meta = load_json_object(os.path.join(r.snap.path, "metadata.json"), "metadata.json")
             meta.update(
                 score=r.snap.score,
@@ -220,6 +292,8 @@ def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None
                 meta["snapshots_pending"] = pending
             # A rename replaces the (possibly hard-linked) name: the input's metadata.json stays untouched.
             write_json_atomic(dst / "metadata.json", meta)
+        placed = ", ".join(f"{v} {k}" for k, v in linker.counts.items() if v)
+        log.info("root files: %s", placed or ("top-level entries symlinked" if link == "symlink" else "none"))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -8,7 +8,9 @@
   ends the turn with `context_overflow`); a 200 reply that is not a readable completion raises `BadReply` with
   the reason (the agent records one failed step). Replies are normalised in `teacher_response.py`.
 - Every reply carries its usage (`prompt_tokens`, `completion_tokens`,
-  `usage.prompt_tokens_details.cached_tokens`) and latency.
+  `usage.prompt_tokens_details.cached_tokens`) and latency. A server that reports no usage gets an estimate from
+  the text (`estimate_usage`, 4 characters per token), a warning once per client, and `estimated: true` in the
+  usage it records, so the token reward and the token limit still work.
 - Requests are serialized deterministically (fixed key order, compact separators, UTF-8), so a forked session
   resends its earlier turns byte for byte and SGLang's radix cache can reuse the prefix.
 - `X-Sftree-*` headers name the tree, edge, depth, turn, attempt and session (SGLang ignores them; teacher-sim
@@ -59,13 +61,41 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    estimated: bool = False  # counted from the text: the server reported no usage
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
         }
+        if self.estimated:
+            d["estimated"] = True
+        return d
+
+
+# A rough, tokenizer-free rate (also teacher-sim's); only used when the server reports none.
+CHARS_PER_TOKEN = 4
+
+
+def estimate_usage(request: bytes | str, message: dict) -> Usage:
+    """Token counts from the text of a request and its reply, for a server whose reply has no `usage`."""
+    chars = len(request.decode("utf-8", "replace") if isinstance(request, bytes) else request)
+    reply = len(json.dumps(message, ensure_ascii=False, sort_keys=True, separators=(",", ":")))
+    return Usage(chars // CHARS_PER_TOKEN, max(1, reply // CHARS_PER_TOKEN), 0, estimated=True)
+
+
+def reported_usage(payload: dict) -> Usage | None:
+    """The server's own usage of a reply, or None when it reports none (no `usage` or no token counts)."""
+    u = payload.get("usage")
+    if not isinstance(u, dict) or u.get("prompt_tokens") is None:
+        return None
+    details = u.get("prompt_tokens_details") or {}
+    return Usage(
+        int(u.get("prompt_tokens") or 0),
+        int(u.get("completion_tokens") or 0),
+        int(details.get("cached_tokens") or 0),
+    )
 
 
 @dataclass
@@ -129,6 +159,7 @@ class TeacherClient:
         self.context_tokens = context_tokens
         self.tool_choice = tool_choice
         self._sem = threading.BoundedSemaphore(max_concurrency)
+        self._warned_no_usage = False
         self._local = threading.local()
         self.stats_lock = threading.Lock()
         self.stats = {
@@ -264,15 +295,30 @@ class TeacherClient:
                     reply = normalize(payload, names)
                 except MalformedResponse as exc:
                     raise BadReply(str(exc), _safe(payload)) from None
-                return self._completion(payload, reply, time.monotonic() - t0, attempt + 1)
+                return self._completion(payload, reply, time.monotonic() - t0, attempt + 1, data)
         raise TeacherError(f"Teacher at {url} failed {self.retries + 1} times; last error: {last}")
 
-    def _completion(self, payload: dict, reply: Reply, latency: float, attempts: int) -> Completion:
-        usage = Usage(reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens)
+    def _completion(
+        self, payload: dict, reply: Reply, latency: float, attempts: int, request: bytes
+    ) -> Completion:
+        if reported_usage(payload) is None:
+            usage = estimate_usage(request, reply.message)
+            with self.stats_lock:
+                warn, self._warned_no_usage = not self._warned_no_usage, True
+            if warn:
+                log.warning(
+                    "Teacher at %s reports no token usage; estimating it from the text (%d characters per token, "
+                    "recorded as `estimated`). SGLang reports usage; check the server or proxy in between",
+                    self.base_url,
+                    CHARS_PER_TOKEN,
+                )
+        else:
+            usage = Usage(reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens)
         with self.stats_lock:
             self.stats["requests"] += 1
-            for k, v in usage.to_dict().items():
-                self.stats[k] += v
+            self.stats["prompt_tokens"] += usage.prompt_tokens
+            self.stats["completion_tokens"] += usage.completion_tokens
+            self.stats["cached_tokens"] += usage.cached_tokens
         return Completion(
             reply.message, reply.finish_reason, usage, latency, attempts, payload, reply.notes,
             reply.truncated_calls,

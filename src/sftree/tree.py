@@ -138,6 +138,7 @@ class Tree:
     created_at: str = field(default_factory=now_iso)
     updated_at: str | None = None
     version: int = VERSION
+    sandbox: str | None = None  # how the agent and graded code were confined: bwrap | none (docs/security.md)
     _index: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
     _edge_index: dict[str, Edge] = field(default_factory=dict, repr=False, compare=False)
 
@@ -234,6 +235,7 @@ class Tree:
             "in_flight": list(self.in_flight),
             "created_at": self.created_at,
             "updated_at": self.updated_at,
+            "sandbox": self.sandbox,
             "nodes": [asdict(n) for n in self.nodes],
             "edges": [asdict(e) for e in self.edges],
         }
@@ -253,6 +255,7 @@ class Tree:
             created_at=obj.get("created_at") or now_iso(),
             updated_at=obj.get("updated_at"),
             version=obj["version"],
+            sandbox=obj.get("sandbox"),
         )
         node_names = {f.name for f in fields(Node)}
         edge_names = {f.name for f in fields(Edge)}

@@ -14,6 +14,14 @@ folder, so two branches never see each other's files. Every commit gets a ref un
 never drops it. Commit dates and identity are fixed, so equal content on equal parents gives equal hashes and a
 rerun of a deterministic search reproduces its commit ids (the eval prompts quote them).
 
+Hostile workspaces (docs/security.md): the agent controls every file under work/<edge>/code, including the
+`.git` file a worktree normally finds its repository through. The host never lets git discover a repository
+there: every call names the git dir (`--git-dir`, the worktree's admin folder under code.git/worktrees) and the
+work tree, disables hooks and fsmonitor, and ignores the global and system config. Workspace content is never
+followed through a symlink on the host: `.opencode` must be a real folder (else the edge fails with the
+reason), a linked knowledge subfolder is replaced by an empty one at fork time, and AGENTS.md and .opencode are
+taken out of every code commit whatever a `.gitignore` in the workspace says.
+
 Thread safety: commands that touch shared repository metadata (worktree add/remove, update-ref) run under one
 lock per store; commits inside a worktree and knowledge commits (own index file) need none.
 """
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -56,12 +65,44 @@ GIT_ENV = {
     "GIT_AUTHOR_DATE": "1700000000 +0000",
     "GIT_COMMITTER_DATE": "1700000000 +0000",
     "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
     "GIT_TERMINAL_PROMPT": "0",
 }
+# On every host-side git call: nothing configured in a repository may run a program or change what is read.
+GIT_SAFE_CONFIG = (
+    "core.hooksPath=/dev/null",
+    "core.fsmonitor=false",
+    "core.untrackedCache=false",
+    "core.sshCommand=false",
+    "core.pager=cat",
+    "core.symlinks=true",
+    "protocol.allow=never",
+    "submodule.recurse=false",
+)
+SHA_RE = re.compile(r"^[0-9a-f]{4,64}$")
 
 
 class GitError(SftreeError):
     """A git command failed; the message holds the command and its stderr."""
+
+
+class UnsafeWorkspace(SftreeError):
+    """Workspace content the host refuses to touch (a symlink out of it, a file where a folder belongs)."""
+
+
+def check_sha(text: str, what: str = "commit") -> str:
+    """Agent-controlled text used as a revision must be a hash (never an option like `--output=...`)."""
+    if not isinstance(text, str) or not SHA_RE.match(text):
+        raise UnsafeWorkspace(f"{what} {text!r} is not a commit hash")
+    return text
+
+
+def real_dir(path: Path, what: str) -> Path:
+    """`path` as a real folder (created if missing); UnsafeWorkspace if it is a symlink or a file."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise UnsafeWorkspace(f"{what} {path} is a symlink or not a folder; the host will not follow it")
+    path.mkdir(exist_ok=True)
+    return path
 
 
 def git(
@@ -80,6 +121,8 @@ def git(
     if env:
         full_env.update(env)
     cmd = ["git", "-c", "core.quotepath=off", "-c", "gc.auto=0", "-c", "advice.detachedHead=false"]
+    for kv in GIT_SAFE_CONFIG:
+        cmd += ["-c", kv]
     if git_dir is not None:
         cmd += ["--git-dir", str(git_dir)]
     cmd += args
@@ -129,6 +172,8 @@ class EdgeWorkspace:
     dir: Path  # work/<edge>
     root: Path  # work/<edge>/code
     session: list[dict] = field(default_factory=list)  # parent's messages (empty for a fresh session)
+    last_turn: dict | None = None  # the host's record of how the parent's last turn ended (prompts.py)
+    git_dir: Path | None = None  # the worktree's admin folder in code.git (never read from the workspace)
     closed: bool = False
     _code_commits: list[str] = field(default_factory=list)
     _k_head: str = ""  # the knowledge commit the checkout is at (set by fork)
@@ -145,20 +190,23 @@ class EdgeWorkspace:
     def index_file(self) -> Path:
         return self.dir / "knowledge.index"
 
+    def _git(self, args: list[str], **kw) -> subprocess.CompletedProcess:
+        """git on this worktree through the host's own admin folder, never the workspace's `.git`."""
+        return git(["--work-tree", str(self.root), *args], git_dir=self.git_dir, cwd=self.root, **kw)
+
     def head(self) -> str:
         """The worktree's commit. Read from its detached HEAD file (a git call fewer per commit)."""
         try:
-            gitdir = (self.root / ".git").read_text().strip().removeprefix("gitdir:").strip()
-            sha = (Path(gitdir) / "HEAD").read_text().strip()
+            sha = (self.git_dir / "HEAD").read_text().strip()
             if len(sha) == 40 and all(c in "0123456789abcdef" for c in sha):
                 return sha
         except OSError:
             pass
-        return git(["rev-parse", "HEAD"], cwd=self.root).stdout.strip()
+        return self._git(["rev-parse", "HEAD"]).stdout.strip()
 
     def dirty(self) -> bool:
         """Uncommitted changes in the worktree (excluded files do not count)."""
-        return bool(git(["status", "--porcelain", "--untracked-files=all"], cwd=self.root).stdout.strip())
+        return bool(self._git(["status", "--porcelain", "--untracked-files=all"]).stdout.strip())
 
     def store_git(self, args: list[str]) -> str:
         """A read-only git query on the code store; stripped stdout, "" when it fails."""
@@ -167,12 +215,12 @@ class EdgeWorkspace:
 
     def commit_code(self, message: str) -> str | None:
         """`git add -A` + commit in the worktree; the new commit id, or None when there is nothing to commit."""
-        git(["add", "-A"], cwd=self.root)
-        proc = git(
-            ["commit", "-q", "--no-verify", "-m", message or "(no message)"], cwd=self.root, check=False
-        )
+        self._git(["add", "-A", "--", "."])
+        # A `.gitignore` in the workspace can un-ignore these; they are never code.
+        self._git(["rm", "-r", "-q", "--cached", "--ignore-unmatch", "--", "AGENTS.md", ".opencode"])
+        proc = self._git(["commit", "-q", "--no-verify", "-m", message or "(no message)"], check=False)
         if proc.returncode != 0:
-            if git(["diff", "--cached", "--quiet"], cwd=self.root, check=False).returncode == 0:
+            if self._git(["diff", "--cached", "--quiet"], check=False).returncode == 0:
                 return None
             raise GitError(
                 f"git commit failed in {self.root}: {(proc.stderr or proc.stdout).strip()[-2000:]}"
@@ -184,9 +232,8 @@ class EdgeWorkspace:
     def commit_knowledge(self, message: str) -> str:
         """Snapshot .opencode/ into knowledge.git (a new commit only if it changed); the current commit id."""
         repo, env = self.store.knowledge_git, {"GIT_INDEX_FILE": str(self.index_file)}
-        self.knowledge_dir.mkdir(
-            exist_ok=True
-        )  # the agent may have deleted it: that is an empty knowledge base
+        # Missing: the agent deleted it (an empty knowledge base). A link: refused (it would carry its target).
+        real_dir(self.knowledge_dir, "the knowledge folder")
         git(["--work-tree", str(self.knowledge_dir), "add", "-A", "--", "."], git_dir=repo, env=env)
         tree = git(["write-tree"], git_dir=repo, env=env).stdout.strip()
         if self._k_tree is None:
@@ -315,15 +362,31 @@ class TreeStore:
                 ["update-ref", f"refs/sftree/edges/{edge_id}", state.knowledge_commit],
                 git_dir=self.knowledge_git,
             )
-        ws = EdgeWorkspace(self, edge_id, state, edge_dir, root)
-        self._checkout_knowledge(ws.knowledge_dir, ws.index_file, state.knowledge_commit)
+        # Read once, now, while the host alone has touched the workspace.
+        admin = Path((root / ".git").read_text().strip().removeprefix("gitdir:").strip()).resolve()
+        if not admin.is_relative_to(self.code_git.resolve() / "worktrees"):
+            raise GitError(f"git worktree add made an unexpected admin folder {admin}")
+        ws = EdgeWorkspace(self, edge_id, state, edge_dir, root, git_dir=admin)
+        kdir = ws.knowledge_dir
+        if kdir.is_symlink() or kdir.is_file():  # a code commit cannot carry .opencode, but be sure
+            kdir.unlink()
+        self._checkout_knowledge(kdir, ws.index_file, state.knowledge_commit)
         for sub in ("notes", "skills", "attempts", "roles", "logs"):
-            (ws.knowledge_dir / sub).mkdir(exist_ok=True)
+            d = kdir / sub
+            if d.is_symlink() or (d.exists() and not d.is_dir()):
+                # A link (dangling or not) committed by an earlier edge: never followed, never fatal to forks.
+                log.warning("fork %s: knowledge %s is a link or a file; replaced by an empty folder", edge_id, sub)
+                d.unlink()
+            d.mkdir(exist_ok=True)
         if state.session:
             messages = read_json(self.tree_dir / state.session, "session file")
             if not isinstance(messages, list):
                 raise InputError(f"session file {self.tree_dir / state.session}: expected a list of messages")
             ws.session = messages
+            # The host's record of how that session's last turn ended (edge.py writes it with the session).
+            record = self.tree_dir / "edges" / Path(state.session).stem / "last_turn.json"
+            last = read_json(record, "last-turn record") if record.is_file() else None
+            ws.last_turn = last if isinstance(last, dict) else None
         return ws
 
     # ---- knowledge checkouts: reused, so a fork writes what differs, not every attempt file ------------------

@@ -21,13 +21,14 @@ from pathlib import Path
 
 from sftree.agents.base import AgentBackend, ToolOutcome, TurnOutcome, TurnRun
 from sftree.agents.prompts import nudge_prompt, render
-from sftree.agents.sandbox import private_home_paths, resolve_mode
+from sftree.agents.sandbox import UIDS, give_to, private_home_paths, resolve_mode
 from sftree.agents.tools import TOOL_SCHEMAS, ToolContext, execute
 from sftree.teacher import BadReply, ContextOverflow, TeacherError
 
 log = logging.getLogger(__name__)
 
 NOT_RUN = "Not run: the turn ended at `coral eval`."
+NOT_RUN_TIMEOUT = "Not run: the turn's time (turn_timeout) is up."
 TRUNCATED = (
     "Not run: your reply was cut off at the output token limit (finish_reason: length) inside this tool call, "
     "so its arguments are incomplete. Make the call again with shorter arguments."
@@ -96,7 +97,7 @@ class NativeAgent(AgentBackend):
         self.hidden = list(hidden or [])
         self.tools = TOOL_SCHEMAS
 
-    def tool_context(self, run: TurnRun) -> ToolContext:
+    def tool_context(self, run: TurnRun, uid: int | None = None, deadline: float | None = None) -> ToolContext:
         coral_dir = Path(run.env["CORAL_SOCKET"]).parent if run.env.get("CORAL_SOCKET") else None
         task_dir = run.task_cfg.get("task_dir")
         hidden = self.hidden + list(run.extra_ro_hidden) + ([Path(task_dir)] if task_dir else [])
@@ -109,12 +110,25 @@ class NativeAgent(AgentBackend):
             hidden=hidden,
             bash_timeout=float(self.cfg.get("bash_timeout", 300)),
             output_cap=int(self.cfg.get("output_cap", 30000)),
+            uid=uid,
+            deadline=deadline,
         )
 
     def run_turn(self, run: TurnRun) -> TurnOutcome:
-        ctx = self.tool_context(run)
+        uid = UIDS.acquire() if self.sandbox == "bwrap" else None
+        try:
+            if uid is not None:  # the unprivileged sandbox user must own what it may change
+                give_to(Path(run.workspace.root), uid)
+                if run.env.get("CORAL_SOCKET"):
+                    give_to(Path(run.env["CORAL_SOCKET"]).parent, uid)
+            return self._run_turn(run, uid)
+        finally:
+            UIDS.release(uid)
+
+    def _run_turn(self, run: TurnRun, uid: int | None) -> TurnOutcome:
         max_steps = int(self.cfg.get("max_steps_per_turn", 40))
         deadline = time.monotonic() + float(self.cfg.get("turn_timeout", 3600))
+        ctx = self.tool_context(run, uid, deadline)
         nudges_left = int(self.cfg.get("nudges", 2))
         overrides = self.cfg.get("prompts") or {}
         out = TurnOutcome(ended="step_limit")
@@ -168,6 +182,8 @@ class NativeAgent(AgentBackend):
                 name, call_id = call["function"]["name"], call["id"]
                 if turn_done:
                     res = ToolOutcome(NOT_RUN)
+                elif time.monotonic() >= deadline:
+                    res = ToolOutcome(NOT_RUN_TIMEOUT)
                 elif comp.truncated_calls:
                     res = ToolOutcome(TRUNCATED, error=True)
                     out.tool_calls += 1
@@ -207,6 +223,9 @@ class NativeAgent(AgentBackend):
             kind = "agent"
             if turn_done:
                 out.ended = "eval"
+                break
+            if time.monotonic() >= deadline:
+                out.ended = "timeout"
                 break
             if not msg.get("tool_calls"):
                 if nudges_left <= 0:

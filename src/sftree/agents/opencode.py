@@ -449,7 +449,22 @@ class OpenCodeAgent(AgentBackend):
         cdir = st.home / "config" / "opencode"
         (cdir / "opencode.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
         self._plugin_stub(cdir)
-        self._plugin_stub(Path(run.workspace.root) / ".opencode")
+        self._workspace_stub(Path(run.workspace.root))
+
+    @staticmethod
+    def _workspace_stub(root: Path) -> None:
+        """The same stub in the agent's `.opencode`, written without following any link the agent left."""
+        from sftree import safefs
+
+        safefs.write_bytes_atomic(root, ".opencode/package.json", (json.dumps({"dependencies": PLUGIN_DEP}) + "\n").encode())
+        lock = json.dumps({"packages": {"": {"dependencies": PLUGIN_DEP}}}) + "\n"
+        safefs.write_bytes_atomic(root, ".opencode/package-lock.json", lock.encode())
+        with safefs.open_dir(root, ".opencode/node_modules", create=True):
+            pass
+        try:
+            safefs.read_bytes(root, ".opencode/.gitignore", limit=1)
+        except FileNotFoundError:  # as OpenCode does: only when there is none
+            safefs.write_bytes_atomic(root, ".opencode/.gitignore", GITIGNORE.encode())
 
     @staticmethod
     def _plugin_stub(d: Path) -> None:

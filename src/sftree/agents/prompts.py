@@ -12,10 +12,12 @@ without improvement.
 
 from __future__ import annotations
 
+import os
+import shutil
 import string
 from pathlib import Path
 
-from sftree.coral import evals_since_improvement, fmt_score, load_attempts, parse_block
+from sftree.coral import evals_since_improvement, fmt_score, load_attempts
 from sftree.errors import InputError
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "prompts"
@@ -84,15 +86,21 @@ def nudge_prompt(overrides: dict | None = None) -> str:
 
 
 def write_agents_md(root: Path, task_cfg: dict, overrides: dict | None = None) -> None:
-    (Path(root) / "AGENTS.md").write_text(
-        render(
-            "agents_md",
-            overrides,
-            task_name=task_cfg.get("name", "task"),
-            direction_text=direction_text(task_cfg),
-        ),
-        encoding="utf-8",
+    """Write AGENTS.md afresh: whatever is there (a symlink the agent left, a file) is replaced, never
+    written through."""
+    text = render(
+        "agents_md",
+        overrides,
+        task_name=task_cfg.get("name", "task"),
+        direction_text=direction_text(task_cfg),
     )
+    path = Path(root) / "AGENTS.md"
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
 
 
 def heartbeat(eval_number: int | None, attempts: list[dict]) -> str:
@@ -105,51 +113,42 @@ def heartbeat(eval_number: int | None, attempts: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def last_turn_eval(messages: list[dict]) -> dict | None:
-    """The eval block that ended the session's last turn (its trailing tool results), or None."""
-    for m in reversed(messages):
-        if m.get("role") != "tool":
-            break
-        block = parse_block(str(m.get("content") or ""))
-        if block:
-            return block
-    return None
+def turn_record(ev, ended: str) -> dict:
+    """The host's own record of how a turn ended: its first `coral eval` (EvalResult or None) and why it ended.
 
-
-def last_turn_reason(messages: list[dict]) -> str:
-    for m in reversed(messages):
-        if m.get("role") == "tool":
-            text = str(m.get("content") or "")
-            if text.startswith("Nothing to commit"):
-                return "nothing to commit"
-        break
-    return "no eval was submitted"
+    The next turn's prompt is built from this alone, never from text in the session: the agent's tools can
+    print anything, including a fake eval block (docs/security.md)."""
+    return {"eval": ev.to_dict() if ev is not None else None, "ended": ended}
 
 
 def next_turn_prompt(
-    messages: list[dict], knowledge_dir: Path, task_cfg: dict, overrides: dict | None = None
+    last: dict | None, knowledge_dir: Path, task_cfg: dict, overrides: dict | None = None
 ) -> str:
-    """Coral's interrupt-style prompt for the turn that follows the session's last turn."""
+    """Coral's interrupt-style prompt for the turn that follows a turn whose host record is `last`."""
     attempts = load_attempts(Path(knowledge_dir) / "attempts")
-    block = last_turn_eval(messages)
-    if block is None:
+    ev = (last or {}).get("eval") or None
+    if ev is None or ev.get("number") is None:
+        reason = (
+            "nothing to commit"
+            if ev is not None and ev.get("status") == "nothing_to_commit"
+            else "no eval was submitted"
+        )
         return render(
             "turn_failed",
             overrides,
-            reason=last_turn_reason(messages),
+            reason=reason,
             heartbeat=heartbeat(None, attempts),
             direction_text=direction_text(task_cfg),
         ).strip()
-    title = next((a.get("title", "") for a in attempts if a.get("commit_hash") == block["commit"]), "")
     return render(
         "turn",
         overrides,
-        eval_number=block["number"],
-        score=fmt_score(block["score"]),
-        commit=block["commit"],
-        status=block["status"],
-        title=title,
-        feedback=block["feedback"],
-        heartbeat=heartbeat(block["number"], attempts),
+        eval_number=ev["number"],
+        score=fmt_score(ev.get("score")),
+        commit=ev.get("commit"),
+        status=ev.get("status"),
+        title=ev.get("message", ""),
+        feedback=ev.get("feedback", ""),
+        heartbeat=heartbeat(ev["number"], attempts),
         direction_text=direction_text(task_cfg),
     ).strip()

@@ -1,11 +1,16 @@
-"""Run the agent's shell commands confined: bubblewrap when available (`agent.sandbox: auto|bwrap|none`).
+"""Confine untrusted commands (the agent's shell, graded code) with bubblewrap (`agent.sandbox: auto|bwrap|none`).
 
-Inside bwrap: the whole filesystem read-only, the workspace read-write, a private /tmp, no network
-(`--unshare-net`), and these paths replaced by empty tmpfs so they cannot be read: the tree directory (store,
-sessions, other branches' worktrees), the task folder (grader), the results folder and $HOME (or, when the
-Python running sftree lives under $HOME, its credential folders and files). The coral client
-and its socket are bound at CORAL_MOUNT. Without bwrap (`none`), commands still run with the workspace as cwd
-and a scrubbed environment, but nothing stops them from reading outside it: use `none` only for trusted tests.
+The sandbox is an allow-list (docs/security.md): a fresh root holding only the system toolchain (`/usr`, the
+`/bin`, `/lib*` links, `/etc`) and the running Python's installation, all read-only, plus what the caller binds
+(the workspace read-write, the coral client read-only), a private /tmp, /dev and /proc. Nothing else of the host
+exists inside: not the project checkout, not the tree store, not the snapshots, not $HOME. `hidden` paths are
+still covered by empty tmpfs in case one lies under an exposed folder.
+
+Privileges: a user namespace (`--unshare-user`) with every capability dropped and nested user namespaces
+disabled, new PID/IPC/network namespaces, `--die-with-parent`, `--new-session`. When sftree runs as root the
+command is started as an unprivileged host uid from `SANDBOX_UID_BASE` (`sandbox_uid()`), so the kernel counts
+its processes: `prlimit` caps processes (RLIMIT_NPROC), data memory (RLIMIT_DATA), file size and core dumps.
+`none` runs commands unconfined: trusted tests only, and the outputs say so (tree.json `sandbox`).
 """
 
 from __future__ import annotations
@@ -14,59 +19,175 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from sftree.errors import InputError
 
 CORAL_MOUNT = "/tmp/.coral"
-ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
+ENV_KEEP = ("LANG", "LC_ALL", "TZ")
+SYSTEM_ROOTS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+SANDBOX_UID_BASE = 200000  # unprivileged host uids handed to sandboxes when sftree runs as root
+_UID_SLOTS = 4096
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one sandboxed command (per process tree; RLIMIT_NPROC per uid)."""
+
+    nproc: int = 512
+    data_mb: int = 16384
+    fsize_mb: int = 4096
+
+
+AGENT_LIMITS = Limits()
+
+
+@functools.cache
+def _bwrap_flags() -> tuple[str, ...]:
+    exe = shutil.which("bwrap")
+    if not exe:
+        return ()
+    try:
+        text = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return tuple(f for f in ("--disable-userns", "--cap-drop") if f in text)
+
+
+def probe_argv() -> list[str]:
+    """The isolation the sandbox relies on, tried once: user namespace, no capabilities, no network."""
+    return bwrap_argv(
+        ["/bin/sh", "-c", 'test "$(id -u)" != 0 || test -z "$SUDO_UID"'], cwd="/", uid=sandbox_uid(0)
+    )
 
 
 @functools.cache
 def bwrap_works() -> bool:
-    """bwrap is installed and can create namespaces here (it cannot in some containers)."""
-    exe = shutil.which("bwrap")
-    if not exe:
+    """bwrap is installed and can build the whole sandbox here (it cannot in some containers)."""
+    if not shutil.which("bwrap") or "--cap-drop" not in _bwrap_flags():
         return False
     try:
-        proc = subprocess.run(
-            [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-net", "true"],
-            capture_output=True,
-            timeout=20,
-        )
+        proc = subprocess.run(wrap_limits(probe_argv(), AGENT_LIMITS), capture_output=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return proc.returncode == 0
 
 
 def resolve_mode(mode: str) -> str:
-    """`auto` -> bwrap when it works, else none; `bwrap` when it does not work is an error."""
+    """`auto` and `bwrap` need a working bubblewrap (a clear error otherwise); only an explicit `none` runs
+    unconfined."""
     if mode == "none":
         return "none"
-    if mode == "bwrap":
-        if not bwrap_works():
-            raise InputError(
-                "agent.sandbox is `bwrap` but bubblewrap is not installed or cannot create "
-                "namespaces here (apt-get install bubblewrap, or set agent.sandbox: none)"
-            )
-        return "bwrap"
-    if mode == "auto":
-        return "bwrap" if bwrap_works() else "none"
-    raise InputError(f"agent.sandbox: unknown mode {mode!r} (auto | bwrap | none)")
+    if mode not in ("auto", "bwrap"):
+        raise InputError(f"agent.sandbox: unknown mode {mode!r} (auto | bwrap | none)")
+    if not bwrap_works():
+        raise InputError(
+            f"agent.sandbox is `{mode}` but bubblewrap cannot isolate here (not installed, too old for "
+            "--cap-drop, or user namespaces are disabled): apt-get install bubblewrap, or set "
+            "agent.sandbox: none explicitly to make data WITHOUT a sandbox (the report and dataset card say so)"
+        )
+    return "bwrap"
+
+
+# ---- identity and limits -----------------------------------------------------------------------------------
+def sandbox_uid(slot: int) -> int | None:
+    """The host uid a sandbox runs as: an unprivileged one when sftree is root, else None (our own uid)."""
+    if os.geteuid() != 0:
+        return None
+    return SANDBOX_UID_BASE + (os.getpid() * 7 + slot) % _UID_SLOTS
+
+
+class UidPool:
+    """Distinct uids for sandboxes running at once in this process (so each gets its own process cap)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._used: set[int] = set()
+
+    def acquire(self) -> int | None:
+        with self._lock:
+            for slot in range(_UID_SLOTS):
+                uid = sandbox_uid(slot)
+                if uid is None:
+                    return None
+                if uid not in self._used:
+                    self._used.add(uid)
+                    return uid
+        return sandbox_uid(0)
+
+    def release(self, uid: int | None) -> None:
+        with self._lock:
+            self._used.discard(uid)
+
+
+UIDS = UidPool()
+
+
+def give_to(root: Path, uid: int | None) -> None:
+    """Hand a workspace to the sandbox uid (without following links), so the agent can write it."""
+    if uid is None:
+        return
+    root = Path(root)
+    os.lchown(root, uid, uid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), uid, uid)
+
+
+def _own_tasks(uid: int) -> int:
+    n = 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    n += len(os.listdir(f"/proc/{pid}/task"))
+            except OSError:
+                continue
+    return n
+
+
+def wrap_limits(argv: list[str], limits: Limits, uid: int | None = None) -> list[str]:
+    """Prefix `prlimit` so the sandbox starts under the limits. RLIMIT_NPROC counts every task of the uid, so
+    when we share our own uid (not root) the cap is on top of what already runs."""
+    exe = shutil.which("prlimit")
+    if not exe:
+        return argv
+    nproc = limits.nproc if uid is not None or os.geteuid() == 0 else _own_tasks(os.getuid()) + limits.nproc
+    mb = 1024 * 1024
+    return [
+        exe,
+        f"--nproc={nproc}",
+        f"--data={limits.data_mb * mb}",
+        f"--fsize={limits.fsize_mb * mb}",
+        "--core=0",
+        "--",
+        *argv,
+    ]
+
+
+# ---- environment -------------------------------------------------------------------------------------------
+def _visible_path_dirs() -> list[str]:
+    """PATH inside: the running Python's bin folder, then the system folders (shims under $HOME do not exist)."""
+    return [str(Path(sys.executable).parent), *SYSTEM_PATH.split(":")]
 
 
 def scrubbed_env(coral_env: dict[str, str], *, sandboxed: bool, workspace: Path) -> dict[str, str]:
     """Only harmless variables survive (no API keys, tokens, proxies); the coral client comes first on PATH."""
     env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
-    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env.setdefault("LANG", "C.UTF-8")
     if sandboxed:
         coral_bin, coral_sock = f"{CORAL_MOUNT}/bin", f"{CORAL_MOUNT}/coral.sock"
         env["HOME"] = env["TMPDIR"] = "/tmp"
+        path = ":".join(_visible_path_dirs())
     else:
         coral_bin, coral_sock = coral_env["CORAL_BIN"], coral_env["CORAL_SOCKET"]
         env["HOME"] = str(workspace)
-    env["PATH"] = f"{coral_bin}:{env['PATH']}"
+        path = os.environ.get("PATH", SYSTEM_PATH)
+    env["PATH"] = f"{coral_bin}:{path}"
     env["CORAL_SOCKET"] = coral_sock
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["TERM"] = "dumb"
@@ -90,10 +211,9 @@ CREDENTIAL_PATHS = (
 
 
 def private_home_paths() -> list[Path]:
-    """What of $HOME to hide: all of it, unless the Python or sftree itself lives there (a pyenv or venv
-    under $HOME), then the usual credential folders and files."""
-    import sys
-
+    """What of $HOME to hide should it be exposed: all of it, unless the Python or sftree itself lives there
+    (a pyenv or venv under $HOME), then the usual credential folders and files. (The allow-list exposes no
+    part of $HOME but the Python installation; this is belt and braces.)"""
     home = Path.home().resolve()
     needed = [Path(sys.prefix), Path(sys.base_prefix), Path(__file__)]
     if not any(p.resolve().is_relative_to(home) for p in needed):
@@ -103,11 +223,17 @@ def private_home_paths() -> list[Path]:
 
 def python_roots() -> list[str]:
     """Folders the running Python needs: its prefix, its base installation and the resolved interpreter's."""
-    import sys
-
     exe = Path(sys.executable).resolve()
     roots = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), exe.parent.parent}
     return sorted(str(r) for r in roots)
+
+
+def project_checkout() -> Path | None:
+    """The sftree checkout this code runs from (editable install or PYTHONPATH), hidden from every sandbox."""
+    for parent in Path(__file__).resolve().parents:
+        if (parent / "pyproject.toml").is_file() and (parent / "src" / "sftree").is_dir():
+            return parent
+    return None
 
 
 def _under(path: str, folder: str) -> bool:
@@ -123,26 +249,67 @@ def bwrap_argv(
     hidden: list[Path] = (),
     keep_visible: list[str | Path] = (),
     new_session: bool = True,
+    uid: int | None = None,
 ) -> list[str]:
-    """The bwrap command line shared by every backend: `/` read-only, a private /tmp, no network, `hidden`
-    folders replaced by empty tmpfs (files by /dev/null), then `keep_visible` and the running Python re-exposed
-    read-only where a hidden folder or /tmp covered them (a venv in /tmp, a pyenv under $HOME), then the
-    read-write `binds` and read-only `ro_binds` (source, destination)."""
-    argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    argv += ["--unshare-net", "--unshare-ipc", "--unshare-pid", "--die-with-parent"]
+    """The bwrap command line shared by every backend: an allow-list root (module docstring), `hidden`
+    folders covered by empty tmpfs (files by /dev/null) where they lie under an exposed folder, the running
+    Python and `keep_visible` re-exposed read-only, then the read-write `binds` and read-only `ro_binds`
+    (source, destination).
+
+    With `uid` (sftree is root): the mounts are made as root (it can read a Python under /root), then
+    `setpriv` becomes `uid` with no capabilities and an inner bwrap puts it in a user namespace with nested
+    ones disabled. Without: one unprivileged bwrap (our own uid) in a user namespace, capabilities dropped."""
+    flags = _bwrap_flags()
+    userns = ["--unshare-user", "--cap-drop", "ALL"]
+    if "--disable-userns" in flags:
+        userns.append("--disable-userns")
+    argv = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+    argv += ["--unshare-cgroup-try", "--die-with-parent"]
+    if uid is None:
+        argv += userns
     if new_session:
         argv.append("--new-session")
-    hidden_set = sorted({str(Path(p).resolve()) for p in hidden if p and Path(p).exists()})
+    exposed = []
+    for root in SYSTEM_ROOTS:
+        p = Path(root)
+        if p.is_symlink():
+            argv += ["--symlink", os.readlink(p), root]
+        elif p.is_dir():
+            argv += ["--ro-bind", root, root]
+            exposed.append(root)
+    argv += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+    checkout = project_checkout()
+    hidden_all = [*hidden, *([checkout] if checkout else [])]
+    hidden_set = sorted({str(Path(p).resolve()) for p in hidden_all if p and Path(p).exists()})
     for h in hidden_set:
-        if _under(h, "/tmp"):  # /tmp is a fresh tmpfs already
-            continue
-        argv += ["--tmpfs", h] if Path(h).is_dir() else ["--ro-bind", "/dev/null", h]
-    covered = ["/tmp", *hidden_set]
-    for p in sorted(set(python_roots()) | {str(Path(k).resolve()) for k in keep_visible}):
-        if any(_under(p, c) for c in covered):
-            argv += ["--ro-bind", p, p]
-    for src, dst in binds:
-        argv += ["--bind", str(src), str(dst)]
-    for src, dst in ro_binds:
-        argv += ["--ro-bind", str(src), str(dst)]
-    return argv + ["--chdir", str(cwd), "--", *command]
+        if any(_under(h, e) for e in exposed):
+            argv += ["--tmpfs", h] if Path(h).is_dir() else ["--ro-bind", "/dev/null", h]
+    mounts = [
+        ("--ro-bind", p, p)
+        for p in sorted(set(python_roots()) | {str(Path(k).resolve()) for k in keep_visible})
+    ]
+    mounts = [m for m in mounts if Path(m[1]).exists()]
+    mounts += [("--bind", str(src), str(dst)) for src, dst in binds]
+    mounts += [("--ro-bind", str(src), str(dst)) for src, dst in ro_binds]
+    made = {"/", "/tmp", *SYSTEM_ROOTS}
+    for kind, src, dst in mounts:
+        # Folders leading to a mount point are made traversable (bwrap would copy a 0700 /root or /tmp/x).
+        for parent in reversed(Path(dst).parents):
+            if str(parent) not in made and not any(_under(str(parent), e) for e in exposed):
+                argv += ["--perms", "0755", "--dir", str(parent)]
+                made.add(str(parent))
+        argv += [kind, src, dst]
+    if uid is None:
+        return argv + ["--chdir", str(cwd), "--", *command]
+    drop = [
+        shutil.which("setpriv") or "setpriv",
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--",
+    ]
+    # Device nodes reached through a mount made in another user namespace cannot be opened: a fresh /dev.
+    inner = ["bwrap", *userns, "--bind", "/", "/", "--dev", "/dev", "--chdir", str(cwd), "--", *command]
+    return argv + ["--chdir", "/", "--", *drop, *inner]

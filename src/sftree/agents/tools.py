@@ -15,11 +15,12 @@ import fnmatch
 import json
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sftree.agents.base import ToolOutcome
-from sftree.agents.sandbox import CORAL_MOUNT, bwrap_argv, scrubbed_env
+from sftree.agents.sandbox import AGENT_LIMITS, CORAL_MOUNT, bwrap_argv, give_to, scrubbed_env, wrap_limits
 from sftree.procs import run_group
 
 
@@ -139,6 +140,8 @@ class ToolContext:
     hidden: list[Path] = field(default_factory=list)
     bash_timeout: float = 300.0
     output_cap: int = 30000
+    uid: int | None = None  # the unprivileged host uid the sandbox runs as (sftree is root), else None
+    deadline: float | None = None  # time.monotonic() at which the turn ends: no tool runs past it
 
 
 # ---- knowledge detection (pure) ----------------------------------------------------------------------------
@@ -212,8 +215,12 @@ def confine(p: str, ctx: ToolContext) -> Path:
     return target
 
 
+class _Capped(str):
+    """Tool output that is already cut to the cap."""
+
+
 def _cap(text: str, cap: int) -> str:
-    if len(text) <= cap:
+    if len(text) <= cap or isinstance(text, _Capped):
         return text
     return text[:cap] + f"\n... (output truncated: {len(text) - cap} more characters)"
 
@@ -244,8 +251,11 @@ def tool_write(args: dict, ctx: ToolContext) -> str:
     if path.is_dir():
         raise ToolError(f"{args['filePath']} is a directory")
     existed = path.exists()
+    first_new = next((p for p in reversed([path.parent, *path.parent.parents]) if not p.exists()), None)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(args["content"], encoding="utf-8")
+    if ctx.uid is not None:  # the sandbox user must be able to change what the tool made
+        give_to(first_new or path, ctx.uid)
     return f"{'Overwrote' if existed else 'Wrote'} {args['filePath']} ({len(args['content'])} characters)"
 
 
@@ -270,11 +280,15 @@ def tool_edit(args: dict, ctx: ToolContext) -> str:
     return f"Edited {args['filePath']} ({n if args.get('replaceAll') else 1} replacement(s))"
 
 
-def _walk(base: Path):
+def _walk(base: Path, root: Path):
+    """Files under `base`; a symlink is listed only when it resolves inside the workspace (never followed out)."""
     for dirpath, dirnames, filenames in os.walk(base):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
         for f in sorted(filenames):
-            yield Path(dirpath) / f
+            p = Path(dirpath) / f
+            if p.is_symlink() and not p.resolve().is_relative_to(root):
+                continue
+            yield p
 
 
 def _rel(p: Path, ctx: ToolContext) -> str:
@@ -287,7 +301,7 @@ def tool_glob(args: dict, ctx: ToolContext) -> str:
         raise ToolError(f"directory not found: {args.get('path')}")
     pattern = args["pattern"]
     hits = []
-    for p in _walk(base):
+    for p in _walk(base, ctx.root):
         rel = str(p.relative_to(base))
         if (
             fnmatch.fnmatch(rel, pattern)
@@ -310,7 +324,7 @@ def tool_grep(args: dict, ctx: ToolContext) -> str:
     except re.error as exc:
         raise ToolError(f"invalid regex {args['pattern']!r}: {exc}") from None
     include = args.get("include")
-    files = [base] if base.is_file() else _walk(base)
+    files = [base] if base.is_file() else _walk(base, ctx.root)
     hits = []
     for p in files:
         if include and not fnmatch.fnmatch(
@@ -341,19 +355,29 @@ def tool_bash(args: dict, ctx: ToolContext) -> str:
     timeout = ctx.bash_timeout if not timeout_ms else min(float(timeout_ms) / 1000.0, ctx.bash_timeout * 2)
     if timeout <= 0:
         raise ToolError("timeout must be positive")
+    turn_left = ctx.deadline - time.monotonic() if ctx.deadline is not None else None
+    if turn_left is not None and turn_left < timeout:
+        if turn_left <= 0:
+            raise ToolError("not run: the turn's time is up (turn_timeout)")
+        timeout = turn_left  # the turn's timeout holds for the running command too
     sandboxed = ctx.sandbox == "bwrap"
     env = scrubbed_env(ctx.coral_env, sandboxed=sandboxed, workspace=ctx.root)
     argv = ["bash", "-c", args["command"]]
     if sandboxed:
         ws = Path(ctx.root).resolve()
         coral = [(ctx.coral_dir, CORAL_MOUNT)] if ctx.coral_dir is not None else []
-        argv = bwrap_argv(argv, cwd=cwd, binds=[(ws, ws)], ro_binds=coral, hidden=ctx.hidden)
-    res = run_group(argv, timeout=timeout, merge_stderr=True, cwd=cwd, env=env)
+        argv = bwrap_argv(argv, cwd=cwd, binds=[(ws, ws)], ro_binds=coral, hidden=ctx.hidden, uid=ctx.uid)
+        argv = wrap_limits(argv, AGENT_LIMITS, ctx.uid)
+    # Bytes, not characters: a little more than the cap so the cut is made on characters below.
+    res = run_group(argv, timeout=timeout, merge_stderr=True, max_output=ctx.output_cap * 4 + 4096, env=env, cwd=cwd)
     text = res.stdout.decode("utf-8", "replace")
+    if res.dropped:  # already over the cap: cut here, counting what was never read into memory
+        more = len(text) - ctx.output_cap + res.dropped
+        text = _Capped(text[: ctx.output_cap] + f"\n... (output truncated: {more} more characters)")
     if res.timed_out:
-        raise ToolError(f"command timed out after {timeout:g}s\n{_cap(text, 2000)}")
+        raise ToolError(f"command timed out after {timeout:g}s\n{_cap(str(text), 2000)}")
     if res.returncode != 0:
-        text += f"\n(exit code {res.returncode})"
+        text = type(text)(text + f"\n(exit code {res.returncode})")
     return text
 
 

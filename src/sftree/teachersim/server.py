@@ -2,7 +2,7 @@
 
     sftree teacher-sim --port 30000 [--host 127.0.0.1] [--seed 0] [--latency-ms-per-token 0]
                        [--latency-tail pareto:2.5] [--script faults.yaml] [--fault-rate http_500=0.05,...]
-                       [--hang-s 30] [--model teacher-sim]
+                       [--hang-s 30] [--model teacher-sim] [--omit-usage]
 
 Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` (non-streaming, or SSE with
 `"stream": true`: a role chunk, content and tool-call chunks, a finish chunk, then - as SGLang does with
@@ -12,6 +12,9 @@ The policy (policy.py) really works the task through tool calls. Usage: `prompt_
 serialized request // 4; `completion_tokens` likewise for the reply; `prompt_tokens_details.cached_tokens` =
 the longest prefix, at message boundaries, shared with any earlier request (a set of chained prefix hashes:
 O(request size) per request), which is what SGLang's radix cache would reuse.
+
+`--omit-usage` leaves `usage` out of every reply (and the usage chunk out of a stream), as some OpenAI-compatible
+servers do; the client then estimates tokens from the text.
 
 Latency: (completion tokens + uncached prompt tokens / 50) * `--latency-ms-per-token`, times a Pareto(alpha)
 draw (>= 1, heavy-tailed) with `--latency-tail pareto:alpha`.
@@ -39,7 +42,7 @@ then answer: the client's request timeout fires first), malformed_args (tool-cal
 unknown_tool, tool_errors (a read of a missing file; after 3 failed calls the policy gives up and submits, so a
 turn under it usually has no code change and no score), no_eval (text only: the model stops without an eval),
 broken_code (the constant edit writes a syntax error, so the grader crashes), break_workspace (a bash step
-that breaks the worktree's `.git` link: the edge's fork/runtime breaks, the search records `edge_error`).
+that replaces `.opencode` by a dangling link: the host refuses it, the search records `edge_error`).
 
 Real-server shapes (docs/failures.md): context_overflow (HTTP 400 with SGLang's "longer than the model's
 context length" message; also sent for every request whose prompt exceeds `--context-tokens`), lone_surrogate
@@ -223,6 +226,7 @@ class SimState:
     hang_s: float = 30.0
     model: str = "teacher-sim"
     context_tokens: int | None = None
+    omit_usage: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     prefixes: set = field(default_factory=set)
     seen: dict = field(default_factory=dict)
@@ -368,6 +372,8 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(delay)
         finish = "tool_calls" if reply.get("tool_calls") else "stop"
         rid = f"chatcmpl-{body_hash[:24]}"
+        if st.omit_usage:
+            usage = None
         if body.get("stream"):
             self._stream(rid, reply, finish, usage)
             return
@@ -377,11 +383,12 @@ class Handler(BaseHTTPRequestHandler):
             "created": 0,
             "model": st.model,
             "choices": [{"index": 0, "message": reply, "finish_reason": finish}],
-            "usage": usage,
         }
+        if usage is not None:
+            payload["usage"] = usage
         self._send(200, reshape(payload, faults & SHAPE_FAULTS))
 
-    def _stream(self, rid: str, reply: dict, finish: str, usage: dict) -> None:
+    def _stream(self, rid: str, reply: dict, finish: str, usage: dict | None) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -424,7 +431,8 @@ class Handler(BaseHTTPRequestHandler):
             for i in range(0, len(args), 64):
                 chunk({"tool_calls": [{"index": j, "function": {"arguments": args[i : i + 64]}}]})
         chunk({}, finish_reason=finish)
-        chunk(None, usage_=usage)
+        if usage is not None:
+            chunk(None, usage_=usage)
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 
@@ -493,6 +501,7 @@ def make_state(
     hang_s: float = 30.0,
     model: str = "teacher-sim",
     context_tokens: int | None = None,
+    omit_usage: bool = False,
 ) -> SimState:
     if isinstance(script, list):
         rules = parse_rules(script, "teacher.sim.script")
@@ -509,6 +518,7 @@ def make_state(
         hang_s=float(hang_s),
         model=model,
         context_tokens=context_tokens,
+        omit_usage=bool(omit_usage),
     )
 
 
@@ -560,6 +570,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="answer HTTP 400 (context overflow) above this prompt",
     )
+    parser.add_argument(
+        "--omit-usage",
+        action="store_true",
+        help="leave token usage out of replies (a server that reports none)",
+    )
 
 
 def run(args) -> int:
@@ -574,6 +589,7 @@ def run(args) -> int:
         hang_s=args.hang_s,
         model=args.model,
         context_tokens=args.context_tokens,
+        omit_usage=args.omit_usage,
     )
     host, port = server.server_address[:2]
     print(f"teacher-sim serving on http://{host}:{port}/v1 (seed {args.seed})", flush=True)

@@ -1,0 +1,35 @@
+"""Fixtures of the security tests: a base folder outside /tmp, and a scripted-Teacher tree in it."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scripted import Scripted, make_base  # noqa: E402
+
+
+@pytest.fixture
+def base():
+    b = make_base()
+    yield b
+    shutil.rmtree(b, ignore_errors=True)
+
+
+@pytest.fixture
+def scripted(base):
+    """scripted(script, agent={...}) -> Scripted; closed at the end of the test."""
+    made = []
+
+    def make(script: dict, agent: dict | None = None) -> Scripted:
+        s = Scripted(base, script, agent=agent)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()

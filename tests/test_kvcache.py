@@ -1,0 +1,59 @@
+"""The SGLang prefix-cache model (sftree.kvcache) against hand-computed reuse, eviction and replay numbers."""
+
+from __future__ import annotations
+
+import json
+
+from sftree.kvcache import Block, Call, RadixLRU, chain, extend, replay
+
+A, B, C, D, E = (Block(k.encode(), t) for k, t in (("A", 10), ("B", 5), ("C", 10), ("D", 5), ("E", 5)))
+
+
+def test_longest_cached_prefix_is_reused():
+    cache = RadixLRU(float("inf"))
+    assert cache.request([A, B]) == 0
+    assert cache.request([A, B, D]) == 15
+    assert cache.request([A, E]) == 10  # a sibling shares only the parent
+    assert cache.used == 10 + 5 + 5 + 5 and cache.evicted == 0
+
+
+def test_lru_leaf_is_evicted_and_parents_outlive_children():
+    cache = RadixLRU(20)
+    cache.request([A, B])  # used 15
+    assert cache.request([A, D]) == 10  # used 20
+    assert cache.request([A, E]) == 10  # 25 > 20: B, the least recently used leaf, goes
+    assert cache.evicted == 5 and cache.used == 20
+    assert cache.request([A, B]) == 10  # B was evicted; D (now the oldest leaf) makes room for it again
+    assert cache.evicted == 10 and list(cache.nodes) == [E.key, B.key, A.key]
+
+    tight = RadixLRU(15)
+    tight.request([A, B])
+    tight.request([C])  # 25 > 15: B first, then A (a leaf once B is gone), never A before B
+    assert list(tight.nodes) == [C.key] and tight.evicted == 15
+
+
+def test_replay_caches_replies_and_counts_against_room():
+    t, u1, r1, x = (Block(k.encode(), n) for k, n in (("T", 4), ("U1", 6), ("R1", 3), ("X", 5)))
+    calls = [Call(0.0, 1.0, (t, u1), r1), Call(2.0, 3.0, (t, u1, r1, x), None)]
+    big = replay(calls, float("inf"))
+    assert (big.prompt_tokens, big.cached_tokens, big.peak_in_flight) == (10 + 18, 4 + 6 + 3, 1)
+    assert abs(big.share - 13 / 28) < 1e-12
+    small = replay(calls, 12)  # the reply (13 > 12) is evicted at once: the next turn reuses only its prompt
+    # evicted: R1 (3) at the first reply; then the second prompt (18 > 12) loses X (5) and R1 (3) again
+    assert (small.cached_tokens, small.evicted_tokens) == (10, 3 + 5 + 3)
+    overlapping = replay([Call(0.0, 2.0, (t,), None), Call(1.0, 3.0, (t, u1), None)], float("inf"))
+    assert overlapping.peak_in_flight == 2 and overlapping.cached_tokens == 4
+
+
+def test_chain_counts_like_teacher_sim_and_salts_after_the_tools():
+    tools = [{"type": "function", "function": {"name": "bash"}}]
+    msgs = [{"role": "system", "content": "s" * 40}, {"role": "user", "content": "go"}]
+    a, b = chain(msgs, tools, "tree-a"), chain(msgs, tools, "tree-b")
+    assert [x.tokens for x in a] == [
+        len(json.dumps(tools, sort_keys=True)) // 4,
+        len(json.dumps(msgs[0], sort_keys=True)) // 4,
+        len(json.dumps(msgs[1], sort_keys=True)) // 4,
+    ]
+    assert a[0] == b[0] and a[1].key != b[1].key  # the tools are shared by every tree's sessions
+    reply = {"role": "assistant", "content": "ok"}
+    assert extend(a, reply) == chain([*msgs, reply], tools, "tree-a")[-1]  # the next turn's prompt matches it
