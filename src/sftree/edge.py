@@ -140,7 +140,7 @@ class EdgeContext:
     def create(
         cls, tree_dir, root_dir, config: dict, task_cfg: dict, *, wait_ready: bool = True
     ) -> EdgeContext:
-        """Seed (or reopen) the store, start teacher-sim when `teacher.sim` is set, wait for the Teacher."""
+        """Seed (or reopen) the store, start teacher-sim (`teacher.sim`) or llama-server (`teacher.launch`), wait."""
         from sftree.agents import make_agent
         from sftree.teacher import TeacherClient
 
@@ -152,6 +152,15 @@ class EdgeContext:
             from sftree.teachersim.server import start_teacher_sim
 
             url, stop = start_teacher_sim(port=0, **dict(teacher_cfg["sim"]))
+            teacher_cfg["base_url"] = url
+            closers.append(stop)
+        elif teacher_cfg.get("launch") is not None:  # a real llama-server for this job (docs/real_teacher.md)
+            from sftree.llm_server import LaunchSpec, start_llm_server
+
+            spec = LaunchSpec.from_config(teacher_cfg["launch"])
+            if spec.log_file is None:
+                spec.log_file = tree_dir / "llama-server.log"
+            url, stop = start_llm_server(spec)
             teacher_cfg["base_url"] = url
             closers.append(stop)
         teacher = TeacherClient.from_config(teacher_cfg)
@@ -174,7 +183,7 @@ class EdgeContext:
         )
 
     def close(self) -> None:
-        """Stop a teacher-sim this context started; remove worktrees unless keep_workspaces."""
+        """Stop a teacher-sim or llama-server this context started; remove worktrees unless keep_workspaces."""
         if not self.keep_workspaces:
             self.store.close()
         self.agent.close()

@@ -142,6 +142,7 @@ class TeacherClient:
         max_concurrency: int = 64,
         extra_body: dict | None = None,
         context_tokens: int | None = None,
+        tool_choice: str = "auto",
     ):
         self.base_url = base_url.rstrip("/")
         self.root_url = _server_root(self.base_url)
@@ -156,6 +157,7 @@ class TeacherClient:
         self.health_timeout = health_timeout
         self.extra_body = dict(extra_body or {})
         self.context_tokens = context_tokens
+        self.tool_choice = tool_choice
         self._sem = threading.BoundedSemaphore(max_concurrency)
         self._warned_no_usage = False
         self._local = threading.local()
@@ -185,6 +187,7 @@ class TeacherClient:
             max_concurrency=cfg.get("max_concurrency", 64),
             extra_body=cfg.get("extra_body"),
             context_tokens=cfg.get("context_tokens", 131072),
+            tool_choice=cfg.get("tool_choice", "auto"),
         )
 
     # one Session per thread: requests.Session is not thread-safe, and keep-alive saves a handshake per step
@@ -242,6 +245,8 @@ class TeacherClient:
         }
         if tools:
             body["tools"] = tools
+            if self.tool_choice != "auto":  # `auto` is the servers' default: left out, bodies stay as they were
+                body["tool_choice"] = self.tool_choice
         body.update(self.extra_body)
         return body
 

@@ -1,0 +1,88 @@
+"""`teacher.launch` and `teacher.tool_choice` without a model: config, request bodies, launcher failures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sftree.agents.tools import TOOL_SCHEMAS
+from sftree.config import REPO_ROOT, load_config
+from sftree.errors import InputError, TeacherUnavailable
+from sftree.llm_server import DEFAULT_BINARY, LaunchSpec, start_llm_server
+from sftree.teacher import TeacherClient
+
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def body(**kw) -> dict:
+    c = TeacherClient.from_config({"base_url": "http://127.0.0.1:1/v1", **kw})
+    return c.request_body(MSGS, TOOL_SCHEMAS)
+
+
+def test_tool_choice_required_is_sent_and_auto_is_left_out():
+    assert body(tool_choice="required")["tool_choice"] == "required"
+    assert "tool_choice" not in body(tool_choice="auto") and "tool_choice" not in body()
+    # no tools in the request (a title call): nothing to choose from, so no tool_choice either
+    c = TeacherClient.from_config({"tool_choice": "required"})
+    assert "tool_choice" not in c.request_body(MSGS, None)
+
+
+def test_config_schema_takes_launch_and_tool_choice(tmp_path):
+    cfg = yaml.safe_load((REPO_ROOT / "examples/real.yaml").read_text())
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    loaded = load_config(p)
+    assert loaded["teacher"]["tool_choice"] == "required" and loaded["teacher"]["launch"] == {"threads": 1}
+    assert load_config(REPO_ROOT / "config.yaml")["teacher"]["launch"] is None
+    for bad in ({"tool_choice": "any"}, {"launch": {"modle": "x.gguf"}}, {"launch": {"ctx_size": 10}}):
+        cfg["teacher"] = bad
+        p.write_text(yaml.safe_dump(cfg))
+        with pytest.raises(InputError):
+            load_config(p)
+
+
+def test_launch_spec_paths_and_command(tmp_path):
+    spec = LaunchSpec.from_config(
+        {"model": "m.gguf", "chat_template_file": None, "extra_args": ["--seed", 3]}
+    )
+    assert spec.binary == DEFAULT_BINARY and spec.model == REPO_ROOT / "m.gguf"
+    cmd = spec.command(4242)
+    assert cmd[0] == str(DEFAULT_BINARY) and "--jinja" in cmd and "--chat-template-file" not in cmd
+    assert cmd[cmd.index("--port") + 1] == "4242" and cmd[-2:] == ["--seed", "3"]
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"  # never on other interfaces
+    with_tpl = LaunchSpec.from_config({"chat_template_file": str(tmp_path / "t.jinja")}).command(1)
+    assert with_tpl[with_tpl.index("--chat-template-file") + 1] == str(tmp_path / "t.jinja")
+
+
+def test_missing_binary_or_model_is_named(tmp_path):
+    spec = LaunchSpec.from_config({"binary": str(tmp_path / "nope")})
+    with pytest.raises(InputError, match=r"llama-server binary not found at .*nope.*install_llm_server"):
+        start_llm_server(spec)
+    spec = LaunchSpec.from_config({"binary": "/bin/true", "model": str(tmp_path / "no.gguf")})
+    with pytest.raises(InputError, match=r"model file not found at .*no\.gguf"):
+        start_llm_server(spec)
+
+
+def test_server_that_dies_before_health_is_reported(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    log = tmp_path / "server.log"
+    spec = LaunchSpec.from_config({"binary": "/bin/false", "model": str(model), "chat_template_file": None,
+                                   "log_file": str(log), "startup_timeout": 20})  # fmt: skip
+    with pytest.raises(TeacherUnavailable, match=r"exited with code 1 before /health.*/bin/false --model"):
+        start_llm_server(spec)
+    assert log.exists()
+
+
+def test_fixture_files_are_real_llama_server_replies():
+    """Every recorded fixture names the server and model it came from, and its request and reply are whole."""
+    files = sorted((Path(__file__).parent / "fixtures" / "real_responses").glob("*.json"))
+    assert files
+    for f in files:
+        doc = json.loads(f.read_text())
+        assert doc["server"].startswith("llama-server") and doc["model"].endswith(".gguf"), f
+        assert doc["request"]["messages"] and doc["response"]["choices"][0]["message"]["role"] == "assistant"
+        assert doc["response"]["usage"]["prompt_tokens"] > 0
