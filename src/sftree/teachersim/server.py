@@ -82,6 +82,17 @@ from sftree.teachersim import policy
 
 log = logging.getLogger(__name__)
 
+# Reply shapes of real servers (applied to the policy's reply; see `reshape`), not policy behaviour.
+SHAPE_FAULTS = {
+    "lone_surrogate",
+    "bad_usage",
+    "tool_calls_string",
+    "length_mid_call",
+    "hermes_text",
+    "json_text",
+    "reasoning",
+    "function_call",
+}
 FAULT_KINDS = {
     "http_500",
     "http_503",
@@ -95,28 +106,8 @@ FAULT_KINDS = {
     "no_eval",
     "broken_code",
     "break_workspace",
-    *(
-        "context_overflow",
-        "lone_surrogate",
-        "bad_usage",
-        "tool_calls_string",
-        "length_mid_call",
-        "hermes_text",
-        "json_text",
-        "reasoning",
-        "function_call",
-    ),
-}
-# Reply shapes of real servers (applied to the policy's reply; see `reshape`), not policy behaviour.
-SHAPE_FAULTS = {
-    "lone_surrogate",
-    "bad_usage",
-    "tool_calls_string",
-    "length_mid_call",
-    "hermes_text",
-    "json_text",
-    "reasoning",
-    "function_call",
+    "context_overflow",
+    *SHAPE_FAULTS,
 }
 HTTP_FAULTS = {"http_500": 500, "http_503": 503, "http_429": 429}
 MATCH_KEYS = {"tree", "edge", "depth", "turn", "attempt", "session"}
