@@ -19,6 +19,7 @@ from test_workflow_demo import REPO, SCHEMA, rules_run, snakemake
 from sftree import steplog
 from sftree import tree as treemod
 from sftree.agents.prompts import nudge_prompt
+from sftree.agents.tools import TOOL_NAMES
 from sftree.llm_server import LaunchSpec
 
 MISSING = LaunchSpec.from_config({}).missing()
@@ -66,10 +67,11 @@ def check_reasons(tree: treemod.Tree) -> None:
 
 @pytest.mark.slow
 def test_real_model_tree_per_example_task_through_the_workflow(tmp_path, example_snapshots_dir):
-    """examples/real.yaml through Snakemake, one root per task, `tool_choice: required`: each explore job starts
-    its own llama-server; the trees finish and validate, every turn and failed edge says why it ended, the token
-    counts are the server's, and export, merge and report run on what came out. (Graded evals by this 135M model
-    are not reached yet: docs/real_teacher.md, "Open".)"""
+    """examples/real.yaml through Snakemake, one root per task, `tool_choice: required` and `constrain:
+    tool_call`: each explore job starts its own llama-server; the trees finish and validate, every reply not cut
+    at max_tokens is a tool call that ran, every turn and failed edge says why it ended, the token counts are the
+    server's, and export, merge and report run on what came out. (Graded evals by this 135M model are rare:
+    docs/real_teacher.md, "Open".)"""
     config = yaml.safe_load((REPO / "examples/real.yaml").read_text())
     config["snapshots"] = str(example_snapshots_dir)
     for task in config["tasks"].values():
@@ -91,8 +93,14 @@ def test_real_model_tree_per_example_task_through_the_workflow(tmp_path, example
         assert (tree_dir / "llama-server.log").stat().st_size > 0
         check_reasons(tree)
         steps = check_server_usage(tree_dir, tree)
-        for s in steps:  # what the client sent: tool_choice required, with the tools
+        for s in steps:  # constrained: each reply is one JSON call (or one cut at max_tokens), and it ran
             assert s["response"] is not None, s.get("error")
+            if s["response"].get("tool_calls"):
+                assert "text_tool_calls:json" in s["notes"] and len(s["tool_results"]) == len(
+                    s["response"]["tool_calls"]
+                )
+            else:
+                assert s["finish_reason"] == "length", s["response"]
         # graded turns (if the model got there) carry a real grader score and commit
         for e in tree.edges:
             for t in e.turns:
@@ -145,4 +153,46 @@ def test_real_model_auto_tool_choice_text_replies_are_nudged(tmp_path):
             turn = next(t for e in tree.edges for t in e.turns if t["turn"] == s["turn"])
             assert turn["ended"] in ("no_eval", "step_limit"), turn
     assert any(s["kind"] == "nudge" for s in steps)
+    check_server_usage(out, tree)
+
+
+@pytest.mark.slow
+def test_real_model_constrained_replies_are_tool_calls_that_run(tmp_path):
+    """`teacher.constrain: tool_call` (examples/real.yaml): the client sends a `response_format` JSON schema built
+    from the tool schemas, llama-server constrains the reply to it from the first token, and every answered step
+    is a tool call that the agent ran for real in the workspace (a tool result recorded for each call)."""
+    root = make_root(tmp_path, "circle_packing")
+    cfg = yaml.safe_load((REPO / "examples/real.yaml").read_text())
+    assert cfg["teacher"]["constrain"] == "tool_call"
+    cfg.pop("snapshots")
+    cfg["results"] = str(tmp_path / "results")
+    cfg["tasks"] = {"circle_packing": {**cfg["tasks"]["circle_packing"],
+                                       "task_dir": str(REPO / "examples/circle_packing")}}  # fmt: skip
+    cfg["agent"].update({"max_steps_per_turn": 3, "sandbox": "none"})
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "tree"
+    assert explore(root, out, path) == 0
+    tree = treemod.load(out / "tree.json")
+    check_reasons(tree)
+    steps = [s for e in tree.edges for s in steps_of(out, e.id)]
+    answered = [s for s in steps if s["response"] is not None]
+    assert answered
+    calls = 0
+    for s in answered:
+        cut = s["finish_reason"] == "length" and not s["response"].get("tool_calls")
+        if cut:  # the call ran past max_tokens: its JSON is cut, so it stays text (nudged like any text)
+            continue
+        assert "text_tool_calls:json" in s.get("notes", []), s
+        tcs = s["response"]["tool_calls"]
+        assert tcs and {tc["function"]["name"] for tc in tcs} <= set(TOOL_NAMES)
+        for tc in tcs:
+            json.loads(tc["function"]["arguments"])  # arguments obey the tool's schema: valid JSON
+        # each call was executed by the agent: one result per call, with the tool's output (or its error)
+        assert [r["tool_call_id"] for r in s["tool_results"]] == [tc["id"] for tc in tcs]
+        assert all(isinstance(r["content"], str) and r["content"] for r in s["tool_results"])
+        calls += len(tcs)
+    assert calls > 0
+    print(f"constrained: {len(answered)} answered steps, {calls} tool calls run, "
+          f"{sum(not r['error'] for s in answered for r in s['tool_results'])} without a tool error")  # fmt: skip
     check_server_usage(out, tree)

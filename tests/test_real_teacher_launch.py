@@ -30,6 +30,38 @@ def test_tool_choice_required_is_sent_and_auto_is_left_out():
     assert "tool_choice" not in c.request_body(MSGS, None)
 
 
+def test_constrain_tool_call_sends_a_response_format_built_from_the_tools_only():
+    """`teacher.constrain: tool_call`: a `response_format` JSON schema that is one call of one offered tool, with
+    that tool's own parameter schema (nothing else: no commands, no paths); left out without tools or by default."""
+    b = body(constrain="tool_call", tool_choice="required")
+    rf = b["response_format"]
+    assert rf["type"] == "json_schema" and b["tool_choice"] == "required"
+    alts = rf["json_schema"]["schema"]["anyOf"]
+    assert [a["properties"]["name"] for a in alts] == [{"const": t["function"]["name"]} for t in TOOL_SCHEMAS]
+    assert [a["properties"]["arguments"] for a in alts] == [t["function"]["parameters"] for t in TOOL_SCHEMAS]
+    assert all(a["required"] == ["name", "arguments"] and a["additionalProperties"] is False for a in alts)
+    assert "response_format" not in body() and "response_format" not in body(constrain="none")
+    c = TeacherClient.from_config({"constrain": "tool_call"})
+    assert "response_format" not in c.request_body(MSGS, None)  # a title call: no tools, no constraint
+    with pytest.raises(ValueError, match="constrain"):
+        TeacherClient.from_config({"constrain": "grammar"})
+
+
+def test_constrained_json_reply_becomes_a_tool_call():
+    """What llama-server answers under the constraint (content = one JSON call, no `tool_calls`; shape as recorded
+    from the real server) is read as a tool call by `normalize`."""
+    from sftree.teacher_response import normalize
+
+    content = (
+        '{\n  "name": "bash",\n  "arguments": {\n    "command": "ls",\n    "description": "list"\n  }\n}'
+    )
+    reply = normalize({"choices": [{"finish_reason": "stop", "message": {"role": "assistant", "content": content}}]},
+                      {t["function"]["name"] for t in TOOL_SCHEMAS})  # fmt: skip
+    (call,) = reply.message["tool_calls"]
+    assert call["function"]["name"] == "bash" and json.loads(call["function"]["arguments"])["command"] == "ls"
+    assert reply.message["content"] == "" and reply.notes == ["text_tool_calls:json"]
+
+
 def test_config_schema_takes_launch_and_tool_choice(tmp_path):
     cfg = yaml.safe_load((REPO_ROOT / "examples/real.yaml").read_text())
     p = tmp_path / "c.yaml"
@@ -37,7 +69,14 @@ def test_config_schema_takes_launch_and_tool_choice(tmp_path):
     loaded = load_config(p)
     assert loaded["teacher"]["tool_choice"] == "required" and loaded["teacher"]["launch"] == {"threads": 1}
     assert load_config(REPO_ROOT / "config.yaml")["teacher"]["launch"] is None
-    for bad in ({"tool_choice": "any"}, {"launch": {"modle": "x.gguf"}}, {"launch": {"ctx_size": 10}}):
+    assert loaded["teacher"]["constrain"] == "tool_call"
+    assert load_config(REPO_ROOT / "config.yaml")["teacher"]["constrain"] == "none"
+    for bad in (
+        {"tool_choice": "any"},
+        {"constrain": "grammar"},
+        {"launch": {"modle": "x.gguf"}},
+        {"launch": {"ctx_size": 10}},
+    ):
         cfg["teacher"] = bad
         p.write_text(yaml.safe_dump(cfg))
         with pytest.raises(InputError):

@@ -13,6 +13,9 @@
   usage it records, so the token reward and the token limit still work.
 - Requests are serialized deterministically (fixed key order, compact separators, UTF-8), so a forked session
   resends its earlier turns byte for byte and SGLang's radix cache can reuse the prefix.
+- `constrain: tool_call` adds a `response_format` JSON schema built from the offered tools, so a server that
+  honours it (llama-server) answers one JSON tool call from the first token; `normalize` reads it as a call
+  (docs/real_teacher.md).
 - `X-Sftree-*` headers name the tree, edge, depth, turn, attempt and session (SGLang ignores them; teacher-sim
   matches scripted faults on them).
 """
@@ -110,6 +113,35 @@ class Completion:
     truncated_calls: bool = False  # finish_reason length cut a tool call
 
 
+CONSTRAIN_MODES = ("none", "tool_call")
+
+
+def tool_call_schema(tools: list[dict]) -> dict:
+    """A JSON schema whose instances are exactly one call of one of `tools`: {"name": <tool>, "arguments": <its
+    parameters>}. Built from the tool schemas alone (docs/real_teacher.md, "teacher.constrain")."""
+    calls = []
+    for t in tools:
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            continue
+        params = fn.get("parameters") or {"type": "object"}
+        calls.append({
+            "type": "object",
+            "properties": {"name": {"const": fn["name"]}, "arguments": params},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        })  # fmt: skip
+    return {"anyOf": calls}
+
+
+def tool_call_response_format(tools: list[dict]) -> dict:
+    """`response_format` for `teacher.constrain: tool_call`: llama-server compiles it to a grammar that is active
+    from the first token (not lazy like its tool-call grammar); the reply's content is then one JSON call,
+    which `teacher_response.normalize` turns into a tool call (`text_tool_calls:json`)."""
+    return {"type": "json_schema", "json_schema": {"name": "tool_call", "strict": True,
+                                                   "schema": tool_call_schema(tools)}}  # fmt: skip
+
+
 def serialize(body: dict) -> bytes:
     """Deterministic request bytes (see module docstring)."""
     return json.dumps(body, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
@@ -143,6 +175,7 @@ class TeacherClient:
         extra_body: dict | None = None,
         context_tokens: int | None = None,
         tool_choice: str = "auto",
+        constrain: str = "none",
     ):
         self.base_url = base_url.rstrip("/")
         self.root_url = _server_root(self.base_url)
@@ -158,6 +191,11 @@ class TeacherClient:
         self.extra_body = dict(extra_body or {})
         self.context_tokens = context_tokens
         self.tool_choice = tool_choice
+        if constrain not in CONSTRAIN_MODES:
+            raise ValueError(
+                f"teacher.constrain must be one of {', '.join(CONSTRAIN_MODES)}, not {constrain!r}"
+            )
+        self.constrain = constrain
         self._sem = threading.BoundedSemaphore(max_concurrency)
         self._warned_no_usage = False
         self._local = threading.local()
@@ -188,6 +226,7 @@ class TeacherClient:
             extra_body=cfg.get("extra_body"),
             context_tokens=cfg.get("context_tokens", 131072),
             tool_choice=cfg.get("tool_choice", "auto"),
+            constrain=cfg.get("constrain") or "none",
         )
 
     # one Session per thread: requests.Session is not thread-safe, and keep-alive saves a handshake per step
@@ -247,6 +286,8 @@ class TeacherClient:
             body["tools"] = tools
             if self.tool_choice != "auto":  # `auto` is the servers' default: left out, bodies stay as they were
                 body["tool_choice"] = self.tool_choice
+            if self.constrain == "tool_call":
+                body["response_format"] = tool_call_response_format(tools)
         body.update(self.extra_body)
         return body
 
