@@ -3,7 +3,6 @@ fault scripts: a broken workspace (`edge_error`) on exempt edges and a root dire
 Teacher down past its retries, a turn cut by `turn_timeout`, a root snapshot without a score. Every finished tree
 also passes the rule checker (helpers_explore.load_final -> tests/tree_rules.py)."""
 
-
 from helpers_explore import explore, load_final, make_root, write_config
 from tree_rules import check_paths
 
@@ -40,7 +39,9 @@ def test_edge_error_on_exempt_edges_and_a_lost_root_direction(tmp_path):
         assert "UnsafeWorkspace" in e.error and "symlink" in e.error
         steps = steplog.read_steps(out / e.transcript)
         cmds = [c["function"]["arguments"] for s in steps for c in s["response"].get("tool_calls") or []]
-        assert any(".opencode" in c and "nonexistent" in c for c in cmds)  # the transcript of the break is kept
+        assert any(
+            ".opencode" in c and "nonexistent" in c for c in cmds
+        )  # the transcript of the break is kept
     root_node, n1, n2 = tree.node("n0"), tree.node("n1"), tree.node("n2")
     assert (root_node.valid_children, root_node.failed_expansions, root_node.status) == (1, 2, "expanded")
     assert (n1.valid_children, n1.failed_expansions, n1.status) == (1, 1, "expanded")

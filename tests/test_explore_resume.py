@@ -74,8 +74,12 @@ def test_kill_9_then_resume(tmp_path):
         assert len(live.log_path.read_text().splitlines()) >= 3
         done_before = {e["id"]: e for e in before["edges"]}
         running_before = {d["edge"] for d in before["in_flight"]}
+
         def digest(e):  # an edge's step records and its message store
-            return [hashlib.sha256((out / "edges" / e / f).read_bytes()).hexdigest() for f in ("steps.jsonl", "messages.jsonl")]
+            return [
+                hashlib.sha256((out / "edges" / e / f).read_bytes()).hexdigest()
+                for f in ("steps.jsonl", "messages.jsonl")
+            ]
 
         transcripts = {e: digest(e) for e in done_before}
         time.sleep(0.3)  # let requests of the killed process that were already on the wire land

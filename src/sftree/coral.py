@@ -448,9 +448,7 @@ class CoralServer:
     """Serves one workspace's coral commands on a Unix socket in a short temp folder (paths <108 bytes)."""
 
     def __init__(self, ws, task_cfg: dict, *, eval_count: int, agent_id: str, sandbox: str = "auto"):
-        self.runtime = CoralRuntime(
-            ws, task_cfg, eval_count=eval_count, agent_id=agent_id, sandbox=sandbox
-        )
+        self.runtime = CoralRuntime(ws, task_cfg, eval_count=eval_count, agent_id=agent_id, sandbox=sandbox)
         self.dir = tempdirs.make("sftree-coral-")
         self.bin_dir = self.dir / "bin"
         self.bin_dir.mkdir()

@@ -284,7 +284,9 @@ class TeacherClient:
         }
         if tools:
             body["tools"] = tools
-            if self.tool_choice != "auto":  # `auto` is the servers' default: left out, bodies stay as they were
+            if (
+                self.tool_choice != "auto"
+            ):  # `auto` is the servers' default: left out, bodies stay as they were
                 body["tool_choice"] = self.tool_choice
             if self.constrain == "tool_call":
                 body["response_format"] = tool_call_response_format(tools)

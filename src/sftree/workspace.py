@@ -375,7 +375,9 @@ class TreeStore:
             d = kdir / sub
             if d.is_symlink() or (d.exists() and not d.is_dir()):
                 # A link (dangling or not) committed by an earlier edge: never followed, never fatal to forks.
-                log.warning("fork %s: knowledge %s is a link or a file; replaced by an empty folder", edge_id, sub)
+                log.warning(
+                    "fork %s: knowledge %s is a link or a file; replaced by an empty folder", edge_id, sub
+                )
                 d.unlink()
             d.mkdir(exist_ok=True)
         if state.session:

@@ -97,7 +97,9 @@ class NativeAgent(AgentBackend):
         self.hidden = list(hidden or [])
         self.tools = TOOL_SCHEMAS
 
-    def tool_context(self, run: TurnRun, uid: int | None = None, deadline: float | None = None) -> ToolContext:
+    def tool_context(
+        self, run: TurnRun, uid: int | None = None, deadline: float | None = None
+    ) -> ToolContext:
         coral_dir = Path(run.env["CORAL_SOCKET"]).parent if run.env.get("CORAL_SOCKET") else None
         task_dir = run.task_cfg.get("task_dir")
         hidden = self.hidden + list(run.extra_ro_hidden) + ([Path(task_dir)] if task_dir else [])

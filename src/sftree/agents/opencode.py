@@ -456,7 +456,9 @@ class OpenCodeAgent(AgentBackend):
         """The same stub in the agent's `.opencode`, written without following any link the agent left."""
         from sftree import safefs
 
-        safefs.write_bytes_atomic(root, ".opencode/package.json", (json.dumps({"dependencies": PLUGIN_DEP}) + "\n").encode())
+        safefs.write_bytes_atomic(
+            root, ".opencode/package.json", (json.dumps({"dependencies": PLUGIN_DEP}) + "\n").encode()
+        )
         lock = json.dumps({"packages": {"": {"dependencies": PLUGIN_DEP}}}) + "\n"
         safefs.write_bytes_atomic(root, ".opencode/package-lock.json", lock.encode())
         with safefs.open_dir(root, ".opencode/node_modules", create=True):

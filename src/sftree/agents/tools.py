@@ -369,7 +369,9 @@ def tool_bash(args: dict, ctx: ToolContext) -> str:
         argv = bwrap_argv(argv, cwd=cwd, binds=[(ws, ws)], ro_binds=coral, hidden=ctx.hidden, uid=ctx.uid)
         argv = wrap_limits(argv, AGENT_LIMITS, ctx.uid)
     # Bytes, not characters: a little more than the cap so the cut is made on characters below.
-    res = run_group(argv, timeout=timeout, merge_stderr=True, max_output=ctx.output_cap * 4 + 4096, env=env, cwd=cwd)
+    res = run_group(
+        argv, timeout=timeout, merge_stderr=True, max_output=ctx.output_cap * 4 + 4096, env=env, cwd=cwd
+    )
     text = res.stdout.decode("utf-8", "replace")
     if res.dropped:  # already over the cap: cut here, counting what was never read into memory
         more = len(text) - ctx.output_cap + res.dropped
