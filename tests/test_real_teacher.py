@@ -60,7 +60,15 @@ def check_reasons(tree: treemod.Tree) -> None:
         for t in e.turns:
             assert t["ended"] in TURN_ENDS, (e.id, t)
             if t["score"] is None:
-                assert t["ended"] != "eval" or t["eval_status"] in ("crashed", "timeout"), (e.id, t)
+                # an eval without a score names why: the grader crashed or timed out, or there was nothing to commit
+                assert t["ended"] != "eval" or t["eval_status"] in (
+                    "crashed",
+                    "timeout",
+                    "nothing_to_commit",
+                ), (
+                    e.id,
+                    t,
+                )
         if e.failed or e.pruned:
             assert e.fail_reason or e.prune_reason, e.id
 
@@ -190,7 +198,8 @@ def test_real_model_constrained_replies_are_tool_calls_that_run(tmp_path):
             json.loads(tc["function"]["arguments"])  # arguments obey the tool's schema: valid JSON
         # each call was executed by the agent: one result per call, with the tool's output (or its error)
         assert [r["tool_call_id"] for r in s["tool_results"]] == [tc["id"] for tc in tcs]
-        assert all(isinstance(r["content"], str) and r["content"] for r in s["tool_results"])
+        # a result is recorded for every call; a command that printed nothing has an empty one
+        assert all(isinstance(r["content"], str) for r in s["tool_results"])
         calls += len(tcs)
     assert calls > 0
     print(f"constrained: {len(answered)} answered steps, {calls} tool calls run, "
