@@ -54,6 +54,23 @@ def check_server_usage(tree_dir: Path, tree: treemod.Tree) -> list[dict]:
     return all_steps
 
 
+def explore_one_real_tree(tmp_path: Path, teacher: dict, agent: dict) -> Path:
+    """One circle_packing tree from examples/real.yaml with `teacher`/`agent` overrides; returns its folder."""
+    root = make_root(tmp_path, "circle_packing")
+    cfg = yaml.safe_load((REPO / "examples/real.yaml").read_text())
+    cfg.pop("snapshots")
+    cfg["results"] = str(tmp_path / "results")
+    cfg["tasks"] = {"circle_packing": {**cfg["tasks"]["circle_packing"],
+                                       "task_dir": str(REPO / "examples/circle_packing")}}  # fmt: skip
+    cfg["teacher"].update(teacher)
+    cfg["agent"].update(agent)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "tree"
+    assert explore(root, out, path) == 0
+    return out
+
+
 def check_reasons(tree: treemod.Tree) -> None:
     """Every turn says how it ended; every turn without a score and every failed edge says why."""
     for e in tree.edges:
@@ -129,19 +146,11 @@ def test_real_model_tree_per_example_task_through_the_workflow(tmp_path, example
 def test_real_model_auto_tool_choice_text_replies_are_nudged(tmp_path):
     """`tool_choice: auto`: the model may answer in text; each such reply is recorded, then nudged (a user
     message with the nudge prompt, a step of kind `nudge`), and a turn out of nudges ends `no_eval`."""
-    root = make_root(tmp_path, "circle_packing")
-    cfg = yaml.safe_load((REPO / "examples/real.yaml").read_text())
-    cfg.pop("snapshots")
-    cfg["results"] = str(tmp_path / "results")
-    cfg["tasks"] = {"circle_packing": {**cfg["tasks"]["circle_packing"],
-                                       "task_dir": str(REPO / "examples/circle_packing")}}  # fmt: skip
-    cfg["teacher"]["tool_choice"] = "auto"
-    cfg["teacher"]["max_tokens"] = 64
-    cfg["agent"].update({"max_steps_per_turn": 3, "nudges": 1, "sandbox": "none"})
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    out = tmp_path / "tree"
-    assert explore(root, out, path) == 0
+    out = explore_one_real_tree(
+        tmp_path,
+        {"tool_choice": "auto", "max_tokens": 64},
+        {"max_steps_per_turn": 3, "nudges": 1, "sandbox": "none"},
+    )
     tree = treemod.load(out / "tree.json")
     check_reasons(tree)
     steps = [s for e in tree.edges for s in steps_of(out, e.id)]
@@ -169,18 +178,8 @@ def test_real_model_constrained_replies_are_tool_calls_that_run(tmp_path):
     """`teacher.constrain: tool_call` (examples/real.yaml): the client sends a `response_format` JSON schema built
     from the tool schemas, llama-server constrains the reply to it from the first token, and every answered step
     is a tool call that the agent ran for real in the workspace (a tool result recorded for each call)."""
-    root = make_root(tmp_path, "circle_packing")
-    cfg = yaml.safe_load((REPO / "examples/real.yaml").read_text())
-    assert cfg["teacher"]["constrain"] == "tool_call"
-    cfg.pop("snapshots")
-    cfg["results"] = str(tmp_path / "results")
-    cfg["tasks"] = {"circle_packing": {**cfg["tasks"]["circle_packing"],
-                                       "task_dir": str(REPO / "examples/circle_packing")}}  # fmt: skip
-    cfg["agent"].update({"max_steps_per_turn": 3, "sandbox": "none"})
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    out = tmp_path / "tree"
-    assert explore(root, out, path) == 0
+    assert yaml.safe_load((REPO / "examples/real.yaml").read_text())["teacher"]["constrain"] == "tool_call"
+    out = explore_one_real_tree(tmp_path, {}, {"max_steps_per_turn": 3, "sandbox": "none"})
     tree = treemod.load(out / "tree.json")
     check_reasons(tree)
     steps = [s for e in tree.edges for s in steps_of(out, e.id)]
