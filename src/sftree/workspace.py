@@ -118,6 +118,12 @@ def git(
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     full_env.update(GIT_ENV)
     full_env["HOME"] = full_env.get("HOME", "/tmp")
+    # Defence in depth (every call names its git dir): git never walks up from where it runs to a repository
+    # above it (a workspace's parent, the project checkout), nor across a filesystem. The ceiling is the
+    # parent: git ignores a ceiling equal to the folder it runs in.
+    here = os.path.realpath(cwd if cwd is not None else os.getcwd())
+    full_env["GIT_CEILING_DIRECTORIES"] = os.path.dirname(here)
+    full_env["GIT_DISCOVERY_ACROSS_FILESYSTEM"] = "0"
     if env:
         full_env.update(env)
     cmd = ["git", "-c", "core.quotepath=off", "-c", "gc.auto=0", "-c", "advice.detachedHead=false"]
