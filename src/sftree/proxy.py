@@ -264,6 +264,10 @@ class RecordingProxy:
         if unix:
             self.unix_dir = Path(tempfile.mkdtemp(prefix="sftree-proxy-"))  # short: socket paths < 108 bytes
             self.unix_server = _QuietUnixServer(str(self.unix_socket), _handler_for(self))
+            # Sandboxes run as unprivileged uids: they must reach the socket (any local user reaches the
+            # TCP port as well; the socket adds nothing they could not do already).
+            self.unix_dir.chmod(0o755)
+            self.unix_socket.chmod(0o666)
             servers.append(self.unix_server)
         for srv in servers:
             t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)

@@ -47,7 +47,15 @@ from pathlib import Path
 
 from sftree.agents.base import AgentBackend, TurnOutcome, TurnRun
 from sftree.agents.prompts import nudge_prompt
-from sftree.agents.sandbox import CORAL_MOUNT, bwrap_argv, resolve_mode
+from sftree.agents.sandbox import (
+    AGENT_LIMITS,
+    CORAL_MOUNT,
+    UIDS,
+    bwrap_argv,
+    give_to,
+    resolve_mode,
+    wrap_limits,
+)
 from sftree.errors import InputError
 from sftree.proxy import RecordingProxy
 
@@ -360,6 +368,7 @@ def _compact_call(call: dict) -> dict:
 class _Edge:
     home: Path
     session_id: str | None = None
+    uid: int | None = None  # the unprivileged host uid OpenCode runs as (sftree is root, sandbox bwrap)
 
 
 class OpenCodeAgent(AgentBackend):
@@ -391,6 +400,10 @@ class OpenCodeAgent(AgentBackend):
         atexit.register(self.proxy.stop)  # also when a tree is killed before EdgeContext.close runs
 
     def close(self) -> None:
+        with self._lock:
+            edges, self._edges = list(self._edges.values()), {}
+        for st in edges:
+            UIDS.release(st.uid)
         self.proxy.stop()
 
     # -- homes, sessions, forks --
@@ -400,7 +413,10 @@ class OpenCodeAgent(AgentBackend):
             st = self._edges.get(ws.edge_id)
             if st is not None and st.home.exists():
                 return st
-            st = _Edge(home=Path(ws.dir) / "opencode")
+            old = self._edges.get(ws.edge_id)
+            st = _Edge(home=Path(ws.dir) / "opencode", uid=old.uid if old else None)
+            if st.uid is None and self.sandbox == "bwrap":
+                st.uid = UIDS.acquire()  # its own uid: its own process cap (RLIMIT_NPROC counts per uid)
             self._edges[ws.edge_id] = st
         for sub in ("data", "config/opencode", "state", "cache", "home"):
             (st.home / sub).mkdir(parents=True, exist_ok=True)
@@ -408,6 +424,7 @@ class OpenCodeAgent(AgentBackend):
         if parent_export is not None and parent_export.is_file():
             dst = st.home / "parent-session.json"
             shutil.copyfile(parent_export, dst)
+            give_to(st.home, st.uid)  # OpenCode's state is written by the sandbox uid
             proc = self._run_cli(run, st, ["import", self._in_home(st, dst)], timeout=120)
             if proc.returncode != 0:
                 raise RuntimeError(f"opencode import {parent_export} failed: {proc.stderr[-500:]}")
@@ -450,6 +467,11 @@ class OpenCodeAgent(AgentBackend):
         (cdir / "opencode.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
         self._plugin_stub(cdir)
         self._workspace_stub(Path(run.workspace.root))
+        if st.uid is not None:  # the unprivileged sandbox user owns what it may change: home and workspace
+            give_to(st.home, st.uid)
+            give_to(Path(run.workspace.root), st.uid)
+            if run.env.get("CORAL_SOCKET"):
+                give_to(Path(run.env["CORAL_SOCKET"]).parent, st.uid)
 
     @staticmethod
     def _workspace_stub(root: Path) -> None:
@@ -533,8 +555,12 @@ class OpenCodeAgent(AgentBackend):
             ro_binds=ro,
             hidden=hidden,
             keep_visible=[Path(self.binary).resolve()],
+            # Popen(start_new_session=True) already makes a session without a terminal; bwrap's own
+            # --new-session would put OpenCode out of reach of the SIGINT sent to the process group.
             new_session=False,
+            uid=st.uid,
         )
+        argv = wrap_limits(argv, AGENT_LIMITS, st.uid)
         if net:
             # No network in here: a tiny bridge serves the proxy's port on the sandbox's own loopback and
             # forwards to the proxy's Unix socket, so OpenCode reaches the Teacher and nothing else.
@@ -765,7 +791,8 @@ class OpenCodeAgent(AgentBackend):
             self._export(run, st)
         if run.turn >= 2:
             with self._lock:
-                self._edges.pop(run.workspace.edge_id, None)
+                done = self._edges.pop(run.workspace.edge_id, None)
+            UIDS.release(done.uid if done else None)
             self.proxy.drop(run.workspace.edge_id)
         return out
 
