@@ -87,7 +87,33 @@ class ScriptedTeacher:
             def do_POST(self):
                 n = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(n) or b"{}")
-                send_json(self, 200, teacher.reply(self.headers, body))
+                reply = teacher.reply(self.headers, body)
+                if body.get("stream"):  # OpenCode streams: the same reply as SSE chunks
+                    return self._stream(reply)
+                send_json(self, 200, reply)
+
+            def _stream(self, reply: dict) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                choice = reply["choices"][0]
+                msg = choice["message"]
+                calls = [dict(c, index=i) for i, c in enumerate(msg.get("tool_calls") or [])]
+                delta = {"role": "assistant", "content": msg.get("content") or ""}
+                chunks = [{"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}]
+                if calls:
+                    chunks.append({"choices": [{"index": 0, "delta": {"tool_calls": calls}}]})
+                chunks.append(
+                    {"choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}
+                )
+                chunks.append({"choices": [], "usage": reply["usage"]})
+                for c in chunks:
+                    c = {"id": reply["id"], "object": "chat.completion.chunk", "model": reply["model"], **c}
+                    self.wfile.write(b"data: " + json.dumps(c).encode() + b"\n\n")
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
 
         self.server = QuietThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

@@ -67,7 +67,8 @@ INSTALL_HINT = (
     "install it with `bash scripts/install_opencode.sh` (npm package opencode-ai@" + PINNED_VERSION + ")"
 )
 WS_MOUNT = "/tmp/sftree/workspace"
-HOME_MOUNT = "/tmp/sftree/opencode"
+HOME_MOUNT = "/tmp/sftree/opencode"  # the edge's `box/`: OpenCode's own state, writable by the sandbox uid
+HOST_MOUNT = "/tmp/sftree/host"  # the edge's `host/`: what the host writes for OpenCode, read-only inside
 PROXY_MOUNT = "/tmp/sftree/proxy"
 # Runs inside the sandbox (python -I, no sftree import): 127.0.0.1:PORT -> the proxy's Unix socket.
 BRIDGE_SCRIPT = r"""import socket, sys, threading
@@ -366,9 +367,22 @@ def _compact_call(call: dict) -> dict:
 # ---- the backend ---------------------------------------------------------------------------------------------
 @dataclass
 class _Edge:
+    """`home` (work/<edge>/opencode/, the host's) holds `box/` (OpenCode's HOME and XDG data/state/cache,
+    handed to the sandbox uid), `host/` (opencode.json, the bridge, the parent's export: written by the host,
+    read-only inside) and the host's own files (stderr.log, export.json), which OpenCode never sees. So the
+    host never writes where OpenCode (and so the Teacher's commands) can write or plant a link."""
+
     home: Path
     session_id: str | None = None
     uid: int | None = None  # the unprivileged host uid OpenCode runs as (sftree is root, sandbox bwrap)
+
+    @property
+    def box(self) -> Path:
+        return self.home / "box"
+
+    @property
+    def host(self) -> Path:
+        return self.home / "host"
 
 
 class OpenCodeAgent(AgentBackend):
@@ -418,14 +432,14 @@ class OpenCodeAgent(AgentBackend):
             if st.uid is None and self.sandbox == "bwrap":
                 st.uid = UIDS.acquire()  # its own uid: its own process cap (RLIMIT_NPROC counts per uid)
             self._edges[ws.edge_id] = st
-        for sub in ("data", "config/opencode", "state", "cache", "home"):
+        for sub in ("box/data", "box/state", "box/cache", "box/home", "host/config/opencode"):
             (st.home / sub).mkdir(parents=True, exist_ok=True)
         parent_export = self.export_path(ws.store.tree_dir, ws.parent.session)
         if parent_export is not None and parent_export.is_file():
-            dst = st.home / "parent-session.json"
+            dst = st.host / "parent-session.json"
             shutil.copyfile(parent_export, dst)
-            give_to(st.home, st.uid)  # OpenCode's state is written by the sandbox uid
-            proc = self._run_cli(run, st, ["import", self._in_home(st, dst)], timeout=120)
+            self._hand_over(run, st)
+            proc = self._run_cli(run, st, ["import", self._in_host(st, dst)], timeout=120)
             if proc.returncode != 0:
                 raise RuntimeError(f"opencode import {parent_export} failed: {proc.stderr[-500:]}")
             st.session_id = json.loads(parent_export.read_text(encoding="utf-8"))["info"]["id"]
@@ -446,8 +460,18 @@ class OpenCodeAgent(AgentBackend):
         p = Path(tree_dir) / session
         return p.with_name(p.name.removesuffix(".json") + ".opencode.json")
 
-    def _in_home(self, st: _Edge, p: Path) -> str:
-        return f"{HOME_MOUNT}/{p.relative_to(st.home)}" if self.sandbox == "bwrap" else str(p)
+    def _in_host(self, st: _Edge, p: Path) -> str:
+        return f"{HOST_MOUNT}/{p.relative_to(st.host)}" if self.sandbox == "bwrap" else str(p)
+
+    @staticmethod
+    def _hand_over(run: TurnRun, st: _Edge) -> None:
+        """The unprivileged sandbox user owns what it may change: its box, the workspace, the coral folder."""
+        if st.uid is None:
+            return
+        give_to(st.box, st.uid)
+        give_to(Path(run.workspace.root), st.uid)
+        if run.env.get("CORAL_SOCKET"):
+            give_to(Path(run.env["CORAL_SOCKET"]).parent, st.uid)
 
     def _write_config(self, run: TurnRun, st: _Edge) -> None:
         base = self.proxy.base_url(run.workspace.edge_id)
@@ -463,15 +487,11 @@ class OpenCodeAgent(AgentBackend):
             sandboxed=self.sandbox == "bwrap",
             autocompact=not self.oc.get("disable_autocompact", True),
         )
-        cdir = st.home / "config" / "opencode"
+        cdir = st.host / "config" / "opencode"
         (cdir / "opencode.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
         self._plugin_stub(cdir)
         self._workspace_stub(Path(run.workspace.root))
-        if st.uid is not None:  # the unprivileged sandbox user owns what it may change: home and workspace
-            give_to(st.home, st.uid)
-            give_to(Path(run.workspace.root), st.uid)
-            if run.env.get("CORAL_SOCKET"):
-                give_to(Path(run.env["CORAL_SOCKET"]).parent, st.uid)
+        self._hand_over(run, st)
 
     @staticmethod
     def _workspace_stub(root: Path) -> None:
@@ -508,7 +528,8 @@ class OpenCodeAgent(AgentBackend):
 
     # -- processes --
     def _env(self, run: TurnRun, st: _Edge) -> dict[str, str]:
-        home = HOME_MOUNT if self.sandbox == "bwrap" else str(st.home)
+        home = HOME_MOUNT if self.sandbox == "bwrap" else str(st.box)
+        host = HOST_MOUNT if self.sandbox == "bwrap" else str(st.host)
         ws = WS_MOUNT if self.sandbox == "bwrap" else str(Path(run.workspace.root).resolve())
         coral_bin = f"{CORAL_MOUNT}/bin" if self.sandbox == "bwrap" else run.env.get("CORAL_BIN", "")
         coral_sock = (
@@ -521,7 +542,7 @@ class OpenCodeAgent(AgentBackend):
             "TERM": "dumb",
             "HOME": f"{home}/home",
             "XDG_DATA_HOME": f"{home}/data",
-            "XDG_CONFIG_HOME": f"{home}/config",
+            "XDG_CONFIG_HOME": f"{host}/config",  # read-only: the Teacher cannot change OpenCode's config
             "XDG_STATE_HOME": f"{home}/state",
             "XDG_CACHE_HOME": f"{home}/cache",
             "PWD": ws,
@@ -545,13 +566,16 @@ class OpenCodeAgent(AgentBackend):
         # OpenCode itself and the Python of the coral client must stay readable even where a hidden folder
         # or /tmp covers them (bwrap_argv re-exposes them).
         ro = [(Path(coral_sock).parent, CORAL_MOUNT)] if (coral_sock := run.env.get("CORAL_SOCKET")) else []
+        st.box.mkdir(parents=True, exist_ok=True)
+        st.host.mkdir(parents=True, exist_ok=True)
+        ro.append((st.host, HOST_MOUNT))
         if net:
             ro.append((self.proxy.unix_dir, PROXY_MOUNT))
         hidden = [p for p in self._hidden(run) + [Path.home().resolve()] if p.is_dir()]
         argv = bwrap_argv(
             [],
             cwd=WS_MOUNT,
-            binds=[(ws, WS_MOUNT), (st.home, HOME_MOUNT)],
+            binds=[(ws, WS_MOUNT), (st.box, HOME_MOUNT)],
             ro_binds=ro,
             hidden=hidden,
             keep_visible=[Path(self.binary).resolve()],
@@ -564,9 +588,8 @@ class OpenCodeAgent(AgentBackend):
         if net:
             # No network in here: a tiny bridge serves the proxy's port on the sandbox's own loopback and
             # forwards to the proxy's Unix socket, so OpenCode reaches the Teacher and nothing else.
-            bridge = st.home / "bridge.py"
-            bridge.write_text(BRIDGE_SCRIPT)
-            launch = f'{sys.executable} -I {HOME_MOUNT}/bridge.py {PROXY_MOUNT}/proxy.sock {self.proxy.port} & exec "$@"'
+            (st.host / "bridge.py").write_text(BRIDGE_SCRIPT)
+            launch = f'{sys.executable} -I {HOST_MOUNT}/bridge.py {PROXY_MOUNT}/proxy.sock {self.proxy.port} & exec "$@"'
             return argv + ["/bin/sh", "-c", launch, "sh", *cmd], ws
         return argv + cmd, ws
 

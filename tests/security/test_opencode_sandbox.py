@@ -1,0 +1,100 @@
+"""The OpenCode backend's sandbox, as a hostile Teacher sees it: the real OpenCode CLI runs the scripted Teacher's
+bash calls, and the assertions read what its bash tool printed (the recorded tool results).
+
+OpenCode runs as the unprivileged sandbox uid with no capabilities, under the agent's process, data and
+file-size caps, without a controlling terminal, seeing nothing of the project, the snapshots, the tree store or
+$HOME; its own state lives in a private home owned by that uid, its config is read-only; sessions still continue
+across `opencode run`s and `coral eval` still grades.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from scripted import EVAL, bash, edit_solution
+
+from sftree.agents.sandbox import AGENT_LIMITS, SANDBOX_UID_BASE
+from sftree.config import REPO_ROOT
+from sftree.errors import InputError
+
+try:
+    from sftree.agents.opencode import find_binary
+
+    OPENCODE = find_binary("opencode")
+except InputError as exc:  # pragma: no cover - depends on the machine
+    OPENCODE, WHY = None, str(exc)
+else:
+    WHY = ""
+
+pytestmark = [
+    pytest.mark.opencode,
+    pytest.mark.slow,
+    pytest.mark.skipif(OPENCODE is None, reason=f"opencode binary missing: {WHY}"),
+]
+OC_AGENT = {"backend": "opencode", "max_steps_per_turn": 8, "turn_timeout": 240}
+IDENTITY = (
+    "echo UID=$(id -u) GID=$(id -g); grep -E '^(CapEff|CapPrm|CapBnd):' /proc/self/status; "
+    "echo TTY=$(cut -d' ' -f7 /proc/self/stat)"
+)
+LIMITS = (
+    "echo NPROC=$(ulimit -u) FSIZE=$(ulimit -f) DATA=$(ulimit -d) CORE=$(ulimit -c); "
+    "(ulimit -u unlimited && echo RAISED-NPROC) 2>&1; (ulimit -d unlimited && echo RAISED-DATA) 2>&1"
+)
+STATE = (
+    "touch $HOME/mine $XDG_DATA_HOME/mine && echo HOME-WRITABLE=$(stat -c %u $HOME $XDG_DATA_HOME | sort -u); "
+    "(echo '{}' > $XDG_CONFIG_HOME/opencode/opencode.json && echo CONFIG-WRITTEN) 2>&1"
+)
+BOMB = (
+    f'{sys.executable} -c "import os, time\nn = 0\ntry:\n    for i in range(1500):\n'
+    "        if os.fork() == 0:\n            time.sleep(2); os._exit(0)\n        n += 1\n"
+    "except OSError as e:\n    print('stopped', e.errno)\nprint('forked', n)\""
+)
+
+
+def secrets_of_home() -> list[Path]:
+    """What lies in the host's $HOME and is not on the way to the Python or OpenCode the sandbox needs."""
+    home = Path.home().resolve()
+    needed = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), Path(OPENCODE).resolve()]
+    return [p for p in sorted(home.iterdir()) if not any(n.is_relative_to(p) for n in needed)][:8]
+
+
+def test_opencode_runs_unprivileged_capped_and_sees_nothing_of_the_host(scripted, base):
+    s = scripted({}, agent=OC_AGENT)
+    host_side = s.tree_dir / "work" / "e1" / "opencode"
+    paths = [REPO_ROOT / ".git", REPO_ROOT / "src", REPO_ROOT / "examples" / "circle_packing" / "grader.py",
+             s.root.parent, s.tree_dir / "store", s.tree_dir / "sessions", host_side / "host",
+             *secrets_of_home()]  # fmt: skip
+    look = "; ".join(f"ls -d {p} >/dev/null 2>&1 && echo VISIBLE:{p}" for p in paths) + "; echo LOOKED"
+    s.teacher.script[1] = [[bash(IDENTITY), bash(LIMITS), bash(look), bash(STATE)], [bash(BOMB)]]
+    s.teacher.script[2] = [[edit_solution()], [EVAL]]
+    r = s.edge("e1")
+    out = "\n".join(s.outputs("e1"))
+    print(out)
+
+    uid = int(re.search(r"UID=(\d+)", out).group(1))
+    if os.geteuid() == 0:  # the kernel enforces RLIMIT_NPROC only for a non-root uid
+        assert uid >= SANDBOX_UID_BASE and f"GID={uid}" in out, out
+    for cap in ("CapEff", "CapPrm", "CapBnd"):
+        assert re.search(rf"{cap}:\s+0000000000000000", out), out
+    assert "TTY=0" in out, out  # a session of its own without a terminal (no TIOCSTI into ours)
+
+    assert f"NPROC={AGENT_LIMITS.nproc} " in out and f"FSIZE={AGENT_LIMITS.fsize_mb * 1024} " in out, out
+    assert f"DATA={AGENT_LIMITS.data_mb * 1024} CORE=0" in out, out
+    assert "RAISED" not in out, out
+    forked = int(out.split("forked")[1].split()[0])
+    assert forked < 1500 and "stopped" in out, out
+
+    assert "LOOKED" in out and "VISIBLE:" not in out, out
+    # Its private home and data folder belong to that uid; the config it runs with cannot be changed.
+    assert f"HOME-WRITABLE={uid}" in out and "CONFIG-WRITTEN" not in out, out
+
+    # The session went on in turn 2 (same OpenCode session, same sandbox uid) and `coral eval` graded.
+    t1, t2 = r.turns
+    assert t1.ended == "no_eval" and t2.ended == "eval" and t2.score is not None and t2.commit, r.to_dict()
+    assert (s.tree_dir / "sessions" / "e1.opencode.json").is_file()
+    sessions = {st["session_id"] for st in s.steps("e1") if st.get("session_id")}
+    assert len(sessions) == 1, sessions
