@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import socketserver
 import sys
@@ -36,6 +37,7 @@ from typing import Any
 import requests
 
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
+from sftree.teacher_response import MalformedResponse, normalize
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,7 @@ COMPACTION_MARKS = ("produce a structured summary", "summarizing conversations",
 SUMMARY_MARK = "like a pull request description"
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "accept-encoding"}
 RETRY_STATUS = {429, 500, 502, 503, 504}
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # ---- pure helpers --------------------------------------------------------------------------------------------
@@ -84,6 +87,9 @@ class StreamAssembler:
         self.calls: dict[int, dict] = {}
         self.finish_reason: str | None = None
         self.usage: dict | None = None
+        self.function_call: dict | None = None  # the legacy field, joined like a tool call
+        self.bad_tool_calls: Any = None  # `tool_calls` that is not a list of call objects, kept as sent
+        self.id: str | None = None
         self._buf = b""
 
     def feed(self, data: bytes) -> None:
@@ -107,26 +113,41 @@ class StreamAssembler:
             chunk = json.loads(payload)
         except ValueError:
             return
+        if not isinstance(chunk, dict):
+            return
+        self.id = self.id or (chunk.get("id") if isinstance(chunk.get("id"), str) else None)
         if chunk.get("usage"):
             self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict):
+                continue
             if delta.get("content"):
-                self.content.append(delta["content"])
+                self.content.append(str(delta["content"]))
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
             if reasoning:
-                self.reasoning.append(reasoning)
-            for tc in delta.get("tool_calls") or []:
+                self.reasoning.append(str(reasoning))
+            fc = delta.get("function_call")
+            if isinstance(fc, dict):
+                self.function_call = self.function_call or {"name": "", "arguments": ""}
+                self.function_call["name"] += str(fc.get("name") or "")
+                self.function_call["arguments"] += str(fc.get("arguments") or "")
+            tcs = delta.get("tool_calls")
+            if tcs is not None and not (isinstance(tcs, list) and all(isinstance(t, dict) for t in tcs)):
+                self.bad_tool_calls = tcs if self.bad_tool_calls is None else self.bad_tool_calls
+                tcs = None
+            for tc in tcs or []:
                 slot = self.calls.setdefault(
                     int(tc.get("index", len(self.calls))), {"id": None, "name": "", "args": []}
                 )
                 if tc.get("id"):
                     slot["id"] = tc["id"]
-                fn = tc.get("function") or {}
+                fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
                 if fn.get("name"):
-                    slot["name"] += fn["name"]
+                    slot["name"] += str(fn["name"])
                 if fn.get("arguments"):
-                    slot["args"].append(fn["arguments"])
+                    slot["args"].append(str(fn["arguments"]))
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
@@ -146,17 +167,118 @@ class StreamAssembler:
             msg["tool_calls"] = calls
         return msg
 
+    def completion(self) -> dict:
+        """The stream as one non-streaming completion (what `teacher_response.normalize` reads)."""
+        msg = self.message()
+        if self.bad_tool_calls is not None:
+            msg["tool_calls"] = self.bad_tool_calls
+        if self.function_call is not None and not self.calls:
+            msg["function_call"] = self.function_call
+        out = {"id": self.id, "choices": [{"index": 0, "message": msg, "finish_reason": self.finish_reason}]}
+        if self.usage is not None:
+            out["usage"] = self.usage
+        return out
+
 
 def message_from_completion(obj: dict) -> tuple[dict, str | None, dict | None]:
-    """(assistant message, finish reason, usage) of a non-streaming completion."""
-    choice = (obj.get("choices") or [{}])[0]
-    m = dict(choice.get("message") or {})
+    """(assistant message, finish reason, usage) of a non-streaming completion (as OpenCode reads it)."""
+    choices = obj.get("choices") if isinstance(obj, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    m = choice.get("message") if isinstance(choice.get("message"), dict) else {}
     msg: dict = {"role": "assistant", "content": m.get("content") or ""}
-    if m.get("reasoning_content"):
-        msg["reasoning_content"] = m["reasoning_content"]
+    reasoning = m.get("reasoning_content") or m.get("reasoning")
+    if reasoning:
+        msg["reasoning_content"] = reasoning
     if m.get("tool_calls"):
         msg["tool_calls"] = m["tool_calls"]
-    return msg, choice.get("finish_reason"), obj.get("usage")
+    return msg, choice.get("finish_reason"), obj.get("usage") if isinstance(obj, dict) else None
+
+
+def _has_surrogate(obj: Any) -> bool:
+    if isinstance(obj, str):
+        return bool(_SURROGATE.search(obj))
+    if isinstance(obj, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in obj.items())
+    if isinstance(obj, list):
+        return any(_has_surrogate(v) for v in obj)
+    return False
+
+
+def _replace_surrogates(obj: Any) -> Any:
+    if isinstance(obj, str):
+        return _SURROGATE.sub("\ufffd", obj)
+    if isinstance(obj, dict):
+        return {_replace_surrogates(k): _replace_surrogates(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_replace_surrogates(v) for v in obj]
+    return obj
+
+
+def repair_json(data: bytes) -> tuple[bytes, bool]:
+    """A JSON document with every lone UTF-16 surrogate (`\\ud800`) replaced by U+FFFD, and whether it had one.
+
+    The one change the proxy makes to what OpenCode receives: OpenCode would keep such a string in its session
+    and resend it in every later request, which no UTF-8 transcript can hold (the tree could not go on).
+    Any other document is returned as it is, byte for byte."""
+    if b"\\ud" not in data.lower():  # JSON can only carry a lone surrogate as an escape
+        return data, False
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return data, False
+    if not _has_surrogate(obj):
+        return data, False
+    return json.dumps(_replace_surrogates(obj), ensure_ascii=False).encode("utf-8"), True
+
+
+def repair_sse_line(line: bytes) -> tuple[bytes, bool]:
+    """One SSE line (with its newline), its `data:` JSON repaired as `repair_json` does."""
+    body = line.rstrip(b"\r\n")
+    if not body.startswith(b"data:"):
+        return line, False
+    fixed, changed = repair_json(body[5:].strip())
+    return (b"data: " + fixed + line[len(body) :], True) if changed else (line, False)
+
+
+def _safe_raw(raw: Any, cap: int = 4000) -> str:
+    """A reply as ASCII-escaped text (lone surrogates and all), capped: always writable to a transcript."""
+    text = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=True, default=str)
+    return text.encode("ascii", "backslashreplace").decode("ascii")[:cap]
+
+
+def reply_fields(body: dict, payload: Any, received: dict | None) -> dict:
+    """The record fields of one 200 reply, read as the native client reads it (`teacher_response.normalize`):
+    `usage` as the server reported it, or estimated from the text (`estimated: true`) when it reported none;
+    `notes` on what normalisation found; a reply normalize cannot read is a failed step (`response: null`,
+    `error: "malformed reply: ..."`, `raw_response`). `response` is the message as OpenCode received it, so the
+    transcript matches OpenCode's session: calls written as text or as `function_call`, which normalize would
+    turn into tool calls, stay text here (OpenCode did not run them; `notes` says what they were)."""
+    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+    names = {
+        t["function"]["name"]
+        for t in tools
+        if isinstance(t, dict)
+        and isinstance(t.get("function"), dict)
+        and isinstance(t["function"].get("name"), str)
+    }
+    try:
+        reply = normalize(payload, names)
+    except MalformedResponse as exc:
+        return {
+            "response": None,
+            "usage": None,
+            "finish_reason": None,
+            "error": f"malformed reply: {exc}",
+            "raw_response": _safe_raw(payload),
+        }
+    msg = dict(received or {"role": "assistant", "content": ""})
+    if reply.message.get("reasoning_content"):
+        msg["reasoning_content"] = reply.message["reasoning_content"]
+    usage = usage_record(payload.get("usage")) or estimated_usage_record(body, msg)
+    fields = {"response": msg, "usage": usage, "finish_reason": reply.finish_reason}
+    if reply.notes:
+        fields["notes"] = list(reply.notes)
+    return fields
 
 
 _warned_no_usage = threading.Event()
@@ -179,7 +301,8 @@ def estimated_usage_record(body: dict, msg: dict | None) -> dict | None:
 
 
 def usage_record(usage: dict | None) -> dict | None:
-    if not usage or usage.get("prompt_tokens") is None:
+    """The server's usage (counts checked by `normalize` first), or None when it reports no token counts."""
+    if not isinstance(usage, dict) or usage.get("prompt_tokens") is None:
         return None
     details = usage.get("prompt_tokens_details") or {}
     return {
@@ -393,20 +516,17 @@ def _handler_for(proxy: RecordingProxy):
             if proxy.extra_body and body:
                 raw = json.dumps({**body, **proxy.extra_body}).encode()
             t0 = time.monotonic()
+            failed = {"response": None, "usage": None, "finish_reason": None}
             try:
                 resp = proxy.forward("POST", path, self._headers(ch), raw, stream)
             except requests.RequestException as exc:
-                self._record(
-                    ch, body, turn, None, None, None, time.monotonic() - t0, f"teacher unreachable: {exc}"
-                )
+                self._record(ch, body, turn, failed, time.monotonic() - t0, f"teacher unreachable: {exc}")
                 if ch is not None:
                     ch.teacher_failures += 1
                 return self._reply(502, {"error": {"message": f"teacher unreachable: {exc}"}})
             if resp.status_code != 200:
                 data = resp.content
-                self._record(
-                    ch, body, turn, None, None, None, time.monotonic() - t0, f"HTTP {resp.status_code}"
-                )
+                self._record(ch, body, turn, failed, time.monotonic() - t0, f"HTTP {resp.status_code}")
                 if ch is not None:
                     ch.teacher_failures += 1
                 self.send_response(resp.status_code)
@@ -416,19 +536,22 @@ def _handler_for(proxy: RecordingProxy):
                 self.wfile.write(data)
                 return
             if not stream:
-                data = resp.content
+                data, repaired = repair_json(resp.content)
                 try:
-                    msg, finish, usage = message_from_completion(json.loads(data))
-                except ValueError:
-                    msg, finish, usage = None, None, None
-                self._record(ch, body, turn, msg, finish, usage, time.monotonic() - t0, None)
+                    payload = json.loads(data)
+                except ValueError as exc:
+                    fields = dict(failed, error=f"malformed reply: reply is not JSON ({exc})")
+                    fields["raw_response"] = _safe_raw(data.decode("utf-8", "replace"))
+                else:
+                    fields = reply_fields(body, payload, message_from_completion(payload)[0])
+                self._record(ch, body, turn, fields, time.monotonic() - t0, None, repaired)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
                 return
-            # Streaming: relay each piece at once (chunked encoding), assemble on the side.
+            # Streaming: relay each complete line at once (chunked encoding), assemble on the side.
             asm = StreamAssembler()
             self.send_response(200)
             self.send_header("Content-Type", resp.headers.get("Content-Type", "text/event-stream"))
@@ -436,24 +559,47 @@ def _handler_for(proxy: RecordingProxy):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             recorded = False
+            repaired = False
+            pending = b""
 
             def record(error: str | None = None) -> None:
                 nonlocal recorded
                 if not recorded:
                     recorded = True
                     asm.close()
-                    msg, latency = asm.message(), time.monotonic() - t0
-                    self._record(ch, body, turn, msg, asm.finish_reason, asm.usage, latency, error)
+                    fields = reply_fields(body, asm.completion(), asm.message())
+                    self._record(ch, body, turn, fields, time.monotonic() - t0, error, repaired)
+
+            def send(data: bytes) -> None:
+                if data:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
 
             try:
                 for piece in resp.iter_content(chunk_size=None):
                     if not piece:
                         continue
-                    asm.feed(piece)
-                    if b"[DONE]" in piece:  # record before the client can see the end of the answer
+                    pending += piece
+                    head, sep, pending = pending.rpartition(b"\n")
+                    if not sep:
+                        pending = head + pending  # no complete line yet
+                        continue
+                    lines = []
+                    for line in (head + sep).splitlines(keepends=True):
+                        line, fixed = repair_sse_line(line)
+                        repaired |= fixed
+                        lines.append(line)
+                    out = b"".join(lines)
+                    asm.feed(out)
+                    if b"[DONE]" in out:  # record before the client can see the end of the answer
                         record()
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
-                    self.wfile.flush()
+                    send(out)
+                if pending:
+                    out, fixed = repair_sse_line(pending)
+                    repaired |= fixed
+                    asm.feed(out)
+                    record()
+                    send(out)
                 record()
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
@@ -463,7 +609,7 @@ def _handler_for(proxy: RecordingProxy):
             finally:
                 resp.close()
 
-        def _record(self, ch, body, turn, msg, finish, usage, latency, error) -> None:
+        def _record(self, ch, body, turn, fields, latency, error, repaired=False) -> None:
             if ch is None:
                 return
             rec = {
@@ -474,17 +620,24 @@ def _handler_for(proxy: RecordingProxy):
                     "messages": body.get("messages") or [],
                     "tools": body.get("tools") or [],
                 },
-                "response": msg,
+                "response": fields["response"],
                 "tool_results": [],
-                "usage": usage_record(usage) or estimated_usage_record(body, msg),
+                "usage": fields["usage"],
                 "latency_s": round(latency, 4),
-                "finish_reason": finish,
+                "finish_reason": fields["finish_reason"],
                 "session_id": self.headers.get("x-session-id"),
             }
+            notes = list(fields.get("notes") or [])
+            if repaired:
+                notes.append("lone_surrogate_replaced")
+            if notes:
+                rec["notes"] = notes
             if compacted(body):
                 rec["compacted"] = True
-            if error:
-                rec["error"] = error
+            if error or fields.get("error"):
+                rec["error"] = error or fields["error"]
+            if fields.get("raw_response") is not None:
+                rec["raw_response"] = fields["raw_response"]
             with ch.lock:
                 ch.records.append(rec)
 

@@ -434,6 +434,7 @@ class OpenCodeAgent(AgentBackend):
             self._edges[ws.edge_id] = st
         for sub in ("box/data", "box/state", "box/cache", "box/home", "host/config/opencode"):
             (st.home / sub).mkdir(parents=True, exist_ok=True)
+        self._plugin_stub(st.host / "config" / "opencode")  # read-only inside: OpenCode must find it complete
         parent_export = self.export_path(ws.store.tree_dir, ws.parent.session)
         if parent_export is not None and parent_export.is_file():
             dst = st.host / "parent-session.json"

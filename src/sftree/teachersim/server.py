@@ -365,9 +365,6 @@ class Handler(BaseHTTPRequestHandler):
         rid = f"chatcmpl-{body_hash[:24]}"
         if st.omit_usage:
             usage = None
-        if body.get("stream"):
-            self._stream(rid, reply, finish, usage)
-            return
         payload = {
             "id": rid,
             "object": "chat.completion",
@@ -377,7 +374,12 @@ class Handler(BaseHTTPRequestHandler):
         }
         if usage is not None:
             payload["usage"] = usage
-        self._send(200, reshape(payload, faults & SHAPE_FAULTS))
+        payload = reshape(payload, faults & SHAPE_FAULTS)
+        if body.get("stream"):  # the same (reshaped) reply as SSE chunks
+            choice = payload["choices"][0]
+            self._stream(rid, choice["message"], choice["finish_reason"], payload.get("usage"))
+            return
+        self._send(200, payload)
 
     def _stream(self, rid: str, reply: dict, finish: str, usage: dict | None) -> None:
         self.send_response(200)
@@ -402,10 +404,16 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
         chunk({"role": "assistant", "content": ""})
+        if reply.get("reasoning_content"):
+            chunk({"reasoning_content": reply["reasoning_content"]})
         content = reply.get("content") or ""
         for i in range(0, len(content), 64):
             chunk({"content": content[i : i + 64]})
-        for j, c in enumerate(reply.get("tool_calls") or []):
+        if reply.get("function_call"):  # legacy shape: one delta with the whole call
+            chunk({"function_call": reply["function_call"]})
+        if isinstance(reply.get("tool_calls"), str):  # the tool_calls_string shape, as one delta
+            chunk({"tool_calls": reply["tool_calls"]})
+        for j, c in enumerate(reply.get("tool_calls") if isinstance(reply.get("tool_calls"), list) else []):
             args = c["function"]["arguments"]
             chunk(
                 {
