@@ -134,3 +134,112 @@ def test_classify_title_compaction_and_agent():
         "messages": [{"role": "user", "content": "<conversation-checkpoint>\n<summary>x</summary>"}]
     }
     assert compacted(checkpoint) and not compacted(agent)
+
+
+# ---- reply shapes of real servers: OpenCode gets them as sent, the record reads them as the native client does
+SHAPES = ["reasoning", "bad_usage", "tool_calls_string", "length_mid_call", "hermes_text", "json_text",
+          "function_call", "lone_surrogate"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def shaped():
+    url, stop = start_teacher_sim(
+        port=0, seed=1, script=[{"match": {"edge": f"s-{k}"}, "fault": k} for k in SHAPES]
+    )
+    proxy = RecordingProxy(url, retries=0).start()
+    yield proxy, url
+    proxy.stop()
+    stop()
+
+
+def shaped_reply(proxy, url, shape: str, stream: bool):
+    """(bytes OpenCode received, the record, the same reply as the native client reads it)."""
+    from sftree.teacher_response import MalformedResponse, normalize
+
+    edge = f"s-{shape}"
+    ch = proxy.channel(edge, {"X-Sftree-Edge": edge})
+    body = {"model": "teacher-sim", "messages": MESSAGES, "tools": TOOLS, "stream": stream}
+    got = post(proxy, edge, body).content
+    (rec,) = ch.take()
+    direct = requests.post(
+        f"{url}/chat/completions", json={**body, "stream": False}, headers={"X-Sftree-Edge": edge}, timeout=30
+    )
+    try:
+        native = normalize(json.loads(direct.text), {"bash", "read", "grep"})
+    except MalformedResponse as exc:
+        native = exc
+    return got, rec, native
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
+def test_reply_shapes_are_recorded_as_the_native_client_reads_them(shaped, stream):
+    proxy, url = shaped
+    for shape in SHAPES[:-1]:  # lone_surrogate: the next test
+        got, rec, native = shaped_reply(proxy, url, shape, stream)
+        if isinstance(native, Exception):  # unreadable: one failed step, as `native` records it
+            assert rec["response"] is None and rec["usage"] is None, (shape, rec)
+            assert rec["error"] == f"malformed reply: {native}" and rec["raw_response"], (shape, rec)
+            continue
+        assert "error" not in rec and rec.get("notes", []) == native.notes, (shape, rec)
+        assert rec["finish_reason"] == native.finish_reason
+        usage = rec["usage"]
+        assert (usage["prompt_tokens"], usage["completion_tokens"]) == (
+            native.prompt_tokens,
+            native.completion_tokens,
+        )
+    # What each shape means, by hand.
+    got, rec, _ = shaped_reply(proxy, url, "bad_usage", stream)
+    assert rec["error"] == "malformed reply: usage.prompt_tokens is not a non-negative number: 'many'"
+    assert b'"prompt_tokens": "many"' in got  # OpenCode gets the reply as the server sent it
+    got, rec, _ = shaped_reply(proxy, url, "tool_calls_string", stream)
+    assert rec["error"] == "malformed reply: message.tool_calls is a str, not a list"
+    got, rec, _ = shaped_reply(proxy, url, "reasoning", stream)
+    assert rec["response"]["reasoning_content"].startswith("I should look at the code")
+    got, rec, _ = shaped_reply(proxy, url, "length_mid_call", stream)
+    assert rec["notes"] == ["truncated_tool_call"] and rec["finish_reason"] == "length"
+    (call,) = rec["response"]["tool_calls"]  # as OpenCode got it: arguments cut, so OpenCode fails the call
+    with pytest.raises(ValueError):
+        json.loads(call["function"]["arguments"])
+    for shape, note in (("hermes_text", "text_tool_calls:hermes"), ("json_text", "text_tool_calls:json"),
+                        ("function_call", "legacy_function_call")):  # fmt: skip
+        got, rec, _ = shaped_reply(proxy, url, shape, stream)
+        # The transcript is OpenCode's session: text it did not run as a call stays text.
+        assert rec["notes"] == [note] and "tool_calls" not in rec["response"], (shape, rec)
+    got, rec, _ = shaped_reply(proxy, url, "hermes_text", stream)
+    assert "<tool_call>" in rec["response"]["content"]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
+def test_a_lone_surrogate_is_replaced_in_what_opencode_receives(shaped, stream):
+    """The one change made to a reply: OpenCode would resend the surrogate in every later request."""
+    proxy, url = shaped
+    got, rec, native = shaped_reply(proxy, url, "lone_surrogate", stream)
+    assert "lone surrogate U+D800" in str(native)  # the native client refuses this reply
+    assert b"\\ud800" not in got.lower() and "\ufffd".encode() in got
+    assert rec["notes"] == ["lone_surrogate_replaced"] and rec["response"]["content"].endswith("\ufffd")
+    json.dumps(rec, ensure_ascii=False).encode("utf-8")  # the record is writable as UTF-8
+
+
+def test_missing_usage_is_estimated_as_the_native_client_does():
+    url, stop = start_teacher_sim(port=0, seed=1, omit_usage=True)
+    proxy = RecordingProxy(url, retries=0).start()
+    try:
+        for stream in (True, False):
+            ch = proxy.channel("e1")
+            body = {"model": "teacher-sim", "messages": MESSAGES, "tools": TOOLS, "stream": stream}
+            post(proxy, "e1", body)
+            (rec,) = ch.take()
+            # 4 characters per token, over the request as sent and the compact reply message
+            prompt = len(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()) // 4
+            reply = len(
+                json.dumps(rec["response"], ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+            )
+            assert rec["usage"] == {
+                "prompt_tokens": prompt,
+                "completion_tokens": max(1, reply // 4),
+                "cached_tokens": 0,
+                "estimated": True,
+            }
+    finally:
+        proxy.stop()
+        stop()

@@ -364,6 +364,12 @@ def _compact_call(call: dict) -> dict:
     return {**call, "function": fn}
 
 
+def _teacher_down(rec: dict) -> bool:
+    """The record of a request the Teacher failed; a malformed reply is the model's step failing (as with
+    `native`), not the Teacher being down."""
+    return bool(rec.get("error")) and not str(rec["error"]).startswith("malformed reply")
+
+
 # ---- the backend ---------------------------------------------------------------------------------------------
 @dataclass
 class _Edge:
@@ -755,7 +761,7 @@ class OpenCodeAgent(AgentBackend):
             records += new
             ch.stopped = False
             teacher_failed = any(
-                r.get("error") for r in records[n_before:] if r["kind"] in ("agent", "nudge")
+                _teacher_down(r) for r in records[n_before:] if r["kind"] in ("agent", "nudge")
             )
             if stop == "teacher_error":
                 failed = [r for r in records[n_before:] if r.get("error") and not r.get("response")]
@@ -767,7 +773,7 @@ class OpenCodeAgent(AgentBackend):
             if teacher_failed and not any(r.get("response") for r in records[n_before:]):
                 out.ended, out.error = (
                     "teacher_error",
-                    next(r["error"] for r in records[n_before:] if r.get("error")),
+                    next(r["error"] for r in records[n_before:] if _teacher_down(r)),
                 )
                 break
             if nudges_left <= 0 or acc.steps >= max_steps:
