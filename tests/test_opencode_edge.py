@@ -288,3 +288,40 @@ def test_compaction_when_allowed_is_detected_and_marked(tmp_path):
     first_compaction = recs[kinds.index("compaction")]
     system = first_compaction["request"]["messages"][0]
     assert first_compaction["request"]["tools"] == [] and "structured summary" in system["content"]
+
+
+SHAPE_FAULTS = [
+    {"match": {"edge": "s1", "turn": "1"}, "fault": "bad_usage", "count": 1},
+    {"match": {"edge": "s1", "turn": "2"}, "fault": "lone_surrogate", "count": 1},
+    {"match": {"edge": "s1", "turn": "2"}, "fault": "reasoning", "count": 1},
+    {"match": {"edge": "s1", "turn": "2"}, "fault": "length_mid_call", "count": 1},
+]
+
+
+@pytest.mark.slow
+def test_real_server_reply_shapes_through_opencode(tmp_path):
+    """teacher-sim's reply-shape faults reach the real OpenCode through the proxy; the edge finishes, and the
+    records read them as the native client does (docs/opencode.md, "What OpenCode receives")."""
+    cfg = config(
+        teacher={"sim": {"seed": 1, "script": SHAPE_FAULTS}},
+        agent={"backend": "opencode", "max_steps_per_turn": 12, "turn_timeout": 240},
+    )
+    ctx = EdgeContext.create(tmp_path / "tree", make_root(tmp_path), cfg, example_task(cfg))
+    try:
+        r = run_edge(ctx, ctx.root_state, "s1", 1.0, depth=1, attempt=1, eval_count=5)
+        recs = read_steps(ctx.tree_dir, "s1")  # written and read back as UTF-8
+    finally:
+        ctx.close()
+    assert r.error is None and len(r.turns) == 2, r.to_dict()
+    # Turn 1's first reply had a string usage count: one failed step, as `native` records it.
+    bad = [s for s in recs if s.get("error")]
+    assert len(bad) == 1 and bad[0]["turn"] == 1 and bad[0]["response"] is None, bad
+    assert bad[0]["error"].startswith("malformed reply: usage.prompt_tokens") and bad[0]["raw_response"]
+    # Turn 2's first reply: reasoning kept, the lone surrogate replaced, the cut call noted and failed.
+    first2 = next(s for s in recs if s["turn"] == 2 and s["kind"] in ("agent", "nudge"))
+    assert first2["notes"] == ["truncated_tool_call", "lone_surrogate_replaced"], first2
+    assert first2["response"]["reasoning_content"] and first2["response"]["content"].endswith("\ufffd")
+    assert first2["finish_reason"] == "length" and first2["tool_results"][0]["error"] is True
+    later = [s for s in recs if s["turn"] == 2 and s["step"] > first2["step"] and s["kind"] == "agent"]
+    assert later and any("\ufffd" in json.dumps(s["request"]["messages"], ensure_ascii=False) for s in later)
+    assert all(s["usage"]["prompt_tokens"] > 0 for s in recs if s.get("response"))

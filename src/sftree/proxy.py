@@ -13,6 +13,11 @@ one edge as with the native agent. Transient Teacher failures (connection refuse
 with capped exponential backoff before a byte reaches OpenCode; a request that still fails is answered with
 the Teacher's status so OpenCode reports it.
 
+Replies are passed on as sent, except that a lone UTF-16 surrogate is replaced by U+FFFD (`repair_json`: OpenCode
+would resend it in every later request, which no transcript can hold); they are recorded as the native client
+reads them (`reply_fields`: `teacher_response.normalize`, usage estimated when missing, malformed replies as
+failed steps). docs/opencode.md, "What OpenCode receives, what is recorded".
+
 Kinds: `title` (OpenCode's title generator), `compaction` (its summarising agent), `summary` (its session
 summary agent), else `agent`. A `stopped` channel (the turn ended at `coral eval`) answers new requests with
 503 and records nothing, so the step OpenCode starts while it is being interrupted never enters a transcript.

@@ -7,9 +7,12 @@ Per edge (docs/opencode.md):
   (proxy.py) in front of the Teacher; autoupdate, sharing, model-list fetches, LSP downloads, plugin installs,
   web tools and compaction are off, and the model's context limit sits above the tree's hard token limit;
 - a rollout turn = `opencode run --format json [--session ID] --model sftree/<model>` with the prompt on stdin,
-  in the edge's workspace. Under bubblewrap (agent.sandbox) the workspace is mounted at `/workspace` and the
-  home at `/tmp/.sftree-opencode`, so every edge's OpenCode sees the same paths (its system prompt, which names
-  the working directory, is byte-identical across forks) and the grader, the tree store and $HOME are hidden;
+  in the edge's workspace. Under bubblewrap (agent.sandbox) it runs in the agent's sandbox (sandbox.py: the
+  unprivileged uid when sftree is root, no capabilities, AGENT_LIMITS); the workspace is mounted at
+  `/tmp/sftree/workspace`, OpenCode's own state (`box/`) at `/tmp/sftree/opencode` and the host's files for it
+  (`host/`: config, bridge, parent export) read-only at `/tmp/sftree/host`, so every edge's OpenCode sees the
+  same paths (its system prompt, which names the working directory, is byte-identical across forks) and the
+  grader, the tree store and $HOME are hidden;
 - the event stream is parsed: `step_finish.part.tokens.total` (context length), `tool_use` parts
   (`state.status == "error"` = tool error; inputs -> knowledge actions), and the completed `coral eval` call,
   which ends the turn: the proxy stops passing requests on and the process gets SIGINT, then SIGTERM/SIGKILL,
@@ -612,6 +615,7 @@ class OpenCodeAgent(AgentBackend):
             text=True,
             timeout=timeout,
             stdin=subprocess.DEVNULL,
+            start_new_session=True,  # no controlling terminal, as for `opencode run`
         )
 
     def _export(self, run: TurnRun, st: _Edge) -> None:
@@ -628,6 +632,7 @@ class OpenCodeAgent(AgentBackend):
                 stderr=subprocess.PIPE,
                 timeout=120,
                 stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         if proc.returncode != 0:
             raise RuntimeError(f"opencode export {st.session_id} failed: {proc.stderr.decode()[-500:]}")
