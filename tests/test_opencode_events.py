@@ -60,6 +60,17 @@ def test_event_stream_counts_steps_tokens_errors_knowledge_and_eval():
     assert acc.eval_call == "c3"
 
 
+def test_a_call_opencode_could_not_parse_is_a_tool_error():
+    """OpenCode answers a call with arguments that are not JSON (e.g. cut by `finish_reason: length`) through
+    its `invalid` tool, which completes: by DESIGN.md it is a tool error (bad arguments)."""
+    acc = TurnEvents()
+    bad = "The arguments provided to the tool are invalid: Invalid input for tool bash: JSON parsing failed"
+    apply_event(tool_event("c1", "invalid", "completed", {"tool": "bash", "error": "x"}, bad), acc)
+    apply_event(tool_event("c2", "bash", "completed", {"command": "false"}, "exit 1"), acc)
+    assert [(t.call_id, t.status) for t in acc.tools] == [("c1", "error"), ("c2", "completed")]
+    assert acc.tools[0].output == bad
+
+
 def test_knowledge_and_eval_detection():
     yes = [
         ("bash", {"command": "coral log -n 10"}),

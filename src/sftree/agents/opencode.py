@@ -283,6 +283,8 @@ def apply_event(ev: dict, acc: TurnEvents, knowledge_dir: str | None = None) -> 
         inp = state.get("input") if isinstance(state.get("input"), dict) else {}
         status = str(state.get("status"))
         out = state.get("output") if status == "completed" else state.get("error")
+        if part.get("tool") == "invalid":  # OpenCode's stand-in for a call it could not parse: bad arguments
+            status = "error"
         te = ToolEvent(
             call_id=str(part.get("callID") or part.get("id")),
             tool=str(part.get("tool")),
