@@ -243,3 +243,19 @@ def test_missing_usage_is_estimated_as_the_native_client_does():
     finally:
         proxy.stop()
         stop()
+
+
+def test_a_channel_takes_requests_only_with_its_own_key(proxied):
+    """Every sandbox reaches the proxy's port: an edge's Teacher must not post into another edge's transcript."""
+    proxy, state = proxied
+    mine, other = proxy.channel("k1"), proxy.channel("k2")
+    body = {"model": "teacher-sim", "messages": MESSAGES, "tools": TOOLS}
+    url = proxy.base_url("k2")
+    assert url.startswith(f"http://127.0.0.1:{proxy.port}/c/k2~") and other.key in url and mine.key not in url
+    seen = state.requests
+    for path in ("/c/k2/v1", f"/c/k2~{mine.key}/v1", "/c/nobody/v1", "/v1"):
+        resp = requests.post(f"http://127.0.0.1:{proxy.port}{path}/chat/completions", json=body, timeout=30)
+        assert resp.status_code == 403, path
+    assert other.take() == [] and mine.take() == [] and state.requests == seen  # nothing reached the Teacher
+    assert requests.post(f"{url}/chat/completions", json=body, timeout=30).status_code == 200
+    assert len(other.take()) == 1

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import secrets
 import shutil
 import socketserver
 import sys
@@ -338,6 +339,9 @@ class Channel:
     stopped: bool = False
     teacher_failures: int = 0  # requests the Teacher failed past the proxy's retries (not client hang-ups)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # In the channel's URL: an edge's sandbox knows only its own, so its Teacher cannot post into another
+    # edge's transcript (every sandbox reaches the proxy's port).
+    key: str = field(default_factory=lambda: secrets.token_hex(12))
 
     def take(self) -> list[dict]:
         """The records so far (and forget them): the backend enriches and writes them per turn."""
@@ -436,7 +440,8 @@ class RecordingProxy:
             self.channels.pop(name, None)
 
     def base_url(self, name: str) -> str:
-        return f"http://{self.host}:{self.port}/c/{name}/v1"
+        ch = self.channels.get(name) or self.channel(name)
+        return f"http://{self.host}:{self.port}/c/{name}~{ch.key}/v1"
 
     # forwarding
     def forward(self, method: str, path: str, headers: dict, body: bytes | None, stream: bool):
@@ -472,9 +477,12 @@ def _handler_for(proxy: RecordingProxy):
             pass
 
         def _route(self) -> tuple[Channel | None, str]:
-            parts = self.path.split("/", 3)  # "", "c", name, "v1/..."
+            parts = self.path.split("/", 3)  # "", "c", "name~key", "v1/..."
             if len(parts) == 4 and parts[1] == "c":
-                ch = proxy.channels.get(parts[2])
+                name, _, key = parts[2].partition("~")
+                ch = proxy.channels.get(name)
+                if ch is not None and not secrets.compare_digest(ch.key, key):
+                    ch = None
                 rest = "/" + parts[3]
                 return ch, rest[3:] if rest.startswith("/v1/") or rest == "/v1" else rest
             return None, self.path[3:] if self.path.startswith("/v1/") else self.path
@@ -509,7 +517,9 @@ def _handler_for(proxy: RecordingProxy):
         def do_POST(self):
             ch, path = self._route()
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if ch is not None and ch.stopped:
+            if ch is None:  # no edge's channel (or not its key): nothing reaches the Teacher unrecorded
+                return self._reply(403, {"error": {"message": "unknown channel"}})
+            if ch.stopped:
                 # The turn ended at `coral eval`; OpenCode is being stopped. Nothing of this reaches the Teacher.
                 return self._reply(503, {"error": {"message": "turn ended (sftree interrupted the agent)"}})
             try:
