@@ -526,6 +526,8 @@ def _handler_for(proxy: RecordingProxy):
                 body = json.loads(raw) if raw else {}
             except ValueError:
                 body = {}
+            if not isinstance(body, dict):
+                body = {}
             stream = bool(body.get("stream"))
             turn = ch.turn if ch is not None else 0
             if proxy.extra_body and body:
