@@ -98,3 +98,60 @@ def test_opencode_runs_unprivileged_capped_and_sees_nothing_of_the_host(scripted
     assert (s.tree_dir / "sessions" / "e1.opencode.json").is_file()
     sessions = {st["session_id"] for st in s.steps("e1") if st.get("session_id")}
     assert len(sessions) == 1, sessions
+
+
+def _procs_of(uid: int) -> list[int]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    out.append(int(pid))
+            except OSError:
+                continue
+    return out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox uid exists only when sftree runs as root")
+def test_opencode_sandbox_dies_with_its_parent(base):
+    """sftree killed with -9 leaves no OpenCode behind: the sandbox's processes (found by its uid) go with it."""
+    import subprocess
+    import time
+    from types import SimpleNamespace
+
+    from sftree.agents.opencode import OpenCodeAgent, _Edge
+    from sftree.agents.sandbox import UIDS
+
+    agent = OpenCodeAgent(SimpleNamespace(base_url="http://127.0.0.1:9/v1", model="m"), {"sandbox": "auto"})
+    st = _Edge(home=base / "opencode", uid=UIDS.acquire())
+    try:
+        if agent.sandbox != "bwrap":
+            pytest.skip("bubblewrap is not usable here")
+        (base / "ws").mkdir()
+        run = SimpleNamespace(
+            workspace=SimpleNamespace(root=base / "ws"), env={}, task_cfg={}, extra_ro_hidden=[]
+        )
+        agent.binary = sys.executable  # a long-lived stand-in where OpenCode would run
+        argv, cwd = agent._argv(run, st, ["-c", "import time; time.sleep(120)"])
+        parent = subprocess.Popen(  # plays sftree: starts the sandbox, then is killed with -9
+            [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(120)",
+             *argv], cwd=cwd, env=agent._env(run, st),
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not _procs_of(st.uid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _procs_of(st.uid), "the sandboxed process did not start"
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 15
+        while _procs_of(st.uid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _procs_of(st.uid)
+    finally:
+        for pid in _procs_of(st.uid):  # a failed run must not leave them behind
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        UIDS.release(st.uid)
+        agent.close()
