@@ -1,4 +1,4 @@
-"""The recording proxy (sftree/proxy.py) in front of a real `teacher-sim` over HTTP; no OpenCode needed."""
+"""The recording proxy (sftree/agents/proxy.py) in front of a real `teacher-sim` over HTTP; no OpenCode needed."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 import requests
 
-from sftree.proxy import RecordingProxy, StreamAssembler, classify, compacted
-from sftree.teachersim.server import start_teacher_sim
+from sftree.agents.proxy import RecordingProxy, StreamAssembler, classify, compacted
+from sftree.teacher.sim.server import start_teacher_sim
 
 TOOLS = [
     {"type": "function", "function": {"name": n, "description": n, "parameters": {"type": "object"}}}
@@ -154,7 +154,7 @@ def shaped():
 
 def shaped_reply(proxy, url, shape: str, stream: bool):
     """(bytes OpenCode received, the record, the same reply as the native client reads it)."""
-    from sftree.teacher_response import MalformedResponse, normalize
+    from sftree.teacher.response import MalformedResponse, normalize
 
     edge = f"s-{shape}"
     ch = proxy.channel(edge, {"X-Sftree-Edge": edge})

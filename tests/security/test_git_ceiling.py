@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from sftree.workspace import git
+from sftree.runtime.workspace import git
 
 
 def test_host_git_in_a_workspace_subfolder_finds_no_repository_above(base):

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from scripted import EVAL, bash, edit_solution
 
-from sftree.agents.sandbox import AGENT_LIMITS, SANDBOX_UID_BASE
 from sftree.config import REPO_ROOT
 from sftree.errors import InputError
+from sftree.runtime.sandbox import AGENT_LIMITS, SANDBOX_UID_BASE
 
 try:
     from sftree.agents.opencode import find_binary
@@ -120,7 +120,7 @@ def test_opencode_sandbox_dies_with_its_parent(base):
     from types import SimpleNamespace
 
     from sftree.agents.opencode import OpenCodeAgent, _Edge
-    from sftree.agents.sandbox import UIDS
+    from sftree.runtime.sandbox import UIDS
 
     agent = OpenCodeAgent(SimpleNamespace(base_url="http://127.0.0.1:9/v1", model="m"), {"sandbox": "auto"})
     st = _Edge(home=base / "opencode", uid=UIDS.acquire())

@@ -15,7 +15,7 @@ the Teacher's status so OpenCode reports it.
 
 Replies are passed on as sent, except that a lone UTF-16 surrogate is replaced by U+FFFD (`repair_json`: OpenCode
 would resend it in every later request, which no transcript can hold); they are recorded as the native client
-reads them (`reply_fields`: `teacher_response.normalize`, usage estimated when missing, malformed replies as
+reads them (`reply_fields`: `teacher.response.normalize`, usage estimated when missing, malformed replies as
 failed steps). docs/opencode.md, "What OpenCode receives, what is recorded".
 
 Kinds: `title` (OpenCode's title generator), `compaction` (its summarising agent), `summary` (its session
@@ -43,7 +43,7 @@ from typing import Any
 import requests
 
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
-from sftree.teacher_response import MalformedResponse, normalize
+from sftree.teacher.response import MalformedResponse, normalize
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class StreamAssembler:
         return msg
 
     def completion(self) -> dict:
-        """The stream as one non-streaming completion (what `teacher_response.normalize` reads)."""
+        """The stream as one non-streaming completion (what `teacher.response.normalize` reads)."""
         msg = self.message()
         if self.bad_tool_calls is not None:
             msg["tool_calls"] = self.bad_tool_calls
@@ -253,7 +253,7 @@ def _safe_raw(raw: Any, cap: int = 4000) -> str:
 
 
 def reply_fields(body: dict, payload: Any, received: dict | None) -> dict:
-    """The record fields of one 200 reply, read as the native client reads it (`teacher_response.normalize`):
+    """The record fields of one 200 reply, read as the native client reads it (`teacher.response.normalize`):
     `usage` as the server reported it, or estimated from the text (`estimated: true`) when it reported none;
     `notes` on what normalisation found; a reply normalize cannot read is a failed step (`response: null`,
     `error: "malformed reply: ..."`, `raw_response`). `response` is the message as OpenCode received it, so the
@@ -294,7 +294,7 @@ def estimated_usage_record(body: dict, msg: dict | None) -> dict | None:
     """Usage counted from the text when the server reported none (`teacher.estimate_usage`); warns once."""
     if msg is None:
         return None
-    from sftree.teacher import CHARS_PER_TOKEN, estimate_usage, serialize
+    from sftree.teacher.client import CHARS_PER_TOKEN, estimate_usage, serialize
 
     if not _warned_no_usage.is_set():
         _warned_no_usage.set()
