@@ -1,0 +1,391 @@
+"""The attempt records of one knowledge checkout, kept current from what changed (docs/runtime.md).
+
+A fork checks out every attempt of the root (10k+ in a long Coral run), and each turn prompt and `coral eval`
+needs the branch's best score, its attempt count and the trailing run without improvement. Stat-ing (let alone
+parsing) every record at every load is O(attempts); an `AttemptView` instead watches its `attempts/` folder with
+inotify and, at each `refresh`, looks only at the names the kernel reported since the last one. It keeps a slim
+summary per record (what those queries need; `coral show` reads the one file it shows), in sorted lists, so a
+query costs O(log A) or the length of what it returns.
+
+The agent may write, delete, rename or link anything there, even while the host reads. What keeps the view right:
+- every name an event reports is parsed again (never trusted on stat data, so a rewrite within one timestamp
+  tick is seen), without following links; a link or special file is not a record;
+- the folder is opened one component at a time without following links, and its identity (device, inode) is
+  checked after the events are drained: a replaced, moved or deleted folder, or a queue overflow, means a full
+  rescan under a fresh watch;
+- a change made through a hard link from outside the folder raises no event there, so records seen with more
+  than one link are re-checked (stat, parse if changed) at every refresh, and each knowledge commit reports what
+  git found changed (git compares inode and ctime), which is parsed again (`mark_dirty`).
+Where inotify is missing (not Linux) every refresh is a full rescan.
+
+The view follows a knowledge checkout when it is parked and reused by a later fork (`rebind`): the watch is on
+the folder's inode, which the move keeps, so the files git rewrites for the new commit arrive as events.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import ctypes.util
+import json
+import logging
+import math
+import os
+import stat
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sftree import safefs
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS_REL = Path(".opencode") / "attempts"
+# inotify(7) constants (linux/inotify.h)
+IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
+IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
+IN_DELETE_SELF, IN_MOVE_SELF, IN_UNMOUNT, IN_Q_OVERFLOW, IN_IGNORED = 0x400, 0x800, 0x2000, 0x4000, 0x8000
+IN_ONLYDIR = 0x01000000
+_WATCH = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE
+_WATCH |= IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
+_RESET = IN_DELETE_SELF | IN_MOVE_SELF | IN_UNMOUNT | IN_Q_OVERFLOW | IN_IGNORED
+_EVENT = struct.Struct("iIII")
+_RACY_S = 0.5  # a record changed this recently may change again within one timestamp tick: re-checked
+
+
+def _libc():
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        lib.inotify_init1.argtypes = [ctypes.c_int]
+        lib.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        lib.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
+        return lib
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _libc()
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptInfo:
+    """What the queries need from one record (`coral show` reads the file itself)."""
+
+    name: str  # file name in attempts/
+    commit_hash: str
+    timestamp: str
+    score: float | None  # numeric and finite, else None
+    status: str
+    title: str
+
+    @property
+    def order(self) -> tuple[str, str, str]:
+        """Coral's order: oldest first, ties by commit hash (the name makes the key unique)."""
+        return (self.timestamp, self.commit_hash, self.name)
+
+
+def numeric(x) -> float | None:
+    if isinstance(x, int | float) and not isinstance(x, bool):
+        x = float(x)
+        return x if math.isfinite(x) else None
+    return None
+
+
+def info_from_record(name: str, d: dict) -> AttemptInfo:
+    return AttemptInfo(
+        name=name,
+        commit_hash=str(d.get("commit_hash", name[: -len(".json")])),
+        timestamp=str(d.get("timestamp", "")),
+        score=numeric(d.get("score")),
+        status=str(d.get("status", "?")),
+        title=str(d.get("title", ""))[:200],
+    )
+
+
+def read_record(dir_fd: int, name: str) -> tuple[os.stat_result | None, dict | None]:
+    """(stat, parsed record) of a regular file, never through a link; (stat or None, None) when it is no record."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None, None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return st, None
+        try:
+            d = json.loads(fh.read(safefs.MAX_READ).decode("utf-8"))
+        except (OSError, ValueError):
+            return st, None
+    return st, (d if isinstance(d, dict) else None)
+
+
+def _is_record_name(name: str) -> bool:
+    return name.endswith(".json") and not name.startswith(".") and "/" not in name
+
+
+class AttemptView:
+    """The records of `<root>/.opencode/attempts`, refreshed from inotify events (module docstring)."""
+
+    def __init__(self, root: Path, rel: Path = ATTEMPTS_REL, *, watch: bool = True):
+        self.root, self.rel = Path(root), Path(rel)
+        self._lock = threading.RLock()
+        self._ifd = -1
+        self._wd = -1
+        self._ident: tuple[int, int] | None = None
+        self._use_inotify = watch and _LIBC is not None
+        self._infos: dict[str, AttemptInfo] = {}
+        self._keys: dict[str, tuple] = {}  # name -> stat key of the version parsed (recheck set only)
+        self._recheck: set[str] = set()  # more than one link, or changed very recently: stat at every refresh
+        self._dirty: set[str] = set()  # names git reported changed (mark_dirty)
+        self._order: list[tuple[str, str, str]] = []
+        self._scores: list[tuple[float, str]] = []
+        self._trailing: int | None = None
+        self.full_scans = 0  # for tests and benchmarks: how often every file was read
+        self.reads = 0  # files read
+
+    # ---- upkeep --------------------------------------------------------------------------------------------
+    def rebind(self, root: Path) -> None:
+        """The checkout moved (parked, reused): same folder inode, new path."""
+        with self._lock:
+            self.root = Path(root)
+
+    def mark_dirty(self, names) -> None:
+        """Names (in attempts/) to parse again at the next refresh, whatever the events said."""
+        with self._lock:
+            self._dirty.update(n for n in names if "/" not in n)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._ifd >= 0:
+                os.close(self._ifd)
+            self._ifd = self._wd = -1
+            self._ident = None
+
+    def refresh(self) -> AttemptView:
+        """Bring the view up to date with the folder; returns self."""
+        with self._lock:
+            try:
+                with safefs.open_dir(self.root, self.rel) as dfd:
+                    st = os.fstat(dfd)
+                    ident = (st.st_dev, st.st_ino)
+                    names, reset = self._drain()
+                    if reset or ident != self._ident or self._ifd < 0:
+                        self._full_scan(dfd, ident)
+                    else:
+                        for name in names | self._dirty:
+                            self._update(dfd, name, force=True)
+                        for name in list(self._recheck):
+                            self._update(dfd, name, force=False)
+                    self._dirty.clear()
+            except OSError:  # no attempts folder, or a link or a file where it should be: no attempts
+                self._forget_all()
+                self.close()
+            return self
+
+    def _drain(self) -> tuple[set[str], bool]:
+        """Names reported since the last drain, and whether the watch is no longer good."""
+        names: set[str] = set()
+        if self._ifd < 0:
+            return names, True
+        reset = False
+        while True:
+            try:
+                buf = os.read(self._ifd, 1 << 16)
+            except BlockingIOError:
+                break
+            off = 0
+            while off + _EVENT.size <= len(buf):
+                wd, mask, _cookie, n = _EVENT.unpack_from(buf, off)
+                name = buf[off + _EVENT.size : off + _EVENT.size + n].rstrip(b"\0")
+                off += _EVENT.size + n
+                if mask & _RESET:  # overflow (wd -1), or the folder itself went away or moved
+                    reset = True
+                elif wd == self._wd and name:
+                    names.add(os.fsdecode(name))
+        return names, reset
+
+    def _watch(self, dfd: int, ident: tuple[int, int]) -> None:
+        """A fresh watch on the folder open as `dfd` (through /proc/self/fd: the very inode, no path race)."""
+        self.close()
+        if not self._use_inotify:
+            return
+        ifd = _LIBC.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if ifd < 0:
+            log.debug(
+                "inotify unavailable (%s): attempts are rescanned at every load",
+                os.strerror(ctypes.get_errno()),
+            )
+            return
+        wd = _LIBC.inotify_add_watch(ifd, f"/proc/self/fd/{dfd}".encode(), _WATCH)
+        if wd < 0:
+            log.debug(
+                "inotify watch failed (%s): attempts are rescanned at every load",
+                os.strerror(ctypes.get_errno()),
+            )
+            os.close(ifd)
+            return
+        self._ifd, self._wd, self._ident = ifd, wd, ident
+
+    def _full_scan(self, dfd: int, ident: tuple[int, int]) -> None:
+        self._watch(dfd, ident)  # first: whatever changes during the scan arrives as an event
+        self.full_scans += 1
+        self._forget_all()
+        with os.scandir(dfd) as it:
+            present = [e.name for e in it if _is_record_name(e.name)]
+        for name in present:
+            self._read(dfd, name)
+        # One sort instead of an insertion per record.
+        self._order = sorted(i.order for i in self._infos.values())
+        self._scores = sorted((i.score, i.name) for i in self._infos.values() if i.score is not None)
+
+    def _update(self, dfd: int, name: str, *, force: bool) -> None:
+        if not _is_record_name(name):
+            return
+        if not force:
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                self._forget(name)
+                return
+            if self._stat_key(st) == self._keys.get(name) and not self._racy(st):
+                return
+        self._forget(name)
+        info = self._read(dfd, name)
+        if info is not None:
+            bisect.insort(self._order, info.order)
+            if info.score is not None:
+                bisect.insort(self._scores, (info.score, name))
+
+    def _read(self, dfd: int, name: str) -> AttemptInfo | None:
+        """Parse `name` into `_infos` (the sorted lists are the caller's job)."""
+        self.reads += 1
+        st, d = read_record(dfd, name)
+        if st is None:
+            return None
+        if st.st_nlink > 1 or self._racy(st):
+            self._recheck.add(name)
+            self._keys[name] = self._stat_key(st)
+        if d is None:
+            return None
+        d.setdefault("commit_hash", name[: -len(".json")])
+        info = info_from_record(name, d)
+        self._infos[name] = info
+        self._trailing = None
+        return info
+
+    @staticmethod
+    def _stat_key(st: os.stat_result) -> tuple:
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, st.st_mode)
+
+    @staticmethod
+    def _racy(st: os.stat_result) -> bool:
+        return max(st.st_mtime, st.st_ctime) >= time.time() - _RACY_S
+
+    def _forget(self, name: str) -> None:
+        self._recheck.discard(name)
+        self._keys.pop(name, None)
+        info = self._infos.pop(name, None)
+        if info is None:
+            return
+        _remove(self._order, info.order)
+        if info.score is not None:
+            _remove(self._scores, (info.score, name))
+        self._trailing = None
+
+    def _forget_all(self) -> None:
+        self._infos.clear()
+        self._keys.clear()
+        self._recheck.clear()
+        self._order.clear()
+        self._scores.clear()
+        self._trailing = None
+
+    # ---- queries (call refresh first) ----------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._infos)
+
+    def last(self, n: int | None = None) -> list[AttemptInfo]:
+        """The newest `n` records (all when n is None or 0), oldest first."""
+        with self._lock:
+            keys = self._order[-n:] if n else list(self._order)
+            return [self._infos[k[2]] for k in keys]
+
+    def best(self, direction: str, exclude: str | None = None) -> float | None:
+        """The branch's best numeric score (`direction`-aware), ignoring records of commit `exclude`."""
+        with self._lock:
+            seq = self._scores if direction == "minimize" else reversed(self._scores)
+            for score, name in seq:
+                if self._infos[name].commit_hash != exclude:
+                    return score
+            return None
+
+    def since_improvement(self) -> int:
+        """Trailing records (newest first) that are neither `improved` nor `baseline` (the pivot heartbeat)."""
+        with self._lock:
+            if self._trailing is None:
+                n = 0
+                for key in reversed(self._order):
+                    if self._infos[key[2]].status in ("improved", "baseline"):
+                        break
+                    n += 1
+                self._trailing = n
+            return self._trailing
+
+    def find(self, prefix: str) -> AttemptInfo | None:
+        """The newest record whose commit hash starts with `prefix`."""
+        with self._lock:
+            for key in reversed(self._order):
+                if self._infos[key[2]].commit_hash.startswith(prefix):
+                    return self._infos[key[2]]
+            return None
+
+    def read(self, info: AttemptInfo) -> dict | None:
+        """The full record of `info` as the file holds it now (never through a link)."""
+        try:
+            with safefs.open_dir(self.root, self.rel) as dfd:
+                _st, d = read_record(dfd, info.name)
+        except OSError:
+            return None
+        if d is not None:
+            d.setdefault("commit_hash", info.name[: -len(".json")])
+        return d
+
+
+def _remove(seq: list, item) -> None:
+    i = bisect.bisect_left(seq, item)
+    if i < len(seq) and seq[i] == item:
+        del seq[i]
+
+
+# ---- views by folder: a workspace registers its own; anything else gets a one-off full scan ------------------
+_VIEWS: dict[str, AttemptView] = {}
+_VIEWS_LOCK = threading.Lock()
+
+
+def _key(attempts_dir: Path) -> str:
+    return os.path.abspath(attempts_dir)
+
+
+def register(view: AttemptView) -> None:
+    with _VIEWS_LOCK:
+        _VIEWS[_key(view.root / view.rel)] = view
+
+
+def unregister(view: AttemptView) -> None:
+    with _VIEWS_LOCK:
+        key = _key(view.root / view.rel)
+        if _VIEWS.get(key) is view:
+            del _VIEWS[key]
+
+
+def view_for(attempts_dir: Path) -> AttemptView:
+    """The refreshed view of `attempts_dir` (`<workspace>/.opencode/attempts`): the workspace's registered one,
+    else a one-off view (a full scan, no watch)."""
+    attempts_dir = Path(attempts_dir)
+    with _VIEWS_LOCK:
+        view = _VIEWS.get(_key(attempts_dir))
+    if view is None:
+        view = AttemptView(attempts_dir.parents[1], Path(*attempts_dir.parts[-2:]), watch=False)
+    return view.refresh()
