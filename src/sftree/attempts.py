@@ -2,71 +2,43 @@
 
 A fork checks out every attempt of the root (10k+ in a long Coral run), and each turn prompt and `coral eval`
 needs the branch's best score, its attempt count and the trailing run without improvement. Stat-ing (let alone
-parsing) every record at every load is O(attempts); an `AttemptView` instead watches its `attempts/` folder with
-inotify and, at each `refresh`, looks only at the names the kernel reported since the last one. It keeps a slim
-summary per record (what those queries need; `coral show` reads the one file it shows), in sorted lists, so a
+parsing) every record at every load is O(attempts); an `AttemptView` instead looks only at the names in
+`attempts/` that its checkout's inotify watch (kwatch.py) reported since the last refresh. It keeps a slim
+summary per record (what those queries need; `coral show` reads the one file it shows) in sorted lists, so a
 query costs O(log A) or the length of what it returns.
 
 The agent may write, delete, rename or link anything there, even while the host reads. What keeps the view right:
 - every name an event reports is parsed again (never trusted on stat data, so a rewrite within one timestamp
   tick is seen), without following links; a link or special file is not a record;
-- the folder is opened one component at a time without following links, and its identity (device, inode) is
-  checked after the events are drained: a replaced, moved or deleted folder, or a queue overflow, means a full
-  rescan under a fresh watch;
+- a replaced, moved or deleted folder, a new subfolder, or a queue overflow means a full rescan (kwatch.py);
 - a change made through a hard link from outside the folder raises no event there, so records seen with more
-  than one link are re-checked (stat, parse if changed) at every refresh, and each knowledge commit reports what
-  git found changed (git compares inode and ctime), which is parsed again (`mark_dirty`).
-Where inotify is missing (not Linux) every refresh is a full rescan.
-
-The view follows a knowledge checkout when it is parked and reused by a later fork (`rebind`): the watch is on
-the folder's inode, which the move keeps, so the files git rewrites for the new commit arrive as events.
+  than one link (or changed within the last half second) are re-checked (stat, parse if changed) at every
+  refresh, and what each knowledge commit's `git add -A` staged (git compares inode and ctime) is parsed again
+  (`mark_dirty`).
+Without a watch (not Linux, no inotify left, a one-off view) every refresh is a full scan.
 """
 
 from __future__ import annotations
 
 import bisect
-import ctypes
-import ctypes.util
 import json
 import logging
 import math
 import os
 import stat
-import struct
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from sftree import safefs
+from sftree.kwatch import KnowledgeWatch
 
 log = logging.getLogger(__name__)
 
 ATTEMPTS_REL = Path(".opencode") / "attempts"
-# inotify(7) constants (linux/inotify.h)
-IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
-IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
-IN_DELETE_SELF, IN_MOVE_SELF, IN_UNMOUNT, IN_Q_OVERFLOW, IN_IGNORED = 0x400, 0x800, 0x2000, 0x4000, 0x8000
-IN_ONLYDIR = 0x01000000
-_WATCH = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE
-_WATCH |= IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
-_RESET = IN_DELETE_SELF | IN_MOVE_SELF | IN_UNMOUNT | IN_Q_OVERFLOW | IN_IGNORED
-_EVENT = struct.Struct("iIII")
+_MARKS = ("improved", "baseline")  # statuses that end a run without improvement
 _RACY_S = 0.5  # a record changed this recently may change again within one timestamp tick: re-checked
-
-
-def _libc():
-    try:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        lib.inotify_init1.argtypes = [ctypes.c_int]
-        lib.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-        lib.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
-        return lib
-    except (OSError, AttributeError):
-        return None
-
-
-_LIBC = _libc()
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,30 +98,29 @@ def _is_record_name(name: str) -> bool:
 
 
 class AttemptView:
-    """The records of `<root>/.opencode/attempts`, refreshed from inotify events (module docstring)."""
+    """The records of `<root>/.opencode/attempts`, refreshed from what `watch` reports (module docstring);
+    without a watch, every refresh is a full scan."""
 
-    def __init__(self, root: Path, rel: Path = ATTEMPTS_REL, *, watch: bool = True):
-        self.root, self.rel = Path(root), Path(rel)
+    def __init__(self, root: Path, watch: KnowledgeWatch | None = None, rel: Path = ATTEMPTS_REL):
+        self.root, self.rel, self.watch = Path(root), Path(rel), watch
         self._lock = threading.RLock()
-        self._ifd = -1
-        self._wd = -1
-        self._ident: tuple[int, int] | None = None
-        self._use_inotify = watch and _LIBC is not None
         self._infos: dict[str, AttemptInfo] = {}
         self._keys: dict[str, tuple] = {}  # name -> stat key of the version parsed (recheck set only)
         self._recheck: set[str] = set()  # more than one link, or changed very recently: stat at every refresh
         self._dirty: set[str] = set()  # names git reported changed (mark_dirty)
         self._order: list[tuple[str, str, str]] = []
         self._scores: list[tuple[float, str]] = []
-        self._trailing: int | None = None
+        self._marks: list[tuple[str, str, str]] = []  # order keys of `improved`/`baseline` records
         self.full_scans = 0  # for tests and benchmarks: how often every file was read
         self.reads = 0  # files read
 
     # ---- upkeep --------------------------------------------------------------------------------------------
     def rebind(self, root: Path) -> None:
-        """The checkout moved (parked, reused): same folder inode, new path."""
+        """The checkout moved (parked, reused): same folder inodes, new path."""
         with self._lock:
             self.root = Path(root)
+            if self.watch is not None:
+                self.watch.rebind(root)
 
     def mark_dirty(self, names) -> None:
         """Names (in attempts/) to parse again at the next refresh, whatever the events said."""
@@ -157,22 +128,20 @@ class AttemptView:
             self._dirty.update(n for n in names if "/" not in n)
 
     def close(self) -> None:
-        with self._lock:
-            if self._ifd >= 0:
-                os.close(self._ifd)
-            self._ifd = self._wd = -1
-            self._ident = None
+        if self.watch is not None:
+            self.watch.close()
 
     def refresh(self) -> AttemptView:
         """Bring the view up to date with the folder; returns self."""
         with self._lock:
+            names, reset = set(), True
+            if self.watch is not None:
+                self.watch.sync()
+                names, reset = self.watch.take_attempt_changes()
             try:
                 with safefs.open_dir(self.root, self.rel) as dfd:
-                    st = os.fstat(dfd)
-                    ident = (st.st_dev, st.st_ino)
-                    names, reset = self._drain()
-                    if reset or ident != self._ident or self._ifd < 0:
-                        self._full_scan(dfd, ident)
+                    if reset:
+                        self._full_scan(dfd)
                     else:
                         for name in names | self._dirty:
                             self._update(dfd, name, force=True)
@@ -181,55 +150,9 @@ class AttemptView:
                     self._dirty.clear()
             except OSError:  # no attempts folder, or a link or a file where it should be: no attempts
                 self._forget_all()
-                self.close()
             return self
 
-    def _drain(self) -> tuple[set[str], bool]:
-        """Names reported since the last drain, and whether the watch is no longer good."""
-        names: set[str] = set()
-        if self._ifd < 0:
-            return names, True
-        reset = False
-        while True:
-            try:
-                buf = os.read(self._ifd, 1 << 16)
-            except BlockingIOError:
-                break
-            off = 0
-            while off + _EVENT.size <= len(buf):
-                wd, mask, _cookie, n = _EVENT.unpack_from(buf, off)
-                name = buf[off + _EVENT.size : off + _EVENT.size + n].rstrip(b"\0")
-                off += _EVENT.size + n
-                if mask & _RESET:  # overflow (wd -1), or the folder itself went away or moved
-                    reset = True
-                elif wd == self._wd and name:
-                    names.add(os.fsdecode(name))
-        return names, reset
-
-    def _watch(self, dfd: int, ident: tuple[int, int]) -> None:
-        """A fresh watch on the folder open as `dfd` (through /proc/self/fd: the very inode, no path race)."""
-        self.close()
-        if not self._use_inotify:
-            return
-        ifd = _LIBC.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        if ifd < 0:
-            log.debug(
-                "inotify unavailable (%s): attempts are rescanned at every load",
-                os.strerror(ctypes.get_errno()),
-            )
-            return
-        wd = _LIBC.inotify_add_watch(ifd, f"/proc/self/fd/{dfd}".encode(), _WATCH)
-        if wd < 0:
-            log.debug(
-                "inotify watch failed (%s): attempts are rescanned at every load",
-                os.strerror(ctypes.get_errno()),
-            )
-            os.close(ifd)
-            return
-        self._ifd, self._wd, self._ident = ifd, wd, ident
-
-    def _full_scan(self, dfd: int, ident: tuple[int, int]) -> None:
-        self._watch(dfd, ident)  # first: whatever changes during the scan arrives as an event
+    def _full_scan(self, dfd: int) -> None:
         self.full_scans += 1
         self._forget_all()
         with os.scandir(dfd) as it:
@@ -239,6 +162,7 @@ class AttemptView:
         # One sort instead of an insertion per record.
         self._order = sorted(i.order for i in self._infos.values())
         self._scores = sorted((i.score, i.name) for i in self._infos.values() if i.score is not None)
+        self._marks = sorted(i.order for i in self._infos.values() if i.status in _MARKS)
 
     def _update(self, dfd: int, name: str, *, force: bool) -> None:
         if not _is_record_name(name):
@@ -257,6 +181,8 @@ class AttemptView:
             bisect.insort(self._order, info.order)
             if info.score is not None:
                 bisect.insort(self._scores, (info.score, name))
+            if info.status in _MARKS:
+                bisect.insort(self._marks, info.order)
 
     def _read(self, dfd: int, name: str) -> AttemptInfo | None:
         """Parse `name` into `_infos` (the sorted lists are the caller's job)."""
@@ -272,7 +198,6 @@ class AttemptView:
         d.setdefault("commit_hash", name[: -len(".json")])
         info = info_from_record(name, d)
         self._infos[name] = info
-        self._trailing = None
         return info
 
     @staticmethod
@@ -292,7 +217,8 @@ class AttemptView:
         _remove(self._order, info.order)
         if info.score is not None:
             _remove(self._scores, (info.score, name))
-        self._trailing = None
+        if info.status in _MARKS:
+            _remove(self._marks, info.order)
 
     def _forget_all(self) -> None:
         self._infos.clear()
@@ -300,7 +226,7 @@ class AttemptView:
         self._recheck.clear()
         self._order.clear()
         self._scores.clear()
-        self._trailing = None
+        self._marks.clear()
 
     # ---- queries (call refresh first) ----------------------------------------------------------------------
     def __len__(self) -> int:
@@ -324,14 +250,9 @@ class AttemptView:
     def since_improvement(self) -> int:
         """Trailing records (newest first) that are neither `improved` nor `baseline` (the pivot heartbeat)."""
         with self._lock:
-            if self._trailing is None:
-                n = 0
-                for key in reversed(self._order):
-                    if self._infos[key[2]].status in ("improved", "baseline"):
-                        break
-                    n += 1
-                self._trailing = n
-            return self._trailing
+            if not self._marks:
+                return len(self._order)
+            return len(self._order) - bisect.bisect_right(self._order, self._marks[-1])
 
     def find(self, prefix: str) -> AttemptInfo | None:
         """The newest record whose commit hash starts with `prefix`."""
@@ -387,5 +308,5 @@ def view_for(attempts_dir: Path) -> AttemptView:
     with _VIEWS_LOCK:
         view = _VIEWS.get(_key(attempts_dir))
     if view is None:
-        view = AttemptView(attempts_dir.parents[1], Path(*attempts_dir.parts[-2:]), watch=False)
+        view = AttemptView(attempts_dir.parents[1], None, Path(*attempts_dir.parts[-2:]))
     return view.refresh()

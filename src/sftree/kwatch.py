@@ -1,0 +1,201 @@
+"""What changed in a knowledge checkout (`<workspace>/.opencode`), told by inotify instead of a scan.
+
+One inotify instance per checkout watches every folder under `.opencode`. It tells two things (docs/runtime.md,
+"Knowledge cost per edge"):
+- the names in `attempts/` that something touched since the attempt view last asked (attempts.py), and
+- whether anything under `.opencode` changed since the last knowledge commit, so a commit with nothing to do
+  costs no git call (`changed`, `committed`).
+
+Anything structural (a folder created, removed, moved or replaced, `.opencode` itself replaced, a queue
+overflow) rebuilds every watch and reports "everything changed": the callers then scan in full, as they would
+without inotify. A watch is added to a folder before it is listed, so a folder made during a rebuild raises an
+event and the next sync rebuilds again. Folders are opened one component at a time without following links, and
+the watch is placed through `/proc/self/fd/N` of that very descriptor, so no path is resolved twice.
+Where inotify is missing or out of watches, every query answers "changed" (a full scan, as before).
+
+A change made only through a hard link from outside `.opencode` raises no event here; the attempt view re-checks
+records that have more than one link, and every knowledge commit still runs `git add -A` when anything else
+changed. A checkout that moves (parked for the next fork, then moved in) keeps its inodes and so its watches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import struct
+import threading
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# inotify(7) constants (linux/inotify.h)
+IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
+IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
+IN_DELETE_SELF, IN_MOVE_SELF, IN_UNMOUNT, IN_Q_OVERFLOW, IN_IGNORED = 0x400, 0x800, 0x2000, 0x4000, 0x8000
+IN_ONLYDIR, IN_ISDIR = 0x01000000, 0x40000000
+_MASK = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE
+_MASK |= IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
+_SELF = IN_DELETE_SELF | IN_MOVE_SELF | IN_UNMOUNT | IN_Q_OVERFLOW | IN_IGNORED
+_DIR_OPS = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
+_EVENT = struct.Struct("iIII")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+MAX_WATCHES = 4096  # more folders than this under .opencode: not watched (full scans, as without inotify)
+
+
+def _libc():
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        lib.inotify_init1.argtypes = [ctypes.c_int]
+        lib.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        return lib
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _libc()
+
+
+class KnowledgeWatch:
+    """inotify over the folders of `<root>/<rel>` (module docstring). Thread-safe."""
+
+    def __init__(self, root: Path, rel: str = ".opencode", *, enabled: bool = True):
+        self.root, self.rel = Path(root), rel
+        self.enabled = enabled and _LIBC is not None
+        self._lock = threading.RLock()
+        self._ifd = -1
+        self._wds: dict[int, str] = {}  # watch descriptor -> folder relative to .opencode ("" = itself)
+        self._ident: tuple[int, int] | None = None  # (device, inode) of .opencode when the watches were set
+        self._broken = True  # the watches do not cover the folder: rebuild at the next sync
+        self._changed = True  # anything changed since `committed`
+        self._attempt_names: set[str] = set()
+        self._attempts_reset = True  # attempts/ must be scanned in full (new watches, or none)
+        self.rebuilds = 0
+
+    def rebind(self, root: Path) -> None:
+        """The checkout moved with its inodes (parked, then reused by a fork)."""
+        with self._lock:
+            self.root = Path(root)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._ifd >= 0:
+                os.close(self._ifd)
+            self._ifd, self._wds, self._ident, self._broken = -1, {}, None, True
+
+    # ---- queries ---------------------------------------------------------------------------------------------
+    def sync(self) -> bool:
+        """Drain the events (rebuilding the watches if needed); False when the folder is not watched."""
+        with self._lock:
+            if not self.enabled:
+                self._changed = self._attempts_reset = True
+                return False
+            try:
+                fd = self._open_kdir()
+            except OSError:
+                self.close()
+                self._changed = self._attempts_reset = True
+                return False
+            try:
+                self._drain()
+                st = os.fstat(fd)
+                if self._broken or (st.st_dev, st.st_ino) != self._ident:
+                    self._rebuild(fd, (st.st_dev, st.st_ino))
+            finally:
+                os.close(fd)
+            return not self._broken
+
+    def take_attempt_changes(self) -> tuple[set[str], bool]:
+        """(names touched in attempts/ since the last call, whether attempts/ needs a full scan); call sync first."""
+        with self._lock:
+            names, reset = self._attempt_names, self._attempts_reset or self._broken
+            self._attempt_names, self._attempts_reset = set(), False
+            return names, reset
+
+    def changed(self) -> bool:
+        """Whether anything under .opencode may have changed since `committed` (True when unsure)."""
+        with self._lock:
+            return not self.sync() or self._changed
+
+    def invalidate(self) -> None:
+        """Count everything as changed (a commit that failed after `committed`)."""
+        with self._lock:
+            self._changed = True
+
+    def committed(self) -> None:
+        """Call right before the commit reads the folder: later changes count for the next commit."""
+        with self._lock:
+            if self.sync():
+                self._changed = False
+
+    # ---- internals -----------------------------------------------------------------------------------------
+    def _open_kdir(self) -> int:
+        fd = os.open(self.root, _DIR_FLAGS)
+        try:
+            return os.open(self.rel, _DIR_FLAGS, dir_fd=fd)
+        finally:
+            os.close(fd)
+
+    def _drain(self) -> None:
+        if self._ifd < 0:
+            self._broken = True
+            return
+        while True:
+            try:
+                buf = os.read(self._ifd, 1 << 16)
+            except BlockingIOError:
+                return
+            off = 0
+            while off + _EVENT.size <= len(buf):
+                wd, mask, _cookie, n = _EVENT.unpack_from(buf, off)
+                name = os.fsdecode(buf[off + _EVENT.size : off + _EVENT.size + n].rstrip(b"\0"))
+                off += _EVENT.size + n
+                self._changed = True
+                folder = self._wds.get(wd)
+                if mask & _SELF or (mask & IN_ISDIR and mask & _DIR_OPS) or folder is None:
+                    self._broken = True  # a folder came, went or moved; or an overflow
+                elif folder == "attempts" and name:
+                    self._attempt_names.add(name)
+
+    def _rebuild(self, kfd: int, ident: tuple[int, int]) -> None:
+        self.close()
+        self.rebuilds += 1
+        self._changed = self._attempts_reset = True
+        self._attempt_names.clear()
+        ifd = _LIBC.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if ifd < 0:
+            log.debug(
+                "inotify unavailable (%s): knowledge is scanned in full", os.strerror(ctypes.get_errno())
+            )
+            return
+        self._ifd = ifd
+        if self._watch_tree(kfd, ""):
+            self._ident, self._broken = ident, False
+        else:
+            self.close()
+
+    def _watch_tree(self, fd: int, rel: str) -> bool:
+        """Watch folder `fd` (before listing it), then its subfolders; False when a watch could not be added."""
+        if len(self._wds) >= MAX_WATCHES:
+            return False
+        wd = _LIBC.inotify_add_watch(self._ifd, f"/proc/self/fd/{fd}".encode(), _MASK)
+        if wd < 0:
+            log.debug(
+                "inotify watch failed (%s): knowledge is scanned in full", os.strerror(ctypes.get_errno())
+            )
+            return False
+        self._wds[wd] = rel
+        with os.scandir(fd) as it:
+            subdirs = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+        for name in subdirs:
+            try:
+                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError:  # gone or replaced meanwhile: its event marks the watches broken
+                continue
+            try:
+                if not self._watch_tree(sub, f"{rel}/{name}" if rel else name):
+                    return False
+            finally:
+                os.close(sub)
+        return True
