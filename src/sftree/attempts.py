@@ -12,9 +12,8 @@ The agent may write, delete, rename or link anything there, even while the host 
   tick is seen), without following links; a link or special file is not a record;
 - a replaced, moved or deleted folder, a new subfolder, or a queue overflow means a full rescan (kwatch.py);
 - a change made through a hard link from outside the folder raises no event there, so records seen with more
-  than one link (or changed within the last half second) are re-checked (stat, parse if changed) at every
-  refresh, and what each knowledge commit's `git add -A` staged (git compares inode and ctime) is parsed again
-  (`mark_dirty`).
+  than one link are parsed at every refresh, and what each knowledge commit's `git add -A` staged (git compares
+  inode and ctime) is parsed again (`mark_dirty`).
 Without a watch (not Linux, no inotify left, a one-off view) every refresh is a full scan.
 """
 
@@ -27,7 +26,6 @@ import math
 import os
 import stat
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +36,6 @@ log = logging.getLogger(__name__)
 
 ATTEMPTS_REL = Path(".opencode") / "attempts"
 _MARKS = ("improved", "baseline")  # statuses that end a run without improvement
-_RACY_S = 0.5  # a record changed this recently may change again within one timestamp tick: re-checked
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +102,7 @@ class AttemptView:
         self.root, self.rel, self.watch = Path(root), Path(rel), watch
         self._lock = threading.RLock()
         self._infos: dict[str, AttemptInfo] = {}
-        self._keys: dict[str, tuple] = {}  # name -> stat key of the version parsed (recheck set only)
-        self._recheck: set[str] = set()  # more than one link, or changed very recently: stat at every refresh
+        self._recheck: set[str] = set()  # records with more than one link: parsed at every refresh
         self._dirty: set[str] = set()  # names git reported changed (mark_dirty)
         self._order: list[tuple[str, str, str]] = []
         self._scores: list[tuple[float, str]] = []
@@ -143,10 +139,8 @@ class AttemptView:
                     if reset:
                         self._full_scan(dfd)
                     else:
-                        for name in names | self._dirty:
-                            self._update(dfd, name, force=True)
-                        for name in list(self._recheck):
-                            self._update(dfd, name, force=False)
+                        for name in names | self._dirty | self._recheck:
+                            self._update(dfd, name)
                     self._dirty.clear()
             except OSError:  # no attempts folder, or a link or a file where it should be: no attempts
                 self._forget_all()
@@ -164,17 +158,9 @@ class AttemptView:
         self._scores = sorted((i.score, i.name) for i in self._infos.values() if i.score is not None)
         self._marks = sorted(i.order for i in self._infos.values() if i.status in _MARKS)
 
-    def _update(self, dfd: int, name: str, *, force: bool) -> None:
+    def _update(self, dfd: int, name: str) -> None:
         if not _is_record_name(name):
             return
-        if not force:
-            try:
-                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            except OSError:
-                self._forget(name)
-                return
-            if self._stat_key(st) == self._keys.get(name) and not self._racy(st):
-                return
         self._forget(name)
         info = self._read(dfd, name)
         if info is not None:
@@ -188,11 +174,8 @@ class AttemptView:
         """Parse `name` into `_infos` (the sorted lists are the caller's job)."""
         self.reads += 1
         st, d = read_record(dfd, name)
-        if st is None:
-            return None
-        if st.st_nlink > 1 or self._racy(st):
+        if st is not None and st.st_nlink > 1:
             self._recheck.add(name)
-            self._keys[name] = self._stat_key(st)
         if d is None:
             return None
         d.setdefault("commit_hash", name[: -len(".json")])
@@ -200,17 +183,8 @@ class AttemptView:
         self._infos[name] = info
         return info
 
-    @staticmethod
-    def _stat_key(st: os.stat_result) -> tuple:
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, st.st_mode)
-
-    @staticmethod
-    def _racy(st: os.stat_result) -> bool:
-        return max(st.st_mtime, st.st_ctime) >= time.time() - _RACY_S
-
     def _forget(self, name: str) -> None:
         self._recheck.discard(name)
-        self._keys.pop(name, None)
         info = self._infos.pop(name, None)
         if info is None:
             return
@@ -222,7 +196,6 @@ class AttemptView:
 
     def _forget_all(self) -> None:
         self._infos.clear()
-        self._keys.clear()
         self._recheck.clear()
         self._order.clear()
         self._scores.clear()

@@ -6,10 +6,11 @@ One inotify instance per checkout watches every folder under `.opencode`. It tel
 - whether anything under `.opencode` changed since the last knowledge commit, so a commit with nothing to do
   costs no git call (`changed`, `committed`).
 
-Anything structural (a folder created, removed, moved or replaced, `.opencode` itself replaced, a queue
+A folder created gets its own watch at the next sync (its creation already counts as a change); a folder
+deleted drops its watch. Anything else structural (a folder moved or renamed, `.opencode` replaced, a queue
 overflow) rebuilds every watch and reports "everything changed": the callers then scan in full, as they would
-without inotify. A watch is added to a folder before it is listed, so a folder made during a rebuild raises an
-event and the next sync rebuilds again. Folders are opened one component at a time without following links, and
+without inotify; so does a new or deleted `attempts/`. A watch is added to a folder before it is listed, so a
+folder made meanwhile raises an event. Folders are opened one component at a time without following links, and
 the watch is placed through `/proc/self/fd/N` of that very descriptor, so no path is resolved twice.
 Where inotify is missing or out of watches, every query answers "changed" (a full scan, as before).
 
@@ -98,10 +99,15 @@ class KnowledgeWatch:
                 self._changed = self._attempts_reset = True
                 return False
             try:
-                self._drain()
+                new_dirs = self._drain()
                 st = os.fstat(fd)
                 if self._broken or (st.st_dev, st.st_ino) != self._ident:
                     self._rebuild(fd, (st.st_dev, st.st_ino))
+                else:
+                    for rel in new_dirs:
+                        self._watch_new(fd, rel)
+                    if self._broken:
+                        self._rebuild(fd, (st.st_dev, st.st_ino))
             finally:
                 os.close(fd)
             return not self._broken
@@ -137,15 +143,17 @@ class KnowledgeWatch:
         finally:
             os.close(fd)
 
-    def _drain(self) -> None:
+    def _drain(self) -> list[str]:
+        """Read the queued events; the folders created since (to watch) in the order they came."""
+        new_dirs: list[str] = []
         if self._ifd < 0:
             self._broken = True
-            return
+            return new_dirs
         while True:
             try:
                 buf = os.read(self._ifd, 1 << 16)
             except BlockingIOError:
-                return
+                return new_dirs
             off = 0
             while off + _EVENT.size <= len(buf):
                 wd, mask, _cookie, n = _EVENT.unpack_from(buf, off)
@@ -153,10 +161,48 @@ class KnowledgeWatch:
                 off += _EVENT.size + n
                 self._changed = True
                 folder = self._wds.get(wd)
-                if mask & _SELF or (mask & IN_ISDIR and mask & _DIR_OPS) or folder is None:
-                    self._broken = True  # a folder came, went or moved; or an overflow
+                if mask & IN_Q_OVERFLOW:
+                    self._broken = True
+                elif folder is None:
+                    continue  # a watch already dropped
+                elif mask & IN_IGNORED:  # the folder was deleted (or unmounted)
+                    del self._wds[wd]
+                    if folder == "":
+                        self._broken = True
+                    elif folder == "attempts":
+                        self._attempts_reset = True
+                elif mask & IN_MOVE_SELF:
+                    # .opencode itself moving is the checkout being parked or reused (paths are relative to
+                    # it; a replaced .opencode fails the identity check); a subfolder moving makes paths stale.
+                    if folder != "":
+                        self._broken = True
+                elif mask & IN_ISDIR and mask & (IN_MOVED_FROM | IN_MOVED_TO):
+                    self._broken = True
+                elif mask & IN_ISDIR and mask & IN_CREATE:
+                    new_dirs.append(f"{folder}/{name}" if folder else name)
+                    if folder == "" and name == "attempts":
+                        self._attempts_reset = True
                 elif folder == "attempts" and name:
                     self._attempt_names.add(name)
+
+    def _watch_new(self, kfd: int, rel: str) -> None:
+        """Watch a folder created after the last sync (and what it already holds), if it is still there."""
+        fd = kfd
+        try:
+            for part in rel.split("/"):
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                if fd != kfd:
+                    os.close(fd)
+                fd = nfd
+        except OSError:  # gone again (its deletion is queued) or replaced by a link/file: nothing to watch
+            if fd != kfd:
+                os.close(fd)
+            return
+        try:
+            if not self._watch_tree(fd, rel):
+                self._broken = True
+        finally:
+            os.close(fd)
 
     def _rebuild(self, kfd: int, ident: tuple[int, int]) -> None:
         self.close()
