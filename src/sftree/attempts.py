@@ -79,14 +79,16 @@ def read_record(dir_fd: int, name: str) -> tuple[os.stat_result | None, dict | N
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return None, None
-    with os.fdopen(fd, "rb") as fh:
+    try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(st.st_mode):  # a folder, a FIFO, a device: never read
             return st, None
-        try:
+        with os.fdopen(fd, "rb", closefd=False) as fh:
             d = json.loads(fh.read(safefs.MAX_READ).decode("utf-8"))
-        except (OSError, ValueError):
-            return st, None
+    except (OSError, ValueError):
+        return None, None
+    finally:
+        os.close(fd)
     return st, (d if isinstance(d, dict) else None)
 
 
