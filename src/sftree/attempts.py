@@ -26,6 +26,7 @@ import math
 import os
 import stat
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,7 +257,7 @@ def _remove(seq: list, item) -> None:
 
 
 # ---- views by folder: a workspace registers its own; anything else gets a one-off full scan ------------------
-_VIEWS: dict[str, AttemptView] = {}
+_VIEWS: weakref.WeakValueDictionary[str, AttemptView] = weakref.WeakValueDictionary()
 _VIEWS_LOCK = threading.Lock()
 
 

@@ -27,6 +27,7 @@ import logging
 import os
 import struct
 import threading
+import weakref
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class KnowledgeWatch:
     def close(self) -> None:
         with self._lock:
             if self._ifd >= 0:
-                os.close(self._ifd)
+                self._closer()  # closes the descriptor once
             self._ifd, self._wds, self._ident, self._broken = -1, {}, None, True
 
     # ---- queries ---------------------------------------------------------------------------------------------
@@ -216,6 +217,8 @@ class KnowledgeWatch:
             )
             return
         self._ifd = ifd
+        # An instance is a per-user resource (128 by default): closed with the watch, or when it is collected.
+        self._closer = weakref.finalize(self, os.close, ifd)
         if self._watch_tree(kfd, ""):
             self._ident, self._broken = ident, False
         else:
@@ -232,8 +235,11 @@ class KnowledgeWatch:
             )
             return False
         self._wds[wd] = rel
-        with os.scandir(fd) as it:
-            subdirs = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+        try:
+            with os.scandir(fd) as it:
+                subdirs = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+        except OSError:  # e.g. a folder the agent made unreadable: not watched, full scans
+            return False
         for name in subdirs:
             try:
                 sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
