@@ -14,9 +14,10 @@ folder made meanwhile raises an event. Folders are opened one component at a tim
 the watch is placed through `/proc/self/fd/N` of that very descriptor, so no path is resolved twice.
 Where inotify is missing or out of watches, every query answers "changed" (a full scan, as before).
 
-A change made only through a hard link from outside `.opencode` raises no event here; the attempt view re-checks
-records that have more than one link, and every knowledge commit still runs `git add -A` when anything else
-changed. A checkout that moves (parked for the next fork, then moved in) keeps its inodes and so its watches.
+A write through a hard link from outside `.opencode`, or through a shared memory mapping after the file was
+closed, raises no event: the attempt view parses records that have more than one link at every refresh and what
+each commit's `git add -A` staged; a commit skipped for want of an event leaves such a write out of the record,
+and the next fork's `diff-files` restores the file before the checkout is reused (docs/runtime.md). A checkout that moves (parked for the next fork, then moved in) keeps its inodes and so its watches.
 """
 
 from __future__ import annotations
