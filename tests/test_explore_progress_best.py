@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from sftree.explore import BestSoFar
+from sftree.search.explore import BestSoFar
 
 
 def tree(direction, *scores):

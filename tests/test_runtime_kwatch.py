@@ -11,9 +11,9 @@ import shutil
 import pytest
 from runtime_helpers import make_root
 
-from sftree import attempts as attemptsmod
-from sftree import coral, kwatch
-from sftree.workspace import TreeStore
+from sftree.runtime import attempts as attemptsmod
+from sftree.runtime import coral, kwatch
+from sftree.runtime.workspace import TreeStore
 
 pytestmark = pytest.mark.skipif(kwatch._LIBC is None, reason="needs inotify (Linux)")
 
@@ -156,7 +156,7 @@ def test_unchanged_knowledge_costs_no_git_call_and_changes_are_committed(ws, mon
     first = w.commit_knowledge("turn 1")
     assert first == state.knowledge_commit  # nothing changed since the fork
     calls = []
-    import sftree.workspace as wsmod
+    import sftree.runtime.workspace as wsmod
 
     real_git = wsmod.git
     monkeypatch.setattr(wsmod, "git", lambda *a, **k: calls.append(a) or real_git(*a, **k))

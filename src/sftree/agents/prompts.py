@@ -17,9 +17,9 @@ import shutil
 import string
 from pathlib import Path
 
-from sftree.attempts import view_for
-from sftree.coral import evals_since_improvement, fmt_score
 from sftree.errors import InputError
+from sftree.runtime.attempts import view_for
+from sftree.runtime.coral import evals_since_improvement, fmt_score
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "prompts"
 NAMES = {

@@ -37,9 +37,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sftree import attempts as attemptsmod
 from sftree.errors import InputError, SftreeError
-from sftree.kwatch import KnowledgeWatch
+from sftree.runtime import attempts as attemptsmod
+from sftree.runtime.kwatch import KnowledgeWatch
 
 log = logging.getLogger(__name__)
 
@@ -439,7 +439,7 @@ class TreeStore:
             if not isinstance(messages, list):
                 raise InputError(f"session file {self.tree_dir / state.session}: expected a list of messages")
             ws.session = messages
-            # The host's record of how that session's last turn ended (edge.py writes it with the session).
+            # The host's record of how that session's last turn ended (search/edge.py writes it with the session).
             record = self.tree_dir / "edges" / Path(state.session).stem / "last_turn.json"
             last = read_json(record, "last-turn record") if record.is_file() else None
             ws.last_turn = last if isinstance(last, dict) else None

@@ -30,8 +30,8 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from sftree import safefs
-from sftree.kwatch import KnowledgeWatch
+from sftree.runtime import safefs
+from sftree.runtime.kwatch import KnowledgeWatch
 
 log = logging.getLogger(__name__)
 
