@@ -197,3 +197,61 @@ def test_parked_checkout_keeps_its_view_and_sibling_branches_stay_apart(ws):
     assert vc.best("maximize") == 10.0 and summary(vc) == reference(c.root)
     b.close()
     c.close()
+
+
+def full_tree(st, kdir, tmp_path, git):
+    """The tree a from-scratch `git add -A` of the folder gives (the reference for a commit's tree)."""
+    env = {"GIT_INDEX_FILE": str(tmp_path / "ref.index")}
+    (tmp_path / "ref.index").unlink(missing_ok=True)
+    git(["--work-tree", str(kdir), "add", "-A", "--", "."], git_dir=st.knowledge_git, env=env)
+    return git(["write-tree"], git_dir=st.knowledge_git, env=env).stdout.strip()
+
+
+def test_commits_stage_only_reported_paths_and_equal_a_full_add(ws, tmp_path, monkeypatch):
+    """After the first commit, a commit stages the paths the watch reported (no scan of the folder); its tree
+    equals a from-scratch `add -A` through writes, deletes, renames, folders, temp files, ignored names."""
+    from sftree.runtime import workspace as wsmod
+
+    st, _state, w = ws
+    k = w.knowledge_dir
+    w.commit_knowledge("first")  # a fresh checkout: the paths are not known yet, everything is staged
+    full_adds = []
+    real_git = wsmod.git
+
+    def spy(args, **kw):
+        if "add" in args and "." in args:
+            full_adds.append(args)
+        return real_git(args, **kw)
+
+    monkeypatch.setattr(wsmod, "git", spy)
+
+    def step(msg):
+        head = w.commit_knowledge(msg)
+        tree = real_git(["rev-parse", f"{head}^{{tree}}"], git_dir=st.knowledge_git).stdout.strip()
+        assert tree == full_tree(st, k, tmp_path, real_git), msg
+
+    (k / "notes" / "a.md").write_text("a")
+    write(k / "attempts", "c9.json", rec("c9", 1.0))
+    step("write")
+    (k / "notes" / "a.md").unlink()
+    os.rename(k / "attempts" / "c1.json", k / "attempts" / "c1b.json")
+    step("delete and rename")
+    (k / "skills" / "deep" / "er").mkdir(parents=True)
+    (k / "skills" / "deep" / "er" / "s.md").write_text("s")
+    step("nested folders")
+    os.rename(k / "skills" / "deep", k / "skills" / "moved")  # a folder moved: watches rebuilt, full add
+    step("folder moved")
+    shutil.rmtree(k / "skills" / "moved")
+    step("folder removed")
+    (k / "notes" / ".x.tmp").write_text("t")
+    os.rename(k / "notes" / ".x.tmp", k / "notes" / "x.md")  # the temp name matches nothing any more
+    (k / "package.json").write_text("{}")  # excluded at the root: never committed
+    step("temp file and excluded name")
+    (k / "notes" / ".gitignore").write_text("*.log\n")
+    step("a nested .gitignore")
+    (k / "notes" / "debug.log").write_text("ignored")  # named explicitly, ignored: git exits 1, still fine
+    (k / "notes" / "kept.md").write_text("kept")
+    step("an ignored path among others")
+    os.symlink("/etc", k / "notes" / "etc")  # a link is committed as a link, never followed
+    step("a link")
+    assert len(full_adds) == 1  # only the moved folder needed a look at everything

@@ -45,6 +45,7 @@ _DIR_OPS = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
 _EVENT = struct.Struct("iIII")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_WATCHES = 4096  # more folders than this under .opencode: not watched (full scans, as without inotify)
+MAX_TOUCHED = 512  # more paths touched than this since the last commit: the commit stages everything
 
 
 def _libc():
@@ -74,6 +75,9 @@ class KnowledgeWatch:
         self._changed = True  # anything changed since `committed`
         self._attempt_names: set[str] = set()
         self._attempts_reset = True  # attempts/ must be scanned in full (new watches, or none)
+        self._touched: set[str] | None = (
+            None  # paths (relative to .opencode) touched since `committed`; None: unknown
+        )
         self.rebuilds = 0
 
     def rebind(self, root: Path) -> None:
@@ -86,6 +90,7 @@ class KnowledgeWatch:
             if self._ifd >= 0:
                 self._closer()  # closes the descriptor once
             self._ifd, self._wds, self._ident, self._broken = -1, {}, None, True
+            self._touched = None
 
     # ---- queries ---------------------------------------------------------------------------------------------
     def sync(self) -> bool:
@@ -93,12 +98,14 @@ class KnowledgeWatch:
         with self._lock:
             if not self.enabled:
                 self._changed = self._attempts_reset = True
+                self._touched = None
                 return False
             try:
                 fd = self._open_kdir()
             except OSError:
                 self.close()
                 self._changed = self._attempts_reset = True
+                self._touched = None
                 return False
             try:
                 new_dirs = self._drain()
@@ -129,13 +136,17 @@ class KnowledgeWatch:
     def invalidate(self) -> None:
         """Count everything as changed (a commit that failed after `committed`)."""
         with self._lock:
-            self._changed = True
+            self._changed, self._touched = True, None
 
-    def committed(self) -> None:
-        """Call right before the commit reads the folder: later changes count for the next commit."""
+    def committed(self) -> set[str] | None:
+        """Call right before the commit reads the folder: later changes count for the next commit. Returns the
+        paths (files or folders, relative to .opencode) touched since the last call, or None when unknown
+        (not watched, watches rebuilt, too many): then the commit must look at everything."""
         with self._lock:
-            if self.sync():
-                self._changed = False
+            if not self.sync():
+                return None
+            touched, self._touched, self._changed = self._touched, set(), False
+            return touched
 
     # ---- internals -----------------------------------------------------------------------------------------
     def _open_kdir(self) -> int:
@@ -163,6 +174,10 @@ class KnowledgeWatch:
                 off += _EVENT.size + n
                 self._changed = True
                 folder = self._wds.get(wd)
+                if folder is not None and name and self._touched is not None:
+                    self._touched.add(f"{folder}/{name}" if folder else name)
+                    if len(self._touched) > MAX_TOUCHED:
+                        self._touched = None
                 if mask & IN_Q_OVERFLOW:
                     self._broken = True
                 elif folder is None:
@@ -207,7 +222,7 @@ class KnowledgeWatch:
             os.close(fd)
 
     def _rebuild(self, kfd: int, ident: tuple[int, int]) -> None:
-        self.close()
+        self.close()  # (forgets the touched paths: unknown until the next commit looks at everything)
         self.rebuilds += 1
         self._changed = self._attempts_reset = True
         self._attempt_names.clear()

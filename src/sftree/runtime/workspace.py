@@ -239,20 +239,21 @@ class EdgeWorkspace:
         watch = self.attempt_view.watch if self.attempt_view is not None else None
         if watch is not None and self._k_tree is not None and not watch.changed():
             return self._k_head  # nothing under .opencode changed since the last commit (kwatch.py)
-        if watch is not None:
-            watch.committed()  # before git reads the folder: what changes from now on counts next time
+        touched = watch.committed() if watch is not None else None  # later changes count next time
         try:
-            return self._commit_knowledge(message)
+            return self._commit_knowledge(message, touched)
         except BaseException:
             if watch is not None:
                 watch.invalidate()
             raise
 
-    def _commit_knowledge(self, message: str) -> str:
+    def _commit_knowledge(self, message: str, touched: set[str] | None) -> str:
         repo, env = self.store.knowledge_git, knowledge_index_env(self.index_file)
-        added = git(
-            ["--work-tree", str(self.knowledge_dir), "add", "-A", "-v", "--", "."], git_dir=repo, env=env
-        ).stdout
+        added = None if touched is None else self._stage_paths(touched)
+        if added is None:  # everything: the paths are unknown, or git refused the short way
+            added = git(
+                ["--work-tree", str(self.knowledge_dir), "add", "-A", "-v", "--", "."], git_dir=repo, env=env
+            ).stdout
         if self.attempt_view is not None and added:
             # git compares inode and ctime: what it staged under attempts/ is read again by the attempt view,
             # whatever inotify reported (a change made through a hard link from elsewhere raises no event).
@@ -268,6 +269,42 @@ class EdgeWorkspace:
             ).stdout.strip()
             self._k_tree = tree
         return self._k_head
+
+    def _stage_paths(self, touched: set[str]) -> str | None:
+        """Stage only the paths the watch reported (the index matched the rest at the last commit, or the fork
+        made it so); `git add -v` output, or None when git would not (then everything is staged).
+
+        Gone paths are unstaged with `rm --cached --ignore-unmatch` (a literal pathspec that matches nothing,
+        like the temp file every attempt record is written through, makes `git add` fail); present ones added
+        with `add -A`, whose exit code 1 with only its "paths are ignored" message is no failure (an ignored
+        path is never committed). Paths under the root's excluded names never are either."""
+        repo, env = self.store.knowledge_git, knowledge_index_env(self.index_file)
+        wt = ["--work-tree", str(self.knowledge_dir)]
+        present, gone = [], []
+        for p in sorted(touched):
+            if p.split("/", 1)[0] in _KNOWLEDGE_EXCLUDED_NAMES or "\0" in p:
+                continue
+            (present if os.path.lexists(self.knowledge_dir / p) else gone).append(f":(literal){p}")
+        spec = ["--pathspec-from-file=-", "--pathspec-file-nul"]
+        if gone:
+            proc = git(
+                [*wt, "rm", "--cached", "-r", "-q", "--ignore-unmatch", *spec],
+                git_dir=repo, env=env, input="\0".join(gone).encode(), check=False,
+            )  # fmt: skip
+            if proc.returncode != 0:
+                return None
+        if not present:
+            return ""
+        proc = git(
+            [*wt, "add", "-A", "-v", *spec],
+            git_dir=repo,
+            env=env,
+            input="\0".join(present).encode(),
+            check=False,
+        )
+        if proc.returncode == 0 or (proc.returncode == 1 and _only_ignored(proc.stderr)):
+            return proc.stdout
+        return None
 
     def state(self, session: str | None) -> NodeState:
         """The workspace's current state (commits whatever is left uncommitted, so the state is complete).
@@ -301,6 +338,20 @@ def knowledge_index_env(index: Path) -> dict[str, str]:
     """An edge's own knowledge index, in format 4 (path prefixes compressed: about half the bytes to read,
     hash and write at every git call on a checkout of many attempt records)."""
     return {"GIT_INDEX_FILE": str(index), "GIT_INDEX_VERSION": "4"}
+
+
+# Root names of KNOWLEDGE_EXCLUDES: never shared knowledge, never staged.
+_KNOWLEDGE_EXCLUDED_NAMES = {p.strip("/") for p in KNOWLEDGE_EXCLUDES}
+
+
+def _only_ignored(stderr: str) -> bool:
+    """`git add`'s stderr holds nothing but its report of ignored paths (and their hints)."""
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("hint:")]
+    return (
+        bool(lines)
+        and lines[0].startswith("The following paths are ignored")
+        and not any(ln.startswith(("fatal:", "error:")) for ln in lines)
+    )
 
 
 _ADD_LINE = re.compile(r"^(?:add|remove) '(.*)'$", re.M)
