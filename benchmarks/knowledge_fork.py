@@ -13,11 +13,12 @@ Side by side in one run:
 - before: a full checkout of every knowledge file per fork without stat data in the index (so each turn's
   `add -A` hashes every file again), and every attempt file parsed at every load (the first code, kept
   below and patched in);
-- stat-cache: forks as `after`, and each load stats every attempt file, parsing only changed ones
+- stat-cache: as `after` but for the loads, which stat every attempt file, parsing only changed ones
   (`coral.load_attempts`, the second code, patched in);
 - after: the closed edge's checkout moved into the next fork and brought to its commit by git (only the
   files that differ are written), stat data kept; loads look only at the names inotify reported since the last
-  load (`attempts.AttemptView`), plus what each knowledge commit's `git add -v` staged.
+  load (`attempts.AttemptView`), plus what each knowledge commit's `git add -v` staged; commits stage only the
+  paths the watch reported, and one with nothing to commit makes no git call (`kwatch.KnowledgeWatch`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ One inotify instance per checkout watches every folder under `.opencode`. It tel
 "Knowledge cost per edge"):
 - the names in `attempts/` that something touched since the attempt view last asked (attempts.py), and
 - whether anything under `.opencode` changed since the last knowledge commit, so a commit with nothing to do
-  costs no git call (`changed`, `committed`).
+  costs no git call, and which paths, so a commit stages those alone (`changed`, `committed`).
 
 A folder created gets its own watch at the next sync (its creation already counts as a change); a folder
 deleted drops its watch. Anything else structural (a folder moved or renamed, `.opencode` replaced, a queue
@@ -16,8 +16,8 @@ Where inotify is missing or out of watches, every query answers "changed" (a ful
 
 A write through a hard link from outside `.opencode`, or through a shared memory mapping after the file was
 closed, raises no event: the attempt view parses records that have more than one link at every refresh and what
-each commit's `git add -A` staged; a commit skipped for want of an event leaves such a write out of the record,
-and the next fork's `diff-files` restores the file before the checkout is reused (docs/runtime.md). A checkout that moves (parked for the next fork, then moved in) keeps its inodes and so its watches.
+each commit staged; a commit that does not look at such a file leaves the write out of the record, and the next
+fork's `diff-files` restores the file before the checkout is reused (docs/runtime.md). A checkout that moves (parked for the next fork, then moved in) keeps its inodes and so its watches.
 """
 
 from __future__ import annotations
