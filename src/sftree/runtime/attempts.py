@@ -12,8 +12,8 @@ The agent may write, delete, rename or link anything there, even while the host 
   tick is seen), without following links; a link or special file is not a record;
 - a replaced, moved or deleted folder, a new subfolder, or a queue overflow means a full rescan (kwatch.py);
 - a change made through a hard link from outside the folder raises no event there, so records seen with more
-  than one link are parsed at every refresh, and what each knowledge commit's `git add -A` staged (git compares
-  inode and ctime) is parsed again (`mark_dirty`).
+  than one link are parsed at every refresh, and what each knowledge commit staged (git compares inode and
+  ctime of the paths it looks at) is parsed again (`mark_dirty`).
 Without a watch (not Linux, no inotify left, a one-off view) every refresh is a full scan.
 """
 
