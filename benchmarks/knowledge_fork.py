@@ -11,10 +11,14 @@ The first edge of a tree is not counted (nothing to reuse yet; its fork costs wh
 
 Side by side in one run:
 - before: a full checkout of every knowledge file per fork without stat data in the index (so each turn's
-  `add -A` hashes every file again), and every attempt file parsed at every load (the previous code, kept
+  `add -A` hashes every file again), and every attempt file parsed at every load (the first code, kept
   below and patched in);
+- stat-cache: as `after` but for the loads, which stat every attempt file, parsing only changed ones
+  (`coral.load_attempts`, the second code, patched in);
 - after: the closed edge's checkout moved into the next fork and brought to its commit by git (only the
-  files that differ are written), stat data kept, attempt records parsed once per file version.
+  files that differ are written), stat data kept; loads look only at the names inotify reported since the last
+  load (`attempts.AttemptView`), plus what each knowledge commit's `git add -v` staged; commits stage only the
+  paths the watch reported, and one with nothing to commit makes no git call (`kwatch.KnowledgeWatch`).
 """
 
 from __future__ import annotations
@@ -54,6 +58,13 @@ def old_load_attempts(attempts_dir: Path) -> list[dict]:
     return out
 
 
+class ListView(list):
+    """The records as a sorted list, queried the way the earlier code did (a scan per query)."""
+
+    def best(self, direction: str, exclude: str | None = None):
+        return coral.branch_best(self, direction, exclude)
+
+
 def old_checkout_knowledge(self, kdir: Path, index: Path, commit: str) -> None:
     """The previous fork: a full checkout, index without stat data."""
     env = {"GIT_INDEX_FILE": str(index)}
@@ -89,10 +100,12 @@ def one_edge(store: TreeStore, state, edge_id: str, n: int) -> tuple[object, dic
     att = ws.knowledge_dir / "attempts"
     load = 0.0
     commit = 0.0
+    last = None
     for turn in (1, 2):
         t1 = time.perf_counter()
-        prompts.load_attempts(att)  # the turn prompt
-        coral.load_attempts(att)  # `coral eval` (branch best)
+        prompts.next_turn_prompt(last, ws.knowledge_dir, {})  # the turn prompt (pivot heartbeat)
+        # `coral eval`: the branch best before grading, as CoralRuntime.cmd_eval asks for it
+        coral.view_for(att).best("maximize", exclude="0" * 40)
         load += time.perf_counter() - t1
         sha = f"{n:036x}{turn:04x}"
         (att / f"{sha}.json").write_text(json.dumps({"commit_hash": sha, "score": 1.0, "timestamp": "2027"}))
@@ -100,6 +113,7 @@ def one_edge(store: TreeStore, state, edge_id: str, n: int) -> tuple[object, dic
         t1 = time.perf_counter()
         ws.commit_knowledge(f"{edge_id} turn {turn}")
         commit += time.perf_counter() - t1
+        last = {"eval": {"number": 10 * n + turn, "score": 1.0, "commit": sha, "status": "improved"}}
     t["loads"], t["commits"] = load, commit
     t1 = time.perf_counter()
     child = ws.state(None)
@@ -110,16 +124,13 @@ def one_edge(store: TreeStore, state, edge_id: str, n: int) -> tuple[object, dic
 
 
 def run_tree(tmp: Path, root: Path, edges: int, mode: str) -> dict[str, float]:
-    saved = (
-        TreeStore._checkout_knowledge,
-        TreeStore.park_knowledge,
-        coral.load_attempts,
-        prompts.load_attempts,
-    )
+    saved = (TreeStore._checkout_knowledge, TreeStore.park_knowledge, coral.view_for, prompts.view_for)
     if mode == "before":
         TreeStore._checkout_knowledge = old_checkout_knowledge
         TreeStore.park_knowledge = lambda self, ws: None
-        coral.load_attempts = prompts.load_attempts = old_load_attempts
+        coral.view_for = prompts.view_for = lambda d: ListView(old_load_attempts(d))
+    elif mode == "stat-cache":
+        coral.view_for = prompts.view_for = lambda d: ListView(coral.load_attempts(d))
     coral._ATTEMPTS.clear()
     try:
         store, state = TreeStore.create(tmp / f"tree-{mode}-{root.name}", root, {})
@@ -130,12 +141,7 @@ def run_tree(tmp: Path, root: Path, edges: int, mode: str) -> dict[str, float]:
                 times.append(t)
         store.close()
     finally:
-        (
-            TreeStore._checkout_knowledge,
-            TreeStore.park_knowledge,
-            coral.load_attempts,
-            prompts.load_attempts,
-        ) = saved
+        TreeStore._checkout_knowledge, TreeStore.park_knowledge, coral.view_for, prompts.view_for = saved
     return {k: 1000 * statistics.median(t[k] for t in times) for k in times[0]}
 
 
@@ -143,18 +149,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--attempts", default="100,1000,10000")
     ap.add_argument("--edges", type=int, default=6)
+    ap.add_argument("--modes", default="before,stat-cache,after")
     args = ap.parse_args()
     cols = ["fork", "loads", "commits", "state+close", "edge"]
     print(
         f"Per-edge knowledge cost (ms, median of {args.edges} chained edges; loads = 4 attempt loads, commits = 2)"
     )
-    print(f"{'attempts':>8} {'mode':>7} " + " ".join(f"{c:>11}" for c in cols))
+    print(f"{'attempts':>8} {'mode':>10} " + " ".join(f"{c:>11}" for c in cols))
     with tempfile.TemporaryDirectory(prefix="sftree-kfork-") as tmp:
         for a in [int(x) for x in args.attempts.split(",")]:
             root = make_root(Path(tmp), a)
-            for mode in ("before", "after"):
+            for mode in args.modes.split(","):
                 r = run_tree(Path(tmp), root, args.edges, mode)
-                print(f"{a:>8} {mode:>7} " + " ".join(f"{r[c]:>11.1f}" for c in cols))
+                print(f"{a:>8} {mode:>10} " + " ".join(f"{r[c]:>11.1f}" for c in cols))
             shutil.rmtree(root)
     print(f"\nmachine: {os.cpu_count()} CPUs, {sys.platform}, Python {sys.version.split()[0]}, "
           f"{git(['--version']).stdout.strip()}; tmp dir {tempfile.gettempdir()}")  # fmt: skip

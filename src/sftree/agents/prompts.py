@@ -18,7 +18,8 @@ import string
 from pathlib import Path
 
 from sftree.errors import InputError
-from sftree.runtime.coral import evals_since_improvement, fmt_score, load_attempts
+from sftree.runtime.attempts import view_for
+from sftree.runtime.coral import evals_since_improvement, fmt_score
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "prompts"
 NAMES = {
@@ -103,7 +104,8 @@ def write_agents_md(root: Path, task_cfg: dict, overrides: dict | None = None) -
         fh.write(text)
 
 
-def heartbeat(eval_number: int | None, attempts: list[dict]) -> str:
+def heartbeat(eval_number: int | None, attempts) -> str:
+    """`attempts`: the records (a list, oldest first) or an `AttemptView`."""
     lines = [HEARTBEAT_REFLECT]
     if eval_number and eval_number % CONSOLIDATE_EVERY == 0:
         lines.append(HEARTBEAT_CONSOLIDATE.format(n=eval_number))
@@ -125,7 +127,7 @@ def next_turn_prompt(
     last: dict | None, knowledge_dir: Path, task_cfg: dict, overrides: dict | None = None
 ) -> str:
     """Coral's interrupt-style prompt for the turn that follows a turn whose host record is `last`."""
-    attempts = load_attempts(Path(knowledge_dir) / "attempts")
+    attempts = view_for(Path(knowledge_dir) / "attempts")  # incremental: docs/runtime.md
     ev = (last or {}).get("eval") or None
     if ev is None or ev.get("number") is None:
         reason = (

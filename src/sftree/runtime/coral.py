@@ -43,6 +43,7 @@ from pathlib import Path
 
 from sftree.errors import SftreeError
 from sftree.runtime import safefs, tempdirs
+from sftree.runtime.attempts import AttemptView, view_for
 from sftree.runtime.procs import run_group
 
 log = logging.getLogger(__name__)
@@ -200,8 +201,10 @@ def branch_best(attempts: list[dict], direction: str, exclude: str | None = None
     return best
 
 
-def evals_since_improvement(attempts: list[dict]) -> int:
+def evals_since_improvement(attempts: list[dict] | AttemptView) -> int:
     """Trailing attempts that did not improve (for the pivot heartbeat)."""
+    if isinstance(attempts, AttemptView):
+        return attempts.since_improvement()
     n = 0
     for a in reversed(attempts):
         if a.get("status") in ("improved", "baseline"):
@@ -295,7 +298,7 @@ class CoralRuntime:
 
     def cmd_eval(self, args) -> tuple[int, str]:
         msg = " ".join(args.message or []).strip() or "(no message)"
-        attempts = load_attempts(self.attempts_dir)
+        attempts = view_for(self.attempts_dir)  # before the commit: the branch best as the agent left it
         parent = self.ws.head()
         commit = self.ws.commit_code(msg)
         if commit is None:
@@ -308,7 +311,7 @@ class CoralRuntime:
             self.task_cfg, commit, self.ws.store.code_git, self.sandbox
         )
         self.grader_s += secs
-        best = branch_best(attempts, self.direction, exclude=commit)
+        best = attempts.best(self.direction, exclude=commit)
         if score is None:
             status = "timeout" if gstatus == "timeout" else "crashed"
         elif best is None:
@@ -338,26 +341,23 @@ class CoralRuntime:
         return (0 if score is not None else 1), ev.output
 
     def cmd_log(self, args) -> tuple[int, str]:
-        attempts = load_attempts(self.attempts_dir)
-        if not attempts:
+        attempts = view_for(self.attempts_dir)
+        if not len(attempts):
             return 0, "No attempts yet.\n"
-        rows = attempts[-args.n :] if args.n else attempts
+        rows = attempts.last(args.n if args.n and args.n > 0 else None)
         lines = [
-            f"{len(attempts)} attempts (showing {len(rows)}; best {fmt_score(branch_best(attempts, self.direction))})"
+            f"{len(attempts)} attempts (showing {len(rows)}; best {fmt_score(attempts.best(self.direction))})"
         ]
         for a in rows:
-            lines.append(
-                f"{str(a.get('commit_hash'))[:12]}  {fmt_score(numeric(a.get('score'))):>10}  "
-                f"{str(a.get('status', '?')):<9}  {str(a.get('title', ''))[:80]}"
-            )
+            lines.append(f"{a.commit_hash[:12]}  {fmt_score(a.score):>10}  {a.status:<9}  {a.title[:80]}")
         return 0, "\n".join(lines) + "\n"
 
     def cmd_show(self, args) -> tuple[int, str]:
-        attempts = load_attempts(self.attempts_dir)
-        hits = [a for a in attempts if str(a.get("commit_hash", "")).startswith(args.hash)]
-        if not hits:
+        attempts = view_for(self.attempts_dir)
+        hit = attempts.find(args.hash)
+        a = attempts.read(hit) if hit is not None else None
+        if a is None:  # none matches, or the file changed since the refresh into something unreadable
             return 1, f"coral show: no attempt matches {args.hash!r}\n"
-        a = hits[-1]
         out = json.dumps(a, indent=2, ensure_ascii=False) + "\n"
         sha = str(a.get("commit_hash"))
         if not SHA_RE.match(sha):  # agent-written text: never an option such as --output=FILE

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sftree.errors import InputError, SftreeError
+from sftree.runtime import attempts as attemptsmod
+from sftree.runtime.kwatch import KnowledgeWatch
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +186,7 @@ class EdgeWorkspace:
     _code_commits: list[str] = field(default_factory=list)
     _k_head: str = ""  # the knowledge commit the checkout is at (set by fork)
     _k_tree: str | None = None
+    attempt_view: attemptsmod.AttemptView | None = None  # the checkout's attempt records (attempts.py)
 
     def __post_init__(self):
         self._k_head = self._k_head or self.parent.knowledge_commit
@@ -237,11 +240,33 @@ class EdgeWorkspace:
 
     def commit_knowledge(self, message: str) -> str:
         """Snapshot .opencode/ into knowledge.git (a new commit only if it changed); the current commit id."""
-        repo, env = self.store.knowledge_git, {"GIT_INDEX_FILE": str(self.index_file)}
         # Missing: the agent deleted it (an empty knowledge base). A link: refused (it would carry its target).
         real_dir(self.knowledge_dir, "the knowledge folder")
-        git(["--work-tree", str(self.knowledge_dir), "add", "-A", "--", "."], git_dir=repo, env=env)
-        tree = git(["write-tree"], git_dir=repo, env=env).stdout.strip()
+        watch = self.attempt_view.watch if self.attempt_view is not None else None
+        if watch is not None and self._k_tree is not None and not watch.changed():
+            return self._k_head  # nothing under .opencode changed since the last commit (kwatch.py)
+        touched = watch.committed() if watch is not None else None  # later changes count next time
+        try:
+            return self._commit_knowledge(message, touched)
+        except BaseException:
+            if watch is not None:
+                watch.invalidate()
+            raise
+
+    def _commit_knowledge(self, message: str, touched: set[str] | None) -> str:
+        repo, env = self.store.knowledge_git, knowledge_index_env(self.index_file)
+        added = None if touched is None else self._stage_paths(touched)
+        if added is None:  # everything: the paths are unknown, or git refused the short way
+            added = git(
+                ["--work-tree", str(self.knowledge_dir), "add", "-A", "-v", "--", "."], git_dir=repo, env=env
+            ).stdout
+        if self.attempt_view is not None and added:
+            # git compares inode and ctime: what it staged under attempts/ is read again by the attempt view,
+            # whatever inotify reported (a change made through a hard link from elsewhere raises no event).
+            self.attempt_view.mark_dirty(_attempt_names(added))
+        # --missing-ok: every blob in this index was written by our own `add`; skipping git's lookup of each
+        # of them is a good part of a tree rewrite's cost at 10k attempts.
+        tree = git(["write-tree", "--missing-ok"], git_dir=repo, env=env).stdout.strip()
         if self._k_tree is None:
             self._k_tree = git(["rev-parse", f"{self._k_head}^{{tree}}"], git_dir=repo).stdout.strip()
         if tree != self._k_tree:
@@ -250,6 +275,42 @@ class EdgeWorkspace:
             ).stdout.strip()
             self._k_tree = tree
         return self._k_head
+
+    def _stage_paths(self, touched: set[str]) -> str | None:
+        """Stage only the paths the watch reported (the index matched the rest at the last commit, or the fork
+        made it so); `git add -v` output, or None when git would not (then everything is staged).
+
+        Gone paths are unstaged with `rm --cached --ignore-unmatch` (a literal pathspec that matches nothing,
+        like the temp file every attempt record is written through, makes `git add` fail); present ones added
+        with `add -A`, whose exit code 1 with only its "paths are ignored" message is no failure (an ignored
+        path is never committed). Paths under the root's excluded names never are either."""
+        repo, env = self.store.knowledge_git, knowledge_index_env(self.index_file)
+        wt = ["--work-tree", str(self.knowledge_dir)]
+        present, gone = [], []
+        for p in sorted(touched):
+            if p.split("/", 1)[0] in _KNOWLEDGE_EXCLUDED_NAMES or "\0" in p:
+                continue
+            (present if os.path.lexists(self.knowledge_dir / p) else gone).append(f":(literal){p}")
+        spec = ["--pathspec-from-file=-", "--pathspec-file-nul"]
+        if gone:
+            proc = git(
+                [*wt, "rm", "--cached", "-r", "-q", "--ignore-unmatch", *spec],
+                git_dir=repo, env=env, input="\0".join(gone).encode(), check=False,
+            )  # fmt: skip
+            if proc.returncode != 0:
+                return None
+        if not present:
+            return ""
+        proc = git(
+            [*wt, "add", "-A", "-v", *spec],
+            git_dir=repo,
+            env=env,
+            input="\0".join(present).encode(),
+            check=False,
+        )
+        if proc.returncode == 0 or (proc.returncode == 1 and _only_ignored(proc.stderr)):
+            return proc.stdout
+        return None
 
     def state(self, session: str | None) -> NodeState:
         """The workspace's current state (commits whatever is left uncommitted, so the state is complete).
@@ -271,8 +332,45 @@ class EdgeWorkspace:
                 self.store.park_knowledge(self)
             except OSError as exc:  # a checkout that cannot be moved is simply not reused
                 log.warning("edge %s: knowledge checkout not kept for reuse: %s", self.edge_id, exc)
+            if self.attempt_view is not None:  # not parked
+                attemptsmod.unregister(self.attempt_view)
+                self.attempt_view.close()
+                self.attempt_view = None
             self.store.remove_worktree(self.dir)
             self.closed = True
+
+
+def knowledge_index_env(index: Path) -> dict[str, str]:
+    """An edge's own knowledge index, in format 4 (path prefixes compressed: about half the bytes to read,
+    hash and write at every git call on a checkout of many attempt records)."""
+    return {"GIT_INDEX_FILE": str(index), "GIT_INDEX_VERSION": "4"}
+
+
+# Root names of KNOWLEDGE_EXCLUDES: never shared knowledge, never staged.
+_KNOWLEDGE_EXCLUDED_NAMES = {p.strip("/") for p in KNOWLEDGE_EXCLUDES}
+
+
+def _only_ignored(stderr: str) -> bool:
+    """`git add`'s stderr holds nothing but its report of ignored paths (and their hints)."""
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("hint:")]
+    return (
+        bool(lines)
+        and lines[0].startswith("The following paths are ignored")
+        and not any(ln.startswith(("fatal:", "error:")) for ln in lines)
+    )
+
+
+_ADD_LINE = re.compile(r"^(?:add|remove) '(.*)'$", re.M)
+
+
+def _attempt_names(add_verbose: str) -> list[str]:
+    """File names directly under attempts/ in `git add -v` output (`add 'path'` / `remove 'path'` lines)."""
+    out = []
+    for m in _ADD_LINE.finditer(add_verbose):
+        path = m.group(1)
+        if path.startswith("attempts/"):
+            out.append(path[len("attempts/") :])
+    return out
 
 
 class TreeStore:
@@ -286,7 +384,8 @@ class TreeStore:
         self.knowledge_git = self.store_dir / "knowledge.git"
         self.work_dir = self.tree_dir / "work"
         self._lock = threading.Lock()
-        self._parked: list[Path] = []  # knowledge checkouts of closed edges (park_knowledge)
+        # Knowledge checkouts of closed edges, with their attempt views (park_knowledge).
+        self._parked: list[tuple[Path, attemptsmod.AttemptView | None]] = []
         self._parked_n = 0
 
     # ---- creation and resume -------------------------------------------------------------------------------
@@ -376,7 +475,7 @@ class TreeStore:
         kdir = ws.knowledge_dir
         if kdir.is_symlink() or kdir.is_file():  # a code commit cannot carry .opencode, but be sure
             kdir.unlink()
-        self._checkout_knowledge(kdir, ws.index_file, state.knowledge_commit)
+        view = self._checkout_knowledge(kdir, ws.index_file, state.knowledge_commit)
         for sub in ("notes", "skills", "attempts", "roles", "logs"):
             d = kdir / sub
             if d.is_symlink() or (d.exists() and not d.is_dir()):
@@ -386,6 +485,12 @@ class TreeStore:
                 )
                 d.unlink()
             d.mkdir(exist_ok=True)
+        if view is None:
+            view = attemptsmod.AttemptView(root, KnowledgeWatch(root, KNOWLEDGE_DIR))
+        else:
+            view.rebind(root)
+        ws.attempt_view = view
+        attemptsmod.register(view)
         if state.session:
             messages = read_json(self.tree_dir / state.session, "session file")
             if not isinstance(messages, list):
@@ -402,18 +507,20 @@ class TreeStore:
     def pool_dir(self) -> Path:
         return self.work_dir / ".knowledge-pool"  # under work/: cleanup_stale drops it with the worktrees
 
-    def _checkout_knowledge(self, kdir: Path, index: Path, commit: str) -> None:
+    def _checkout_knowledge(self, kdir: Path, index: Path, commit: str) -> attemptsmod.AttemptView | None:
         """Make `kdir` exactly `commit`'s files, with `index` matching (stat data included, so the per-turn
         `add -A` hashes only what the agent changed). A parked checkout of an earlier edge is moved in and moved
-        to `commit` (git writes the files that differ, removes extras); else a full checkout."""
-        repo, env = self.knowledge_git, {"GIT_INDEX_FILE": str(index)}
+        to `commit` (git writes the files that differ, removes extras); else a full checkout. Returns the parked
+        checkout's attempt view (its watch sees what git rewrites), or None."""
+        repo, env = self.knowledge_git, knowledge_index_env(index)
         wt = ["--work-tree", str(kdir)]
-        parked = self._take_parked()
-        if parked is None:
+        taken = self._take_parked()
+        if taken is None:
             kdir.mkdir()
             git([*wt, "read-tree", commit], git_dir=repo, env=env)
             git([*wt, "checkout-index", "-a", "-f", "-u"], git_dir=repo, env=env)
-            return
+            return None
+        parked, view = taken
         os.rename(parked / "knowledge", kdir)
         os.rename(parked / "knowledge.index", index)
         shutil.rmtree(parked, ignore_errors=True)
@@ -429,22 +536,34 @@ class TreeStore:
             )
         # Untracked and ignored files (what the last agent added, OpenCode's housekeeping) go too.
         git([*wt, "clean", "-f", "-f", "-d", "-x", "-q"], git_dir=repo, env=env)
+        return view
 
     def park_knowledge(self, ws: EdgeWorkspace) -> None:
-        """Keep a closing edge's knowledge checkout for the next fork (a real folder only: never a link)."""
-        kdir, index = ws.knowledge_dir, ws.index_file
+        """Keep a closing edge's knowledge checkout for the next fork (a real folder only: never a link),
+        with its attempt view (the watch stays on the folder's inode through the moves)."""
+        kdir, index, view = ws.knowledge_dir, ws.index_file, ws.attempt_view
+        ws.attempt_view = None
+        if view is not None:
+            attemptsmod.unregister(view)
         if kdir.is_symlink() or not kdir.is_dir() or index.is_symlink() or not index.is_file():
+            if view is not None:
+                view.close()
             return
         with self._lock:
             self._parked_n += 1
             dest = self.pool_dir / f"k{self._parked_n}"
-        dest.mkdir(parents=True)
-        os.rename(kdir, dest / "knowledge")
-        os.rename(index, dest / "knowledge.index")
+        try:
+            dest.mkdir(parents=True)
+            os.rename(kdir, dest / "knowledge")
+            os.rename(index, dest / "knowledge.index")
+        except OSError:
+            if view is not None:
+                view.close()
+            raise
         with self._lock:
-            self._parked.append(dest)
+            self._parked.append((dest, view))
 
-    def _take_parked(self) -> Path | None:
+    def _take_parked(self) -> tuple[Path, attemptsmod.AttemptView | None] | None:
         with self._lock:
             return self._parked.pop() if self._parked else None
 
@@ -473,7 +592,10 @@ class TreeStore:
         if not self.work_dir.is_dir():
             return
         with self._lock:
-            self._parked.clear()
+            parked, self._parked = self._parked, []
+        for _dest, view in parked:
+            if view is not None:
+                view.close()
         shutil.rmtree(self.pool_dir, ignore_errors=True)
         for d in sorted(self.work_dir.iterdir()):
             if d.is_dir() and d.name not in keep:

@@ -136,13 +136,34 @@ def _progress_stream(fd: int | None):
         raise InputError(f"--progress-fd {fd}: not an open file descriptor ({exc.strerror})") from exc
 
 
-def _tree_progress(console: ConsoleLines, tree: treemod.Tree) -> None:
+class BestSoFar:
+    """The best raw score of any node so far, from the nodes added since the last call: nodes are only
+    appended and a node's score is set when it is made, so the progress line after each edge reads the new
+    nodes, not the whole tree. (A tree with fewer nodes than seen, i.e. another tree, starts over.)"""
+
+    def __init__(self) -> None:
+        self.seen, self.best = 0, None
+
+    def update(self, tree: treemod.Tree) -> float | None:
+        nodes = tree.nodes
+        if len(nodes) < self.seen:
+            self.seen, self.best = 0, None
+        new = [n.score for n in nodes[self.seen :]]
+        if new:
+            self.best = scoring.best_of([self.best, *new], tree.direction)
+        self.seen = len(nodes)
+        return self.best
+
+
+def _tree_progress(console: ConsoleLines, tree: treemod.Tree, best: BestSoFar | None = None) -> None:
     """A console line whenever the number of finished edges or the tree's status changed."""
-    c, p = tree.counters(), tree.params
-    best = scoring.best_of([n.score for n in tree.nodes], tree.direction)
     stop = tree.stop_reason if tree.status == "finished" else None
+    best_score = (best or BestSoFar()).update(tree)
+    if console.stream is None or console.last == (len(tree.edges), stop):
+        return  # nothing new to print: no counting
+    c, p = tree.counters(), tree.params
     line = tree_line(
-        f"explore {tree.task}/{tree.root}", c, p.max_valid_edges, p.target_good_leaves, best, stop
+        f"explore {tree.task}/{tree.root}", c, p.max_valid_edges, p.target_good_leaves, best_score, stop
     )
     console.emit((c["edges"], stop), line)
 
@@ -175,9 +196,11 @@ def _grow(
                 depth=d.depth, attempt=d.attempt, eval_count=d.parent_eval_count or 0,
             )  # fmt: skip
 
+        best = BestSoFar()
+
         def persist(t: treemod.Tree) -> None:
             live.save(t)
-            _tree_progress(console, t)
+            _tree_progress(console, t, best)
 
         return mcts.run_search(tree, run_one, persist)
     finally:
