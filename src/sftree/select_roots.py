@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import logging
 import os
 import shutil
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from sftree import stages as st
 from sftree.errors import InputError
-from sftree.fileio import write_json_atomic, write_text_atomic
+from sftree.fileio import write_text_atomic
 from sftree.snapshots import (
     ROOT_LINKS,
     Scan,
@@ -274,6 +275,14 @@ def _copy_tree(src: str, dst: str, linker: Linker) -> None:
     shutil.copystat(src, dst)
 
 
+def _write_new(path: Path, meta: dict) -> Path:
+    """metadata.json as a new file: a hard-linked or copied one is unlinked first, so the input's stays untouched."""
+    path.unlink(missing_ok=True)
+    with open(path, "x", encoding="utf-8") as fh:
+        fh.write(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+    return path
+
+
 def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None) -> Path:
     """Copy the chosen folders into a new temporary folder beside `out` and return it."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -283,6 +292,7 @@ def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result should look like any other folder
     try:
         linker = Linker(link)
+        written: list[Path] = []
         for r in sel.chosen:
             dst = tmp / r.snap.name
             meta = load_json_object(os.path.join(r.snap.path, "metadata.json"), "metadata.json")
@@ -300,8 +310,15 @@ def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None
             )
             if pending is not None:  # the task's pending snapshots skipped, for the report and dataset card
                 meta["snapshots_pending"] = pending
-            # A rename replaces the (possibly hard-linked) name: the input's metadata.json stays untouched.
-            write_json_atomic(dst / "metadata.json", meta)
+            written.append(_write_new(dst / "metadata.json", meta))
+        # One journal commit for all of them, not one per file: the folder is temporary until swap_in renames it
+        # into place, so its files need no rename of their own, only to be on disk before that rename.
+        for path in written:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         placed = ", ".join(f"{v} {k}" for k, v in linker.counts.items() if v)
         log.info("root files: %s", placed or ("top-level entries symlinked" if link == "symlink" else "none"))
     except BaseException:
