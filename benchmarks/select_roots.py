@@ -21,7 +21,12 @@ eval_ok=false and 1% pending. Timed, each in a fresh process, interleaved, best 
   product reads (os.open + os.read + os.close, no parsing);
 - floor+json: list the folders, parse each metadata.json and the attempt file it names;
 - select-roots: the real command line (`python3 -m sftree select-roots ... --plot`), 30 roots, once per --links
-  mode: auto (the default: each root file hard-linked) and symlink (each root's top-level entries linked).
+  mode: symlink (the default: each root's top-level entries linked to the snapshot) and hardlink (a
+  self-contained root, each file hard-linked).
+
+Data: --data DIR builds each run once under DIR and keeps it (a later invocation with the same DIR reuses it,
+so the 100k run, 1.29M root files, is built once); the roots each command writes are moved aside and removed by
+a detached, niced `rm -rf` after the table is printed. Each size's rows are printed as soon as it is measured.
 
 Warm: the data was just read. Cold: before the run `echo 3 > /proc/sys/vm/drop_caches` (page cache, dentries
 and inodes; where it may be written, which the benchmark prints) and every file of the run evicted with
