@@ -130,9 +130,8 @@ def check_files(folder: str | os.PathLike, what: str) -> None:
 
 # --- roots that refer to their snapshot (`select-roots --link symlink`) -------------------------------------
 
-ROOT_LINKS = (
-    "root_links"  # the metadata.json field: {"source": snapshot folder, "entries": {path: fingerprint}}
-)
+# The root's metadata.json field: {"source": the snapshot folder, "entries": {path: fingerprint}}.
+ROOT_LINKS = "root_links"
 
 
 def _fingerprint(st: os.stat_result) -> str:
