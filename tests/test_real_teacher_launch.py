@@ -11,8 +11,8 @@ import yaml
 from sftree.agents.tools import TOOL_SCHEMAS
 from sftree.config import REPO_ROOT, load_config
 from sftree.errors import InputError, TeacherUnavailable
-from sftree.llm_server import DEFAULT_BINARY, LaunchSpec, start_llm_server
-from sftree.teacher import TeacherClient
+from sftree.teacher.client import TeacherClient
+from sftree.teacher.llm_server import DEFAULT_BINARY, LaunchSpec, start_llm_server
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -50,7 +50,7 @@ def test_constrain_tool_call_sends_a_response_format_built_from_the_tools_only()
 def test_constrained_json_reply_becomes_a_tool_call():
     """What llama-server answers under the constraint (content = one JSON call, no `tool_calls`; shape as recorded
     from the real server) is read as a tool call by `normalize`."""
-    from sftree.teacher_response import normalize
+    from sftree.teacher.response import normalize
 
     content = (
         '{\n  "name": "bash",\n  "arguments": {\n    "command": "ls",\n    "description": "list"\n  }\n}'

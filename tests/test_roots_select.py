@@ -199,8 +199,8 @@ def test_task_folder_layout_short_hash_and_field_match(tmp_path):
 
 
 def test_hardlink_mode_is_self_contained_and_never_touches_the_input(tmp_path):
-    from sftree.snapshots import verify_root
-    from sftree.workspace import TreeStore
+    from sftree.roots.snapshots import verify_root
+    from sftree.runtime.workspace import TreeStore
 
     snaps = tmp_path / "t"
     folders = make_run(snaps, RISING)
@@ -230,9 +230,9 @@ def test_default_symlinks_roots_and_explore_never_writes_through(tmp_path):
     metadata.json is a new file that records the snapshot's fingerprints, and seeding a tree, forking it and
     committing an edit leave the snapshot byte for byte as it was. A tree seeds from it exactly as from a
     hard-linked or copied root."""
-    from sftree.select_roots import Linker
-    from sftree.snapshots import verify_root
-    from sftree.workspace import TreeStore
+    from sftree.roots.select_roots import Linker
+    from sftree.roots.snapshots import verify_root
+    from sftree.runtime.workspace import TreeStore
 
     snaps = tmp_path / "t"
     folders = make_run(snaps, RISING)
@@ -450,7 +450,7 @@ def test_eval_ok_without_a_score_and_non_finite_scores_are_never_roots(tmp_path,
 
 
 def test_parallel_read_gives_the_same_scan(tmp_path, monkeypatch):
-    from sftree import snapshots
+    from sftree.roots import snapshots
 
     make_run(tmp_path / "t", [float(i % 7) for i in range(60)], pending=(5, 17))
     serial = snapshots.scan(tmp_path / "t", "t", jobs=1)

@@ -6,7 +6,7 @@
   capped exponential backoff, under a semaphore of `max_concurrency` requests in flight.
 - A 400 that says the request outgrew the model's context raises `ContextOverflow` (never retried: the agent
   ends the turn with `context_overflow`); a 200 reply that is not a readable completion raises `BadReply` with
-  the reason (the agent records one failed step). Replies are normalised in `teacher_response.py`.
+  the reason (the agent records one failed step). Replies are normalised in `teacher/response.py`.
 - Every reply carries its usage (`prompt_tokens`, `completion_tokens`,
   `usage.prompt_tokens_details.cached_tokens`) and latency. A server that reports no usage gets an estimate from
   the text (`estimate_usage`, 4 characters per token), a warning once per client, and `estimated: true` in the
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import requests
 
 from sftree.errors import TeacherUnavailable
-from sftree.teacher_response import MalformedResponse, Reply, is_context_overflow, normalize
+from sftree.teacher.response import MalformedResponse, Reply, is_context_overflow, normalize
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class Completion:
     latency_s: float
     attempts: int = 1
     raw: dict = field(default_factory=dict, repr=False)
-    notes: list[str] = field(default_factory=list)  # what normalisation did (teacher_response.py)
+    notes: list[str] = field(default_factory=list)  # what normalisation did (teacher/response.py)
     truncated_calls: bool = False  # finish_reason length cut a tool call
 
 

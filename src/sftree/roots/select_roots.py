@@ -4,14 +4,14 @@
                         [--num-roots 30] [--smooth-window 5] [--link symlink|hardlink|copy] [--plot STAGES.svg]
                         [--task NAME]
 
-Reads the task's eval-* folders (`snapshots.py`), applies section 2 (`stages.py`), places each chosen folder at
-OUTDIR/<same name>/ with `score, stage, selection_reason, task, direction` added to its metadata.json, and writes
+Reads the task's eval-* folders (`roots/snapshots.py`), applies section 2 (`roots/stages.py`), places each chosen
+folder at OUTDIR/<same name>/ with `score, stage, selection_reason, task, direction` added to its metadata.json, and writes
 one stages.tsv row per candidate. OUTDIR is built beside itself and renamed into place at the end, so a failed run
 leaves the previous output (or none) and never half of one.
 
 A real snapshot holds every attempt file written so far, so 30 roots of a long run carry a million files. By
 default (`--link symlink`) a root refers to its snapshot: each top-level entry but metadata.json is a symlink to
-the snapshot's, and metadata.json records the fingerprints explore checks (`snapshots.verify_root`), so the cost
+the snapshot's, and metadata.json records the fingerprints explore checks (`verify_root`), so the cost
 does not grow with the files. `--link hardlink` (also `auto`) makes a self-contained root: each file hard-linked
 (no data copied), else reflinked (a copy-on-write clone, where the filesystem can), else copied; `--link copy`
 always copies. The input is never modified: metadata.json is always a new file, and nothing writes into a root
@@ -31,10 +31,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sftree import stages as st
 from sftree.errors import InputError
 from sftree.fileio import write_text_atomic
-from sftree.snapshots import (
+from sftree.roots import stages as st
+from sftree.roots.snapshots import (
     ROOT_LINKS,
     Scan,
     Snapshot,
@@ -347,7 +347,7 @@ STAGE_COLORS = {"early": "#1f77b4", "middle": "#2ca02c", "late": "#ff7f0e"}
 
 
 def plot_svg(sel: Selection) -> str:
-    from sftree.plots import Band, Series, svg_plot
+    from sftree.report.plots import Band, Series, svg_plot
 
     rows = sel.rows
     x = [r.snap.global_index for r in rows]
