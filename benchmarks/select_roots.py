@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Benchmark `sftree select-roots` against the I/O floor on large synthetic Student runs, warm and cold.
 
-    nice python3 benchmarks/select_roots.py [--full 1000,2000] [--sizes 2000,10000,100000] [--reps 2] [--keep DIR]
+    nice python3 benchmarks/select_roots.py [--full 1000,2000] [--sizes 2000,10000,100000] [--reps 2] [--links symlink,hardlink]
+                                          [--data /var/tmp/sftree-bench]
 
 Layouts. A real Coral snapshot (and scripts/make_example_snapshots.py) holds every attempt file written so far:
 snapshot i has i files in shared/attempts/, N(N+1)/2 in all.
@@ -20,7 +21,12 @@ eval_ok=false and 1% pending. Timed, each in a fresh process, interleaved, best 
   product reads (os.open + os.read + os.close, no parsing);
 - floor+json: list the folders, parse each metadata.json and the attempt file it names;
 - select-roots: the real command line (`python3 -m sftree select-roots ... --plot`), 30 roots, once per --links
-  mode: auto (the default: each root file hard-linked) and symlink (each root's top-level entries linked).
+  mode: symlink (the default: each root's top-level entries linked to the snapshot) and hardlink (a
+  self-contained root, each file hard-linked).
+
+Data: --data DIR builds each run once under DIR and keeps it (a later invocation with the same DIR reuses it,
+so the 100k run, 1.29M root files, is built once); the roots each command writes are moved aside and removed by
+a detached, niced `rm -rf` after the table is printed. Each size's rows are printed as soon as it is measured.
 
 Warm: the data was just read. Cold: before the run `echo 3 > /proc/sys/vm/drop_caches` (page cache, dentries
 and inodes; where it may be written, which the benchmark prints) and every file of the run evicted with
@@ -206,68 +212,115 @@ def measure(cmd: list[str], cold: list[str] | None = None) -> tuple[float, float
     return wall, int(m.group(2)) / 1024, proc.stdout, proc.stderr
 
 
-def bench(n: int, layout: str, reps: int, links: list[str], keep: Path | None) -> list[dict]:
-    base = Path(tempfile.mkdtemp(prefix=f"sftree-bench-{layout}-{n}-", dir=keep))
+STAMP = 2  # bump when build() or fill_roots() change what they write
+
+
+def prepare(base: Path, n: int, layout: str) -> tuple[Path, list[str], int, float]:
+    """The synthetic run of N snapshots under `base` (built once; a folder whose stamp matches is reused).
+
+    Returns (snapshots folder, the chosen roots' names, files in the chosen roots, build seconds).
+    """
+    snaps, stamp_file = base / "bench", base / "stamp.json"
+    want = {"stamp": STAMP, "n": n, "layout": layout}
+    if stamp_file.exists():
+        stamp = json.loads(stamp_file.read_text())
+        if {k: stamp.get(k) for k in want} == want:
+            print(f"  reusing {snaps} (built in {stamp['build_s']:.0f}s)", file=sys.stderr, flush=True)
+            return snaps, stamp["chosen"], stamp["root_files"], stamp["build_s"]
+    if base.exists():  # a stale or half-built one
+        shutil.rmtree(base)
+    base.mkdir(parents=True)
+    snaps.mkdir()
+    t0 = time.monotonic()
+    own = build(snaps, n, full=layout == "full")
+    out = base / "choose"
+    measure(select_command(snaps, out) + ["symlink"])  # which roots it chooses (and a warm page cache)
+    chosen = sorted(os.listdir(out / "roots"))
+    shutil.rmtree(out)
+    if layout == "roots":
+        fill_roots(snaps, chosen, own)
+    build_s = time.monotonic() - t0
+    root_files = sum(len(files) for name in chosen for _, _, files in os.walk(snaps / name))
+    stamp_file.write_text(
+        json.dumps({**want, "chosen": chosen, "root_files": root_files, "build_s": build_s})
+    )
+    return snaps, chosen, root_files, build_s
+
+
+def select_command(snaps: Path, out: Path) -> list[str]:
+    return [sys.executable, "-c", WRAPPER, "module", "sftree", "select-roots", "--snapshots", str(snaps),
+            "--out", str(out / "roots"), "--table", str(out / "stages.tsv"), "--plot", str(out / "stages.svg"),
+            "--direction", "maximize", "--link"]  # fmt: skip
+
+
+def bench(n: int, layout: str, reps: int, links: list[str], data: Path | None, trash: Path) -> list[dict]:
+    """Time the commands on one synthetic run. With `data` the run is kept there for the next invocation;
+    without it, it is built in a temporary folder and moved to `trash` (removed in the background at the end)."""
+    base = data / f"{layout}-{n}" if data else Path(tempfile.mkdtemp(prefix=f"sftree-bench-{layout}-{n}-"))
     try:
-        snaps = base / "bench"
-        snaps.mkdir()
-        t0 = time.monotonic()
-        own = build(snaps, n, full=layout == "full")
+        snaps, chosen, root_files, build_s = prepare(base, n, layout)
         floor_py = base / "floor.py"
         floor_py.write_text(FLOOR)
         floor_cmd = [sys.executable, "-c", WRAPPER, "script", str(floor_py), str(snaps)]
-        out = base / "out"
-        select_cmd = [sys.executable, "-c", WRAPPER, "module", "sftree", "select-roots", "--snapshots",
-                      str(snaps), "--out", str(out / "roots"), "--table", str(out / "stages.tsv"),
-                      "--plot", str(out / "stages.svg"), "--direction", "maximize", "--link"]  # fmt: skip
-        measure(select_cmd + ["auto"])  # which roots it chooses (and a warm page cache)
-        chosen = sorted(os.listdir(out / "roots"))
-        shutil.rmtree(out)
-        if layout == "roots":
-            fill_roots(snaps, chosen, own)
-        build_s = time.monotonic() - t0
-        root_files = sum(len(files) for name in chosen for _, _, files in os.walk(snaps / name))
+        out = trash / f"out-{layout}-{n}"
+        select_cmd = select_command(snaps, out)
+        t0 = time.monotonic()
         every = [os.path.join(d, f) for d, _, files in os.walk(snaps) for f in files]
         every = list({os.stat(p).st_ino: p for p in every}.values())  # one path per file
+        print(f"  {len(every):,} files to evict for cold runs (listed in {time.monotonic() - t0:.0f}s)",
+              file=sys.stderr, flush=True)  # fmt: skip
         runs: dict[str, list] = {"floor": [], "json": [], "floor_cold": []}
         placed = {}
+
+        def select(mode: str, cold: list[str] | None = None) -> tuple[float, float]:
+            wall, mib, _, err = measure(select_cmd + [mode], cold)
+            out.rename(trash / f"done-{time.monotonic_ns()}")  # deleted at the end, in the background
+            found = re.search(r"root files: (.*)", err)
+            placed[mode] = found.group(1) if found else "?"
+            return wall, mib
+
         for _ in range(reps):  # interleaved: other work on the machine hits every command alike
             runs["floor"].append(measure(floor_cmd + ["bytes"])[:2])
             runs["json"].append(measure(floor_cmd + ["json"])[:2])
             for mode in links:
-                wall, mib, _, err = measure(select_cmd + [mode])
-                runs.setdefault(mode, []).append((wall, mib))
-                out.rename(base / f"trash-{time.monotonic_ns()}")  # deleted at the end, untimed
-                found = re.search(r"root files: (.*)", err)
-                placed[mode] = found.group(1) if found else "symlinked entries"
+                runs.setdefault(mode, []).append(select(mode))
             runs["floor_cold"].append(measure(floor_cmd + ["bytes"], cold=every)[:2])
             for mode in links:
-                runs.setdefault(mode + "_cold", []).append(measure(select_cmd + [mode], cold=every)[:2])
-                out.rename(base / f"trash-{time.monotonic_ns()}")  # deleted at the end, untimed
+                runs.setdefault(mode + "_cold", []).append(select(mode, cold=every))
         best = {k: min(v) for k, v in runs.items()}
         rows = [
             {"n": n, "layout": layout, "build_s": build_s, "root_files": root_files, "link": mode,
              "placed": placed[mode], "floor": best["floor"], "json": best["json"], "floor_cold": best["floor_cold"],
-             "select": best[mode], "select_cold": best[mode + "_cold"]}
+             "select": best[mode], "select_cold": best[mode + "_cold"], "load": os.getloadavg()}
             for mode in links
         ]  # fmt: skip
-        # before the cleanup: removing millions of links can take many minutes on a loaded machine
+        # at once: removing millions of links can take many minutes on a loaded machine
         print("\n".join(table(rows).splitlines()[2:]), file=sys.stderr, flush=True)
         return rows
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        if data is None and base.exists():
+            base.rename(trash / base.name)
+
+
+def remove_in_background(trash: Path) -> None:
+    """Delete `trash` in a detached, niced process: the results are printed without waiting for it."""
+    subprocess.Popen(
+        ["nice", "-n", "19", "rm", "-rf", "--", str(trash)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
 
 
 def table(rows: list[dict]) -> str:
     head = ("| N | layout | root files | --link | floor s | floor+json s | select-roots s | ratio | floor cold s | "
-            "select cold s | ratio cold | ms / 1k | peak MiB | floor MiB |")  # fmt: skip
+            "select cold s | ratio cold | ms / 1k | peak MiB | floor MiB | load |")  # fmt: skip
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
         (fs, fm), (js, _), (ss, sm) = r["floor"], r["json"], r["select"]
         fc, sc = r["floor_cold"][0], r["select_cold"][0]
         lines.append(
             f"| {r['n']:,} | {r['layout']} | {r['root_files']:,} | {r['link']} | {fs:.2f} | {js:.2f} | {ss:.2f} | {ss / fs:.2f} | "
-            f"{fc:.2f} | {sc:.2f} | {sc / fc:.2f} | {1000 * ss / (r['n'] / 1000):.0f} | {sm:.0f} | {fm:.0f} |"
+            f"{fc:.2f} | {sc:.2f} | {sc / fc:.2f} | {1000 * ss / (r['n'] / 1000):.0f} | {sm:.0f} | {fm:.0f} | "
+            f"{r['load'][0]:.1f} |"
         )
     return "\n".join(lines)
 
@@ -277,9 +330,12 @@ def main() -> int:
     parser.add_argument("--full", default="1000,2000", help="sizes built in the full layout")
     parser.add_argument("--sizes", default="2000,10000,100000", help="sizes built in the roots layout")
     parser.add_argument("--reps", type=int, default=2, help="runs of each command (best is reported)")
-    parser.add_argument("--links", default="auto,symlink", help="select-roots --link modes to time")
+    parser.add_argument("--links", default="symlink,hardlink", help="select-roots --link modes to time")
     parser.add_argument(
-        "--keep", type=Path, help="build the synthetic runs under this folder (default: $TMPDIR)"
+        "--data",
+        type=Path,
+        help="build the synthetic runs under this folder and keep them there; a later run with the same folder "
+        "reuses them (default: a temporary folder, removed in the background at the end)",
     )
     args = parser.parse_args()
     print(drop_caches_status(), file=sys.stderr)
@@ -287,11 +343,17 @@ def main() -> int:
         (int(s), "roots") for s in args.sizes.split(",") if s
     ]
     rows = []
-    for n, layout in plan:
-        rows += bench(n, layout, args.reps, args.links.split(","), args.keep)
-        for r in rows[-len(args.links.split(",")) :]:
-            print(f"  {layout} {n} --link {r['link']}: built in {r['build_s']:.0f}s, roots: {r['placed']}",
-                  file=sys.stderr)  # fmt: skip
+    if args.data:
+        args.data.mkdir(parents=True, exist_ok=True)
+    trash = Path(tempfile.mkdtemp(prefix="sftree-bench-trash-", dir=args.data))
+    try:
+        for n, layout in plan:
+            rows += bench(n, layout, args.reps, args.links.split(","), args.data, trash)
+            for r in rows[-len(args.links.split(",")) :]:
+                print(f"  {layout} {n} --link {r['link']}: built in {r['build_s']:.0f}s, roots: {r['placed']}",
+                      file=sys.stderr)  # fmt: skip
+    finally:
+        remove_in_background(trash)
     print()
     print(table(rows))
     print(

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -197,7 +198,10 @@ def test_task_folder_layout_short_hash_and_field_match(tmp_path):
     assert all(m["task"] == "tsp" for m in chosen(out).values())
 
 
-def test_hardlink_mode_never_touches_the_input(tmp_path):
+def test_hardlink_mode_is_self_contained_and_never_touches_the_input(tmp_path):
+    from sftree.roots.snapshots import verify_root
+    from sftree.runtime.workspace import TreeStore
+
     snaps = tmp_path / "t"
     folders = make_run(snaps, RISING)
     before = tree_digest(snaps)
@@ -210,53 +214,69 @@ def test_hardlink_mode_never_touches_the_input(tmp_path):
     )
     assert os.stat(out / name / "metadata.json").st_ino != os.stat(folders[9] / "metadata.json").st_ino
     assert "stage" not in json.loads((folders[9] / "metadata.json").read_text())
+    assert "root_links" not in json.loads((out / name / "metadata.json").read_text())
     assert tree_digest(snaps) == before
+    # self-contained: the Student run may go away, the root still seeds a tree
+    digest = tree_digest(out / name)
+    shutil.rmtree(snaps)
+    assert tree_digest(out / name) == digest
+    verify_root(out / name)
+    _, state = TreeStore.create(tmp_path / "tree", out / name, {})
+    assert state.code_commit
 
 
-def test_default_links_roots_and_explore_never_writes_through(tmp_path):
-    """By default root files are hard links into the Student's snapshot (no data copied), metadata.json is a new
-    file, and seeding a tree, forking it and committing an edit leave the snapshot byte for byte as it was."""
+def test_default_symlinks_roots_and_explore_never_writes_through(tmp_path):
+    """By default a root refers to its snapshot: code/ and shared/ are symlinks to the snapshot's (absolute),
+    metadata.json is a new file that records the snapshot's fingerprints, and seeding a tree, forking it and
+    committing an edit leave the snapshot byte for byte as it was. A tree seeds from it exactly as from a
+    hard-linked or copied root."""
     from sftree.roots.select_roots import Linker
+    from sftree.roots.snapshots import verify_root
     from sftree.runtime.workspace import TreeStore
 
     snaps = tmp_path / "t"
     folders = make_run(snaps, RISING)
     src = folders[9]
-    (src / "shared" / "notes").mkdir(parents=True, exist_ok=True)
     (src / "shared" / "notes" / "n.md").write_text("a Student note\n")
     os.symlink("../metadata.json", src / "code" / "meta-link")  # stays a symlink, never followed
     before = tree_digest(snaps)
     rc, out, _, _ = select(tmp_path, snaps, "maximize", "--num-roots", "6")
     assert rc == 0
     root = out / src.name
-    for rel in ("code/solution.py", "shared/notes/n.md"):
-        assert os.stat(root / rel).st_ino == os.stat(src / rel).st_ino, rel
-    assert os.readlink(root / "code" / "meta-link") == "../metadata.json"
+    assert sorted(os.listdir(root)) == ["code", "metadata.json", "shared"]
+    for entry in ("code", "shared"):
+        assert os.readlink(root / entry) == str(src.resolve() / entry)
+    assert not os.path.islink(root / "metadata.json")
     assert os.stat(root / "metadata.json").st_ino != os.stat(src / "metadata.json").st_ino
+    meta = json.loads((root / "metadata.json").read_text())
+    assert meta["stage"] == "middle" and meta["root_links"]["source"] == str(src.resolve())
+    # the fingerprints: each linked entry and what lies directly in it, nothing deeper
+    assert sorted(meta["root_links"]["entries"]) == [
+        "code", "code/meta-link", "code/solution.py", "shared", "shared/attempts", "shared/notes"
+    ]  # fmt: skip
+    verify_root(root)
     store, state = TreeStore.create(tmp_path / "tree", root, {})
     ws = store.fork(state, "e1")
     for rel in ("solution.py", ".opencode/notes/n.md"):
-        assert os.stat(ws.root / rel).st_ino != os.stat(src / "code" / "solution.py").st_ino
+        assert not os.path.islink(ws.root / rel)
         (ws.root / rel).write_text("changed by the Teacher\n")
     ws.commit_code("edit")
     ws.commit_knowledge("edit")
     ws.close()
     assert tree_digest(snaps) == before
-    # copy mode: new files; a linker that cannot link (another filesystem) copies instead
-    rc, out, _, _ = select(tmp_path, snaps, "maximize", "--num-roots", "6", "--link", "copy")
-    assert (
-        os.stat(out / src.name / "code" / "solution.py").st_ino
-        != os.stat(src / "code" / "solution.py").st_ino
-    )
-    # symlink mode: the top-level entries refer to the snapshot; a tree seeds from it as from a copy
-    rc, out, _, _ = select(tmp_path, snaps, "maximize", "--num-roots", "6", "--link", "symlink")
-    assert rc == 0 and sorted(os.listdir(out / src.name)) == ["code", "metadata.json", "shared"]
-    assert os.readlink(out / src.name / "code") == str(src.resolve() / "code")
-    assert not os.path.islink(out / src.name / "metadata.json")
-    assert json.loads((out / src.name / "metadata.json").read_text())["stage"]
-    store2, state2 = TreeStore.create(tmp_path / "tree2", out / src.name, {})
-    assert (state2.code_commit, state2.knowledge_commit) == (state.code_commit, state.knowledge_commit)
-    linker = Linker("auto", can_link=False, can_clone=False)
+    verify_root(root)  # reading the snapshot through the links changed nothing it checks
+    # hard-linked and copied roots seed the very same commits
+    for mode in ("hardlink", "copy"):
+        rc, out, _, _ = select(tmp_path, snaps, "maximize", "--num-roots", "6", "--link", mode)
+        assert rc == 0 and not os.path.islink(out / src.name / "code")
+        same = (
+            os.stat(out / src.name / "code" / "solution.py").st_ino
+            == os.stat(src / "code" / "solution.py").st_ino
+        )
+        assert same == (mode == "hardlink")
+        _, other = TreeStore.create(tmp_path / f"tree-{mode}", out / src.name, {})
+        assert (other.code_commit, other.knowledge_commit) == (state.code_commit, state.knowledge_commit)
+    linker = Linker("auto", can_link=False, can_clone=False)  # cannot link (another filesystem): copies
     linker.place(str(src / "code" / "solution.py"), str(tmp_path / "copied.py"))
     assert linker.counts == {"hardlink": 0, "reflink": 0, "copy": 1}
     assert (tmp_path / "copied.py").read_bytes() == (src / "code" / "solution.py").read_bytes()

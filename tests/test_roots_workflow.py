@@ -50,6 +50,8 @@ def test_select_roots_checkpoint(example_snapshots_dir, tmp_path):
             assert meta["eval_ok"] is True and meta["task"] == task and meta["score"] is not None
             assert meta["stage"] in ("early", "middle", "late") and meta["selection_reason"]
             assert (res / "roots" / name / "code" / "solution.py").is_file()
+            # the default placement: the root refers to its snapshot (docs/select_roots.md)
+            assert (res / "roots" / name / "code").resolve() == (snaps / task / name / "code").resolve()
         assert (res / "report" / "stages.svg").read_text().startswith("<svg")
         assert "roots -> " in (res / "logs" / "select_roots.log").read_text()
     # A changed snapshot makes the checkpoint stale: its metadata.json is an input (Snakemake 9 compares

@@ -1,24 +1,28 @@
 """`sftree select-roots`: split a Student run into early/middle/late stages and pick the root snapshots.
 
     sftree select-roots --snapshots DIR --out OUTDIR --table STAGES.tsv --direction {maximize,minimize}
-                        [--num-roots 30] [--smooth-window 5] [--link auto|hardlink|copy] [--plot STAGES.svg]
+                        [--num-roots 30] [--smooth-window 5] [--link symlink|hardlink|copy] [--plot STAGES.svg]
                         [--task NAME]
 
-Reads the task's eval-* folders (`roots/snapshots.py`), applies section 2 (`roots/stages.py`), copies each chosen folder to
-OUTDIR/<same name>/ with `score, stage, selection_reason, task, direction` added to its metadata.json, and writes
+Reads the task's eval-* folders (`roots/snapshots.py`), applies section 2 (`roots/stages.py`), places each chosen
+folder at OUTDIR/<same name>/ with `score, stage, selection_reason, task, direction` added to its metadata.json, and writes
 one stages.tsv row per candidate. OUTDIR is built beside itself and renamed into place at the end, so a failed run
 leaves the previous output (or none) and never half of one.
 
-A real snapshot holds every attempt file written so far, so 30 roots of a long run carry a million files: by
-default (`--link auto`) each file is hard-linked (no data copied), else reflinked (a copy-on-write clone, where
-the filesystem can), else copied. The input is never modified: metadata.json is always a new file, and nothing
-writes into a root afterwards (explore imports it into git with a private index: docs/select_roots.md).
+A real snapshot holds every attempt file written so far, so 30 roots of a long run carry a million files. By
+default (`--link symlink`) a root refers to its snapshot: each top-level entry but metadata.json is a symlink to
+the snapshot's, and metadata.json records the fingerprints explore checks (`verify_root`), so the cost
+does not grow with the files. `--link hardlink` (also `auto`) makes a self-contained root: each file hard-linked
+(no data copied), else reflinked (a copy-on-write clone, where the filesystem can), else copied; `--link copy`
+always copies. The input is never modified: metadata.json is always a new file, and nothing writes into a root
+afterwards (explore imports it into git with a private index: docs/select_roots.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import json
 import logging
 import os
 import shutil
@@ -28,14 +32,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sftree.errors import InputError
-from sftree.fileio import write_json_atomic, write_text_atomic
+from sftree.fileio import write_text_atomic
 from sftree.roots import stages as st
 from sftree.roots.snapshots import (
+    ROOT_LINKS,
     Scan,
     Snapshot,
     check_files,
     default_jobs,
     gc_paused,
+    link_fingerprints,
     load_json_object,
     resolve_task_dir,
     scan,
@@ -73,10 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smooth-window", type=int, default=5, help="centred moving-average window")
     parser.add_argument(
         "--link",
-        choices=["auto", "hardlink", "copy", "symlink"],
-        default="auto",
-        help="how root files are copied: auto/hardlink = hard link, else reflink, else copy; copy = full copies; "
-        "symlink = link the snapshot's top-level entries (constant cost; the snapshot must stay in place)",
+        choices=["symlink", "hardlink", "auto", "copy"],
+        default="symlink",
+        help="how a root holds its snapshot's files: symlink (default) = link the snapshot's top-level entries "
+        "(constant cost; the Student run must stay in place while trees are explored); hardlink (also auto) = "
+        "a self-contained root, each file hard-linked, else reflinked, else copied; copy = full copies",
     )
     parser.add_argument("--plot", help="write the stage plot (SVG) here")
     parser.add_argument("--task", help="task name (default: the snapshot folder's name)")
@@ -240,13 +247,16 @@ class Linker:
         return True
 
 
-def _link_entries(src: str, dst: str) -> None:
-    """A root that refers to the snapshot: each top-level entry (but metadata.json) a symlink to its absolute path."""
+def _link_entries(src: str, dst: str) -> dict:
+    """A root that refers to the snapshot: each top-level entry (but metadata.json) a symlink to its absolute path.
+    Returns the `root_links` record for metadata.json (what explore checks before it reads through the links)."""
     os.mkdir(dst)
-    with os.scandir(src) as it:
+    source = os.path.abspath(src)  # absolute: the root may be moved or read from another working directory
+    with os.scandir(source) as it:
         names = sorted(e.name for e in it if e.name != "metadata.json")
     for name in names:
-        os.symlink(os.path.abspath(os.path.join(src, name)), os.path.join(dst, name))
+        os.symlink(os.path.join(source, name), os.path.join(dst, name))
+    return {"source": source, "entries": link_fingerprints(source, names)}
 
 
 def _copy_tree(src: str, dst: str, linker: Linker) -> None:
@@ -265,6 +275,14 @@ def _copy_tree(src: str, dst: str, linker: Linker) -> None:
     shutil.copystat(src, dst)
 
 
+def _write_new(path: Path, meta: dict) -> Path:
+    """metadata.json as a new file: a hard-linked or copied one is unlinked first, so the input's stays untouched."""
+    path.unlink(missing_ok=True)
+    with open(path, "x", encoding="utf-8") as fh:
+        fh.write(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+    return path
+
+
 def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None) -> Path:
     """Copy the chosen folders into a new temporary folder beside `out` and return it."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -274,13 +292,15 @@ def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result should look like any other folder
     try:
         linker = Linker(link)
+        written: list[Path] = []
         for r in sel.chosen:
             dst = tmp / r.snap.name
+            meta = load_json_object(os.path.join(r.snap.path, "metadata.json"), "metadata.json")
+            meta.pop(ROOT_LINKS, None)  # only this command writes it, for the root it makes
             if link == "symlink":
-                _link_entries(r.snap.path, str(dst))
+                meta[ROOT_LINKS] = _link_entries(r.snap.path, str(dst))
             else:
                 _copy_tree(r.snap.path, str(dst), linker)
-            meta = load_json_object(os.path.join(r.snap.path, "metadata.json"), "metadata.json")
             meta.update(
                 score=r.snap.score,
                 stage=r.stage,
@@ -290,8 +310,15 @@ def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None
             )
             if pending is not None:  # the task's pending snapshots skipped, for the report and dataset card
                 meta["snapshots_pending"] = pending
-            # A rename replaces the (possibly hard-linked) name: the input's metadata.json stays untouched.
-            write_json_atomic(dst / "metadata.json", meta)
+            written.append(_write_new(dst / "metadata.json", meta))
+        # One journal commit for all of them, not one per file: the folder is temporary until swap_in renames it
+        # into place, so its files need no rename of their own, only to be on disk before that rename.
+        for path in written:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         placed = ", ".join(f"{v} {k}" for k, v in linker.counts.items() if v)
         log.info("root files: %s", placed or ("top-level entries symlinked" if link == "symlink" else "none"))
     except BaseException:
@@ -400,9 +427,12 @@ def _run(args: argparse.Namespace) -> int:
             len(result.non_finite),
             result.non_finite[0],
         )
-    # Everything is computed before anything is written: a bad input leaves no output behind.
-    for r in sel.chosen:
-        check_files(r.snap.path, "snapshot")
+    # Everything is computed before anything is written: a bad input leaves no output behind. Placing files one
+    # by one needs them to be files or folders; a root that links to its snapshot is checked by explore, which
+    # reads every file anyway (a walk here would list the roots' million attempt files of a long run).
+    if args.link != "symlink":
+        for r in sel.chosen:
+            check_files(r.snap.path, "snapshot")
     out = Path(args.out)
     tmp = build_roots(sel, out, args.link, pending=len(result.pending))
     try:

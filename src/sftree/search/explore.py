@@ -20,7 +20,7 @@ from sftree.config import load_config, task_config
 from sftree.errors import InputError
 from sftree.fileio import read_json
 from sftree.progress import ConsoleLines, tree_line
-from sftree.roots.snapshots import check_files
+from sftree.roots.snapshots import check_files, verify_root
 from sftree.runtime import tempdirs
 from sftree.search import mcts, scoring
 from sftree.search import tree as treemod
@@ -244,6 +244,7 @@ def preflight(args: argparse.Namespace) -> tuple[dict, Path, Path, dict]:
     if not root_dir.is_dir():
         raise InputError(f"--root {args.root}: root snapshot folder not found")
     check_out(out)
+    verify_root(root_dir)  # a root that links to its snapshot: the snapshot is still there, unchanged
     info = read_root(root_dir, config)
     check_files(root_dir, "--root")
     from sftree.agents.prompts import NAMES, load_template
