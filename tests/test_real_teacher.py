@@ -149,7 +149,7 @@ def test_real_model_auto_tool_choice_text_replies_are_nudged(tmp_path):
     out = explore_one_real_tree(
         tmp_path,
         {"tool_choice": "auto", "max_tokens": 64},
-        {"max_steps_per_turn": 3, "nudges": 1, "sandbox": "none"},
+        {"max_steps_per_turn": 3, "nudges": 1},
     )
     tree = treemod.load(out / "tree.json")
     check_reasons(tree)
@@ -179,7 +179,7 @@ def test_real_model_constrained_replies_are_tool_calls_that_run(tmp_path):
     from the tool schemas, llama-server constrains the reply to it from the first token, and every answered step
     is a tool call that the agent ran for real in the workspace (a tool result recorded for each call)."""
     assert yaml.safe_load((REPO / "examples/real.yaml").read_text())["teacher"]["constrain"] == "tool_call"
-    out = explore_one_real_tree(tmp_path, {}, {"max_steps_per_turn": 3, "sandbox": "none"})
+    out = explore_one_real_tree(tmp_path, {}, {"max_steps_per_turn": 3})
     tree = treemod.load(out / "tree.json")
     check_reasons(tree)
     steps = [s for e in tree.edges for s in steps_of(out, e.id)]

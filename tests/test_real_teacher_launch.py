@@ -57,7 +57,9 @@ def test_constrain_tool_call_required_keeps_only_required_arguments():
     assert list(args) == [t["function"]["name"] for t in TOOL_SCHEMAS]
     assert list(args["bash"]["properties"]) == ["command", "description"]
     assert args["bash"]["required"] == ["command", "description"]
-    assert list(args["read"]["properties"]) == ["filePath"] and list(args["glob"]["properties"]) == ["pattern"]
+    assert list(args["read"]["properties"]) == ["filePath"] and list(args["glob"]["properties"]) == [
+        "pattern"
+    ]
     assert list(args["edit"]["properties"]) == ["filePath", "oldString", "newString"]
     assert all(a["additionalProperties"] is False for a in args.values())
     for t in TOOL_SCHEMAS:  # each kept property is the tool's own schema for it
@@ -72,7 +74,9 @@ def test_required_only_leaves_odd_schemas_as_they_are():
     assert required_only({"type": "object"}) == {"type": "object"}  # no properties: nothing to cut
     assert required_only({"type": "string"}) == {"type": "string"}
     # a required name with no property schema is dropped (the schema would require what it cannot describe)
-    cut = required_only({"type": "object", "properties": {"a": {"type": "string"}, "b": {}}, "required": ["a", "z"]})
+    cut = required_only(
+        {"type": "object", "properties": {"a": {"type": "string"}, "b": {}}, "required": ["a", "z"]}
+    )
     assert cut == {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"],
                    "additionalProperties": False}  # fmt: skip
 

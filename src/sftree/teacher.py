@@ -124,7 +124,12 @@ def required_only(params: dict) -> dict:
     if params.get("type") != "object" or not isinstance(props, dict):
         return params
     req = [r for r in params.get("required") or [] if r in props]
-    return {**params, "properties": {k: props[k] for k in req}, "required": req, "additionalProperties": False}
+    return {
+        **params,
+        "properties": {k: props[k] for k in req},
+        "required": req,
+        "additionalProperties": False,
+    }
 
 
 def tool_call_schema(tools: list[dict], *, required_args_only: bool = False) -> dict:
