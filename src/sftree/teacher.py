@@ -166,9 +166,10 @@ SEED_HEADERS = ("X-Sftree-Tree", "X-Sftree-Edge", "X-Sftree-Attempt", "X-Sftree-
 
 def request_seed(base: int, headers: dict | None, n_messages: int) -> int:
     """The sampling seed of one request under `teacher.seed`: a pure function of the base seed, the tree, edge,
-    attempt and turn (the request's `X-Sftree-*` headers) and the session's length. Reruns sample the same
-    replies (llama-server on the CPU is deterministic for a fixed seed and prompt), while sibling edges, whose
-    first requests are byte-identical, still draw different ones (one seed for all would make them copies)."""
+    attempt and turn (the request's `X-Sftree-*` headers) and the session's length. A tree rerun the same way
+    samples the same replies (llama-server on the CPU is deterministic for a fixed seed, prompt and prefix-cache
+    state, docs/real_teacher.md), while sibling edges, whose first requests are byte-identical, still draw
+    different ones (one seed for all would make them copies)."""
     key = [str(base)] + [str((headers or {}).get(h, "")) for h in SEED_HEADERS] + [str(n_messages)]
     return zlib.crc32("\x1f".join(key).encode("utf-8")) & 0x7FFFFFFF
 
