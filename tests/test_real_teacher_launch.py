@@ -120,6 +120,20 @@ def test_constrained_json_reply_becomes_a_tool_call():
     assert reply.message["content"] == "" and reply.notes == ["text_tool_calls:json"]
 
 
+def test_constrained_json_reply_with_arguments_first_becomes_a_tool_call():
+    """The grammar lets the model write the call's keys in either order; the real model often opens with
+    `"arguments"` (seen in replies cut at max_tokens, docs/real_teacher.md). Order does not matter to `normalize`."""
+    from sftree.teacher_response import normalize
+
+    content = '{\n    "arguments": {\n        "command": "tsp",\n        "description": "A fast tour"\n    },\n    "name": "bash"\n}'
+    reply = normalize({"choices": [{"finish_reason": "stop", "message": {"role": "assistant", "content": content}}]},
+                      {t["function"]["name"] for t in TOOL_SCHEMAS})  # fmt: skip
+    (call,) = reply.message["tool_calls"]
+    assert call["function"]["name"] == "bash"
+    assert json.loads(call["function"]["arguments"]) == {"command": "tsp", "description": "A fast tour"}
+    assert reply.notes == ["text_tool_calls:json"]
+
+
 def test_config_schema_takes_launch_and_tool_choice(tmp_path):
     cfg = yaml.safe_load((REPO_ROOT / "examples/real.yaml").read_text())
     p = tmp_path / "c.yaml"
@@ -127,11 +141,14 @@ def test_config_schema_takes_launch_and_tool_choice(tmp_path):
     loaded = load_config(p)
     assert loaded["teacher"]["tool_choice"] == "required" and loaded["teacher"]["launch"] == {"threads": 1}
     assert load_config(REPO_ROOT / "config.yaml")["teacher"]["launch"] is None
-    assert loaded["teacher"]["constrain"] == "tool_call"
-    assert load_config(REPO_ROOT / "config.yaml")["teacher"]["constrain"] == "none"
+    assert loaded["teacher"]["constrain"] == "tool_call_required" and loaded["teacher"]["seed"] == 0
+    default = load_config(REPO_ROOT / "config.yaml")["teacher"]
+    assert default["constrain"] == "none" and default["seed"] is None
     for bad in (
         {"tool_choice": "any"},
         {"constrain": "grammar"},
+        {"seed": "fixed"},
+        {"seed": 1.5},
         {"launch": {"modle": "x.gguf"}},
         {"launch": {"ctx_size": 10}},
     ):
