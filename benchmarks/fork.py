@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from sftree.workspace import TreeStore  # noqa: E402
+from sftree.runtime.workspace import TreeStore  # noqa: E402
 
 
 def make_code(root: Path, n: int) -> None:
@@ -114,7 +114,7 @@ def part2(latencies: list[float], edges: int, sandbox: str) -> None:
     import logging
 
     from sftree.config import load_config, task_config
-    from sftree.edge import EdgeContext, run_edge
+    from sftree.search.edge import EdgeContext, run_edge
 
     logging.disable(logging.WARNING)
     print(f"\nframework time per edge (native agent, sandbox {sandbox}, teacher-sim, circle_packing grader)")

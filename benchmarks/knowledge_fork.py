@@ -32,9 +32,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from sftree import coral  # noqa: E402
 from sftree.agents import prompts  # noqa: E402
-from sftree.workspace import TreeStore, git  # noqa: E402
+from sftree.runtime import coral  # noqa: E402
+from sftree.runtime.workspace import TreeStore, git  # noqa: E402
 
 
 def old_load_attempts(attempts_dir: Path) -> list[dict]:

@@ -2,7 +2,7 @@
 
     python3 benchmarks/loop_cost.py [--sizes 10,100,500,1000] [--window 10] [--steps 10,100,500,1000]
 
-Part 1 - loop cost per edge: the real `search.run_search` (ask/Select, begin, tell, stop rules, persistence
+Part 1 - loop cost per edge: the real `mcts.run_search` (ask/Select, begin, tell, stop rules, persistence
 after every dispatch batch and every edge, parallel_width 8, async) with an in-process edge runner that returns
 at once (so only the loop is measured; an edge record carries two turns with 400 characters of feedback each,
 like a real one). One tree is grown to each size N unmeasured; from copies of that same tree the loop then runs
@@ -36,10 +36,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from sftree import scoring, search, steplog  # noqa: E402
-from sftree import tree as treemod  # noqa: E402
-from sftree.edge import EdgeResult, TurnResult, best_score, regressed_rate  # noqa: E402
-from sftree.workspace import NodeState  # noqa: E402
+from sftree.runtime.workspace import NodeState  # noqa: E402
+from sftree.search import mcts, scoring, steplog  # noqa: E402
+from sftree.search import tree as treemod  # noqa: E402
+from sftree.search.edge import EdgeResult, TurnResult, best_score, regressed_rate  # noqa: E402
 
 print = functools.partial(print, flush=True)  # progress shows when piped
 
@@ -67,7 +67,7 @@ def stub_runner(seed: int = 0):
     rng = random.Random(seed)
     feedback = "grader: " + "x" * 392
 
-    def run(d: search.Dispatch) -> EdgeResult:
+    def run(d: mcts.Dispatch) -> EdgeResult:
         base = d.parent_score or 1.0
         s1, s2 = (None if rng.random() < 0.08 else base + rng.uniform(-0.3, 0.4) for _ in "ab")
         calls = rng.randint(4, 12)
@@ -114,7 +114,7 @@ def run_until(tree: treemod.Tree, edges: int, persist, runner) -> list[float]:
 
     start = len(tree.edges)
     try:
-        search.run_search(tree, runner, on_persist)
+        mcts.run_search(tree, runner, on_persist)
     except _Enough:
         pass
     tree.in_flight = []  # dispatched but never told: dropped, as a resumed run does
@@ -124,11 +124,11 @@ def run_until(tree: treemod.Tree, edges: int, persist, runner) -> list[float]:
 def window_cost(tree: treemod.Tree, out: Path, window: int, mode: str, runner) -> float:
     """ms per edge of the next `window` edges grown on (a copy of) `tree` with the given persistence/Select."""
     tree = copy.deepcopy(tree)
-    saved = search.select_breakdowns
+    saved = mcts.select_breakdowns
     if mode == "before":
         path = out / treemod.LIVE_NAME
         persist = functools.partial(treemod.save, path=path)
-        search.select_breakdowns = old_select_breakdowns
+        mcts.select_breakdowns = old_select_breakdowns
     else:
         live = treemod.LiveTree(out)
         live.save(tree)  # the snapshot a run takes once (and then every ~edges lines): not in the window
@@ -136,7 +136,7 @@ def window_cost(tree: treemod.Tree, out: Path, window: int, mode: str, runner) -
     try:
         times = run_until(tree, len(tree.edges) + window, persist, runner)
     finally:
-        search.select_breakdowns = saved
+        mcts.select_breakdowns = saved
     return 1000 * times[-1] / len(times)
 
 

@@ -17,7 +17,7 @@ draw. Reported per run, then as mean [min-max] over the runs:
   whole root layer), root layer time + edge time below the root / width), and makespan / bound;
 - sim cache: teacher-sim's own estimate (every prefix this tree ever sent, never evicted).
 
-Cache model (`sftree.kvcache`): every model call of the async runs at each width is recorded (prompt as a chain
+Cache model (`sftree.teacher.kvcache`): every model call of the async runs at each width is recorded (prompt as a chain
 of messages, reply, start and end time). A fleet of --fleet trees (the recorded runs, each replica's prompts made
 distinct after the shared tools block; a replica of a tree already in the fleet runs 7% slower per copy) is
 replayed through ONE finite LRU radix cache, as one SGLang server
@@ -47,12 +47,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from sftree import kvcache, search  # noqa: E402
-from sftree import tree as treemod  # noqa: E402
 from sftree.agents.native import assistant_message  # noqa: E402
 from sftree.config import load_config, task_config  # noqa: E402
-from sftree.edge import EdgeContext, run_edge  # noqa: E402
-from sftree.workspace import NodeState  # noqa: E402
+from sftree.runtime.workspace import NodeState  # noqa: E402
+from sftree.search import mcts  # noqa: E402
+from sftree.search import tree as treemod  # noqa: E402
+from sftree.search.edge import EdgeContext, run_edge  # noqa: E402
+from sftree.teacher import kvcache  # noqa: E402
 
 TASK = "circle_packing"
 
@@ -153,7 +154,7 @@ def run_tree(work: Path, width: int, schedule: str, args, seed: int) -> dict:
     t0 = time.monotonic()
     record_calls(ctx.teacher, t0, calls, lock)
 
-    def run_one(d: search.Dispatch):
+    def run_one(d: mcts.Dispatch):
         s = time.monotonic()
         r = run_edge(ctx, NodeState.from_dict(d.parent_state), d.edge, d.parent_score, depth=d.depth,
                      attempt=d.attempt, eval_count=d.parent_eval_count or 0)  # fmt: skip
@@ -162,7 +163,7 @@ def run_tree(work: Path, width: int, schedule: str, args, seed: int) -> dict:
         return r
 
     try:
-        search.run_search(tree, run_one, lambda t: treemod.save(t, out / "tree.live.json"))
+        mcts.run_search(tree, run_one, lambda t: treemod.save(t, out / "tree.live.json"))
     finally:
         makespan = time.monotonic() - t0
         ctx.close()

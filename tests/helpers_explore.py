@@ -11,9 +11,9 @@ import yaml
 from tree_rules import check_paths, check_tree
 
 from sftree import cli
-from sftree import tree as treemod
 from sftree.config import REPO_ROOT
-from sftree.paths import select_paths
+from sftree.dataset.paths import select_paths
+from sftree.search import tree as treemod
 
 EXAMPLES = REPO_ROOT / "examples"
 

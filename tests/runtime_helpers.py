@@ -6,8 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
-from sftree import steplog
 from sftree.config import REPO_ROOT, load_config, task_config
+from sftree.search import steplog
 
 EXAMPLES = REPO_ROOT / "examples"
 

@@ -6,8 +6,9 @@ also passes the rule checker (helpers_explore.load_final -> tests/tree_rules.py)
 from helpers_explore import explore, load_final, make_root, write_config
 from tree_rules import check_paths
 
-from sftree import paths, steplog
-from sftree import tree as treemod
+from sftree.dataset import paths
+from sftree.search import steplog
+from sftree.search import tree as treemod
 
 
 def test_edge_error_on_exempt_edges_and_a_lost_root_direction(tmp_path):

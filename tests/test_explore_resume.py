@@ -11,8 +11,8 @@ from dataclasses import asdict
 
 from helpers_explore import explore, explore_cmd, load_final, make_root, write_config
 
-from sftree.teachersim.server import make_server
-from sftree.tree import LiveTree
+from sftree.search.tree import LiveTree
+from sftree.teacher.sim.server import make_server
 
 # Wall-clock fields; knowledge commits hold Coral attempt records, which carry a timestamp.
 VOLATILE = {"created_at", "updated_at", "started_at", "finished_at", "wall_s", "knowledge_commit"}

@@ -2,7 +2,7 @@
 
 from helpers_explore import edges_by, explore, load_final, make_root, write_config
 
-from sftree import scoring, steplog
+from sftree.search import scoring, steplog
 
 
 def test_layer1_fallback_token_and_depth_leaves(tmp_path):
@@ -148,15 +148,15 @@ def test_bad_root_is_a_clear_error(tmp_path, capsys):
 def test_tree_killed_after_finishing_is_written_without_teacher(tmp_path):
     from test_search_policy import result
 
-    from sftree import search
-    from sftree import tree as treemod
+    from sftree.search import mcts
+    from sftree.search import tree as treemod
 
     root = make_root(tmp_path)
     state = {"code_commit": "c0", "knowledge_commit": "k0", "session": None}
     tree = treemod.Tree.new(
         "circle_packing", root.name, "maximize", treemod.SearchParams(max_depth=1), 1.2, state, 7
     )
-    search.run_search(tree, lambda d: result(d.edge, 1.5, 2.0, parent=1.2), lambda t: None)
+    mcts.run_search(tree, lambda d: result(d.edge, 1.5, 2.0, parent=1.2), lambda t: None)
     out = tmp_path / "trees" / root.name
     treemod.save(tree, out / "tree.live.json")
     cfg = write_config(tmp_path, {"max_depth": 1}, base_url="http://127.0.0.1:9/v1")  # nothing listens there

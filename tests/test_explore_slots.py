@@ -70,8 +70,8 @@ def test_teacher_trees_and_granted_teacher_slots(tmp_path, tmp_path_factory):
 
 def test_width_lowers_never_raises_and_must_be_positive():
     from sftree.errors import InputError
-    from sftree.explore import cap_width
-    from sftree.tree import SearchParams
+    from sftree.search.explore import cap_width
+    from sftree.search.tree import SearchParams
 
     params = SearchParams(parallel_width=4)
     assert cap_width(params, None).parallel_width == 4

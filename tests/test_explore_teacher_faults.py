@@ -12,7 +12,8 @@ import json
 import yaml
 from helpers_explore import explore, load_final, make_root, write_config
 
-from sftree import cli, steplog
+from sftree import cli
+from sftree.search import steplog
 
 SCRIPT = [
     {"match": {"edge": "e1", "turn": 2}, "fault": "context_overflow"},

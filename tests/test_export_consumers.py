@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from helpers_export import make_results
 
-from sftree.export import THINK_WORDS, record_messages
+from sftree.dataset.export import THINK_WORDS, record_messages
+from sftree.dataset.paths import select_paths
 from sftree.fileio import write_json_atomic
-from sftree.paths import select_paths
 
 REPO = Path(__file__).parents[1]
 PROBES = Path(__file__).parent / "consumers"

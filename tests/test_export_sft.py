@@ -12,10 +12,10 @@ import jsonschema
 import pytest
 from helpers_export import ROOT, llamafactory_alternates, make_results
 
+from sftree.dataset.export import export_task, parse_arguments, record_messages
+from sftree.dataset.paths import select_paths
 from sftree.errors import InputError
-from sftree.export import export_task, parse_arguments, record_messages
 from sftree.fileio import write_json_atomic
-from sftree.paths import select_paths
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "workflow/schemas/sft_record.schema.json").read_text())
 

@@ -1,10 +1,10 @@
-"""The SGLang prefix-cache model (sftree.kvcache) against hand-computed reuse, eviction and replay numbers."""
+"""The SGLang prefix-cache model (sftree.teacher.kvcache) against hand-computed reuse, eviction and replay numbers."""
 
 from __future__ import annotations
 
 import json
 
-from sftree.kvcache import Block, Call, RadixLRU, chain, extend, replay
+from sftree.teacher.kvcache import Block, Call, RadixLRU, chain, extend, replay
 
 A, B, C, D, E = (Block(k.encode(), t) for k, t in (("A", 10), ("B", 5), ("C", 10), ("D", 5), ("E", 5)))
 

@@ -14,9 +14,9 @@ import pytest
 from helpers_explore import explore_cmd
 from runtime_helpers import config, example_task, make_root, read_steps
 
-from sftree import steplog
-from sftree.edge import EdgeContext, run_edge
 from sftree.errors import InputError
+from sftree.search import steplog
+from sftree.search.edge import EdgeContext, run_edge
 
 try:
     from sftree.agents.opencode import find_binary
@@ -253,7 +253,7 @@ def test_compaction_when_allowed_is_detected_and_marked(tmp_path):
     """With autocompaction allowed and a tiny context limit OpenCode compacts; the turn is marked as such."""
     from sftree.agents.base import StepRecorder, TurnRun
     from sftree.agents.prompts import start_prompt
-    from sftree.coral import CoralServer
+    from sftree.runtime.coral import CoralServer
 
     cfg = config(
         teacher={"sim": {"seed": 3}},

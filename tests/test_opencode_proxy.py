@@ -7,8 +7,8 @@ import json
 import pytest
 import requests
 
-from sftree.proxy import RecordingProxy, StreamAssembler, classify, compacted
-from sftree.teachersim.server import start_teacher_sim
+from sftree.agents.proxy import RecordingProxy, StreamAssembler, classify, compacted
+from sftree.teacher.sim.server import start_teacher_sim
 
 TOOLS = [
     {"type": "function", "function": {"name": n, "description": n, "parameters": {"type": "object"}}}

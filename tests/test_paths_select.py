@@ -9,9 +9,9 @@ import sys
 import pytest
 from scipy.stats import percentileofscore
 
+from sftree.dataset.paths import select_paths
 from sftree.errors import InputError
-from sftree.paths import select_paths
-from sftree.scoring import percentile_rank
+from sftree.search.scoring import percentile_rank
 
 
 def make_tree(direction, spec, root_score=1.0):
@@ -49,7 +49,7 @@ def full_tree(tree: dict) -> dict:
     """`make_tree`'s tree with every field tree.schema.json requires (select-paths validates it first)."""
     from dataclasses import asdict
 
-    from sftree.tree import SearchParams
+    from sftree.search.tree import SearchParams
 
     node = {"path_best_score": None, "max_token_total": 0, "valid_children": 0, "failed_expansions": 0,
             "status": "expanded", "path_valid": True, "state": None}  # fmt: skip

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from sftree.errors import InputError
-from sftree.explore import _progress_stream
 from sftree.progress import ConsoleLines, tree_line
+from sftree.search.explore import _progress_stream
 
 COUNTERS = {"edges": 5, "valid_edges": 3, "pruned_edges": 1, "failed_edges": 1, "good_leaves": 2}
 

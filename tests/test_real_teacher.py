@@ -16,11 +16,11 @@ import yaml
 from helpers_explore import explore, make_root
 from test_workflow_demo import REPO, SCHEMA, rules_run, snakemake
 
-from sftree import steplog
-from sftree import tree as treemod
 from sftree.agents.prompts import nudge_prompt
 from sftree.agents.tools import TOOL_NAMES, TOOL_SCHEMAS
-from sftree.llm_server import LaunchSpec
+from sftree.search import steplog
+from sftree.search import tree as treemod
+from sftree.teacher.llm_server import LaunchSpec
 
 MISSING = LaunchSpec.from_config({}).missing()
 pytestmark = [

@@ -11,8 +11,8 @@ import yaml
 from sftree.agents.tools import TOOL_SCHEMAS
 from sftree.config import REPO_ROOT, load_config
 from sftree.errors import InputError, TeacherUnavailable
-from sftree.llm_server import DEFAULT_BINARY, LaunchSpec, start_llm_server
-from sftree.teacher import TeacherClient
+from sftree.teacher.client import TeacherClient
+from sftree.teacher.llm_server import DEFAULT_BINARY, LaunchSpec, start_llm_server
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -69,7 +69,7 @@ def test_constrain_tool_call_required_keeps_only_required_arguments():
 
 
 def test_required_only_leaves_odd_schemas_as_they_are():
-    from sftree.teacher import required_only
+    from sftree.teacher.client import required_only
 
     assert required_only({"type": "object"}) == {"type": "object"}  # no properties: nothing to cut
     assert required_only({"type": "string"}) == {"type": "string"}
@@ -84,7 +84,7 @@ def test_required_only_leaves_odd_schemas_as_they_are():
 def test_teacher_seed_is_sent_per_request_reproducible_and_different_per_edge():
     """`teacher.seed`: each request's `seed` is a function of the base seed, tree, edge, attempt, turn and the
     session's length: the same request gets the same seed; sibling edges (identical first requests) do not."""
-    from sftree.teacher import request_seed
+    from sftree.teacher.client import request_seed
 
     c = TeacherClient.from_config({"base_url": "http://127.0.0.1:1/v1", "seed": 7})
     h = {"X-Sftree-Tree": "t", "X-Sftree-Edge": "e1", "X-Sftree-Attempt": "1", "X-Sftree-Turn": "1"}
@@ -108,7 +108,7 @@ def test_teacher_seed_is_sent_per_request_reproducible_and_different_per_edge():
 def test_constrained_json_reply_becomes_a_tool_call():
     """What llama-server answers under the constraint (content = one JSON call, no `tool_calls`; shape as recorded
     from the real server) is read as a tool call by `normalize`."""
-    from sftree.teacher_response import normalize
+    from sftree.teacher.response import normalize
 
     content = (
         '{\n  "name": "bash",\n  "arguments": {\n    "command": "ls",\n    "description": "list"\n  }\n}'
@@ -123,7 +123,7 @@ def test_constrained_json_reply_becomes_a_tool_call():
 def test_constrained_json_reply_with_arguments_first_becomes_a_tool_call():
     """The grammar lets the model write the call's keys in either order; the real model often opens with
     `"arguments"` (seen in replies cut at max_tokens, docs/real_teacher.md). Order does not matter to `normalize`."""
-    from sftree.teacher_response import normalize
+    from sftree.teacher.response import normalize
 
     content = '{\n    "arguments": {\n        "command": "tsp",\n        "description": "A fast tour"\n    },\n    "name": "bash"\n}'
     reply = normalize({"choices": [{"finish_reason": "stop", "message": {"role": "assistant", "content": content}}]},

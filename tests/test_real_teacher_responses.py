@@ -19,7 +19,7 @@ import pytest
 from sftree.agents.native import assistant_message
 from sftree.agents.tools import TOOL_SCHEMAS
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
-from sftree.teacher import TeacherClient
+from sftree.teacher.client import TeacherClient
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real_responses"
 

@@ -10,10 +10,10 @@ import sys
 
 from helpers_export import ROOT, make_results
 
-from sftree.export import export_task, merge
+from sftree.dataset.export import export_task, merge
+from sftree.dataset.paths import select_paths
 from sftree.fileio import write_json_atomic, write_jsonl_atomic
-from sftree.paths import select_paths
-from sftree.report import color_scale
+from sftree.report.html import color_scale
 
 HEADER = "snapshot\tglobal_index\tagent_id\tcommit_hash\teval_ok\tscore\tscore_for_stage\tsmooth_score\tgain_ratio\tstage\tselected\tselection_reason"
 

@@ -14,10 +14,10 @@ import pytest
 from helpers_export import ROOT, make_results
 from test_report_html import run_report
 
-from sftree.export import export_task, merge
+from sftree.dataset.export import export_task, merge
+from sftree.dataset.paths import select_paths
+from sftree.dataset.provenance import read_task, root_trust
 from sftree.fileio import write_json_atomic, write_jsonl_atomic
-from sftree.paths import select_paths
-from sftree.provenance import read_task, root_trust
 
 HEADER = "snapshot\tglobal_index\teval_ok\tscore\tscore_for_stage\tsmooth_score\tstage\tselected"
 

@@ -1,11 +1,11 @@
-"""The small SVG plot helper (sftree.plots)."""
+"""The small SVG plot helper (sftree.report.plots)."""
 
 import re
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from sftree.plots import Band, Series, nice_ticks, svg_plot
+from sftree.report.plots import Band, Series, nice_ticks, svg_plot
 
 
 def test_nice_ticks():

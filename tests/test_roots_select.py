@@ -216,8 +216,8 @@ def test_hardlink_mode_never_touches_the_input(tmp_path):
 def test_default_links_roots_and_explore_never_writes_through(tmp_path):
     """By default root files are hard links into the Student's snapshot (no data copied), metadata.json is a new
     file, and seeding a tree, forking it and committing an edit leave the snapshot byte for byte as it was."""
-    from sftree.select_roots import Linker
-    from sftree.workspace import TreeStore
+    from sftree.roots.select_roots import Linker
+    from sftree.runtime.workspace import TreeStore
 
     snaps = tmp_path / "t"
     folders = make_run(snaps, RISING)
@@ -430,7 +430,7 @@ def test_eval_ok_without_a_score_and_non_finite_scores_are_never_roots(tmp_path,
 
 
 def test_parallel_read_gives_the_same_scan(tmp_path, monkeypatch):
-    from sftree import snapshots
+    from sftree.roots import snapshots
 
     make_run(tmp_path / "t", [float(i % 7) for i in range(60)], pending=(5, 17))
     serial = snapshots.scan(tmp_path / "t", "t", jobs=1)

@@ -1,11 +1,11 @@
-"""Section 2 formulas (sftree.stages), checked against hand-computed values."""
+"""Section 2 formulas (sftree.roots.stages), checked against hand-computed values."""
 
 import random
 
 import pandas as pd
 import pytest
 
-from sftree import stages as st
+from sftree.roots import stages as st
 
 
 def test_moving_average_hand_values():

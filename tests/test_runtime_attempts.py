@@ -6,7 +6,7 @@ import json
 import os
 import time
 
-from sftree import coral
+from sftree.runtime import coral
 
 
 def _write(d, name, rec, age_s):

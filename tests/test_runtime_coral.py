@@ -9,10 +9,10 @@ import subprocess
 import pytest
 from runtime_helpers import TOY_GRADER, make_task
 
-from sftree.agents.sandbox import bwrap_works
 from sftree.agents.tools import ToolContext, execute
-from sftree.coral import CoralServer, parse_block, parse_grader_output
-from sftree.workspace import TreeStore
+from sftree.runtime.coral import CoralServer, parse_block, parse_grader_output
+from sftree.runtime.sandbox import bwrap_works
+from sftree.runtime.workspace import TreeStore
 
 
 def setup(tmp_path, grader=TOY_GRADER, attempts=(), **task_kw):

@@ -8,8 +8,8 @@ import subprocess
 import pytest
 from runtime_helpers import config, example_task, make_root, read_steps
 
-from sftree.coral import parse_grader_output
-from sftree.edge import EdgeContext, best_score, regressed_rate, run_edge
+from sftree.runtime.coral import parse_grader_output
+from sftree.search.edge import EdgeContext, best_score, regressed_rate, run_edge
 
 FAULTS = [
     {"match": {"edge": "e3", "turn": "1"}, "fault": "no_eval"},

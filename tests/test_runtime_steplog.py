@@ -1,4 +1,4 @@
-"""Step records store each message once (sftree.steplog): exact rebuild, unchanged export, clear errors."""
+"""Step records store each message once (sftree.search.steplog): exact rebuild, unchanged export, clear errors."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from helpers_export import make_results
 from test_export_sft import paths_file
 
-from sftree import steplog
+from sftree.dataset.export import export_task
 from sftree.errors import InputError
-from sftree.export import export_task
+from sftree.search import steplog
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 

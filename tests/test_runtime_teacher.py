@@ -11,9 +11,9 @@ import requests
 
 from sftree.agents.tools import TOOL_SCHEMAS
 from sftree.errors import InputError, TeacherUnavailable
-from sftree.teacher import TeacherClient, TeacherError, Usage, backoff_delay, reported_usage, serialize
-from sftree.teachersim.policy import decide, nudge_value
-from sftree.teachersim.server import load_script, start_teacher_sim
+from sftree.teacher.client import TeacherClient, TeacherError, Usage, backoff_delay, reported_usage, serialize
+from sftree.teacher.sim.policy import decide, nudge_value
+from sftree.teacher.sim.server import load_script, start_teacher_sim
 
 MSGS = [{"role": "user", "content": "Improve the score. " * 50}]
 
@@ -206,7 +206,7 @@ def test_no_usage_is_estimated_from_text_and_warned_once(sim, caplog):
     c = client(url)
     raw = requests.post(f"{url}/chat/completions", json={"messages": MSGS}, timeout=10).json()
     assert "usage" not in raw and raw["choices"][0]["message"]  # the server really reports none
-    with caplog.at_level("WARNING", logger="sftree.teacher"):
+    with caplog.at_level("WARNING", logger="sftree.teacher.client"):
         first = c.chat(MSGS, TOOL_SCHEMAS)
         second = c.chat(MSGS + [first.message, {"role": "user", "content": "again"}], TOOL_SCHEMAS)
     body = serialize(c.request_body(MSGS, TOOL_SCHEMAS))
@@ -239,7 +239,7 @@ def test_stream_without_usage_chunk(sim):
 
 
 def test_proxy_records_an_estimate_when_the_reply_has_no_usage():
-    from sftree.proxy import estimated_usage_record, usage_record
+    from sftree.agents.proxy import estimated_usage_record, usage_record
 
     body = {"model": "m", "messages": MSGS}
     msg = {"role": "assistant", "content": "x" * 400}

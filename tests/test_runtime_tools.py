@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sftree.agents.sandbox import bwrap_works
 from sftree.agents.tools import TOOL_NAMES, TOOL_SCHEMAS, ToolContext, execute, is_knowledge_action
 from sftree.config import REPO_ROOT
+from sftree.runtime.sandbox import bwrap_works
 
 needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot create namespaces here")
 
@@ -160,7 +160,7 @@ def test_bwrap_confines_the_shell(ws, tmp_path, request):
 
 @needs_bwrap
 def test_bwrap_keeps_python_and_hides_credentials(ws):
-    from sftree.agents.sandbox import private_home_paths
+    from sftree.runtime.sandbox import private_home_paths
 
     hidden = private_home_paths()
     c = ctx(ws, sandbox="bwrap", hidden=hidden)

@@ -9,7 +9,7 @@ import pytest
 from runtime_helpers import make_root
 
 from sftree.errors import InputError
-from sftree.workspace import NodeState, TreeStore, git
+from sftree.runtime.workspace import NodeState, TreeStore, git
 
 
 @pytest.fixture

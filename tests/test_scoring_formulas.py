@@ -1,11 +1,11 @@
-"""scoring.py against hand-computed numbers: ties, minimize, missing scores, a single node."""
+"""search/scoring.py against hand-computed numbers: ties, minimize, missing scores, a single node."""
 
 import math
 
 import pytest
 from scipy.stats import percentileofscore
 
-from sftree import scoring as s
+from sftree.search import scoring as s
 
 approx = pytest.approx
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from sftree import scoring
+from sftree.search import scoring
 
 
 def test_hand_computed_ties_none_and_minimize():

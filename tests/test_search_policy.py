@@ -1,12 +1,12 @@
-"""ask/tell/stop rules of search.py on EdgeResult values built by hand (no runtime): the algorithm itself."""
+"""ask/tell/stop rules of search/mcts.py on EdgeResult values built by hand (no runtime): the algorithm itself."""
 
 import pytest
 from tree_rules import check_tree
 
-from sftree import search
-from sftree import tree as treemod
-from sftree.edge import EdgeResult, TurnResult
-from sftree.workspace import NodeState
+from sftree.runtime.workspace import NodeState
+from sftree.search import mcts
+from sftree.search import tree as treemod
+from sftree.search.edge import EdgeResult, TurnResult
 
 approx = pytest.approx
 
@@ -15,7 +15,7 @@ def result(
     eid, s1, s2, *, calls=10, errors=0, tokens=1000, knowledge=True, parent=None, direction="maximize"
 ):
     """An EdgeResult as run_edge reports it: per-turn scores, tool calls, context length."""
-    from sftree.edge import best_score, regressed_rate
+    from sftree.search.edge import best_score, regressed_rate
 
     turns = [
         TurnResult(i + 1, s, "improved" if s is not None else None, None, 3, calls // 2 if i == 0 else calls - calls // 2,
@@ -39,22 +39,22 @@ def new_tree(direction="maximize", root_score=1.0, **params):
 
 
 def step(tree, exp, s1, s2, **kw):
-    d = search.begin(tree, exp)
-    return search.tell(tree, d, result(d.edge, s1, s2, parent=d.parent_score, direction=tree.direction, **kw))
+    d = mcts.begin(tree, exp)
+    return mcts.tell(tree, d, result(d.edge, s1, s2, parent=d.parent_score, direction=tree.direction, **kw))
 
 
 def grow_root(tree):
     """Three root edges with hand-computed soft scores (see test_select_breakdown)."""
-    exps = search.ask(tree, 8)
+    exps = mcts.ask(tree, 8)
     assert [(e.node, e.slot, e.attempt, e.exempt, e.depth) for e in exps] == [
         ("n0", 0, 1, False, 1), ("n0", 1, 1, False, 1), ("n0", 2, 1, False, 1)]  # fmt: skip
     assert exps[0].select == {"node": "n0", "score_rank": 0.5, "best_rank": 0.5, "process": 0.0, "Q": 0.35,
                               "T": 0.5, "select": 0.6}  # fmt: skip
-    ds = [search.begin(tree, e) for e in exps]
-    assert search.ask(tree, 8) == []  # virtual visits: all three root directions are in flight
-    e1 = search.tell(tree, ds[0], result("e1", 1.5, 2.0, tokens=1000, parent=1.0))
-    e2 = search.tell(tree, ds[1], result("e2", 0.8, 0.5, errors=1, tokens=3000, knowledge=False, parent=1.0))
-    e3 = search.tell(tree, ds[2], result("e3", 1.0, 1.2, calls=0, tokens=2000, parent=1.0))
+    ds = [mcts.begin(tree, e) for e in exps]
+    assert mcts.ask(tree, 8) == []  # virtual visits: all three root directions are in flight
+    e1 = mcts.tell(tree, ds[0], result("e1", 1.5, 2.0, tokens=1000, parent=1.0))
+    e2 = mcts.tell(tree, ds[1], result("e2", 0.8, 0.5, errors=1, tokens=3000, knowledge=False, parent=1.0))
+    e3 = mcts.tell(tree, ds[2], result("e3", 1.0, 1.2, calls=0, tokens=2000, parent=1.0))
     return e1, e2, e3
 
 
@@ -85,7 +85,7 @@ def test_soft_scores_of_root_edges():
 def test_select_breakdown_hand_computed():
     tree = new_tree()
     grow_root(tree)
-    exps = search.ask(tree, 3)
+    exps = mcts.ask(tree, 3)
     sel = {e.node: e.select for e in exps}
     # n1: score 2.0 (rank 3.5/4), path best 2.0 (3.5/4), process 1.0, tokens 1000 (2.5/3 among 1000/3000/2000)
     assert sel["n1"]["Q"] == approx(0.4 * 0.875 + 0.3 * 0.875 + 0.3, abs=1e-6)
@@ -96,45 +96,45 @@ def test_select_breakdown_hand_computed():
     # n1 takes both of its slots first (exempt: edges into depth 2), then n3; n2 (select 0.33) waits
     assert [(e.node, e.attempt, e.exempt, e.depth) for e in exps] == [
         ("n1", 1, True, 2), ("n1", 2, True, 2), ("n3", 1, True, 2)]  # fmt: skip
-    s2 = search.select_breakdowns(tree, [tree.node("n1"), tree.node("n2"), tree.node("n3")])["n2"]
+    s2 = mcts.select_breakdowns(tree, [tree.node("n1"), tree.node("n2"), tree.node("n3")])["n2"]
     assert s2["score_rank"] == 0.125 and s2["best_rank"] == 0.25 and s2["T"] == approx(1 / 6, abs=1e-6)
     assert s2["select"] == approx(0.05 + 0.075 + 0.3 * s2["process"] + 0.5 / 6, abs=1e-5)
 
 
 def test_minimize_ranks_lower_scores_higher():
     tree = new_tree("minimize", root_score=10.0)
-    exps = search.ask(tree, 3)
-    ds = [search.begin(tree, e) for e in exps]
-    search.tell(tree, ds[0], result("e1", 9.0, 8.0, parent=10.0, direction="minimize"))
-    search.tell(tree, ds[1], result("e2", 12.0, 11.0, parent=10.0, direction="minimize"))
-    search.tell(tree, ds[2], result("e3", 10.0, 10.0, parent=10.0, direction="minimize"))
+    exps = mcts.ask(tree, 3)
+    ds = [mcts.begin(tree, e) for e in exps]
+    mcts.tell(tree, ds[0], result("e1", 9.0, 8.0, parent=10.0, direction="minimize"))
+    mcts.tell(tree, ds[1], result("e2", 12.0, 11.0, parent=10.0, direction="minimize"))
+    mcts.tell(tree, ds[2], result("e3", 10.0, 10.0, parent=10.0, direction="minimize"))
     n1, n2, n3 = (tree.node(f"n{i}") for i in (1, 2, 3))
     assert (n1.score, n2.score, n3.score) == (8.0, 11.0, 10.0)
     assert (
         tree.edge("e1").outcome == 1.0 and tree.edge("e2").outcome == 0.7 and tree.edge("e3").outcome == 0.7
     )
     assert n2.path_best_score == 10.0 and n1.path_best_score == 8.0
-    sel = search.select_breakdowns(tree, [n1, n2, n3])
+    sel = mcts.select_breakdowns(tree, [n1, n2, n3])
     assert sel["n1"]["score_rank"] == 0.875 and sel["n2"]["score_rank"] == 0.125  # 8 best, 11 worst
 
 
 def test_layer1_fallback_and_kept_failure():
     """Width 1: the three first tries in slot order, then the fallbacks; nothing deeper before the root layer."""
     tree = new_tree()
-    exps = search.ask(tree, 1)
+    exps = mcts.ask(tree, 1)
     e = step(tree, exps[0], 1.1, None)  # e1 slot 0, first try: no score -> pruned, root failed_expansions 1
     assert e.pruned and e.prune_reason == "no_score" and e.child is None and e.soft is None
     assert tree.node("n0").failed_expansions == 1
-    nxt = search.ask(tree, 5)  # first tries of slots 1, 2 before the fallback of slot 0
+    nxt = mcts.ask(tree, 5)  # first tries of slots 1, 2 before the fallback of slot 0
     assert [(x.node, x.slot, x.attempt, x.exempt) for x in nxt] == [
         ("n0", 1, 1, False), ("n0", 2, 1, False), ("n0", 0, 2, True)]  # fmt: skip
     e = step(tree, nxt[0], None, 2.0)  # e2 slot 1 fails too: the root's second failure
     assert e.slot == 1 and e.pruned and tree.node("n0").failed_expansions == 2
     assert tree.node("n0").status == "active"  # the root is governed by its directions, not failed < 2
-    e = step(tree, search.ask(tree, 1)[0], 1.5, 2.0)  # e3 slot 2 -> n1
+    e = step(tree, mcts.ask(tree, 1)[0], 1.5, 2.0)  # e3 slot 2 -> n1
     assert (e.slot, e.attempt, e.child) == (2, 1, "n1")
     # n1 could grow, but the two fallbacks come first (root first, 1.6 / 1.10 step 5)
-    nxt = search.ask(tree, 5)
+    nxt = mcts.ask(tree, 5)
     assert [(x.node, x.slot, x.attempt) for x in nxt] == [("n0", 0, 2), ("n0", 1, 2)]
     retry = nxt[0]
     e = step(tree, retry, None, None, errors=9)  # e4: the retry fails again: kept anyway
@@ -143,37 +143,37 @@ def test_layer1_fallback_and_kept_failure():
     assert n2.score is None and n2.path_best_score == 1.0 and not n2.path_valid and n2.status == "active"
     # soft of the kept failure: not improved .7, cleanliness floor .3, knowledge .6, stability 0
     assert e.soft == approx(0.21 + 0.06 + 0.12 + 0.0, abs=1e-12)
-    assert [(x.node, x.slot) for x in search.ask(tree, 5)] == [("n0", 1)]
-    e = step(tree, search.ask(tree, 1)[0], 1.2, 1.4)  # e5: slot 1's fallback -> n3
+    assert [(x.node, x.slot) for x in mcts.ask(tree, 5)] == [("n0", 1)]
+    e = step(tree, mcts.ask(tree, 1)[0], 1.2, 1.4)  # e5: slot 1's fallback -> n3
     assert (e.slot, e.attempt, e.exempt, e.child) == (1, 2, True, "n3")
     root = tree.node("n0")
     assert root.status == "expanded" and root.valid_children == 3 and root.failed_expansions == 2
-    assert not search.root_layer_pending(tree)
-    assert {x.node for x in search.ask(tree, 8)} <= {"n1", "n2", "n3"}
+    assert not mcts.root_layer_pending(tree)
+    assert {x.node for x in mcts.ask(tree, 8)} <= {"n1", "n2", "n3"}
 
 
 def test_depth2_exempt_then_depth3_prunes():
     tree = new_tree(max_depth=4)
-    for exp in search.ask(tree, 3):
+    for exp in mcts.ask(tree, 3):
         step(tree, exp, 1.5, 2.0)
     # expand n1 into depth 2 with a failed eval and 50% tool errors: exempt, kept
-    exp = next(x for x in search.ask(tree, 8) if x.node == "n1")
+    exp = next(x for x in mcts.ask(tree, 8) if x.node == "n1")
     e = step(tree, exp, None, None, calls=10, errors=5)
     assert e.exempt and e.depth == 2 and not e.pruned and e.fail_reason == "no_score" and e.child is not None
     n = tree.node(e.child)
     assert n.score is None and not n.path_valid and n.status == "active"
     # from depth 3 on: no score -> pruned; 31% tool errors -> pruned; exactly 30% -> kept
-    d3 = next(x for x in search.ask(tree, 20) if x.node == n.id)
+    d3 = next(x for x in mcts.ask(tree, 20) if x.node == n.id)
     assert d3.depth == 3 and not d3.exempt
     assert step(tree, d3, 2.0, None).prune_reason == "no_score"
-    d3 = next(x for x in search.ask(tree, 20) if x.node == n.id)
+    d3 = next(x for x in mcts.ask(tree, 20) if x.node == n.id)
     assert step(tree, d3, 2.0, 2.1, calls=100, errors=31).prune_reason == "tool_error_rate"
     assert n.failed_expansions == 2 and n.status == "leaf" and n.leaf_reason == "no_room"
     assert not treemod.is_good_leaf(n)  # its path holds a failed (exempt) edge
     ok_parent = tree.node("n2")
-    exp = next(x for x in search.ask(tree, 20) if x.node == "n2")
+    exp = next(x for x in mcts.ask(tree, 20) if x.node == "n2")
     e2 = step(tree, exp, 2.0, 2.1)
-    d3 = next(x for x in search.ask(tree, 20) if x.node == e2.child)
+    d3 = next(x for x in mcts.ask(tree, 20) if x.node == e2.child)
     e = step(tree, d3, 2.0, 2.1, calls=10, errors=3)  # 3/10 == 0.30: not > 0.30
     assert not e.pruned and e.tool_error_rate == 0.3 and e.cleanliness == approx(0.3)
     assert ok_parent.valid_children == 1
@@ -181,29 +181,29 @@ def test_depth2_exempt_then_depth3_prunes():
 
 def test_two_failed_expansions_make_no_room_leaf_and_good():
     tree = new_tree(max_depth=3, max_children=2)
-    for exp in search.ask(tree, 3):
+    for exp in mcts.ask(tree, 3):
         step(tree, exp, 1.5, 2.0)
-    exp = next(x for x in search.ask(tree, 8) if x.node == "n1")
+    exp = next(x for x in mcts.ask(tree, 8) if x.node == "n1")
     child = tree.node(step(tree, exp, 2.0, 2.2).child)  # depth 2, valid path
     for _ in range(2):
-        x = next(x for x in search.ask(tree, 20) if x.node == child.id)
+        x = next(x for x in mcts.ask(tree, 20) if x.node == child.id)
         step(tree, x, None, 2.0)
     assert child.failed_expansions == 2 and child.status == "leaf" and child.leaf_reason == "no_room"
     assert treemod.is_good_leaf(child)
-    assert all(x.node != child.id for x in search.ask(tree, 20))
+    assert all(x.node != child.id for x in mcts.ask(tree, 20))
 
 
 def test_token_and_depth_limit_leaves():
     tree = new_tree(max_depth=2, hard_token_limit=5000)
-    exps = search.ask(tree, 3)
+    exps = mcts.ask(tree, 3)
     a = step(tree, exps[0], 1.5, 2.0, tokens=5000)  # == limit: leaf
     b = step(tree, exps[1], 1.5, 2.0, tokens=4999)
     step(tree, exps[2], 1.5, 2.0, tokens=4999)
     assert tree.node(a.child).leaf_reason == "token_limit" and tree.node(a.child).status == "leaf"
     assert tree.node(b.child).status == "active"
-    x = next(x for x in search.ask(tree, 8) if x.node == b.child)
+    x = next(x for x in mcts.ask(tree, 8) if x.node == b.child)
     c = step(tree, x, 2.0, 2.5, tokens=9000)  # over the token limit and at max depth: token_limit first
-    d = step(tree, next(x for x in search.ask(tree, 8) if x.node == b.child), 2.0, 2.5, tokens=100)
+    d = step(tree, next(x for x in mcts.ask(tree, 8) if x.node == b.child), 2.0, 2.5, tokens=100)
     assert tree.node(c.child).leaf_reason == "token_limit"
     assert tree.node(d.child).leaf_reason == "depth_limit"
     assert tree.node(b.child).status == "expanded"
@@ -212,7 +212,7 @@ def test_token_and_depth_limit_leaves():
 def run_tree(tree, script):
     """Grow the tree with `script(dispatch) -> EdgeResult`; the finished tree must pass the rule checker."""
     saved = []
-    search.run_search(tree, lambda d: script(d), lambda t: saved.append(t.counters()))
+    mcts.run_search(tree, lambda d: script(d), lambda t: saved.append(t.counters()))
     assert check_tree(tree.to_dict()) == []
     return saved
 
@@ -249,21 +249,21 @@ def test_stop_frontier_empty_full_tree():
 
 def test_async_refill_counts_in_flight():
     tree = new_tree(max_depth=3)
-    ds = [search.begin(tree, e) for e in search.ask(tree, 3)]
-    search.tell(tree, ds[0], result(ds[0].edge, 1.5, 2.0, parent=1.0))
-    assert search.ask(tree, 8) == []  # n1 exists, but root slots 1, 2 are still running: root first
-    search.tell(tree, ds[1], result(ds[1].edge, None, 2.0, parent=1.0))  # slot 1 fails
-    (retry,) = search.ask(tree, 8)  # its fallback, not n1 (slot 2 still running)
+    ds = [mcts.begin(tree, e) for e in mcts.ask(tree, 3)]
+    mcts.tell(tree, ds[0], result(ds[0].edge, 1.5, 2.0, parent=1.0))
+    assert mcts.ask(tree, 8) == []  # n1 exists, but root slots 1, 2 are still running: root first
+    mcts.tell(tree, ds[1], result(ds[1].edge, None, 2.0, parent=1.0))  # slot 1 fails
+    (retry,) = mcts.ask(tree, 8)  # its fallback, not n1 (slot 2 still running)
     assert (retry.node, retry.slot, retry.attempt, retry.exempt) == ("n0", 1, 2, True)
-    dr = search.begin(tree, retry)
-    search.tell(tree, ds[2], result(ds[2].edge, 1.5, 2.0, parent=1.0))
-    assert search.ask(tree, 8) == [] and search.root_layer_pending(tree)  # the fallback is running
-    search.tell(tree, dr, result(dr.edge, 1.5, 1.6, parent=1.0))
-    assert not search.root_layer_pending(tree)
-    exps = search.ask(tree, 8)  # n1 and n2 tie on everything: the older node first
+    dr = mcts.begin(tree, retry)
+    mcts.tell(tree, ds[2], result(ds[2].edge, 1.5, 2.0, parent=1.0))
+    assert mcts.ask(tree, 8) == [] and mcts.root_layer_pending(tree)  # the fallback is running
+    mcts.tell(tree, dr, result(dr.edge, 1.5, 1.6, parent=1.0))
+    assert not mcts.root_layer_pending(tree)
+    exps = mcts.ask(tree, 8)  # n1 and n2 tie on everything: the older node first
     assert [(e.node, e.depth) for e in exps][:2] == [("n1", 2), ("n1", 2)]
-    search.begin(tree, exps[0])
-    assert [(e.node, e.attempt) for e in search.ask(tree, 8)][:1] == [("n1", 2)]
+    mcts.begin(tree, exps[0])
+    assert [(e.node, e.attempt) for e in mcts.ask(tree, 8)][:1] == [("n1", 2)]
 
 
 def _timed_runs(schedule):
@@ -282,7 +282,7 @@ def _timed_runs(schedule):
             log.append((d.edge, d.node, t0, time.monotonic()))
         return result(d.edge, 1.5, 2.0, parent=d.parent_score)
 
-    search.run_search(tree, run, lambda t: None)
+    mcts.run_search(tree, run, lambda t: None)
     return tree, log
 
 
@@ -313,7 +313,7 @@ def test_an_exception_in_an_edge_stops_the_loop_and_keeps_it_in_flight():
         return result(d.edge, 1.5, 2.0, parent=d.parent_score)
 
     with pytest.raises(RuntimeError):
-        search.run_search(tree, run, lambda t: None)
+        mcts.run_search(tree, run, lambda t: None)
     assert [d["edge"] for d in tree.in_flight] == ["e2"] and {e.id for e in tree.edges} == {"e1", "e3"}
     assert tree.status == "running"
 
@@ -330,7 +330,7 @@ def test_teacher_down_is_not_recorded_and_raises():
         return r
 
     with pytest.raises(TeacherUnavailable):
-        search.run_search(tree, run, lambda t: None)
+        mcts.run_search(tree, run, lambda t: None)
     assert [d["edge"] for d in tree.in_flight] == ["e3"] and len(tree.edges) == 2
 
 
@@ -366,17 +366,17 @@ def test_default_params_stop_over_40_valid_edges():
 
 def test_edge_without_state_is_pruned_even_when_exempt():
     tree = new_tree()
-    first = search.ask(tree, 1)[0]
+    first = mcts.ask(tree, 1)[0]
     step(tree, first, None, None)
-    retry = next(x for x in search.ask(tree, 8) if x.slot == 0)
+    retry = next(x for x in mcts.ask(tree, 8) if x.slot == 0)
     assert retry.exempt
-    d = search.begin(tree, retry)
+    d = mcts.begin(tree, retry)
     r = result(d.edge, None, None, parent=1.0)
     r.child_state, r.error = None, "GitError: worktree add failed"
-    e = search.tell(tree, d, r)
+    e = mcts.tell(tree, d, r)
     assert e.pruned and e.prune_reason == "edge_error" and e.child is None and e.error.startswith("GitError")
     assert tree.node("n0").failed_expansions == 2
-    assert all(x.slot != 0 for x in search.ask(tree, 8))  # the direction is spent: two tries
+    assert all(x.slot != 0 for x in mcts.ask(tree, 8))  # the direction is spent: two tries
 
 
 def _tie_tree(first_knows: bool):
@@ -384,12 +384,12 @@ def _tie_tree(first_knows: bool):
     and 2000 tokens, the other soft 0.96 (knowledge .8) and 1000 tokens; n3 (0.9, 1000 tokens) is worse.
     Long+knowledge: Q .3 + .225 + .3 = .825, T 1/6 (-> .829); short: Q .3 + .225 + .288 = .813, T 2/3 (-> .829)."""
     tree = new_tree(alpha=0.024)
-    ds = [search.begin(tree, e) for e in search.ask(tree, 3)]
+    ds = [mcts.begin(tree, e) for e in mcts.ask(tree, 3)]
     long_ = dict(knowledge=True, tokens=2000)
     short = dict(knowledge=False, tokens=1000)
-    search.tell(tree, ds[0], result("e1", 1.5, 2.0, parent=1.0, **(long_ if first_knows else short)))
-    search.tell(tree, ds[1], result("e2", 1.5, 2.0, parent=1.0, **(short if first_knows else long_)))
-    search.tell(tree, ds[2], result("e3", 0.8, 0.9, tokens=1000, parent=1.0))
+    mcts.tell(tree, ds[0], result("e1", 1.5, 2.0, parent=1.0, **(long_ if first_knows else short)))
+    mcts.tell(tree, ds[1], result("e2", 1.5, 2.0, parent=1.0, **(short if first_knows else long_)))
+    mcts.tell(tree, ds[2], result("e3", 0.8, 0.9, tokens=1000, parent=1.0))
     return tree
 
 
@@ -397,22 +397,22 @@ def _tie_tree(first_knows: bool):
 def test_select_tie_between_different_nodes_goes_to_the_older(first_knows):
     tree = _tie_tree(first_knows)
     n1, n2, n3 = (tree.node(f"n{i}") for i in (1, 2, 3))
-    sel = search.select_breakdowns(tree, [n1, n2, n3])
+    sel = mcts.select_breakdowns(tree, [n1, n2, n3])
     knows, short = (sel["n1"], sel["n2"]) if first_knows else (sel["n2"], sel["n1"])
     assert (knows["Q"], knows["T"]) == (approx(0.825, abs=1e-15), approx(1 / 6, abs=1e-15))
     assert (short["Q"], short["T"]) == (approx(0.813, abs=1e-15), approx(2 / 3, abs=1e-15))
     assert knows["select"] == approx(0.829, abs=1e-15) and short["select"] == approx(0.829, abs=1e-15)
     assert sel["n3"]["select"] < 0.829
     # different parts, equal Select: the older node (creation order) first, whichever part is larger
-    exps = search.ask(tree, 8)
+    exps = mcts.ask(tree, 8)
     assert [e.node for e in exps] == ["n1", "n1", "n2", "n2", "n3", "n3"]
 
 
 def test_select_order_treats_float_noise_as_a_tie():
     tree = new_tree()
     a, b = treemod.Node("a", "n0", "e1", 1, 1.0, 1.0, 0), treemod.Node("b", "n0", "e2", 1, 1.0, 1.0, 0)
-    assert search.select_order([a, b], {"a": {"select": 0.7}, "b": {"select": 0.7 + 1e-15}}) == [a, b]
-    assert search.select_order([a, b], {"a": {"select": 0.7}, "b": {"select": 0.7 + 1e-9}}) == [b, a]
+    assert mcts.select_order([a, b], {"a": {"select": 0.7}, "b": {"select": 0.7 + 1e-15}}) == [a, b]
+    assert mcts.select_order([a, b], {"a": {"select": 0.7}, "b": {"select": 0.7 + 1e-9}}) == [b, a]
     assert tree.root_node.id == "n0"
 
 
@@ -457,7 +457,7 @@ def test_root_first_with_width_below_root_children(schedule):
         order.append((d.edge, d.node, d.slot, d.attempt))
         return result(d.edge, None if d.edge in ("e1", "e4") else 1.5, 2.0, parent=d.parent_score)
 
-    search.run_search(tree, run, lambda t: None)
+    mcts.run_search(tree, run, lambda t: None)
     assert check_tree(tree.to_dict()) == []
     order.sort(key=lambda x: int(x[0][1:]))  # dispatch order
     assert order[:4] == [

@@ -4,8 +4,8 @@ import sys
 
 from test_search_policy import new_tree, step
 
-from sftree import search
 from sftree.config import REPO_ROOT
+from sftree.search import mcts
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 from schedule import longest_chain, root_layer_bound  # noqa: E402
@@ -13,13 +13,13 @@ from schedule import longest_chain, root_layer_bound  # noqa: E402
 
 def test_longest_chain_counts_the_fallback_wait_and_the_root_layer():
     tree = new_tree(root_children=2, max_depth=3)
-    first = search.ask(tree, 2)
+    first = mcts.ask(tree, 2)
     step(tree, first[0], None, None)  # e1: slot 0 fails
     step(tree, first[1], 1.5, 2.0)  # e2: slot 1 -> n1
-    retry = next(x for x in search.ask(tree, 8) if x.node == "n0")
+    retry = next(x for x in mcts.ask(tree, 8) if x.node == "n0")
     assert (retry.slot, retry.attempt) == (0, 2)
     e3 = step(tree, retry, 1.5, 2.0)  # e3: the fallback, after e1 -> n2
-    below = next(x for x in search.ask(tree, 8) if x.node == e3.child)
+    below = next(x for x in mcts.ask(tree, 8) if x.node == e3.child)
     step(tree, below, 1.5, 2.5)  # e4 below n2
     dur = {"e1": 2.0, "e2": 1.0, "e3": 3.0, "e4": 4.0}
     assert longest_chain(tree, dur) == 2.0 + 3.0 + 4.0

@@ -1,12 +1,12 @@
-"""tree.py: save/load round trip through the JSON Schema, and errors that name the file and the field."""
+"""search/tree.py: save/load round trip through the JSON Schema, and errors that name the file and the field."""
 
 import json
 
 import pytest
 from test_search_policy import grow_root, new_tree
 
-from sftree import tree as treemod
 from sftree.errors import InputError
+from sftree.search import tree as treemod
 
 
 def test_round_trip_and_schema(tmp_path):

@@ -1,4 +1,4 @@
-"""Real-server reply shapes and failures through the one normalisation (teacher_response.py), over HTTP.
+"""Real-server reply shapes and failures through the one normalisation (teacher/response.py), over HTTP.
 
 Each shape is produced by teacher-sim's fault modes, so the client parses exactly the bytes a server sends.
 """
@@ -11,9 +11,9 @@ import pytest
 
 from sftree.agents.native import context_check
 from sftree.agents.tools import TOOL_SCHEMAS
-from sftree.teacher import BadReply, ContextOverflow, TeacherClient
-from sftree.teacher_response import MalformedResponse, is_context_overflow, normalize
-from sftree.teachersim.server import start_teacher_sim
+from sftree.teacher.client import BadReply, ContextOverflow, TeacherClient
+from sftree.teacher.response import MalformedResponse, is_context_overflow, normalize
+from sftree.teacher.sim.server import start_teacher_sim
 
 MSGS = [{"role": "user", "content": "Improve the score. " * 20}]
 NAMES = {t["function"]["name"] for t in TOOL_SCHEMAS}

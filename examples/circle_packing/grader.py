@@ -1,6 +1,6 @@
 """Grade a circle packing: `python3 grader.py CODE_DIR`.
 
-Runs CODE_DIR/solution.py's `pack()` in a sandboxed child process (sftree.gradebox: no network, only the code
+Runs CODE_DIR/solution.py's `pack()` in a sandboxed child process (sftree.runtime.gradebox: no network, only the code
 folder visible, time, memory and process limits) and reads back only its return value; checks 26 circles inside the unit square without overlap and
 prints {"score": sum of radii | null, "feedback": "..."} as JSON on the last stdout line. It never fails:
 code that raises, hangs or returns garbage gives score null with the reason, and the exit status is 0.
@@ -11,7 +11,7 @@ import math
 import sys
 from pathlib import Path
 
-from sftree.gradebox import run_solution
+from sftree.runtime.gradebox import run_solution
 
 N = 26
 TOL = 1e-9  # numerical slack for touching circles and walls

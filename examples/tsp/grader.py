@@ -1,6 +1,6 @@
 """Grade a TSP heuristic: `python3 grader.py CODE_DIR`.
 
-Runs CODE_DIR/solution.py's `solve(points)` in a sandboxed child process (sftree.gradebox: no network, only
+Runs CODE_DIR/solution.py's `solve(points)` in a sandboxed child process (sftree.runtime.gradebox: no network, only
 the code folder visible, time, memory and process limits), reading back only its return values, on fixed
 seeded instances (uniform points in a 100 x 100 square), checks each result is a permutation of the cities and prints {"score": mean closed-tour length | null,
 "feedback": "..."} as JSON on the last stdout line (lower is better). It never fails: code that raises, hangs or
@@ -13,7 +13,7 @@ import random
 import sys
 from pathlib import Path
 
-from sftree.gradebox import run_solution
+from sftree.runtime.gradebox import run_solution
 
 INSTANCES = [(1001, 60), (1002, 60), (1003, 80), (1004, 80), (1005, 100)]  # (seed, cities): fixed forever
 TIME_LIMIT = 60  # seconds for the solution on all instances

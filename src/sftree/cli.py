@@ -16,24 +16,27 @@ from sftree.errors import SftreeError
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "select-roots": (
-        "sftree.select_roots",
+        "sftree.roots.select_roots",
         "section 2: split a Student run into stages and pick root snapshots",
     ),
     "explore": (
-        "sftree.explore",
+        "sftree.search.explore",
         "section 1: grow the token-aware MCTS tree of Teacher sessions from one root",
     ),
     "select-paths": (
-        "sftree.paths",
+        "sftree.dataset.paths",
         "section 3: rank a tree's root-to-leaf paths by PathScore, keep the top k",
     ),
-    "export-sft": ("sftree.export", "write selected paths as messages+tools JSONL"),
-    "report": ("sftree.report", "write the self-contained HTML report"),
+    "export-sft": ("sftree.dataset.export", "write selected paths as messages+tools JSONL"),
+    "report": ("sftree.report.html", "write the self-contained HTML report"),
     "teacher-sim": (
-        "sftree.teachersim.server",
+        "sftree.teacher.sim.server",
         "serve a deterministic OpenAI-compatible stand-in for SGLang",
     ),
-    "coral": ("sftree.coral", "the coral command inside an agent workspace (eval, log, show, notes, skills)"),
+    "coral": (
+        "sftree.runtime.coral",
+        "the coral command inside an agent workspace (eval, log, show, notes, skills)",
+    ),
 }
 
 

@@ -103,7 +103,7 @@ class Scripted:
     """A tree of scripted edges: `edge(...)` runs one and returns its EdgeResult."""
 
     def __init__(self, base: Path, script: dict, *, agent: dict | None = None):
-        from sftree.edge import EdgeContext
+        from sftree.search.edge import EdgeContext
 
         self.base = Path(base)
         self.teacher = ScriptedTeacher(script)
@@ -120,14 +120,14 @@ class Scripted:
         self.ctx = EdgeContext.create(self.tree_dir, self.root, cfg, self.task_cfg)
 
     def edge(self, edge_id: str = "e1", parent=None, parent_score: float | None = 1.0):
-        from sftree.edge import run_edge
+        from sftree.search.edge import run_edge
 
         return run_edge(
             self.ctx, parent or self.ctx.root_state, edge_id, parent_score, depth=1, attempt=1, eval_count=5
         )
 
     def steps(self, edge_id: str) -> list[dict]:
-        from sftree import steplog
+        from sftree.search import steplog
 
         return steplog.read_steps(self.tree_dir / "edges" / edge_id / "steps.jsonl")
 

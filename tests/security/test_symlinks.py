@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from scripted import EVAL, GRADER, TASK_DIR, bash, edit_solution
 
-from sftree.workspace import git
+from sftree.runtime.workspace import git
 
 
 def test_grep_and_coral_notes_do_not_follow_links_to_the_grader(scripted):

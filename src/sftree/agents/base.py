@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sftree.steplog import StepWriter
+from sftree.search.steplog import StepWriter
 
 
 @dataclass
@@ -26,8 +26,8 @@ class ToolOutcome:
 class TurnRun:
     """Inputs of one rollout turn. `messages` is the session; the backend appends to it in place."""
 
-    workspace: Any  # sftree.workspace.EdgeWorkspace
-    coral: Any  # sftree.coral.CoralRuntime (its `evals` grows when the agent runs `coral eval`)
+    workspace: Any  # sftree.runtime.workspace.EdgeWorkspace
+    coral: Any  # sftree.runtime.coral.CoralRuntime (its `evals` grows when the agent runs `coral eval`)
     messages: list[dict]
     prompt: str  # the user message that opens the turn
     turn: int
@@ -48,7 +48,7 @@ class TurnOutcome:
     tool_errors: int = 0
     knowledge: bool = False
     tokens: int = 0  # prompt + completion tokens of the turn's last step
-    eval: Any = None  # sftree.coral.EvalResult of the turn's first `coral eval`, if any
+    eval: Any = None  # sftree.runtime.coral.EvalResult of the turn's first `coral eval`, if any
     error: str | None = None
     compacted: bool = False  # the backend compacted the session: its real context was replaced (OpenCode)
 
@@ -67,7 +67,7 @@ class AgentBackend(ABC):
 
 class StepRecorder:
     """Appends step records to `edges/<edge>/steps.jsonl` (one line per model call, each message stored once in
-    `messages.jsonl`: `sftree.steplog`); thread-safe."""
+    `messages.jsonl`: `sftree.search.steplog`); thread-safe."""
 
     def __init__(self, path: Path, edge_id: str):
         self.path = Path(path)

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from sftree.agents.base import AgentBackend, ToolOutcome, TurnOutcome, TurnRun
 from sftree.agents.prompts import nudge_prompt, render
-from sftree.agents.sandbox import UIDS, give_to, private_home_paths, resolve_mode
 from sftree.agents.tools import TOOL_SCHEMAS, ToolContext, execute
-from sftree.teacher import BadReply, ContextOverflow, TeacherError
+from sftree.runtime.sandbox import UIDS, give_to, private_home_paths, resolve_mode
+from sftree.teacher.client import BadReply, ContextOverflow, TeacherError
 
 log = logging.getLogger(__name__)
 

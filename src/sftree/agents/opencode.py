@@ -4,7 +4,7 @@ Per edge (docs/opencode.md):
 
 - an isolated OpenCode home (`work/<edge>/opencode/`: XDG data/config/state/cache and HOME) with an
   `opencode.json` whose only provider is `@ai-sdk/openai-compatible` pointing at this job's recording proxy
-  (proxy.py) in front of the Teacher; autoupdate, sharing, model-list fetches, LSP downloads, plugin installs,
+  (agents/proxy.py) in front of the Teacher; autoupdate, sharing, model-list fetches, LSP downloads, plugin installs,
   web tools and compaction are off, and the model's context limit sits above the tree's hard token limit;
 - a rollout turn = `opencode run --format json [--session ID] --model sftree/<model>` with the prompt on stdin,
   in the edge's workspace. Under bubblewrap (agent.sandbox) the workspace is mounted at `/workspace` and the
@@ -20,7 +20,7 @@ Per edge (docs/opencode.md):
 The step records come from the proxy (exact request messages and tools), enriched with the tool results (the
 next request's `role: tool` messages, or the event's output for the turn's last step) and the error/knowledge
 flags from the event stream. `TurnRun.messages` is replaced by the session's real message list (last request
-+ its answer + the tool results), so edge.py's session file and next-turn prompt work as with `native`.
++ its answer + the tool results), so search/edge.py's session file and next-turn prompt work as with `native`.
 
 Compaction: `compaction.auto/prune: false`, OPENCODE_DISABLE_AUTOCOMPACT/PRUNE, and a context limit above the
 hard token limit mean it should never fire; if it still does (a request of OpenCode's summarising agent, or a
@@ -47,9 +47,9 @@ from pathlib import Path
 
 from sftree.agents.base import AgentBackend, TurnOutcome, TurnRun
 from sftree.agents.prompts import nudge_prompt
-from sftree.agents.sandbox import CORAL_MOUNT, bwrap_argv, resolve_mode
+from sftree.agents.proxy import RecordingProxy
 from sftree.errors import InputError
-from sftree.proxy import RecordingProxy
+from sftree.runtime.sandbox import CORAL_MOUNT, bwrap_argv, resolve_mode
 
 log = logging.getLogger(__name__)
 
@@ -423,7 +423,7 @@ class OpenCodeAgent(AgentBackend):
 
     @staticmethod
     def export_path(tree_dir: Path, session: str | None) -> Path | None:
-        """sessions/<node edge>.json (edge.py's message list) -> sessions/<node edge>.opencode.json."""
+        """sessions/<node edge>.json (search/edge.py's message list) -> sessions/<node edge>.opencode.json."""
         if not session:
             return None
         p = Path(tree_dir) / session
@@ -454,7 +454,7 @@ class OpenCodeAgent(AgentBackend):
     @staticmethod
     def _workspace_stub(root: Path) -> None:
         """The same stub in the agent's `.opencode`, written without following any link the agent left."""
-        from sftree import safefs
+        from sftree.runtime import safefs
 
         safefs.write_bytes_atomic(
             root, ".opencode/package.json", (json.dumps({"dependencies": PLUGIN_DEP}) + "\n").encode()

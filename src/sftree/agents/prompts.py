@@ -17,8 +17,8 @@ import shutil
 import string
 from pathlib import Path
 
-from sftree.coral import evals_since_improvement, fmt_score, load_attempts
 from sftree.errors import InputError
+from sftree.runtime.coral import evals_since_improvement, fmt_score, load_attempts
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "prompts"
 NAMES = {

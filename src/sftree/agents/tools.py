@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sftree.agents.base import ToolOutcome
-from sftree.agents.sandbox import AGENT_LIMITS, CORAL_MOUNT, bwrap_argv, give_to, scrubbed_env, wrap_limits
-from sftree.procs import run_group
+from sftree.runtime.procs import run_group
+from sftree.runtime.sandbox import AGENT_LIMITS, CORAL_MOUNT, bwrap_argv, give_to, scrubbed_env, wrap_limits
 
 
 def _fn(name: str, description: str, props: dict, required: list[str]) -> dict:

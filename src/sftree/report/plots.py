@@ -1,6 +1,6 @@
 """A tiny dependency-free SVG plot: axes with ticks, lines, points, shaded x-bands, a title and a legend.
 
-    from sftree.plots import Band, Series, svg_plot, save_svg
+    from sftree.report.plots import Band, Series, svg_plot, save_svg
     svg = svg_plot(
         [Series([1, 2, 3], [0.5, None, 0.9], kind="line", label="smoothed"),
          Series([2], [0.7], kind="points", marker="diamond", color="#d62728", label="chosen")],

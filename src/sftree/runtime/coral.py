@@ -41,9 +41,9 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sftree import safefs, tempdirs
 from sftree.errors import SftreeError
-from sftree.procs import run_group
+from sftree.runtime import safefs, tempdirs
+from sftree.runtime.procs import run_group
 
 log = logging.getLogger(__name__)
 
@@ -216,14 +216,14 @@ def run_grader(
     """Grade a clean checkout of `commit` outside the workspace: (score, feedback, status, seconds).
 
     The grader is trusted (the user's); the code it grades is not. `SFTREE_SANDBOX` tells a grader built on
-    `sftree.gradebox` how to confine the graded code (docs/security.md)."""
+    `sftree.runtime.gradebox` how to confine the graded code (docs/security.md)."""
     grader = task_cfg.get("grader")
     timeout = float(task_cfg.get("grader_timeout", 120))
     t0 = time.monotonic()
     with tempdirs.temporary("sftree-grade-") as tmp:
         code_dir = Path(tmp) / "code"
         code_dir.mkdir()
-        from sftree.workspace import git
+        from sftree.runtime.workspace import git
 
         archive = Path(tmp) / "code.tar"
         git(["archive", "--format=tar", "-o", str(archive), commit], git_dir=git_dir)
@@ -421,7 +421,7 @@ def _coral_parser() -> argparse.ArgumentParser:
 
 # ---- socket server and client ------------------------------------------------------------------------------
 CLIENT_SCRIPT = r'''#!{python} -IS
-"""coral: forwards to the sftree runner outside the sandbox (sftree.coral)."""
+"""coral: forwards to the sftree runner outside the sandbox (sftree.runtime.coral)."""
 import json, os, socket, sys
 path = os.environ.get("CORAL_SOCKET")
 if not path:

@@ -6,7 +6,7 @@
   capped exponential backoff, under a semaphore of `max_concurrency` requests in flight.
 - A 400 that says the request outgrew the model's context raises `ContextOverflow` (never retried: the agent
   ends the turn with `context_overflow`); a 200 reply that is not a readable completion raises `BadReply` with
-  the reason (the agent records one failed step). Replies are normalised in `teacher_response.py`.
+  the reason (the agent records one failed step). Replies are normalised in `teacher/response.py`.
 - Every reply carries its usage (`prompt_tokens`, `completion_tokens`,
   `usage.prompt_tokens_details.cached_tokens`) and latency. A server that reports no usage gets an estimate from
   the text (`estimate_usage`, 4 characters per token), a warning once per client, and `estimated: true` in the
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import requests
 
 from sftree.errors import TeacherUnavailable
-from sftree.teacher_response import MalformedResponse, Reply, is_context_overflow, normalize
+from sftree.teacher.response import MalformedResponse, Reply, is_context_overflow, normalize
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class Completion:
     latency_s: float
     attempts: int = 1
     raw: dict = field(default_factory=dict, repr=False)
-    notes: list[str] = field(default_factory=list)  # what normalisation did (teacher_response.py)
+    notes: list[str] = field(default_factory=list)  # what normalisation did (teacher/response.py)
     truncated_calls: bool = False  # finish_reason length cut a tool call
 
 
@@ -156,7 +156,7 @@ def tool_call_schema(tools: list[dict], *, required_args_only: bool = False) -> 
 def tool_call_response_format(tools: list[dict], *, required_args_only: bool = False) -> dict:
     """`response_format` for `teacher.constrain: tool_call[_required]`: llama-server compiles it to a grammar that
     is active from the first token (not lazy like its tool-call grammar); the reply's content is then one JSON
-    call, which `teacher_response.normalize` turns into a tool call (`text_tool_calls:json`)."""
+    call, which `teacher.response.normalize` turns into a tool call (`text_tool_calls:json`)."""
     schema = tool_call_schema(tools, required_args_only=required_args_only)
     return {"type": "json_schema", "json_schema": {"name": "tool_call", "strict": True, "schema": schema}}
 

@@ -166,7 +166,7 @@ def estimated_usage_record(body: dict, msg: dict | None) -> dict | None:
     """Usage counted from the text when the server reported none (`teacher.estimate_usage`); warns once."""
     if msg is None:
         return None
-    from sftree.teacher import CHARS_PER_TOKEN, estimate_usage, serialize
+    from sftree.teacher.client import CHARS_PER_TOKEN, estimate_usage, serialize
 
     if not _warned_no_usage.is_set():
         _warned_no_usage.set()

@@ -4,7 +4,7 @@
                         [--num-roots 30] [--smooth-window 5] [--link auto|hardlink|copy] [--plot STAGES.svg]
                         [--task NAME]
 
-Reads the task's eval-* folders (`snapshots.py`), applies section 2 (`stages.py`), copies each chosen folder to
+Reads the task's eval-* folders (`roots/snapshots.py`), applies section 2 (`roots/stages.py`), copies each chosen folder to
 OUTDIR/<same name>/ with `score, stage, selection_reason, task, direction` added to its metadata.json, and writes
 one stages.tsv row per candidate. OUTDIR is built beside itself and renamed into place at the end, so a failed run
 leaves the previous output (or none) and never half of one.
@@ -27,10 +27,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sftree import stages as st
 from sftree.errors import InputError
 from sftree.fileio import write_json_atomic, write_text_atomic
-from sftree.snapshots import (
+from sftree.roots import stages as st
+from sftree.roots.snapshots import (
     Scan,
     Snapshot,
     check_files,
@@ -320,7 +320,7 @@ STAGE_COLORS = {"early": "#1f77b4", "middle": "#2ca02c", "late": "#ff7f0e"}
 
 
 def plot_svg(sel: Selection) -> str:
-    from sftree.plots import Band, Series, svg_plot
+    from sftree.report.plots import Band, Series, svg_plot
 
     rows = sel.rows
     x = [r.snap.global_index for r in rows]

@@ -23,9 +23,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sftree import scoring
 from sftree.errors import TeacherUnavailable
-from sftree.tree import Edge, Node, Tree, is_good_leaf, now_iso
+from sftree.search import scoring
+from sftree.search.tree import Edge, Node, Tree, is_good_leaf, now_iso
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Run graded code safely from a grader: the solution's function runs in its own sandboxed process and only its
 return value comes back, over a pipe the grader owns.
 
-    from sftree.gradebox import run_solution
+    from sftree.runtime.gradebox import run_solution
     res = run_solution(code_dir, "pack", calls=[()], timeout=60)      # pack() once
     if not res.ok: ...res.error...                                     # raised, exited, timed out, bad output
     circles = res.values[0]                                            # the return value (JSON types)
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sftree.agents.sandbox import Limits, bwrap_argv, give_to, resolve_mode, sandbox_uid, wrap_limits
-from sftree.procs import run_group
+from sftree.runtime.procs import run_group
+from sftree.runtime.sandbox import Limits, bwrap_argv, give_to, resolve_mode, sandbox_uid, wrap_limits
 
 GRADED_LIMITS = Limits(nproc=64, data_mb=4096, fsize_mb=256)
 REQUEST_MOUNT = "/tmp/.sftree-request.json"

@@ -1,6 +1,6 @@
 """What says whether to trust the data: per root and selected path the score gain, snapshots skipped, sandbox mode.
 
-Shared by the dataset card (`export.py`) and the report (`report.py`). Pure functions over already-read
+Shared by the dataset card (`dataset/export.py`) and the report (`report/html.py`). Pure functions over already-read
 documents, plus `read_task` at the edge that reads one task's results folder.
 
 - gain = leaf score - root score, oriented so that positive is better (`export.signed_gain`); a selected path
@@ -65,7 +65,7 @@ class TaskTrust:
 
 
 def root_trust(task: str, root: str, tree: dict, paths_doc: dict | None) -> RootTrust:
-    from sftree.export import signed_gain  # export imports this module for the card
+    from sftree.dataset.export import signed_gain  # export imports this module for the card
 
     doc = paths_doc or {}
     direction = doc.get("direction") or tree.get("direction")

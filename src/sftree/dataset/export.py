@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sftree import steplog
 from sftree.errors import InputError
 from sftree.fileio import AtomicLines, iter_jsonl, read_json, write_json_atomic, write_text_atomic
 from sftree.progress import Progress
-from sftree.scoring import oriented
+from sftree.search import steplog
+from sftree.search.scoring import oriented
 
-log = logging.getLogger("sftree.export")
+log = logging.getLogger("sftree.dataset.export")
 
 EXPORTED_KINDS = ("agent", "nudge")
 PATH_FIELDS = (
@@ -702,7 +702,7 @@ def merge(
 
     Exact-duplicate targets (`target_key`) are counted; with `dedupe` all but the first are left out.
     """
-    from sftree.provenance import read_results
+    from sftree.dataset.provenance import read_results
 
     metadata: list[dict] = []  # the card needs only these, not the messages
     stats = MergeStats()

@@ -385,7 +385,7 @@ class TreeStore:
             if not isinstance(messages, list):
                 raise InputError(f"session file {self.tree_dir / state.session}: expected a list of messages")
             ws.session = messages
-            # The host's record of how that session's last turn ended (edge.py writes it with the session).
+            # The host's record of how that session's last turn ended (search/edge.py writes it with the session).
             record = self.tree_dir / "edges" / Path(state.session).stem / "last_turn.json"
             last = read_json(record, "last-turn record") if record.is_file() else None
             ws.last_turn = last if isinstance(last, dict) else None

@@ -2,7 +2,7 @@
 
 `run_edge` is what the search calls; it is blocking and safe to run from several threads at once (each edge has
 its own worktree, knowledge index, coral socket and session copy). The soft-score formulas live in
-`scoring.py`; this module reports the raw ingredients (`EdgeResult`) and the regressed rate, which needs the
+`search/scoring.py`; this module reports the raw ingredients (`EdgeResult`) and the regressed rate, which needs the
 turn sequence:
 
     regressed_rate = share of the two turns whose score is worse than the score the turn started from
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sftree.fileio import write_json_atomic, write_text_atomic
-from sftree.workspace import NodeState, TreeStore
+from sftree.runtime.workspace import NodeState, TreeStore
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class EdgeContext:
     tree_dir: Path
     store: TreeStore
     root_state: NodeState
-    teacher: Any  # sftree.teacher.TeacherClient
+    teacher: Any  # sftree.teacher.client.TeacherClient
     agent: Any  # sftree.agents.AgentBackend
     task_cfg: dict
     direction: str
@@ -142,20 +142,20 @@ class EdgeContext:
     ) -> EdgeContext:
         """Seed (or reopen) the store, start teacher-sim (`teacher.sim`) or llama-server (`teacher.launch`), wait."""
         from sftree.agents import make_agent
-        from sftree.teacher import TeacherClient
+        from sftree.teacher.client import TeacherClient
 
         tree_dir = Path(tree_dir).resolve()
         store, root_state = TreeStore.create(tree_dir, root_dir, task_cfg)
         closers = []
         teacher_cfg = dict(config.get("teacher", {}))
         if teacher_cfg.get("sim") is not None:
-            from sftree.teachersim.server import start_teacher_sim
+            from sftree.teacher.sim.server import start_teacher_sim
 
             url, stop = start_teacher_sim(port=0, **dict(teacher_cfg["sim"]))
             teacher_cfg["base_url"] = url
             closers.append(stop)
         elif teacher_cfg.get("launch") is not None:  # a real llama-server for this job (docs/real_teacher.md)
-            from sftree.llm_server import LaunchSpec, start_llm_server
+            from sftree.teacher.llm_server import LaunchSpec, start_llm_server
 
             spec = LaunchSpec.from_config(teacher_cfg["launch"])
             if spec.log_file is None:
@@ -214,7 +214,7 @@ def run_edge(
     """
     from sftree.agents.base import StepRecorder, TurnRun
     from sftree.agents.prompts import next_turn_prompt, start_prompt, turn_record, write_agents_md
-    from sftree.coral import CoralServer
+    from sftree.runtime.coral import CoralServer
 
     t0 = time.monotonic()
     edge_dir = ctx.tree_dir / "edges" / edge_id

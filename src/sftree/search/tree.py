@@ -1,5 +1,5 @@
 """Tree state of one root's search: flat node and edge lists (docs/architecture.md, tree.json), load/save,
-validation. No policy lives here; `search.py` decides what to expand and how a finished edge changes the tree.
+validation. No policy lives here; `search/mcts.py` decides what to expand and how a finished edge changes the tree.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class SearchParams:
 
 class _Tracked:
     """Notes any field assignment, so the live tree appends only what changed (LiveTree.save) without comparing
-    every node and edge. Fields are reassigned, never mutated in place (search.py)."""
+    every node and edge. Fields are reassigned, never mutated in place (search/mcts.py)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)

@@ -6,7 +6,7 @@ Everything is inline (SVG, CSS, a few lines of JS), so the file opens in any bro
 - per tree: a drawing with nodes by depth, coloured by score, failed and pruned attempts drawn as red crosses,
   selected paths highlighted; hovering a node shows its score and tokens, clicking shows the full breakdown
   (Select breakdown of each dispatch from that node, the edge that made it); then the ranked paths table;
-- whether to trust it (`sftree.provenance`): per task the snapshots skipped (pending, failed evals) and the
+- whether to trust it (`sftree.dataset.provenance`): per task the snapshots skipped (pending, failed evals) and the
   sandbox mode; per root and path the root score, leaf score and signed gain, paths ending below their root flagged;
 - dataset statistics from `sft.jsonl` (records by task and stage, tokens, tools called in trained responses,
   exact-duplicate targets).
@@ -25,14 +25,14 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sftree.dataset.export import record_messages, target_key
+from sftree.dataset.provenance import RootTrust, root_trust, skipped_counts
 from sftree.errors import InputError
-from sftree.export import record_messages, target_key
 from sftree.fileio import iter_jsonl, read_json, write_text_atomic
 from sftree.progress import Progress
-from sftree.provenance import RootTrust, root_trust, skipped_counts
-from sftree.scoring import oriented
+from sftree.search.scoring import oriented
 
-log = logging.getLogger("sftree.report")
+log = logging.getLogger("sftree.report.html")
 
 STAGE_COLORS = {"early": "#1f77b4", "middle": "#2ca02c", "late": "#ff7f0e"}  # as in select_roots' stages.svg
 SELECTED = "#f59e0b"
@@ -186,7 +186,7 @@ def _truthy(x: object) -> bool:
 
 def learning_curve_svg(rows: list[dict], task: str, direction: str | None) -> str:
     """The Student's scores over the global eval index (plots.svg_plot): stage bands, smoothed curve, chosen roots."""
-    from sftree.plots import Band, Series, svg_plot
+    from sftree.report.plots import Band, Series, svg_plot
 
     rows = sorted(
         (r for r in rows if _float(r.get("global_index")) is not None),
@@ -492,7 +492,7 @@ def tree_trust(view: TreeView) -> RootTrust:
 
 def _path_gain(trust: RootTrust, view: TreeView, path: dict) -> tuple[float | None, float | None]:
     """(leaf score, signed gain over the root) of any candidate path, selected or not."""
-    from sftree.export import signed_gain
+    from sftree.dataset.export import signed_gain
 
     leaf = next((n for n in view.tree.get("nodes", []) if n.get("id") == path["leaf"]), {})
     return leaf.get("score"), signed_gain(trust.root_score, leaf.get("score"), trust.direction)

@@ -78,7 +78,7 @@ import yaml
 
 from sftree.errors import InputError
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
-from sftree.teachersim import policy
+from sftree.teacher.sim import policy
 
 log = logging.getLogger(__name__)
 

@@ -16,13 +16,14 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from sftree import scoring, search, tempdirs
-from sftree import tree as treemod
 from sftree.config import load_config, task_config
 from sftree.errors import InputError
 from sftree.fileio import read_json
 from sftree.progress import ConsoleLines, tree_line
-from sftree.snapshots import check_files
+from sftree.roots.snapshots import check_files
+from sftree.runtime import tempdirs
+from sftree.search import mcts, scoring
+from sftree.search import tree as treemod
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +151,8 @@ def _grow(
     tree, live: treemod.LiveTree, root_dir: Path, config: dict, info: dict, params, console
 ) -> treemod.Tree:
     """Create or continue the tree with the edge runtime until a stop rule holds."""
-    from sftree.edge import EdgeContext, run_edge
-    from sftree.workspace import NodeState
+    from sftree.runtime.workspace import NodeState
+    from sftree.search.edge import EdgeContext, run_edge
 
     ctx = EdgeContext.create(live.dir, root_dir, config, info["task_cfg"])
     try:
@@ -168,7 +169,7 @@ def _grow(
             log.warning("agent.sandbox is none: the Teacher's commands and the graded code run unconfined")
         live.save(tree)
 
-        def run_one(d: search.Dispatch):
+        def run_one(d: mcts.Dispatch):
             return run_edge(
                 ctx, NodeState.from_dict(d.parent_state), d.edge, d.parent_score,
                 depth=d.depth, attempt=d.attempt, eval_count=d.parent_eval_count or 0,
@@ -178,7 +179,7 @@ def _grow(
             live.save(t)
             _tree_progress(console, t)
 
-        return search.run_search(tree, run_one, persist)
+        return mcts.run_search(tree, run_one, persist)
     finally:
         live.close()
         ctx.close()  # worktrees removed unless keep_workspaces; a teacher-sim it started is stopped
@@ -229,7 +230,7 @@ def preflight(args: argparse.Namespace) -> tuple[dict, Path, Path, dict]:
         load_template(name, overrides)
     sim = config.get("teacher", {}).get("sim")
     if sim is not None:
-        from sftree.teachersim.server import make_state
+        from sftree.teacher.sim.server import make_state
 
         make_state(**sim)  # script file, fault rates, latency tail: the same checks the server makes
     return config, root_dir, out, info

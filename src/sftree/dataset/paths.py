@@ -28,10 +28,10 @@ from typing import Any
 
 from sftree.errors import InputError
 from sftree.fileio import read_json, write_json_atomic
-from sftree.scoring import percentile_rank
-from sftree.tree import normal_leaf, validate_tree
+from sftree.search.scoring import percentile_rank
+from sftree.search.tree import normal_leaf, validate_tree
 
-log = logging.getLogger("sftree.paths")
+log = logging.getLogger("sftree.dataset.paths")
 
 W_MAX_RANK, W_AVG_RANK, W_CLEAN, W_KNOW = 0.35, 0.25, 0.20, 0.20
 PATHS_VERSION = 1

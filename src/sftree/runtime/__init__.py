@@ -1,0 +1,1 @@
+"""Where the Teacher's edges run: forkable workspaces, the sandbox, `coral` and the grader, process control."""
