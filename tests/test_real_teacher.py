@@ -17,7 +17,7 @@ from helpers_explore import explore, make_root
 from test_workflow_demo import REPO, SCHEMA, rules_run, snakemake
 
 from sftree.agents.prompts import nudge_prompt
-from sftree.agents.tools import TOOL_NAMES
+from sftree.agents.tools import TOOL_NAMES, TOOL_SCHEMAS
 from sftree.search import steplog
 from sftree.search import tree as treemod
 from sftree.teacher.llm_server import LaunchSpec
@@ -28,6 +28,8 @@ pytestmark = [
     pytest.mark.skipif(MISSING is not None, reason=f"no real model: {MISSING}"),
 ]
 TURN_ENDS = {"eval", "step_limit", "timeout", "no_eval", "teacher_error"}
+# `constrain: tool_call_required`: a call's arguments are exactly its tool's required ones (no invented `workdir`)
+REQUIRED = {t["function"]["name"]: sorted(t["function"]["parameters"]["required"]) for t in TOOL_SCHEMAS}
 
 
 def steps_of(tree_dir: Path, edge_id: str) -> list[dict]:
@@ -54,8 +56,16 @@ def check_server_usage(tree_dir: Path, tree: treemod.Tree) -> list[dict]:
     return all_steps
 
 
+def check_constrained_call(tc: dict) -> None:
+    """A call under `constrain: tool_call_required`: an offered tool with JSON arguments, its required ones only."""
+    assert tc["function"]["name"] in TOOL_NAMES, tc
+    args = json.loads(tc["function"]["arguments"])
+    assert sorted(args) == REQUIRED[tc["function"]["name"]], tc
+
+
 def explore_one_real_tree(tmp_path: Path, teacher: dict, agent: dict) -> Path:
-    """One circle_packing tree from examples/real.yaml with `teacher`/`agent` overrides; returns its folder."""
+    """One circle_packing tree from examples/real.yaml with `teacher`/`agent` overrides, in the sandbox
+    (`agent.sandbox: auto`, bwrap here as in CI); returns its folder."""
     root = make_root(tmp_path, "circle_packing")
     cfg = yaml.safe_load((REPO / "examples/real.yaml").read_text())
     cfg.pop("snapshots")
@@ -68,6 +78,7 @@ def explore_one_real_tree(tmp_path: Path, teacher: dict, agent: dict) -> Path:
     path.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "tree"
     assert explore(root, out, path) == 0
+    assert treemod.load(out / "tree.json").sandbox == "bwrap"
     return out
 
 
@@ -112,7 +123,7 @@ def test_real_model_tree_per_example_task_through_the_workflow(tmp_path, example
         (tree_file,) = results.glob(f"{task}/trees/*/tree.json")
         tree_dir = tree_file.parent
         tree = treemod.load(tree_file)  # schema + links
-        assert tree.status == "finished" and tree.edges
+        assert tree.status == "finished" and tree.edges and tree.sandbox == "bwrap"
         log = (tree_dir / "explore.log").read_text()
         assert "starting llama-server: " in log and "--jinja" in log and "--chat-template-file" in log
         assert (tree_dir / "llama-server.log").stat().st_size > 0
@@ -124,6 +135,8 @@ def test_real_model_tree_per_example_task_through_the_workflow(tmp_path, example
                 assert "text_tool_calls:json" in s["notes"] and len(s["tool_results"]) == len(
                     s["response"]["tool_calls"]
                 )
+                for tc in s["response"]["tool_calls"]:
+                    check_constrained_call(tc)
             else:
                 assert s["finish_reason"] == "length", s["response"]
         # graded turns (if the model got there) carry a real grader score and commit
@@ -148,8 +161,8 @@ def test_real_model_auto_tool_choice_text_replies_are_nudged(tmp_path):
     message with the nudge prompt, a step of kind `nudge`), and a turn out of nudges ends `no_eval`."""
     out = explore_one_real_tree(
         tmp_path,
-        {"tool_choice": "auto", "max_tokens": 64},
-        {"max_steps_per_turn": 3, "nudges": 1, "sandbox": "none"},
+        {"tool_choice": "auto", "constrain": "none", "max_tokens": 64},
+        {"max_steps_per_turn": 3, "nudges": 1},
     )
     tree = treemod.load(out / "tree.json")
     check_reasons(tree)
@@ -175,11 +188,13 @@ def test_real_model_auto_tool_choice_text_replies_are_nudged(tmp_path):
 
 @pytest.mark.slow
 def test_real_model_constrained_replies_are_tool_calls_that_run(tmp_path):
-    """`teacher.constrain: tool_call` (examples/real.yaml): the client sends a `response_format` JSON schema built
-    from the tool schemas, llama-server constrains the reply to it from the first token, and every answered step
-    is a tool call that the agent ran for real in the workspace (a tool result recorded for each call)."""
-    assert yaml.safe_load((REPO / "examples/real.yaml").read_text())["teacher"]["constrain"] == "tool_call"
-    out = explore_one_real_tree(tmp_path, {}, {"max_steps_per_turn": 3, "sandbox": "none"})
+    """`teacher.constrain: tool_call_required` (examples/real.yaml): the client sends a `response_format` JSON
+    schema built from the tool schemas (required arguments only), llama-server constrains the reply to it from
+    the first token, and every answered step is a tool call with exactly those arguments that the agent ran for
+    real in the sandboxed workspace (a tool result recorded for each call)."""
+    teacher = yaml.safe_load((REPO / "examples/real.yaml").read_text())["teacher"]
+    assert teacher["constrain"] == "tool_call_required" and teacher["seed"] == 0
+    out = explore_one_real_tree(tmp_path, {}, {"max_steps_per_turn": 3})
     tree = treemod.load(out / "tree.json")
     check_reasons(tree)
     steps = [s for e in tree.edges for s in steps_of(out, e.id)]
@@ -192,9 +207,9 @@ def test_real_model_constrained_replies_are_tool_calls_that_run(tmp_path):
             continue
         assert "text_tool_calls:json" in s.get("notes", []), s
         tcs = s["response"]["tool_calls"]
-        assert tcs and {tc["function"]["name"] for tc in tcs} <= set(TOOL_NAMES)
-        for tc in tcs:
-            json.loads(tc["function"]["arguments"])  # arguments obey the tool's schema: valid JSON
+        assert tcs
+        for tc in tcs:  # arguments obey the constraint: valid JSON, the tool's required arguments only
+            check_constrained_call(tc)
         # each call was executed by the agent: one result per call, with the tool's output (or its error)
         assert [r["tool_call_id"] for r in s["tool_results"]] == [tc["id"] for tc in tcs]
         # a result is recorded for every call; a command that printed nothing has an empty one

@@ -47,6 +47,64 @@ def test_constrain_tool_call_sends_a_response_format_built_from_the_tools_only()
         TeacherClient.from_config({"constrain": "grammar"})
 
 
+def test_constrain_tool_call_required_keeps_only_required_arguments():
+    """`teacher.constrain: tool_call_required`: each tool's arguments cut to its required properties (bash: command
+    and description, no `workdir`/`timeout`), no other property allowed; the `tools` sent are unchanged."""
+    b = body(constrain="tool_call_required", tool_choice="required")
+    assert b["tools"] == TOOL_SCHEMAS
+    args = {a["properties"]["name"]["const"]: a["properties"]["arguments"]
+            for a in b["response_format"]["json_schema"]["schema"]["anyOf"]}  # fmt: skip
+    assert list(args) == [t["function"]["name"] for t in TOOL_SCHEMAS]
+    assert list(args["bash"]["properties"]) == ["command", "description"]
+    assert args["bash"]["required"] == ["command", "description"]
+    assert list(args["read"]["properties"]) == ["filePath"] and list(args["glob"]["properties"]) == [
+        "pattern"
+    ]
+    assert list(args["edit"]["properties"]) == ["filePath", "oldString", "newString"]
+    assert all(a["additionalProperties"] is False for a in args.values())
+    for t in TOOL_SCHEMAS:  # each kept property is the tool's own schema for it
+        p = t["function"]["parameters"]
+        kept = args[t["function"]["name"]]["properties"]
+        assert kept == {k: p["properties"][k] for k in p["required"]}
+
+
+def test_required_only_leaves_odd_schemas_as_they_are():
+    from sftree.teacher.client import required_only
+
+    assert required_only({"type": "object"}) == {"type": "object"}  # no properties: nothing to cut
+    assert required_only({"type": "string"}) == {"type": "string"}
+    # a required name with no property schema is dropped (the schema would require what it cannot describe)
+    cut = required_only(
+        {"type": "object", "properties": {"a": {"type": "string"}, "b": {}}, "required": ["a", "z"]}
+    )
+    assert cut == {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"],
+                   "additionalProperties": False}  # fmt: skip
+
+
+def test_teacher_seed_is_sent_per_request_reproducible_and_different_per_edge():
+    """`teacher.seed`: each request's `seed` is a function of the base seed, tree, edge, attempt, turn and the
+    session's length: the same request gets the same seed; sibling edges (identical first requests) do not."""
+    from sftree.teacher.client import request_seed
+
+    c = TeacherClient.from_config({"base_url": "http://127.0.0.1:1/v1", "seed": 7})
+    h = {"X-Sftree-Tree": "t", "X-Sftree-Edge": "e1", "X-Sftree-Attempt": "1", "X-Sftree-Turn": "1"}
+    s1 = c.request_body(MSGS, TOOL_SCHEMAS, h)["seed"]
+    assert s1 == c.request_body(MSGS, TOOL_SCHEMAS, dict(h))["seed"] == request_seed(7, h, 1)
+    assert 0 <= s1 < 2**31
+    others = {
+        request_seed(8, h, 1),
+        request_seed(7, {**h, "X-Sftree-Edge": "e2"}, 1),
+        request_seed(7, {**h, "X-Sftree-Attempt": "2"}, 1),
+        request_seed(7, {**h, "X-Sftree-Turn": "2"}, 1),
+        request_seed(7, {**h, "X-Sftree-Tree": "u"}, 1),
+        request_seed(7, h, 3),
+    }
+    assert s1 not in others and len(others) == 6
+    assert "seed" not in body()  # null (default): not sent, the server picks
+    assert body(seed=0)["seed"] == request_seed(0, None, 1)
+    assert body(seed=1, extra_body={"seed": 5})["seed"] == 5  # extra_body still has the last word
+
+
 def test_constrained_json_reply_becomes_a_tool_call():
     """What llama-server answers under the constraint (content = one JSON call, no `tool_calls`; shape as recorded
     from the real server) is read as a tool call by `normalize`."""
@@ -62,6 +120,20 @@ def test_constrained_json_reply_becomes_a_tool_call():
     assert reply.message["content"] == "" and reply.notes == ["text_tool_calls:json"]
 
 
+def test_constrained_json_reply_with_arguments_first_becomes_a_tool_call():
+    """The grammar lets the model write the call's keys in either order; the real model often opens with
+    `"arguments"` (seen in replies cut at max_tokens, docs/real_teacher.md). Order does not matter to `normalize`."""
+    from sftree.teacher.response import normalize
+
+    content = '{\n    "arguments": {\n        "command": "tsp",\n        "description": "A fast tour"\n    },\n    "name": "bash"\n}'
+    reply = normalize({"choices": [{"finish_reason": "stop", "message": {"role": "assistant", "content": content}}]},
+                      {t["function"]["name"] for t in TOOL_SCHEMAS})  # fmt: skip
+    (call,) = reply.message["tool_calls"]
+    assert call["function"]["name"] == "bash"
+    assert json.loads(call["function"]["arguments"]) == {"command": "tsp", "description": "A fast tour"}
+    assert reply.notes == ["text_tool_calls:json"]
+
+
 def test_config_schema_takes_launch_and_tool_choice(tmp_path):
     cfg = yaml.safe_load((REPO_ROOT / "examples/real.yaml").read_text())
     p = tmp_path / "c.yaml"
@@ -69,11 +141,14 @@ def test_config_schema_takes_launch_and_tool_choice(tmp_path):
     loaded = load_config(p)
     assert loaded["teacher"]["tool_choice"] == "required" and loaded["teacher"]["launch"] == {"threads": 1}
     assert load_config(REPO_ROOT / "config.yaml")["teacher"]["launch"] is None
-    assert loaded["teacher"]["constrain"] == "tool_call"
-    assert load_config(REPO_ROOT / "config.yaml")["teacher"]["constrain"] == "none"
+    assert loaded["teacher"]["constrain"] == "tool_call_required" and loaded["teacher"]["seed"] == 0
+    default = load_config(REPO_ROOT / "config.yaml")["teacher"]
+    assert default["constrain"] == "none" and default["seed"] is None
     for bad in (
         {"tool_choice": "any"},
         {"constrain": "grammar"},
+        {"seed": "fixed"},
+        {"seed": 1.5},
         {"launch": {"modle": "x.gguf"}},
         {"launch": {"ctx_size": 10}},
     ):

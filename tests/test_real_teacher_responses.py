@@ -1,7 +1,8 @@
 """Recorded real llama-server replies (tests/fixtures/real_responses/*.json) through the Teacher client.
 
 The shapes teacher-sim never produces: prose with a call written as text, `finish_reason: length`, prose in
-answer to `tool_choice: required`. Each fixture is served as recorded over HTTP
+answer to `tool_choice: required`, a tool call as JSON content under `constrain: tool_call_required` (complete,
+and cut at `max_tokens`). Each fixture is served as recorded over HTTP
 to `TeacherClient.chat`; the assistant message then goes the native agent's way (`assistant_message`, `execute`).
 Re-record with `python3 tests/fixtures/record_real_responses.py`.
 """
@@ -57,11 +58,11 @@ def replay():
     srv.server_close()
 
 
-def chat(replay, name: str, tool_choice: str = "auto"):
+def chat(replay, name: str, tool_choice: str = "auto", constrain: str = "none"):
     set_reply, url, bodies = replay
     doc = load(name)
     set_reply(doc["response"])
-    c = TeacherClient(url, "m", retries=0, health_timeout=2, tool_choice=tool_choice)
+    c = TeacherClient(url, "m", retries=0, health_timeout=2, tool_choice=tool_choice, constrain=constrain)
     comp = c.chat(doc["request"]["messages"], TOOL_SCHEMAS)
     return doc, comp, assistant_message(comp.message), bodies[-1]
 
@@ -110,3 +111,30 @@ def test_required_that_the_model_answers_in_prose(replay):
     doc, comp, msg, body = chat(replay, "required", tool_choice="required")
     assert body["tool_choice"] == "required" and body["tools"]
     assert comp.finish_reason == "length" and "tool_calls" not in msg and msg["content"].strip()
+
+
+def test_constrained_reply_is_one_tool_call_with_the_required_arguments(replay):
+    """`constrain: tool_call_required`: the server answers the call as JSON *content* (no `tool_calls`), with the
+    tool's required arguments only; the client sends the cut schema and reads the content as one tool call."""
+    doc, comp, msg, body = chat(replay, "constrained", "required", "tool_call_required")
+    raw = doc["response"]["choices"][0]["message"]
+    assert not raw.get("tool_calls") and raw["content"].lstrip().startswith("{")
+    assert body["response_format"] == doc["request"]["response_format"]  # what the recording was made with
+    bash = body["response_format"]["json_schema"]["schema"]["anyOf"][0]["properties"]["arguments"]
+    assert sorted(bash["properties"]) == ["command", "description"] and bash["additionalProperties"] is False
+    (call,) = msg["tool_calls"]
+    args = json.loads(call["function"]["arguments"])
+    assert call["function"]["name"] == "bash" and args == json.loads(raw["content"])["arguments"]
+    assert sorted(args) == ["command", "description"]  # no invented `workdir`: the schema has none
+    assert comp.notes == ["text_tool_calls:json"] and comp.finish_reason == "stop" and not msg.get("content")
+
+
+def test_constrained_reply_cut_at_max_tokens_stays_text(replay):
+    """A constrained call cut at `max_tokens` is unfinished JSON: it stays a text reply (the agent nudges), with
+    `finish_reason: length`, not a tool call and not an error."""
+    doc, comp, msg, _ = chat(replay, "constrained_length", "required", "tool_call_required")
+    raw = doc["response"]["choices"][0]["message"]["content"]
+    assert comp.finish_reason == "length" and comp.usage.completion_tokens == doc["request"]["max_tokens"]
+    assert "tool_calls" not in msg and msg["content"] == raw and raw.startswith('{\n  "name": "bash"')
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(raw)

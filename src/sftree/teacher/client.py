@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import requests
@@ -113,18 +114,36 @@ class Completion:
     truncated_calls: bool = False  # finish_reason length cut a tool call
 
 
-CONSTRAIN_MODES = ("none", "tool_call")
+CONSTRAIN_MODES = ("none", "tool_call", "tool_call_required")
 
 
-def tool_call_schema(tools: list[dict]) -> dict:
+def required_only(params: dict) -> dict:
+    """A tool's parameter schema cut to its required properties (`additionalProperties: false`): a small model
+    given optional arguments fills them with invented values (docs/real_teacher.md, "tool_call_required")."""
+    props = params.get("properties")
+    if params.get("type") != "object" or not isinstance(props, dict):
+        return params
+    req = [r for r in params.get("required") or [] if r in props]
+    return {
+        **params,
+        "properties": {k: props[k] for k in req},
+        "required": req,
+        "additionalProperties": False,
+    }
+
+
+def tool_call_schema(tools: list[dict], *, required_args_only: bool = False) -> dict:
     """A JSON schema whose instances are exactly one call of one of `tools`: {"name": <tool>, "arguments": <its
-    parameters>}. Built from the tool schemas alone (docs/real_teacher.md, "teacher.constrain")."""
+    parameters>}, or only its required ones with `required_args_only`. Built from the tool schemas alone
+    (docs/real_teacher.md, "teacher.constrain")."""
     calls = []
     for t in tools:
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             continue
         params = fn.get("parameters") or {"type": "object"}
+        if required_args_only:
+            params = required_only(params)
         calls.append({
             "type": "object",
             "properties": {"name": {"const": fn["name"]}, "arguments": params},
@@ -134,12 +153,25 @@ def tool_call_schema(tools: list[dict]) -> dict:
     return {"anyOf": calls}
 
 
-def tool_call_response_format(tools: list[dict]) -> dict:
-    """`response_format` for `teacher.constrain: tool_call`: llama-server compiles it to a grammar that is active
-    from the first token (not lazy like its tool-call grammar); the reply's content is then one JSON call,
-    which `teacher_response.normalize` turns into a tool call (`text_tool_calls:json`)."""
-    return {"type": "json_schema", "json_schema": {"name": "tool_call", "strict": True,
-                                                   "schema": tool_call_schema(tools)}}  # fmt: skip
+def tool_call_response_format(tools: list[dict], *, required_args_only: bool = False) -> dict:
+    """`response_format` for `teacher.constrain: tool_call[_required]`: llama-server compiles it to a grammar that
+    is active from the first token (not lazy like its tool-call grammar); the reply's content is then one JSON
+    call, which `teacher.response.normalize` turns into a tool call (`text_tool_calls:json`)."""
+    schema = tool_call_schema(tools, required_args_only=required_args_only)
+    return {"type": "json_schema", "json_schema": {"name": "tool_call", "strict": True, "schema": schema}}
+
+
+SEED_HEADERS = ("X-Sftree-Tree", "X-Sftree-Edge", "X-Sftree-Attempt", "X-Sftree-Turn")
+
+
+def request_seed(base: int, headers: dict | None, n_messages: int) -> int:
+    """The sampling seed of one request under `teacher.seed`: a pure function of the base seed, the tree, edge,
+    attempt and turn (the request's `X-Sftree-*` headers) and the session's length. A tree rerun the same way
+    samples the same replies (llama-server on the CPU is deterministic for a fixed seed, prompt and prefix-cache
+    state, docs/real_teacher.md), while sibling edges, whose first requests are byte-identical, still draw
+    different ones (one seed for all would make them copies)."""
+    key = [str(base)] + [str((headers or {}).get(h, "")) for h in SEED_HEADERS] + [str(n_messages)]
+    return zlib.crc32("\x1f".join(key).encode("utf-8")) & 0x7FFFFFFF
 
 
 def serialize(body: dict) -> bytes:
@@ -176,6 +208,7 @@ class TeacherClient:
         context_tokens: int | None = None,
         tool_choice: str = "auto",
         constrain: str = "none",
+        seed: int | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.root_url = _server_root(self.base_url)
@@ -196,6 +229,7 @@ class TeacherClient:
                 f"teacher.constrain must be one of {', '.join(CONSTRAIN_MODES)}, not {constrain!r}"
             )
         self.constrain = constrain
+        self.seed = seed
         self._sem = threading.BoundedSemaphore(max_concurrency)
         self._warned_no_usage = False
         self._local = threading.local()
@@ -227,6 +261,7 @@ class TeacherClient:
             context_tokens=cfg.get("context_tokens", 131072),
             tool_choice=cfg.get("tool_choice", "auto"),
             constrain=cfg.get("constrain") or "none",
+            seed=cfg.get("seed"),
         )
 
     # one Session per thread: requests.Session is not thread-safe, and keep-alive saves a handshake per step
@@ -275,7 +310,9 @@ class TeacherClient:
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 5.0)
 
-    def request_body(self, messages: list[dict], tools: list[dict] | None) -> dict:
+    def request_body(
+        self, messages: list[dict], tools: list[dict] | None, headers: dict | None = None
+    ) -> dict:
         body = {
             "model": self.model,
             "messages": messages,
@@ -288,8 +325,12 @@ class TeacherClient:
                 self.tool_choice != "auto"
             ):  # `auto` is the servers' default: left out, bodies stay as they were
                 body["tool_choice"] = self.tool_choice
-            if self.constrain == "tool_call":
-                body["response_format"] = tool_call_response_format(tools)
+            if self.constrain != "none":
+                body["response_format"] = tool_call_response_format(
+                    tools, required_args_only=self.constrain == "tool_call_required"
+                )
+        if self.seed is not None:
+            body["seed"] = request_seed(self.seed, headers, len(messages))
         body.update(self.extra_body)
         return body
 
@@ -297,7 +338,7 @@ class TeacherClient:
         self, messages: list[dict], tools: list[dict] | None = None, *, headers: dict | None = None
     ) -> Completion:
         """One chat completion; raises TeacherError once the retry budget is spent."""
-        body = self.request_body(messages, tools)
+        body = self.request_body(messages, tools, headers)
         data = serialize(body)
         hdrs = self._headers(headers)
         url = f"{self.base_url}/chat/completions"
