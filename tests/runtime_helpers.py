@@ -64,3 +64,14 @@ def example_task(cfg: dict, task: str = "circle_packing") -> dict:
 def read_steps(tree_dir: Path, edge: str) -> list[dict]:
     """An edge's step records, requests rebuilt from the message store."""
     return steplog.read_steps(tree_dir / "edges" / edge / "steps.jsonl")
+
+
+def opencode_binary() -> tuple[str | None, str]:
+    """The OpenCode binary, or None and why not (tests that need it skip with that reason)."""
+    from sftree.agents.opencode import find_binary
+    from sftree.errors import InputError
+
+    try:
+        return find_binary("opencode"), ""
+    except InputError as exc:  # pragma: no cover - depends on the machine
+        return None, str(exc)

@@ -12,20 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from helpers_explore import explore_cmd
-from runtime_helpers import config, example_task, make_root, read_steps
+from runtime_helpers import config, example_task, make_root, opencode_binary, read_steps
 
-from sftree.errors import InputError
 from sftree.search import steplog
 from sftree.search.edge import EdgeContext, run_edge
 
-try:
-    from sftree.agents.opencode import find_binary
-
-    OPENCODE = find_binary("opencode")
-except InputError as exc:  # pragma: no cover - depends on the machine
-    OPENCODE, WHY = None, str(exc)
-else:
-    WHY = ""
+OPENCODE, WHY = opencode_binary()
 
 pytestmark = [
     pytest.mark.opencode,

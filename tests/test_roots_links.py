@@ -11,21 +11,11 @@ import time
 import pytest
 from helpers_explore import EXAMPLES, explore, explore_args, write_config
 from helpers_roots import make_run, tree_digest
+from test_bad_input import fails
 
 from sftree import cli
 
 RISING = [0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 10, 10, 10, 10, 10]
-
-
-def fails(capsys, argv: list[str], *needles: str) -> str:
-    """Run the CLI in-process: exit 2, one stderr line holding every needle, no traceback."""
-    capsys.readouterr()
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err and len(err.splitlines()) == 1, err
-    for n in needles:
-        assert n in err, err
-    return err
 
 
 def student_run(tmp_path):

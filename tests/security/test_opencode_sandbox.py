@@ -15,20 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from runtime_helpers import opencode_binary
 from scripted import EVAL, bash, edit_solution
 
 from sftree.config import REPO_ROOT
-from sftree.errors import InputError
 from sftree.runtime.sandbox import AGENT_LIMITS, SANDBOX_UID_BASE
 
-try:
-    from sftree.agents.opencode import find_binary
-
-    OPENCODE = find_binary("opencode")
-except InputError as exc:  # pragma: no cover - depends on the machine
-    OPENCODE, WHY = None, str(exc)
-else:
-    WHY = ""
+OPENCODE, WHY = opencode_binary()
 
 pytestmark = [
     pytest.mark.opencode,
