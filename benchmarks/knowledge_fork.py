@@ -14,7 +14,7 @@ Side by side in one run:
   `add -A` hashes every file again), and every attempt file parsed at every load (the first code, kept
   below and patched in);
 - stat-cache: as `after` but for the loads, which stat every attempt file, parsing only changed ones
-  (`coral.load_attempts`, the second code, patched in);
+  (`stat_cache_load_attempts`, the second code, kept here);
 - after: the closed edge's checkout moved into the next fork and brought to its commit by git (only the
   files that differ are written), stat data kept; loads look only at the names inotify reported since the last
   load (`attempts.AttemptView`), plus what each knowledge commit's `git add -v` staged; commits stage only the
@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import stat
 import statistics
 import sys
 import tempfile
@@ -37,7 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from sftree.agents import prompts  # noqa: E402
-from sftree.runtime import coral  # noqa: E402
+from sftree.runtime import coral, safefs  # noqa: E402
+from sftree.runtime.attempts import numeric  # noqa: E402
 from sftree.runtime.workspace import TreeStore, git  # noqa: E402
 
 
@@ -58,11 +60,63 @@ def old_load_attempts(attempts_dir: Path) -> list[dict]:
     return out
 
 
+_STAT_CACHE: dict[tuple, dict | None] = {}
+
+
+def stat_cache_load_attempts(attempts_dir: Path) -> list[dict]:
+    """The second code, as it was: a stat of every record at every call, parsing only files not seen before
+    (key: device, inode, size, mtime, ctime, name; a file changed in the last half second is parsed again)."""
+    root, rel = attempts_dir.parents[1], Path(*attempts_dir.parts[-2:])
+    out = []
+    racy_after = time.time() - 0.5
+    try:
+        with safefs.open_dir(root, rel) as dfd:
+            with os.scandir(dfd) as it:
+                names = [e.name for e in it if e.name.endswith(".json") and not e.name.startswith(".")]
+            for name in names:
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, name)
+                if key in _STAT_CACHE:
+                    d = _STAT_CACHE[key]
+                else:
+                    d = _parse_record(dfd, name)
+                    if max(st.st_mtime, st.st_ctime) < racy_after:
+                        _STAT_CACHE[key] = d
+                if d is not None:
+                    out.append(dict(d))
+    except OSError:
+        pass
+    out.sort(key=lambda d: (str(d.get("timestamp", "")), str(d.get("commit_hash"))))
+    return out
+
+
+def _parse_record(dir_fd: int, name: str) -> dict | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        with os.fdopen(fd, "rb") as fh:
+            d = json.loads(fh.read(safefs.MAX_READ).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(d, dict):
+        return None
+    d.setdefault("commit_hash", name[: -len(".json")])
+    return d
+
+
 class ListView(list):
     """The records as a sorted list, queried the way the earlier code did (a scan per query)."""
 
     def best(self, direction: str, exclude: str | None = None):
-        return coral.branch_best(self, direction, exclude)
+        scores = [numeric(a.get("score")) for a in self if a.get("commit_hash") != exclude]
+        scores = [x for x in scores if x is not None]
+        if not scores:
+            return None
+        return max(scores) if direction == "maximize" else min(scores)
 
 
 def old_checkout_knowledge(self, kdir: Path, index: Path, commit: str) -> None:
@@ -130,8 +184,8 @@ def run_tree(tmp: Path, root: Path, edges: int, mode: str) -> dict[str, float]:
         TreeStore.park_knowledge = lambda self, ws: None
         coral.view_for = prompts.view_for = lambda d: ListView(old_load_attempts(d))
     elif mode == "stat-cache":
-        coral.view_for = prompts.view_for = lambda d: ListView(coral.load_attempts(d))
-    coral._ATTEMPTS.clear()
+        coral.view_for = prompts.view_for = lambda d: ListView(stat_cache_load_attempts(d))
+    _STAT_CACHE.clear()
     try:
         store, state = TreeStore.create(tmp / f"tree-{mode}-{root.name}", root, {})
         times: list[dict[str, float]] = []

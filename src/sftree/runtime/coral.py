@@ -32,7 +32,6 @@ import os
 import re
 import shlex
 import socket
-import stat
 import sys
 import tarfile
 import threading
@@ -124,81 +123,6 @@ def parse_block(text: str) -> dict | None:
         "status": m.group(4).split(" ")[0],
         "feedback": m.group(5).strip(),
     }
-
-
-# Parsed attempt records by file identity. A fork checks out every attempt of the root (10k+ in a long Coral run)
-# and each eval and turn prompt reads them all: parsing only files not seen before keeps that proportional to
-# what changed. Key: device, inode, size, mtime and ctime (ctime cannot be set back by the agent); a file changed
-# in the last half second is parsed every time (racy, as in git: a rewrite within one timestamp tick, a few ms on
-# local filesystems, would look unchanged).
-_ATTEMPTS: dict[tuple, dict | None] = {}
-_UNSEEN = object()
-_ATTEMPTS_LOCK = threading.Lock()
-_ATTEMPTS_MAX = 1_000_000
-_RACY_S = 0.5
-
-
-def _parse_attempt(dir_fd: int, name: str) -> dict | None:
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-        with os.fdopen(fd, "rb") as fh:
-            d = json.loads(fh.read(safefs.MAX_READ).decode("utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(d, dict):
-        return None
-    d.setdefault("commit_hash", name[: -len(".json")])
-    return d
-
-
-def load_attempts(attempts_dir: Path) -> list[dict]:
-    """The branch's attempt records, oldest first. Read without following links (`.opencode` and `attempts`
-    must be real folders, each record a regular file); unreadable files are skipped (the agent may edit them)."""
-    attempts_dir = Path(attempts_dir)
-    root, rel = attempts_dir.parents[1], Path(*attempts_dir.parts[-2:])
-    out = []
-    racy_after = time.time() - _RACY_S
-    try:
-        with safefs.open_dir(root, rel) as dfd:
-            with os.scandir(dfd) as it:
-                names = [e.name for e in it if e.name.endswith(".json") and not e.name.startswith(".")]
-            for name in names:
-                try:
-                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                except OSError:
-                    continue
-                if not stat.S_ISREG(st.st_mode):  # a link or a special file: never followed
-                    continue
-                key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, name)
-                d = _ATTEMPTS.get(key, _UNSEEN)
-                if d is _UNSEEN:
-                    d = _parse_attempt(dfd, name)
-                    if max(st.st_mtime, st.st_ctime) < racy_after:
-                        with _ATTEMPTS_LOCK:
-                            if len(_ATTEMPTS) >= _ATTEMPTS_MAX:
-                                _ATTEMPTS.clear()
-                            _ATTEMPTS[key] = d  # None: an unreadable file, skipped until it changes
-                if d is not None:
-                    out.append(dict(d))  # callers get their own copy
-    except OSError:  # no attempts folder, or a link where it should be: no attempts
-        pass
-    out.sort(key=lambda d: (str(d.get("timestamp", "")), str(d.get("commit_hash"))))
-    return out
-
-
-def numeric(x) -> float | None:
-    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
-
-
-def branch_best(attempts: list[dict], direction: str, exclude: str | None = None) -> float | None:
-    best = None
-    for a in attempts:
-        s = numeric(a.get("score"))
-        if s is None or a.get("commit_hash") == exclude:
-            continue
-        if best is None or is_better(s, best, direction):
-            best = s
-    return best
 
 
 def evals_since_improvement(attempts: list[dict] | AttemptView) -> int:
