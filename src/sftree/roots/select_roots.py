@@ -29,6 +29,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 
 from sftree.errors import InputError
@@ -347,45 +348,35 @@ STAGE_COLORS = {"early": "#1f77b4", "middle": "#2ca02c", "late": "#ff7f0e"}
 
 
 def plot_svg(sel: Selection) -> str:
+    """Raw scores, eval_ok false markers, the smoothed curve, stage bands and the chosen roots. Series longer than
+    the plot is wide are drawn as the lowest and highest value of each pixel column (`plots.decimate`): every
+    extreme and outlier stays, the chosen roots are all drawn, and the note under the title says so."""
     from sftree.report.plots import Band, Series, svg_plot
 
     rows = sel.rows
-    x = [r.snap.global_index for r in rows]
-    ok = [r for r in rows if r.snap.eval_ok and r.snap.score is not None]
-    bad = [r for r in rows if not (r.snap.eval_ok and r.snap.score is not None)]
+    snaps = list(map(attrgetter("snap"), rows))
+    x = list(map(attrgetter("global_index"), snaps))
+    scores = list(map(attrgetter("score"), snaps))
+    good = [s.eval_ok and s.score is not None for s in snaps]
+    ok = [i for i, g in enumerate(good) if g]
+    bad = [i for i, g in enumerate(good) if not g]
+    filled = list(map(attrgetter("score_for_stage"), rows))
+    stages = list(map(attrgetter("stage"), rows))
     chosen = sel.chosen
     # Stage bands: runs of consecutive snapshots in one stage, split halfway between neighbours.
     bands: list[Band] = []
     labelled: set[str] = set()
-    start = 0
-    for i in range(1, len(rows) + 1):
-        if i == len(rows) or rows[i].stage != rows[start].stage:
-            x0 = x[0] - 0.5 if start == 0 else (x[start - 1] + x[start]) / 2
-            x1 = x[-1] + 0.5 if i == len(rows) else (x[i - 1] + x[i]) / 2
-            stage = rows[start].stage
-            bands.append(Band(x0, x1, STAGE_COLORS[stage], None if stage in labelled else stage, 0.14))
-            labelled.add(stage)
-            start = i
+    cuts = [i for i in range(1, len(rows)) if stages[i] != stages[i - 1]]
+    for start, end in zip([0, *cuts], [*cuts, len(rows)], strict=True):
+        x0 = x[0] - 0.5 if start == 0 else (x[start - 1] + x[start]) / 2
+        x1 = x[-1] + 0.5 if end == len(rows) else (x[end - 1] + x[end]) / 2
+        stage = stages[start]
+        bands.append(Band(x0, x1, STAGE_COLORS[stage], None if stage in labelled else stage, 0.14))
+        labelled.add(stage)
     series = [
-        Series(
-            [r.snap.global_index for r in ok],
-            [r.snap.score for r in ok],
-            "points",
-            "score (eval_ok)",
-            "#555555",
-            size=2.2,
-            opacity=0.7,
-        ),
-        Series(
-            [r.snap.global_index for r in bad],
-            [r.score_for_stage for r in bad],
-            "points",
-            "eval_ok false",
-            "#d62728",
-            marker="cross",
-            size=3.0,
-        ),
-        Series(x, [r.smooth for r in rows], "line", f"smoothed (window {sel.window})", "#000000", width=1.8),
+        Series([x[i] for i in ok], [scores[i] for i in ok], "points", "score (eval_ok)", "#555555", size=2.2, opacity=0.7),
+        Series([x[i] for i in bad], [filled[i] for i in bad], "points", "eval_ok false", "#d62728", marker="cross", size=3.0),
+        Series(x, list(map(attrgetter("smooth"), rows)), "line", f"smoothed (window {sel.window})", "#000000", width=1.8),
         Series(
             [r.snap.global_index for r in chosen],
             [r.snap.score for r in chosen],
@@ -394,10 +385,12 @@ def plot_svg(sel: Selection) -> str:
             "#9467bd",
             marker="ring",
             size=5.5,
+            thin=False,
         ),
-    ]
+    ]  # fmt: skip
     title = f"{sel.task}: stages by {'gain ratio' if sel.method == 'gain' else 'time position (no rise)'} ({sel.direction})"
-    return svg_plot(series, title=title, xlabel="global eval index", ylabel="score", bands=bands)
+    note = f"{len(rows):,} snapshots"
+    return svg_plot(series, title=title, xlabel="global eval index", ylabel="score", bands=bands, note=note)
 
 
 # --- command ----------------------------------------------------------------------------------------------

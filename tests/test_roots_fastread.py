@@ -1,0 +1,121 @@
+"""The fast reading path of select-roots gives exactly what the standard JSON parser gives, and the plot of a
+long run is thinned without losing the chosen roots or the stage bands."""
+
+import re
+
+import pytest
+from helpers_roots import commit_of, make_run
+
+from sftree.errors import InputError
+from sftree.roots import select_roots, snapshots
+from sftree.roots.snapshots import Scan, Snapshot
+
+orjson = pytest.importorskip("orjson")  # a pinned dependency; without it only the standard parser runs
+
+
+def _edit(path, old, new):
+    text = path.read_text()
+    assert old in text, (path, old)
+    path.write_text(text.replace(old, new, 1))
+
+
+def _odd_run(tmp_path):
+    """Documents where the two parsers could part: each must read as the standard parser reads it."""
+    folders = make_run(tmp_path / "t", [float(i) for i in range(12)])
+    meta = [f / "metadata.json" for f in folders]
+    att = [f / "shared" / "attempts" / f"{commit_of(i + 1)}.json" for i, f in enumerate(folders)]
+    _edit(meta[0], '"eval_count": 1', '"eval_count": 1180591620717411303424')  # 2**70: a float to orjson
+    _edit(meta[1], '"agent_id": "agent-2"', '"agent_id": 1180591620717411303424')
+    _edit(att[2], '"status": "improved"', '"status": 1180591620717411303424')
+    _edit(att[3], '"score": 3.0', '"score": 1e400')  # json: inf (non-finite), orjson: refused
+    _edit(att[4], '"score": 4.0', '"score": NaN')
+    _edit(att[5], '"score": 5.0', '"score": 100000000000000000000000000001')  # a big integer score
+    _edit(
+        meta[6],
+        "{",
+        '{"eval_ok": false, ',
+    )  # a duplicate key: the last one counts
+    _edit(meta[7], '"agent_id": "agent-4"', '"agent_id": "a\\ud800"')  # a lone surrogate: json only
+    _edit(meta[8], f'"commit_hash": "{commit_of(9)}"', f'"commit_hash": " {commit_of(9)} "')
+    short = att[9].with_name(f"{commit_of(10)[:10]}.json")  # found by a short file name
+    att[9].rename(short)
+    _edit(meta[10], '"eval_ok": true', '"eval_ok": true, "deep": [[[{"eval_ok": false}]]]')
+    _edit(att[11], '"feedback": ""', '"feedback": "' + "x" * 70_000 + '"')  # longer than one read
+    return tmp_path / "t"
+
+
+def _scan(snaps, monkeypatch, fast):
+    monkeypatch.setattr(snapshots, "_fast_loads", orjson.loads if fast else None)
+    return snapshots.scan(snaps, "t")
+
+
+def test_fast_and_standard_parsers_read_alike(tmp_path, monkeypatch):
+    snaps = _odd_run(tmp_path)
+    fast, standard = _scan(snaps, monkeypatch, True), _scan(snaps, monkeypatch, False)
+    assert fast.snapshots == standard.snapshots
+    assert fast.non_finite == standard.non_finite == [p.name for p in sorted(snaps.iterdir())][3:5]
+    got = {s.global_index: s for s in fast.snapshots}
+    assert got[1].eval_count == 2**70 and type(got[1].eval_count) is int
+    assert got[2].agent_id == str(2**70)
+    assert got[3].status == 2**70
+    assert got[4].score is None and got[5].score is None
+    assert got[6].score == float(10**29 + 1)
+    assert got[7].eval_ok is True and got[8].agent_id == "a\ud800" and got[9].commit_hash == commit_of(9)
+    assert got[10].score == 9.0 and got[11].eval_ok is True and got[12].score == 11.0
+    # and the standard parser really is the one the comparison ran against
+    assert select_roots.table_text(select_roots.select(fast, "maximize", 4, 5)) == select_roots.table_text(
+        select_roots.select(standard, "maximize", 4, 5)
+    )
+
+
+@pytest.mark.parametrize(
+    "old, new, words",
+    [
+        ('"eval_ok": true', '"eval_ok": 1180591620717411303424', "eval_ok must be true or false, not 1180591620717411303424"),
+        ('"eval_ok": true', '"eval_ok": true,', "is not valid JSON"),
+        ('"eval_ok": true}', '"eval_ok": tr', "is not valid JSON"),  # a truncated file
+        ('"commit_hash": "', '"commit_hash": 7, "x": "', "commit_hash is missing or not a plain string: 7"),
+    ],
+)  # fmt: skip
+def test_bad_metadata_names_file_and_field_on_both_paths(tmp_path, monkeypatch, old, new, words):
+    folders = make_run(tmp_path / "t", [1.0, 2.0, 3.0])
+    _edit(folders[1] / "metadata.json", old, new)
+    messages = []
+    for fast in (True, False):
+        with pytest.raises(InputError) as err:
+            _scan(tmp_path / "t", monkeypatch, fast)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
+    assert words in messages[0] and str(folders[1] / "metadata.json") in messages[0]
+
+
+def _selection(n):
+    """A long run in memory (no files: the plot reads only the selection): a rising noisy curve with failures."""
+    snaps = [
+        Snapshot(f"eval-{i:06d}-a-abcdef", "/x", i, "a", "abcdef", i % 20 != 7,
+                 (1 - 1 / (1 + 8 * i / n)) + ((i * 7919) % 101 - 50) / 1000 if i % 20 != 7 else None, "s", i)
+        for i in range(1, n + 1)
+    ]  # fmt: skip
+    return select_roots.select(Scan("t", "/x", snaps), "maximize", 30, 5)
+
+
+def test_plot_of_a_long_run_keeps_roots_and_bands_and_stays_small():
+    sel = _selection(40_000)
+    svg = select_roots.plot_svg(sel)
+    assert len(svg) < 400_000  # every point drawn, it is 3.5 MB
+    assert "40,000 snapshots" in svg and "lowest and highest value of each pixel column" in svg
+    # every chosen root is drawn: ring x positions are the chosen global indices mapped on the axis
+    rings = [float(x) for x in re.findall(r'<circle cx="([\d.]+)" cy="[\d.]+" r="5.5"', svg)]
+    x_lo, x_hi, left, width = 0.5, 40_000.5, 70, 860 - 70 - 170
+    want = [round(left + (r.snap.global_index - x_lo) / (x_hi - x_lo) * width, 1) for r in sel.chosen]
+    assert len(sel.chosen) == 30 and rings == want
+    # the stage bands: one per run of consecutive snapshots in one stage, at the same place as before thinning
+    stages = [r.stage for r in sel.rows]
+    runs = 1 + sum(a != b for a, b in zip(stages, stages[1:], strict=False))
+    bands = re.findall(
+        r'<rect x="([\d.]+)" y="36" width="([\d.]+)" height="334" fill="#[0-9a-f]+" fill-opacity="0.14"', svg
+    )
+    assert len(bands) == runs and float(bands[0][0]) == left
+    assert sum(float(w) for _, w in bands) == pytest.approx(width, abs=0.1 * runs)
+    # the red crosses: at most two per pixel column, and the lowest failure is drawn
+    assert svg.count("<path d=") <= 2 * width + 2 + 1
