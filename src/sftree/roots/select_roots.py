@@ -29,8 +29,10 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import cached_property, partial
 from operator import attrgetter
 from pathlib import Path
+from typing import NamedTuple
 
 from sftree.errors import InputError
 from sftree.fileio import write_text_atomic
@@ -97,14 +99,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-@dataclass(slots=True)
-class Row:
+class Row(NamedTuple):  # a tuple: 100k of them are made in C (`_rows`), not by a Python __init__ each
     snap: Snapshot
     score_for_stage: float
     smooth: float  # in the task's own units (not oriented)
     gain: float | None
     stage: str
     reason: str | None  # None: not selected
+
+
+def _rows(*columns) -> list[Row]:
+    """Row(*values) for each position of the columns: tuple.__new__ is what Row._make calls, here without a
+    Python call per row."""
+    return list(map(partial(tuple.__new__, Row), zip(*columns, strict=True)))
 
 
 @dataclass
@@ -118,7 +125,7 @@ class Selection:
     quotas: dict[str, int]
     window: int
 
-    @property
+    @cached_property
     def chosen(self) -> list[Row]:
         return [r for r in self.rows if r.reason]
 
@@ -139,13 +146,10 @@ def select(result: Scan, direction: str, num_roots: int, window: int) -> Selecti
     chosen = st.choose(split.stages, eligible, num_roots)
     # Back to the task's units; 1.0 * x is x for every float, so a maximize task keeps the list as it is.
     smooth = split.smooth if direction == "maximize" else [-v for v in split.smooth]
-    get = chosen.get
-    rows = [
-        Row(s, f, m, g, stage, get(i))
-        for i, (s, f, m, g, stage) in enumerate(
-            zip(snaps, filled, smooth, split.gain, split.stages, strict=True)
-        )
-    ]
+    reasons: list[str | None] = [None] * len(snaps)
+    for i, reason in chosen.items():
+        reasons[i] = reason
+    rows = _rows(snaps, filled, smooth, split.gain, split.stages, reasons)
     return Selection(
         result.task, direction, split.method, split.s0, split.s_inf, rows, st.quotas(num_roots), window
     )

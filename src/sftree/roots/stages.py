@@ -112,16 +112,12 @@ def split_stages(oriented: Sequence[float], window: int = 5) -> StageSplit:
     s0, s_inf = levels(smooth)
     if s_inf <= s0:
         return StageSplit(smooth, [None] * len(smooth), time_stages(len(smooth)), s0, s_inf, "time")
-    # gain_ratio and stage_of_ratio, inlined (they run once per snapshot) with the same results: min(1.0, max(0.0, c))
-    # keeps c only when 0 < c < 1 (NaN gives 0.0, as max does).
+    # gain_ratio and stage_of_ratio, inlined as comprehensions (they run once per snapshot) with the same
+    # results: min(1.0, max(0.0, c)) keeps c only when 0 < c < 1 (NaN gives 0.0, as max does).
     span = s_inf - s0
-    gain: list[float | None] = []
-    stages: list[str] = []
-    for v in smooth:
-        c = (v - s0) / span
-        c = 1.0 if c >= 1.0 else (c if c > 0.0 else 0.0)
-        gain.append(c)
-        stages.append("early" if c < EARLY_BELOW else ("middle" if c < LATE_FROM else "late"))
+    gain: list[float | None] = [(v - s0) / span for v in smooth]
+    gain = [1.0 if c >= 1.0 else (c if c > 0.0 else 0.0) for c in gain]
+    stages = ["early" if c < EARLY_BELOW else ("middle" if c < LATE_FROM else "late") for c in gain]
     return StageSplit(smooth, gain, stages, s0, s_inf, "gain")
 
 
