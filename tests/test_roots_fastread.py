@@ -119,3 +119,26 @@ def test_plot_of_a_long_run_keeps_roots_and_bands_and_stays_small():
     assert sum(float(w) for _, w in bands) == pytest.approx(width, abs=0.1 * runs)
     # the red crosses: at most two per pixel column, and the lowest failure is drawn
     assert svg.count("<path d=") <= 2 * width + 2 + 1
+
+
+DOCS = [
+    b'{"a":1,"a":2}', b'{"x":1e400}', b'{"x":NaN}', b'{"x":-Infinity}', b'{"x":1,}', b'{"x":"\x01"}',
+    b'{"x":"\\ud800"}', b'\xef\xbb\xbf{"x":1}', b' {"x":1} \n', b'{"x":1} x', b"{'x':1}", b'{"x":01}',
+    b'{"x":.5}', b'{"x":"\xff"}', b'{"x":"\xed\xa0\x80"}', b'\x0c{"x":1}', b'{"x":1}\xc2\xa0', b'[1]', b'',
+    b'{"x":-0.0, "y": 0.1, "z": 2.2250738585072011e-308, "w": 4.9e-324, "v": 1.7976931348623157e308}',
+    b'{"x": [1, {"y": null}], "t": true, "f": false, "s": "\\u00e9\xe2\x80\xa8"}', b'{"x":9223372036854775807}',
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_fast_parse_is_the_standard_parse(doc):
+    fast, standard = snapshots._fast_object(doc), snapshots._json_object(doc)
+    assert repr(fast) == repr(standard)
+
+
+def test_big_integers_are_read_again_by_the_standard_parser():
+    doc = b'{"eval_ok": true, "commit_hash": "ab", "eval_count": 18446744073709551616}'
+    fast = snapshots._fast_object(doc)
+    assert type(fast["eval_count"]) is float and not snapshots._plain_meta(fast)  # so read_snapshot re-parses
+    assert snapshots._json_object(doc)["eval_count"] == 2**64
+    assert not snapshots._plain_attempt({"status": 1.5}) and snapshots._plain_attempt({"status": "ok"})
