@@ -28,6 +28,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 from operator import attrgetter
@@ -455,12 +456,9 @@ def _run(args: argparse.Namespace) -> int:
         sel.s_inf,
         sel.direction,
     )
-    members = dict.fromkeys(st.STAGES, 0)
-    eligible = dict.fromkeys(st.STAGES, 0)
-    for r in sel.rows:  # one pass: this runs over every snapshot
-        members[r.stage] += 1
-        if r.snap.eval_ok and r.snap.score is not None:
-            eligible[r.stage] += 1
+    # counted in C where it can be: this runs over every snapshot
+    members = Counter(map(attrgetter("stage"), sel.rows))
+    eligible = Counter([r.stage for r in sel.rows if r.snap.eval_ok and r.snap.score is not None])
     picked = sel.chosen
     for stage in st.STAGES:
         in_stage = [r for r in picked if r.stage == stage]
