@@ -275,10 +275,27 @@ _CHUNK = 1 << 16
 _DECODER = json.JSONDecoder()  # what json.loads(str) uses
 _decode, _scan_once = _DECODER.decode, _DECODER.scan_once
 
-try:  # a C parser about twice as fast as json's on these small files (docs/select_roots.md, "Cost")
-    from orjson import loads as _fast_loads
-except ImportError:  # the standard parser alone gives the same results, more slowly
-    _fast_loads = None
+FAST_MIN = 2000  # folders below which importing orjson (about 12 ms) costs more than it saves
+_UNSET = object()
+_fast_loads = _UNSET  # orjson.loads once `_fast_parser` has looked; None where it is not installed
+
+
+def _fast_parser():
+    """orjson.loads, a C parser about twice as fast as json's on these small files (docs/select_roots.md,
+    "Cost"), imported on first use; the standard parser where orjson is not installed."""
+    global _fast_loads
+    if _fast_loads is _UNSET:
+        try:
+            from orjson import loads
+        except ImportError:  # the standard parser alone gives the same results, more slowly
+            loads = None
+        _fast_loads = loads
+    return _fast_loads or _std_loads
+
+
+def _std_loads(data: bytes):
+    """json.loads(data.decode()): strict UTF-8 (as open(encoding="utf-8") reads), then the standard parser."""
+    return _decode(data.decode())
 
 
 def _read_bytes(path: str) -> bytes | None:
@@ -319,43 +336,9 @@ def _json_object(data: bytes) -> dict | None:
 def _quick_json_object(path: str) -> dict | None:
     """The JSON object in `path` on the common path, else None: missing, unreadable, not UTF-8, not valid JSON or
     not an object. The caller then reads it again with `load_json_object`, which gives the exact error message, so
-    this only makes the usual case cheap and never changes a result. Always the standard parser (see `_plain`)."""
+    this only makes the usual case cheap and never changes a result."""
     data = _read_bytes(path)
     return None if data is None else _json_object(data)
-
-
-def _fast_object(data: bytes) -> dict | None:
-    """`data` parsed by the fast parser where it is installed, else by the standard one; None as above.
-
-    Where the two parsers disagree the fast one refuses the document (NaN, Infinity, 1e400, a lone surrogate
-    escape: tested), and the standard one is asked: the one difference left is an integer beyond 64 bits, which
-    the fast parser gives as a float; the callers check the type of every field they use (`_plain_meta`,
-    `_plain_attempt`) and read such a document again with the standard parser."""
-    if _fast_loads is None:
-        return _json_object(data)
-    try:
-        obj = _fast_loads(data)
-    except ValueError:  # orjson.JSONDecodeError is a ValueError
-        return _json_object(data)
-    return obj if type(obj) is dict else None
-
-
-def _plain_meta(meta: dict) -> bool:
-    """The fields read from metadata.json have the types either parser gives alike (no float among them)."""
-    ok, commit, agent, count = (meta.get(k) for k in ("eval_ok", "commit_hash", "agent_id", "eval_count"))
-    return (
-        (ok is None or type(ok) is bool)
-        and (commit is None or type(commit) is str)
-        and (agent is None or type(agent) is str)
-        and (count is None or type(count) is int)
-    )
-
-
-def _plain_attempt(attempt: dict) -> bool:
-    """The same for an attempt record; a float score is the same float from either parser (both round
-    correctly, a big integer too)."""
-    status = attempt.get("status")
-    return status is None or type(status) is str
 
 
 def find_attempt(snapshot_path: str, commit_hash: str) -> tuple[str, dict]:
@@ -419,11 +402,9 @@ def read_snapshot(
     parsed = parsed or parse_name(name)
     if parsed is None:
         raise InputError(f"snapshot folder name does not parse as eval-<index>-<agent>-<hash>: {path}")
+    index, agent_from_name, _ = parsed
     meta_path = f"{path}/metadata.json"
-    data = _read_bytes(meta_path)
-    meta = None if data is None else _fast_object(data)
-    if meta is not None and not _plain_meta(meta):
-        meta = _json_object(data)  # the standard parser's reading, exactly
+    meta = _quick_json_object(meta_path)
     if meta is None:
         meta = load_json_object(meta_path, "metadata.json")
     eval_ok = meta.get("eval_ok", _MISSING)
@@ -435,14 +416,7 @@ def read_snapshot(
     if not isinstance(commit, str) or not commit.strip() or "/" in commit:
         raise InputError(f"{meta_path}: commit_hash is missing or not a plain string: {commit!r}")
     commit = commit.strip()
-    # The usual case: the attempt file is named by the full hash; anything else goes the careful way.
-    attempt_path = f"{path}/shared/attempts/{commit}.json"
-    data = _read_bytes(attempt_path)
-    attempt = None if data is None else _fast_object(data)
-    if attempt is not None and not _plain_attempt(attempt):
-        attempt = _json_object(data)
-    if attempt is None:
-        attempt_path, attempt = find_attempt(path, commit)
+    attempt_path, attempt = find_attempt(path, commit)
     value = attempt.get("score")
     if type(value) is float and math.isfinite(value):  # the usual case, same result as _score
         score, non_finite = value, False
@@ -453,8 +427,8 @@ def read_snapshot(
         Snapshot(
             name,
             path,
-            parsed[0],
-            str(meta.get("agent_id") or parsed[1]),
+            index,
+            str(meta.get("agent_id") or agent_from_name),
             commit,
             eval_ok,
             score,
@@ -468,21 +442,23 @@ def read_snapshot(
 Read = tuple[list[Snapshot], list[str], list[str], list[str]]  # candidates, pending, non-finite, problems
 
 
-def _read_many(items: list[tuple[str, str, tuple | None]]) -> Read:
+def _read_many(items: list[tuple[str, str, tuple | None]], fast: bool = True) -> Read:
     """Read a slice of snapshot folders, in order: (candidates, pending names, non-finite names, problems).
 
     The loop below is `read_snapshot` for the usual snapshot, inlined (it runs 100k times in a long run): both
-    files small, parsed as objects by the fast parser, every field used of the plain type, the attempt file named
-    by the full hash, a finite float score. Anything else, pending snapshots included, is read again by
+    files small, parsed as objects (by orjson when `fast`, else by the standard parser), every field used of the
+    type both parsers give alike (orjson gives an integer beyond 64 bits as a float: read again), the attempt
+    file named by the full hash, a finite float score. Anything else, pending snapshots included, is read again by
     `read_snapshot`, which gives the exact result or message; so this loop changes the cost, never a result."""
     snaps: list[Snapshot] = []
     pending: list[str] = []
     non_finite: list[str] = []
     problems: list[str] = []
     add = snaps.append
-    loads, open_, read, close, rdonly, chunk = _fast_loads, os.open, os.read, os.close, os.O_RDONLY, _CHUNK
+    loads = _fast_parser() if fast else _std_loads
+    open_, read, close, rdonly, chunk = os.open, os.read, os.close, os.O_RDONLY, _CHUNK
     for name, path, parsed in items:
-        if loads is not None and parsed is not None:
+        if parsed is not None:
             try:
                 fd = open_(path + "/metadata.json", rdonly)
                 try:
@@ -575,14 +551,15 @@ def _read_all(items: list, jobs: int, result: Scan, problems: list[str], task: s
     progress = Progress(f"select-roots[{task}]: read snapshots", total=len(items), logger=log)
     step = max(PARALLEL_MIN // 4, -(-len(items) // (8 * max(1, jobs))))
     chunks = [items[i : i + step] for i in range(0, len(items), step)]
+    fast = len(items) >= FAST_MIN
     if jobs > 1 and len(items) >= PARALLEL_MIN:
         import multiprocessing  # only here: the import costs more start-up than a small run takes to read
         from concurrent.futures import ProcessPoolExecutor
 
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
-        results = pool.map(_read_many, chunks)
+        results = pool.map(_read_many, chunks, [fast] * len(chunks))
     else:
-        pool, results = None, map(_read_many, chunks)
+        pool, results = None, map(_read_many, chunks, [fast] * len(chunks))
     try:
         for chunk, (snaps, pending, non_finite, bad) in zip(chunks, results, strict=True):
             result.snapshots += snaps
