@@ -140,8 +140,9 @@ class KnowledgeWatch:
 
     def committed(self) -> set[str] | None:
         """Call right before the commit reads the folder: later changes count for the next commit. Returns the
-        paths (files or folders, relative to .opencode) touched since the last call, or None when unknown
-        (not watched, watches rebuilt, too many): then the commit must look at everything."""
+        paths (files or folders, relative to .opencode) touched since the last call, a deleted folder also as
+        `path/`, or None when unknown (not watched, watches rebuilt, too many): then the commit must look at
+        everything."""
         with self._lock:
             if not self.sync():
                 return None
@@ -175,7 +176,10 @@ class KnowledgeWatch:
                 self._changed = True
                 folder = self._wds.get(wd)
                 if folder is not None and name and self._touched is not None:
-                    self._touched.add(f"{folder}/{name}" if folder else name)
+                    path = f"{folder}/{name}" if folder else name
+                    self._touched.add(path)
+                    if mask & IN_ISDIR and mask & IN_DELETE:
+                        self._touched.add(path + "/")  # a folder deleted: its tracked files go too
                     if len(self._touched) > MAX_TOUCHED:
                         self._touched = None
                 if mask & IN_Q_OVERFLOW:

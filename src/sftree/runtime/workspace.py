@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import threading
 from dataclasses import dataclass, field
@@ -266,7 +267,10 @@ class EdgeWorkspace:
             self.attempt_view.mark_dirty(_attempt_names(added))
         # --missing-ok: every blob in this index was written by our own `add`; skipping git's lookup of each
         # of them is a good part of a tree rewrite's cost at 10k attempts.
-        tree = git(["write-tree", "--missing-ok"], git_dir=repo, env=env).stdout.strip()
+        # Level 0: the new `attempts/` tree object (A entries, ~730 KB at 10k) is written loose without
+        # deflating it, half of write-tree's time there; the store's pack (and `git gc`) compresses it later.
+        tree = git(["-c", "core.looseCompression=0", "write-tree", "--missing-ok"], git_dir=repo, env=env)
+        tree = tree.stdout.strip()
         if self._k_tree is None:
             self._k_tree = git(["rev-parse", f"{self._k_head}^{{tree}}"], git_dir=repo).stdout.strip()
         if tree != self._k_tree:
@@ -278,18 +282,69 @@ class EdgeWorkspace:
 
     def _stage_paths(self, touched: set[str]) -> str | None:
         """Stage only the paths the watch reported (the index matched the rest at the last commit, or the fork
-        made it so); `git add -v` output, or None when git would not (then everything is staged).
+        made it so); `git add -v`-style output (`add 'path'` lines), or None when git would not (then everything
+        is staged). Paths under the root's excluded names are never staged.
 
-        Gone paths are unstaged with `rm --cached --ignore-unmatch` (a literal pathspec that matches nothing,
-        like the temp file every attempt record is written through, makes `git add` fail); present ones added
-        with `add -A`, whose exit code 1 with only its "paths are ignored" message is no failure (an ignored
-        path is never committed). Paths under the root's excluded names never are either."""
+        Files and links present, and paths gone that were no folder (the watch marks a deleted folder with a
+        trailing `/`), take one `update-index --add --remove`: it reads no folder, where `add` lists the
+        folder of each path it is given (all A names of attempts/). update-index refuses a path beyond a link
+        as add does. Anything else (a folder, a FIFO, a deleted folder) takes the general way below."""
+        names, plain = set(), True
+        for p in touched:
+            path = p.rstrip("/")
+            if not path or path.split("/", 1)[0] in _KNOWLEDGE_EXCLUDED_NAMES or "\0" in path:
+                continue
+            names.add(path)
+            if p.endswith("/"):
+                plain = False  # a folder deleted: its tracked files go with `rm -r`
+                continue
+            try:
+                mode = os.lstat(self.knowledge_dir / path).st_mode
+            except FileNotFoundError:
+                continue
+            except OSError:
+                plain = False
+                continue
+            if stat.S_ISDIR(mode):
+                # A new folder (e.g. one the fork made, or the agent): its files, if only files and links
+                # (update-index takes no folder; an empty one is nothing to git).
+                found = _plain_files(self.knowledge_dir, path)
+                names.discard(path)
+                if found is None:
+                    plain = False
+                    names.add(path)
+                else:
+                    names.update(found)
+            elif not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                plain = False
+        if not names:
+            return ""
+        if plain:
+            return self._update_index(sorted(names))
+        return self._add_paths(names)
+
+    def _update_index(self, paths: list[str]) -> str | None:
+        repo, env = self.store.knowledge_git, knowledge_index_env(self.index_file)
+        proc = git(
+            ["--work-tree", str(self.knowledge_dir), "update-index", "--add", "--remove", "-z", "--stdin"],
+            git_dir=repo,
+            env=env,
+            input="".join(f"{p}\0" for p in paths).encode(),
+            check=False,
+        )
+        if proc.returncode != 0:
+            return None
+        return "".join(f"add '{p}'\n" for p in paths)
+
+    def _add_paths(self, names: set[str]) -> str | None:
+        """The general way: gone paths unstaged with `rm --cached -r --ignore-unmatch` (a literal pathspec that
+        matches nothing, like the temp file every attempt record is written through, makes `git add` fail);
+        present ones added with `add -A`, whose exit code 1 with only its "paths are ignored" message is no
+        failure (an ignored path is never committed)."""
         repo, env = self.store.knowledge_git, knowledge_index_env(self.index_file)
         wt = ["--work-tree", str(self.knowledge_dir)]
         present, gone = [], []
-        for p in sorted(touched):
-            if p.split("/", 1)[0] in _KNOWLEDGE_EXCLUDED_NAMES or "\0" in p:
-                continue
+        for p in sorted(names):
             (present if os.path.lexists(self.knowledge_dir / p) else gone).append(f":(literal){p}")
         spec = ["--pathspec-from-file=-", "--pathspec-file-nul"]
         if gone:
@@ -358,6 +413,31 @@ def _only_ignored(stderr: str) -> bool:
         and lines[0].startswith("The following paths are ignored")
         and not any(ln.startswith(("fatal:", "error:")) for ln in lines)
     )
+
+
+def _plain_files(base: Path, rel: str, limit: int = 256) -> list[str] | None:
+    """The files and links under folder `base/rel` (relative to `base`), never following a link; None when
+    something else is there (a FIFO, a socket, a nested repository), there are more than `limit`, or it cannot
+    be read."""
+    out: list[str] = []
+    todo = [rel]
+    try:
+        while todo:
+            d = todo.pop()
+            with os.scandir(base / d) as it:
+                for e in it:
+                    sub = f"{d}/{e.name}"
+                    if e.is_symlink() or e.is_file(follow_symlinks=False):
+                        out.append(sub)
+                    elif e.is_dir(follow_symlinks=False) and e.name != ".git":
+                        todo.append(sub)
+                    else:
+                        return None
+                    if len(out) + len(todo) > limit:
+                        return None
+    except OSError:
+        return None
+    return out
 
 
 _ADD_LINE = re.compile(r"^(?:add|remove) '(.*)'$", re.M)
@@ -489,6 +569,11 @@ class TreeStore:
             view = attemptsmod.AttemptView(root, KnowledgeWatch(root, KNOWLEDGE_DIR))
         else:
             view.rebind(root)
+            if view.watch is not None:
+                # The index matches the folder now: what the fork wrote or removed is nothing to stage again (a
+                # folder `clean` removed and the loop above made again would send the next commit the general
+                # way). Nothing else writes there meanwhile: the last edge's processes ended with its sandbox.
+                view.watch.committed()
         ws.attempt_view = view
         attemptsmod.register(view)
         if state.session:
