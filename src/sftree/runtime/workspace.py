@@ -319,7 +319,7 @@ class EdgeWorkspace:
                 plain = False
         if not names:
             return ""
-        if plain:
+        if plain and _no_git_rules(self.knowledge_dir, names):
             return self._update_index(sorted(names))
         return self._add_paths(names)
 
@@ -415,6 +415,28 @@ def _only_ignored(stderr: str) -> bool:
     )
 
 
+# Files that change what `git add` does with the paths below them (ignore rules, a nested repository).
+_GIT_RULE_NAMES = (".gitignore", ".git")
+
+
+def _no_git_rules(base: Path, paths) -> bool:
+    """No folder on the way to any of `paths` holds a `.gitignore` or `.git`: then `update-index` stages what
+    `add` would (the only other ignore rules are the root's excluded names, filtered by the caller)."""
+    seen: set[str] = set()
+    for p in paths:
+        parts = p.split("/")
+        if parts[-1] in _GIT_RULE_NAMES:
+            return False
+        for i in range(len(parts)):
+            d = "/".join(parts[:i])
+            if d in seen:
+                continue
+            seen.add(d)
+            if any(os.path.lexists(base / d / n) for n in _GIT_RULE_NAMES):
+                return False
+    return True
+
+
 def _plain_files(base: Path, rel: str, limit: int = 256) -> list[str] | None:
     """The files and links under folder `base/rel` (relative to `base`), never following a link; None when
     something else is there (a FIFO, a socket, a nested repository), there are more than `limit`, or it cannot
@@ -427,9 +449,11 @@ def _plain_files(base: Path, rel: str, limit: int = 256) -> list[str] | None:
             with os.scandir(base / d) as it:
                 for e in it:
                     sub = f"{d}/{e.name}"
+                    if e.name in _GIT_RULE_NAMES:
+                        return None
                     if e.is_symlink() or e.is_file(follow_symlinks=False):
                         out.append(sub)
-                    elif e.is_dir(follow_symlinks=False) and e.name != ".git":
+                    elif e.is_dir(follow_symlinks=False):
                         todo.append(sub)
                     else:
                         return None
