@@ -187,10 +187,12 @@ class EdgeWorkspace:
     _code_commits: list[str] = field(default_factory=list)
     _k_head: str = ""  # the knowledge commit the checkout is at (set by fork)
     _k_tree: str | None = None
+    _index_at: str | None = None  # the knowledge commit whose tree the edge's index holds (None: unknown)
     attempt_view: attemptsmod.AttemptView | None = None  # the checkout's attempt records (attempts.py)
 
     def __post_init__(self):
         self._k_head = self._k_head or self.parent.knowledge_commit
+        self._index_at = self._k_head  # the fork made the index match the commit
 
     @property
     def knowledge_dir(self) -> Path:
@@ -247,12 +249,15 @@ class EdgeWorkspace:
         if watch is not None and self._k_tree is not None and not watch.changed():
             return self._k_head  # nothing under .opencode changed since the last commit (kwatch.py)
         touched = watch.committed() if watch is not None else None  # later changes count next time
+        self._index_at = None  # until the commit is made, the index is part way
         try:
-            return self._commit_knowledge(message, touched)
+            head = self._commit_knowledge(message, touched)
         except BaseException:
             if watch is not None:
                 watch.invalidate()
             raise
+        self._index_at = head
+        return head
 
     def _commit_knowledge(self, message: str, touched: set[str] | None) -> str:
         repo, env = self.store.knowledge_git, knowledge_index_env(self.index_file)
@@ -489,7 +494,7 @@ class TreeStore:
         self.work_dir = self.tree_dir / "work"
         self._lock = threading.Lock()
         # Knowledge checkouts of closed edges, with their attempt views (park_knowledge).
-        self._parked: list[tuple[Path, attemptsmod.AttemptView | None]] = []
+        self._parked: list[tuple[Path, attemptsmod.AttemptView | None, str | None]] = []
         self._parked_n = 0
 
     # ---- creation and resume -------------------------------------------------------------------------------
@@ -623,18 +628,20 @@ class TreeStore:
         checkout's attempt view (its watch sees what git rewrites), or None."""
         repo, env = self.knowledge_git, knowledge_index_env(index)
         wt = ["--work-tree", str(kdir)]
-        taken = self._take_parked()
+        taken = self._take_parked(commit)
         if taken is None:
             kdir.mkdir()
             git([*wt, "read-tree", commit], git_dir=repo, env=env)
             git([*wt, "checkout-index", "-a", "-f", "-u"], git_dir=repo, env=env)
             return None
-        parked, view = taken
+        parked, view, index_at = taken
         os.rename(parked / "knowledge", kdir)
         os.rename(parked / "knowledge.index", index)
         shutil.rmtree(parked, ignore_errors=True)
-        git([*wt, "read-tree", "--reset", "-u", commit], git_dir=repo, env=env)
-        # Files changed after the parked index last saw them (same path in both commits): restore them too.
+        if index_at != commit and not self._move_index(index, index_at, commit):
+            git([*wt, "read-tree", "--reset", "-u", commit], git_dir=repo, env=env)
+        # Files that differ from the index: those the move above changed (their entries carry no stat data)
+        # and those changed after the parked index last saw them (e.g. through a hard link): write them.
         stale = git([*wt, "diff-files", "--name-only", "-z"], git_dir=repo, env=env).stdout
         if stale:
             git(
@@ -646,6 +653,32 @@ class TreeStore:
         # Untracked and ignored files (what the last agent added, OpenCode's housekeeping) go too.
         git([*wt, "clean", "-f", "-f", "-d", "-x", "-q"], git_dir=repo, env=env)
         return view
+
+    def _move_index(self, index: Path, old: str | None, new: str, limit: int = 2000) -> bool:
+        """Set the entries of `index` (at commit `old`) that differ in commit `new` from their tree diff, in
+        work proportional to that diff where `read-tree --reset` walks all A entries. Entries set this way have
+        no stat data, so the `diff-files` after it lists them and the fork writes them; paths gone from the
+        index are left on disk for `clean`. False (nothing done) when `old` is unknown or the diff is large or
+        holds a submodule: then `read-tree` moves it."""
+        if old is None:
+            return False
+        repo, env = self.knowledge_git, knowledge_index_env(index)
+        out = git(["diff-tree", "-r", "-z", "--raw", "--no-renames", old, new], git_dir=repo).stdout
+        fields = out.split("\0")
+        lines = []
+        for i in range(0, len(fields) - 1, 2):  # ":oldmode newmode oldsha newsha status", path
+            meta, path = fields[i].split(" "), fields[i + 1]
+            if len(meta) != 5 or "160000" in meta[:2]:
+                return False
+            if meta[4] == "D":
+                lines.append(f"0 {'0' * 40}\t{path}\0")
+            else:
+                lines.append(f"{meta[1]} {meta[3]}\t{path}\0")
+            if len(lines) > limit:
+                return False
+        if lines:
+            git(["update-index", "-z", "--index-info"], git_dir=repo, env=env, input="".join(lines).encode())
+        return True
 
     def park_knowledge(self, ws: EdgeWorkspace) -> None:
         """Keep a closing edge's knowledge checkout for the next fork (a real folder only: never a link),
@@ -670,10 +703,14 @@ class TreeStore:
                 view.close()
             raise
         with self._lock:
-            self._parked.append((dest, view))
+            self._parked.append((dest, view, ws._index_at))
 
-    def _take_parked(self) -> tuple[Path, attemptsmod.AttemptView | None] | None:
+    def _take_parked(self, commit: str) -> tuple[Path, attemptsmod.AttemptView | None, str | None] | None:
+        """A parked checkout, preferring one whose index is at `commit` (nothing to move), else the newest."""
         with self._lock:
+            for i in range(len(self._parked) - 1, -1, -1):
+                if self._parked[i][2] == commit:
+                    return self._parked.pop(i)
             return self._parked.pop() if self._parked else None
 
     def keep_refs(self, repo: str, refs: dict[str, str]) -> None:
@@ -702,7 +739,7 @@ class TreeStore:
             return
         with self._lock:
             parked, self._parked = self._parked, []
-        for _dest, view in parked:
+        for _dest, view, _at in parked:
             if view is not None:
                 view.close()
         shutil.rmtree(self.pool_dir, ignore_errors=True)
