@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 from runtime_helpers import make_root
@@ -150,3 +151,54 @@ def test_a_fork_after_a_failed_commit_does_not_trust_the_index(store, monkeypatc
     assert not (b.knowledge_dir / "notes" / "a.md").exists()
     assert b.state(None).knowledge_commit == root.knowledge_commit
     b.close()
+
+
+def test_untracked_paths_go_without_a_full_clean_when_the_watch_saw_them(store, calls):
+    """Paths never staged (excluded names written during the edge; files, links and FIFOs written after its
+    last commit) are removed by name at the next fork, with no `git clean` of the folder; a new folder after
+    the last commit sends it the full way. The next branch sees exactly its commit's files either way."""
+    st, root = store
+    fresh = st.fork(root, "e0")
+    expect_root = _files(fresh.knowledge_dir)
+    fresh.close()
+    st.fork(root, "e1").close()  # the first reuse cleans in full (the fresh checkout's watch was new)
+
+    a = st.fork(root, "e2")
+    k = a.knowledge_dir
+    (k / "plugin").mkdir()
+    (k / "plugin" / "x.js").write_text("excluded at the root, never committed")
+    (k / "package.json").write_text("{}")
+    (k / "notes" / "kept.md").write_text("committed")
+    child = a.state(None)
+    (k / "notes" / "late.md").write_text("after the last commit")
+    os.mkfifo(k / "notes" / "fifo")
+    (k / "attempts" / "late.json").symlink_to("/etc/passwd")
+    a.close()
+    calls.clear()
+    b = st.fork(child, "e3")  # same commit: nothing to move
+    assert "clean" not in calls and "read-tree" not in calls and "diff-tree" not in calls
+    kb = b.knowledge_dir
+    assert (kb / "notes" / "kept.md").exists()
+    for gone in ("plugin", "package.json", "notes/late.md", "notes/fifo", "attempts/late.json"):
+        assert not os.path.lexists(kb / gone), gone
+    (kb / "notes" / "newdir").mkdir()
+    (kb / "notes" / "newdir" / "f.md").write_text("x")
+    b.state(None)  # committed: tracked, nothing left over
+    (kb / "skills" / "late").mkdir()
+    (kb / "skills" / "late" / "g.md").write_text("a new folder after the last commit: nothing in it tracked")
+    b.close()
+    calls.clear()
+    c = st.fork(root, "e4")  # moved back to the root: the dropped files and the new folder go by name
+    assert "clean" not in calls and "diff-tree" in calls
+    kc = c.knowledge_dir
+    assert _files(kc) == expect_root
+    c.state(None)
+    shutil.rmtree(kc / "notes")  # a folder holding tracked files, replaced after the last commit
+    (kc / "notes").mkdir()
+    (kc / "notes" / "other.md").write_text("x")
+    c.close()
+    calls.clear()
+    d = st.fork(root, "e5")
+    assert "clean" in calls  # that one git sorts out
+    assert _files(d.knowledge_dir) == expect_root
+    d.close()

@@ -28,6 +28,7 @@ lock per store; commits inside a worktree and knowledge commits (own index file)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -40,6 +41,7 @@ from pathlib import Path
 
 from sftree.errors import InputError, SftreeError
 from sftree.runtime import attempts as attemptsmod
+from sftree.runtime import safefs
 from sftree.runtime.kwatch import KnowledgeWatch
 
 log = logging.getLogger(__name__)
@@ -188,6 +190,9 @@ class EdgeWorkspace:
     _k_head: str = ""  # the knowledge commit the checkout is at (set by fork)
     _k_tree: str | None = None
     _index_at: str | None = None  # the knowledge commit whose tree the edge's index holds (None: unknown)
+    # Paths that may be in the checkout but not in the index (touched, never staged); None: unknown. The fork
+    # left none, so the next fork removes these alone instead of a `git clean` of the whole folder.
+    _unstaged: set[str] | None = field(default_factory=set)
     attempt_view: attemptsmod.AttemptView | None = None  # the checkout's attempt records (attempts.py)
 
     def __post_init__(self):
@@ -250,6 +255,8 @@ class EdgeWorkspace:
             return self._k_head  # nothing under .opencode changed since the last commit (kwatch.py)
         touched = watch.committed() if watch is not None else None  # later changes count next time
         self._index_at = None  # until the commit is made, the index is part way
+        if touched is None:
+            self._unstaged = None  # a full `add` may leave ignored paths out: unknown
         try:
             head = self._commit_knowledge(message, touched)
         except BaseException:
@@ -290,19 +297,28 @@ class EdgeWorkspace:
         made it so); `git add -v`-style output (`add 'path'` lines), or None when git would not (then everything
         is staged). Paths under the root's excluded names are never staged.
 
-        Files and links present, and paths gone that were no folder (the watch marks a deleted folder with a
-        trailing `/`), take one `update-index --add --remove`: it reads no folder, where `add` lists the
-        folder of each path it is given (all A names of attempts/). update-index refuses a path beyond a link
-        as add does. Anything else (a folder, a FIFO, a deleted folder) takes the general way below."""
-        names, plain = set(), True
+        Files and links, present or gone, take one `update-index --add --remove`: it reads no folder, where
+        `add` lists the folder of each path it is given (all A names of attempts/), and it refuses a path
+        beyond a link as add does. A new folder stands for the files under it; a deleted one (the watch marks
+        it with a trailing `/`) for the index's paths under it. Anything else (a FIFO, a nested repository, a
+        `.gitignore` on the way: rules update-index does not apply) takes the general way, `_add_paths`."""
+        names, plain, folders_gone = set(), True, []
         for p in touched:
             path = p.rstrip("/")
             if not path or path.split("/", 1)[0] in _KNOWLEDGE_EXCLUDED_NAMES or "\0" in path:
+                if path and self._unstaged is not None:
+                    self._unstaged.add(path)
                 continue
-            names.add(path)
             if p.endswith("/"):
-                plain = False  # a folder deleted: its tracked files go with `rm -r`
-                continue
+                folders_gone.append(path)
+            names.add(path)
+        if folders_gone:  # a folder deleted: the files the index holds under it are staged too
+            listed = self._tracked_under(folders_gone)
+            if listed is None:
+                plain = False
+            else:
+                names.update(listed)
+        for path in sorted(names):
             try:
                 mode = os.lstat(self.knowledge_dir / path).st_mode
             except FileNotFoundError:
@@ -325,8 +341,28 @@ class EdgeWorkspace:
         if not names:
             return ""
         if plain and _no_git_rules(self.knowledge_dir, names):
-            return self._update_index(sorted(names))
+            out = self._update_index(sorted(names))
+            if out is not None:
+                return out
+        self._unstaged = None  # `add` leaves ignored paths out, and the fallback stages everything
         return self._add_paths(names)
+
+    def _tracked_under(self, folders: list[str]) -> list[str] | None:
+        """The index's paths under `folders` (None when git fails)."""
+        proc = git(
+            [
+                "--work-tree",
+                str(self.knowledge_dir),
+                "ls-files",
+                "-z",
+                "--",
+                *(f":(literal){f}/" for f in folders),
+            ],
+            git_dir=self.store.knowledge_git,
+            env=knowledge_index_env(self.index_file),
+            check=False,
+        )  # fmt: skip (ls-files takes no --pathspec-from-file; a watch reports at most MAX_TOUCHED paths)
+        return [p for p in proc.stdout.split("\0") if p] if proc.returncode == 0 else None
 
     def _update_index(self, paths: list[str]) -> str | None:
         repo, env = self.store.knowledge_git, knowledge_index_env(self.index_file)
@@ -494,7 +530,7 @@ class TreeStore:
         self.work_dir = self.tree_dir / "work"
         self._lock = threading.Lock()
         # Knowledge checkouts of closed edges, with their attempt views (park_knowledge).
-        self._parked: list[tuple[Path, attemptsmod.AttemptView | None, str | None]] = []
+        self._parked: list[tuple] = []  # (folder, attempt view, index commit, unstaged paths)
         self._parked_n = 0
 
     # ---- creation and resume -------------------------------------------------------------------------------
@@ -598,11 +634,6 @@ class TreeStore:
             view = attemptsmod.AttemptView(root, KnowledgeWatch(root, KNOWLEDGE_DIR))
         else:
             view.rebind(root)
-            if view.watch is not None:
-                # The index matches the folder now: what the fork wrote or removed is nothing to stage again (a
-                # folder `clean` removed and the loop above made again would send the next commit the general
-                # way). Nothing else writes there meanwhile: the last edge's processes ended with its sandbox.
-                view.watch.committed()
         ws.attempt_view = view
         attemptsmod.register(view)
         if state.session:
@@ -634,11 +665,19 @@ class TreeStore:
             git([*wt, "read-tree", commit], git_dir=repo, env=env)
             git([*wt, "checkout-index", "-a", "-f", "-u"], git_dir=repo, env=env)
             return None
-        parked, view, index_at = taken
+        parked, view, index_at, unstaged = taken
         os.rename(parked / "knowledge", kdir)
         os.rename(parked / "knowledge.index", index)
         shutil.rmtree(parked, ignore_errors=True)
-        if index_at != commit and not self._move_index(index, index_at, commit):
+        # What changed since the last commit (after it, or while parked) is untracked or stale: to remove or
+        # restore below. Taken before git writes anything, so no change by anyone else is missed.
+        pending = None
+        if view is not None and view.watch is not None:
+            view.rebind(kdir.parent)
+            pending = view.watch.committed()
+        leftover = None if unstaged is None or pending is None else unstaged | pending
+        dropped = [] if index_at == commit else self._move_index(index, index_at, commit)
+        if dropped is None:
             git([*wt, "read-tree", "--reset", "-u", commit], git_dir=repo, env=env)
         # Files that differ from the index: those the move above changed (their entries carry no stat data)
         # and those changed after the parked index last saw them (e.g. through a hard link): write them.
@@ -650,35 +689,78 @@ class TreeStore:
                 env=env,
                 input=stale.encode(),
             )
-        # Untracked and ignored files (what the last agent added, OpenCode's housekeeping) go too.
-        git([*wt, "clean", "-f", "-f", "-d", "-x", "-q"], git_dir=repo, env=env)
+        # Untracked and ignored files (what the last agent added, OpenCode's housekeeping) go too: those the
+        # watch reported and the move dropped from the index alone when every change since the checkout was
+        # last clean is known, else a `git clean` of everything.
+        if leftover is None or not self._clean_paths(kdir, index, leftover, dropped or []):
+            git([*wt, "clean", "-f", "-f", "-d", "-x", "-q"], git_dir=repo, env=env)
         return view
 
-    def _move_index(self, index: Path, old: str | None, new: str, limit: int = 2000) -> bool:
+    def _clean_paths(self, kdir: Path, index: Path, leftover: set[str], dropped: list[str]) -> bool:
+        """Remove what of `leftover` (paths touched, never staged) is not in the index now, and the files of
+        `dropped` (entries the move took out of the index) with their folders left empty. False when a path
+        leads through a link or is a folder holding tracked files, or git fails: then the caller cleans
+        everything."""
+        candidates = sorted(p for p in leftover if p and not p.endswith("/"))
+        tracked: set[str] = set()
+        if candidates:
+            proc = git(
+                ["--work-tree", str(kdir), "ls-files", "-z", "--", *(f":(literal){p}" for p in candidates)],
+                git_dir=self.knowledge_git,
+                env=knowledge_index_env(index),
+                check=False,
+            )
+            if proc.returncode != 0:
+                return False
+            tracked = set(proc.stdout.split("\0"))
+        try:
+            for rel in [p for p in candidates if p not in tracked] + dropped:
+                parent, _, name = rel.rpartition("/")
+                # Gone already (or its folder): nothing to do.
+                with contextlib.suppress(FileNotFoundError), safefs.open_dir(kdir, parent) as dfd:
+                    if not stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                        os.unlink(name, dir_fd=dfd)
+                    elif any(t.startswith(rel + "/") for t in tracked):
+                        return False  # a folder holding tracked files: git sorts it out
+                    else:  # nothing in it is tracked (rmtree never follows a link inside)
+                        shutil.rmtree(name, dir_fd=dfd)
+                while parent:  # folders the removal left empty go, as `clean -d` would take them
+                    parent, _, name = parent.rpartition("/")
+                    with safefs.open_dir(kdir, parent) as dfd:
+                        try:
+                            os.rmdir(name, dir_fd=dfd)
+                        except OSError:
+                            break
+        except (OSError, safefs.UnsafePath):
+            return False
+        return True
+
+    def _move_index(self, index: Path, old: str | None, new: str, limit: int = 2000) -> list[str] | None:
         """Set the entries of `index` (at commit `old`) that differ in commit `new` from their tree diff, in
         work proportional to that diff where `read-tree --reset` walks all A entries. Entries set this way have
         no stat data, so the `diff-files` after it lists them and the fork writes them; paths gone from the
-        index are left on disk for `clean`. False (nothing done) when `old` is unknown or the diff is large or
-        holds a submodule: then `read-tree` moves it."""
+        index are left on disk for the caller to remove: returned. None (nothing done) when `old` is unknown or
+        the diff is large or holds a submodule: then `read-tree` moves it."""
         if old is None:
-            return False
+            return None
         repo, env = self.knowledge_git, knowledge_index_env(index)
         out = git(["diff-tree", "-r", "-z", "--raw", "--no-renames", old, new], git_dir=repo).stdout
         fields = out.split("\0")
-        lines = []
+        lines, dropped = [], []
         for i in range(0, len(fields) - 1, 2):  # ":oldmode newmode oldsha newsha status", path
             meta, path = fields[i].split(" "), fields[i + 1]
             if len(meta) != 5 or "160000" in meta[:2]:
-                return False
+                return None
             if meta[4] == "D":
                 lines.append(f"0 {'0' * 40}\t{path}\0")
+                dropped.append(path)
             else:
                 lines.append(f"{meta[1]} {meta[3]}\t{path}\0")
             if len(lines) > limit:
-                return False
+                return None
         if lines:
             git(["update-index", "-z", "--index-info"], git_dir=repo, env=env, input="".join(lines).encode())
-        return True
+        return dropped
 
     def park_knowledge(self, ws: EdgeWorkspace) -> None:
         """Keep a closing edge's knowledge checkout for the next fork (a real folder only: never a link),
@@ -703,9 +785,9 @@ class TreeStore:
                 view.close()
             raise
         with self._lock:
-            self._parked.append((dest, view, ws._index_at))
+            self._parked.append((dest, view, ws._index_at, ws._unstaged))
 
-    def _take_parked(self, commit: str) -> tuple[Path, attemptsmod.AttemptView | None, str | None] | None:
+    def _take_parked(self, commit: str) -> tuple | None:
         """A parked checkout, preferring one whose index is at `commit` (nothing to move), else the newest."""
         with self._lock:
             for i in range(len(self._parked) - 1, -1, -1):
@@ -739,7 +821,7 @@ class TreeStore:
             return
         with self._lock:
             parked, self._parked = self._parked, []
-        for _dest, view, _at in parked:
+        for _dest, view, *_rest in parked:
             if view is not None:
                 view.close()
         shutil.rmtree(self.pool_dir, ignore_errors=True)
