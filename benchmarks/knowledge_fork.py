@@ -1,13 +1,16 @@
 """Benchmark the per-edge cost of shared knowledge as the root's attempt records grow.
 
-    python3 benchmarks/knowledge_fork.py [--attempts 100,1000,10000] [--edges 6]
+    python3 benchmarks/knowledge_fork.py [--attempts 100,1000,10000] [--edges 6] [--shape chain|branches]
+        [--modes before,stat-cache,after,prev --prev REV]
 
 A root snapshot whose `shared/attempts/` holds A attempt records (about 600 bytes each, like Coral's) and a
 few notes. Each edge does what `run_edge` does with knowledge, in order: fork the node (code worktree + private
 knowledge checkout), build the turn prompt (loads every attempt), two turns that each run `coral eval` (loads
 every attempt, writes one new record) and commit knowledge, the final state (knowledge commit + refs), and
-close. Edges are chained (each forks the previous edge's child), so each fork moves to a new knowledge commit.
-The first edge of a tree is not counted (nothing to reuse yet; its fork costs what `before` does).
+close. `--shape chain`: each edge forks the previous edge's child (the parked checkout's index is already at that
+commit); `--shape branches`: edges alternate between two branches, so each fork moves the parked checkout to the
+other branch's tip. The first edge of each branch is not counted (nothing to reuse yet; its fork costs what
+`before` does).
 
 Side by side in one run:
 - before: a full checkout of every knowledge file per fork without stat data in the index (so each turn's
@@ -18,7 +21,9 @@ Side by side in one run:
 - after: the closed edge's checkout moved into the next fork and brought to its commit by git (only the
   files that differ are written), stat data kept; loads look only at the names inotify reported since the last
   load (`attempts.AttemptView`), plus what each knowledge commit's `git add -v` staged; commits stage only the
-  paths the watch reported, and one with nothing to commit makes no git call (`kwatch.KnowledgeWatch`).
+  paths the watch reported, and one with nothing to commit makes no git call (`kwatch.KnowledgeWatch`);
+- prev: `after` on the sftree of git revision `--prev` (its `src/` exported with `git archive`, measured by this
+  file in a child process), so the code before a change is measured in the same run as the code after it.
 """
 
 from __future__ import annotations

@@ -17,7 +17,9 @@ Where inotify is missing or out of watches, every query answers "changed" (a ful
 A write through a hard link from outside `.opencode`, or through a shared memory mapping after the file was
 closed, raises no event: the attempt view parses records that have more than one link at every refresh and what
 each commit staged; a commit that does not look at such a file leaves the write out of the record, and the next
-fork's `diff-files` restores the file before the checkout is reused (docs/runtime.md). A checkout that moves (parked for the next fork, then moved in) keeps its inodes and so its watches.
+fork's `diff-files` restores the file before the checkout is reused (docs/runtime.md). A checkout that moves
+(parked for the next fork, then moved in) keeps its inodes and so its watches. A deleted folder is reported as
+its path and as `path/` (the commit then also stages what the index holds under it).
 """
 
 from __future__ import annotations
