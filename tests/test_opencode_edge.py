@@ -29,6 +29,7 @@ FAULTS = [
     {"match": {"edge": "e3", "turn": "1"}, "fault": "tool_errors", "count": 1},
     {"match": {"edge": "e4", "turn": "1"}, "fault": "no_eval", "count": 1},  # stops talking: nudged
     {"match": {"edge": "e4", "turn": "2"}, "fault": "http_500"},  # the Teacher stays down in e4's turn 2
+    {"match": {"edge": "e5", "turn": "1"}, "fault": "http_500"},  # down from e5's first request: one turn run
 ]
 
 
@@ -155,6 +156,37 @@ def test_nudge_then_teacher_down(tree):
     assert e4.turns[0].eval_status == "nothing_to_commit" and e4.error == "HTTP 500"
     failed = [s for s in read_steps(ctx.tree_dir, "e4") if s["turn"] == 2]
     assert failed and failed[-1]["response"] is None and failed[-1]["error"] == "HTTP 500"
+
+
+def test_an_edge_that_stops_after_turn_one_gives_back_its_uid_and_proxy_key(tree):
+    """Without the per-edge release, an edge ended by a Teacher outage in turn 1 held its sandbox uid and its
+    proxy channel until the whole tree closed."""
+    from sftree.runtime.sandbox import UIDS
+
+    ctx, _ = tree
+    agent = ctx.agent
+    held_before = set(UIDS._used)
+    seen: dict = {}
+    real_run_turn = agent.run_turn
+
+    def spy(run):  # what the backend holds while the edge runs
+        out = real_run_turn(run)
+        st = agent._edges.get(run.workspace.edge_id)
+        seen["uid"] = st.uid if st else "gone"
+        seen["channel"] = run.workspace.edge_id in agent.proxy.channels
+        return out
+
+    agent.run_turn = spy
+    try:
+        e5 = run_edge(ctx, ctx.root_state, "e5", 1.0, depth=1, attempt=1, eval_count=5)
+    finally:
+        del agent.run_turn
+    assert [t.ended for t in e5.turns] == ["teacher_error", "teacher_error"]
+    assert seen["uid"] != "gone" and seen["channel"]  # turn 1 ended with the edge's holdings still in place
+    assert "e5" not in agent._edges and "e5" not in agent.proxy.channels
+    if seen["uid"] is not None:  # root: a real uid from the pool, now free again
+        assert seen["uid"] not in UIDS._used
+    assert set(UIDS._used) <= held_before
 
 
 def test_explore_grows_a_small_tree_with_opencode(tmp_path):

@@ -61,6 +61,10 @@ class AgentBackend(ABC):
     @abstractmethod
     def run_turn(self, run: TurnRun) -> TurnOutcome: ...
 
+    def end_edge(self, edge_id: str) -> None:  # noqa: B027 - most backends hold nothing per edge
+        """Release what the backend holds for one edge (a uid, a proxy key); called once the edge has ended,
+        however it ended, so a failed edge gives its holdings back before the tree does."""
+
     def close(self) -> None:  # noqa: B027 - most backends hold nothing; overriding is optional
         """Release what the backend holds for the whole tree (servers, sockets); called by EdgeContext.close."""
 

@@ -827,11 +827,17 @@ class OpenCodeAgent(AgentBackend):
         if run.turn >= 2 or out.ended == "teacher_error":  # the edge's last turn: its node keeps the session
             self._export(run, st)
         if run.turn >= 2:
-            with self._lock:
-                done = self._edges.pop(run.workspace.edge_id, None)
-            UIDS.release(done.uid if done else None)
-            self.proxy.drop(run.workspace.edge_id)
+            self.end_edge(run.workspace.edge_id)
         return out
+
+    def end_edge(self, edge_id: str) -> None:
+        # Idempotent: the last turn ends the edge here, and run_edge calls it again for an edge that stopped
+        # early (a Teacher outage or a full context after turn 1, a broken workspace).
+        with self._lock:
+            done = self._edges.pop(edge_id, None)
+        if done is not None:
+            UIDS.release(done.uid)
+        self.proxy.drop(edge_id)
 
     @staticmethod
     def _counted_tools(acc: TurnEvents) -> list[ToolEvent]:

@@ -307,6 +307,10 @@ def run_edge(
         recorder.close()
         if server is not None:
             server.stop()
+        try:
+            ctx.agent.end_edge(edge_id)
+        except Exception:  # noqa: BLE001 - releasing must not turn a finished edge into a failed one
+            log.exception("edge %s: releasing the agent's per-edge holdings failed", edge_id)
     while len(turns) < _TURNS:
         turns.append(
             TurnResult(
