@@ -348,20 +348,15 @@ class EdgeWorkspace:
         return self._add_paths(names)
 
     def _tracked_under(self, folders: list[str]) -> list[str] | None:
-        """The index's paths under `folders` (None when git fails)."""
+        """The index's paths under `folders` (None when git fails). On the command line: ls-files takes no
+        --pathspec-from-file, and a watch reports at most MAX_TOUCHED paths."""
+        spec = [f":(literal){f}/" for f in folders]
         proc = git(
-            [
-                "--work-tree",
-                str(self.knowledge_dir),
-                "ls-files",
-                "-z",
-                "--",
-                *(f":(literal){f}/" for f in folders),
-            ],
+            ["--work-tree", str(self.knowledge_dir), "ls-files", "-z", "--", *spec],
             git_dir=self.store.knowledge_git,
             env=knowledge_index_env(self.index_file),
             check=False,
-        )  # fmt: skip (ls-files takes no --pathspec-from-file; a watch reports at most MAX_TOUCHED paths)
+        )
         return [p for p in proc.stdout.split("\0") if p] if proc.returncode == 0 else None
 
     def _update_index(self, paths: list[str]) -> str | None:
