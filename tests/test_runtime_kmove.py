@@ -70,6 +70,7 @@ def test_fork_moves_a_parked_checkout_by_its_tree_diff(store, calls):
     calls.clear()
     child = a.state(None)
     assert "update-index" in calls and "add" not in calls  # staged by path (new folder's files included)
+    assert "write-tree" not in calls  # the tree made from the last one and the staged entries (gittrees.py)
     a.close()
     expect_child = None
 

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from sftree.errors import InputError, SftreeError
 from sftree.runtime import attempts as attemptsmod
-from sftree.runtime import safefs
+from sftree.runtime import gittrees, safefs
 from sftree.runtime.kwatch import KnowledgeWatch
 
 log = logging.getLogger(__name__)
@@ -118,8 +118,10 @@ def git(
     env: dict | None = None,
     input: bytes | None = None,
     check: bool = True,
+    binary: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Run git with a clean, fixed identity; return the CompletedProcess (stdout as text)."""
+    """Run git with a clean, fixed identity; return the CompletedProcess (stdout as text, or bytes if
+    `binary`)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     full_env.update(GIT_ENV)
     full_env["HOME"] = full_env.get("HOME", "/tmp")
@@ -141,7 +143,7 @@ def git(
     out = subprocess.CompletedProcess(
         proc.args,
         proc.returncode,
-        proc.stdout.decode("utf-8", "replace"),
+        proc.stdout if binary else proc.stdout.decode("utf-8", "replace"),
         proc.stderr.decode("utf-8", "replace"),
     )
     if check and proc.returncode != 0:
@@ -194,6 +196,7 @@ class EdgeWorkspace:
     # left none, so the next fork removes these alone instead of a `git clean` of the whole folder.
     _unstaged: set[str] | None = field(default_factory=set)
     attempt_view: attemptsmod.AttemptView | None = None  # the checkout's attempt records (attempts.py)
+    _staged: list[str] | None = None  # the paths the last commit staged by name (None: the general way)
 
     def __post_init__(self):
         self._k_head = self._k_head or self.parent.knowledge_commit
@@ -254,11 +257,11 @@ class EdgeWorkspace:
         if watch is not None and self._k_tree is not None and not watch.changed():
             return self._k_head  # nothing under .opencode changed since the last commit (kwatch.py)
         touched = watch.committed() if watch is not None else None  # later changes count next time
-        self._index_at = None  # until the commit is made, the index is part way
+        index_was, self._index_at = self._index_at, None  # until the commit is made, the index is part way
         if touched is None:
             self._unstaged = None  # a full `add` may leave ignored paths out: unknown
         try:
-            head = self._commit_knowledge(message, touched)
+            head = self._commit_knowledge(message, touched, index_was == self._k_head)
         except BaseException:
             if watch is not None:
                 watch.invalidate()
@@ -266,8 +269,9 @@ class EdgeWorkspace:
         self._index_at = head
         return head
 
-    def _commit_knowledge(self, message: str, touched: set[str] | None) -> str:
+    def _commit_knowledge(self, message: str, touched: set[str] | None, index_at_head: bool = False) -> str:
         repo, env = self.store.knowledge_git, knowledge_index_env(self.index_file)
+        self._staged = None
         added = None if touched is None else self._stage_paths(touched)
         if added is None:  # everything: the paths are unknown, or git refused the short way
             added = git(
@@ -277,14 +281,18 @@ class EdgeWorkspace:
             # git compares inode and ctime: what it staged under attempts/ is read again by the attempt view,
             # whatever inotify reported (a change made through a hard link from elsewhere raises no event).
             self.attempt_view.mark_dirty(_attempt_names(added))
-        # --missing-ok: every blob in this index was written by our own `add`; skipping git's lookup of each
-        # of them is a good part of a tree rewrite's cost at 10k attempts.
-        # Level 0: the new `attempts/` tree object (A entries, ~730 KB at 10k) is written loose without
-        # deflating it, half of write-tree's time there; the store's pack (and `git gc`) compresses it later.
-        tree = git(["-c", "core.looseCompression=0", "write-tree", "--missing-ok"], git_dir=repo, env=env)
-        tree = tree.stdout.strip()
         if self._k_tree is None:
             self._k_tree = git(["rev-parse", f"{self._k_head}^{{tree}}"], git_dir=repo).stdout.strip()
+        tree = None
+        if self._staged is not None and index_at_head:
+            # The index held the last commit's tree, plus what was just staged: that tree with those entries.
+            tree = self._tree_from_changes(self._staged)
+        if tree is None:
+            # --missing-ok: every blob in this index was written by our own `add`; skipping git's lookup of
+            # each of them is a good part of a tree rewrite's cost at 10k attempts. Level 0: the new
+            # `attempts/` tree object (A entries, ~730 KB at 10k) is written loose without deflating it.
+            tree = git(["-c", "core.looseCompression=0", "write-tree", "--missing-ok"], git_dir=repo, env=env)
+            tree = tree.stdout.strip()
         if tree != self._k_tree:
             self._k_head = git(
                 ["commit-tree", tree, "-p", self._k_head, "-m", message], git_dir=repo
@@ -347,6 +355,29 @@ class EdgeWorkspace:
         self._unstaged = None  # `add` leaves ignored paths out, and the fallback stages everything
         return self._add_paths(names)
 
+    def _tree_from_changes(self, paths: list[str]) -> str | None:
+        """The tree of the last commit with the index's entries for `paths` (gone from the index: removed),
+        built in Python (gittrees.py); None when git fails (then write-tree)."""
+        repo = self.store.knowledge_git
+        proc = git(
+            ["ls-files", "-s", "-z", "--", *(f":(literal){p}" for p in paths)],
+            git_dir=repo, env=knowledge_index_env(self.index_file), check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            return None
+        changes: dict[str, tuple[str, str] | None] = dict.fromkeys(paths)
+        for rec in proc.stdout.split("\0"):
+            if rec:
+                meta, _, path = rec.partition("\t")
+                mode, sha, _stage = meta.split(" ")
+                if mode == "160000":
+                    return None  # a submodule entry: git's own way
+                changes[path] = (mode, sha)
+        try:
+            return gittrees.apply_changes(self._k_tree, changes, self.store.load_tree, self.store.store_tree)
+        except (OSError, GitError, ValueError):
+            return None
+
     def _tracked_under(self, folders: list[str]) -> list[str] | None:
         """The index's paths under `folders` (None when git fails). On the command line: ls-files takes no
         --pathspec-from-file, and a watch reports at most MAX_TOUCHED paths."""
@@ -370,6 +401,7 @@ class EdgeWorkspace:
         )
         if proc.returncode != 0:
             return None
+        self._staged = paths
         return "".join(f"add '{p}'\n" for p in paths)
 
     def _add_paths(self, names: set[str]) -> str | None:
@@ -527,6 +559,7 @@ class TreeStore:
         # Knowledge checkouts of closed edges, with their attempt views (park_knowledge).
         self._parked: list[tuple] = []  # (folder, attempt view, index commit, unstaged paths)
         self._parked_n = 0
+        self._trees = gittrees.TreeCache()  # knowledge trees by id (gittrees.py)
 
     # ---- creation and resume -------------------------------------------------------------------------------
     @classmethod
@@ -789,6 +822,21 @@ class TreeStore:
                 if self._parked[i][2] == commit:
                     return self._parked.pop(i)
             return self._parked.pop() if self._parked else None
+
+    def load_tree(self, oid: str) -> gittrees.Entries:
+        """A knowledge tree's entries (kept: the tree a commit writes is the next commit's starting point)."""
+        entries = self._trees.get(check_sha(oid, "tree"))
+        if entries is None:
+            entries = gittrees.parse_tree(
+                git(["cat-file", "tree", oid], git_dir=self.knowledge_git, binary=True).stdout
+            )
+            self._trees.put(oid, entries)
+        return entries
+
+    def store_tree(self, entries: gittrees.Entries) -> str:
+        oid = gittrees.write_loose(self.knowledge_git, "tree", gittrees.encode_tree(entries))
+        self._trees.put(oid, entries)
+        return oid
 
     def keep_refs(self, repo: str, refs: dict[str, str]) -> None:
         """Point `refs/sftree/edges/<name>` at each commit so `git gc` never drops it (one git call)."""
