@@ -192,11 +192,11 @@ class EdgeWorkspace:
     _k_head: str = ""  # the knowledge commit the checkout is at (set by fork)
     _k_tree: str | None = None
     _index_at: str | None = None  # the knowledge commit whose tree the edge's index holds (None: unknown)
-    # Paths that may be in the checkout but not in the index (touched, never staged); None: unknown. The fork
-    # left none, so the next fork removes these alone instead of a `git clean` of the whole folder.
+    # Paths that may be in the checkout but not in the index (touched and never staged, or committed without
+    # the index); None: unknown. The fork left none, so the next fork removes those the index (then at its
+    # commit) does not hold instead of a `git clean` of the whole folder.
     _unstaged: set[str] | None = field(default_factory=set)
     attempt_view: attemptsmod.AttemptView | None = None  # the checkout's attempt records (attempts.py)
-    _staged: list[str] | None = None  # the paths the last commit staged by name (None: the general way)
 
     def __post_init__(self):
         self._k_head = self._k_head or self.parent.knowledge_commit
@@ -261,148 +261,150 @@ class EdgeWorkspace:
         if touched is None:
             self._unstaged = None  # a full `add` may leave ignored paths out: unknown
         try:
-            head = self._commit_knowledge(message, touched, index_was == self._k_head)
+            head, index_now = self._commit_knowledge(message, touched, index_was)
         except BaseException:
             if watch is not None:
                 watch.invalidate()
             raise
-        self._index_at = head
+        self._index_at = head if index_now else index_was
         return head
 
-    def _commit_knowledge(self, message: str, touched: set[str] | None, index_at_head: bool = False) -> str:
+    def _commit_knowledge(
+        self, message: str, touched: set[str] | None, index_at: str | None
+    ) -> tuple[str, bool]:
+        """Commit; (the commit, whether the index now holds its tree).
+
+        The short way, when the watch told what changed and those are plain files and links: their blobs are
+        written from the files (never through a link) and the tree is the last commit's with those entries
+        (gittrees.py); git's index is left as it was (the next fork moves it by a tree diff and its stat sweep
+        stands). Otherwise git's way: the index is brought to the last commit, then `add` and `write-tree`."""
         repo, env = self.store.knowledge_git, knowledge_index_env(self.index_file)
-        self._staged = None
-        added = None if touched is None else self._stage_paths(touched)
-        if added is None:  # everything: the paths are unknown, or git refused the short way
-            added = git(
-                ["--work-tree", str(self.knowledge_dir), "add", "-A", "-v", "--", "."], git_dir=repo, env=env
-            ).stdout
-        if self.attempt_view is not None and added:
-            # git compares inode and ctime: what it staged under attempts/ is read again by the attempt view,
-            # whatever inotify reported (a change made through a hard link from elsewhere raises no event).
-            self.attempt_view.mark_dirty(_attempt_names(added))
         if self._k_tree is None:
             self._k_tree = git(["rev-parse", f"{self._k_head}^{{tree}}"], git_dir=repo).stdout.strip()
+        names = None if touched is None else self._touched_names(touched)
+        changes = None if names is None else self._plain_changes(names)
         tree = None
-        if self._staged is not None and index_at_head:
-            # The index held the last commit's tree, plus what was just staged: that tree with those entries.
-            tree = self._tree_from_changes(self._staged)
+        if changes is not None:
+            try:
+                tree = gittrees.apply_changes(
+                    self._k_tree, changes, self.store.load_tree, self.store.store_tree
+                )
+            except (OSError, GitError, ValueError):
+                tree = None
+            added = "".join(f"add '{p}'\n" for p in sorted(changes))
+            if tree is not None and self._unstaged is not None:
+                self._unstaged.update(changes)  # on disk, not in the index: the next fork checks them
+        index_now = tree is None
         if tree is None:
+            if index_at != self._k_head:
+                self._sync_index(index_at)
+            added = None
+            if names is not None:
+                self._unstaged = None  # `add` leaves ignored paths out
+                added = self._add_paths(names)
+            if added is None:  # everything: the paths are unknown, or git refused the short way
+                added = git(
+                    ["--work-tree", str(self.knowledge_dir), "add", "-A", "-v", "--", "."],
+                    git_dir=repo,
+                    env=env,
+                ).stdout
             # --missing-ok: every blob in this index was written by our own `add`; skipping git's lookup of
             # each of them is a good part of a tree rewrite's cost at 10k attempts. Level 0: the new
             # `attempts/` tree object (A entries, ~730 KB at 10k) is written loose without deflating it.
             tree = git(["-c", "core.looseCompression=0", "write-tree", "--missing-ok"], git_dir=repo, env=env)
             tree = tree.stdout.strip()
+        if self.attempt_view is not None and added:
+            # What was staged under attempts/ is read again by the attempt view, whatever inotify reported (a
+            # change made through a hard link from elsewhere raises no event).
+            self.attempt_view.mark_dirty(_attempt_names(added))
         if tree != self._k_tree:
             self._k_head = git(
                 ["commit-tree", tree, "-p", self._k_head, "-m", message], git_dir=repo
             ).stdout.strip()
             self._k_tree = tree
-        return self._k_head
+        return self._k_head, index_now
 
-    def _stage_paths(self, touched: set[str]) -> str | None:
-        """Stage only the paths the watch reported (the index matched the rest at the last commit, or the fork
-        made it so); `git add -v`-style output (`add 'path'` lines), or None when git would not (then everything
-        is staged). Paths under the root's excluded names are never staged.
+    def _sync_index(self, index_at: str | None) -> None:
+        """Bring the index (at `index_at`, or unknown) to the last commit, stat data kept where unchanged."""
+        if self.store._move_index(self.index_file, index_at, self._k_head) is None:
+            git(
+                ["--work-tree", str(self.knowledge_dir), "read-tree", "--reset", self._k_head],
+                git_dir=self.store.knowledge_git,
+                env=knowledge_index_env(self.index_file),
+            )
 
-        Files and links, present or gone, take one `update-index --add --remove`: it reads no folder, where
-        `add` lists the folder of each path it is given (all A names of attempts/), and it refuses a path
-        beyond a link as add does. A new folder stands for the files under it; a deleted one (the watch marks
-        it with a trailing `/`) for the index's paths under it. Anything else (a FIFO, a nested repository, a
-        `.gitignore` on the way: rules update-index does not apply) takes the general way, `_add_paths`."""
-        names, plain, folders_gone = set(), True, []
+    def _touched_names(self, touched: set[str]) -> set[str]:
+        """The reported paths to commit: never those under the root's excluded names (kept as unstaged, for the
+        next fork to remove); a deleted folder (the watch marks it `path/`) as that path."""
+        names = set()
         for p in touched:
             path = p.rstrip("/")
             if not path or path.split("/", 1)[0] in _KNOWLEDGE_EXCLUDED_NAMES or "\0" in path:
                 if path and self._unstaged is not None:
                     self._unstaged.add(path)
                 continue
-            if p.endswith("/"):
-                folders_gone.append(path)
             names.add(path)
-        if folders_gone:  # a folder deleted: the files the index holds under it are staged too
-            listed = self._tracked_under(folders_gone)
-            if listed is None:
-                plain = False
-            else:
-                names.update(listed)
-        for path in sorted(names):
+        return names
+
+    def _plain_changes(self, names: set[str]) -> dict[str, tuple[str, str] | None] | None:
+        """{path: (mode, blob id) or None (gone)} for the reported paths, the blobs written; None when git's own
+        rules may apply (a FIFO, a nested repository, a `.gitignore` or `.gitattributes` on the way, a path
+        beyond a link): then git stages them. A present folder stands for the files under it, a gone one for
+        the last commit's files under it."""
+        kdir, repo = self.knowledge_dir, self.store.knowledge_git
+        paths: set[str] = set()
+        for path in names:
             try:
-                mode = os.lstat(self.knowledge_dir / path).st_mode
+                mode = os.lstat(kdir / path).st_mode
             except FileNotFoundError:
+                paths.add(path)
+                paths.update(self._committed_under(path))
                 continue
             except OSError:
-                plain = False
-                continue
+                return None
             if stat.S_ISDIR(mode):
-                # A new folder (e.g. one the fork made, or the agent): its files, if only files and links
-                # (update-index takes no folder; an empty one is nothing to git).
-                found = _plain_files(self.knowledge_dir, path)
-                names.discard(path)
+                found = _plain_files(kdir, path)
                 if found is None:
-                    plain = False
-                    names.add(path)
-                else:
-                    names.update(found)
-            elif not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-                plain = False
-        if not names:
-            return ""
-        if plain and _no_git_rules(self.knowledge_dir, names):
-            out = self._update_index(sorted(names))
-            if out is not None:
-                return out
-        self._unstaged = None  # `add` leaves ignored paths out, and the fallback stages everything
-        return self._add_paths(names)
-
-    def _tree_from_changes(self, paths: list[str]) -> str | None:
-        """The tree of the last commit with the index's entries for `paths` (gone from the index: removed),
-        built in Python (gittrees.py); None when git fails (then write-tree)."""
-        repo = self.store.knowledge_git
-        proc = git(
-            ["ls-files", "-s", "-z", "--", *(f":(literal){p}" for p in paths)],
-            git_dir=repo, env=knowledge_index_env(self.index_file), check=False,
-        )  # fmt: skip
-        if proc.returncode != 0:
-            return None
-        changes: dict[str, tuple[str, str] | None] = dict.fromkeys(paths)
-        for rec in proc.stdout.split("\0"):
-            if rec:
-                meta, _, path = rec.partition("\t")
-                mode, sha, _stage = meta.split(" ")
-                if mode == "160000":
-                    return None  # a submodule entry: git's own way
-                changes[path] = (mode, sha)
+                    return None
+                paths.update(found)
+                paths.update(self._committed_under(path))  # files gone from it meanwhile
+            else:
+                paths.add(path)
+        if not paths or not _no_git_rules(kdir, paths):
+            return None if paths else {}
+        changes: dict[str, tuple[str, str] | None] = {}
         try:
-            return gittrees.apply_changes(self._k_tree, changes, self.store.load_tree, self.store.store_tree)
-        except (OSError, GitError, ValueError):
+            for path in sorted(paths):
+                parent, _, name = path.rpartition("/")
+                try:
+                    with safefs.open_dir(kdir, parent) as dfd:
+                        changes[path] = _blob_of(repo, dfd, name)
+                except FileNotFoundError:
+                    changes[path] = None  # its folder is gone
+        except (safefs.UnsafePath, _NotPlain):
             return None
-
-    def _tracked_under(self, folders: list[str]) -> list[str] | None:
-        """The index's paths under `folders` (None when git fails). On the command line: ls-files takes no
-        --pathspec-from-file, and a watch reports at most MAX_TOUCHED paths."""
-        spec = [f":(literal){f}/" for f in folders]
-        proc = git(
-            ["--work-tree", str(self.knowledge_dir), "ls-files", "-z", "--", *spec],
-            git_dir=self.store.knowledge_git,
-            env=knowledge_index_env(self.index_file),
-            check=False,
-        )
-        return [p for p in proc.stdout.split("\0") if p] if proc.returncode == 0 else None
-
-    def _update_index(self, paths: list[str]) -> str | None:
-        repo, env = self.store.knowledge_git, knowledge_index_env(self.index_file)
-        proc = git(
-            ["--work-tree", str(self.knowledge_dir), "update-index", "--add", "--remove", "-z", "--stdin"],
-            git_dir=repo,
-            env=env,
-            input="".join(f"{p}\0" for p in paths).encode(),
-            check=False,
-        )
-        if proc.returncode != 0:
+        except OSError:
             return None
-        self._staged = paths
-        return "".join(f"add '{p}'\n" for p in paths)
+        return changes
+
+    def _committed_under(self, folder: str) -> list[str]:
+        """The last commit's file paths under `folder` (from the kept trees)."""
+        entries = self.store.load_tree(self._k_tree)
+        parts = folder.split("/")
+        for part in parts:
+            got = entries.get(part)
+            if got is None or got[0] != gittrees.TREE_MODE:
+                return []
+            entries = self.store.load_tree(got[1])
+        out, todo = [], [(folder, entries)]
+        while todo:
+            prefix, ents = todo.pop()
+            for name, (mode, oid, _raw) in ents.items():
+                if mode == gittrees.TREE_MODE:
+                    todo.append((f"{prefix}/{name}", self.store.load_tree(oid)))
+                else:
+                    out.append(f"{prefix}/{name}")
+        return out
 
     def _add_paths(self, names: set[str]) -> str | None:
         """The general way: gone paths unstaged with `rm --cached -r --ignore-unmatch` (a literal pathspec that
@@ -483,8 +485,38 @@ def _only_ignored(stderr: str) -> bool:
     )
 
 
-# Files that change what `git add` does with the paths below them (ignore rules, a nested repository).
-_GIT_RULE_NAMES = (".gitignore", ".git")
+# Files that change what `git add` does with the paths below them (ignore and attribute rules, a nested
+# repository).
+_GIT_RULE_NAMES = (".gitignore", ".gitattributes", ".git")
+MAX_BLOB = 64 << 20  # a larger file is left to git
+
+
+class _NotPlain(Exception):
+    """A path that is no regular file or link (or too large): git's own way."""
+
+
+def _blob_of(repo: Path, dfd: int, name: str) -> tuple[str, str] | None:
+    """(mode, id) of the file or link `name` in folder `dfd` as git would stage it, the blob written; None when
+    it is gone. Never follows a link: a link's blob is its target, as git stores it."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno != 40:  # ELOOP: a link
+            raise
+        return "120000", gittrees.write_loose(repo, "blob", os.fsencode(os.readlink(name, dir_fd=dfd)))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BLOB:
+            raise _NotPlain(name)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    mode = "100755" if st.st_mode & stat.S_IXUSR else "100644"
+    return mode, gittrees.write_loose(repo, "blob", b"".join(chunks))
 
 
 def _no_git_rules(base: Path, paths) -> bool:
@@ -557,7 +589,8 @@ class TreeStore:
         self.work_dir = self.tree_dir / "work"
         self._lock = threading.Lock()
         # Knowledge checkouts of closed edges, with their attempt views (park_knowledge).
-        self._parked: list[tuple] = []  # (folder, attempt view, index commit, unstaged paths)
+        # (folder, attempt view, index commit, unstaged paths, the commit the folder is at)
+        self._parked: list[tuple] = []
         self._parked_n = 0
         self._trees = gittrees.TreeCache()  # knowledge trees by id (gittrees.py)
 
@@ -693,7 +726,7 @@ class TreeStore:
             git([*wt, "read-tree", commit], git_dir=repo, env=env)
             git([*wt, "checkout-index", "-a", "-f", "-u"], git_dir=repo, env=env)
             return None
-        parked, view, index_at, unstaged = taken
+        parked, view, index_at, unstaged, _at = taken
         os.rename(parked / "knowledge", kdir)
         os.rename(parked / "knowledge.index", index)
         shutil.rmtree(parked, ignore_errors=True)
@@ -813,13 +846,13 @@ class TreeStore:
                 view.close()
             raise
         with self._lock:
-            self._parked.append((dest, view, ws._index_at, ws._unstaged))
+            self._parked.append((dest, view, ws._index_at, ws._unstaged, ws._k_head))
 
     def _take_parked(self, commit: str) -> tuple | None:
-        """A parked checkout, preferring one whose index is at `commit` (nothing to move), else the newest."""
+        """A parked checkout, preferring one at `commit` (the fewest files to write), else the newest."""
         with self._lock:
             for i in range(len(self._parked) - 1, -1, -1):
-                if self._parked[i][2] == commit:
+                if self._parked[i][4] == commit:
                     return self._parked.pop(i)
             return self._parked.pop() if self._parked else None
 
