@@ -73,7 +73,6 @@ def test_fork_moves_a_parked_checkout_by_its_tree_diff(store, calls):
     # written from the files and the last commit's tree (gittrees.py)
     assert not {"add", "update-index", "write-tree"} & set(calls)
     a.close()
-    expect_child = None
 
     calls.clear()
     b = st.fork(root, "e2")  # the folder is at the child, its index still at the root: nothing to move

@@ -714,10 +714,10 @@ class TreeStore:
         return self.work_dir / ".knowledge-pool"  # under work/: cleanup_stale drops it with the worktrees
 
     def _checkout_knowledge(self, kdir: Path, index: Path, commit: str) -> attemptsmod.AttemptView | None:
-        """Make `kdir` exactly `commit`'s files, with `index` matching (stat data included, so the per-turn
-        `add -A` hashes only what the agent changed). A parked checkout of an earlier edge is moved in and moved
-        to `commit` (git writes the files that differ, removes extras); else a full checkout. Returns the parked
-        checkout's attempt view (its watch sees what git rewrites), or None."""
+        """Make `kdir` exactly `commit`'s files, with `index` matching (stat data included: the next fork's
+        sweep compares against it). A parked checkout of an earlier edge is moved in and moved to `commit` (git
+        writes the files that differ, the rest of the extras go by name or by `clean`: docs/runtime.md); else a
+        full checkout. Returns the parked checkout's attempt view (its watch sees what git rewrites), or None."""
         repo, env = self.knowledge_git, knowledge_index_env(index)
         wt = ["--work-tree", str(kdir)]
         taken = self._take_parked(commit)
