@@ -203,3 +203,33 @@ def test_untracked_paths_go_without_a_full_clean_when_the_watch_saw_them(store, 
     assert "clean" in calls  # that one git sorts out
     assert _files(d.knowledge_dir) == expect_root
     d.close()
+
+
+def _loose(st):
+    out = wsmod.git(["count-objects", "-v"], git_dir=st.knowledge_git).stdout
+    return dict(line.split(": ", 1) for line in out.splitlines())
+
+
+def test_the_loose_trees_of_index_free_commits_are_packed_past_the_threshold(store):
+    """Index-free commits leave their trees loose and uncompressed; at the tree's end the store packs them once
+    they pass LOOSE_PACK_KIB, and every commit stays readable."""
+    st, root = store
+    state = root
+    commits = []
+    for i in range(3):
+        ws = st.fork(state, f"e{i}")
+        (ws.knowledge_dir / "attempts" / f"n{i}.json").write_text(json.dumps({**REC, "commit_hash": f"n{i}"}))
+        state = ws.state(None)
+        commits.append(state.knowledge_commit)
+        ws.close()
+    before = _loose(st)
+    assert int(before["count"]) > 0
+    assert st.pack_loose() is False  # a few KiB: under the threshold, left as it is
+    assert _loose(st)["count"] == before["count"]
+    assert st.pack_loose(min_kib=0) is True
+    after = _loose(st)
+    assert after["count"] == "0" and int(after["in-pack"]) >= int(before["in-pack"]) + int(before["count"])
+    for c in commits:
+        names = wsmod.git(["ls-tree", "--name-only", f"{c}:attempts"], git_dir=st.knowledge_git).stdout.split()
+        assert "c1.json" in names
+    wsmod.git(["fsck", "--strict", "--no-progress"], git_dir=st.knowledge_git)
