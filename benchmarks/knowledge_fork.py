@@ -1,13 +1,16 @@
 """Benchmark the per-edge cost of shared knowledge as the root's attempt records grow.
 
-    python3 benchmarks/knowledge_fork.py [--attempts 100,1000,10000] [--edges 6]
+    python3 benchmarks/knowledge_fork.py [--attempts 100,1000,10000] [--edges 6] [--shape chain|branches]
+        [--modes before,stat-cache,after,prev --prev REV]
 
 A root snapshot whose `shared/attempts/` holds A attempt records (about 600 bytes each, like Coral's) and a
 few notes. Each edge does what `run_edge` does with knowledge, in order: fork the node (code worktree + private
 knowledge checkout), build the turn prompt (loads every attempt), two turns that each run `coral eval` (loads
 every attempt, writes one new record) and commit knowledge, the final state (knowledge commit + refs), and
-close. Edges are chained (each forks the previous edge's child), so each fork moves to a new knowledge commit.
-The first edge of a tree is not counted (nothing to reuse yet; its fork costs what `before` does).
+close. `--shape chain`: each edge forks the previous edge's child (the parked checkout's index is already at that
+commit); `--shape branches`: edges alternate between two branches, so each fork moves the parked checkout to the
+other branch's tip. The first edge of each branch is not counted (nothing to reuse yet; its fork costs what
+`before` does).
 
 Side by side in one run:
 - before: a full checkout of every knowledge file per fork without stat data in the index (so each turn's
@@ -18,7 +21,9 @@ Side by side in one run:
 - after: the closed edge's checkout moved into the next fork and brought to its commit by git (only the
   files that differ are written), stat data kept; loads look only at the names inotify reported since the last
   load (`attempts.AttemptView`), plus what each knowledge commit's `git add -v` staged; commits stage only the
-  paths the watch reported, and one with nothing to commit makes no git call (`kwatch.KnowledgeWatch`).
+  paths the watch reported, and one with nothing to commit makes no git call (`kwatch.KnowledgeWatch`);
+- prev: `after` on the sftree of git revision `--prev` (its `src/` exported with `git archive`, measured by this
+  file in a child process), so the code before a change is measured in the same run as the code after it.
 """
 
 from __future__ import annotations
@@ -29,13 +34,16 @@ import os
 import shutil
 import stat
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+# `--src DIR` (first): measure the sftree under DIR instead (the `prev` mode runs this file that way).
+_SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv[:-1] else str(REPO / "src")
+sys.path.insert(0, _SRC)
 
 from sftree.agents import prompts  # noqa: E402
 from sftree.runtime import coral, safefs  # noqa: E402
@@ -177,7 +185,7 @@ def one_edge(store: TreeStore, state, edge_id: str, n: int) -> tuple[object, dic
     return child, t
 
 
-def run_tree(tmp: Path, root: Path, edges: int, mode: str) -> dict[str, float]:
+def run_tree(tmp: Path, root: Path, edges: int, mode: str, shape: str = "chain") -> dict[str, float]:
     saved = (TreeStore._checkout_knowledge, TreeStore.park_knowledge, coral.view_for, prompts.view_for)
     if mode == "before":
         TreeStore._checkout_knowledge = old_checkout_knowledge
@@ -189,9 +197,13 @@ def run_tree(tmp: Path, root: Path, edges: int, mode: str) -> dict[str, float]:
     try:
         store, state = TreeStore.create(tmp / f"tree-{mode}-{root.name}", root, {})
         times: list[dict[str, float]] = []
+        tips = [state, state]  # two branches: `branches` alternates between them
         for i in range(edges + 1):
-            state, t = one_edge(store, state, f"e{i + 1}", i)
-            if i:  # the first edge has nothing to reuse
+            if shape == "branches":  # fork the tip of the other branch than the last edge's
+                state = tips[i % 2]
+            child, t = one_edge(store, state, f"e{i + 1}", i)
+            tips[i % 2] = state = child
+            if i > (shape == "branches"):  # the first edge(s) have nothing to reuse
                 times.append(t)
         store.close()
     finally:
@@ -199,23 +211,60 @@ def run_tree(tmp: Path, root: Path, edges: int, mode: str) -> dict[str, float]:
     return {k: 1000 * statistics.median(t[k] for t in times) for k in times[0]}
 
 
+def run_prev(tmp: Path, rev: str, attempts: int, edges: int, shape: str) -> dict[str, float]:
+    """This benchmark's `after` mode on the sftree of commit `rev` (exported with `git archive`), in a child
+    process, so the previous code is measured in the same run on the same machine."""
+    src = tmp / f"prev-{rev}"
+    if not src.is_dir():
+        src.mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", rev, "src"], capture_output=True, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--src", str(src / "src"), "--attempts", str(attempts), "--edges", str(edges),
+         "--modes", "after", "--shape", shape],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 7 and f[0] == str(attempts) and f[1] == "after":
+            return dict(
+                zip(["fork", "loads", "commits", "state+close", "edge"], map(float, f[2:]), strict=True)
+            )
+    raise RuntimeError(f"no result row from the {rev} run:\n{out}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--attempts", default="100,1000,10000")
     ap.add_argument("--edges", type=int, default=6)
     ap.add_argument("--modes", default="before,stat-cache,after")
+    ap.add_argument(
+        "--shape",
+        choices=["chain", "branches"],
+        default="chain",
+        help="chain: each edge forks the last edge's child (the parked checkout is at that commit); branches: "
+        "edges alternate between two branches (each fork moves the parked checkout to the other branch)",
+    )
+    ap.add_argument("--prev", default="", help="git revision measured as mode `prev` (with --modes ...,prev)")
+    ap.add_argument("--src", help="import sftree from this folder (used by the prev mode)")
     args = ap.parse_args()
     cols = ["fork", "loads", "commits", "state+close", "edge"]
     print(
-        f"Per-edge knowledge cost (ms, median of {args.edges} chained edges; loads = 4 attempt loads, commits = 2)"
+        f"Per-edge knowledge cost (ms, median of {args.edges} edges, shape {args.shape}; loads = 4 attempt loads, "
+        "commits = 2)"
     )
     print(f"{'attempts':>8} {'mode':>10} " + " ".join(f"{c:>11}" for c in cols))
     with tempfile.TemporaryDirectory(prefix="sftree-kfork-") as tmp:
         for a in [int(x) for x in args.attempts.split(",")]:
             root = make_root(Path(tmp), a)
             for mode in args.modes.split(","):
-                r = run_tree(Path(tmp), root, args.edges, mode)
-                print(f"{a:>8} {mode:>10} " + " ".join(f"{r[c]:>11.1f}" for c in cols))
+                if mode == "prev":
+                    r = run_prev(Path(tmp), args.prev or "HEAD", a, args.edges, args.shape)
+                else:
+                    r = run_tree(Path(tmp), root, args.edges, mode, args.shape)
+                print(f"{a:>8} {mode:>10} " + " ".join(f"{r[c]:>11.1f}" for c in cols), flush=True)
             shutil.rmtree(root)
     print(f"\nmachine: {os.cpu_count()} CPUs, {sys.platform}, Python {sys.version.split()[0]}, "
           f"{git(['--version']).stdout.strip()}; tmp dir {tempfile.gettempdir()}")  # fmt: skip

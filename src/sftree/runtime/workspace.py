@@ -28,10 +28,12 @@ lock per store; commits inside a worktree and knowledge commits (own index file)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import threading
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ from pathlib import Path
 
 from sftree.errors import InputError, SftreeError
 from sftree.runtime import attempts as attemptsmod
+from sftree.runtime import gittrees, safefs
 from sftree.runtime.kwatch import KnowledgeWatch
 
 log = logging.getLogger(__name__)
@@ -115,8 +118,10 @@ def git(
     env: dict | None = None,
     input: bytes | None = None,
     check: bool = True,
+    binary: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Run git with a clean, fixed identity; return the CompletedProcess (stdout as text)."""
+    """Run git with a clean, fixed identity; return the CompletedProcess (stdout as text, or bytes if
+    `binary`)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     full_env.update(GIT_ENV)
     full_env["HOME"] = full_env.get("HOME", "/tmp")
@@ -138,7 +143,7 @@ def git(
     out = subprocess.CompletedProcess(
         proc.args,
         proc.returncode,
-        proc.stdout.decode("utf-8", "replace"),
+        proc.stdout if binary else proc.stdout.decode("utf-8", "replace"),
         proc.stderr.decode("utf-8", "replace"),
     )
     if check and proc.returncode != 0:
@@ -186,10 +191,16 @@ class EdgeWorkspace:
     _code_commits: list[str] = field(default_factory=list)
     _k_head: str = ""  # the knowledge commit the checkout is at (set by fork)
     _k_tree: str | None = None
+    _index_at: str | None = None  # the knowledge commit whose tree the edge's index holds (None: unknown)
+    # Paths that may be in the checkout but not in the index (touched and never staged, or committed without
+    # the index); None: unknown. The fork left none, so the next fork removes those the index (then at its
+    # commit) does not hold instead of a `git clean` of the whole folder.
+    _unstaged: set[str] | None = field(default_factory=set)
     attempt_view: attemptsmod.AttemptView | None = None  # the checkout's attempt records (attempts.py)
 
     def __post_init__(self):
         self._k_head = self._k_head or self.parent.knowledge_commit
+        self._index_at = self._k_head  # the fork made the index match the commit
 
     @property
     def knowledge_dir(self) -> Path:
@@ -246,50 +257,164 @@ class EdgeWorkspace:
         if watch is not None and self._k_tree is not None and not watch.changed():
             return self._k_head  # nothing under .opencode changed since the last commit (kwatch.py)
         touched = watch.committed() if watch is not None else None  # later changes count next time
+        index_was, self._index_at = self._index_at, None  # until the commit is made, the index is part way
+        if touched is None:
+            self._unstaged = None  # a full `add` may leave ignored paths out: unknown
         try:
-            return self._commit_knowledge(message, touched)
+            head, index_now = self._commit_knowledge(message, touched, index_was)
         except BaseException:
             if watch is not None:
                 watch.invalidate()
             raise
+        self._index_at = head if index_now else index_was
+        return head
 
-    def _commit_knowledge(self, message: str, touched: set[str] | None) -> str:
+    def _commit_knowledge(
+        self, message: str, touched: set[str] | None, index_at: str | None
+    ) -> tuple[str, bool]:
+        """Commit; (the commit, whether the index now holds its tree).
+
+        The short way, when the watch told what changed and those are plain files and links: their blobs are
+        written from the files (never through a link) and the tree is the last commit's with those entries
+        (gittrees.py); git's index is left as it was (the next fork moves it by a tree diff and its stat sweep
+        stands). Otherwise git's way: the index is brought to the last commit, then `add` and `write-tree`."""
         repo, env = self.store.knowledge_git, knowledge_index_env(self.index_file)
-        added = None if touched is None else self._stage_paths(touched)
-        if added is None:  # everything: the paths are unknown, or git refused the short way
-            added = git(
-                ["--work-tree", str(self.knowledge_dir), "add", "-A", "-v", "--", "."], git_dir=repo, env=env
-            ).stdout
-        if self.attempt_view is not None and added:
-            # git compares inode and ctime: what it staged under attempts/ is read again by the attempt view,
-            # whatever inotify reported (a change made through a hard link from elsewhere raises no event).
-            self.attempt_view.mark_dirty(_attempt_names(added))
-        # --missing-ok: every blob in this index was written by our own `add`; skipping git's lookup of each
-        # of them is a good part of a tree rewrite's cost at 10k attempts.
-        tree = git(["write-tree", "--missing-ok"], git_dir=repo, env=env).stdout.strip()
         if self._k_tree is None:
             self._k_tree = git(["rev-parse", f"{self._k_head}^{{tree}}"], git_dir=repo).stdout.strip()
+        names = None if touched is None else self._touched_names(touched)
+        changes = None if names is None else self._plain_changes(names)
+        tree = None
+        if changes is not None:
+            try:
+                tree = gittrees.apply_changes(
+                    self._k_tree, changes, self.store.load_tree, self.store.store_tree
+                )
+            except (OSError, GitError, ValueError):
+                tree = None
+            added = "".join(f"add '{p}'\n" for p in sorted(changes))
+            if tree is not None and self._unstaged is not None:
+                self._unstaged.update(changes)  # on disk, not in the index: the next fork checks them
+        index_now = tree is None
+        if tree is None:
+            if index_at != self._k_head:
+                self._sync_index(index_at)
+            added = None
+            if names is not None:
+                self._unstaged = None  # `add` leaves ignored paths out
+                added = self._add_paths(names)
+            if added is None:  # everything: the paths are unknown, or git refused the short way
+                added = git(
+                    ["--work-tree", str(self.knowledge_dir), "add", "-A", "-v", "--", "."],
+                    git_dir=repo,
+                    env=env,
+                ).stdout
+            # --missing-ok: every blob in this index was written by our own `add`; skipping git's lookup of
+            # each of them is a good part of a tree rewrite's cost at 10k attempts. Level 0: the new
+            # `attempts/` tree object (A entries, ~730 KB at 10k) is written loose without deflating it.
+            tree = git(["-c", "core.looseCompression=0", "write-tree", "--missing-ok"], git_dir=repo, env=env)
+            tree = tree.stdout.strip()
+        if self.attempt_view is not None and added:
+            # What was staged under attempts/ is read again by the attempt view, whatever inotify reported (a
+            # change made through a hard link from elsewhere raises no event).
+            self.attempt_view.mark_dirty(_attempt_names(added))
         if tree != self._k_tree:
             self._k_head = git(
                 ["commit-tree", tree, "-p", self._k_head, "-m", message], git_dir=repo
             ).stdout.strip()
             self._k_tree = tree
-        return self._k_head
+        return self._k_head, index_now
 
-    def _stage_paths(self, touched: set[str]) -> str | None:
-        """Stage only the paths the watch reported (the index matched the rest at the last commit, or the fork
-        made it so); `git add -v` output, or None when git would not (then everything is staged).
+    def _sync_index(self, index_at: str | None) -> None:
+        """Bring the index (at `index_at`, or unknown) to the last commit, stat data kept where unchanged."""
+        if self.store._move_index(self.index_file, index_at, self._k_head) is None:
+            git(
+                ["--work-tree", str(self.knowledge_dir), "read-tree", "--reset", self._k_head],
+                git_dir=self.store.knowledge_git,
+                env=knowledge_index_env(self.index_file),
+            )
 
-        Gone paths are unstaged with `rm --cached --ignore-unmatch` (a literal pathspec that matches nothing,
-        like the temp file every attempt record is written through, makes `git add` fail); present ones added
-        with `add -A`, whose exit code 1 with only its "paths are ignored" message is no failure (an ignored
-        path is never committed). Paths under the root's excluded names never are either."""
+    def _touched_names(self, touched: set[str]) -> set[str]:
+        """The reported paths to commit: never those under the root's excluded names (kept as unstaged, for the
+        next fork to remove); a deleted folder (the watch marks it `path/`) as that path."""
+        names = set()
+        for p in touched:
+            path = p.rstrip("/")
+            if not path or path.split("/", 1)[0] in _KNOWLEDGE_EXCLUDED_NAMES or "\0" in path:
+                if path and self._unstaged is not None:
+                    self._unstaged.add(path)
+                continue
+            names.add(path)
+        return names
+
+    def _plain_changes(self, names: set[str]) -> dict[str, tuple[str, str] | None] | None:
+        """{path: (mode, blob id) or None (gone)} for the reported paths, the blobs written; None when git's own
+        rules may apply (a FIFO, a nested repository, a `.gitignore` or `.gitattributes` on the way, a path
+        beyond a link): then git stages them. A present folder stands for the files under it, a gone one for
+        the last commit's files under it."""
+        kdir, repo = self.knowledge_dir, self.store.knowledge_git
+        paths: set[str] = set()
+        for path in names:
+            try:
+                mode = os.lstat(kdir / path).st_mode
+            except FileNotFoundError:
+                paths.add(path)
+                paths.update(self._committed_under(path))
+                continue
+            except OSError:
+                return None
+            if stat.S_ISDIR(mode):
+                found = _plain_files(kdir, path)
+                if found is None:
+                    return None
+                paths.update(found)
+                paths.update(self._committed_under(path))  # files gone from it meanwhile
+            else:
+                paths.add(path)
+        if not paths or not _no_git_rules(kdir, paths):
+            return None if paths else {}
+        changes: dict[str, tuple[str, str] | None] = {}
+        try:
+            for path in sorted(paths):
+                parent, _, name = path.rpartition("/")
+                try:
+                    with safefs.open_dir(kdir, parent) as dfd:
+                        changes[path] = _blob_of(repo, dfd, name)
+                except FileNotFoundError:
+                    changes[path] = None  # its folder is gone
+        except (safefs.UnsafePath, _NotPlain):
+            return None
+        except OSError:
+            return None
+        return changes
+
+    def _committed_under(self, folder: str) -> list[str]:
+        """The last commit's file paths under `folder` (from the kept trees)."""
+        entries = self.store.load_tree(self._k_tree)
+        parts = folder.split("/")
+        for part in parts:
+            got = entries.get(part)
+            if got is None or got[0] != gittrees.TREE_MODE:
+                return []
+            entries = self.store.load_tree(got[1])
+        out, todo = [], [(folder, entries)]
+        while todo:
+            prefix, ents = todo.pop()
+            for name, (mode, oid, _raw) in ents.items():
+                if mode == gittrees.TREE_MODE:
+                    todo.append((f"{prefix}/{name}", self.store.load_tree(oid)))
+                else:
+                    out.append(f"{prefix}/{name}")
+        return out
+
+    def _add_paths(self, names: set[str]) -> str | None:
+        """The general way: gone paths unstaged with `rm --cached -r --ignore-unmatch` (a literal pathspec that
+        matches nothing, like the temp file every attempt record is written through, makes `git add` fail);
+        present ones added with `add -A`, whose exit code 1 with only its "paths are ignored" message is no
+        failure (an ignored path is never committed)."""
         repo, env = self.store.knowledge_git, knowledge_index_env(self.index_file)
         wt = ["--work-tree", str(self.knowledge_dir)]
         present, gone = [], []
-        for p in sorted(touched):
-            if p.split("/", 1)[0] in _KNOWLEDGE_EXCLUDED_NAMES or "\0" in p:
-                continue
+        for p in sorted(names):
             (present if os.path.lexists(self.knowledge_dir / p) else gone).append(f":(literal){p}")
         spec = ["--pathspec-from-file=-", "--pathspec-file-nul"]
         if gone:
@@ -340,6 +465,9 @@ class EdgeWorkspace:
             self.closed = True
 
 
+LOOSE_PACK_KIB = 16 * 1024  # below this a tree's loose objects are left as they are
+
+
 def knowledge_index_env(index: Path) -> dict[str, str]:
     """An edge's own knowledge index, in format 4 (path prefixes compressed: about half the bytes to read,
     hash and write at every git call on a checkout of many attempt records)."""
@@ -358,6 +486,85 @@ def _only_ignored(stderr: str) -> bool:
         and lines[0].startswith("The following paths are ignored")
         and not any(ln.startswith(("fatal:", "error:")) for ln in lines)
     )
+
+
+# Files that change what `git add` does with the paths below them (ignore and attribute rules, a nested
+# repository).
+_GIT_RULE_NAMES = (".gitignore", ".gitattributes", ".git")
+MAX_BLOB = 64 << 20  # a larger file is left to git
+
+
+class _NotPlain(Exception):
+    """A path that is no regular file or link (or too large): git's own way."""
+
+
+def _blob_of(repo: Path, dfd: int, name: str) -> tuple[str, str] | None:
+    """(mode, id) of the file or link `name` in folder `dfd` as git would stage it, the blob written; None when
+    it is gone. Never follows a link: a link's blob is its target, as git stores it."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno != 40:  # ELOOP: a link
+            raise
+        return "120000", gittrees.write_loose(repo, "blob", os.fsencode(os.readlink(name, dir_fd=dfd)))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BLOB:
+            raise _NotPlain(name)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    mode = "100755" if st.st_mode & stat.S_IXUSR else "100644"
+    return mode, gittrees.write_loose(repo, "blob", b"".join(chunks))
+
+
+def _no_git_rules(base: Path, paths) -> bool:
+    """No folder on the way to any of `paths` holds a `.gitignore` or `.git`: then `update-index` stages what
+    `add` would (the only other ignore rules are the root's excluded names, filtered by the caller)."""
+    seen: set[str] = set()
+    for p in paths:
+        parts = p.split("/")
+        if parts[-1] in _GIT_RULE_NAMES:
+            return False
+        for i in range(len(parts)):
+            d = "/".join(parts[:i])
+            if d in seen:
+                continue
+            seen.add(d)
+            if any(os.path.lexists(base / d / n) for n in _GIT_RULE_NAMES):
+                return False
+    return True
+
+
+def _plain_files(base: Path, rel: str, limit: int = 256) -> list[str] | None:
+    """The files and links under folder `base/rel` (relative to `base`), never following a link; None when
+    something else is there (a FIFO, a socket, a nested repository), there are more than `limit`, or it cannot
+    be read."""
+    out: list[str] = []
+    todo = [rel]
+    try:
+        while todo:
+            d = todo.pop()
+            with os.scandir(base / d) as it:
+                for e in it:
+                    sub = f"{d}/{e.name}"
+                    if e.name in _GIT_RULE_NAMES:
+                        return None
+                    if e.is_symlink() or e.is_file(follow_symlinks=False):
+                        out.append(sub)
+                    elif e.is_dir(follow_symlinks=False):
+                        todo.append(sub)
+                    else:
+                        return None
+                    if len(out) + len(todo) > limit:
+                        return None
+    except OSError:
+        return None
+    return out
 
 
 _ADD_LINE = re.compile(r"^(?:add|remove) '(.*)'$", re.M)
@@ -385,8 +592,10 @@ class TreeStore:
         self.work_dir = self.tree_dir / "work"
         self._lock = threading.Lock()
         # Knowledge checkouts of closed edges, with their attempt views (park_knowledge).
-        self._parked: list[tuple[Path, attemptsmod.AttemptView | None]] = []
+        # (folder, attempt view, index commit, unstaged paths, the commit the folder is at)
+        self._parked: list[tuple] = []
         self._parked_n = 0
+        self._trees = gittrees.TreeCache()  # knowledge trees by id (gittrees.py)
 
     # ---- creation and resume -------------------------------------------------------------------------------
     @classmethod
@@ -508,24 +717,34 @@ class TreeStore:
         return self.work_dir / ".knowledge-pool"  # under work/: cleanup_stale drops it with the worktrees
 
     def _checkout_knowledge(self, kdir: Path, index: Path, commit: str) -> attemptsmod.AttemptView | None:
-        """Make `kdir` exactly `commit`'s files, with `index` matching (stat data included, so the per-turn
-        `add -A` hashes only what the agent changed). A parked checkout of an earlier edge is moved in and moved
-        to `commit` (git writes the files that differ, removes extras); else a full checkout. Returns the parked
-        checkout's attempt view (its watch sees what git rewrites), or None."""
+        """Make `kdir` exactly `commit`'s files, with `index` matching (stat data included: the next fork's
+        sweep compares against it). A parked checkout of an earlier edge is moved in and moved to `commit` (git
+        writes the files that differ, the rest of the extras go by name or by `clean`: docs/runtime.md); else a
+        full checkout. Returns the parked checkout's attempt view (its watch sees what git rewrites), or None."""
         repo, env = self.knowledge_git, knowledge_index_env(index)
         wt = ["--work-tree", str(kdir)]
-        taken = self._take_parked()
+        taken = self._take_parked(commit)
         if taken is None:
             kdir.mkdir()
             git([*wt, "read-tree", commit], git_dir=repo, env=env)
             git([*wt, "checkout-index", "-a", "-f", "-u"], git_dir=repo, env=env)
             return None
-        parked, view = taken
+        parked, view, index_at, unstaged, _at = taken
         os.rename(parked / "knowledge", kdir)
         os.rename(parked / "knowledge.index", index)
         shutil.rmtree(parked, ignore_errors=True)
-        git([*wt, "read-tree", "--reset", "-u", commit], git_dir=repo, env=env)
-        # Files changed after the parked index last saw them (same path in both commits): restore them too.
+        # What changed since the last commit (after it, or while parked) is untracked or stale: to remove or
+        # restore below. Taken before git writes anything, so no change by anyone else is missed.
+        pending = None
+        if view is not None and view.watch is not None:
+            view.rebind(kdir.parent)
+            pending = view.watch.committed()
+        leftover = None if unstaged is None or pending is None else unstaged | pending
+        dropped = [] if index_at == commit else self._move_index(index, index_at, commit)
+        if dropped is None:
+            git([*wt, "read-tree", "--reset", "-u", commit], git_dir=repo, env=env)
+        # Files that differ from the index: those the move above changed (their entries carry no stat data)
+        # and those changed after the parked index last saw them (e.g. through a hard link): write them.
         stale = git([*wt, "diff-files", "--name-only", "-z"], git_dir=repo, env=env).stdout
         if stale:
             git(
@@ -534,9 +753,78 @@ class TreeStore:
                 env=env,
                 input=stale.encode(),
             )
-        # Untracked and ignored files (what the last agent added, OpenCode's housekeeping) go too.
-        git([*wt, "clean", "-f", "-f", "-d", "-x", "-q"], git_dir=repo, env=env)
+        # Untracked and ignored files (what the last agent added, OpenCode's housekeeping) go too: those the
+        # watch reported and the move dropped from the index alone when every change since the checkout was
+        # last clean is known, else a `git clean` of everything.
+        if leftover is None or not self._clean_paths(kdir, index, leftover, dropped or []):
+            git([*wt, "clean", "-f", "-f", "-d", "-x", "-q"], git_dir=repo, env=env)
         return view
+
+    def _clean_paths(self, kdir: Path, index: Path, leftover: set[str], dropped: list[str]) -> bool:
+        """Remove what of `leftover` (paths touched, never staged) is not in the index now, and the files of
+        `dropped` (entries the move took out of the index) with their folders left empty. False when a path
+        leads through a link or is a folder holding tracked files, or git fails: then the caller cleans
+        everything."""
+        candidates = sorted(p for p in leftover if p and not p.endswith("/"))
+        tracked: set[str] = set()
+        if candidates:
+            proc = git(
+                ["--work-tree", str(kdir), "ls-files", "-z", "--", *(f":(literal){p}" for p in candidates)],
+                git_dir=self.knowledge_git,
+                env=knowledge_index_env(index),
+                check=False,
+            )
+            if proc.returncode != 0:
+                return False
+            tracked = set(proc.stdout.split("\0"))
+        try:
+            for rel in [p for p in candidates if p not in tracked] + dropped:
+                parent, _, name = rel.rpartition("/")
+                # Gone already (or its folder): nothing to do.
+                with contextlib.suppress(FileNotFoundError), safefs.open_dir(kdir, parent) as dfd:
+                    if not stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                        os.unlink(name, dir_fd=dfd)
+                    elif any(t.startswith(rel + "/") for t in tracked):
+                        return False  # a folder holding tracked files: git sorts it out
+                    else:  # nothing in it is tracked (rmtree never follows a link inside)
+                        shutil.rmtree(name, dir_fd=dfd)
+                while parent:  # folders the removal left empty go, as `clean -d` would take them
+                    parent, _, name = parent.rpartition("/")
+                    with safefs.open_dir(kdir, parent) as dfd:
+                        try:
+                            os.rmdir(name, dir_fd=dfd)
+                        except OSError:
+                            break
+        except (OSError, safefs.UnsafePath):
+            return False
+        return True
+
+    def _move_index(self, index: Path, old: str | None, new: str, limit: int = 2000) -> list[str] | None:
+        """Set the entries of `index` (at commit `old`) that differ in commit `new` from their tree diff, in
+        work proportional to that diff where `read-tree --reset` walks all A entries. Entries set this way have
+        no stat data, so the `diff-files` after it lists them and the fork writes them; paths gone from the
+        index are left on disk for the caller to remove: returned. None (nothing done) when `old` is unknown or
+        the diff is large or holds a submodule: then `read-tree` moves it."""
+        if old is None:
+            return None
+        repo, env = self.knowledge_git, knowledge_index_env(index)
+        out = git(["diff-tree", "-r", "-z", "--raw", "--no-renames", old, new], git_dir=repo).stdout
+        fields = out.split("\0")
+        lines, dropped = [], []
+        for i in range(0, len(fields) - 1, 2):  # ":oldmode newmode oldsha newsha status", path
+            meta, path = fields[i].split(" "), fields[i + 1]
+            if len(meta) != 5 or "160000" in meta[:2]:
+                return None
+            if meta[4] == "D":
+                lines.append(f"0 {'0' * 40}\t{path}\0")
+                dropped.append(path)
+            else:
+                lines.append(f"{meta[1]} {meta[3]}\t{path}\0")
+            if len(lines) > limit:
+                return None
+        if lines:
+            git(["update-index", "-z", "--index-info"], git_dir=repo, env=env, input="".join(lines).encode())
+        return dropped
 
     def park_knowledge(self, ws: EdgeWorkspace) -> None:
         """Keep a closing edge's knowledge checkout for the next fork (a real folder only: never a link),
@@ -561,11 +849,30 @@ class TreeStore:
                 view.close()
             raise
         with self._lock:
-            self._parked.append((dest, view))
+            self._parked.append((dest, view, ws._index_at, ws._unstaged, ws._k_head))
 
-    def _take_parked(self) -> tuple[Path, attemptsmod.AttemptView | None] | None:
+    def _take_parked(self, commit: str) -> tuple | None:
+        """A parked checkout, preferring one at `commit` (the fewest files to write), else the newest."""
         with self._lock:
+            for i in range(len(self._parked) - 1, -1, -1):
+                if self._parked[i][4] == commit:
+                    return self._parked.pop(i)
             return self._parked.pop() if self._parked else None
+
+    def load_tree(self, oid: str) -> gittrees.Entries:
+        """A knowledge tree's entries (kept: the tree a commit writes is the next commit's starting point)."""
+        entries = self._trees.get(check_sha(oid, "tree"))
+        if entries is None:
+            entries = gittrees.parse_tree(
+                git(["cat-file", "tree", oid], git_dir=self.knowledge_git, binary=True).stdout
+            )
+            self._trees.put(oid, entries)
+        return entries
+
+    def store_tree(self, entries: gittrees.Entries) -> str:
+        oid = gittrees.write_loose(self.knowledge_git, "tree", gittrees.encode_tree(entries))
+        self._trees.put(oid, entries)
+        return oid
 
     def keep_refs(self, repo: str, refs: dict[str, str]) -> None:
         """Point `refs/sftree/edges/<name>` at each commit so `git gc` never drops it (one git call)."""
@@ -593,7 +900,7 @@ class TreeStore:
             return
         with self._lock:
             parked, self._parked = self._parked, []
-        for _dest, view in parked:
+        for _dest, view, *_rest in parked:
             if view is not None:
                 view.close()
         shutil.rmtree(self.pool_dir, ignore_errors=True)
@@ -605,3 +912,27 @@ class TreeStore:
     def close(self) -> None:
         """Remove every worktree (the store keeps all commits)."""
         self.cleanup_stale(set())
+
+    def pack_loose(self, min_kib: int = LOOSE_PACK_KIB) -> bool:
+        """Pack the knowledge store's loose objects once they pass `min_kib`; True if it packed.
+
+        Knowledge commits write their trees loose and uncompressed (runtime/gittrees.py), about 730 KB each at
+        10k attempts, two per edge, and the store runs with gc.auto=0. Trees of one tree's edges differ in a few
+        entries, so packed with deltas they take almost nothing (80 such trees: 80 MB loose, 1.5 MB packed in
+        1.7 s). A failure only leaves the objects loose."""
+        out = git(["count-objects", "-v"], git_dir=self.knowledge_git, check=False)
+        sizes = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
+        try:
+            loose_kib = int(sizes.get("size", "0"))
+        except ValueError:
+            return False
+        if out.returncode != 0 or loose_kib < min_kib:
+            return False
+        done = git(["repack", "-d", "-q"], git_dir=self.knowledge_git, check=False)
+        if done.returncode != 0:
+            log.warning(
+                "knowledge store %s: repack failed, objects stay loose: %s", self.knowledge_git, done.stderr
+            )
+            return False
+        log.info("knowledge store packed: %.1f MiB of loose objects", loose_kib / 1024)
+        return True

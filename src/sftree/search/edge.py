@@ -186,6 +186,7 @@ class EdgeContext:
         """Stop a teacher-sim or llama-server this context started; remove worktrees unless keep_workspaces."""
         if not self.keep_workspaces:
             self.store.close()
+        self.store.pack_loose()
         self.agent.close()
         for stop in self._closers:
             stop()

@@ -1,0 +1,102 @@
+"""Knowledge trees built in Python from the last tree and the changed entries (gittrees.py) are the trees git
+itself makes: same ids as `git mktree` and `git write-tree`, objects git reads back."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from sftree.runtime import gittrees
+from sftree.runtime.workspace import git
+
+
+@pytest.fixture
+def repo(tmp_path):
+    r = tmp_path / "k.git"
+    git(["init", "-q", "--bare", str(r)])
+    return r
+
+
+def blob(repo, text: str) -> str:
+    return git(["hash-object", "-w", "--stdin"], git_dir=repo, input=text.encode()).stdout.strip()
+
+
+def mktree(repo, entries: dict[str, tuple[str, str]]) -> str:
+    lines = "".join(f"{m} {'tree' if m == '040000' else 'blob'} {o}\t{n}\0" for n, (m, o) in entries.items())
+    return git(["mktree", "-z"], git_dir=repo, input=lines.encode()).stdout.strip()
+
+
+def test_encoding_matches_git_order_and_modes(repo):
+    """Git sorts a folder as `name/`: `a-b` < `a.b` < `a` (folder) < `a0`; modes as git writes them."""
+    b1, b2 = blob(repo, "one\n"), blob(repo, "two\n")
+    sub = mktree(repo, {"f": ("100644", b1)})
+    want = mktree(
+        repo,
+        {"a0": ("100644", b1), "a": ("040000", sub), "a.b": ("100755", b2), "a-b": ("120000", b1), "ü.md": ("100644", b2)},
+    )  # fmt: skip
+    entries = {
+        n: gittrees.entry(n, m, o)
+        for n, m, o in [("a0", "100644", b1), ("a", "40000", sub), ("a.b", "100755", b2), ("a-b", "120000", b1),
+                        ("ü.md", "100644", b2)]
+    }  # fmt: skip
+    got = gittrees.write_loose(repo, "tree", gittrees.encode_tree(entries))
+    assert got == want
+    raw = subprocess.run(["git", "--git-dir", str(repo), "cat-file", "tree", got], capture_output=True).stdout
+    assert gittrees.parse_tree(raw) == entries
+    # a tree only Python wrote (a new id) is read by git
+    entries["new"] = gittrees.entry("new", "100644", b2)
+    oid = gittrees.write_loose(repo, "tree", gittrees.encode_tree(entries))
+    listed = git(["ls-tree", "--name-only", oid], git_dir=repo).stdout.split()
+    assert listed == ["a-b", "a.b", "a", "a0", "new", "ü.md"]
+    assert git(["fsck", "--strict", "--no-dangling"], git_dir=repo, check=False).returncode == 0
+
+
+def test_applied_changes_equal_write_tree_of_the_same_index(repo, tmp_path):
+    """Set, change and remove entries at several depths, empty a folder, put a file where a folder was: the
+    tree equals what write-tree makes of an index holding the old tree with those entries."""
+    b = [blob(repo, f"content {i}\n") for i in range(6)]
+    index = tmp_path / "idx"
+    env = {"GIT_INDEX_FILE": str(index)}
+    start = {"attempts/c1.json": b[0], "attempts/c2.json": b[1], "notes/a.md": b[2], "notes/deep/x.md": b[3],
+             "notes/gone/y.md": b[4], "top.md": b[5], "skills/s": b[0]}  # fmt: skip
+    info = "".join(f"100644 {o}\t{p}\0" for p, o in start.items())
+    git(["update-index", "-z", "--add", "--index-info"], git_dir=repo, env=env, input=info.encode())
+    root = git(["write-tree"], git_dir=repo, env=env).stdout.strip()
+    changes = {
+        "attempts/c3.json": ("100644", b[2]),  # new
+        "attempts/c1.json": ("100644", b[5]),  # changed
+        "attempts/c2.json": None,  # removed
+        "notes/deep/z.md": ("120000", b[1]),  # a link, one level down
+        "notes/gone/y.md": None,  # the folder's last file: the folder goes
+        "skills/s": None,
+        "skills": ("100644", b[3]),  # a file where a folder was
+        "roles/r/q.md": ("100755", b[4]),  # new folders
+        "missing/none": None,  # removing what is not there changes nothing
+    }
+    lines = "".join(f"{c[0] if c else '0'} {c[1] if c else '0' * 40}\t{p}\0" for p, c in changes.items())
+    # the index takes removals first (a file cannot replace a folder that still holds entries)
+    removals = "".join(x + "\0" for x in lines.split("\0") if x.startswith("0 "))
+    sets = "".join(x + "\0" for x in lines.split("\0") if x and not x.startswith("0 "))
+    git(["update-index", "-z", "--index-info"], git_dir=repo, env=env, input=removals.encode())
+    git(["update-index", "-z", "--add", "--index-info"], git_dir=repo, env=env, input=sets.encode())
+    want = git(["write-tree"], git_dir=repo, env=env).stdout.strip()
+    cache = gittrees.TreeCache()
+
+    def load(oid):
+        raw = subprocess.run(
+            ["git", "--git-dir", str(repo), "cat-file", "tree", oid], capture_output=True
+        ).stdout
+        return cache.get(oid) or gittrees.parse_tree(raw)
+
+    def store(entries):
+        oid = gittrees.write_loose(repo, "tree", gittrees.encode_tree(entries))
+        cache.put(oid, entries)
+        return oid
+
+    got = gittrees.apply_changes(root, changes, load, store)
+    assert got == want
+    # and again from the cached trees: no change, the same tree; everything removed, the empty tree
+    assert gittrees.apply_changes(got, {}, load, store) == got
+    everything = dict.fromkeys(git(["ls-tree", "-r", "--name-only", got], git_dir=repo).stdout.split())
+    assert gittrees.apply_changes(got, everything, load, store) == "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
