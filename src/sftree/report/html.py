@@ -245,6 +245,7 @@ def learning_curve_svg(rows: list[dict], task: str, direction: str | None) -> st
             SELECTED,
             marker="ring",
             size=6,
+            thin=False,  # every root drawn, however many
         ),
     ]
     title = f"{task}: Student learning curve ({direction or 'direction unknown'})"

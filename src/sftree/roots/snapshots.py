@@ -505,12 +505,8 @@ def _read_many(items: list[tuple[str, str, tuple | None]], fast: bool = True) ->
                             )
                         )
                         continue
-            except (
-                OSError,
-                ValueError,
-                KeyError,
-                TypeError,
-            ):  # the careful way below says what is wrong, if anything
+            # Anything unusual: the careful way below reads it again and says what is wrong, if anything.
+            except (OSError, ValueError, KeyError, TypeError):
                 pass
         try:
             snap, bad_score = read_snapshot(path, name, parsed)
