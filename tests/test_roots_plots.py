@@ -63,6 +63,14 @@ def test_decimate_keeps_gaps_and_skips_non_finite():
     assert decimate(list(range(30)), y, 0, 30, 10, line=False) == sorted(POINTS - {16})
 
 
+def test_decimate_huge_and_infinite_values_and_empty():
+    y = [1e308] * 30
+    y[7], y[20] = 1.7e308, float("inf")  # an exact sum beyond the float range, and an infinity
+    kept = decimate(list(range(30)), y, 0, 30, 10, line=False)
+    assert 7 in kept and 20 not in kept  # the highest finite value of column 2 is drawn, inf is not a value
+    assert decimate([], [], 0, 1, 10, line=True) == []
+
+
 def _circles(svg, r="3.0"):
     return [
         (float(a), float(b)) for a, b in re.findall(rf'<circle cx="([-\d.]+)" cy="([-\d.]+)" r="{r}"', svg)

@@ -83,6 +83,17 @@ def _fmt(v: float) -> str:
     return f"{v:.6g}"
 
 
+def _all_finite(y: list) -> bool:
+    """No None, NaN or infinity in `y`, checked in C where it can be (fsum: exact, so finite values never sum to
+    inf; it raises where they would overflow, or for inf - inf)."""
+    if None in y:
+        return False
+    try:
+        return math.isfinite(math.fsum(y))
+    except (OverflowError, ValueError):
+        return all(math.isfinite(v) for v in y)
+
+
 def decimate(x: Sequence, y: Sequence, x_lo: float, x_hi: float, columns: int, line: bool) -> list[int]:
     """Positions of the values to draw when `columns` pixel columns span [x_lo, x_hi]: in each column the first
     lowest and the first highest y, and for a line also the column's first and last value and its first gap
@@ -90,12 +101,14 @@ def decimate(x: Sequence, y: Sequence, x_lo: float, x_hi: float, columns: int, l
     and last value. In x order. A series without gaps costs a few C-level passes per column, not a Python step
     per value."""
     n = len(x)
+    if n == 0:
+        return []
     x, y = list(x), list(y)
     order = None
     if x != sorted(x):  # unsorted x: work in x order, answer in the series' own
         order = sorted(range(n), key=x.__getitem__)
         x, y = [x[i] for i in order], [y[i] for i in order]
-    finite = None not in y and math.isfinite(math.fsum(y))  # fsum: no overflow to inf for finite values
+    finite = _all_finite(y)
     step = (x_hi - x_lo) / columns
     bounds = [bisect_left(x, x_lo + c * step) for c in range(1, columns)] + [n]
     keep = {0, n - 1}
