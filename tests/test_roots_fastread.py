@@ -118,7 +118,7 @@ def test_plot_of_a_long_run_keeps_roots_and_bands_and_stays_small():
     )
     assert len(bands) == runs and float(bands[0][0]) == left
     assert sum(float(w) for _, w in bands) == pytest.approx(width, abs=0.1 * runs)
-    # the red crosses: at most two per pixel column, and the lowest failure is drawn
+    # the red crosses: at most two per pixel column (plus the first and last)
     assert svg.count("<path d=") <= 2 * width + 2 + 1
 
 
