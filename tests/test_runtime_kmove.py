@@ -230,6 +230,8 @@ def test_the_loose_trees_of_index_free_commits_are_packed_past_the_threshold(sto
     after = _loose(st)
     assert after["count"] == "0" and int(after["in-pack"]) >= int(before["in-pack"]) + int(before["count"])
     for c in commits:
-        names = wsmod.git(["ls-tree", "--name-only", f"{c}:attempts"], git_dir=st.knowledge_git).stdout.split()
+        names = wsmod.git(
+            ["ls-tree", "--name-only", f"{c}:attempts"], git_dir=st.knowledge_git
+        ).stdout.split()
         assert "c1.json" in names
     wsmod.git(["fsck", "--strict", "--no-progress"], git_dir=st.knowledge_git)
