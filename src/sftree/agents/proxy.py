@@ -529,7 +529,7 @@ def _handler_for(proxy: RecordingProxy):
             if not isinstance(body, dict):
                 body = {}
             stream = bool(body.get("stream"))
-            turn = ch.turn if ch is not None else 0
+            turn = ch.turn
             if proxy.extra_body and body:
                 raw = json.dumps({**body, **proxy.extra_body}).encode()
             t0 = time.monotonic()
@@ -538,14 +538,12 @@ def _handler_for(proxy: RecordingProxy):
                 resp = proxy.forward("POST", path, self._headers(ch), raw, stream)
             except requests.RequestException as exc:
                 self._record(ch, body, turn, failed, time.monotonic() - t0, f"teacher unreachable: {exc}")
-                if ch is not None:
-                    ch.teacher_failures += 1
+                ch.teacher_failures += 1
                 return self._reply(502, {"error": {"message": f"teacher unreachable: {exc}"}})
             if resp.status_code != 200:
                 data = resp.content
                 self._record(ch, body, turn, failed, time.monotonic() - t0, f"HTTP {resp.status_code}")
-                if ch is not None:
-                    ch.teacher_failures += 1
+                ch.teacher_failures += 1
                 self.send_response(resp.status_code)
                 self.send_header("Content-Type", resp.headers.get("Content-Type", "application/json"))
                 self.send_header("Content-Length", str(len(data)))
@@ -627,8 +625,6 @@ def _handler_for(proxy: RecordingProxy):
                 resp.close()
 
         def _record(self, ch, body, turn, fields, latency, error, repaired=False) -> None:
-            if ch is None:
-                return
             rec = {
                 "turn": turn,
                 "kind": classify(body),
