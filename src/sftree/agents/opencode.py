@@ -438,8 +438,8 @@ class OpenCodeAgent(AgentBackend):
             st = self._edges.get(ws.edge_id)
             if st is not None and st.home.exists():
                 return st
-            old = self._edges.get(ws.edge_id)
-            st = _Edge(home=Path(ws.dir) / "opencode", uid=old.uid if old else None)
+            # new, or its home is gone: a fresh state that keeps the uid the edge already holds
+            st = _Edge(home=Path(ws.dir) / "opencode", uid=st.uid if st else None)
             if st.uid is None and self.sandbox == "bwrap":
                 st.uid = UIDS.acquire()  # its own uid: its own process cap (RLIMIT_NPROC counts per uid)
             self._edges[ws.edge_id] = st
