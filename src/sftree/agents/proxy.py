@@ -596,8 +596,7 @@ def _handler_for(proxy: RecordingProxy):
                         continue
                     pending += piece
                     head, sep, pending = pending.rpartition(b"\n")
-                    if not sep:
-                        pending = head + pending  # no complete line yet
+                    if not sep:  # no complete line yet (rpartition left it all in `pending`)
                         continue
                     lines = []
                     for line in (head + sep).splitlines(keepends=True):
