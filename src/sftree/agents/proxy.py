@@ -186,8 +186,9 @@ class StreamAssembler:
         return out
 
 
-def message_from_completion(obj: dict) -> tuple[dict, str | None, dict | None]:
-    """(assistant message, finish reason, usage) of a non-streaming completion (as OpenCode reads it)."""
+def message_from_completion(obj: dict) -> dict:
+    """The assistant message of a non-streaming completion (as OpenCode reads it); `reply_fields` reads the
+    finish reason and usage through `normalize`."""
     choices = obj.get("choices") if isinstance(obj, dict) else None
     choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
     m = choice.get("message") if isinstance(choice.get("message"), dict) else {}
@@ -197,7 +198,7 @@ def message_from_completion(obj: dict) -> tuple[dict, str | None, dict | None]:
         msg["reasoning_content"] = reasoning
     if m.get("tool_calls"):
         msg["tool_calls"] = m["tool_calls"]
-    return msg, choice.get("finish_reason"), obj.get("usage") if isinstance(obj, dict) else None
+    return msg
 
 
 def _has_surrogate(obj: Any) -> bool:
@@ -558,7 +559,7 @@ def _handler_for(proxy: RecordingProxy):
                     fields = dict(failed, error=f"malformed reply: reply is not JSON ({exc})")
                     fields["raw_response"] = _safe_raw(data.decode("utf-8", "replace"))
                 else:
-                    fields = reply_fields(body, payload, message_from_completion(payload)[0])
+                    fields = reply_fields(body, payload, message_from_completion(payload))
                 self._record(ch, body, turn, fields, time.monotonic() - t0, None, repaired)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
