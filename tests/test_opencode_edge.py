@@ -253,7 +253,7 @@ def test_sandbox_reaches_the_proxy_and_nothing_else(tree, tmp_path):
         teacher_port = int(ctx.teacher.base_url.rsplit(":", 1)[1].split("/")[0])
         probe = f"""
 import os, socket, urllib.request
-ok = urllib.request.urlopen("http://127.0.0.1:{agent.proxy.port}/c/probe/v1/models", timeout=10).status
+ok = urllib.request.urlopen("{agent.proxy.base_url("probe")}/models", timeout=10).status
 try:
     socket.create_connection(("127.0.0.1", {teacher_port}), timeout=3); direct = "open"
 except OSError:

@@ -256,6 +256,10 @@ def test_a_channel_takes_requests_only_with_its_own_key(proxied):
     for path in ("/c/k2/v1", f"/c/k2~{mine.key}/v1", "/c/nobody/v1", "/v1"):
         resp = requests.post(f"http://127.0.0.1:{proxy.port}{path}/chat/completions", json=body, timeout=30)
         assert resp.status_code == 403, path
+        # a GET too: it would reach the Teacher's other endpoints (slots, metrics) with the proxy's API key
+        got = requests.get(f"http://127.0.0.1:{proxy.port}{path}/models", timeout=30)
+        assert got.status_code == 403, path
     assert other.take() == [] and mine.take() == [] and state.requests == seen  # nothing reached the Teacher
+    assert requests.get(f"{url}/models", timeout=30).status_code == 200
     assert requests.post(f"{url}/chat/completions", json=body, timeout=30).status_code == 200
     assert len(other.take()) == 1

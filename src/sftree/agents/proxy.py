@@ -504,6 +504,9 @@ def _handler_for(proxy: RecordingProxy):
 
         def do_GET(self):
             ch, path = self._route()
+            # As for a POST: without an edge's key nothing reaches the Teacher with our API key.
+            if ch is None:
+                return self._reply(403, {"error": {"message": "unknown channel"}})
             try:
                 resp = proxy.forward("GET", path, self._headers(ch), None, False)
             except requests.RequestException as exc:
