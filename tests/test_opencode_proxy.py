@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 import requests
@@ -261,5 +262,11 @@ def test_a_channel_takes_requests_only_with_its_own_key(proxied):
         assert got.status_code == 403, path
     assert other.take() == [] and mine.take() == [] and state.requests == seen  # nothing reached the Teacher
     assert requests.get(f"{url}/models", timeout=30).status_code == 200
+    # a body announced past MAX_BODY is refused unread (the proxy would otherwise wait for and hold it)
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as conn:
+        conn.sendall(f"POST {url.split(str(proxy.port), 1)[1]}/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     f"Content-Length: {10**12}\r\n\r\n{{}}".encode())  # fmt: skip
+        assert conn.recv(4096).split(b"\r\n", 1)[0].split(b" ")[1] == b"413"
+    assert state.requests == seen and other.take() == []
     assert requests.post(f"{url}/chat/completions", json=body, timeout=30).status_code == 200
     assert len(other.take()) == 1

@@ -52,6 +52,9 @@ COMPACTION_MARKS = ("produce a structured summary", "summarizing conversations",
 SUMMARY_MARK = "like a pull request description"
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "accept-encoding"}
 RETRY_STATUS = {429, 500, 502, 503, 504}
+# A request body larger than this is refused unread: far above any real context (1M tokens of JSON is a few
+# MB), and the proxy must not hold whatever a sandboxed process chooses to send.
+MAX_BODY = 64 << 20
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -520,7 +523,15 @@ def _handler_for(proxy: RecordingProxy):
 
         def do_POST(self):
             ch, path = self._route()
-            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if not 0 <= length <= MAX_BODY:
+                # The body stays unread, so this connection cannot carry another request.
+                self.close_connection = True
+                return self._reply(413, {"error": {"message": f"request body must be 0-{MAX_BODY} bytes"}})
+            raw = self.rfile.read(length)
             if ch is None:  # no edge's channel (or not its key): nothing reaches the Teacher unrecorded
                 return self._reply(403, {"error": {"message": "unknown channel"}})
             if ch.stopped:
