@@ -235,3 +235,23 @@ def test_the_loose_trees_of_index_free_commits_are_packed_past_the_threshold(sto
         ).stdout.split()
         assert "c1.json" in names
     wsmod.git(["fsck", "--strict", "--no-progress"], git_dir=st.knowledge_git)
+
+
+def test_a_file_the_next_commit_holds_as_a_folder_keeps_that_folders_files(store):
+    """A reused checkout moved to a commit where a file became a folder: the move drops the file's entry and
+    writes the folder's files; removing the dropped path must not take those files with it."""
+    st, root = store
+    st.fork(root, "e0").close()
+    a = st.fork(root, "e1")
+    k = a.knowledge_dir
+    (k / "notes" / "student.md").unlink()
+    (k / "notes" / "student.md").mkdir()
+    (k / "notes" / "student.md" / "x.md").write_text("now a folder")
+    child = a.state(None)
+    st.fork(root, "e2").close()
+    st.fork(root, "e3").close()  # a clean checkout at the root, its watch set up: moved by the tree diff
+    c = st.fork(child, "e4")
+    assert (c.knowledge_dir / "notes" / "student.md" / "x.md").read_text() == "now a folder"
+    assert c.state(None).knowledge_commit == child.knowledge_commit
+    c.close()
+    a.close()

@@ -765,7 +765,9 @@ class TreeStore:
         `dropped` (entries the move took out of the index) with their folders left empty. False when a path
         leads through a link or is a folder holding tracked files, or git fails: then the caller cleans
         everything."""
-        candidates = sorted(p for p in leftover if p and not p.endswith("/"))
+        # The dropped paths are looked up too: the new commit may hold a folder where one was (its files just
+        # written under it), and that folder must not go with the dropped file.
+        candidates = sorted({p for p in leftover if p and not p.endswith("/")} | set(dropped))
         tracked: set[str] = set()
         if candidates:
             proc = git(
@@ -778,7 +780,7 @@ class TreeStore:
                 return False
             tracked = set(proc.stdout.split("\0"))
         try:
-            for rel in [p for p in candidates if p not in tracked] + dropped:
+            for rel in [p for p in candidates if p not in tracked]:
                 parent, _, name = rel.rpartition("/")
                 # Gone already (or its folder): nothing to do.
                 with contextlib.suppress(FileNotFoundError), safefs.open_dir(kdir, parent) as dfd:
