@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 
 import pytest
 from runtime_helpers import make_root
@@ -255,3 +256,29 @@ def test_a_file_the_next_commit_holds_as_a_folder_keeps_that_folders_files(store
     assert c.state(None).knowledge_commit == child.knowledge_commit
     c.close()
     a.close()
+
+
+def test_a_submodule_leaving_the_tree_sends_the_move_to_read_tree(store, calls):
+    """A nested repository the agent committed (a gitlink entry) is left to `read-tree`, whether it comes or
+    goes; the next branch sees exactly its commit's files."""
+    st, root = store
+    fresh = st.fork(root, "e0")
+    expect_root = _files(fresh.knowledge_dir)
+    fresh.close()
+    a = st.fork(root, "e1")
+    sub = a.knowledge_dir / "notes" / "sub"
+    sub.mkdir()
+    ident = ["-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q", str(sub)], check=True)
+    (sub / "f.md").write_text("x")
+    subprocess.run(["git", "-C", str(sub), *ident, "add", "f.md"], check=True)
+    subprocess.run(["git", "-C", str(sub), *ident, "commit", "-qm", "m"], check=True)
+    child = a.state(None)
+    tree = wsmod.git(["ls-tree", "-r", child.knowledge_commit, "notes"], git_dir=st.knowledge_git).stdout
+    assert "160000" in tree  # committed as a gitlink
+    a.close()
+    calls.clear()
+    b = st.fork(root, "e2")  # the parked checkout's index is at the child: the gitlink goes
+    assert "diff-tree" in calls and "read-tree" in calls
+    assert _files(b.knowledge_dir) == expect_root
+    b.close()

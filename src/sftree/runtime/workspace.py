@@ -815,7 +815,7 @@ class TreeStore:
         lines, dropped = [], []
         for i in range(0, len(fields) - 1, 2):  # ":oldmode newmode oldsha newsha status", path
             meta, path = fields[i].split(" "), fields[i + 1]
-            if len(meta) != 5 or "160000" in meta[:2]:
+            if len(meta) != 5 or "160000" in (meta[0].lstrip(":"), meta[1]):
                 return None
             if meta[4] == "D":
                 lines.append(f"0 {'0' * 40}\t{path}\0")
