@@ -335,10 +335,9 @@ class EdgeWorkspace:
 
     def _touched_names(self, touched: set[str]) -> set[str]:
         """The reported paths to commit: never those under the root's excluded names (kept as unstaged, for the
-        next fork to remove); a deleted folder (the watch marks it `path/`) as that path."""
+        next fork to remove)."""
         names = set()
-        for p in touched:
-            path = p.rstrip("/")
+        for path in touched:
             if not path or path.split("/", 1)[0] in _KNOWLEDGE_EXCLUDED_NAMES or "\0" in path:
                 if path and self._unstaged is not None:
                     self._unstaged.add(path)
@@ -767,7 +766,7 @@ class TreeStore:
         everything."""
         # The dropped paths are looked up too: the new commit may hold a folder where one was (its files just
         # written under it), and that folder must not go with the dropped file.
-        candidates = sorted({p for p in leftover if p and not p.endswith("/")} | set(dropped))
+        candidates = sorted({p for p in leftover if p} | set(dropped))
         tracked: set[str] = set()
         if candidates:
             proc = git(
