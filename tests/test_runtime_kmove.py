@@ -13,7 +13,7 @@ import subprocess
 import pytest
 from runtime_helpers import make_root
 
-from sftree.runtime import coral
+from sftree.runtime import coral, safefs
 from sftree.runtime import workspace as wsmod
 from sftree.runtime.workspace import TreeStore
 
@@ -282,3 +282,28 @@ def test_a_submodule_leaving_the_tree_sends_the_move_to_read_tree(store, calls):
     assert "diff-tree" in calls and "read-tree" in calls
     assert _files(b.knowledge_dir) == expect_root
     b.close()
+
+
+def test_a_file_growing_past_the_blob_limit_while_read_is_left_to_git(tmp_path, monkeypatch):
+    """The size seen before reading does not bound the read: a file still growing is read only up to the limit,
+    then left to git's way."""
+    repo = tmp_path / "k.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "small").write_bytes(b"12345678")
+    (tmp_path / "d" / "big").write_bytes(b"x" * 20)
+    monkeypatch.setattr(wsmod, "MAX_BLOB", 10)
+    with safefs.open_dir(tmp_path, "d") as dfd:
+        oid = subprocess.run(
+            ["git", "hash-object", str(tmp_path / "d" / "small")], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        assert wsmod._blob_of(repo, dfd, "small") == ("100644", oid)
+        real = os.fstat
+
+        def small_size(fd):  # the size as it was before the file grew
+            r = real(fd)
+            return os.stat_result((r.st_mode, r.st_ino, r.st_dev, r.st_nlink, r.st_uid, r.st_gid, 5, 0, 0, 0))
+
+        monkeypatch.setattr(wsmod.os, "fstat", small_size)
+        with pytest.raises(wsmod._NotPlain):
+            wsmod._blob_of(repo, dfd, "big")

@@ -380,9 +380,7 @@ class EdgeWorkspace:
                         changes[path] = _blob_of(repo, dfd, name)
                 except FileNotFoundError:
                     changes[path] = None  # its folder is gone
-        except (safefs.UnsafePath, _NotPlain):
-            return None
-        except OSError:
+        except (OSError, _NotPlain):  # safefs.UnsafePath is an OSError
             return None
         return changes
 
@@ -512,9 +510,13 @@ def _blob_of(repo: Path, dfd: int, name: str) -> tuple[str, str] | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BLOB:
             raise _NotPlain(name)
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
+        # Read no more than the limit: the file may still be growing (a process of the agent writing to it).
+        chunks, left = [], MAX_BLOB + 1
+        while left > 0 and (chunk := os.read(fd, min(1 << 20, left))):
             chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise _NotPlain(name)
     finally:
         os.close(fd)
     mode = "100755" if st.st_mode & stat.S_IXUSR else "100644"
