@@ -282,7 +282,10 @@ class EdgeWorkspace:
         if self._k_tree is None:
             self._k_tree = git(["rev-parse", f"{self._k_head}^{{tree}}"], git_dir=repo).stdout.strip()
         names = None if touched is None else self._touched_names(touched)
-        changes = None if names is None else self._plain_changes(names)
+        try:
+            changes = None if names is None else self._plain_changes(names)
+        except ValueError:  # a committed name that is no UTF-8 (gittrees.parse_tree): git's way
+            changes = None
         tree = None
         if changes is not None:
             try:
