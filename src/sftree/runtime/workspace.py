@@ -420,7 +420,7 @@ class EdgeWorkspace:
         if gone:
             proc = git(
                 [*wt, "rm", "--cached", "-r", "-q", "--ignore-unmatch", *spec],
-                git_dir=repo, env=env, input="\0".join(gone).encode(), check=False,
+                git_dir=repo, env=env, input="\0".join(gone).encode("utf-8", "surrogateescape"), check=False,
             )  # fmt: skip
             if proc.returncode != 0:
                 return None
@@ -430,7 +430,7 @@ class EdgeWorkspace:
             [*wt, "add", "-A", "-v", *spec],
             git_dir=repo,
             env=env,
-            input="\0".join(present).encode(),
+            input="\0".join(present).encode("utf-8", "surrogateescape"),
             check=False,
         )
         if proc.returncode == 0 or (proc.returncode == 1 and _only_ignored(proc.stderr)):
