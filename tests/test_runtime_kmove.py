@@ -307,3 +307,32 @@ def test_a_file_growing_past_the_blob_limit_while_read_is_left_to_git(tmp_path, 
         monkeypatch.setattr(wsmod.os, "fstat", small_size)
         with pytest.raises(wsmod._NotPlain):
             wsmod._blob_of(repo, dfd, "big")
+
+
+def test_a_name_that_is_no_utf8_is_moved_restored_and_dropped_like_any_other(store):
+    """A committed file whose name is no UTF-8: edited after the last commit, the next fork at that commit
+    restores it; a fork moved back to the root drops it; a fork moved forward writes it."""
+    st, root = store
+    st.fork(root, "e0").close()
+    st.fork(root, "e1").close()  # a reused checkout, its watch set up
+    a = st.fork(root, "e2")
+    bad = os.path.join(os.fsencode(a.knowledge_dir / "notes"), b"\xff.md")
+    with open(bad, "w") as fh:
+        fh.write("committed")
+    child = a.state(None)
+    with open(bad, "w") as fh:
+        fh.write("after the last commit")
+    a.close()
+    b = st.fork(child, "e3")
+    with open(os.path.join(os.fsencode(b.knowledge_dir / "notes"), b"\xff.md")) as fh:
+        assert fh.read() == "committed"
+    assert b.state(None).knowledge_commit == child.knowledge_commit
+    b.close()
+    c = st.fork(root, "e4")
+    assert b"\xff.md" not in os.listdir(os.fsencode(c.knowledge_dir / "notes"))
+    assert c.state(None).knowledge_commit == root.knowledge_commit
+    c.close()
+    d = st.fork(child, "e5")
+    with open(os.path.join(os.fsencode(d.knowledge_dir / "notes"), b"\xff.md")) as fh:
+        assert fh.read() == "committed"
+    d.close()

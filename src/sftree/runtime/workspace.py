@@ -749,13 +749,14 @@ class TreeStore:
             git([*wt, "read-tree", "--reset", "-u", commit], git_dir=repo, env=env)
         # Files that differ from the index: those the move above changed (their entries carry no stat data)
         # and those changed after the parked index last saw them (e.g. through a hard link): write them.
-        stale = git([*wt, "diff-files", "--name-only", "-z"], git_dir=repo, env=env).stdout
+        # Paths as bytes, passed on as they are (a name may be no UTF-8).
+        stale = git([*wt, "diff-files", "--name-only", "-z"], git_dir=repo, env=env, binary=True).stdout
         if stale:
             git(
                 [*wt, "checkout-index", "-f", "-u", "-z", "--stdin"],
                 git_dir=repo,
                 env=env,
-                input=stale.encode(),
+                input=stale,
             )
         # Untracked and ignored files (what the last agent added, OpenCode's housekeeping) go too: those the
         # watch reported and the move dropped from the index alone when every change since the checkout was
@@ -779,10 +780,11 @@ class TreeStore:
                 git_dir=self.knowledge_git,
                 env=knowledge_index_env(index),
                 check=False,
+                binary=True,
             )
             if proc.returncode != 0:
                 return False
-            tracked = set(proc.stdout.split("\0"))
+            tracked = {os.fsdecode(p) for p in proc.stdout.split(b"\0")}  # as the candidates: no UTF-8 kept
         try:
             for rel in [p for p in candidates if p not in tracked]:
                 parent, _, name = rel.rpartition("/")
@@ -814,8 +816,10 @@ class TreeStore:
         if old is None:
             return None
         repo, env = self.knowledge_git, knowledge_index_env(index)
-        out = git(["diff-tree", "-r", "-z", "--raw", "--no-renames", old, new], git_dir=repo).stdout
-        fields = out.split("\0")
+        out = git(
+            ["diff-tree", "-r", "-z", "--raw", "--no-renames", old, new], git_dir=repo, binary=True
+        ).stdout
+        fields = [os.fsdecode(f) for f in out.split(b"\0")]  # a name that is no UTF-8 keeps its bytes
         lines, dropped = [], []
         for i in range(0, len(fields) - 1, 2):  # ":oldmode newmode oldsha newsha status", path
             meta, path = fields[i].split(" "), fields[i + 1]
@@ -829,7 +833,12 @@ class TreeStore:
             if len(lines) > limit:
                 return None
         if lines:
-            git(["update-index", "-z", "--index-info"], git_dir=repo, env=env, input="".join(lines).encode())
+            git(
+                ["update-index", "-z", "--index-info"],
+                git_dir=repo,
+                env=env,
+                input=os.fsencode("".join(lines)),
+            )
         return dropped
 
     def park_knowledge(self, ws: EdgeWorkspace) -> None:
