@@ -38,6 +38,7 @@ import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from sftree.errors import InputError, SftreeError
 from sftree.runtime import attempts as attemptsmod
@@ -465,6 +466,16 @@ class EdgeWorkspace:
             self.closed = True
 
 
+class _Parked(NamedTuple):
+    """A closed edge's knowledge checkout kept for the next fork (TreeStore.park_knowledge)."""
+
+    folder: Path  # holds `knowledge` and `knowledge.index`
+    view: attemptsmod.AttemptView | None
+    index_at: str | None  # the commit whose tree the index holds (None: unknown)
+    unstaged: set[str] | None  # paths perhaps on disk but not in the index (None: unknown)
+    at: str  # the commit the folder is at
+
+
 LOOSE_PACK_KIB = 16 * 1024  # below this a tree's loose objects are left as they are
 
 
@@ -596,8 +607,7 @@ class TreeStore:
         self.work_dir = self.tree_dir / "work"
         self._lock = threading.Lock()
         # Knowledge checkouts of closed edges, with their attempt views (park_knowledge).
-        # (folder, attempt view, index commit, unstaged paths, the commit the folder is at)
-        self._parked: list[tuple] = []
+        self._parked: list[_Parked] = []
         self._parked_n = 0
         self._trees = gittrees.TreeCache()  # knowledge trees by id (gittrees.py)
 
@@ -733,10 +743,10 @@ class TreeStore:
             git([*wt, "read-tree", commit], git_dir=repo, env=env)
             git([*wt, "checkout-index", "-a", "-f", "-u"], git_dir=repo, env=env)
             return None
-        parked, view, index_at, unstaged, _at = taken
-        os.rename(parked / "knowledge", kdir)
-        os.rename(parked / "knowledge.index", index)
-        shutil.rmtree(parked, ignore_errors=True)
+        view, index_at, unstaged = taken.view, taken.index_at, taken.unstaged
+        os.rename(taken.folder / "knowledge", kdir)
+        os.rename(taken.folder / "knowledge.index", index)
+        shutil.rmtree(taken.folder, ignore_errors=True)
         # What changed since the last commit (after it, or while parked) is untracked or stale: to remove or
         # restore below. Taken before git writes anything, so no change by anyone else is missed.
         pending = None
@@ -864,13 +874,13 @@ class TreeStore:
                 view.close()
             raise
         with self._lock:
-            self._parked.append((dest, view, ws._index_at, ws._unstaged, ws._k_head))
+            self._parked.append(_Parked(dest, view, ws._index_at, ws._unstaged, ws._k_head))
 
-    def _take_parked(self, commit: str) -> tuple | None:
+    def _take_parked(self, commit: str) -> _Parked | None:
         """A parked checkout, preferring one at `commit` (the fewest files to write), else the newest."""
         with self._lock:
             for i in range(len(self._parked) - 1, -1, -1):
-                if self._parked[i][4] == commit:
+                if self._parked[i].at == commit:
                     return self._parked.pop(i)
             return self._parked.pop() if self._parked else None
 
@@ -915,9 +925,9 @@ class TreeStore:
             return
         with self._lock:
             parked, self._parked = self._parked, []
-        for _dest, view, *_rest in parked:
-            if view is not None:
-                view.close()
+        for p in parked:
+            if p.view is not None:
+                p.view.close()
         shutil.rmtree(self.pool_dir, ignore_errors=True)
         for d in sorted(self.work_dir.iterdir()):
             if d.is_dir() and d.name not in keep:
