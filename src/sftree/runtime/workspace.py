@@ -778,11 +778,9 @@ class TreeStore:
     def _clean_paths(self, kdir: Path, index: Path, leftover: set[str], dropped: list[str]) -> bool:
         """Remove what of `leftover` (paths touched, never staged) is not in the index now, and the files of
         `dropped` (entries the move took out of the index) with their folders left empty. False when a path
-        leads through a link or is a folder holding tracked files, or git fails: then the caller cleans
-        everything."""
-        # The dropped paths are looked up too: the new commit may hold a folder where one was (its files just
-        # written under it), and that folder must not go with the dropped file.
-        candidates = sorted({p for p in leftover if p} | set(dropped))
+        leads through a link or is a folder holding tracked files (or a folder where a dropped file was: the new
+        commit may hold files under it), or git fails: then the caller cleans everything."""
+        candidates = sorted(p for p in leftover if p)
         tracked: set[str] = set()
         if candidates:
             proc = git(
@@ -796,14 +794,14 @@ class TreeStore:
                 return False
             tracked = {os.fsdecode(p) for p in proc.stdout.split(b"\0")}  # as the candidates: no UTF-8 kept
         try:
-            for rel in [p for p in candidates if p not in tracked]:
+            for rel in [p for p in candidates if p not in tracked] + dropped:
                 parent, _, name = rel.rpartition("/")
                 # Gone already (or its folder): nothing to do.
                 with contextlib.suppress(FileNotFoundError), safefs.open_dir(kdir, parent) as dfd:
                     if not stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
                         os.unlink(name, dir_fd=dfd)
-                    elif any(t.startswith(rel + "/") for t in tracked):
-                        return False  # a folder holding tracked files: git sorts it out
+                    elif rel in dropped or any(t.startswith(rel + "/") for t in tracked):
+                        return False  # a folder that may hold tracked files: git sorts it out
                     else:  # nothing in it is tracked (rmtree never follows a link inside)
                         shutil.rmtree(name, dir_fd=dfd)
                 while parent:  # folders the removal left empty go, as `clean -d` would take them
