@@ -100,3 +100,17 @@ def test_applied_changes_equal_write_tree_of_the_same_index(repo, tmp_path):
     assert gittrees.apply_changes(got, {}, load, store) == got
     everything = dict.fromkeys(git(["ls-tree", "-r", "--name-only", got], git_dir=repo).stdout.split())
     assert gittrees.apply_changes(got, everything, load, store) == "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+
+
+def test_a_tree_with_a_name_that_is_no_utf8_is_left_to_git(repo):
+    """A name git stored with bytes that are no UTF-8 (0xff) would sort, as text, before one starting with
+    U+E000 (bytes ee 80 80) where git puts it after: such a tree is not parsed, so no commit rebuilds it."""
+    oid = blob(repo, "x")
+    lines = b"".join(f"100644 blob {oid}\t".encode() + n + b"\0" for n in (b"\xff.md", "\ue000.md".encode()))
+    tree = git(["mktree", "-z"], git_dir=repo, input=lines).stdout.strip()
+    raw = git(["cat-file", "tree", tree], git_dir=repo, binary=True).stdout
+    assert raw.index("\ue000".encode()) < raw.index(b"\xff")  # git's byte order
+    with pytest.raises(ValueError):
+        gittrees.parse_tree(raw)
+    with pytest.raises(ValueError):
+        gittrees.apply_changes(tree, {"a.md": ("100644", oid)}, lambda t: gittrees.parse_tree(raw), None)

@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 
 import pytest
 from runtime_helpers import make_root
 
-from sftree.runtime import coral
+from sftree.runtime import coral, safefs
 from sftree.runtime import workspace as wsmod
 from sftree.runtime.workspace import TreeStore
 
@@ -235,3 +236,103 @@ def test_the_loose_trees_of_index_free_commits_are_packed_past_the_threshold(sto
         ).stdout.split()
         assert "c1.json" in names
     wsmod.git(["fsck", "--strict", "--no-progress"], git_dir=st.knowledge_git)
+
+
+def test_a_file_the_next_commit_holds_as_a_folder_keeps_that_folders_files(store):
+    """A reused checkout moved to a commit where a file became a folder: the move drops the file's entry and
+    writes the folder's files; removing the dropped path must not take those files with it."""
+    st, root = store
+    st.fork(root, "e0").close()
+    a = st.fork(root, "e1")
+    k = a.knowledge_dir
+    (k / "notes" / "student.md").unlink()
+    (k / "notes" / "student.md").mkdir()
+    (k / "notes" / "student.md" / "x.md").write_text("now a folder")
+    child = a.state(None)
+    st.fork(root, "e2").close()
+    st.fork(root, "e3").close()  # a clean checkout at the root, its watch set up: moved by the tree diff
+    c = st.fork(child, "e4")
+    assert (c.knowledge_dir / "notes" / "student.md" / "x.md").read_text() == "now a folder"
+    assert c.state(None).knowledge_commit == child.knowledge_commit
+    c.close()
+    a.close()
+
+
+def test_a_submodule_leaving_the_tree_sends_the_move_to_read_tree(store, calls):
+    """A nested repository the agent committed (a gitlink entry) is left to `read-tree`, whether it comes or
+    goes; the next branch sees exactly its commit's files."""
+    st, root = store
+    fresh = st.fork(root, "e0")
+    expect_root = _files(fresh.knowledge_dir)
+    fresh.close()
+    a = st.fork(root, "e1")
+    sub = a.knowledge_dir / "notes" / "sub"
+    sub.mkdir()
+    ident = ["-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q", str(sub)], check=True)
+    (sub / "f.md").write_text("x")
+    subprocess.run(["git", "-C", str(sub), *ident, "add", "f.md"], check=True)
+    subprocess.run(["git", "-C", str(sub), *ident, "commit", "-qm", "m"], check=True)
+    child = a.state(None)
+    tree = wsmod.git(["ls-tree", "-r", child.knowledge_commit, "notes"], git_dir=st.knowledge_git).stdout
+    assert "160000" in tree  # committed as a gitlink
+    a.close()
+    calls.clear()
+    b = st.fork(root, "e2")  # the parked checkout's index is at the child: the gitlink goes
+    assert "diff-tree" in calls and "read-tree" in calls
+    assert _files(b.knowledge_dir) == expect_root
+    b.close()
+
+
+def test_a_file_growing_past_the_blob_limit_while_read_is_left_to_git(tmp_path, monkeypatch):
+    """The size seen before reading does not bound the read: a file still growing is read only up to the limit,
+    then left to git's way."""
+    repo = tmp_path / "k.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "small").write_bytes(b"12345678")
+    (tmp_path / "d" / "big").write_bytes(b"x" * 20)
+    monkeypatch.setattr(wsmod, "MAX_BLOB", 10)
+    with safefs.open_dir(tmp_path, "d") as dfd:
+        oid = subprocess.run(
+            ["git", "hash-object", str(tmp_path / "d" / "small")], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        assert wsmod._blob_of(repo, dfd, "small") == ("100644", oid)
+        real = os.fstat
+
+        def small_size(fd):  # the size as it was before the file grew
+            r = real(fd)
+            return os.stat_result((r.st_mode, r.st_ino, r.st_dev, r.st_nlink, r.st_uid, r.st_gid, 5, 0, 0, 0))
+
+        monkeypatch.setattr(wsmod.os, "fstat", small_size)
+        with pytest.raises(wsmod._NotPlain):
+            wsmod._blob_of(repo, dfd, "big")
+
+
+def test_a_name_that_is_no_utf8_is_moved_restored_and_dropped_like_any_other(store):
+    """A committed file whose name is no UTF-8: edited after the last commit, the next fork at that commit
+    restores it; a fork moved back to the root drops it; a fork moved forward writes it."""
+    st, root = store
+    st.fork(root, "e0").close()
+    st.fork(root, "e1").close()  # a reused checkout, its watch set up
+    a = st.fork(root, "e2")
+    bad = os.path.join(os.fsencode(a.knowledge_dir / "notes"), b"\xff.md")
+    with open(bad, "w") as fh:
+        fh.write("committed")
+    child = a.state(None)
+    with open(bad, "w") as fh:
+        fh.write("after the last commit")
+    a.close()
+    b = st.fork(child, "e3")
+    with open(os.path.join(os.fsencode(b.knowledge_dir / "notes"), b"\xff.md")) as fh:
+        assert fh.read() == "committed"
+    assert b.state(None).knowledge_commit == child.knowledge_commit
+    b.close()
+    c = st.fork(root, "e4")
+    assert b"\xff.md" not in os.listdir(os.fsencode(c.knowledge_dir / "notes"))
+    assert c.state(None).knowledge_commit == root.knowledge_commit
+    c.close()
+    d = st.fork(child, "e5")
+    with open(os.path.join(os.fsencode(d.knowledge_dir / "notes"), b"\xff.md")) as fh:
+        assert fh.read() == "committed"
+    d.close()

@@ -252,3 +252,22 @@ def test_commits_stage_only_reported_paths_and_equal_a_full_add(ws, tmp_path, mo
     os.symlink("/etc", k / "notes" / "etc")  # a link is committed as a link, never followed
     step("a link")
     assert len(full_adds) == 1  # only the moved folder needed a look at everything
+
+
+def test_names_that_are_no_utf8_are_committed_in_git_order(ws, tmp_path):
+    """A file name with bytes that are no UTF-8 is committed by git's way; later commits in that folder still
+    equal a from-scratch `add -A` (a text sort would put it before a name starting with U+E000)."""
+    from sftree.runtime import workspace as wsmod
+
+    st, _state, w = ws
+    k = w.knowledge_dir
+    w.commit_knowledge("first")
+    (k / "notes" / "\ue000.md").write_text("e")
+    with open(os.path.join(os.fsencode(k / "notes"), b"\xff.md"), "w") as fh:
+        fh.write("ff")
+    for i, msg in enumerate(("the names", "a file beside them", "another")):
+        if i:
+            (k / "notes" / f"n{i}.md").write_text(msg)
+        head = w.commit_knowledge(msg)
+        tree = wsmod.git(["rev-parse", f"{head}^{{tree}}"], git_dir=st.knowledge_git).stdout.strip()
+        assert tree == full_tree(st, k, tmp_path, wsmod.git), msg

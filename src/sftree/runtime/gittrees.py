@@ -47,13 +47,14 @@ def encode_tree(entries: Entries) -> bytes:
 
 
 def parse_tree(data: bytes) -> Entries:
-    """A tree object's content as {name: (mode, id)}."""
+    """A tree object's content as {name: (mode, id)}. ValueError for a name that is no UTF-8 (git stores the
+    bytes it is given): sorted as text it would be out of git's byte order, so such a tree is left to git."""
     out: Entries = {}
     i, n = 0, len(data)
     while i < n:
         sp = data.index(b" ", i)
         nul = data.index(b"\0", sp)
-        out[data[sp + 1 : nul].decode("utf-8", "surrogateescape")] = (
+        out[data[sp + 1 : nul].decode("utf-8")] = (
             data[i:sp].decode(),
             data[nul + 1 : nul + 21].hex(),
             data[i : nul + 21],

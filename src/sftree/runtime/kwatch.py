@@ -19,7 +19,7 @@ closed, raises no event: the attempt view parses records that have more than one
 each commit staged; a commit that does not look at such a file leaves the write out of the record, and the next
 fork's `diff-files` restores the file before the checkout is reused (docs/runtime.md). A checkout that moves
 (parked for the next fork, then moved in) keeps its inodes and so its watches. A deleted folder is reported as
-its path and as `path/` (the commit then also stages what the index holds under it).
+its path (the commit then also stages what the last commit holds under it).
 """
 
 from __future__ import annotations
@@ -142,9 +142,8 @@ class KnowledgeWatch:
 
     def committed(self) -> set[str] | None:
         """Call right before the commit reads the folder: later changes count for the next commit. Returns the
-        paths (files or folders, relative to .opencode) touched since the last call, a deleted folder also as
-        `path/`, or None when unknown (not watched, watches rebuilt, too many): then the commit must look at
-        everything."""
+        paths (files or folders, relative to .opencode) touched since the last call, or None when
+        unknown (not watched, watches rebuilt, too many): then the commit must look at everything."""
         with self._lock:
             if not self.sync():
                 return None
@@ -178,10 +177,7 @@ class KnowledgeWatch:
                 self._changed = True
                 folder = self._wds.get(wd)
                 if folder is not None and name and self._touched is not None:
-                    path = f"{folder}/{name}" if folder else name
-                    self._touched.add(path)
-                    if mask & IN_ISDIR and mask & IN_DELETE:
-                        self._touched.add(path + "/")  # a folder deleted: its tracked files go too
+                    self._touched.add(f"{folder}/{name}" if folder else name)
                     if len(self._touched) > MAX_TOUCHED:
                         self._touched = None
                 if mask & IN_Q_OVERFLOW:

@@ -38,6 +38,7 @@ import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from sftree.errors import InputError, SftreeError
 from sftree.runtime import attempts as attemptsmod
@@ -282,7 +283,10 @@ class EdgeWorkspace:
         if self._k_tree is None:
             self._k_tree = git(["rev-parse", f"{self._k_head}^{{tree}}"], git_dir=repo).stdout.strip()
         names = None if touched is None else self._touched_names(touched)
-        changes = None if names is None else self._plain_changes(names)
+        try:
+            changes = None if names is None else self._plain_changes(names)
+        except ValueError:  # a committed name that is no UTF-8 (gittrees.parse_tree): git's way
+            changes = None
         tree = None
         if changes is not None:
             try:
@@ -335,10 +339,9 @@ class EdgeWorkspace:
 
     def _touched_names(self, touched: set[str]) -> set[str]:
         """The reported paths to commit: never those under the root's excluded names (kept as unstaged, for the
-        next fork to remove); a deleted folder (the watch marks it `path/`) as that path."""
+        next fork to remove)."""
         names = set()
-        for p in touched:
-            path = p.rstrip("/")
+        for path in touched:
             if not path or path.split("/", 1)[0] in _KNOWLEDGE_EXCLUDED_NAMES or "\0" in path:
                 if path and self._unstaged is not None:
                     self._unstaged.add(path)
@@ -381,9 +384,7 @@ class EdgeWorkspace:
                         changes[path] = _blob_of(repo, dfd, name)
                 except FileNotFoundError:
                     changes[path] = None  # its folder is gone
-        except (safefs.UnsafePath, _NotPlain):
-            return None
-        except OSError:
+        except (OSError, _NotPlain):  # safefs.UnsafePath is an OSError
             return None
         return changes
 
@@ -420,7 +421,7 @@ class EdgeWorkspace:
         if gone:
             proc = git(
                 [*wt, "rm", "--cached", "-r", "-q", "--ignore-unmatch", *spec],
-                git_dir=repo, env=env, input="\0".join(gone).encode(), check=False,
+                git_dir=repo, env=env, input="\0".join(gone).encode("utf-8", "surrogateescape"), check=False,
             )  # fmt: skip
             if proc.returncode != 0:
                 return None
@@ -430,7 +431,7 @@ class EdgeWorkspace:
             [*wt, "add", "-A", "-v", *spec],
             git_dir=repo,
             env=env,
-            input="\0".join(present).encode(),
+            input="\0".join(present).encode("utf-8", "surrogateescape"),
             check=False,
         )
         if proc.returncode == 0 or (proc.returncode == 1 and _only_ignored(proc.stderr)):
@@ -463,6 +464,16 @@ class EdgeWorkspace:
                 self.attempt_view = None
             self.store.remove_worktree(self.dir)
             self.closed = True
+
+
+class _Parked(NamedTuple):
+    """A closed edge's knowledge checkout kept for the next fork (TreeStore.park_knowledge)."""
+
+    folder: Path  # holds `knowledge` and `knowledge.index`
+    view: attemptsmod.AttemptView | None
+    index_at: str | None  # the commit whose tree the index holds (None: unknown)
+    unstaged: set[str] | None  # paths perhaps on disk but not in the index (None: unknown)
+    at: str  # the commit the folder is at
 
 
 LOOSE_PACK_KIB = 16 * 1024  # below this a tree's loose objects are left as they are
@@ -513,9 +524,13 @@ def _blob_of(repo: Path, dfd: int, name: str) -> tuple[str, str] | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BLOB:
             raise _NotPlain(name)
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
+        # Read no more than the limit: the file may still be growing (a process of the agent writing to it).
+        chunks, left = [], MAX_BLOB + 1
+        while left > 0 and (chunk := os.read(fd, min(1 << 20, left))):
             chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise _NotPlain(name)
     finally:
         os.close(fd)
     mode = "100755" if st.st_mode & stat.S_IXUSR else "100644"
@@ -592,8 +607,7 @@ class TreeStore:
         self.work_dir = self.tree_dir / "work"
         self._lock = threading.Lock()
         # Knowledge checkouts of closed edges, with their attempt views (park_knowledge).
-        # (folder, attempt view, index commit, unstaged paths, the commit the folder is at)
-        self._parked: list[tuple] = []
+        self._parked: list[_Parked] = []
         self._parked_n = 0
         self._trees = gittrees.TreeCache()  # knowledge trees by id (gittrees.py)
 
@@ -729,10 +743,10 @@ class TreeStore:
             git([*wt, "read-tree", commit], git_dir=repo, env=env)
             git([*wt, "checkout-index", "-a", "-f", "-u"], git_dir=repo, env=env)
             return None
-        parked, view, index_at, unstaged, _at = taken
-        os.rename(parked / "knowledge", kdir)
-        os.rename(parked / "knowledge.index", index)
-        shutil.rmtree(parked, ignore_errors=True)
+        view, index_at, unstaged = taken.view, taken.index_at, taken.unstaged
+        os.rename(taken.folder / "knowledge", kdir)
+        os.rename(taken.folder / "knowledge.index", index)
+        shutil.rmtree(taken.folder, ignore_errors=True)
         # What changed since the last commit (after it, or while parked) is untracked or stale: to remove or
         # restore below. Taken before git writes anything, so no change by anyone else is missed.
         pending = None
@@ -745,13 +759,14 @@ class TreeStore:
             git([*wt, "read-tree", "--reset", "-u", commit], git_dir=repo, env=env)
         # Files that differ from the index: those the move above changed (their entries carry no stat data)
         # and those changed after the parked index last saw them (e.g. through a hard link): write them.
-        stale = git([*wt, "diff-files", "--name-only", "-z"], git_dir=repo, env=env).stdout
+        # Paths as bytes, passed on as they are (a name may be no UTF-8).
+        stale = git([*wt, "diff-files", "--name-only", "-z"], git_dir=repo, env=env, binary=True).stdout
         if stale:
             git(
                 [*wt, "checkout-index", "-f", "-u", "-z", "--stdin"],
                 git_dir=repo,
                 env=env,
-                input=stale.encode(),
+                input=stale,
             )
         # Untracked and ignored files (what the last agent added, OpenCode's housekeeping) go too: those the
         # watch reported and the move dropped from the index alone when every change since the checkout was
@@ -763,9 +778,9 @@ class TreeStore:
     def _clean_paths(self, kdir: Path, index: Path, leftover: set[str], dropped: list[str]) -> bool:
         """Remove what of `leftover` (paths touched, never staged) is not in the index now, and the files of
         `dropped` (entries the move took out of the index) with their folders left empty. False when a path
-        leads through a link or is a folder holding tracked files, or git fails: then the caller cleans
-        everything."""
-        candidates = sorted(p for p in leftover if p and not p.endswith("/"))
+        leads through a link or is a folder holding tracked files (or a folder where a dropped file was: the new
+        commit may hold files under it), or git fails: then the caller cleans everything."""
+        candidates = sorted(p for p in leftover if p)
         tracked: set[str] = set()
         if candidates:
             proc = git(
@@ -773,10 +788,11 @@ class TreeStore:
                 git_dir=self.knowledge_git,
                 env=knowledge_index_env(index),
                 check=False,
+                binary=True,
             )
             if proc.returncode != 0:
                 return False
-            tracked = set(proc.stdout.split("\0"))
+            tracked = {os.fsdecode(p) for p in proc.stdout.split(b"\0")}  # as the candidates: no UTF-8 kept
         try:
             for rel in [p for p in candidates if p not in tracked] + dropped:
                 parent, _, name = rel.rpartition("/")
@@ -784,8 +800,8 @@ class TreeStore:
                 with contextlib.suppress(FileNotFoundError), safefs.open_dir(kdir, parent) as dfd:
                     if not stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
                         os.unlink(name, dir_fd=dfd)
-                    elif any(t.startswith(rel + "/") for t in tracked):
-                        return False  # a folder holding tracked files: git sorts it out
+                    elif rel in dropped or any(t.startswith(rel + "/") for t in tracked):
+                        return False  # a folder that may hold tracked files: git sorts it out
                     else:  # nothing in it is tracked (rmtree never follows a link inside)
                         shutil.rmtree(name, dir_fd=dfd)
                 while parent:  # folders the removal left empty go, as `clean -d` would take them
@@ -808,12 +824,14 @@ class TreeStore:
         if old is None:
             return None
         repo, env = self.knowledge_git, knowledge_index_env(index)
-        out = git(["diff-tree", "-r", "-z", "--raw", "--no-renames", old, new], git_dir=repo).stdout
-        fields = out.split("\0")
+        out = git(
+            ["diff-tree", "-r", "-z", "--raw", "--no-renames", old, new], git_dir=repo, binary=True
+        ).stdout
+        fields = [os.fsdecode(f) for f in out.split(b"\0")]  # a name that is no UTF-8 keeps its bytes
         lines, dropped = [], []
         for i in range(0, len(fields) - 1, 2):  # ":oldmode newmode oldsha newsha status", path
             meta, path = fields[i].split(" "), fields[i + 1]
-            if len(meta) != 5 or "160000" in meta[:2]:
+            if len(meta) != 5 or "160000" in (meta[0].lstrip(":"), meta[1]):
                 return None
             if meta[4] == "D":
                 lines.append(f"0 {'0' * 40}\t{path}\0")
@@ -823,7 +841,12 @@ class TreeStore:
             if len(lines) > limit:
                 return None
         if lines:
-            git(["update-index", "-z", "--index-info"], git_dir=repo, env=env, input="".join(lines).encode())
+            git(
+                ["update-index", "-z", "--index-info"],
+                git_dir=repo,
+                env=env,
+                input=os.fsencode("".join(lines)),
+            )
         return dropped
 
     def park_knowledge(self, ws: EdgeWorkspace) -> None:
@@ -849,13 +872,13 @@ class TreeStore:
                 view.close()
             raise
         with self._lock:
-            self._parked.append((dest, view, ws._index_at, ws._unstaged, ws._k_head))
+            self._parked.append(_Parked(dest, view, ws._index_at, ws._unstaged, ws._k_head))
 
-    def _take_parked(self, commit: str) -> tuple | None:
+    def _take_parked(self, commit: str) -> _Parked | None:
         """A parked checkout, preferring one at `commit` (the fewest files to write), else the newest."""
         with self._lock:
             for i in range(len(self._parked) - 1, -1, -1):
-                if self._parked[i][4] == commit:
+                if self._parked[i].at == commit:
                     return self._parked.pop(i)
             return self._parked.pop() if self._parked else None
 
@@ -900,9 +923,9 @@ class TreeStore:
             return
         with self._lock:
             parked, self._parked = self._parked, []
-        for _dest, view, *_rest in parked:
-            if view is not None:
-                view.close()
+        for p in parked:
+            if p.view is not None:
+                p.view.close()
         shutil.rmtree(self.pool_dir, ignore_errors=True)
         for d in sorted(self.work_dir.iterdir()):
             if d.is_dir() and d.name not in keep:
