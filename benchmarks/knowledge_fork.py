@@ -18,10 +18,13 @@ Side by side in one run:
   below and patched in);
 - stat-cache: as `after` but for the loads, which stat every attempt file, parsing only changed ones
   (`stat_cache_load_attempts`, the second code, kept here);
-- after: the closed edge's checkout moved into the next fork and brought to its commit by git (only the
-  files that differ are written), stat data kept; loads look only at the names inotify reported since the last
-  load (`attempts.AttemptView`), plus what each knowledge commit's `git add -v` staged; commits stage only the
-  paths the watch reported, and one with nothing to commit makes no git call (`kwatch.KnowledgeWatch`);
+- after: edges as a sandboxed run has them (`links_fenced`: link(2) fails in the sandbox). The closed edge's
+  checkout is moved into the next fork and brought to its commit by writing the tree diff and the paths its
+  edge touched (`kcheckout.py`: no index, no stat sweep); loads look only at the names inotify reported since
+  the last load (`attempts.AttemptView`); commits write the reported paths' blobs and build the tree from the
+  last one (`gittrees.py`), and one with nothing to commit makes no git call (`kwatch.KnowledgeWatch`);
+- unfenced: as `after` for edges without the fence (`sandbox: none`): the checkout is moved by git with its
+  index, and a `diff-files` stat sweep of every file restores what a hard link may have changed;
 - prev: `after` on the sftree of git revision `--prev` (its `src/` exported with `git archive`, measured by this
   file in a child process), so the code before a change is measured in the same run as the code after it.
 """
@@ -154,10 +157,21 @@ def make_root(tmp: Path, attempts: int) -> Path:
     return root
 
 
-def one_edge(store: TreeStore, state, edge_id: str, n: int) -> tuple[object, dict[str, float]]:
+def _fork(store: TreeStore, state, edge_id: str, fenced: bool):
+    if fenced:
+        try:
+            return store.fork(state, edge_id, links_fenced=True)
+        except TypeError:  # code from before the fence (the prev mode): every fork is git's way
+            pass
+    return store.fork(state, edge_id)
+
+
+def one_edge(
+    store: TreeStore, state, edge_id: str, n: int, fenced: bool = True
+) -> tuple[object, dict[str, float]]:
     t: dict[str, float] = {}
     t0 = time.perf_counter()
-    ws = store.fork(state, edge_id)
+    ws = _fork(store, state, edge_id, fenced)
     t["fork"] = time.perf_counter() - t0
     att = ws.knowledge_dir / "attempts"
     load = 0.0
@@ -201,7 +215,7 @@ def run_tree(tmp: Path, root: Path, edges: int, mode: str, shape: str = "chain")
         for i in range(edges + 1):
             if shape == "branches":  # fork the tip of the other branch than the last edge's
                 state = tips[i % 2]
-            child, t = one_edge(store, state, f"e{i + 1}", i)
+            child, t = one_edge(store, state, f"e{i + 1}", i, fenced=mode != "unfenced")
             tips[i % 2] = state = child
             if i > (shape == "branches"):  # the first edge(s) have nothing to reuse
                 times.append(t)

@@ -16,6 +16,7 @@ import os
 import threading
 import zlib
 from collections import OrderedDict
+from operator import itemgetter
 from pathlib import Path
 
 TREE_MODE = "40000"
@@ -39,7 +40,7 @@ def _key(name: str, mode: str) -> str:
 
 def encode_tree(entries: Entries) -> bytes:
     """A tree object's content (what `git cat-file tree` prints)."""
-    if any(e[0] == TREE_MODE for e in entries.values()):
+    if TREE_MODE in map(itemgetter(0), entries.values()):  # (a scan in C: ~20x a generator's speed)
         names = sorted(entries, key=lambda n: _key(n, entries[n][0]))
     else:  # no folder: plain name order is git's (and nearly sorted input sorts in linear time)
         names = sorted(entries)

@@ -150,6 +150,15 @@ class KnowledgeWatch:
             touched, self._touched, self._changed = self._touched, set(), False
             return touched
 
+    def exact(self) -> bool:
+        """The host just made the folder exactly a commit (a fork): forget what was touched so far, its own
+        writes included. True when the watch is live, so that every later change is reported."""
+        with self._lock:
+            if not self.sync():
+                return False
+            self._touched = set()
+            return True
+
     # ---- internals -----------------------------------------------------------------------------------------
     def _open_kdir(self) -> int:
         fd = os.open(self.root, _DIR_FLAGS)

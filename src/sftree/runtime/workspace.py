@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 from sftree.errors import InputError, SftreeError
 from sftree.runtime import attempts as attemptsmod
-from sftree.runtime import gittrees, safefs
+from sftree.runtime import gittrees, kcheckout, safefs
 from sftree.runtime.kwatch import KnowledgeWatch
 
 log = logging.getLogger(__name__)
@@ -198,6 +198,15 @@ class EdgeWorkspace:
     # commit) does not hold instead of a `git clean` of the whole folder.
     _unstaged: set[str] | None = field(default_factory=set)
     attempt_view: attemptsmod.AttemptView | None = None  # the checkout's attempt records (attempts.py)
+    # Every command of the edge ran where link(2) fails (runtime/sandbox.py), so no file of the checkout can
+    # be changed through another name, unseen by its watch (set by the fork, lowered by the edge's runner).
+    links_fenced: bool = False
+    # The checkout was exactly this commit when the fork handed it over; `_since`: the paths touched since
+    # (None: unknown); `_trusted`: no edge without the fence has used it. The next fork moves a trusted
+    # checkout by writing those paths and the tree diff alone (kcheckout.py).
+    _exact_at: str = ""
+    _since: set[str] | None = None
+    _trusted: bool = False
 
     def __post_init__(self):
         self._k_head = self._k_head or self.parent.knowledge_commit
@@ -258,6 +267,10 @@ class EdgeWorkspace:
         if watch is not None and self._k_tree is not None and not watch.changed():
             return self._k_head  # nothing under .opencode changed since the last commit (kwatch.py)
         touched = watch.committed() if watch is not None else None  # later changes count next time
+        if touched is None or self._since is None or len(self._since) + len(touched) > _MAX_SINCE:
+            self._since = None
+        else:
+            self._since |= touched
         index_was, self._index_at = self._index_at, None  # until the commit is made, the index is part way
         if touched is None:
             self._unstaged = None  # a full `add` may leave ignored paths out: unknown
@@ -281,7 +294,7 @@ class EdgeWorkspace:
         stands). Otherwise git's way: the index is brought to the last commit, then `add` and `write-tree`."""
         repo, env = self.store.knowledge_git, knowledge_index_env(self.index_file)
         if self._k_tree is None:
-            self._k_tree = git(["rev-parse", f"{self._k_head}^{{tree}}"], git_dir=repo).stdout.strip()
+            self._k_tree = self.store.commit_tree(self._k_head)
         names = None if touched is None else self._touched_names(touched)
         try:
             changes = None if names is None else self._plain_changes(names)
@@ -325,7 +338,7 @@ class EdgeWorkspace:
             self._k_head = git(
                 ["commit-tree", tree, "-p", self._k_head, "-m", message], git_dir=repo
             ).stdout.strip()
-            self._k_tree = tree
+            self._k_tree = self.store.commit_trees[self._k_head] = tree
         return self._k_head, index_now
 
     def _sync_index(self, index_at: str | None) -> None:
@@ -466,6 +479,14 @@ class EdgeWorkspace:
             self.closed = True
 
 
+class _Moved(NamedTuple):
+    """How a fork left a knowledge checkout (TreeStore._checkout_knowledge)."""
+
+    trusted: bool  # no edge without the link fence has used it
+    index_at: str | None  # the commit whose tree the index holds (None: unknown)
+    unstaged: set[str] | None  # paths perhaps on disk but not in the index (None: unknown)
+
+
 class _Parked(NamedTuple):
     """A closed edge's knowledge checkout kept for the next fork (TreeStore.park_knowledge)."""
 
@@ -474,9 +495,13 @@ class _Parked(NamedTuple):
     index_at: str | None  # the commit whose tree the index holds (None: unknown)
     unstaged: set[str] | None  # paths perhaps on disk but not in the index (None: unknown)
     at: str  # the commit the folder is at
+    exact_at: str  # the commit the folder was exactly when its edge began
+    since: set[str] | None  # paths touched since (None: unknown)
+    trusted: bool  # every edge that used it had the link fence (EdgeWorkspace.links_fenced)
 
 
 LOOSE_PACK_KIB = 16 * 1024  # below this a tree's loose objects are left as they are
+_MAX_SINCE = 4096  # more paths touched in one edge than this: its checkout is moved by git's way
 
 
 def knowledge_index_env(index: Path) -> dict[str, str]:
@@ -610,6 +635,7 @@ class TreeStore:
         self._parked: list[_Parked] = []
         self._parked_n = 0
         self._trees = gittrees.TreeCache()  # knowledge trees by id (gittrees.py)
+        self.commit_trees: dict[str, str] = {}  # knowledge commit -> its tree (40 + 40 characters each)
 
     # ---- creation and resume -------------------------------------------------------------------------------
     @classmethod
@@ -675,8 +701,9 @@ class TreeStore:
         return git(["commit-tree", tree, "-m", f"sftree: {what}"], git_dir=repo).stdout.strip()
 
     # ---- forks ---------------------------------------------------------------------------------------------
-    def fork(self, state: NodeState, edge_id: str) -> EdgeWorkspace:
-        """A fresh workspace at `state`: worktree of the code commit, private knowledge checkout, session copy."""
+    def fork(self, state: NodeState, edge_id: str, *, links_fenced: bool = False) -> EdgeWorkspace:
+        """A fresh workspace at `state`: worktree of the code commit, private knowledge checkout, session copy.
+        `links_fenced`: every command of the edge will run where link(2) fails (EdgeWorkspace.links_fenced)."""
         from sftree.fileio import read_json
 
         edge_dir = self.work_dir / edge_id
@@ -694,11 +721,11 @@ class TreeStore:
         admin = Path((root / ".git").read_text().strip().removeprefix("gitdir:").strip()).resolve()
         if not admin.is_relative_to(self.code_git.resolve() / "worktrees"):
             raise GitError(f"git worktree add made an unexpected admin folder {admin}")
-        ws = EdgeWorkspace(self, edge_id, state, edge_dir, root, git_dir=admin)
+        ws = EdgeWorkspace(self, edge_id, state, edge_dir, root, git_dir=admin, links_fenced=links_fenced)
         kdir = ws.knowledge_dir
         if kdir.is_symlink() or kdir.is_file():  # a code commit cannot carry .opencode, but be sure
             kdir.unlink()
-        view = self._checkout_knowledge(kdir, ws.index_file, state.knowledge_commit)
+        view, moved = self._checkout_knowledge(kdir, ws.index_file, state.knowledge_commit)
         for sub in ("notes", "skills", "attempts", "roles", "logs"):
             d = kdir / sub
             if d.is_symlink() or (d.exists() and not d.is_dir()):
@@ -713,6 +740,12 @@ class TreeStore:
         else:
             view.rebind(root)
         ws.attempt_view = view
+        ws._exact_at, ws._trusted = state.knowledge_commit, moved.trusted
+        ws._index_at, ws._unstaged = moved.index_at, moved.unstaged
+        if links_fenced and view.watch is not None and view.watch.exact():
+            # The checkout is exactly the commit now (nothing of the agent runs yet), and only what the watch
+            # reports from here on can make it differ (the fork's own writes are forgotten).
+            ws._since = set()
         attemptsmod.register(view)
         if state.session:
             messages = read_json(self.tree_dir / state.session, "session file")
@@ -730,11 +763,14 @@ class TreeStore:
     def pool_dir(self) -> Path:
         return self.work_dir / ".knowledge-pool"  # under work/: cleanup_stale drops it with the worktrees
 
-    def _checkout_knowledge(self, kdir: Path, index: Path, commit: str) -> attemptsmod.AttemptView | None:
-        """Make `kdir` exactly `commit`'s files, with `index` matching (stat data included: the next fork's
-        sweep compares against it). A parked checkout of an earlier edge is moved in and moved to `commit` (git
-        writes the files that differ, the rest of the extras go by name or by `clean`: docs/runtime.md); else a
-        full checkout. Returns the parked checkout's attempt view (its watch sees what git rewrites), or None."""
+    def _checkout_knowledge(
+        self, kdir: Path, index: Path, commit: str
+    ) -> tuple[attemptsmod.AttemptView | None, _Moved]:
+        """Make `kdir` exactly `commit`'s files. A parked checkout of an earlier edge is moved in and brought to
+        `commit`: a trusted one by writing the tree diff and the paths its edge touched (kcheckout.py, no
+        index), any other by git with `index` (the files that differ written, a stat sweep against hard links,
+        the extras removed by name or by `clean`: docs/runtime.md). Else a full checkout. Returns the parked
+        checkout's attempt view (its watch sees what was rewritten), or None, and the state of the index."""
         repo, env = self.knowledge_git, knowledge_index_env(index)
         wt = ["--work-tree", str(kdir)]
         taken = self._take_parked(commit)
@@ -742,17 +778,34 @@ class TreeStore:
             kdir.mkdir()
             git([*wt, "read-tree", commit], git_dir=repo, env=env)
             git([*wt, "checkout-index", "-a", "-f", "-u"], git_dir=repo, env=env)
-            return None
+            return None, _Moved(True, commit, set())
         view, index_at, unstaged = taken.view, taken.index_at, taken.unstaged
         os.rename(taken.folder / "knowledge", kdir)
         os.rename(taken.folder / "knowledge.index", index)
         shutil.rmtree(taken.folder, ignore_errors=True)
         # What changed since the last commit (after it, or while parked) is untracked or stale: to remove or
-        # restore below. Taken before git writes anything, so no change by anyone else is missed.
+        # restore below. Taken before anything is written, so no change by anyone else is missed.
         pending = None
         if view is not None and view.watch is not None:
             view.rebind(kdir.parent)
             pending = view.watch.committed()
+        if taken.trusted and taken.since is not None and pending is not None:
+            try:
+                kcheckout.move(
+                    kdir,
+                    repo,
+                    self.commit_tree(taken.exact_at),
+                    self.commit_tree(commit),
+                    taken.since | pending,
+                    self.load_tree,
+                    git,
+                )
+                # The index still holds `index_at`'s tree; files it does not list may be on disk now.
+                return view, _Moved(True, index_at, None)
+            except (OSError, GitError, ValueError, kcheckout.Unplannable) as exc:
+                # Half done, perhaps: git's way below repairs it (rewritten files fail the stat sweep).
+                log.info("knowledge checkout moved by git instead: %s", exc)
+                pending = None
         leftover = None if unstaged is None or pending is None else unstaged | pending
         dropped = [] if index_at == commit else self._move_index(index, index_at, commit)
         if dropped is None:
@@ -773,7 +826,17 @@ class TreeStore:
         # last clean is known, else a `git clean` of everything.
         if leftover is None or not self._clean_paths(kdir, index, leftover, dropped or []):
             git([*wt, "clean", "-f", "-f", "-d", "-x", "-q"], git_dir=repo, env=env)
-        return view
+        return view, _Moved(taken.trusted, commit, set())
+
+    def commit_tree(self, commit: str) -> str:
+        """A knowledge commit's tree id (kept for the commits made here; else asked of git once)."""
+        tree = self.commit_trees.get(commit)
+        if tree is None:
+            tree = git(
+                ["rev-parse", f"{check_sha(commit)}^{{tree}}"], git_dir=self.knowledge_git
+            ).stdout.strip()
+            self.commit_trees[commit] = tree
+        return tree
 
     def _clean_paths(self, kdir: Path, index: Path, leftover: set[str], dropped: list[str]) -> bool:
         """Remove what of `leftover` (paths touched, never staged) is not in the index now, and the files of
@@ -872,7 +935,12 @@ class TreeStore:
                 view.close()
             raise
         with self._lock:
-            self._parked.append(_Parked(dest, view, ws._index_at, ws._unstaged, ws._k_head))
+            self._parked.append(
+                _Parked(
+                    dest, view, ws._index_at, ws._unstaged, ws._k_head, ws._exact_at, ws._since,
+                    ws._trusted and ws.links_fenced,
+                )
+            )  # fmt: skip
 
     def _take_parked(self, commit: str) -> _Parked | None:
         """A parked checkout, preferring one at `commit` (the fewest files to write), else the newest."""

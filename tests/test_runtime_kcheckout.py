@@ -1,0 +1,305 @@
+"""A reused knowledge checkout of fenced edges (link(2) fails in their sandbox) is moved to the next fork's
+commit by writing the tree diff and the paths its edge touched, with no index and no stat sweep
+(runtime/kcheckout.py, docs/runtime.md "Knowledge cost per edge"). Whatever the edge did, the next branch
+sees exactly its commit's files, as a full checkout would give them."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+from runtime_helpers import make_root
+
+from sftree.runtime import coral, gittrees, kcheckout, kwatch
+from sftree.runtime import workspace as wsmod
+from sftree.runtime.workspace import TreeStore
+
+REC = {"commit_hash": "c1", "score": 1.0, "status": "improved", "timestamp": "2026-01-01T00:00:01"}
+GIT_WAY = {"read-tree", "diff-files", "checkout-index", "update-index", "clean", "diff-tree", "ls-files"}
+
+
+@pytest.fixture
+def store(tmp_path):
+    root = make_root(tmp_path, attempts=[REC, {**REC, "commit_hash": "c2", "score": 2.0}])
+    st, state = TreeStore.create(tmp_path / "tree", root, {"name": "circle_packing"})
+    yield st, state
+    st.close()
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The git subcommands run, in order (the first word after the options), wherever git is called from."""
+    seen: list[str] = []
+    real = wsmod.git
+
+    def spy(args, **kw):
+        words = [a for a in args if not a.startswith("-") and "=" not in a and "/" not in a]
+        seen.append(words[0] if words else "?")
+        return real(args, **kw)
+
+    monkeypatch.setattr(wsmod, "git", spy)
+    return seen
+
+
+def _files(d):
+    """Every path under `d` with its kind, content and executable bit (links: their target)."""
+    out = {}
+    for p in sorted(d.rglob("*")):
+        st = p.lstat()
+        if stat.S_ISLNK(st.st_mode):
+            out[str(p.relative_to(d))] = ("link", os.readlink(p))
+        elif stat.S_ISDIR(st.st_mode):
+            out[str(p.relative_to(d))] = ("dir",)
+        else:
+            out[str(p.relative_to(d))] = ("file", p.read_bytes(), bool(st.st_mode & stat.S_IXUSR))
+    return out
+
+
+def _full(st, state, tmp_path):
+    """A full checkout of `state` from a store with nothing parked (the reference)."""
+    other = TreeStore(st.tree_dir, {})
+    ws = other.fork(state, f"ref{len(list(tmp_path.iterdir()))}")
+    try:
+        return _files(ws.knowledge_dir)
+    finally:
+        ws.close()
+
+
+def _edge(st, state, name, work, *, fenced=True):
+    ws = st.fork(state, name, links_fenced=fenced)
+    work(ws.knowledge_dir)
+    child = ws.state(None)
+    return ws, child
+
+
+def _busy(k):
+    """An edge that does a bit of everything to its knowledge folder."""
+    (k / "notes" / "student.md").write_text("rewritten\n")
+    (k / "notes" / "deep" / "er").mkdir(parents=True)
+    (k / "notes" / "deep" / "er" / "f.md").write_text("deep")
+    (k / "attempts" / "c1.json").unlink()
+    (k / "attempts" / "c3.json").write_text(json.dumps({**REC, "commit_hash": "c3", "score": 9.0}))
+    (k / "skills" / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(k / "skills" / "run.sh", 0o755)
+    os.symlink("../notes/student.md", k / "skills" / "link.md")
+    (k / "package.json").write_text("{}")  # an excluded name: never committed, gone at the next fork
+    (k / "node_modules" / "x").mkdir(parents=True)
+    (k / "node_modules" / "x" / "i.js").write_text("1")
+
+
+def test_fenced_forks_move_the_checkout_without_the_index(store, calls, tmp_path):
+    st, root = store
+    st.fork(root, "e0", links_fenced=True).close()  # parks a fresh checkout
+    a, child = _edge(st, root, "e1", _busy)
+    # written after the last commit: never committed, must not reach another branch
+    (a.knowledge_dir / "notes" / "late.md").write_text("late")
+    os.mkfifo(a.knowledge_dir / "notes" / "fifo")
+    a.close()
+
+    calls.clear()
+    b = st.fork(root, "e2", links_fenced=True)  # back to the root: the edge's changes undone by name
+    assert not GIT_WAY & set(calls), calls
+    assert _files(b.knowledge_dir) == _full(st, root, tmp_path)
+    assert coral.view_for(b.knowledge_dir / "attempts").best("maximize") == 2.0
+    assert b.state(None).knowledge_commit == root.knowledge_commit  # nothing differs from the commit
+    b.close()
+
+    calls.clear()
+    c = st.fork(child, "e3", links_fenced=True)  # forward to the child: its tree diff written
+    assert not GIT_WAY & set(calls), calls
+    kc = c.knowledge_dir
+    assert _files(kc) == _full(st, child, tmp_path)
+    assert os.stat(kc / "skills" / "run.sh").st_mode & stat.S_IXUSR
+    assert os.readlink(kc / "skills" / "link.md") == "../notes/student.md"
+    assert not (kc / "package.json").exists() and not (kc / "node_modules").exists()
+    assert coral.view_for(kc / "attempts").best("maximize") == 9.0
+    assert c.state(None).knowledge_commit == child.knowledge_commit
+    c.close()
+
+
+def test_what_the_edge_touched_is_restored_whatever_it_became(store, tmp_path):
+    """A tracked file replaced by a folder, a tracked folder by a link to a host folder, a file's mode
+    changed, a record rewritten after the commit: the next fork restores each from the commit, never writing
+    through the link."""
+    st, root = store
+    outside = tmp_path / "host"
+    outside.mkdir()
+    (outside / "student.md").write_text("host file")
+    st.fork(root, "e0", links_fenced=True).close()
+
+    def hostile(k):
+        (k / "attempts" / "c2.json").unlink()
+        (k / "attempts" / "c2.json").mkdir()
+        (k / "attempts" / "c2.json" / "x").write_text("x")
+
+    a, child = _edge(st, root, "e1", hostile)
+    k = a.knowledge_dir
+    for p in (k / "notes").iterdir():
+        p.unlink()
+    (k / "notes").rmdir()
+    os.symlink(outside, k / "notes")
+    os.chmod(k / "attempts" / "c1.json", 0o755)
+    (k / "attempts" / "c1.json").write_text(json.dumps({**REC, "score": 1e9}))
+    a.close()
+    b = st.fork(root, "e2", links_fenced=True)
+    assert _files(b.knowledge_dir) == _full(st, root, tmp_path)
+    assert (outside / "student.md").read_text() == "host file" and len(list(outside.iterdir())) == 1
+    assert coral.view_for(b.knowledge_dir / "attempts").best("maximize") == 2.0
+    b.close()
+
+
+def test_files_written_by_the_move_are_new_inodes(store):
+    st, root = store
+    st.fork(root, "e0", links_fenced=True).close()
+    a, child = _edge(st, root, "e1", lambda k: (k / "notes" / "student.md").write_text("changed\n"))
+    before = os.stat(a.knowledge_dir / "notes" / "student.md").st_ino
+    keep = os.open(a.knowledge_dir / "notes" / "student.md", os.O_RDONLY)  # the inode stays allocated
+    try:
+        a.close()
+        b = st.fork(root, "e2", links_fenced=True)
+        assert os.stat(b.knowledge_dir / "notes" / "student.md").st_ino != before
+        assert (b.knowledge_dir / "notes" / "student.md").read_text().startswith("# Student note")
+        b.close()
+    finally:
+        os.close(keep)
+
+
+def test_an_edge_without_the_fence_makes_its_checkout_git_s_for_good(store, calls, tmp_path):
+    """A checkout an unfenced edge used (sandbox: none: a hard link may exist) is moved by git, with the
+    stat sweep, at every later fork, even for fenced edges."""
+    st, root = store
+    st.fork(root, "e0", links_fenced=True).close()
+    a, child = _edge(st, root, "e1", lambda k: (k / "notes" / "a.md").write_text("a"), fenced=False)
+    os.link(a.knowledge_dir / "notes" / "student.md", tmp_path / "alias")
+    a.close()
+    (tmp_path / "alias").write_text("LEAKED")  # through the link, after the edge
+    for i, target in enumerate((root, child, root)):
+        calls.clear()
+        w = st.fork(target, f"f{i}", links_fenced=True)
+        assert "diff-files" in calls
+        assert _files(w.knowledge_dir) == _full(st, target, tmp_path)
+        w.state(None)
+        w.close()
+
+
+def test_an_unknown_change_set_takes_git_s_way(store, calls, tmp_path, monkeypatch):
+    """More paths touched than the watch keeps: the next fork moves the checkout by git, and exactly."""
+    st, root = store
+    monkeypatch.setattr(kwatch, "MAX_TOUCHED", 3)
+    st.fork(root, "e0", links_fenced=True).close()
+
+    def many(k):
+        for i in range(6):
+            (k / "notes" / f"n{i}.md").write_text(str(i))
+
+    a, child = _edge(st, root, "e1", many)
+    a.close()
+    calls.clear()
+    b = st.fork(root, "e2", links_fenced=True)
+    assert "diff-files" in calls
+    assert _files(b.knowledge_dir) == _full(st, root, tmp_path)
+    b.close()
+
+
+def test_a_move_that_fails_half_way_is_repaired_by_git(store, calls, tmp_path, monkeypatch):
+    st, root = store
+    st.fork(root, "e0", links_fenced=True).close()
+    a, child = _edge(st, root, "e1", _busy)
+    a.close()
+    real = kcheckout._write
+    done = []
+
+    def flaky(dfd, name, mode, data):
+        if len(done) == 1:
+            raise OSError(28, "No space left on device")
+        done.append(name)
+        return real(dfd, name, mode, data)
+
+    monkeypatch.setattr(kcheckout, "_write", flaky)
+    calls.clear()
+    b = st.fork(root, "e2", links_fenced=True)
+    assert len(done) == 1 and "diff-files" in calls
+    assert _files(b.knowledge_dir) == _full(st, root, tmp_path)
+    assert b.state(None).knowledge_commit == root.knowledge_commit
+    b.close()
+
+
+# ---- the plan, against hand-made trees ----------------------------------------------------------------------
+@pytest.fixture
+def trees(tmp_path):
+    repo = tmp_path / "repo.git"
+    wsmod.git(["init", "-q", "--bare", str(repo)])
+    cache = gittrees.TreeCache()
+
+    def blob(text):
+        return gittrees.write_loose(repo, "blob", text.encode())
+
+    def tree(spec):
+        """{name: text | dict (a folder) | ("link", target) | ("sub", id)} -> tree id."""
+        entries = {}
+        for name, v in spec.items():
+            if isinstance(v, dict):
+                entries[name] = gittrees.entry(name, gittrees.TREE_MODE, tree(v))
+            elif isinstance(v, tuple) and v[0] == "sub":
+                entries[name] = gittrees.entry(name, "160000", v[1])
+            elif isinstance(v, tuple):
+                entries[name] = gittrees.entry(name, "120000", blob(v[1]))
+            else:
+                entries[name] = gittrees.entry(name, "100644", blob(v))
+        oid = gittrees.write_loose(repo, "tree", gittrees.encode_tree(entries))
+        cache.put(oid, entries)
+        return oid
+
+    def load(oid):
+        got = cache.get(oid)
+        assert got is not None, f"tree {oid} not made by the test"
+        return got
+
+    return tree, blob, load
+
+
+def test_plan_of_a_tree_diff(trees):
+    tree, blob, load = trees
+    old = tree(
+        {"a": "1", "same": "s", "d": {"x": "x", "y": "y"}, "f2d": "f", "d2f": {"z": "z"}, "gone": {"q": "q"}}
+    )
+    new = tree({"a": "2", "same": "s", "d": {"x": "x", "y": "Y", "n": "n"}, "f2d": {"k": "k"}, "d2f": "z",
+                "new": {"deep": {"w": "w"}}})  # fmt: skip
+    p = kcheckout.plan(old, new, [], load)
+    assert p.remove == ["a", "d/n", "d/y", "d2f", "f2d", "gone", "new"]
+    assert p.write == [
+        ("a", "100644", blob("2")),
+        ("d/n", "100644", blob("n")),
+        ("d/y", "100644", blob("Y")),
+        ("d2f", "100644", blob("z")),
+        ("f2d/k", "100644", blob("k")),
+        ("new/deep/w", "100644", blob("w")),
+    ]
+    assert kcheckout.plan(old, old, [], load) == kcheckout.Plan([], [])
+
+
+def test_plan_of_touched_paths(trees):
+    tree, blob, load = trees
+    t = tree({"notes": {"a": "a", "b": "b"}, "attempts": {"c1": "1"}, "l": ("link", "notes/a")})
+    touched = ["notes/new", "notes", "notes/a", "attempts/c1", "attempts/tmp", "x/y/z", "l", ""]
+    p = kcheckout.plan(t, t, touched, load)
+    # `notes` as a whole covers what lies under it; paths not in the tree are only removed
+    assert p.remove == ["attempts/c1", "attempts/tmp", "l", "notes", "x/y/z"]
+    assert p.write == [
+        ("attempts/c1", "100644", blob("1")),
+        ("l", "120000", blob("notes/a")),
+        ("notes/a", "100644", blob("a")),
+        ("notes/b", "100644", blob("b")),
+    ]
+    # a path under a file of the tree is not in it: removed
+    assert kcheckout.plan(t, t, ["l/x", "notes/a/b"], load).write == []
+
+
+def test_plan_refuses_a_submodule(trees):
+    tree, blob, load = trees
+    old = tree({"a": "1"})
+    new = tree({"a": "1", "m": ("sub", "1" * 40)})
+    with pytest.raises(kcheckout.Unplannable):
+        kcheckout.plan(old, new, [], load)
