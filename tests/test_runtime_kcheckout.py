@@ -119,7 +119,7 @@ def test_fenced_forks_move_the_checkout_without_the_index(store, calls, tmp_path
     c.close()
 
 
-def test_what_the_edge_touched_is_restored_whatever_it_became(store, tmp_path):
+def test_what_the_edge_touched_is_restored_whatever_it_became(store, calls, tmp_path):
     """A tracked file replaced by a folder, a tracked folder by a link to a host folder, a file's mode
     changed, a record rewritten after the commit: the next fork restores each from the commit, never writing
     through the link."""
@@ -143,7 +143,9 @@ def test_what_the_edge_touched_is_restored_whatever_it_became(store, tmp_path):
     os.chmod(k / "attempts" / "c1.json", 0o755)
     (k / "attempts" / "c1.json").write_text(json.dumps({**REC, "score": 1e9}))
     a.close()
+    calls.clear()
     b = st.fork(root, "e2", links_fenced=True)
+    assert not GIT_WAY & set(calls), calls
     assert _files(b.knowledge_dir) == _full(st, root, tmp_path)
     assert (outside / "student.md").read_text() == "host file" and len(list(outside.iterdir())) == 1
     assert coral.view_for(b.knowledge_dir / "attempts").best("maximize") == 2.0
