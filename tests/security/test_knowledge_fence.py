@@ -168,9 +168,23 @@ def test_opencode_sandbox_binds_the_knowledge_dir_on_its_own(base, uid):
         proc = agent._run_cli(run, st, ["-c", "echo RAN"], timeout=60)
         assert "RAN" in proc.stdout, proc.stderr
         assert not agent.links_fenced("e1")
-        assert not OpenCodeAgent.links_fenced(SimpleNamespace(sandbox="none", _unfenced=set()), "e2")
     finally:
         agent.close()
+    # unconfined, nothing is fenced: the link is made, and the backend says so
+    (ws / ".opencode").unlink()
+    (ws / ".opencode").mkdir()
+    (ws / ".opencode" / "n.md").write_text("n\n")
+    free = OpenCodeAgent(SimpleNamespace(base_url="http://127.0.0.1:9/v1", model="m"), {"sandbox": "none"})
+    try:
+        free.binary = "/bin/sh"
+        run.workspace.edge_id = "e2"
+        proc = free._run_cli(
+            run, _Edge(home=base / "work" / "e2" / "opencode"), ["-c", "ln .opencode/n.md l.md"], 60
+        )
+        assert proc.returncode == 0 and (ws / "l.md").stat().st_nlink == 2, proc.stderr
+        assert not free.links_fenced("e2")
+    finally:
+        free.close()
 
 
 def test_native_edges_report_whether_every_command_was_fenced(scripted):

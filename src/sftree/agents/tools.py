@@ -26,7 +26,7 @@ from sftree.runtime.sandbox import (
     AGENT_LIMITS,
     CORAL_MOUNT,
     KNOWLEDGE_DIR,
-    Fence,
+    NO_FENCE,
     bwrap_argv,
     give_to,
     knowledge_fence,
@@ -377,7 +377,7 @@ def tool_bash(args: dict, ctx: ToolContext) -> str:
     env = scrubbed_env(ctx.coral_env, sandboxed=sandboxed, workspace=ctx.root)
     argv = ["bash", "-c", args["command"]]
     ws = Path(ctx.root).resolve()
-    with knowledge_fence(ws, ws / KNOWLEDGE_DIR) if sandboxed else contextlib.nullcontext(Fence()) as fence:
+    with knowledge_fence(ws, ws / KNOWLEDGE_DIR) if sandboxed else contextlib.nullcontext(NO_FENCE) as fence:
         if sandboxed:
             coral = [(ctx.coral_dir, CORAL_MOUNT)] if ctx.coral_dir is not None else []
             argv = bwrap_argv(
