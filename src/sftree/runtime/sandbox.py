@@ -19,6 +19,7 @@ import contextlib
 import functools
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -203,11 +204,16 @@ def _open_knowledge_dir(workspace: Path) -> int | None:
     except OSError:
         return None
     try:
-        return os.open(KNOWLEDGE_DIR, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=wfd)
+        # O_PATH|O_NOFOLLOW alone would open a link itself; O_DIRECTORY makes a link (or a file) fail ENOTDIR.
+        fd = os.open(KNOWLEDGE_DIR, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=wfd)
     except OSError:
         return None
     finally:
         os.close(wfd)
+    if not stat.S_ISDIR(os.fstat(fd).st_mode):  # belt and braces: the bind must be of a real folder
+        os.close(fd)
+        return None
+    return fd
 
 
 @contextlib.contextmanager
