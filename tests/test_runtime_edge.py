@@ -9,6 +9,7 @@ import pytest
 from runtime_helpers import config, example_task, make_root, read_steps
 
 from sftree.runtime.coral import parse_grader_output
+from sftree.runtime.sandbox import bwrap_works
 from sftree.search.edge import EdgeContext, best_score, regressed_rate, run_edge
 
 FAULTS = [
@@ -173,6 +174,25 @@ def test_step_limit_fails_the_turn(tmp_path):
         ctx.close()
     assert [t.ended for t in r.turns] == ["step_limit", "step_limit"] and [t.steps for t in r.turns] == [2, 2]
     assert r.score is None and r.regressed_rate == 1.0
+
+
+@pytest.mark.parametrize("sandbox", ["auto", "none"])
+def test_edge_tells_the_workspace_whether_links_were_fenced(tmp_path, sandbox):
+    """A sandboxed native edge saw `.opencode` as its own mount in every command; `sandbox: none` fences nothing
+    (docs/security.md, "The knowledge fence")."""
+    if sandbox == "auto" and not bwrap_works():
+        pytest.skip("bubblewrap cannot create namespaces here")
+    cfg = config(teacher={"sim": {"seed": 0}}, agent={"max_steps_per_turn": 2, "sandbox": sandbox})
+    ctx = EdgeContext.create(tmp_path / "t", make_root(tmp_path), cfg, example_task(cfg))
+    forked = []
+    real_fork = ctx.store.fork
+    ctx.store.fork = lambda *a, **k: forked.append(real_fork(*a, **k)) or forked[-1]
+    try:
+        r = run_edge(ctx, ctx.root_state, "e1", None, depth=1, attempt=1, eval_count=0)
+    finally:
+        ctx.close()
+    assert r.error is None and r.tool_calls > 0
+    assert forked[0].links_fenced is (sandbox == "auto")
 
 
 def test_regressed_rate_and_best_score_by_hand():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from scripted import EVAL, GRADER, TASK_DIR, bash, edit_solution
 
 from sftree.runtime.workspace import git
@@ -42,12 +43,18 @@ def test_linked_agents_md_is_not_committed_nor_written_through(scripted, base):
     assert victim.read_text() == "precious\n"
 
 
-def test_linked_knowledge_folder_fails_only_its_edge(scripted):
+@pytest.mark.parametrize("sandbox", ["auto", "none"])
+def test_linked_knowledge_folder_fails_only_its_edge(scripted, sandbox):
     s = scripted(
-        {1: [[bash(f"mv .opencode /tmp/k && ln -s {TASK_DIR} .opencode")], [edit_solution()], [EVAL]]}
+        {1: [[bash(f"mv .opencode .k && ln -s {TASK_DIR} .opencode")], [edit_solution()], [EVAL]]},
+        agent={"sandbox": sandbox},
     )
     r = s.edge("e1")
-    assert r.child_state is None and r.error and "symlink" in r.error, r.error
+    if sandbox == "auto":  # `.opencode` is a mount point in the sandbox (the knowledge fence): it stays put
+        assert "Device or resource busy" in s.outputs("e1")[0], s.outputs("e1")
+        assert r.error is None and r.child_state is not None, r.error
+    else:  # unconfined the swap happens; the host's knowledge commit refuses the link, failing only this edge
+        assert r.child_state is None and r.error and "symlink" in r.error, r.error
     k = s.ctx.store.knowledge_git
     all_files = git(["log", "--all", "--name-only", "--format="], git_dir=k).stdout
     assert "grader.py" not in all_files

@@ -61,6 +61,12 @@ class AgentBackend(ABC):
     @abstractmethod
     def run_turn(self, run: TurnRun) -> TurnOutcome: ...
 
+    def links_fenced(self, edge_id: str) -> bool:
+        """True when every command the backend ran in the edge saw `<workspace>/.opencode` as its own mount, so
+        no hard link joins a knowledge file to a code file (docs/security.md, "The knowledge fence"). The
+        workspace may then trust its watch over `.opencode` alone. False unless a backend knows better."""
+        return False
+
     def end_edge(self, edge_id: str) -> None:  # noqa: B027 - most backends hold nothing per edge
         """Release what the backend holds for one edge (a uid, a proxy key); called once the edge has ended,
         however it ended, so a failed edge gives its holdings back before the tree does."""

@@ -96,6 +96,7 @@ class NativeAgent(AgentBackend):
         self.sandbox = resolve_mode(agent_cfg.get("sandbox", "auto"))
         self.hidden = list(hidden or [])
         self.tools = TOOL_SCHEMAS
+        self._unfenced: set[str] = set()  # edges with a shell command that did not see `.opencode` fenced
 
     def tool_context(
         self, run: TurnRun, uid: int | None = None, deadline: float | None = None
@@ -123,14 +124,22 @@ class NativeAgent(AgentBackend):
                 give_to(Path(run.workspace.root), uid)
                 if run.env.get("CORAL_SOCKET"):
                     give_to(Path(run.env["CORAL_SOCKET"]).parent, uid)
-            return self._run_turn(run, uid)
+            ctx = self.tool_context(run, uid, time.monotonic() + float(self.cfg.get("turn_timeout", 3600)))
+            try:
+                return self._run_turn(run, ctx)
+            finally:
+                if not ctx.fenced:
+                    self._unfenced.add(run.workspace.edge_id)
         finally:
             UIDS.release(uid)
 
-    def _run_turn(self, run: TurnRun, uid: int | None) -> TurnOutcome:
+    def links_fenced(self, edge_id: str) -> bool:
+        # Kept after end_edge (an id is a few bytes, and only an edge that lost its fence leaves one).
+        return self.sandbox == "bwrap" and edge_id not in self._unfenced
+
+    def _run_turn(self, run: TurnRun, ctx: ToolContext) -> TurnOutcome:
         max_steps = int(self.cfg.get("max_steps_per_turn", 40))
-        deadline = time.monotonic() + float(self.cfg.get("turn_timeout", 3600))
-        ctx = self.tool_context(run, uid, deadline)
+        deadline = ctx.deadline
         nudges_left = int(self.cfg.get("nudges", 2))
         overrides = self.cfg.get("prompts") or {}
         out = TurnOutcome(ended="step_limit")

@@ -34,6 +34,7 @@ request carrying its `<conversation-checkpoint>`), the turn's records get `"comp
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -55,9 +56,13 @@ from sftree.errors import InputError
 from sftree.runtime.sandbox import (
     AGENT_LIMITS,
     CORAL_MOUNT,
+    KNOWLEDGE_DIR,
+    NO_FENCE,
     UIDS,
+    Fence,
     bwrap_argv,
     give_to,
+    knowledge_fence,
     resolve_mode,
     wrap_limits,
 )
@@ -414,6 +419,7 @@ class OpenCodeAgent(AgentBackend):
         self.context_limit = int(self.oc.get("context_limit") or max(4 * hard, 262144))
         self._edges: dict[str, _Edge] = {}
         self._lock = threading.Lock()
+        self._unfenced: set[str] = set()  # edges with an OpenCode start that did not see `.opencode` fenced
         self.proxy = RecordingProxy(
             teacher.base_url,
             api_key=getattr(teacher, "api_key", None),
@@ -538,7 +544,24 @@ class OpenCodeAgent(AgentBackend):
         out = self.hidden + list(run.extra_ro_hidden) + ([Path(task_dir)] if task_dir else [])
         return [p.resolve() for p in out if p]
 
+    def links_fenced(self, edge_id: str) -> bool:
+        # Kept after end_edge (the last turn ends the edge before run_edge asks).
+        return self.sandbox == "bwrap" and edge_id not in self._unfenced
+
     # -- processes --
+    @contextlib.contextmanager
+    def _fence(self, run: TurnRun):
+        """The knowledge fence of one sandbox start (sandbox.knowledge_fence); a start without it is recorded."""
+        if self.sandbox != "bwrap":
+            yield Fence()
+            return
+        ws = Path(run.workspace.root).resolve()
+        with knowledge_fence(ws, f"{WS_MOUNT}/{KNOWLEDGE_DIR}") as fence:
+            if not fence.held:
+                with self._lock:
+                    self._unfenced.add(run.workspace.edge_id)
+            yield fence
+
     def _env(self, run: TurnRun, st: _Edge) -> dict[str, str]:
         home = HOME_MOUNT if self.sandbox == "bwrap" else str(st.box)
         host = HOST_MOUNT if self.sandbox == "bwrap" else str(st.host)
@@ -569,8 +592,11 @@ class OpenCodeAgent(AgentBackend):
             env["TMPDIR"] = "/tmp"
         return env
 
-    def _argv(self, run: TurnRun, st: _Edge, args: list[str], net: bool = False) -> tuple[list[str], str]:
-        """The command line; under bwrap without a network, `net` adds the bridge to the proxy's socket."""
+    def _argv(
+        self, run: TurnRun, st: _Edge, args: list[str], net: bool = False, fence: Fence = NO_FENCE
+    ) -> tuple[list[str], str]:
+        """The command line; under bwrap without a network, `net` adds the bridge to the proxy's socket, and
+        `fence` binds `.opencode` on its own (started inside its `with`, passing its fds)."""
         ws = str(Path(run.workspace.root).resolve())
         if self.sandbox != "bwrap":
             return [self.binary, *args], ws
@@ -588,6 +614,7 @@ class OpenCodeAgent(AgentBackend):
             [],
             cwd=WS_MOUNT,
             binds=[(ws, WS_MOUNT), (st.box, HOME_MOUNT)],
+            fd_binds=fence.fd_binds,
             ro_binds=ro,
             hidden=hidden,
             keep_visible=[Path(self.binary).resolve()],
@@ -608,24 +635,26 @@ class OpenCodeAgent(AgentBackend):
     def _run_cli(
         self, run: TurnRun, st: _Edge, args: list[str], timeout: float
     ) -> subprocess.CompletedProcess:
-        argv, cwd = self._argv(run, st, args)
-        return subprocess.run(
-            argv,
-            cwd=cwd,
-            env=self._env(run, st),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # no controlling terminal, as for `opencode run`
-        )
+        with self._fence(run) as fence:
+            argv, cwd = self._argv(run, st, args, fence=fence)
+            return subprocess.run(
+                argv,
+                cwd=cwd,
+                env=self._env(run, st),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # no controlling terminal, as for `opencode run`
+                pass_fds=fence.pass_fds,
+            )
 
     def _export(self, run: TurnRun, st: _Edge) -> None:
         if not st.session_id:
             return
         tmp = st.home / "export.json"
-        argv, cwd = self._argv(run, st, ["export", st.session_id])
-        with open(tmp, "wb") as fh:  # to a file: piped output is cut at 64 KiB
+        with self._fence(run) as fence, open(tmp, "wb") as fh:  # to a file: piped output is cut at 64 KiB
+            argv, cwd = self._argv(run, st, ["export", st.session_id], fence=fence)
             proc = subprocess.run(
                 argv,
                 cwd=cwd,
@@ -635,6 +664,7 @@ class OpenCodeAgent(AgentBackend):
                 timeout=120,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                pass_fds=fence.pass_fds,
             )
         if proc.returncode != 0:
             raise RuntimeError(f"opencode export {st.session_id} failed: {proc.stderr.decode()[-500:]}")
@@ -675,9 +705,9 @@ class OpenCodeAgent(AgentBackend):
         ch = self.proxy.channels[run.workspace.edge_id]
         args = ["run", "--format", "json", "--thinking", "--model", f"{self.provider}/{self.teacher.model}"]
         args += ["--session", st.session_id] if st.session_id else ["--title", run.workspace.edge_id]
-        argv, cwd = self._argv(run, st, args, net=True)
         stderr_path = st.home / "stderr.log"
-        with open(stderr_path, "ab") as err:
+        with self._fence(run) as fence, open(stderr_path, "ab") as err:
+            argv, cwd = self._argv(run, st, args, net=True, fence=fence)
             proc = subprocess.Popen(
                 argv,
                 cwd=cwd,
@@ -686,6 +716,7 @@ class OpenCodeAgent(AgentBackend):
                 stdout=subprocess.PIPE,
                 stderr=err,
                 start_new_session=True,
+                pass_fds=fence.pass_fds,
             )
         lines: queue.Queue = queue.Queue()
 

@@ -11,6 +11,7 @@ does a call that failed as a tool (it read or wrote nothing); a shell command co
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
@@ -21,7 +22,17 @@ from pathlib import Path
 
 from sftree.agents.base import ToolOutcome
 from sftree.runtime.procs import run_group
-from sftree.runtime.sandbox import AGENT_LIMITS, CORAL_MOUNT, bwrap_argv, give_to, scrubbed_env, wrap_limits
+from sftree.runtime.sandbox import (
+    AGENT_LIMITS,
+    CORAL_MOUNT,
+    KNOWLEDGE_DIR,
+    NO_FENCE,
+    bwrap_argv,
+    give_to,
+    knowledge_fence,
+    scrubbed_env,
+    wrap_limits,
+)
 
 
 def _fn(name: str, description: str, props: dict, required: list[str]) -> dict:
@@ -142,6 +153,8 @@ class ToolContext:
     output_cap: int = 30000
     uid: int | None = None  # the unprivileged host uid the sandbox runs as (sftree is root), else None
     deadline: float | None = None  # time.monotonic() at which the turn ends: no tool runs past it
+    # Every shell command so far saw `.opencode` as its own mount (sandbox.knowledge_fence); `none` fences nothing.
+    fenced: bool = True
 
 
 # ---- knowledge detection (pure) ----------------------------------------------------------------------------
@@ -363,15 +376,31 @@ def tool_bash(args: dict, ctx: ToolContext) -> str:
     sandboxed = ctx.sandbox == "bwrap"
     env = scrubbed_env(ctx.coral_env, sandboxed=sandboxed, workspace=ctx.root)
     argv = ["bash", "-c", args["command"]]
-    if sandboxed:
-        ws = Path(ctx.root).resolve()
-        coral = [(ctx.coral_dir, CORAL_MOUNT)] if ctx.coral_dir is not None else []
-        argv = bwrap_argv(argv, cwd=cwd, binds=[(ws, ws)], ro_binds=coral, hidden=ctx.hidden, uid=ctx.uid)
-        argv = wrap_limits(argv, AGENT_LIMITS, ctx.uid)
-    # Bytes, not characters: a little more than the cap so the cut is made on characters below.
-    res = run_group(
-        argv, timeout=timeout, merge_stderr=True, max_output=ctx.output_cap * 4 + 4096, env=env, cwd=cwd
-    )
+    ws = Path(ctx.root).resolve()
+    with knowledge_fence(ws, ws / KNOWLEDGE_DIR) if sandboxed else contextlib.nullcontext(NO_FENCE) as fence:
+        if sandboxed:
+            coral = [(ctx.coral_dir, CORAL_MOUNT)] if ctx.coral_dir is not None else []
+            argv = bwrap_argv(
+                argv,
+                cwd=cwd,
+                binds=[(ws, ws)],
+                fd_binds=fence.fd_binds,
+                ro_binds=coral,
+                hidden=ctx.hidden,
+                uid=ctx.uid,
+            )
+            argv = wrap_limits(argv, AGENT_LIMITS, ctx.uid)
+        ctx.fenced = ctx.fenced and fence.held  # one start without the fence and the edge is not fenced
+        # Bytes, not characters: a little more than the cap so the cut is made on characters below.
+        res = run_group(
+            argv,
+            timeout=timeout,
+            merge_stderr=True,
+            max_output=ctx.output_cap * 4 + 4096,
+            env=env,
+            cwd=cwd,
+            pass_fds=fence.pass_fds,
+        )
     text = res.stdout.decode("utf-8", "replace")
     if res.dropped:  # already over the cap: cut here, counting what was never read into memory
         more = len(text) - ctx.output_cap + res.dropped

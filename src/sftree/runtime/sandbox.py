@@ -15,12 +15,15 @@ its processes: `prlimit` caps processes (RLIMIT_NPROC), data memory (RLIMIT_DATA
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +58,7 @@ def _bwrap_flags() -> tuple[str, ...]:
         text = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ()
-    return tuple(f for f in ("--disable-userns", "--cap-drop") if f in text)
+    return tuple(f for f in ("--disable-userns", "--cap-drop", "--bind-fd") if f in text)
 
 
 def probe_argv() -> list[str]:
@@ -169,6 +172,68 @@ def wrap_limits(argv: list[str], limits: Limits, uid: int | None = None) -> list
     ]
 
 
+# ---- the knowledge fence -----------------------------------------------------------------------------------
+KNOWLEDGE_DIR = ".opencode"
+
+
+@dataclass(frozen=True)
+class Fence:
+    """`<workspace>/.opencode` as its own mount inside one sandbox start (docs/security.md, "The knowledge
+    fence"): `fd_binds` for `bwrap_argv`, `pass_fds` for the process that starts bwrap. `held` is False when no
+    separate bind is made (`.opencode` is not a real folder, or bwrap lacks `--bind-fd`)."""
+
+    fd_binds: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def held(self) -> bool:
+        return bool(self.fd_binds)
+
+    @property
+    def pass_fds(self) -> tuple[int, ...]:
+        return tuple(fd for fd, _ in self.fd_binds)
+
+
+NO_FENCE = Fence()
+
+
+def _open_knowledge_dir(workspace: Path) -> int | None:
+    """An O_PATH fd of `<workspace>/.opencode`, opened without following a link the agent may have left there;
+    None when it is a link, a file, or missing."""
+    try:
+        wfd = os.open(workspace, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        # O_PATH|O_NOFOLLOW alone would open a link itself; O_DIRECTORY makes a link (or a file) fail ENOTDIR.
+        fd = os.open(KNOWLEDGE_DIR, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=wfd)
+    except OSError:
+        return None
+    finally:
+        os.close(wfd)
+    if not stat.S_ISDIR(os.fstat(fd).st_mode):  # belt and braces: the bind must be of a real folder
+        os.close(fd)
+        return None
+    return fd
+
+
+@contextlib.contextmanager
+def knowledge_fence(workspace: str | Path, dest: str | Path) -> Iterator[Fence]:
+    """Bind `<workspace>/.opencode` again at `dest` (its place inside), after the workspace bind, so `link(2)` and
+    `rename(2)` between it and the rest of the workspace fail with EXDEV inside the sandbox.
+
+    The bind's source is a directory fd (`--bind-fd`), never a path: a symlink planted as `.opencode` cannot
+    redirect it (O_NOFOLLOW), and bwrap checks that what it mounted is the fd's own inode ("Race condition
+    binding dirfd" otherwise), so a swap between our open and its mount fails closed. bwrap closes the fd once
+    mounted (the command never holds it: an fd of the host's `.opencode` would lead out of the sandbox by `..`).
+    The fd is ours until the `with` ends; start bwrap inside it, with `pass_fds=fence.pass_fds`."""
+    fd = _open_knowledge_dir(Path(workspace)) if "--bind-fd" in _bwrap_flags() else None
+    try:
+        yield Fence(((fd, str(dest)),) if fd is not None else ())
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 # ---- environment -------------------------------------------------------------------------------------------
 def _visible_path_dirs() -> list[str]:
     """PATH inside: the running Python's bin folder, then the system folders (shims under $HOME do not exist)."""
@@ -246,6 +311,7 @@ def bwrap_argv(
     cwd: str | Path,
     binds: list[tuple[str | Path, str | Path]] = (),
     ro_binds: list[tuple[str | Path, str | Path]] = (),
+    fd_binds: tuple[tuple[int, str | Path], ...] = (),
     hidden: list[Path] = (),
     keep_visible: list[str | Path] = (),
     new_session: bool = True,
@@ -253,8 +319,8 @@ def bwrap_argv(
 ) -> list[str]:
     """The bwrap command line shared by every backend: an allow-list root (module docstring), `hidden`
     folders covered by empty tmpfs (files by /dev/null) where they lie under an exposed folder, the running
-    Python and `keep_visible` re-exposed read-only, then the read-write `binds` and read-only `ro_binds`
-    (source, destination).
+    Python and `keep_visible` re-exposed read-only, then the read-write `binds`, the read-write `fd_binds`
+    (an open directory fd, destination: `knowledge_fence`) and the read-only `ro_binds` (source, destination).
 
     With `uid` (sftree is root): the mounts are made as root (it can read a Python under /root), then
     `setpriv` becomes `uid` with no capabilities and an inner bwrap puts it in a user namespace with nested
@@ -290,6 +356,7 @@ def bwrap_argv(
     ]
     mounts = [m for m in mounts if Path(m[1]).exists()]
     mounts += [("--bind", str(src), str(dst)) for src, dst in binds]
+    mounts += [("--bind-fd", str(fd), str(dst)) for fd, dst in fd_binds]
     mounts += [("--ro-bind", str(src), str(dst)) for src, dst in ro_binds]
     made = {"/", "/tmp", *SYSTEM_ROOTS}
     for kind, src, dst in mounts:
@@ -299,6 +366,7 @@ def bwrap_argv(
                 argv += ["--perms", "0755", "--dir", str(parent)]
                 made.add(str(parent))
         argv += [kind, src, dst]
+        made.add(str(dst))  # a later mount inside this one needs no --dir over it
     if uid is None:
         return argv + ["--chdir", str(cwd), "--", *command]
     drop = [

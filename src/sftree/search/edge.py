@@ -300,6 +300,9 @@ def run_edge(
                 break  # the session is full: the next turn could not send a single request
         write_json_atomic(edge_dir / LAST_TURN, last)  # before the session: a fork needs both
         write_json_atomic(ctx.tree_dir / session_rel, messages, indent=None)
+        # Whether every command of the edge saw `.opencode` as its own mount (no hard link across it): the
+        # workspace may then skip its sweep for writes made through a link (docs/security.md).
+        ws.links_fenced = ctx.agent.links_fenced(edge_id)
         child = ws.state(session_rel)
     except Exception as exc:  # noqa: BLE001 - an edge never takes the search down; the error is recorded
         log.exception("edge %s failed", edge_id)

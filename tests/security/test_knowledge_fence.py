@@ -1,0 +1,213 @@
+"""The knowledge fence: `<workspace>/.opencode` is its own mount in the agent's sandbox, so nothing inside can
+hard-link (or rename) a file between it and the rest of the workspace (docs/security.md, "The knowledge fence").
+A `.opencode` that is not a real folder gets no bind, reaches nothing of the host, and the backend says the edge
+was not fenced. Real bwrap, the real native bash tool and the OpenCode backend's real sandbox command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from scripted import bash
+
+from sftree.agents.tools import ToolContext, execute
+from sftree.runtime.procs import run_group
+from sftree.runtime.sandbox import UIDS, bwrap_argv, bwrap_works, give_to, knowledge_fence
+
+pytestmark = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot create namespaces here")
+# Without root the sandbox runs as our own uid; as root (CI) also as an unprivileged uid, as in real trees.
+UID_MODES = ["own", "sandbox-uid"] if os.geteuid() == 0 else ["own"]
+
+
+@pytest.fixture(params=UID_MODES)
+def uid(request):
+    u = UIDS.acquire() if request.param == "sandbox-uid" else None
+    yield u
+    UIDS.release(u)
+
+
+def workspace(base: Path, uid: int | None) -> Path:
+    ws = base / "work" / "e1" / "code"
+    (ws / ".opencode" / "notes").mkdir(parents=True)
+    (ws / ".opencode" / "notes" / "a.md").write_text("note\n")
+    (ws / "solution.py").write_text("X = 1\n")
+    (ws / "other.py").write_text("Y = 2\n")
+    give_to(ws, uid)
+    return ws.resolve()
+
+
+def sh(ws: Path, command: str, uid: int | None) -> tuple[str, ToolContext]:
+    c = ToolContext(
+        root=ws,
+        sandbox="bwrap",
+        coral_env={"CORAL_BIN": "/nonexistent", "CORAL_SOCKET": "/nonexistent/s"},
+        uid=uid,
+    )
+    return execute("bash", json.dumps({"command": command}), c).content, c
+
+
+def test_no_hard_link_or_rename_crosses_the_fence(base, uid):
+    ws = workspace(base, uid)
+    out, c = sh(
+        ws,
+        "ln .opencode/notes/a.md code_link.md; ln solution.py .opencode/notes/b.py; "
+        "exec 3<.opencode/notes/a.md; ln -P /proc/self/fd/3 via_fd_p; ln -L /proc/self/fd/3 via_fd_l; "
+        f"{sys.executable} -c \"import os; os.link('/proc/self/fd/3', 'via_py', follow_symlinks=True)\" 2>&1"
+        " | tail -1; exec 3<&-; "
+        "mv other.py .opencode/notes/moved.py; "
+        "ln .opencode/notes/a.md .opencode/notes/inside.md && echo INSIDE-OK; "
+        "ls -l /proc/$$/fd | sed -n 's/.* -> /FD /p'",
+        uid,
+    )
+    assert out.count("Invalid cross-device link") == 5, out
+    for name in ("code_link.md", "via_fd_p", "via_fd_l", "via_py", ".opencode/notes/b.py"):
+        assert not (ws / name).exists(), (name, out)
+    # mv across the fence ends as a copy: one name, one link
+    moved = ws / ".opencode" / "notes" / "moved.py"
+    assert moved.read_text() == "Y = 2\n" and moved.stat().st_nlink == 1 and not (ws / "other.py").exists()
+    assert (ws / "solution.py").stat().st_nlink == 1
+    # inside .opencode links still work (the workspace's watch over .opencode sees those)
+    assert "INSIDE-OK" in out and (ws / ".opencode" / "notes" / "a.md").stat().st_nlink == 2
+    # the shell holds no fd of the host's .opencode (one would lead out of the sandbox by `..`)
+    fds = [ln.removeprefix("FD ") for ln in out.splitlines() if ln.startswith("FD ")]
+    assert fds and all(t.startswith("pipe:") or t == "/dev/null" for t in fds), out
+    assert c.fenced
+
+
+@pytest.mark.parametrize("kind", ["link-to-host", "link-to-root", "removed", "file"])
+def test_a_knowledge_dir_that_is_no_folder_gets_no_bind_and_reaches_nothing(base, uid, kind):
+    ws = workspace(base, uid)
+    canary = base / "canary"  # a host folder outside the workspace (and outside /tmp)
+    canary.mkdir()
+    (canary / "canary.txt").write_text("CANARY-SECRET\n")
+    shutil.rmtree(ws / ".opencode")
+    if kind == "link-to-host":
+        (ws / ".opencode").symlink_to(canary)
+    elif kind == "link-to-root":
+        (ws / ".opencode").symlink_to("/")
+    elif kind == "file":
+        (ws / ".opencode").write_text("not a folder\n")
+    give_to(ws, uid)
+    out, c = sh(
+        ws,
+        f"cat .opencode/canary.txt {canary}/canary.txt; echo pwned > .opencode/new.txt; "
+        "rm -f .opencode/canary.txt; ls .opencode 2>&1 | head -3; echo RAN",
+        uid,
+    )
+    assert "RAN" in out, out  # the command still runs, without the separate bind
+    assert "CANARY-SECRET" not in out, out
+    assert sorted(os.listdir(canary)) == ["canary.txt"]
+    assert (canary / "canary.txt").read_text() == "CANARY-SECRET\n"
+    assert not c.fenced  # so the backend reports the edge as not fenced
+
+
+def test_a_link_swapped_in_after_the_fd_was_opened_does_not_redirect_the_bind(base):
+    """The bind's source is the fd: `.opencode` replaced by a link to a host folder between our open and
+    bwrap's mount (no agent process runs then; this is belt and braces) never mounts the link's target."""
+    ws = workspace(base, None)
+    canary = base / "canary"
+    canary.mkdir()
+    (canary / "canary.txt").write_text("CANARY-SECRET\n")
+    with knowledge_fence(ws, ws / ".opencode") as fence:
+        assert fence.held
+        (ws / ".opencode").rename(ws / "moved-away")
+        (ws / ".opencode").symlink_to(canary)
+        argv = bwrap_argv(
+            ["/bin/sh", "-c", "cat .opencode/notes/a.md .opencode/canary.txt 2>&1; echo RAN"],
+            cwd=ws,
+            binds=[(ws, ws)],
+            fd_binds=fence.fd_binds,
+        )
+        res = run_group(argv, timeout=60, merge_stderr=True, cwd=ws, pass_fds=fence.pass_fds)
+    out = res.stdout.decode()
+    assert "CANARY-SECRET" not in out, out
+    # either the folder we opened is what the sandbox shows, or bwrap refuses to start (the link as the mount
+    # point): never the canary
+    assert ("note" in out and "RAN" in out) or ("bwrap:" in out and "RAN" not in out), out
+    assert sorted(os.listdir(canary)) == ["canary.txt"]
+
+
+def test_opencode_sandbox_binds_the_knowledge_dir_on_its_own(base, uid):
+    """The OpenCode backend's real sandbox command line (`_run_cli`), with a shell where OpenCode would run."""
+    from runtime_helpers import opencode_binary
+
+    if opencode_binary()[0] is None:
+        pytest.skip(opencode_binary()[1])
+    from sftree.agents.opencode import WS_MOUNT, OpenCodeAgent, _Edge
+
+    ws = workspace(base, uid)
+    agent = OpenCodeAgent(SimpleNamespace(base_url="http://127.0.0.1:9/v1", model="m"), {"sandbox": "auto"})
+    try:
+        st = _Edge(home=base / "work" / "e1" / "opencode", uid=uid)
+        run = SimpleNamespace(
+            workspace=SimpleNamespace(root=ws, edge_id="e1"), env={}, task_cfg={}, extra_ro_hidden=[]
+        )
+        with agent._fence(run) as fence:
+            argv, _ = agent._argv(run, st, ["x"], fence=fence)
+        i, j = argv.index("--bind-fd"), argv.index(str(ws))
+        assert argv[i + 2] == f"{WS_MOUNT}/.opencode" and argv[j - 1] == "--bind" and j < i, argv
+        agent.binary = "/bin/sh"  # a shell where OpenCode would run, in the same sandbox
+        give_to(st.home, uid)
+        script = "ln .opencode/notes/a.md code_link.md; ln solution.py .opencode/notes/b.py; echo RAN"
+        proc = agent._run_cli(run, st, ["-c", script], timeout=60)
+        out = proc.stdout + proc.stderr
+        assert "RAN" in out and out.count("Invalid cross-device link") == 2, out
+        assert not (ws / "code_link.md").exists() and not (ws / ".opencode" / "notes" / "b.py").exists()
+        assert agent.links_fenced("e1")
+        agent.end_edge("e1")
+        assert agent.links_fenced("e1")  # still answered after the edge ended (run_edge asks after the turn)
+
+        shutil.rmtree(ws / ".opencode")
+        (ws / ".opencode").symlink_to(base)
+        proc = agent._run_cli(run, st, ["-c", "echo RAN"], timeout=60)
+        assert "RAN" in proc.stdout, proc.stderr
+        assert not agent.links_fenced("e1")
+    finally:
+        agent.close()
+    # unconfined, nothing is fenced: the link is made, and the backend says so
+    (ws / ".opencode").unlink()
+    (ws / ".opencode").mkdir()
+    (ws / ".opencode" / "n.md").write_text("n\n")
+    free = OpenCodeAgent(SimpleNamespace(base_url="http://127.0.0.1:9/v1", model="m"), {"sandbox": "none"})
+    try:
+        free.binary = "/bin/sh"
+        run.workspace.edge_id = "e2"
+        proc = free._run_cli(
+            run, _Edge(home=base / "work" / "e2" / "opencode"), ["-c", "ln .opencode/n.md l.md"], 60
+        )
+        assert proc.returncode == 0 and (ws / "l.md").stat().st_nlink == 2, proc.stderr
+        assert not free.links_fenced("e2")
+    finally:
+        free.close()
+
+
+def test_native_edges_report_whether_every_command_was_fenced(scripted):
+    s = scripted(
+        {
+            ("e1", 1): [[bash("rm -rf .opencode; ln -s / .opencode; echo TRIED")]],
+            ("e2", 1): [[bash("ls .opencode/ | head -2; echo RAN")]],
+        }
+    )
+    s.edge("e1")
+    # inside the sandbox `.opencode` is a mount point: it cannot be removed or replaced by a link
+    assert "Device or resource busy" in s.outputs("e1")[0], s.outputs("e1")
+    assert s.ctx.agent.links_fenced("e1")
+
+    real_fork = s.ctx.store.fork
+
+    def hostile_fork(parent, edge_id):  # a workspace whose `.opencode` is a link before the edge starts
+        ws = real_fork(parent, edge_id)
+        shutil.rmtree(Path(ws.root) / ".opencode")
+        (Path(ws.root) / ".opencode").symlink_to("/")
+        return ws
+
+    s.ctx.store.fork = hostile_fork
+    s.edge("e2")
+    assert "RAN" in s.outputs("e2")[0], s.outputs("e2")
+    assert not s.ctx.agent.links_fenced("e2")
