@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -52,6 +53,25 @@ def sh(ws: Path, command: str, uid: int | None) -> tuple[str, ToolContext]:
     return execute("bash", json.dumps({"command": command}), c).content, c
 
 
+IO_URING_AND_X32 = """
+import ctypes, os, struct
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+params = ctypes.create_string_buffer(120)
+r = libc.syscall(425, 8, params)  # io_uring_setup: its IORING_OP_LINKAT would pass a filter of calls
+print("io_uring_setup errno", ctypes.get_errno() if r < 0 else "none: allowed")
+r = libc.syscall(0x40000000 | 86, b"a", b"b")  # link(2) by the x32 numbering
+print("x32 link errno", ctypes.get_errno() if r < 0 else "none: allowed")
+code = bytes.fromhex("b8140000 00cd80c3".replace(" ", ""))  # mov eax, 20 (i386 getpid); int 0x80; ret
+import mmap
+m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+m.write(code)
+fn = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))
+r = fn()
+print("i386 errno", -r if -4096 < r < 0 else "none: allowed")
+"""
+
+
 def test_no_hard_link_or_rename_crosses_the_fence(base, uid):
     ws = workspace(base, uid)
     out, c = sh(
@@ -62,18 +82,23 @@ def test_no_hard_link_or_rename_crosses_the_fence(base, uid):
         " | tail -1; exec 3<&-; "
         "mv other.py .opencode/notes/moved.py; "
         "ln .opencode/notes/a.md .opencode/notes/inside.md && echo INSIDE-OK; "
+        "ln -s a.md .opencode/notes/sym.md && echo SYMLINK-OK; "
+        f"{sys.executable} -c {shlex.quote(IO_URING_AND_X32)}; "
         "ls -l /proc/$$/fd | sed -n 's/.* -> /FD /p'",
         uid,
     )
-    assert out.count("Invalid cross-device link") == 5, out
+    assert out.count("Invalid cross-device link") == 6, out
     for name in ("code_link.md", "via_fd_p", "via_fd_l", "via_py", ".opencode/notes/b.py"):
         assert not (ws / name).exists(), (name, out)
     # mv across the fence ends as a copy: one name, one link
     moved = ws / ".opencode" / "notes" / "moved.py"
     assert moved.read_text() == "Y = 2\n" and moved.stat().st_nlink == 1 and not (ws / "other.py").exists()
     assert (ws / "solution.py").stat().st_nlink == 1
-    # inside .opencode links still work (the workspace's watch over .opencode sees those)
-    assert "INSIDE-OK" in out and (ws / ".opencode" / "notes" / "a.md").stat().st_nlink == 2
+    # no hard link inside .opencode either (the seccomp filter: a write through a second name would be
+    # unseen by the watch), nor by io_uring or another ABI; a symbolic link is a file of its own and is allowed
+    assert "INSIDE-OK" not in out and (ws / ".opencode" / "notes" / "a.md").stat().st_nlink == 1
+    assert "SYMLINK-OK" in out
+    assert "io_uring_setup errno 38" in out and "x32 link errno 1" in out and "i386 errno 1" in out, out
     # the shell holds no fd of the host's .opencode (one would lead out of the sandbox by `..`)
     fds = [ln.removeprefix("FD ") for ln in out.splitlines() if ln.startswith("FD ")]
     assert fds and all(t.startswith("pipe:") or t == "/dev/null" for t in fds), out

@@ -615,6 +615,7 @@ class OpenCodeAgent(AgentBackend):
             cwd=WS_MOUNT,
             binds=[(ws, WS_MOUNT), (st.box, HOME_MOUNT)],
             fd_binds=fence.fd_binds,
+            seccomp_fd=fence.seccomp_fd,
             ro_binds=ro,
             hidden=hidden,
             keep_visible=[Path(self.binary).resolve()],

@@ -385,6 +385,7 @@ def tool_bash(args: dict, ctx: ToolContext) -> str:
                 cwd=cwd,
                 binds=[(ws, ws)],
                 fd_binds=fence.fd_binds,
+                seccomp_fd=fence.seccomp_fd,
                 ro_binds=coral,
                 hidden=ctx.hidden,
                 uid=ctx.uid,

@@ -20,6 +20,7 @@ import functools
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -135,10 +136,18 @@ def give_to(root: Path, uid: int | None) -> None:
     if uid is None:
         return
     root = Path(root)
-    os.lchown(root, uid, uid)
+    _own(str(root), uid)
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
-            os.lchown(os.path.join(dirpath, name), uid, uid)
+            _own(os.path.join(dirpath, name), uid)
+
+
+def _own(path: str, uid: int) -> None:
+    """lchown, skipped when already so: a chown raises an inotify event, and a knowledge checkout handed to
+    the same uid again would report every file as changed (kwatch.py)."""
+    st = os.lstat(path)
+    if st.st_uid != uid or st.st_gid != uid:
+        os.lchown(path, uid, uid)
 
 
 def _own_tasks(uid: int) -> int:
@@ -178,19 +187,21 @@ KNOWLEDGE_DIR = ".opencode"
 
 @dataclass(frozen=True)
 class Fence:
-    """`<workspace>/.opencode` as its own mount inside one sandbox start (docs/security.md, "The knowledge
-    fence"): `fd_binds` for `bwrap_argv`, `pass_fds` for the process that starts bwrap. `held` is False when no
-    separate bind is made (`.opencode` is not a real folder, or bwrap lacks `--bind-fd`)."""
+    """The knowledge fence of one sandbox start (docs/security.md, "The knowledge fence"): `<workspace>/.opencode`
+    as its own mount (`fd_binds` for `bwrap_argv`) and no hard links at all (`seccomp_fd`: the filter of
+    `no_links_program` for bwrap's `--seccomp`); `pass_fds` for the process that starts bwrap. `held` is False
+    when either is missing (`.opencode` is not a real folder, bwrap lacks `--bind-fd`, an unknown CPU)."""
 
     fd_binds: tuple[tuple[int, str], ...] = ()
+    seccomp_fd: int | None = None
 
     @property
     def held(self) -> bool:
-        return bool(self.fd_binds)
+        return bool(self.fd_binds) and self.seccomp_fd is not None
 
     @property
     def pass_fds(self) -> tuple[int, ...]:
-        return tuple(fd for fd, _ in self.fd_binds)
+        return tuple(fd for fd, _ in self.fd_binds) + (() if self.seccomp_fd is None else (self.seccomp_fd,))
 
 
 NO_FENCE = Fence()
@@ -227,11 +238,57 @@ def knowledge_fence(workspace: str | Path, dest: str | Path) -> Iterator[Fence]:
     mounted (the command never holds it: an fd of the host's `.opencode` would lead out of the sandbox by `..`).
     The fd is ours until the `with` ends; start bwrap inside it, with `pass_fds=fence.pass_fds`."""
     fd = _open_knowledge_dir(Path(workspace)) if "--bind-fd" in _bwrap_flags() else None
+    program = no_links_program()
+    sfd = None
     try:
-        yield Fence(((fd, str(dest)),) if fd is not None else ())
+        if program is not None:
+            # A fresh file per start: bwrap reads the filter from the fd's offset to its end.
+            sfd = os.memfd_create("sftree-no-links", os.MFD_CLOEXEC)
+            os.write(sfd, program)
+            os.lseek(sfd, 0, os.SEEK_SET)
+        yield Fence(((fd, str(dest)),) if fd is not None else (), sfd)
     finally:
-        if fd is not None:
-            os.close(fd)
+        for f in (fd, sfd):
+            if f is not None:
+                os.close(f)
+
+
+# The system calls that make a hard link, per CPU: (AUDIT_ARCH_*, numbers). io_uring is refused as a whole: its
+# IORING_OP_LINKAT would make a link past a filter of system calls.
+_LINK_CALLS = {"x86_64": (0xC000003E, (86, 265)), "aarch64": (0xC00000B7, (37,))}
+_IO_URING_CALLS = (425, 426, 427)
+_EXDEV, _ENOSYS = 18, 38
+
+
+@functools.cache
+def no_links_program() -> bytes | None:
+    """A seccomp filter (classic BPF, as bwrap's `--seccomp` reads it) under which link(2) and linkat(2) fail
+    with EXDEV, as between two mounts (programs copy instead), io_uring_setup and its kin with ENOSYS (programs
+    use plain system calls instead), and every system call of another ABI (32-bit, x32) with EPERM. None on a
+    CPU not listed: no fence there. Nothing else changes, so the knowledge watch sees every change of a
+    checkout file by its one name (runtime/kcheckout.py)."""
+    arch = _LINK_CALLS.get(os.uname().machine)
+    if arch is None:
+        return None
+    audit_arch, link_nrs = arch
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    allow, errno = 0x7FFF0000, 0x00050000  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | errno
+    prog = [
+        (ld, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 1, 0, audit_arch),
+        (ret, 0, 0, errno | 1),  # EPERM
+        (ld, 0, 0, 0),  # seccomp_data.nr
+        (jge, 0, 1, 0x40000000),  # x32 calls carry this bit
+        (ret, 0, 0, errno | 1),
+    ]
+    for nr in link_nrs:
+        prog.append((jeq, 0, 1, nr))
+        prog.append((ret, 0, 0, errno | _EXDEV))
+    for nr in _IO_URING_CALLS:
+        prog.append((jeq, 0, 1, nr))
+        prog.append((ret, 0, 0, errno | _ENOSYS))
+    prog.append((ret, 0, 0, allow))
+    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
 
 
 # ---- environment -------------------------------------------------------------------------------------------
@@ -312,6 +369,7 @@ def bwrap_argv(
     binds: list[tuple[str | Path, str | Path]] = (),
     ro_binds: list[tuple[str | Path, str | Path]] = (),
     fd_binds: tuple[tuple[int, str | Path], ...] = (),
+    seccomp_fd: int | None = None,
     hidden: list[Path] = (),
     keep_visible: list[str | Path] = (),
     new_session: bool = True,
@@ -335,6 +393,8 @@ def bwrap_argv(
         argv += userns
     if new_session:
         argv.append("--new-session")
+    if seccomp_fd is not None:  # loaded before the command (and setpriv, the inner bwrap) starts: inherited
+        argv += ["--seccomp", str(seccomp_fd)]
     exposed = []
     for root in SYSTEM_ROOTS:
         p = Path(root)

@@ -230,7 +230,8 @@ def run_edge(
     server = None
     recorder = StepRecorder(transcript, edge_id)
     try:
-        ws = ctx.store.fork(parent, edge_id)
+        # The backend's word that its sandbox will refuse hard links (lowered below if a start lacked it).
+        ws = ctx.store.fork(parent, edge_id, links_fenced=ctx.agent.links_fenced(edge_id))
         server = CoralServer(
             ws,
             ctx.task_cfg,
@@ -300,9 +301,6 @@ def run_edge(
                 break  # the session is full: the next turn could not send a single request
         write_json_atomic(edge_dir / LAST_TURN, last)  # before the session: a fork needs both
         write_json_atomic(ctx.tree_dir / session_rel, messages, indent=None)
-        # Whether every command of the edge saw `.opencode` as its own mount (no hard link across it): the
-        # workspace may then skip its sweep for writes made through a link (docs/security.md).
-        ws.links_fenced = ctx.agent.links_fenced(edge_id)
         child = ws.state(session_rel)
     except Exception as exc:  # noqa: BLE001 - an edge never takes the search down; the error is recorded
         log.exception("edge %s failed", edge_id)
@@ -311,6 +309,10 @@ def run_edge(
         recorder.close()
         if server is not None:
             server.stop()
+        if ws is not None:
+            # Whether every command of the edge ran behind the knowledge fence (docs/security.md), however the
+            # edge ended: only then may the next fork trust the watch over its checkout (kcheckout.py).
+            ws.links_fenced = ws.links_fenced and ctx.agent.links_fenced(edge_id)
         try:
             ctx.agent.end_edge(edge_id)
         except Exception:  # noqa: BLE001 - releasing must not turn a finished edge into a failed one
