@@ -226,8 +226,8 @@ def test_native_edges_report_whether_every_command_was_fenced(scripted):
 
     real_fork = s.ctx.store.fork
 
-    def hostile_fork(parent, edge_id):  # a workspace whose `.opencode` is a link before the edge starts
-        ws = real_fork(parent, edge_id)
+    def hostile_fork(parent, edge_id, **kw):  # a workspace whose `.opencode` is a link before the edge starts
+        ws = real_fork(parent, edge_id, **kw)
         shutil.rmtree(Path(ws.root) / ".opencode")
         (Path(ws.root) / ".opencode").symlink_to("/")
         return ws
