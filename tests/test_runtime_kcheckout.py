@@ -233,19 +233,21 @@ def test_a_move_that_fails_half_way_is_repaired_by_git(store, calls, tmp_path, m
 def trees(tmp_path):
     repo = tmp_path / "repo.git"
     wsmod.git(["init", "-q", "--bare", str(repo)])
-    cache = gittrees.TreeCache()
+    cache = gittrees.TreeCache(limit=1 << 20)  # every tree the test makes stays
 
     def blob(text):
         return gittrees.write_loose(repo, "blob", text.encode())
 
     def tree(spec):
-        """{name: text | dict (a folder) | ("link", target) | ("sub", id)} -> tree id."""
+        """{name: text | dict (a folder) | ("link", target) | ("sub", id) | ("tree", id)} -> tree id."""
         entries = {}
         for name, v in spec.items():
             if isinstance(v, dict):
                 entries[name] = gittrees.entry(name, gittrees.TREE_MODE, tree(v))
             elif isinstance(v, tuple) and v[0] == "sub":
                 entries[name] = gittrees.entry(name, "160000", v[1])
+            elif isinstance(v, tuple) and v[0] == "tree":  # a tree already made
+                entries[name] = gittrees.entry(name, gittrees.TREE_MODE, v[1])
             elif isinstance(v, tuple):
                 entries[name] = gittrees.entry(name, "120000", blob(v[1]))
             else:
@@ -305,3 +307,23 @@ def test_plan_refuses_a_submodule(trees):
     new = tree({"a": "1", "m": ("sub", "1" * 40)})
     with pytest.raises(kcheckout.Unplannable):
         kcheckout.plan(old, new, [], load)
+
+
+def test_plan_of_a_change_deeper_than_python_s_recursion(trees):
+    """An agent can commit folders nested thousands deep (git keeps them): the plan walks them without
+    recursion, so a fork to or from such a commit never fails on a RecursionError."""
+    tree, blob, load = trees
+
+    def chain(leaf: str, depth: int) -> str:
+        oid = tree({"f.md": leaf})
+        for _ in range(depth):
+            oid = tree({"d": ("tree", oid)})
+        return oid
+
+    depth = 3000
+    old, new = chain("old", depth), chain("new", depth)
+    path = "d/" * depth + "f.md"
+    p = kcheckout.plan(old, new, [], load)
+    assert p == kcheckout.Plan([path], [(path, "100644", blob("new"))])
+    p = kcheckout.plan(tree({"x": "x"}), new, [], load)  # a whole deep folder written
+    assert p == kcheckout.Plan(["d", "x"], [(path, "100644", blob("new"))])
