@@ -79,19 +79,19 @@ def plan(old_root: str, new_root: str, touched: Iterable[str], load: Load) -> Pl
     under them), into exactly tree `new_root`. `load(tree id) -> Entries` reads a tree (kept ones are cheap)."""
     actions: dict[str, tuple[str, str] | None] = {}  # path -> (mode, id) to make it, None to remove it
 
-    def diff(a: str, b: str, prefix: str) -> None:
+    # A stack, not recursion: an agent can commit folders nested deeper than Python's recursion limit.
+    todo = [(old_root, new_root, "")] if old_root != new_root else []
+    while todo:
+        a, b, prefix = todo.pop()
         ea, eb = load(a), load(b)
         # The names whose entries differ, by a set operation in C (trees of 10k attempts differ in a few).
         for name in {n for n, _e in ea.items() ^ eb.items()}:
             old, new = ea.get(name), eb.get(name)
             path = f"{prefix}{name}"
             if old is not None and new is not None and old[0] == new[0] == gittrees.TREE_MODE:
-                diff(old[1], new[1], path + "/")
+                todo.append((old[1], new[1], path + "/"))
             else:
                 actions[path] = None if new is None else new[:2]
-
-    if old_root != new_root:
-        diff(old_root, new_root, "")
     for path in touched:
         if path and path not in actions:
             actions[path] = _lookup(new_root, path, load)
