@@ -327,3 +327,58 @@ def test_plan_of_a_change_deeper_than_python_s_recursion(trees):
     assert p == kcheckout.Plan([path], [(path, "100644", blob("new"))])
     p = kcheckout.plan(tree({"x": "x"}), new, [], load)  # a whole deep folder written
     assert p == kcheckout.Plan(["d", "x"], [(path, "100644", blob("new"))])
+
+
+def _deep(k, depth=1200):
+    """A folder nested `depth` deep under notes/ with a file at the bottom (by fds: no long path)."""
+    d = os.open(k / "notes", os.O_RDONLY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=d)
+        d, up = os.open("d", os.O_RDONLY, dir_fd=d), d
+        os.close(up)
+    fd = os.open("f.md", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=d)
+    os.write(fd, b"bottom")
+    os.close(fd)
+    os.close(d)
+
+
+def _bottom(k, depth=1200):
+    """The file at the bottom of `_deep`'s folder, or None."""
+    try:
+        d = os.open(k / "notes", os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        for _ in range(depth):
+            d, up = os.open("d", os.O_RDONLY, dir_fd=d), d
+            os.close(up)
+        fd = os.open("f.md", os.O_RDONLY, dir_fd=d)
+        try:
+            return os.read(fd, 100)
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(d)
+
+
+def test_folders_nested_deeper_than_python_s_recursion(store):
+    """A hostile edge nests folders 1200 deep in its knowledge: its commit keeps them, and forks back and
+    forth never fail (no RecursionError in the watch or the move) and give each commit's files."""
+    st, root = store
+    st.fork(root, "e0", links_fenced=True).close()
+    a, child = _edge(st, root, "e1", _deep)
+    assert child.knowledge_commit != root.knowledge_commit
+    a.close()
+    b = st.fork(root, "e2", links_fenced=True)  # back: the deep folder goes
+    assert not (b.knowledge_dir / "notes" / "d").exists()
+    assert b.state(None).knowledge_commit == root.knowledge_commit
+    b.close()
+    c = st.fork(child, "e3", links_fenced=True)  # forward: it comes back
+    assert _bottom(c.knowledge_dir) == b"bottom"
+    assert c.state(None).knowledge_commit == child.knowledge_commit
+    c.close()
+    d = st.fork(root, "e4", links_fenced=True)  # and goes again
+    assert _bottom(d.knowledge_dir) is None and (d.knowledge_dir / "notes" / "student.md").exists()
+    d.close()
