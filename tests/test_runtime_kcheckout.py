@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 
 import pytest
 from runtime_helpers import make_root
@@ -309,9 +310,10 @@ def test_plan_refuses_a_submodule(trees):
         kcheckout.plan(old, new, [], load)
 
 
-def test_plan_of_a_change_deeper_than_python_s_recursion(trees):
-    """An agent can commit folders nested thousands deep (git keeps them): the plan walks them without
-    recursion, so a fork to or from such a commit never fails on a RecursionError."""
+def test_plan_of_folders_nested_deep(trees):
+    """An agent can commit folders nested thousands deep (git keeps them). The plan walks the diff with a
+    stack, not recursion, down to kwatch.MAX_DEPTH levels; deeper is git's job (one git call per tree read
+    would make a fork cost thousands): Unplannable, never a RecursionError."""
     tree, blob, load = trees
 
     def chain(leaf: str, depth: int) -> str:
@@ -320,16 +322,22 @@ def test_plan_of_a_change_deeper_than_python_s_recursion(trees):
             oid = tree({"d": ("tree", oid)})
         return oid
 
-    depth = 3000
-    old, new = chain("old", depth), chain("new", depth)
+    depth = kwatch.MAX_DEPTH
     path = "d/" * depth + "f.md"
-    p = kcheckout.plan(old, new, [], load)
+    p = kcheckout.plan(chain("old", depth), chain("new", depth), [], load)
     assert p == kcheckout.Plan([path], [(path, "100644", blob("new"))])
-    p = kcheckout.plan(tree({"x": "x"}), new, [], load)  # a whole deep folder written
+    p = kcheckout.plan(tree({"x": "x"}), chain("new", depth), [], load)  # a whole deep folder written
     assert p == kcheckout.Plan(["d", "x"], [(path, "100644", blob("new"))])
+    deeper = chain("new", depth + 1)
+    for old in (chain("old", depth + 1), tree({"x": "x"})):
+        with pytest.raises(kcheckout.Unplannable, match="nested deeper"):
+            kcheckout.plan(old, deeper, [], load)
 
 
-def _deep(k, depth=1200):
+DEEP = 400  # deeper than the recursion limit the test sets (git's own `clean` takes seconds per 1000 levels)
+
+
+def _deep(k, depth=DEEP):
     """A folder nested `depth` deep under notes/ with a file at the bottom (by fds: no long path)."""
     d = os.open(k / "notes", os.O_RDONLY)
     for _ in range(depth):
@@ -342,7 +350,7 @@ def _deep(k, depth=1200):
     os.close(d)
 
 
-def _bottom(k, depth=1200):
+def _bottom(k, depth=DEEP):
     """The file at the bottom of `_deep`'s folder, or None."""
     try:
         d = os.open(k / "notes", os.O_RDONLY)
@@ -363,9 +371,19 @@ def _bottom(k, depth=1200):
         os.close(d)
 
 
-def test_folders_nested_deeper_than_python_s_recursion(store):
-    """A hostile edge nests folders 1200 deep in its knowledge: its commit keeps them, and forks back and
-    forth never fail (no RecursionError in the watch or the move) and give each commit's files."""
+@pytest.fixture
+def low_recursion():
+    """Python's recursion limit at 300 until the tests' fixtures set up after this one are torn down."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(300)
+    yield
+    sys.setrecursionlimit(limit)
+
+
+def test_folders_nested_deeper_than_python_s_recursion(low_recursion, store):
+    """A hostile edge nests folders deeper than Python's recursion limit in its knowledge (lowered here so
+    that git's way stays quick): its commit keeps them, and forks back and forth never fail (no RecursionError
+    in the watch, the move or the removal of worktrees) and give each commit's files."""
     st, root = store
     st.fork(root, "e0", links_fenced=True).close()
     a, child = _edge(st, root, "e1", _deep)
