@@ -20,13 +20,13 @@ to git's way, which repairs whatever was half done.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from sftree.runtime import gittrees, safefs
+from sftree.runtime.kwatch import MAX_DEPTH
 
 MAX_BYTES = 256 << 20  # more blob bytes than this to write: git's way (a checkout of that size is git's job)
 
@@ -46,10 +46,18 @@ class Plan:
     write: list[tuple[str, str, str]]
 
 
+def _check_depth(prefix: str) -> None:
+    # One `git cat-file` per tree read: a chain of thousands of folders is git's job (one `read-tree`), as it
+    # is the watch's limit too (kwatch.MAX_DEPTH).
+    if prefix.count("/") > MAX_DEPTH:
+        raise Unplannable(f"folders nested deeper than {MAX_DEPTH}: {prefix[:200]}...")
+
+
 def _files_under(tree: str, prefix: str, load: Load) -> list[tuple[str, str, str]]:
     out, todo = [], [(prefix, tree)]
     while todo:
         base, oid = todo.pop()
+        _check_depth(f"{base}/")
         for name, (mode, sub, _raw) in load(oid).items():
             path = f"{base}/{name}"
             if mode == gittrees.TREE_MODE:
@@ -83,6 +91,7 @@ def plan(old_root: str, new_root: str, touched: Iterable[str], load: Load) -> Pl
     todo = [(old_root, new_root, "")] if old_root != new_root else []
     while todo:
         a, b, prefix = todo.pop()
+        _check_depth(prefix)
         ea, eb = load(a), load(b)
         # The names whose entries differ, by a set operation in C (trees of 10k attempts differ in a few).
         for name in {n for n, _e in ea.items() ^ eb.items()}:
@@ -150,7 +159,7 @@ def _clear(dfd: int, name: str) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(name, dir_fd=dfd)  # fd-based: never follows a link inside
+        safefs.remove_tree(dfd, name)  # fd-based: never follows a link inside
     else:
         os.unlink(name, dir_fd=dfd)
 

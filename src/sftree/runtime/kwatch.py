@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
 import struct
@@ -47,6 +48,7 @@ _DIR_OPS = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
 _EVENT = struct.Struct("iIII")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_WATCHES = 4096  # more folders than this under .opencode: not watched (full scans, as without inotify)
+MAX_DEPTH = 64  # folders nested deeper: not watched (full scans; the recursion stays far from its limit)
 MAX_TOUCHED = 512  # more paths touched than this since the last commit: the commit stages everything
 
 
@@ -253,7 +255,7 @@ class KnowledgeWatch:
 
     def _watch_tree(self, fd: int, rel: str) -> bool:
         """Watch folder `fd` (before listing it), then its subfolders; False when a watch could not be added."""
-        if len(self._wds) >= MAX_WATCHES:
+        if len(self._wds) >= MAX_WATCHES or (rel and rel.count("/") >= MAX_DEPTH):
             return False
         wd = _LIBC.inotify_add_watch(self._ifd, f"/proc/self/fd/{fd}".encode(), _MASK)
         if wd < 0:
@@ -270,8 +272,12 @@ class KnowledgeWatch:
         for name in subdirs:
             try:
                 sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except OSError:  # gone or replaced meanwhile: its event marks the watches broken
+            except (FileNotFoundError, NotADirectoryError):  # gone or replaced meanwhile: its event tells
                 continue
+            except OSError as exc:  # a link swapped in (ELOOP) was replaced too; anything else: not watched
+                if exc.errno == errno.ELOOP:
+                    continue
+                return False
             try:
                 if not self._watch_tree(sub, f"{rel}/{name}" if rel else name):
                     return False

@@ -981,7 +981,7 @@ class TreeStore:
 
     def remove_worktree(self, edge_dir: Path) -> None:
         # Deleting the folder and pruning is `git worktree remove --force` in one git call fewer.
-        shutil.rmtree(edge_dir, ignore_errors=True)
+        safefs.remove_all(edge_dir)  # (an agent may have nested folders thousands deep)
         with self._lock:
             git(["worktree", "prune"], git_dir=self.code_git, check=False)
 
@@ -994,7 +994,7 @@ class TreeStore:
         for p in parked:
             if p.view is not None:
                 p.view.close()
-        shutil.rmtree(self.pool_dir, ignore_errors=True)
+        safefs.remove_all(self.pool_dir)
         for d in sorted(self.work_dir.iterdir()):
             if d.is_dir() and d.name not in keep:
                 log.info("removing stale workspace %s", d)
