@@ -400,3 +400,45 @@ def test_folders_nested_deeper_than_python_s_recursion(low_recursion, store):
     d = st.fork(root, "e4", links_fenced=True)  # and goes again
     assert _bottom(d.knowledge_dir) is None and (d.knowledge_dir / "notes" / "student.md").exists()
     d.close()
+
+
+def test_git_attributes_in_the_knowledge_leave_the_move_to_git(store, calls, tmp_path):
+    """A `.gitattributes` an edge commits in its knowledge changes what git's checkout writes (`ident`,
+    `eol`, `working-tree-encoding`), where the move writes the blobs as they are: a fork below one is git's
+    job, so that every way to a commit gives the same files."""
+    st, root = store
+    st.fork(root, "e0", links_fenced=True).close()
+
+    def hostile(k):
+        (k / ".gitattributes").write_text("*.md ident eol=crlf\n")
+        (k / "notes" / "x.md").write_text("$Id$\nline\n")
+
+    a, child = _edge(st, root, "e1", hostile)
+    a.close()
+    calls.clear()
+    b = st.fork(child, "e2", links_fenced=True)
+    assert "diff-files" in calls
+    assert _files(b.knowledge_dir) == _full(st, child, tmp_path)
+    assert (b.knowledge_dir / "notes" / "x.md").read_bytes().endswith(b"$\r\nline\r\n")
+    b.close()
+
+
+def test_plan_refuses_a_folder_with_git_attributes(trees):
+    tree, blob, load = trees
+    old = tree({"a": "1", "d": {"x": "x"}, "e": {"y": "y"}})
+    attrs = {".gitattributes": "* ident\n"}
+    for new, touched in (
+        (tree({"a": "2", "d": {"x": "x"}, "e": {"y": "y"}, **attrs}), []),  # at the root
+        (tree({"a": "1", "d": {"x": "X", **attrs}, "e": {"y": "y"}}), []),  # in a folder that differs
+        (tree({"a": "1", "d": {"x": "x", **attrs}, "e": {"y": "y"}}), ["d/x"]),  # a touched path below one
+        (tree({"a": "1", "d": {"x": "x"}, "e": {"y": "y"}, "n": {"z": "z", **attrs}}), []),  # a new folder
+    ):
+        with pytest.raises(kcheckout.Unplannable, match="gitattributes"):
+            kcheckout.plan(old, new, touched, load)
+    # in a folder where nothing is written it changes nothing
+    old = tree({"a": "1", "d": {"x": "x", **attrs}, "e": {"y": "y"}})
+    new = tree({"a": "2", "d": {"x": "x", **attrs}, "e": {"y": "y"}})
+    assert kcheckout.plan(old, new, ["e/y"], load).write == [
+        ("a", "100644", blob("2")),
+        ("e/y", "100644", blob("y")),
+    ]
