@@ -404,23 +404,25 @@ def test_folders_nested_deeper_than_python_s_recursion(low_recursion, store):
 
 def test_git_attributes_in_the_knowledge_leave_the_move_to_git(store, calls, tmp_path):
     """A `.gitattributes` an edge commits in its knowledge changes what git's checkout writes (`ident`,
-    `eol`, `working-tree-encoding`), where the move writes the blobs as they are: a fork below one is git's
-    job, so that every way to a commit gives the same files."""
+    `eol`, `working-tree-encoding`), where the move would write the blobs as they are: a checkout moved to a
+    commit below one is git's job, so that a file written by a fork is the same whichever way it came."""
     st, root = store
     st.fork(root, "e0", links_fenced=True).close()
-
-    def hostile(k):
-        (k / ".gitattributes").write_text("*.md ident eol=crlf\n")
-        (k / "notes" / "x.md").write_text("$Id$\nline\n")
-
-    a, child = _edge(st, root, "e1", hostile)
+    a = st.fork(root, "e1", links_fenced=True)
+    b = st.fork(root, "e2", links_fenced=True)  # its checkout stays at the root, parked
+    (a.knowledge_dir / ".gitattributes").write_text("*.md ident eol=crlf\n")
+    (a.knowledge_dir / "notes" / "x.md").write_text("$Id$\nline\n")
+    child = a.state(None)
     a.close()
-    calls.clear()
-    b = st.fork(child, "e2", links_fenced=True)
-    assert "diff-files" in calls
-    assert _files(b.knowledge_dir) == _full(st, child, tmp_path)
-    assert (b.knowledge_dir / "notes" / "x.md").read_bytes().endswith(b"$\r\nline\r\n")
     b.close()
+    st.fork(child, "e3", links_fenced=True)  # takes the edge's own checkout (at the child): nothing written
+    calls.clear()
+    d = st.fork(child, "e4", links_fenced=True)  # takes the one at the root: x.md is written
+    assert "diff-files" in calls
+    want = _full(st, child, tmp_path)["notes/x.md"]
+    assert want[1].endswith(b" $\r\nline\r\n")
+    assert _files(d.knowledge_dir)["notes/x.md"] == want
+    assert d.state(None).knowledge_commit == child.knowledge_commit
 
 
 def test_plan_refuses_a_folder_with_git_attributes(trees):
