@@ -53,12 +53,23 @@ def _check_depth(prefix: str) -> None:
         raise Unplannable(f"folders nested deeper than {MAX_DEPTH}: {prefix[:200]}...")
 
 
+def _no_attributes(entries: gittrees.Entries, folder: str) -> None:
+    # Git's checkout converts what a `.gitattributes` names (`ident`, `eol`, `working-tree-encoding`); the
+    # move writes blobs as they are. Below one, git writes the files, so that every way to a commit agrees.
+    if ".gitattributes" in entries:
+        raise Unplannable(
+            f".gitattributes in {folder or 'the root'}/: git's checkout converts the files below"
+        )
+
+
 def _files_under(tree: str, prefix: str, load: Load) -> list[tuple[str, str, str]]:
     out, todo = [], [(prefix, tree)]
     while todo:
         base, oid = todo.pop()
         _check_depth(f"{base}/")
-        for name, (mode, sub, _raw) in load(oid).items():
+        entries = load(oid)
+        _no_attributes(entries, base)
+        for name, (mode, sub, _raw) in entries.items():
             path = f"{base}/{name}"
             if mode == gittrees.TREE_MODE:
                 todo.append((path, sub))
@@ -71,14 +82,17 @@ def _files_under(tree: str, prefix: str, load: Load) -> list[tuple[str, str, str
 
 def _lookup(root: str, path: str, load: Load) -> tuple[str, str] | None:
     """(mode, id) of `path` in tree `root`, or None when it is not there (or a file lies on the way)."""
-    mode, oid = gittrees.TREE_MODE, root
+    mode, oid, folders = gittrees.TREE_MODE, root, []
     for part in path.split("/"):
         if mode != gittrees.TREE_MODE:
             return None
-        got = load(oid).get(part)
+        folders.append(load(oid))
+        got = folders[-1].get(part)
         if got is None:
             return None
         mode, oid = got[0], got[1]
+    for entries in folders:  # it is written: no folder on its way may hold attributes
+        _no_attributes(entries, path.rpartition("/")[0])
     return mode, oid
 
 
@@ -93,6 +107,7 @@ def plan(old_root: str, new_root: str, touched: Iterable[str], load: Load) -> Pl
         a, b, prefix = todo.pop()
         _check_depth(prefix)
         ea, eb = load(a), load(b)
+        _no_attributes(eb, prefix.rstrip("/"))
         # The names whose entries differ, by a set operation in C (trees of 10k attempts differ in a few).
         for name in {n for n, _e in ea.items() ^ eb.items()}:
             old, new = ea.get(name), eb.get(name)
