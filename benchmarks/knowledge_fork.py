@@ -50,8 +50,17 @@ sys.path.insert(0, _SRC)
 
 from sftree.agents import prompts  # noqa: E402
 from sftree.runtime import coral, safefs  # noqa: E402
+from sftree.runtime import workspace as wsmod  # noqa: E402
 from sftree.runtime.attempts import numeric  # noqa: E402
 from sftree.runtime.workspace import TreeStore, git  # noqa: E402
+
+_SWEEPS = [0]  # `git diff-files` runs (the stat sweep of git's way), counted by _counting_git
+
+
+def _counting_git(args, **kw):
+    if "diff-files" in args:
+        _SWEEPS[0] += 1
+    return git(args, **kw)
 
 
 def old_load_attempts(attempts_dir: Path) -> list[dict]:
@@ -171,8 +180,10 @@ def one_edge(
 ) -> tuple[object, dict[str, float]]:
     t: dict[str, float] = {}
     t0 = time.perf_counter()
+    sweeps = _SWEEPS[0]
     ws = _fork(store, state, edge_id, fenced)
     t["fork"] = time.perf_counter() - t0
+    t["sweeps"] = _SWEEPS[0] - sweeps
     att = ws.knowledge_dir / "attempts"
     load = 0.0
     commit = 0.0
@@ -201,6 +212,7 @@ def one_edge(
 
 def run_tree(tmp: Path, root: Path, edges: int, mode: str, shape: str = "chain") -> dict[str, float]:
     saved = (TreeStore._checkout_knowledge, TreeStore.park_knowledge, coral.view_for, prompts.view_for)
+    wsmod.git = _counting_git
     if mode == "before":
         TreeStore._checkout_knowledge = old_checkout_knowledge
         TreeStore.park_knowledge = lambda self, ws: None
@@ -222,7 +234,10 @@ def run_tree(tmp: Path, root: Path, edges: int, mode: str, shape: str = "chain")
         store.close()
     finally:
         TreeStore._checkout_knowledge, TreeStore.park_knowledge, coral.view_for, prompts.view_for = saved
-    return {k: 1000 * statistics.median(t[k] for t in times) for k in times[0]}
+        wsmod.git = git
+    out = {k: 1000 * statistics.median(t[k] for t in times) for k in times[0] if k != "sweeps"}
+    out["sweeps"] = sum(t["sweeps"] for t in times)  # forks that took git's way (of the edges counted)
+    return out
 
 
 def run_prev(tmp: Path, rev: str, attempts: int, edges: int, shape: str) -> dict[str, float]:
@@ -242,11 +257,12 @@ def run_prev(tmp: Path, rev: str, attempts: int, edges: int, shape: str) -> dict
     ).stdout  # fmt: skip
     for line in out.splitlines():
         f = line.split()
-        if len(f) == 7 and f[0] == str(attempts) and f[1] == "after":
-            return dict(
-                zip(["fork", "loads", "commits", "state+close", "edge"], map(float, f[2:]), strict=True)
-            )
+        if len(f) == 8 and f[0] == str(attempts) and f[1] == "after":
+            return dict(zip([*COLS, "sweeps"], map(float, f[2:]), strict=True))
     raise RuntimeError(f"no result row from the {rev} run:\n{out}")
+
+
+COLS = ["fork", "loads", "commits", "state+close", "edge"]
 
 
 def main() -> int:
@@ -264,12 +280,12 @@ def main() -> int:
     ap.add_argument("--prev", default="", help="git revision measured as mode `prev` (with --modes ...,prev)")
     ap.add_argument("--src", help="import sftree from this folder (used by the prev mode)")
     args = ap.parse_args()
-    cols = ["fork", "loads", "commits", "state+close", "edge"]
+    cols = COLS
     print(
         f"Per-edge knowledge cost (ms, median of {args.edges} edges, shape {args.shape}; loads = 4 attempt loads, "
-        "commits = 2)"
+        "commits = 2; sweeps = forks that took git's way with its stat sweep, of the edges counted)"
     )
-    print(f"{'attempts':>8} {'mode':>10} " + " ".join(f"{c:>11}" for c in cols))
+    print(f"{'attempts':>8} {'mode':>10} " + " ".join(f"{c:>11}" for c in cols) + f" {'sweeps':>7}")
     with tempfile.TemporaryDirectory(prefix="sftree-kfork-") as tmp:
         for a in [int(x) for x in args.attempts.split(",")]:
             root = make_root(Path(tmp), a)
@@ -278,7 +294,8 @@ def main() -> int:
                     r = run_prev(Path(tmp), args.prev or "HEAD", a, args.edges, args.shape)
                 else:
                     r = run_tree(Path(tmp), root, args.edges, mode, args.shape)
-                print(f"{a:>8} {mode:>10} " + " ".join(f"{r[c]:>11.1f}" for c in cols), flush=True)
+                row = " ".join(f"{r[c]:>11.1f}" for c in cols)
+                print(f"{a:>8} {mode:>10} {row} {int(r.get('sweeps', 0)):>7}", flush=True)
             shutil.rmtree(root)
     print(f"\nmachine: {os.cpu_count()} CPUs, {sys.platform}, Python {sys.version.split()[0]}, "
           f"{git(['--version']).stdout.strip()}; tmp dir {tempfile.gettempdir()}")  # fmt: skip

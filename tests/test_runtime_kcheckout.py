@@ -444,3 +444,78 @@ def test_plan_refuses_a_folder_with_git_attributes(trees):
         ("a", "100644", blob("2")),
         ("e/y", "100644", blob("y")),
     ]
+
+
+# ---- handing the checkout to the sandbox uid (sftree as root) -----------------------------------------------
+def _owners(root):
+    """{path: uid} of every entry under `root` (links themselves, never followed)."""
+    out = {}
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = os.path.join(top, name)
+            out[os.path.relpath(p, root)] = os.lstat(p).st_uid
+    return out
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """How many entries the handover looked at, and how many changed owner."""
+    from sftree.runtime import sandbox
+
+    n = {"look": 0, "chown": 0}
+
+    def spy(real, key):
+        def call(*a, **k):
+            n[key] += 1
+            return real(*a, **k)
+
+        return call
+
+    monkeypatch.setattr(sandbox, "_own", spy(sandbox._own, "look"))
+    monkeypatch.setattr(wsmod, "_own_at", spy(wsmod._own_at, "look"))
+    monkeypatch.setattr(os, "chown", spy(os.chown, "chown"))
+    monkeypatch.setattr(os, "lchown", spy(os.lchown, "chown"))
+    return n
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing files to another uid needs root")
+def test_hand_to_gives_every_entry_and_later_only_what_the_host_wrote(tmp_path, counted):
+    root = make_root(tmp_path, attempts=[{**REC, "commit_hash": f"c{i}"} for i in range(300)])
+    st, state = TreeStore.create(tmp_path / "tree", root, {"name": "circle_packing"})
+    uid, other = 200_123, 200_124
+    try:
+        st.fork(state, "e0", links_fenced=True).close()
+        a = st.fork(state, "e1", links_fenced=True)
+        a.hand_to(uid)  # the first time: everything
+        assert set(_owners(a.root).values()) == {uid}
+        k = a.knowledge_dir
+        (k / "notes" / "student.md").write_text("the agent's\n")
+        a.commit_knowledge("turn 1")
+        (k / "attempts" / "new.json").write_text(
+            json.dumps({**REC, "commit_hash": "new"})
+        )  # the host, as root
+        (k / "notes" / "host").mkdir()
+        (k / "notes" / "host" / "n.md").write_text("by the host")
+        counted.update(look=0, chown=0)
+        a.hand_to(uid)  # what the host wrote since, alone
+        seen = dict(counted)
+        assert set(_owners(a.root).values()) == {uid}
+        assert seen["chown"] == 3 and seen["look"] < 100, seen
+        child = a.state(None)
+        a.close()
+
+        b = st.fork(state, "e2", links_fenced=True)  # moved back by name: the fork's writes are root's
+        assert 0 in set(_owners(b.knowledge_dir).values())
+        counted.update(look=0, chown=0)
+        b.hand_to(uid)
+        seen = dict(counted)
+        assert set(_owners(b.root).values()) == {uid}
+        assert 0 < seen["chown"] < 20 and seen["look"] < 100, seen
+        b.close()
+
+        c = st.fork(child, "e3", links_fenced=True)
+        c.hand_to(other)  # another uid: everything again
+        assert set(_owners(c.root).values()) == {other}
+        c.close()
+    finally:
+        st.close()

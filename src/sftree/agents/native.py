@@ -121,7 +121,7 @@ class NativeAgent(AgentBackend):
         uid = UIDS.acquire() if self.sandbox == "bwrap" else None
         try:
             if uid is not None:  # the unprivileged sandbox user must own what it may change
-                give_to(Path(run.workspace.root), uid)
+                run.workspace.hand_to(uid)
                 if run.env.get("CORAL_SOCKET"):
                     give_to(Path(run.env["CORAL_SOCKET"]).parent, uid)
             ctx = self.tool_context(run, uid, time.monotonic() + float(self.cfg.get("turn_timeout", 3600)))

@@ -487,7 +487,7 @@ class OpenCodeAgent(AgentBackend):
         if st.uid is None:
             return
         give_to(st.box, st.uid)
-        give_to(Path(run.workspace.root), st.uid)
+        run.workspace.hand_to(st.uid)
         if run.env.get("CORAL_SOCKET"):
             give_to(Path(run.env["CORAL_SOCKET"]).parent, st.uid)
 

@@ -45,6 +45,14 @@ class Plan:
     remove: list[str]
     write: list[tuple[str, str, str]]
 
+    def touched(self) -> set[str]:
+        """Every path this plan removes or writes, with the folders above the written ones (made if missing)."""
+        out = set(self.remove)
+        for path, _m, _o in self.write:
+            parts = path.split("/")
+            out.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+        return out
+
 
 def _check_depth(prefix: str) -> None:
     # One `git cat-file` per tree read: a chain of thousands of folders is git's job (one `read-tree`), as it

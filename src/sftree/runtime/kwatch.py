@@ -14,16 +14,21 @@ folder made meanwhile raises an event. Folders are opened one component at a tim
 the watch is placed through `/proc/self/fd/N` of that very descriptor, so no path is resolved twice.
 Where inotify is missing or out of watches, every query answers "changed" (a full scan, as before).
 
-A write through a hard link from outside `.opencode`, or through a shared memory mapping after the file was
-closed, raises no event: the attempt view parses records that have more than one link at every refresh and what
-each commit staged; a commit that does not look at such a file leaves the write out of the record, and the next
-fork's `diff-files` restores the file before the checkout is reused (docs/runtime.md). A checkout that moves
+A write through a hard link raises no event on the other name's folder. Behind the knowledge fence (the
+sandbox refuses link(2): runtime/sandbox.py) no checkout file has a second name, and what the watch reported since
+a fork is all that can differ from the fork's commit (`exact`, runtime/kcheckout.py). Without the fence
+(`sandbox: none`), the attempt view parses records that have more than one link at every refresh and what each
+commit staged; a commit that does not look at such a file leaves the write out of the record, and the next fork's
+`diff-files` restores the file before the checkout is reused (docs/runtime.md). A write through a shared memory
+mapping after the file was closed raises no event either, but its opening for writing did (IN_CLOSE_WRITE), and
+the mapping dies with the sandbox's processes before the next fork. A checkout that moves
 (parked for the next fork, then moved in) keeps its inodes and so its watches. A deleted folder is reported as
 its path (the commit then also stages what the last commit holds under it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -32,6 +37,7 @@ import os
 import struct
 import threading
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -160,6 +166,32 @@ class KnowledgeWatch:
                 return False
             self._touched = set()
             return True
+
+    def touched_now(self) -> set[str] | None:
+        """The paths touched since `committed` (a copy; None when unknown), leaving them for the commit."""
+        with self._lock:
+            if not self.sync() or self._touched is None:
+                return None
+            return set(self._touched)
+
+    @contextlib.contextmanager
+    def owners_only(self) -> Iterator[None]:
+        """The host changes owners alone, while nothing else runs (EdgeWorkspace.hand_to): the events that
+        raises are no changes of content, so what counted as touched before still does, and no more."""
+        with self._lock:
+            live = self.sync()
+            saved = (
+                None if self._touched is None else set(self._touched),
+                self._changed,
+                set(self._attempt_names),
+                self._attempts_reset,
+            )
+        try:
+            yield
+        finally:
+            with self._lock:
+                if live and self.sync():  # its own events drained, and the watches still whole
+                    self._touched, self._changed, self._attempt_names, self._attempts_reset = saved
 
     # ---- internals -----------------------------------------------------------------------------------------
     def _open_kdir(self) -> int:

@@ -131,15 +131,19 @@ class UidPool:
 UIDS = UidPool()
 
 
-def give_to(root: Path, uid: int | None) -> None:
-    """Hand a workspace to the sandbox uid (without following links), so the agent can write it."""
+def give_to(root: Path, uid: int | None, skip: str | None = None) -> None:
+    """Hand a workspace to the sandbox uid (without following links), so the agent can write it; `skip`: a
+    name directly under `root` left as it is (handed over by its owner: EdgeWorkspace.hand_to)."""
     if uid is None:
         return
     root = Path(root)
     _own(str(root), uid)
     for dirpath, dirnames, filenames in os.walk(root):
+        if skip is not None and dirpath == str(root) and skip in dirnames:
+            dirnames.remove(skip)
         for name in dirnames + filenames:
-            _own(os.path.join(dirpath, name), uid)
+            if skip is None or dirpath != str(root) or name != skip:
+                _own(os.path.join(dirpath, name), uid)
 
 
 def _own(path: str, uid: int) -> None:

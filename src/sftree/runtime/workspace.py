@@ -44,6 +44,7 @@ from sftree.errors import InputError, SftreeError
 from sftree.runtime import attempts as attemptsmod
 from sftree.runtime import gittrees, kcheckout, safefs
 from sftree.runtime.kwatch import KnowledgeWatch
+from sftree.runtime.sandbox import give_to
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +208,10 @@ class EdgeWorkspace:
     _exact_at: str = ""
     _since: set[str] | None = None
     _trusted: bool = False
+    # The sandbox uid owning every entry of the checkout but `_host_wrote` (what the fork wrote) and the paths
+    # the watch reported since (None: unknown): `hand_to` then hands over only those.
+    _owner: int | None = None
+    _host_wrote: set[str] | None = None
 
     def __post_init__(self):
         self._k_head = self._k_head or self.parent.knowledge_commit
@@ -451,6 +456,27 @@ class EdgeWorkspace:
             return proc.stdout
         return None
 
+    def hand_to(self, uid: int | None) -> None:
+        """Give the workspace to the sandbox uid so the agent can write it (sandbox.give_to; sftree is root). The
+        code tree in full (a new worktree per fork); the knowledge checkout, when it was handed to this uid
+        before and what the host wrote since is known, by those paths alone (a walk of every file costs ~130 ms
+        at 10k attempts, per turn), else in full. A chown raises an inotify event, so an entry already owned is
+        left alone (sandbox._own)."""
+        if uid is None:
+            return
+        give_to(self.root, uid, skip=KNOWLEDGE_DIR)
+        kdir = self.knowledge_dir
+        watch = self.attempt_view.watch if self.attempt_view is not None else None
+        now = watch.touched_now() if watch is not None else None
+        with watch.owners_only() if watch is not None else contextlib.nullcontext():
+            if self._owner == uid and None not in (self._host_wrote, self._since, now):
+                _hand_paths(kdir, self._host_wrote | self._since | now, uid)
+            elif (
+                kdir.is_dir() and not kdir.is_symlink()
+            ):  # never through a link (the agent may have left one)
+                give_to(kdir, uid)
+        self._owner = uid
+
     def state(self, session: str | None) -> NodeState:
         """The workspace's current state (commits whatever is left uncommitted, so the state is complete).
 
@@ -485,6 +511,8 @@ class _Moved(NamedTuple):
     trusted: bool  # no edge without the link fence has used it
     index_at: str | None  # the commit whose tree the index holds (None: unknown)
     unstaged: set[str] | None  # paths perhaps on disk but not in the index (None: unknown)
+    owner: int | None = None  # the uid owning every entry but `wrote` (None: unknown)
+    wrote: set[str] | None = None  # the paths the fork removed or wrote, with the folders above them
 
 
 class _Parked(NamedTuple):
@@ -498,6 +526,7 @@ class _Parked(NamedTuple):
     exact_at: str  # the commit the folder was exactly when its edge began
     since: set[str] | None  # paths touched since (None: unknown)
     trusted: bool  # every edge that used it had the link fence (EdgeWorkspace.links_fenced)
+    owner: int | None  # the uid it was last handed to (EdgeWorkspace.hand_to)
 
 
 LOOSE_PACK_KIB = 16 * 1024  # below this a tree's loose objects are left as they are
@@ -532,6 +561,27 @@ MAX_BLOB = 64 << 20  # a larger file is left to git
 
 class _NotPlain(Exception):
     """A path that is no regular file or link (or too large): git's own way."""
+
+
+def _hand_paths(kdir: Path, paths, uid: int) -> None:
+    """Give `paths` (relative to `kdir`; a folder with all it holds) to `uid`, never following a link."""
+    for rel in sorted(paths):
+        parent, _, name = rel.rpartition("/")
+        try:
+            with safefs.open_dir(kdir, parent) as dfd:
+                _own_at(dfd, name, uid)
+                if stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                    for _top, dirs, files, tfd in os.fwalk(name, dir_fd=dfd):  # never follows a link
+                        for entry in dirs + files:
+                            _own_at(tfd, entry, uid)
+        except (FileNotFoundError, NotADirectoryError, safefs.UnsafePath):
+            continue  # gone, or beyond a link: nothing of the checkout to hand over
+
+
+def _own_at(dfd: int, name: str, uid: int) -> None:
+    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    if st.st_uid != uid or st.st_gid != uid:
+        os.chown(name, uid, uid, dir_fd=dfd, follow_symlinks=False)
 
 
 def _blob_of(repo: Path, dfd: int, name: str) -> tuple[str, str] | None:
@@ -742,6 +792,7 @@ class TreeStore:
         ws.attempt_view = view
         ws._exact_at, ws._trusted = state.knowledge_commit, moved.trusted
         ws._index_at, ws._unstaged = moved.index_at, moved.unstaged
+        ws._owner, ws._host_wrote = moved.owner, moved.wrote
         if links_fenced and view.watch is not None and view.watch.exact():
             # The checkout is exactly the commit now (nothing of the agent runs yet), and only what the watch
             # reports from here on can make it differ (the fork's own writes are forgotten).
@@ -791,7 +842,7 @@ class TreeStore:
             pending = view.watch.committed()
         if taken.trusted and taken.since is not None and pending is not None:
             try:
-                kcheckout.move(
+                done = kcheckout.move(
                     kdir,
                     repo,
                     self.commit_tree(taken.exact_at),
@@ -801,7 +852,7 @@ class TreeStore:
                     git,
                 )
                 # The index still holds `index_at`'s tree; files it does not list may be on disk now.
-                return view, _Moved(True, index_at, None)
+                return view, _Moved(True, index_at, None, taken.owner, done.touched())
             except (OSError, GitError, ValueError, kcheckout.Unplannable) as exc:
                 # Half done, perhaps: git's way below repairs it (rewritten files fail the stat sweep).
                 log.info("knowledge checkout moved by git instead: %s", exc)
@@ -938,7 +989,7 @@ class TreeStore:
             self._parked.append(
                 _Parked(
                     dest, view, ws._index_at, ws._unstaged, ws._k_head, ws._exact_at, ws._since,
-                    ws._trusted and ws.links_fenced,
+                    ws._trusted and ws.links_fenced, ws._owner,
                 )
             )  # fmt: skip
 
