@@ -519,3 +519,27 @@ def test_hand_to_gives_every_entry_and_later_only_what_the_host_wrote(tmp_path, 
         c.close()
     finally:
         st.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing files to another uid needs root")
+def test_a_deep_folder_is_handed_to_the_sandbox_uid(low_recursion, store):
+    """Folders nested deeper than the recursion limit (in the code tree and the knowledge) are handed over
+    whole, the first time and by path later, without a RecursionError."""
+    st, root = store
+    uid = 200_125
+    st.fork(root, "e0", links_fenced=True).close()
+    a = st.fork(root, "e1", links_fenced=True)
+    a.hand_to(uid)
+    _deep(a.knowledge_dir)
+    os.mkdir(a.root / "notes")
+    _deep(a.root)  # the code tree too
+    a.hand_to(uid)  # the knowledge by the paths reported
+    a.hand_to(uid + 1)  # another uid: everything
+    for top in (a.root, a.knowledge_dir):
+        d = os.open(top / "notes", os.O_RDONLY)
+        for _ in range(DEEP):
+            d, up = os.open("d", os.O_RDONLY, dir_fd=d), d
+            os.close(up)
+        assert os.stat("f.md", dir_fd=d).st_uid == uid + 1
+        os.close(d)
+    a.close()
