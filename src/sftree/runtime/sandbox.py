@@ -16,6 +16,7 @@ its processes: `prlimit` caps processes (RLIMIT_NPROC), data memory (RLIMIT_DATA
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import shutil
@@ -138,20 +139,71 @@ def give_to(root: Path, uid: int | None, skip: str | None = None) -> None:
         return
     root = Path(root)
     _own(str(root), uid)
-    for dirpath, dirnames, filenames in os.walk(root):
-        if skip is not None and dirpath == str(root) and skip in dirnames:
-            dirnames.remove(skip)
-        for name in dirnames + filenames:
-            if skip is None or dirpath != str(root) or name != skip:
-                _own(os.path.join(dirpath, name), uid)
+    if os.path.isdir(root) and not os.path.islink(root):
+        fd = os.open(root, _DIR_FLAGS)
+        try:
+            own_below(fd, uid, skip=skip)
+        finally:
+            os.close(fd)
 
 
-def _own(path: str, uid: int) -> None:
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def own_below(dfd: int, uid: int, skip: str | None = None) -> None:
+    """Give everything under folder `dfd` (but its entry `skip`) to `uid`, never following a link. A loop over
+    folder descriptors, one per level: no recursion and no long paths (os.walk recurses before Python 3.12, and
+    an agent can nest folders deeper than its limit). A folder that cannot be listed is skipped, as os.walk
+    would."""
+
+    def give(fd: int, skip: str | None) -> list[str]:
+        """Give the entries of folder `fd`; its subfolders."""
+        try:
+            with os.scandir(fd) as it:
+                entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        except OSError:
+            return []
+        subdirs = []
+        for name, is_dir in entries:
+            if name == skip:
+                continue
+            try:
+                _own(name, uid, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            if is_dir:
+                subdirs.append(name)
+        return subdirs
+
+    top = os.dup(dfd)
+    stack = [(top, [])]
+    try:
+        stack[0] = (top, give(top, skip))
+        while stack:
+            fd, todo = stack[-1]
+            if not todo:
+                os.close(stack.pop()[0])
+                continue
+            name = todo.pop()
+            try:
+                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:  # gone, or a link or file swapped in: nothing to give
+                if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                    raise
+                continue
+            stack.append((sub, []))
+            stack[-1] = (sub, give(sub, None))
+    finally:
+        for fd, _t in stack:
+            os.close(fd)
+
+
+def _own(path: str, uid: int, dir_fd: int | None = None) -> None:
     """lchown, skipped when already so: a chown raises an inotify event, and a knowledge checkout handed to
     the same uid again would report every file as changed (kwatch.py)."""
-    st = os.lstat(path)
+    st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
     if st.st_uid != uid or st.st_gid != uid:
-        os.lchown(path, uid, uid)
+        os.chown(path, uid, uid, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def _own_tasks(uid: int) -> int:

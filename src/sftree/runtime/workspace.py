@@ -44,7 +44,7 @@ from sftree.errors import InputError, SftreeError
 from sftree.runtime import attempts as attemptsmod
 from sftree.runtime import gittrees, kcheckout, safefs
 from sftree.runtime.kwatch import KnowledgeWatch
-from sftree.runtime.sandbox import give_to
+from sftree.runtime.sandbox import _own, give_to, own_below
 
 log = logging.getLogger(__name__)
 
@@ -571,17 +571,17 @@ def _hand_paths(kdir: Path, paths, uid: int) -> None:
             with safefs.open_dir(kdir, parent) as dfd:
                 _own_at(dfd, name, uid)
                 if stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
-                    for _top, dirs, files, tfd in os.fwalk(name, dir_fd=dfd):  # never follows a link
-                        for entry in dirs + files:
-                            _own_at(tfd, entry, uid)
+                    sub = os.open(name, safefs._DIR_FLAGS, dir_fd=dfd)  # never follows a link
+                    try:
+                        own_below(sub, uid)  # a loop: os.fwalk recurses before Python 3.12
+                    finally:
+                        os.close(sub)
         except (FileNotFoundError, NotADirectoryError, safefs.UnsafePath):
             continue  # gone, or beyond a link: nothing of the checkout to hand over
 
 
 def _own_at(dfd: int, name: str, uid: int) -> None:
-    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    if st.st_uid != uid or st.st_gid != uid:
-        os.chown(name, uid, uid, dir_fd=dfd, follow_symlinks=False)
+    _own(name, uid, dir_fd=dfd)
 
 
 def _blob_of(repo: Path, dfd: int, name: str) -> tuple[str, str] | None:
