@@ -13,7 +13,7 @@ import sys
 import pytest
 from runtime_helpers import make_root
 
-from sftree.runtime import coral, gittrees, kcheckout, kwatch
+from sftree.runtime import coral, gittrees, kcheckout, kwatch, safefs
 from sftree.runtime import workspace as wsmod
 from sftree.runtime.workspace import TreeStore
 
@@ -543,3 +543,29 @@ def test_a_deep_folder_is_handed_to_the_sandbox_uid(low_recursion, store):
         assert os.stat("f.md", dir_fd=d).st_uid == uid + 1
         os.close(d)
     a.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing files to another uid needs root")
+def test_a_host_write_while_the_checkout_is_handed_over_is_not_forgotten(store, tmp_path, monkeypatch):
+    """The Coral server's thread may still finish an eval (the graded code chooses when) and write its attempt
+    record while the next turn hands the checkout to the sandbox uid: the owners' own events are no changes,
+    but that record is, and the next fork removes it."""
+    st, root = store
+    st.fork(root, "e0", links_fenced=True).close()
+    a = st.fork(root, "e1", links_fenced=True)
+    real = wsmod.give_to
+
+    def racing(path, uid, skip=None):
+        if path == a.knowledge_dir:  # inside the handover of the checkout: the server writes meanwhile
+            record = json.dumps({**REC, "commit_hash": "late", "score": 1e9}).encode()
+            safefs.write_bytes_atomic(a.root, ".opencode/attempts/late.json", record)
+        return real(path, uid, skip)
+
+    monkeypatch.setattr(wsmod, "give_to", racing)
+    a.hand_to(200_126)
+    monkeypatch.setattr(wsmod, "give_to", real)
+    a.close()
+    b = st.fork(root, "e2", links_fenced=True)
+    assert not (b.knowledge_dir / "attempts" / "late.json").exists()
+    assert _files(b.knowledge_dir) == _full(st, root, tmp_path)
+    b.close()
