@@ -83,6 +83,7 @@ class KnowledgeWatch:
         self._ident: tuple[int, int] | None = None  # (device, inode) of .opencode when the watches were set
         self._broken = True  # the watches do not cover the folder: rebuild at the next sync
         self._changed = True  # anything changed since `committed`
+        self._owners_only = False  # inside `owners_only`: IN_ATTRIB alone counts for nothing
         self._attempt_names: set[str] = set()
         self._attempts_reset = True  # attempts/ must be scanned in full (new watches, or none)
         self._touched: set[str] | None = (
@@ -176,22 +177,21 @@ class KnowledgeWatch:
 
     @contextlib.contextmanager
     def owners_only(self) -> Iterator[None]:
-        """The host changes owners alone, while nothing else runs (EdgeWorkspace.hand_to): the events that
-        raises are no changes of content, so what counted as touched before still does, and no more."""
+        """The host changes owners (EdgeWorkspace.hand_to): the events that raises (IN_ATTRIB alone) are no
+        changes of content and count for nothing. Any other event still counts: the Coral server's thread may
+        write an attempt record meanwhile (an eval the graded code made last past its command). A mode changed
+        by someone else meanwhile would be missed: the agent runs nothing then, and the host changes none."""
         with self._lock:
-            live = self.sync()
-            saved = (
-                None if self._touched is None else set(self._touched),
-                self._changed,
-                set(self._attempt_names),
-                self._attempts_reset,
-            )
+            self.sync()  # what came before counts
+            self._owners_only = True
         try:
             yield
         finally:
             with self._lock:
-                if live and self.sync():  # its own events drained, and the watches still whole
-                    self._touched, self._changed, self._attempt_names, self._attempts_reset = saved
+                try:
+                    self.sync()  # its own events drained
+                finally:
+                    self._owners_only = False
 
     # ---- internals -----------------------------------------------------------------------------------------
     def _open_kdir(self) -> int:
@@ -217,6 +217,8 @@ class KnowledgeWatch:
                 wd, mask, _cookie, n = _EVENT.unpack_from(buf, off)
                 name = os.fsdecode(buf[off + _EVENT.size : off + _EVENT.size + n].rstrip(b"\0"))
                 off += _EVENT.size + n
+                if self._owners_only and not mask & ~(IN_ATTRIB | IN_ISDIR):
+                    continue  # an owner or mode change while the host hands the checkout over (owners_only)
                 self._changed = True
                 folder = self._wds.get(wd)
                 if folder is not None and name and self._touched is not None:
