@@ -332,10 +332,9 @@ def counted(monkeypatch):
 
         return call
 
-    monkeypatch.setattr(sandbox, "_own", spy(sandbox._own, "look"))
-    monkeypatch.setattr(wsmod, "_own_at", spy(wsmod._own_at, "look"))
+    monkeypatch.setattr(sandbox, "own", spy(sandbox.own, "look"))
+    monkeypatch.setattr(wsmod, "own", spy(wsmod.own, "look"))
     monkeypatch.setattr(os, "chown", spy(os.chown, "chown"))
-    monkeypatch.setattr(os, "lchown", spy(os.lchown, "chown"))
     return n
 
 

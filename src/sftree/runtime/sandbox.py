@@ -137,21 +137,21 @@ def give_to(root: Path, uid: int | None, skip: str | None = None) -> None:
     if uid is None:
         return
     root = Path(root)
-    _own(str(root), uid)
+    own(str(root), uid)
     for dirpath, dirnames, filenames in os.walk(root):
         if skip is not None and dirpath == str(root) and skip in dirnames:
             dirnames.remove(skip)
         for name in dirnames + filenames:
             if skip is None or dirpath != str(root) or name != skip:
-                _own(os.path.join(dirpath, name), uid)
+                own(os.path.join(dirpath, name), uid)
 
 
-def _own(path: str, uid: int) -> None:
-    """lchown, skipped when already so: a chown raises an inotify event, and a knowledge checkout handed to
-    the same uid again would report every file as changed (kwatch.py)."""
-    st = os.lstat(path)
+def own(path: str, uid: int, dir_fd: int | None = None) -> None:
+    """lchown (`path` relative to `dir_fd` if given), skipped when already so: a chown raises an inotify event,
+    and a knowledge checkout handed to the same uid again would report every file as changed (kwatch.py)."""
+    st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
     if st.st_uid != uid or st.st_gid != uid:
-        os.lchown(path, uid, uid)
+        os.chown(path, uid, uid, dir_fd=dir_fd, follow_symlinks=False)
 
 
 def _own_tasks(uid: int) -> int:

@@ -44,7 +44,7 @@ from sftree.errors import InputError, SftreeError
 from sftree.runtime import attempts as attemptsmod
 from sftree.runtime import gittrees, kcheckout, safefs
 from sftree.runtime.kwatch import KnowledgeWatch
-from sftree.runtime.sandbox import give_to
+from sftree.runtime.sandbox import give_to, own
 
 log = logging.getLogger(__name__)
 
@@ -573,19 +573,13 @@ def _hand_paths(kdir: Path, paths, uid: int, *, walk: bool) -> None:
         parent, _, name = rel.rpartition("/")
         try:
             with safefs.open_dir(kdir, parent) as dfd:
-                _own_at(dfd, name, uid)
+                own(name, uid, dfd)
                 if walk and stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
                     for _top, dirs, files, tfd in os.fwalk(name, dir_fd=dfd):  # never follows a link
                         for entry in dirs + files:
-                            _own_at(tfd, entry, uid)
+                            own(entry, uid, tfd)
         except (FileNotFoundError, NotADirectoryError, safefs.UnsafePath):
             continue  # gone, or beyond a link: nothing of the checkout to hand over
-
-
-def _own_at(dfd: int, name: str, uid: int) -> None:
-    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    if st.st_uid != uid or st.st_gid != uid:
-        os.chown(name, uid, uid, dir_fd=dfd, follow_symlinks=False)
 
 
 def _blob_of(repo: Path, dfd: int, name: str) -> tuple[str, str] | None:
