@@ -10,7 +10,7 @@ import os
 import stat
 
 import pytest
-from runtime_helpers import make_root
+from runtime_helpers import make_root, spy_git_calls
 
 from sftree.runtime import coral, gittrees, kcheckout, kwatch
 from sftree.runtime import workspace as wsmod
@@ -30,17 +30,7 @@ def store(tmp_path):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """The git subcommands run, in order (the first word after the options), wherever git is called from."""
-    seen: list[str] = []
-    real = wsmod.git
-
-    def spy(args, **kw):
-        words = [a for a in args if not a.startswith("-") and "=" not in a and "/" not in a]
-        seen.append(words[0] if words else "?")
-        return real(args, **kw)
-
-    monkeypatch.setattr(wsmod, "git", spy)
-    return seen
+    return spy_git_calls(monkeypatch)
 
 
 def _files(d):
