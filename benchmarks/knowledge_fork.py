@@ -5,9 +5,10 @@
 
 A root snapshot whose `shared/attempts/` holds A attempt records (about 600 bytes each, like Coral's) and a
 few notes. Each edge does what `run_edge` does with knowledge, in order: fork the node (code worktree + private
-knowledge checkout), build the turn prompt (loads every attempt), two turns that each run `coral eval` (loads
-every attempt, writes one new record) and commit knowledge, the final state (knowledge commit + refs), and
-close. `--shape chain`: each edge forks the previous edge's child (the parked checkout's index is already at that
+knowledge checkout), two turns that each hand the workspace to the sandbox uid (as root only: `handover`, the
+native and OpenCode backends' `EdgeWorkspace.hand_to`), build the turn prompt (loads every attempt), run `coral
+eval` (loads every attempt, writes one new record) and commit knowledge, the final state (knowledge commit +
+refs), and close. `--shape chain`: each edge forks the previous edge's child (the parked checkout's index is already at that
 commit); `--shape branches`: edges alternate between two branches, so each fork moves the parked checkout to the
 other branch's tip. The first edge of each branch is not counted (nothing to reuse yet; its fork costs what
 `before` does).
@@ -188,7 +189,17 @@ def one_edge(
     load = 0.0
     commit = 0.0
     last = None
+    hand = 0.0
     for turn in (1, 2):
+        if HAND_UID is not None:  # as root: each turn gives the workspace to the sandbox uid first
+            t1 = time.perf_counter()
+            if hasattr(ws, "hand_to"):
+                ws.hand_to(HAND_UID)
+            else:  # code from before hand_to (the prev mode): the whole workspace, every turn
+                from sftree.runtime.sandbox import give_to
+
+                give_to(ws.root, HAND_UID)
+            hand += time.perf_counter() - t1
         t1 = time.perf_counter()
         prompts.next_turn_prompt(last, ws.knowledge_dir, {})  # the turn prompt (pivot heartbeat)
         # `coral eval`: the branch best before grading, as CoralRuntime.cmd_eval asks for it
@@ -201,7 +212,7 @@ def one_edge(
         ws.commit_knowledge(f"{edge_id} turn {turn}")
         commit += time.perf_counter() - t1
         last = {"eval": {"number": 10 * n + turn, "score": 1.0, "commit": sha, "status": "improved"}}
-    t["loads"], t["commits"] = load, commit
+    t["loads"], t["commits"], t["handover"] = load, commit, hand
     t1 = time.perf_counter()
     child = ws.state(None)
     ws.close()
@@ -257,12 +268,14 @@ def run_prev(tmp: Path, rev: str, attempts: int, edges: int, shape: str) -> dict
     ).stdout  # fmt: skip
     for line in out.splitlines():
         f = line.split()
-        if len(f) == 8 and f[0] == str(attempts) and f[1] == "after":
+        if len(f) == 9 and f[0] == str(attempts) and f[1] == "after":
             return dict(zip([*COLS, "sweeps"], map(float, f[2:]), strict=True))
     raise RuntimeError(f"no result row from the {rev} run:\n{out}")
 
 
-COLS = ["fork", "loads", "commits", "state+close", "edge"]
+COLS = ["fork", "handover", "loads", "commits", "state+close", "edge"]
+# As root, the sandbox runs as an unprivileged uid that must own the workspace (EdgeWorkspace.hand_to).
+HAND_UID = 200_999 if os.geteuid() == 0 else None
 
 
 def main() -> int:
@@ -283,7 +296,7 @@ def main() -> int:
     cols = COLS
     print(
         f"Per-edge knowledge cost (ms, median of {args.edges} edges, shape {args.shape}; loads = 4 attempt loads, "
-        "commits = 2; sweeps = forks that took git's way with its stat sweep, of the edges counted)"
+        "commits = 2; handover = 2, as root; sweeps = forks that took git's way with its stat sweep, of the edges counted)"
     )
     print(f"{'attempts':>8} {'mode':>10} " + " ".join(f"{c:>11}" for c in cols) + f" {'sweeps':>7}")
     with tempfile.TemporaryDirectory(prefix="sftree-kfork-") as tmp:

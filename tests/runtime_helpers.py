@@ -75,3 +75,19 @@ def opencode_binary() -> tuple[str | None, str]:
         return find_binary("opencode"), ""
     except InputError as exc:  # pragma: no cover - depends on the machine
         return None, str(exc)
+
+
+def spy_git_calls(monkeypatch) -> list[str]:
+    """The git subcommands the workspace runs from now on, in order (the first word after the options)."""
+    from sftree.runtime import workspace as wsmod
+
+    seen: list[str] = []
+    real = wsmod.git
+
+    def spy(args, **kw):
+        words = [a for a in args if not a.startswith("-") and "=" not in a and "/" not in a]
+        seen.append(words[0] if words else "?")
+        return real(args, **kw)
+
+    monkeypatch.setattr(wsmod, "git", spy)
+    return seen

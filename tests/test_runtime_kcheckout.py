@@ -11,7 +11,7 @@ import stat
 import sys
 
 import pytest
-from runtime_helpers import make_root
+from runtime_helpers import make_root, spy_git_calls
 
 from sftree.runtime import coral, gittrees, kcheckout, kwatch, safefs
 from sftree.runtime import workspace as wsmod
@@ -31,17 +31,7 @@ def store(tmp_path):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """The git subcommands run, in order (the first word after the options), wherever git is called from."""
-    seen: list[str] = []
-    real = wsmod.git
-
-    def spy(args, **kw):
-        words = [a for a in args if not a.startswith("-") and "=" not in a and "/" not in a]
-        seen.append(words[0] if words else "?")
-        return real(args, **kw)
-
-    monkeypatch.setattr(wsmod, "git", spy)
-    return seen
+    return spy_git_calls(monkeypatch)
 
 
 def _files(d):
@@ -471,10 +461,9 @@ def counted(monkeypatch):
 
         return call
 
-    monkeypatch.setattr(sandbox, "_own", spy(sandbox._own, "look"))
-    monkeypatch.setattr(wsmod, "_own_at", spy(wsmod._own_at, "look"))
+    monkeypatch.setattr(sandbox, "own", spy(sandbox.own, "look"))
+    monkeypatch.setattr(wsmod, "own", spy(wsmod.own, "look"))
     monkeypatch.setattr(os, "chown", spy(os.chown, "chown"))
-    monkeypatch.setattr(os, "lchown", spy(os.lchown, "chown"))
     return n
 
 

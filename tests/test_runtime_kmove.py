@@ -11,7 +11,7 @@ import shutil
 import subprocess
 
 import pytest
-from runtime_helpers import make_root
+from runtime_helpers import make_root, spy_git_calls
 
 from sftree.runtime import coral, safefs
 from sftree.runtime import workspace as wsmod
@@ -35,17 +35,7 @@ def _files(d):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """The git subcommands run, in order (the first word after the options)."""
-    seen: list[str] = []
-    real = wsmod.git
-
-    def spy(args, **kw):
-        words = [a for a in args if not a.startswith("-") and "=" not in a and "/" not in a]
-        seen.append(words[0] if words else "?")
-        return real(args, **kw)
-
-    monkeypatch.setattr(wsmod, "git", spy)
-    return seen
+    return spy_git_calls(monkeypatch)
 
 
 def _tree(st, commit):

@@ -271,3 +271,29 @@ def test_names_that_are_no_utf8_are_committed_in_git_order(ws, tmp_path):
         head = w.commit_knowledge(msg)
         tree = wsmod.git(["rev-parse", f"{head}^{{tree}}"], git_dir=st.knowledge_git).stdout.strip()
         assert tree == full_tree(st, k, tmp_path, wsmod.git), msg
+
+
+def test_owner_changes_by_the_host_are_no_changes(tmp_path):
+    """Inside `owners_only` the host changes attributes alone (hand_to): the watch keeps what was touched
+    before, and reports what comes after as usual; `exact` forgets everything (the fork's own writes)."""
+    k = tmp_path / "ws" / ".opencode"
+    (k / "attempts").mkdir(parents=True)
+    for name in ("a.json", "b.json"):
+        (k / "attempts" / name).write_text("{}")
+    w = kwatch.KnowledgeWatch(tmp_path / "ws")
+    if not w.sync():
+        pytest.skip("inotify is not available here")
+    assert w.exact() and w.touched_now() == set()
+    (k / "attempts" / "a.json").write_text('{"x": 1}')
+    assert w.touched_now() == {"attempts/a.json"}
+    w.take_attempt_changes()
+    with w.owners_only():
+        os.utime(k / "attempts" / "b.json", (1, 1))  # an attribute event, as a chown raises
+        os.chmod(k / "attempts", 0o755)
+    assert w.touched_now() == {"attempts/a.json"}
+    assert w.take_attempt_changes() == (set(), False)  # b.json is not read again
+    (k / "attempts" / "b.json").write_text('{"x": 2}')
+    assert w.committed() == {"attempts/a.json", "attempts/b.json"}
+    (k / "attempts" / "c.json").write_text("{}")
+    assert w.exact() and w.touched_now() == set()
+    w.close()

@@ -138,7 +138,7 @@ def give_to(root: Path, uid: int | None, skip: str | None = None) -> None:
     if uid is None:
         return
     root = Path(root)
-    _own(str(root), uid)
+    own(str(root), uid)
     if os.path.isdir(root) and not os.path.islink(root):
         fd = os.open(root, _DIR_FLAGS)
         try:
@@ -168,7 +168,7 @@ def own_below(dfd: int, uid: int, skip: str | None = None) -> None:
             if name == skip:
                 continue
             try:
-                _own(name, uid, dir_fd=fd)
+                own(name, uid, dir_fd=fd)
             except FileNotFoundError:
                 continue
             if is_dir:
@@ -198,9 +198,9 @@ def own_below(dfd: int, uid: int, skip: str | None = None) -> None:
             os.close(fd)
 
 
-def _own(path: str, uid: int, dir_fd: int | None = None) -> None:
-    """lchown, skipped when already so: a chown raises an inotify event, and a knowledge checkout handed to
-    the same uid again would report every file as changed (kwatch.py)."""
+def own(path: str, uid: int, dir_fd: int | None = None) -> None:
+    """lchown (`path` relative to `dir_fd` if given), skipped when already so: a chown raises an inotify event,
+    and a knowledge checkout handed to the same uid again would report every file as changed (kwatch.py)."""
     st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
     if st.st_uid != uid or st.st_gid != uid:
         os.chown(path, uid, uid, dir_fd=dir_fd, follow_symlinks=False)

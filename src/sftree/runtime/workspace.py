@@ -44,7 +44,7 @@ from sftree.errors import InputError, SftreeError
 from sftree.runtime import attempts as attemptsmod
 from sftree.runtime import gittrees, kcheckout, safefs
 from sftree.runtime.kwatch import KnowledgeWatch
-from sftree.runtime.sandbox import _own, give_to, own_below
+from sftree.runtime.sandbox import give_to, own, own_below
 
 log = logging.getLogger(__name__)
 
@@ -470,12 +470,15 @@ class EdgeWorkspace:
         now = watch.touched_now() if watch is not None else None
         with watch.owners_only() if watch is not None else contextlib.nullcontext():
             if self._owner == uid and None not in (self._host_wrote, self._since, now):
-                _hand_paths(kdir, self._host_wrote | self._since | now, uid)
+                # The fork listed every file it wrote with the folders above them: those alone.
+                _hand_paths(kdir, self._host_wrote, uid, walk=False)
+                _hand_paths(kdir, (self._since | now) - self._host_wrote, uid, walk=True)
             elif (
                 kdir.is_dir() and not kdir.is_symlink()
             ):  # never through a link (the agent may have left one)
                 give_to(kdir, uid)
-        self._owner = uid
+        # Every entry is the uid's now but what is reported from here on (and `_since`, which keeps growing).
+        self._owner, self._host_wrote = uid, set()
 
     def state(self, session: str | None) -> NodeState:
         """The workspace's current state (commits whatever is left uncommitted, so the state is complete).
@@ -563,14 +566,15 @@ class _NotPlain(Exception):
     """A path that is no regular file or link (or too large): git's own way."""
 
 
-def _hand_paths(kdir: Path, paths, uid: int) -> None:
-    """Give `paths` (relative to `kdir`; a folder with all it holds) to `uid`, never following a link."""
+def _hand_paths(kdir: Path, paths, uid: int, *, walk: bool) -> None:
+    """Give each of `paths` (relative to `kdir`) to `uid`, never following a link; with `walk`, a folder with
+    all it holds (a folder made meanwhile may hold files its watch came too late to report)."""
     for rel in sorted(paths):
         parent, _, name = rel.rpartition("/")
         try:
             with safefs.open_dir(kdir, parent) as dfd:
-                _own_at(dfd, name, uid)
-                if stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                own(name, uid, dfd)
+                if walk and stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
                     sub = os.open(name, safefs._DIR_FLAGS, dir_fd=dfd)  # never follows a link
                     try:
                         own_below(sub, uid)  # a loop: os.fwalk recurses before Python 3.12
@@ -578,10 +582,6 @@ def _hand_paths(kdir: Path, paths, uid: int) -> None:
                         os.close(sub)
         except (FileNotFoundError, NotADirectoryError, safefs.UnsafePath):
             continue  # gone, or beyond a link: nothing of the checkout to hand over
-
-
-def _own_at(dfd: int, name: str, uid: int) -> None:
-    _own(name, uid, dir_fd=dfd)
 
 
 def _blob_of(repo: Path, dfd: int, name: str) -> tuple[str, str] | None:
