@@ -11,6 +11,7 @@ import os
 import shlex
 import shutil
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -236,3 +237,83 @@ def test_native_edges_report_whether_every_command_was_fenced(scripted):
     s.edge("e2")
     assert "RAN" in s.outputs("e2")[0], s.outputs("e2")
     assert not s.ctx.agent.links_fenced("e2")
+
+
+UNSEEN_WRITES = """
+import ctypes, mmap, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+k, AT = ".opencode/notes", -100
+def rw(name):
+    return os.open(f"{k}/{name}", os.O_RDWR)
+fd = rw("mapped.md")  # a shared mapping written after its file was closed
+m = mmap.mmap(fd, 0, mmap.MAP_SHARED)
+os.close(fd)
+m[0:1] = b"M"
+m.flush()
+fd = rw("falloc.md")
+os.posix_fallocate(fd, 0, 100)
+os.close(fd)
+src, dst = os.open("solution.py", os.O_RDONLY), rw("copied.md")
+os.copy_file_range(src, dst, 3, 0, 0)
+os.close(src)
+os.close(dst)
+os.setxattr(f"{k}/xattr.md", "user.x", b"1")
+r = libc.syscall(316, AT, f"{k}/swapped.md".encode(), AT, b"solution.py", 2)  # renameat2 RENAME_EXCHANGE
+print("exchange errno", ctypes.get_errno() if r < 0 else "none: swapped")
+t = os.open(k, os.O_TMPFILE | os.O_RDWR, 0o644)
+os.write(t, b"tmp")
+r = libc.linkat(t, b"", AT, f"{k}/tmpfile.md".encode(), 0x1000)  # AT_EMPTY_PATH
+print("tmpfile errno", ctypes.get_errno() if r < 0 else "none: linked")
+sys.stdout.flush()
+if os.fork() == 0:  # a writer that tries to outlive the command, in a session of its own
+    os.setsid()
+    fd = rw("late.md")
+    late = mmap.mmap(fd, 0, mmap.MAP_SHARED)
+    os.close(fd)
+    os.close(1)
+    os.close(2)
+    time.sleep(3)
+    late[0:1] = b"L"
+    late.flush()
+    time.sleep(60)
+    os._exit(0)
+"""
+
+
+def test_every_write_behind_the_fence_is_reported_by_the_watch(base, uid):
+    """The trusted move believes that disk differs from the fork's commit only at the paths the watch reported
+    (runtime/kcheckout.py). A hostile command tries the writes inotify might miss: a shared mapping written after
+    close, fallocate, copy_file_range, an xattr, RENAME_EXCHANGE with a code file, an O_TMPFILE linked in, and
+    a writer meant to outlive the command. Each is refused or reported, and nothing outlives the command."""
+    from sftree.runtime.kwatch import KnowledgeWatch
+
+    ws = workspace(base, uid)
+    notes = ws / ".opencode" / "notes"
+    for name in ("mapped", "falloc", "copied", "xattr", "swapped", "late", "kept"):
+        (notes / f"{name}.md").write_text("note text\n")
+    give_to(ws, uid)
+    watch = KnowledgeWatch(ws)
+    if not watch.exact():
+        pytest.skip("inotify is not available here")
+    out, c = sh(ws, f"{sys.executable} -c {shlex.quote(UNSEEN_WRITES)} 2>&1", uid)
+    assert c.fenced
+    assert "exchange errno 18" in out and "tmpfile errno 18" in out, out
+    assert (notes / "mapped.md").read_bytes().startswith(b"M"), out  # the writes did happen
+    # bwrap returns as soon as the command's shell exits; the rest of its processes are killed just after, and
+    # the last close of a mapped file is reported then: wait for the teardown (it is done before any fork).
+    want = {f"notes/{n}.md" for n in ("mapped", "falloc", "copied", "xattr", "late")}
+    touched: set[str] = set()
+    for _ in range(50):
+        got = watch.committed()
+        assert got is not None
+        touched |= got
+        if want <= touched:
+            break
+        time.sleep(0.1)
+    assert want <= touched, (touched, out)
+    assert "notes/kept.md" not in touched and "notes/swapped.md" not in touched
+    time.sleep(4)  # past the moment the writer meant to write
+    assert (notes / "late.md").read_text() == "note text\n"
+    assert watch.committed() == set()
+    watch.close()
