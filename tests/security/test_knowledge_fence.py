@@ -317,3 +317,42 @@ def test_every_write_behind_the_fence_is_reported_by_the_watch(base, uid):
     assert (notes / "late.md").read_text() == "note text\n"
     assert watch.committed() == set()
     watch.close()
+
+
+MAPPED_THEN_KILLED = """
+import mmap, os, sys, time
+fd = os.open(".opencode/notes/mapped.md", os.O_RDWR)
+m = mmap.mmap(fd, 0, mmap.MAP_SHARED)
+os.close(fd)
+m[0:1] = b"M"  # written now; the last close of the file comes when the mapping goes
+sys.stdout.flush()
+if os.fork() == 0:  # keeps the mapping until the sandbox's teardown kills it
+    os.setsid()
+    os.close(1)
+    os.close(2)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox runs as its own uid only when sftree is root")
+def test_a_command_returns_once_its_sandbox_is_gone(base):
+    """bwrap exits when the command's shell does and its other processes are killed just after: the tool waits
+    for them, so a write through a shared mapping is reported (its last close) before the commit that follows
+    the command looks, and is committed with the turn."""
+    from sftree.runtime.kwatch import KnowledgeWatch
+
+    uid = UIDS.acquire()
+    try:
+        ws = workspace(base, uid)
+        (ws / ".opencode" / "notes" / "mapped.md").write_text("note text\n")
+        give_to(ws, uid)
+        watch = KnowledgeWatch(ws)
+        if not watch.exact():
+            pytest.skip("inotify is not available here")
+        for _ in range(3):  # a race when it fails: give it a few chances to show
+            out, c = sh(ws, f"{sys.executable} -c {shlex.quote(MAPPED_THEN_KILLED)} 2>&1", uid)
+            assert c.fenced, out
+            assert "notes/mapped.md" in (watch.committed() or set()), out
+        watch.close()
+    finally:
+        UIDS.release(uid)
