@@ -64,6 +64,7 @@ from sftree.runtime.sandbox import (
     give_to,
     knowledge_fence,
     resolve_mode,
+    wait_gone,
     wrap_limits,
 )
 
@@ -562,6 +563,17 @@ class OpenCodeAgent(AgentBackend):
                     self._unfenced.add(run.workspace.edge_id)
             yield fence
 
+    @contextlib.contextmanager
+    def _until_gone(self, run: TurnRun, st: _Edge):
+        """After the `with`, wait until the sandbox's processes are gone (sandbox.wait_gone); one that outlives
+        its start leaves the edge not fenced."""
+        try:
+            yield
+        finally:
+            if self.sandbox == "bwrap" and not wait_gone(st.uid):
+                with self._lock:
+                    self._unfenced.add(run.workspace.edge_id)
+
     def _env(self, run: TurnRun, st: _Edge) -> dict[str, str]:
         home = HOME_MOUNT if self.sandbox == "bwrap" else str(st.box)
         host = HOST_MOUNT if self.sandbox == "bwrap" else str(st.host)
@@ -636,7 +648,7 @@ class OpenCodeAgent(AgentBackend):
     def _run_cli(
         self, run: TurnRun, st: _Edge, args: list[str], timeout: float
     ) -> subprocess.CompletedProcess:
-        with self._fence(run) as fence:
+        with self._fence(run) as fence, self._until_gone(run, st):
             argv, cwd = self._argv(run, st, args, fence=fence)
             return subprocess.run(
                 argv,
@@ -654,7 +666,8 @@ class OpenCodeAgent(AgentBackend):
         if not st.session_id:
             return
         tmp = st.home / "export.json"
-        with self._fence(run) as fence, open(tmp, "wb") as fh:  # to a file: piped output is cut at 64 KiB
+        # To a file: piped output is cut at 64 KiB.
+        with self._fence(run) as fence, self._until_gone(run, st), open(tmp, "wb") as fh:
             argv, cwd = self._argv(run, st, ["export", st.session_id], fence=fence)
             proc = subprocess.run(
                 argv,
@@ -764,8 +777,9 @@ class OpenCodeAgent(AgentBackend):
                     st.session_id = acc.session_id
         finally:
             ch.stopped = True
-            self._interrupt(proc)
-            proc.wait()
+            with self._until_gone(run, st):
+                self._interrupt(proc)
+                proc.wait()
         if stop is None and len(run.coral.evals) > evals_before:
             stop = "eval"
         return stop

@@ -31,6 +31,7 @@ from sftree.runtime.sandbox import (
     give_to,
     knowledge_fence,
     scrubbed_env,
+    wait_gone,
     wrap_limits,
 )
 
@@ -402,6 +403,8 @@ def tool_bash(args: dict, ctx: ToolContext) -> str:
             cwd=cwd,
             pass_fds=fence.pass_fds,
         )
+    if sandboxed and not wait_gone(ctx.uid):  # a process that outlives its command: the edge is not fenced
+        ctx.fenced = False
     text = res.stdout.decode("utf-8", "replace")
     if res.dropped:  # already over the cap: cut here, counting what was never read into memory
         more = len(text) - ctx.output_cap + res.dropped

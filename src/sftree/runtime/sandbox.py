@@ -25,6 +25,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,6 +217,21 @@ def _own_tasks(uid: int) -> int:
             except OSError:
                 continue
     return n
+
+
+def wait_gone(uid: int | None, timeout: float = 2.0) -> bool:
+    """Wait until no process of the sandbox uid is left; False when some still are after `timeout` s. bwrap exits
+    as soon as the command's shell does, and the sandbox's other processes are killed just after: until they are
+    gone, one may still write, and the last close of a file it mapped (the watch's only sign of a write through
+    the mapping: kwatch.py) is not reported yet. None (our own uid): nothing to wait for."""
+    if uid is None:
+        return True
+    end = time.monotonic() + timeout
+    while _own_tasks(uid):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def wrap_limits(argv: list[str], limits: Limits, uid: int | None = None) -> list[str]:
