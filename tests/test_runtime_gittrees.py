@@ -89,7 +89,7 @@ def test_applied_changes_equal_write_tree_of_the_same_index(repo, tmp_path):
         ).stdout
         return cache.get(oid) or gittrees.parse_tree(raw)
 
-    def store(entries):
+    def store(entries, base=None, changed=()):
         oid = gittrees.write_loose(repo, "tree", gittrees.encode_tree(entries))
         cache.put(oid, entries)
         return oid
@@ -114,3 +114,47 @@ def test_a_tree_with_a_name_that_is_no_utf8_is_left_to_git(repo):
         gittrees.parse_tree(raw)
     with pytest.raises(ValueError):
         gittrees.apply_changes(tree, {"a.md": ("100644", oid)}, lambda t: gittrees.parse_tree(raw), None)
+
+
+def test_spliced_encodings_equal_full_ones():
+    """A large tree's next encoding, spliced from its layout, is byte for byte the full encoding, layout
+    included: additions, removals, changed ids, a file turned folder under the same name, names that sort
+    around git's `name/` rule, edits at both ends, many at once."""
+    import random
+
+    rnd = random.Random(7)
+    oid = lambda: f"{rnd.getrandbits(160):040x}"  # noqa: E731
+    names = [f"{rnd.getrandbits(40):010x}.json" for _ in range(gittrees.LAYOUT_MIN + 300)]
+    names += ["a", "a.b", "a-c", "b", "0", "zzzz"]
+    base_entries = {n: gittrees.entry(n, "100644", oid()) for n in names}
+    base_entries["a.d"] = gittrees.entry("a.d", gittrees.TREE_MODE, oid())  # sorts as "a.d/"
+    data, layout = gittrees.encode_tree(base_entries, laid_out=True)
+    base = gittrees.Tree(base_entries, layout)
+    assert gittrees.parse_tree(data).layout == layout  # the same layout from git's bytes
+    cases = [
+        {"new.json": ("100644", oid())},  # one record added, as a commit does
+        {names[0]: None},  # removed
+        {names[5]: ("100755", oid())},  # changed mode and id
+        {"a": (gittrees.TREE_MODE, oid())},  # a file turned folder: its sort key moves past "a.b", "a-c"
+        {"a.d": ("100644", oid())},  # and a folder turned file
+        {
+            "0": None,
+            "zzzz": ("100644", oid()),
+            "00": ("100644", oid()),
+            "zzzzz": ("100644", oid()),
+        },  # both ends
+        {n: ("100644", oid()) for n in rnd.sample(names, 200)} | {n: None for n in rnd.sample(names, 50)},
+    ]
+    for changes in cases:
+        new = dict(base)
+        for n, c in changes.items():
+            if c is None:
+                new.pop(n, None)
+            else:
+                new[n] = gittrees.entry(n, *c)
+        got = gittrees.splice(base, new, set(changes))
+        assert got is not None
+        want_data, want_layout = gittrees.encode_tree(new, laid_out=True)
+        assert got[0] == want_data
+        assert got[1] == want_layout
+    assert gittrees.splice({}, {}, ()) is None  # no layout: the caller encodes in full

@@ -1011,9 +1011,12 @@ class TreeStore:
             self._trees.put(oid, entries)
         return entries
 
-    def store_tree(self, entries: gittrees.Entries) -> str:
-        oid = gittrees.write_loose(self.knowledge_git, "tree", gittrees.encode_tree(entries))
-        self._trees.put(oid, entries)
+    def store_tree(self, entries: gittrees.Entries, base: gittrees.Entries | None = None, changed=()) -> str:
+        """Write a tree (spliced into the encoding of `base` when that is a large kept one: gittrees.splice)."""
+        done = gittrees.splice(base, entries, changed) if base else None
+        data, layout = done if done is not None else gittrees.encode_tree(entries, laid_out=True)
+        oid = gittrees.write_loose(self.knowledge_git, "tree", data)
+        self._trees.put(oid, gittrees.Tree(entries, layout))
         return oid
 
     def keep_refs(self, repo: str, refs: dict[str, str]) -> None:
