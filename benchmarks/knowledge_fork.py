@@ -24,8 +24,9 @@ Side by side in one run:
   edge touched (`kcheckout.py`: no index, no stat sweep); loads look only at the names inotify reported since
   the last load (`attempts.AttemptView`); commits write the reported paths' blobs and build the tree from the
   last one (`gittrees.py`), and one with nothing to commit makes no git call (`kwatch.KnowledgeWatch`);
-- unfenced: as `after` for edges without the fence (`sandbox: none`): the checkout is moved by git with its
-  index, and a `diff-files` stat sweep of every file restores what a hard link may have changed;
+- unfenced: as `after` for edges without the fence (`sandbox: none`, so no sandbox uid and no handover): the
+  checkout is moved by git with its index, and a `diff-files` stat sweep of every file restores what a hard link
+  may have changed;
 - prev: `after` on the sftree of git revision `--prev` (its `src/` exported with `git archive`, measured by this
   file in a child process), so the code before a change is measured in the same run as the code after it.
 """
@@ -191,7 +192,9 @@ def one_edge(
     last = None
     hand = 0.0
     for turn in (1, 2):
-        if HAND_UID is not None:  # as root: each turn gives the workspace to the sandbox uid first
+        if (
+            HAND_UID is not None and fenced
+        ):  # as root, sandboxed: each turn gives the workspace to its uid first
             t1 = time.perf_counter()
             if hasattr(ws, "hand_to"):
                 ws.hand_to(HAND_UID)
