@@ -158,3 +158,43 @@ def test_spliced_encodings_equal_full_ones():
         assert got[0] == want_data
         assert got[1] == want_layout
     assert gittrees.splice({}, {}, ()) is None  # no layout: the caller encodes in full
+
+
+def test_splice_takes_a_name_changed_twice_or_never_there_and_git_order_of_non_ascii(repo):
+    """`changed` may name an entry twice (a list of edits) or name one in neither tree: the spliced encoding is
+    still the full one. Names above U+FFFF and between U+0080 and U+07FF, beside ASCII ones and one turned from
+    file to folder, sort as `git mktree` sorts them (UTF-8 bytes, which is code point order)."""
+    b = blob(repo, "x")
+    empty = mktree(repo, {})
+    odd = [
+        "a",
+        "a.b",
+        "a-",
+        "a b",
+        "é",
+        "\u07ff",
+        "\u0800",
+        "\uffff",
+        "\U00010000",
+        "\U0001f600",
+        "a\U0001f600",
+    ]
+    names = [f"{i:05d}.json" for i in range(gittrees.LAYOUT_MIN)] + odd
+    base_entries = {n: gittrees.entry(n, "100644", b) for n in names}
+    data, layout = gittrees.encode_tree(base_entries, laid_out=True)
+    base = gittrees.Tree(base_entries, layout)
+    new = dict(base)
+    new["a"] = gittrees.entry("a", gittrees.TREE_MODE, empty)  # now sorts as "a/", past "a-", "a.b"
+    new["é"] = gittrees.entry("é", gittrees.TREE_MODE, empty)
+    new["\U0001f601"] = gittrees.entry("\U0001f601", "100644", b)
+    del new["\u0800"]
+    changed = ["a", "é", "\U0001f601", "a", "\U0001f601", "\u0800", "\u0800", "never.json", "a.b"]
+    got = gittrees.splice(base, new, changed)
+    assert got is not None
+    want = gittrees.encode_tree(new, laid_out=True)
+    assert got[0] == want[0]
+    assert got[1] == want[1]
+    by_git = mktree(
+        repo, {n: ("040000" if e[0] == gittrees.TREE_MODE else e[0], e[1]) for n, e in new.items()}
+    )
+    assert gittrees.object_id("tree", got[0]) == by_git
