@@ -77,13 +77,14 @@ def encode_tree(entries: Entries, *, laid_out: bool = False) -> bytes | tuple[by
 
 def splice(base: Entries, entries: Entries, changed) -> tuple[bytes, tuple] | None:
     """The encoding and layout of `entries`, which differ from the laid-out tree `base` in the names `changed`
-    alone; None when `base` has no layout (or does not match it)."""
+    alone (each name once, however often `changed` names it); None when `base` has no layout (or does not
+    match it)."""
     lay = getattr(base, "layout", None)
     if lay is None:
         return None
     keys, offs, data = lay
     edits = []  # (old index, 0: insert before it | 1: drop it, key, entry bytes)
-    for name in changed:
+    for name in set(changed):  # a name twice would insert its entry twice
         old, new = base.get(name), entries.get(name)
         if old is not None:
             k = _key(name, old[0])
