@@ -558,3 +558,28 @@ def test_a_host_write_while_the_checkout_is_handed_over_is_not_forgotten(store, 
     assert not (b.knowledge_dir / "attempts" / "late.json").exists()
     assert _files(b.knowledge_dir) == _full(st, root, tmp_path)
     b.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing files to another uid needs root")
+def test_a_host_write_just_before_the_handover_is_handed_over(store, monkeypatch):
+    """The Coral server's thread writes (as root) while a turn starts: what it wrote before the owners' events
+    are set aside is reported by the watch, so the handover by paths gives it to the sandbox uid too."""
+    st, root = store
+    uid = 200_127
+    st.fork(root, "e0", links_fenced=True).close()
+    a = st.fork(root, "e1", links_fenced=True)
+    a.hand_to(uid)  # the first time: everything
+    a.commit_knowledge("turn 1")
+    watch = a.attempt_view.watch
+    real = watch.owners_only
+
+    def racing():
+        (a.knowledge_dir / "notes" / "late").mkdir()  # the server, as root, as the handover begins
+        (a.knowledge_dir / "notes" / "late" / "n.md").write_text("late")
+        return real()
+
+    monkeypatch.setattr(watch, "owners_only", racing)
+    a.hand_to(uid)  # by the paths reported
+    monkeypatch.setattr(watch, "owners_only", real)
+    assert set(_owners(a.root).values()) == {uid}
+    a.close()
