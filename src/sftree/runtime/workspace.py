@@ -467,8 +467,9 @@ class EdgeWorkspace:
         give_to(self.root, uid, skip=KNOWLEDGE_DIR)
         kdir = self.knowledge_dir
         watch = self.attempt_view.watch if self.attempt_view is not None else None
-        now = watch.touched_now() if watch is not None else None
         with watch.owners_only() if watch is not None else contextlib.nullcontext():
+            # Read after owners_only has taken in what came before it (a host write in between is reported).
+            now = watch.touched_now() if watch is not None else None
             if self._owner == uid and None not in (self._host_wrote, self._since, now):
                 # The fork listed every file it wrote with the folders above them: those alone.
                 _hand_paths(kdir, self._host_wrote, uid, walk=False)
