@@ -198,3 +198,39 @@ def test_splice_takes_a_name_changed_twice_or_never_there_and_git_order_of_non_a
         repo, {n: ("040000" if e[0] == gittrees.TREE_MODE else e[0], e[1]) for n, e in new.items()}
     )
     assert gittrees.object_id("tree", got[0]) == by_git
+
+
+def test_tree_cache_keeps_layouts_within_a_byte_budget():
+    """Layouts (about the encoding's size again on top of the entries) are kept for the most recently used
+    trees within `layout_bytes`; an older tree keeps its entries but is encoded in full next time."""
+    oid = lambda i, j: f"{i:020x}{j:020x}"  # noqa: E731
+
+    def made():
+        out = []
+        for i in range(4):
+            names = [f"{j:06d}" for j in range(gittrees.LAYOUT_MIN)]
+            entries = {n: gittrees.entry(n, "100644", oid(i, j)) for j, n in enumerate(names)}
+            data, layout = gittrees.encode_tree(entries, laid_out=True)
+            out.append((gittrees.object_id("tree", data), gittrees.Tree(entries, layout)))
+        return out
+
+    trees = made()
+    one = gittrees.layout_cost(trees[0][1].layout)
+    assert one > len(trees[0][1].layout[2])  # the encoding, and the keys' and offsets' lists
+    cache = gittrees.TreeCache(limit=64, layout_bytes=2 * one + 1)
+    for t_oid, tree in trees[:3]:
+        cache.put(t_oid, tree)
+    assert [t.layout is not None for _o, t in trees[:3]] == [False, True, True]
+    assert cache.get(trees[0][0]) == trees[0][1]  # still there, without its layout
+    cache.get(trees[1][0])  # used: the newest now
+    cache.put(*trees[3])
+    assert [t.layout is not None for _o, t in trees] == [False, True, False, True]
+    base = trees[2][1]
+    new = dict(base) | {"x": gittrees.entry("x", "100644", oid(9, 9))}
+    assert gittrees.splice(base, new, {"x"}) is None  # the caller encodes in full
+    small = gittrees.TreeCache(limit=2, layout_bytes=10 * one)
+    trees = made()
+    for t_oid, tree in trees:
+        small.put(t_oid, tree)
+    assert small.get(trees[0][0]) is None  # evicted trees leave the budget with their entries
+    assert small.layout_total == 2 * one

@@ -162,27 +162,54 @@ def write_loose(git_dir: Path, kind: str, data: bytes) -> str:
     return oid
 
 
-class TreeCache:
-    """Parsed trees by id (immutable, so shared by every edge of a store); the newest `limit` kept."""
+def layout_cost(layout: tuple[list[str], list[int], bytes]) -> int:
+    """About the bytes a layout holds beyond its tree's entries: the encoding, and per entry a list slot for its
+    key (the name itself, shared with the entries) and an offset (a slot and an int object)."""
+    return len(layout[2]) + 44 * len(layout[1])
 
-    def __init__(self, limit: int = 64):
+
+class TreeCache:
+    """Parsed trees by id (immutable, so shared by every edge of a store); the newest `limit` kept. Layouts
+    (Tree) are kept for the most recently used within `layout_bytes`: ~1.2 MB a tree at 10k attempt records,
+    where the entries of a tree a commit made share all but a few with its base (~0.2 MB): 64 layouts at 10k
+    would be ~75 MB, and 10x that at 100k. A tree whose layout was dropped is encoded in full when it is a base
+    again (a few ms at 10k)."""
+
+    def __init__(self, limit: int = 64, layout_bytes: int = 32 << 20):
         self._trees: OrderedDict[str, Entries] = OrderedDict()
+        self._laid: OrderedDict[str, int] = OrderedDict()  # id -> layout_cost, of the trees keeping one
         self._lock = threading.Lock()
         self.limit = limit
+        self.layout_bytes = layout_bytes
+        self.layout_total = 0
 
     def get(self, oid: str) -> Entries | None:
         with self._lock:
             entries = self._trees.get(oid)
             if entries is not None:
                 self._trees.move_to_end(oid)
+                if oid in self._laid:
+                    self._laid.move_to_end(oid)
             return entries
 
     def put(self, oid: str, entries: Entries) -> None:
         with self._lock:
+            self._forget_layout(oid)
             self._trees[oid] = entries
             self._trees.move_to_end(oid)
+            layout = getattr(entries, "layout", None)
+            if layout is not None:
+                self._laid[oid] = cost = layout_cost(layout)
+                self.layout_total += cost
             while len(self._trees) > self.limit:
-                self._trees.popitem(last=False)
+                self._forget_layout(self._trees.popitem(last=False)[0])
+            while self.layout_total > self.layout_bytes and self._laid:
+                old = next(iter(self._laid))
+                self._forget_layout(old)
+                self._trees[old].layout = None  # splice reads it once: a splice under way keeps its copy
+
+    def _forget_layout(self, oid: str) -> None:
+        self.layout_total -= self._laid.pop(oid, 0)
 
 
 def apply_changes(root: str, changes: dict[str, tuple[str, str] | None], load, store) -> str:
