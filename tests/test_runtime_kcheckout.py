@@ -583,3 +583,25 @@ def test_a_host_write_just_before_the_handover_is_handed_over(store, monkeypatch
     monkeypatch.setattr(watch, "owners_only", real)
     assert set(_owners(a.root).values()) == {uid}
     a.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing files to another uid needs root")
+def test_what_a_fork_wrote_for_an_edge_that_never_handed_it_over_is_handed_later(store):
+    """An edge may end before its first turn (so before any handover): the files its fork wrote are still
+    root's when the checkout is parked. The next edge with the same sandbox uid must not take them as the
+    uid's."""
+    st, root = store
+    uid = 200_128
+    st.fork(root, "e0", links_fenced=True).close()
+    a = st.fork(root, "e1", links_fenced=True)
+    a.hand_to(uid)
+    (a.knowledge_dir / "notes" / "student.md").write_text("the agent's\n")
+    a.state(None)
+    a.close()  # parked: the uid's, at the child's commit
+    b = st.fork(root, "e2", links_fenced=True)  # moved back: the fork rewrites the note as root
+    assert os.lstat(b.knowledge_dir / "notes" / "student.md").st_uid == 0
+    b.close()  # no turn ran: never handed over
+    c = st.fork(root, "e3", links_fenced=True)  # already at this commit: the fork writes nothing
+    c.hand_to(uid)
+    assert set(_owners(c.root).values()) == {uid}
+    c.close()
