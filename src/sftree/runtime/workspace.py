@@ -990,7 +990,10 @@ class TreeStore:
             self._parked.append(
                 _Parked(
                     dest, view, ws._index_at, ws._unstaged, ws._k_head, ws._exact_at, ws._since,
-                    ws._trusted and ws.links_fenced, ws._owner,
+                    ws._trusted and ws.links_fenced,
+                    # Fork writes no handover gave (an edge that ended before its first turn) are root's:
+                    # the owner is then unknown, and the next handover walks in full.
+                    ws._owner if ws._host_wrote == set() else None,
                 )
             )  # fmt: skip
 
