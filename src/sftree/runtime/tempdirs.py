@@ -15,20 +15,30 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-_lock = threading.Lock()
+# Reentrant: the SIGTERM handler runs in the main thread, which may be inside `make` when the signal comes.
+_lock = threading.RLock()
 _live: set[str] = set()
+_closing = False  # remove_all has begun (SIGTERM, exit): no new folder may stay
+
+
+class Closing(RuntimeError):
+    """The run is being torn down: no new temporary folder."""
 
 
 def make(prefix: str) -> Path:
-    """A new private folder `<prefix><pid>-<random>` in the temp dir, registered until `remove`."""
-    path = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+    """A new private folder `<prefix><pid>-<random>` in the temp dir, registered until `remove`. Made and
+    registered under the lock, so `remove_all` (SIGTERM) sees every folder that exists, and none comes after."""
     with _lock:
+        if _closing:
+            raise Closing(f"no new {prefix}* folder: the run is ending")
+        path = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
         _live.add(path)
-    return Path(path)
+        return Path(path)
 
 
 def remove(path: str | os.PathLike) -> None:
@@ -47,11 +57,19 @@ def temporary(prefix: str) -> Iterator[Path]:
 
 
 def remove_all() -> None:
+    global _closing
     with _lock:
+        _closing = True
         paths = sorted(_live)
         _live.clear()
+    # Other threads run on meanwhile: one may still be writing into a folder (its coral client, its socket),
+    # so an rmtree can miss what is made while it lists; a few quick retries catch those.
     for p in paths:
-        shutil.rmtree(p, ignore_errors=True)
+        for _ in range(5):
+            shutil.rmtree(p, ignore_errors=True)
+            if not os.path.lexists(p):
+                break
+            time.sleep(0.01)
 
 
 atexit.register(remove_all)
