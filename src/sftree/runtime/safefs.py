@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_READ = 16 * 1024 * 1024
 
 
@@ -34,7 +34,7 @@ def _parts(rel: str | Path) -> list[str]:
 @contextmanager
 def open_dir(root: Path, rel: str | Path = "", *, create: bool = False) -> Iterator[int]:
     """A descriptor of folder `root/rel`, every component opened without following links."""
-    fd = os.open(root, _DIR_FLAGS)
+    fd = os.open(root, DIR_FLAGS)
     try:
         for part in _parts(rel):
             if create:
@@ -43,7 +43,7 @@ def open_dir(root: Path, rel: str | Path = "", *, create: bool = False) -> Itera
                 except FileExistsError:
                     pass
             try:
-                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                nfd = os.open(part, DIR_FLAGS, dir_fd=fd)
             except OSError as exc:
                 if exc.errno in (40, 20):  # ELOOP (a link), ENOTDIR (a file)
                     raise UnsafePath(f"{Path(root) / rel}: {part} is a symlink or not a folder") from None
@@ -114,7 +114,7 @@ def remove_tree(dfd: int, name: str) -> None:
     """Remove folder `name` of folder `dfd` and all it holds, never following a link. A loop, not recursion
     (shutil.rmtree recurses before Python 3.12): an agent can nest folders deeper than the recursion limit.
     One descriptor per level is held (the open-file limit is far above any depth a path can reach)."""
-    stack = [(dfd, name, os.open(name, _DIR_FLAGS, dir_fd=dfd))]
+    stack = [(dfd, name, os.open(name, DIR_FLAGS, dir_fd=dfd))]
     try:
         while stack:
             parent, here, fd = stack[-1]
@@ -122,7 +122,7 @@ def remove_tree(dfd: int, name: str) -> None:
                 entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
             sub = next((n for n, is_dir in entries if is_dir), None)
             if sub is not None:  # down first; this folder is listed again once that one is gone
-                stack.append((fd, sub, os.open(sub, _DIR_FLAGS, dir_fd=fd)))
+                stack.append((fd, sub, os.open(sub, DIR_FLAGS, dir_fd=fd)))
                 continue
             for n, _d in entries:
                 os.unlink(n, dir_fd=fd)

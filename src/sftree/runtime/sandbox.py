@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sftree.errors import InputError
+from sftree.runtime.safefs import DIR_FLAGS
 
 CORAL_MOUNT = "/tmp/.coral"
 ENV_KEEP = ("LANG", "LC_ALL", "TZ")
@@ -141,14 +142,11 @@ def give_to(root: Path, uid: int | None, skip: str | None = None) -> None:
     root = Path(root)
     own(str(root), uid)
     if os.path.isdir(root) and not os.path.islink(root):
-        fd = os.open(root, _DIR_FLAGS)
+        fd = os.open(root, DIR_FLAGS)
         try:
             own_below(fd, uid, skip=skip)
         finally:
             os.close(fd)
-
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def own_below(dfd: int, uid: int, skip: str | None = None) -> None:
@@ -187,7 +185,7 @@ def own_below(dfd: int, uid: int, skip: str | None = None) -> None:
                 continue
             name = todo.pop()
             try:
-                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                sub = os.open(name, DIR_FLAGS, dir_fd=fd)
             except OSError as exc:  # gone, or a link or file swapped in: nothing to give
                 if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
                     raise
@@ -199,12 +197,14 @@ def own_below(dfd: int, uid: int, skip: str | None = None) -> None:
             os.close(fd)
 
 
-def own(path: str, uid: int, dir_fd: int | None = None) -> None:
+def own(path: str, uid: int, dir_fd: int | None = None) -> os.stat_result:
     """lchown (`path` relative to `dir_fd` if given), skipped when already so: a chown raises an inotify event,
-    and a knowledge checkout handed to the same uid again would report every file as changed (kwatch.py)."""
+    and a knowledge checkout handed to the same uid again would report every file as changed (kwatch.py).
+    Returns what lstat found (before the change of owner)."""
     st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
     if st.st_uid != uid or st.st_gid != uid:
         os.chown(path, uid, uid, dir_fd=dir_fd, follow_symlinks=False)
+    return st
 
 
 def _own_tasks(uid: int) -> int:

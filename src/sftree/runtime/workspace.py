@@ -461,7 +461,7 @@ class EdgeWorkspace:
         code tree in full (a new worktree per fork); the knowledge checkout, when it was handed to this uid
         before and what the host wrote since is known, by those paths alone (a walk of every file costs ~130 ms
         at 10k attempts, per turn), else in full. A chown raises an inotify event, so an entry already owned is
-        left alone (sandbox._own)."""
+        left alone (sandbox.own)."""
         if uid is None:
             return
         give_to(self.root, uid, skip=KNOWLEDGE_DIR)
@@ -474,9 +474,7 @@ class EdgeWorkspace:
                 # The fork listed every file it wrote with the folders above them: those alone.
                 _hand_paths(kdir, self._host_wrote, uid, walk=False)
                 _hand_paths(kdir, (self._since | now) - self._host_wrote, uid, walk=True)
-            elif (
-                kdir.is_dir() and not kdir.is_symlink()
-            ):  # never through a link (the agent may have left one)
+            elif kdir.is_dir():  # (give_to never walks through a link the agent may have left)
                 give_to(kdir, uid)
         # Every entry is the uid's now but what is reported from here on (and `_since`, which keeps growing).
         self._owner, self._host_wrote = uid, set()
@@ -574,9 +572,9 @@ def _hand_paths(kdir: Path, paths, uid: int, *, walk: bool) -> None:
         parent, _, name = rel.rpartition("/")
         try:
             with safefs.open_dir(kdir, parent) as dfd:
-                own(name, uid, dfd)
-                if walk and stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
-                    sub = os.open(name, safefs._DIR_FLAGS, dir_fd=dfd)  # never follows a link
+                st = own(name, uid, dfd)
+                if walk and stat.S_ISDIR(st.st_mode):
+                    sub = os.open(name, safefs.DIR_FLAGS, dir_fd=dfd)  # never follows a link
                     try:
                         own_below(sub, uid)  # a loop: os.fwalk recurses before Python 3.12
                     finally:
