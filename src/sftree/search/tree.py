@@ -139,6 +139,7 @@ class Tree:
     updated_at: str | None = None
     version: int = VERSION
     sandbox: str | None = None  # how the agent and graded code were confined: bwrap | none (docs/security.md)
+    teacher: dict | None = None  # the Teacher client's counters and incidents (TeacherClient.report)
     _index: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
     _edge_index: dict[str, Edge] = field(default_factory=dict, repr=False, compare=False)
 
@@ -236,6 +237,7 @@ class Tree:
             "created_at": self.created_at,
             "updated_at": self.updated_at,
             "sandbox": self.sandbox,
+            "teacher": self.teacher,
             "nodes": [asdict(n) for n in self.nodes],
             "edges": [asdict(e) for e in self.edges],
         }
@@ -256,6 +258,7 @@ class Tree:
             updated_at=obj.get("updated_at"),
             version=obj["version"],
             sandbox=obj.get("sandbox"),
+            teacher=obj.get("teacher"),
         )
         node_names = {f.name for f in fields(Node)}
         edge_names = {f.name for f in fields(Edge)}
@@ -370,7 +373,7 @@ def load(path: str | Path) -> Tree:
 
 LOG_NAME = "tree.log.jsonl"
 SNAPSHOT_MIN = 64  # log lines before a snapshot is due (at least; see LiveTree)
-_HEADER = ("status", "stop_reason", "next_edge", "in_flight", "updated_at")
+_HEADER = ("status", "stop_reason", "next_edge", "in_flight", "updated_at", "teacher")
 
 
 def _changed(items: list) -> list:
@@ -478,7 +481,8 @@ class LiveTree:
 def _apply(tree: Tree, entry: dict) -> None:
     head = entry["tree"]
     for k in _HEADER:
-        setattr(tree, k, head[k])
+        if k in head or k != "teacher":  # lines written before `teacher` existed lack it
+            setattr(tree, k, head[k])
     tree.params = SearchParams.from_config(head["params"])
     for kind, cls, index, add in (
         ("nodes", Node, tree._index, tree.add_node),
