@@ -19,12 +19,30 @@ import pytest
 from sftree.agents.tools import TOOL_SCHEMAS
 from sftree.httpserver import QuietThreadingHTTPServer
 from sftree.teacher import client as clientmod
-from sftree.teacher.client import BadReply, ContextOverflow, FleetWatcher, TeacherClient, TeacherError, _InFlight
+from sftree.teacher.client import (
+    BadReply,
+    ContextOverflow,
+    FleetWatcher,
+    TeacherClient,
+    TeacherError,
+    _InFlight,
+)
 from sftree.teacher.sim.server import start_teacher_sim
 from sftree.teacher.stream import StreamAssembler
 
-MSGS = [{"role": "system", "content": "You are a careful engineer. " * 20}, {"role": "user", "content": "Go."}]
-SHAPES = ["", "reasoning", "hermes_text", "json_text", "function_call", "length_mid_call", "extra_tool_errors"]
+MSGS = [
+    {"role": "system", "content": "You are a careful engineer. " * 20},
+    {"role": "user", "content": "Go."},
+]
+SHAPES = [
+    "",
+    "reasoning",
+    "hermes_text",
+    "json_text",
+    "function_call",
+    "length_mid_call",
+    "extra_tool_errors",
+]
 BROKEN = ["tool_calls_string", "lone_surrogate", "bad_usage"]
 
 
@@ -85,7 +103,9 @@ def test_assembler_keeps_missing_call_ids_missing_for_the_client():
     asm.feed(b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
     assert asm.done and asm.chunks == 1
     assert "id" not in asm.completion(fill_ids=False)["choices"][0]["message"]["tool_calls"][0]
-    assert asm.completion()["choices"][0]["message"]["tool_calls"][0]["id"] == "call_0"  # the proxy's, as before
+    assert (
+        asm.completion()["choices"][0]["message"]["tool_calls"][0]["id"] == "call_0"
+    )  # the proxy's, as before
 
 
 def test_a_stream_that_stalls_mid_reply_is_sent_again(sims):
@@ -142,10 +162,14 @@ def test_a_worker_down_at_the_router_abandons_the_requests_waiting_on_it(sims, m
     url, _ = sims(script=[{"match": {"edge": "e1"}, "fault": "hang", "count": 1, "hang_s": 30}])
     c = client(url, first_chunk_timeout=60, backoff_base=5, backoff_max=5)
     out = {}
-    th = threading.Thread(target=lambda: out.update(comp=c.chat(MSGS, TOOL_SCHEMAS, headers={"X-Sftree-Edge": "e1"})))
+    th = threading.Thread(
+        target=lambda: out.update(comp=c.chat(MSGS, TOOL_SCHEMAS, headers={"X-Sftree-Edge": "e1"}))
+    )
     th.start()
     time.sleep(0.5)
-    live = _InFlight(time.monotonic() - 10, time.monotonic() + 60, "e7 turn 1")  # a chunk will come after the event
+    live = _InFlight(
+        time.monotonic() - 10, time.monotonic() + 60, "e7 turn 1"
+    )  # a chunk will come after the event
     c._inflight.add(live)
     t0 = time.monotonic()
     c._worker_changed("http://w1", False, {"http://w1": False, "http://w2": True})
@@ -220,7 +244,10 @@ def stub():
 
 JSON, SSE = "application/json", "text/event-stream"
 DONE_CHUNKS = [
-    {"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"}, "finish_reason": None}]},
+    {
+        "id": "x",
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"}, "finish_reason": None}],
+    },
     {"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
     {"id": "x", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 1}},
     "[DONE]",
@@ -259,7 +286,13 @@ def test_an_error_in_the_stream_is_retried_and_an_overflow_ends_the_turn(stub):
     url, h = stub({"/v1/chat/completions": [(200, SSE, err), (200, SSE, DONE_CHUNKS)]})
     c = client(url)
     assert c.chat(MSGS).attempts == 2 and c.stats["incidents"][0]["kind"] == "stream_error"
-    big = [{"error": {"message": "The input (9000 tokens) is longer than the model's context length (8192 tokens)."}}]
+    big = [
+        {
+            "error": {
+                "message": "The input (9000 tokens) is longer than the model's context length (8192 tokens)."
+            }
+        }
+    ]
     url2, _ = stub({"/v1/chat/completions": [(200, SSE, big)]})
     with pytest.raises(ContextOverflow):
         client(url2).chat(MSGS)

@@ -112,7 +112,10 @@ class StreamAssembler:
             msg["reasoning_content"] = "".join(self.reasoning)
         calls = []
         for i, slot in sorted(self.calls.items()):
-            call = {"type": "function", "function": {"name": slot["name"], "arguments": "".join(slot["args"])}}
+            call = {
+                "type": "function",
+                "function": {"name": slot["name"], "arguments": "".join(slot["args"])},
+            }
             if slot["id"] or fill_ids:
                 call = {"id": slot["id"] or f"call_{i}", **call}
             calls.append(call)

@@ -4,7 +4,8 @@
                        [--latency-tail pareto:2.5] [--script faults.yaml] [--fault-rate http_500=0.05,...]
                        [--hang-s 30] [--model teacher-sim] [--omit-usage] [--chunk-ms 0]
 
-Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` (non-streaming, or SSE with
+Endpoints: `GET /health`, `GET /v1/models`, `GET /sim/stats` (requests seen, requests being answered now: the
+fleet test bed's way to catch a worker while it answers), `POST /v1/chat/completions` (non-streaming, or SSE with
 `"stream": true`: a role chunk, content and tool-call chunks, a finish chunk, then - as SGLang does with
 `stream_options.include_usage` - a usage chunk with empty `choices`, then `data: [DONE]`).
 
@@ -231,6 +232,7 @@ class SimState:
     prefixes: set = field(default_factory=set)
     seen: dict = field(default_factory=dict)
     requests: int = 0
+    in_flight: int = 0  # POSTs being handled now (GET /sim/stats)
 
     def usage(self, messages: list[dict], tools, reply: dict) -> dict:
         """Token counts and the prefix-cache estimate (see module docstring)."""
@@ -320,6 +322,10 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0].rstrip("/")
         if path == "/health":
             self._send(200, {"status": "ok"})
+        elif path == "/sim/stats":  # the test bed's view: requests answered and being answered now
+            with self.state.lock:
+                stats = {"requests": self.state.requests, "in_flight": self.state.in_flight}
+            self._send(200, stats)
         elif path in ("/v1/models", "/models"):
             self._send(
                 200,
@@ -332,6 +338,15 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": {"message": f"no route {self.path}"}})
 
     def do_POST(self):
+        with self.state.lock:
+            self.state.in_flight += 1
+        try:
+            self._post()
+        finally:
+            with self.state.lock:
+                self.state.in_flight -= 1
+
+    def _post(self):
         path = self.path.split("?")[0].rstrip("/")
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
