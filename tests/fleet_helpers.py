@@ -100,7 +100,11 @@ def check_nothing_lost_or_redone(results: Path) -> list[tuple[Path, treemod.Tree
             per_turn = defaultdict(list)
             for s in steps:
                 per_turn[s["turn"]].append(s["step"])
-                assert s["response"] is not None or not s["error"].startswith("Teacher"), (f, e.id, s["error"])
+                assert s["response"] is not None or not s["error"].startswith("Teacher"), (
+                    f,
+                    e.id,
+                    s["error"],
+                )
             for t in e.turns:
                 assert t["ended"] != "teacher_error", (f, e.id, t)
                 assert per_turn[t["turn"]] == list(range(1, t["steps"] + 1)), (f, e.id, t["turn"], per_turn)
@@ -123,7 +127,9 @@ def lost_per_request(trees) -> dict[tuple[str, int], float]:
 
 def worker_down_seen(trees, url: str) -> bool:
     return any(
-        ev["worker"] == url and not ev["healthy"] for _, t in trees for ev in (t.teacher or {}).get("worker_events", [])
+        ev["worker"] == url and not ev["healthy"]
+        for _, t in trees
+        for ev in (t.teacher or {}).get("worker_events", [])
     )
 
 

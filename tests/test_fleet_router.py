@@ -31,7 +31,11 @@ from fleet_helpers import (
 from sftree.teacher.fleet import router_missing, start_fleet
 
 MISSING = router_missing()
-pytestmark = [pytest.mark.router, pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=str(MISSING))]
+pytestmark = [
+    pytest.mark.router,
+    pytest.mark.slow,
+    pytest.mark.skipif(MISSING is not None, reason=str(MISSING)),
+]
 
 # the client's limits in this test; a request's wait on a dead worker is bounded by the router's detection
 # (2 failed checks of 2 s, every 2 s), the watcher's poll (1 s) and its grace (5 s), or these timeouts
@@ -42,7 +46,10 @@ LOST_BOUND = 60  # seconds one request may have lost in all
 
 
 def test_demo_trees_survive_a_hung_and_a_killed_worker_behind_the_router(tmp_path, example_snapshots_dir):
-    sim = {"latency_ms_per_token": 12, "chunk_ms": 20}  # replies take a while and stream: there is time to hit one
+    sim = {
+        "latency_ms_per_token": 12,
+        "chunk_ms": 20,
+    }  # replies take a while and stream: there is time to hit one
     with start_fleet(3, tmp_path / "fleet", kind="teacher-sim", sim=sim) as fleet:
         demo_config(tmp_path, example_snapshots_dir, fleet.base_url, TEACHER)
         results = tmp_path / "results"
@@ -69,7 +76,9 @@ def test_demo_trees_survive_a_hung_and_a_killed_worker_behind_the_router(tmp_pat
     incidents = incidents_of(trees)
     assert incidents, "no request was hit"
     assert {i["kind"] for i in incidents} <= {"worker_down", "stall", "cut", "http", "connection"}
-    assert any(i["kind"] == "worker_down" for i in incidents), incidents  # the hang was seen through the router
+    assert any(i["kind"] == "worker_down" for i in incidents), (
+        incidents
+    )  # the hang was seen through the router
     slow = [i for i in incidents if i["waited_s"] > WAIT_BOUND]
     assert not slow, slow
     lost = lost_per_request(trees)

@@ -57,3 +57,59 @@ def test_chain_counts_like_teacher_sim_and_salts_after_the_tools():
     assert a[0] == b[0] and a[1].key != b[1].key  # the tools are shared by every tree's sessions
     reply = {"role": "assistant", "content": "ok"}
     assert extend(a, reply) == chain([*msgs, reply], tools, "tree-a")[-1]  # the next turn's prompt matches it
+
+
+# ---- a fleet behind the router (RouterModel, replay_fleet) --------------------------------------------------
+def _session(sys_text: str, n: int, tag: str) -> list[dict]:
+    msgs = [{"role": "system", "content": sys_text}, {"role": "user", "content": f"task {tag}"}]
+    for i in range(n):
+        msgs += [{"role": "assistant", "content": "", "tool_calls": [{"id": f"{tag}{i}"}]},
+                 {"role": "tool", "content": f"result {tag} {i} " * 20}]  # fmt: skip
+    return msgs
+
+
+def _calls(sessions: list[list[dict]], steps: int):
+    """Each session's steps in turn (session s's step k starts at k*10 + s), each prompt = its first 2+2k messages."""
+    from sftree.teacher.kvcache import FleetCall, routing_text
+
+    out = []
+    for k in range(steps):
+        for s, msgs in enumerate(sessions):
+            prompt = msgs[: 2 + 2 * k]
+            blocks = chain(prompt, None)
+            reply = extend(blocks, msgs[2 + 2 * k]) if 2 + 2 * k < len(msgs) else None
+            out.append(
+                FleetCall(k * 10.0 + s, k * 10.0 + s + 1, tuple(blocks), reply, tuple(routing_text(prompt)))
+            )
+    return out
+
+
+def test_round_robin_takes_turns_and_scatters_sessions():
+    from sftree.teacher.kvcache import replay_fleet
+
+    calls = _calls([_session("S" * 800, 4, "a"), _session("S" * 800, 4, "b")], 4)
+    rr = replay_fleet(calls, 2, float("inf"), "round_robin")
+    assert rr.requests == [4, 4]
+    ca = replay_fleet(calls, 2, float("inf"), "cache_aware")
+    # cache_aware keeps each session on one worker (after its first request): more of each prompt is cached
+    assert ca.share > rr.share
+    one = replay(calls, float("inf"))  # one server holds everything: the upper bound
+    assert abs(ca.share - one.share) < 0.2 and ca.share <= one.share
+
+
+def test_cache_aware_sends_a_shared_prefix_to_its_worker_and_new_text_to_the_emptiest():
+    from sftree.teacher.kvcache import RouterModel, routing_text
+
+    r = RouterModel(2)
+    a = tuple(routing_text([{"role": "system", "content": "S" * 100}, {"role": "user", "content": "a"}]))
+    b = tuple(routing_text([{"role": "system", "content": "T" * 100}, {"role": "user", "content": "b"}]))
+    assert r.route(a, [0, 0]) == 0  # nothing in the tree: the smallest (first) worker
+    assert r.route(b, [1, 0]) == 1  # no match above 0.3: the worker with the least text
+    a2 = tuple(routing_text([{"role": "system", "content": "S" * 100}, {"role": "user", "content": "x"}]))
+    assert r.route(a2, [0, 5]) == 0  # the system prompt (100 of 103 characters) is worker 0's
+    assert r.route(a2, [70, 0]) == 1  # imbalanced (70 - 0 > 64, 70 > 1.5 * 0): the least loaded
+    # an assistant message's tool calls are not routing text; its content is
+    asst = routing_text(
+        [{"role": "assistant", "content": "", "tool_calls": [{}]}, {"role": "assistant", "content": "hi"}]
+    )
+    assert [n for _, n in asst] == [3]

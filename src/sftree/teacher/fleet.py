@@ -134,6 +134,7 @@ class Fleet:
     router_cmd: list[str]
     log_dir: Path
     router: subprocess.Popen | None = None
+    metrics_port: int | None = None  # the router's Prometheus exporter
     started_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -182,6 +183,13 @@ class Fleet:
                 except ValueError:
                     pass
         return out
+
+    def router_metrics(self) -> str:
+        """The router's Prometheus text ('' when it does not answer)."""
+        try:
+            return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        except requests.RequestException:
+            return ""
 
     def restart(self, w: Worker, timeout: float = 180) -> None:
         """Start a stopped worker again on its port (a requeued job) and wait until the router routes to it."""
@@ -258,9 +266,9 @@ def start_fleet(n: int, log_dir: Path, *, kind: str = "llama-server", policy: st
         workers.append(
             Worker(i, kind, port, worker_command(kind, port, spec=spec, sim=sim), log_dir / f"worker{i}.log")
         )
-    rport = router_port or free_port()
-    fleet = Fleet(workers, policy, rport, router_command(rport, [w.url for w in workers], policy,
-                  metrics_port=free_port(), extra=router_extra), log_dir)  # fmt: skip
+    rport, mport = router_port or free_port(), free_port()
+    cmd = router_command(rport, [w.url for w in workers], policy, metrics_port=mport, extra=router_extra)
+    fleet = Fleet(workers, policy, rport, cmd, log_dir, metrics_port=mport)
     try:
         for w in workers:
             w.start()

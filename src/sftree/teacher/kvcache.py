@@ -10,6 +10,12 @@ The model works at message granularity (a prompt is the chain of its messages, e
 teacher-sim counts tokens; SGLang matches at token (page) granularity, so the model can only under-count reuse
 inside a message. Requests in flight are not pinned against eviction (SGLang pins them), so under pressure the
 model evicts a little more than SGLang would. `replay` runs a time-ordered trace through one cache.
+
+A fleet (`replay_fleet`): N such servers behind sglang-router, whose choice of server `RouterModel` plays
+(round_robin, or cache_aware: prefix affinity on the request text, least loaded when the load is imbalanced).
+llama-server's prompt cache (its slots' KV and the host-memory cache of earlier prompts, `--cache-ram`, 8 GiB by
+default) reuses the longest cached prefix of a prompt as SGLang's radix cache does, so the same model stands for
+the test bed's workers (benchmarks/fleet.py checks it against them; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -145,3 +151,140 @@ def replay(calls: Iterable[Call], capacity: float) -> Replay:
             if c.reply is not None:
                 cache.insert([*c.prompt, c.reply])
     return Replay(prompt, cached, cache.evicted, peak)
+
+
+# ---- a fleet: N servers behind sglang-router ---------------------------------------------------------------
+ROUTER_POLICIES = ("cache_aware", "round_robin")
+
+
+def routing_text(messages: Iterable[dict]) -> list[tuple[bytes, int]]:
+    """What sglang-router's cache_aware policy matches on, as chained blocks: the text of each message it reads
+    (system, user and tool contents; an assistant's content when not empty: its tool calls are not part of it),
+    joined by spaces, one block per message (key = chained hash, size = characters)."""
+    h = hashlib.sha256(b"router")
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        if m.get("role") == "assistant":
+            content = " ".join(x for x in (content or "", m.get("reasoning_content") or "") if x).strip()
+        if not content:
+            continue
+        h = hashlib.sha256(h.digest() + str(content).encode())
+        out.append((h.digest(), len(content) + 1))
+    return out
+
+
+@dataclass(frozen=True)
+class FleetCall(Call):
+    """A call with the router's view of it (routing_text of its messages)."""
+
+    text: tuple[tuple[bytes, int], ...] = ()
+
+
+@dataclass
+class RouterModel:
+    """sglang-router's choice of worker (sgl-router `policies/cache_aware.rs`, `round_robin.rs`).
+
+    round_robin: the next worker in turn, per request. cache_aware: when the load (requests in flight per
+    worker) is imbalanced, i.e. max - min > balance_abs and max > balance_rel * min, the least loaded worker;
+    else the worker holding the longest prefix of the request's text in the router's own approximate tree (one
+    tree of every request text it routed, each text tagged with the worker it went to; the most recent one on a
+    tie) when that prefix is more than cache_threshold of the text, else the worker with the least text in the
+    tree. Every routed text is inserted under its worker. The router's tree is never evicted here (its
+    max_tree_size is 2^26 nodes by default). Matching is per message, where the router matches characters."""
+
+    servers: int
+    policy: str = "cache_aware"
+    cache_threshold: float = 0.3
+    balance_abs: int = 64
+    balance_rel: float = 1.5
+    _next: int = 0
+    _owner: dict = field(default_factory=dict)  # text block key -> worker that routed it last
+    _size: list = field(default_factory=list)  # characters of text in the tree per worker
+    _has: list = field(default_factory=list)  # the text blocks in the tree per worker
+
+    def __post_init__(self):
+        if self.policy not in ROUTER_POLICIES:
+            raise ValueError(f"policy must be one of {ROUTER_POLICIES}, not {self.policy!r}")
+        self._size = [0] * self.servers
+        self._has = [set() for _ in range(self.servers)]
+
+    def route(self, text: tuple[tuple[bytes, int], ...], loads: list[int]) -> int:
+        if self.policy == "round_robin":
+            i, self._next = self._next, (self._next + 1) % self.servers
+            return i
+        hi, lo = max(loads), min(loads)
+        if hi - lo > self.balance_abs and hi > lo * self.balance_rel:
+            w = loads.index(lo)
+        else:
+            total = sum(n for _, n in text)
+            matched, owner = 0, None
+            for key, n in text:
+                if key not in self._owner:
+                    break
+                matched += n
+                owner = self._owner[key]
+            if total and owner is not None and matched / total > self.cache_threshold:
+                w = owner
+            else:
+                w = self._size.index(min(self._size))
+        for key, n in text:
+            if key not in self._has[w]:
+                self._has[w].add(key)
+                self._size[w] += n
+            self._owner[key] = w
+        return w
+
+
+@dataclass
+class FleetReplay:
+    per_server: list[Replay]
+    requests: list[int]  # calls routed to each server
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(r.prompt_tokens for r in self.per_server)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(r.cached_tokens for r in self.per_server)
+
+    @property
+    def share(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def replay_fleet(calls: Iterable[FleetCall], servers: int, capacity: float, policy: str = "cache_aware",
+                 **router) -> FleetReplay:  # fmt: skip
+    """Run the calls, in time order, through `servers` caches (each as `replay` runs one) behind RouterModel:
+    each call is routed at its start (the router's load = calls in flight per server), prefilled there, and its
+    reply cached there at its end."""
+    events = []
+    for i, c in enumerate(calls):
+        events.append((c.start, 1, i, c))
+        events.append((c.end, 0, i, c))
+    events.sort(key=lambda e: (e[0], e[1], e[2]))
+    model = RouterModel(servers, policy, **router)
+    caches = [RadixLRU(capacity) for _ in range(servers)]
+    stats = [[0, 0, 0, 0] for _ in range(servers)]  # prompt, cached, in flight, peak
+    requests = [0] * servers
+    where: dict[int, int] = {}
+    for _, kind, i, c in events:
+        if kind == 1:
+            w = model.route(c.text, [s[2] for s in stats])
+            where[i] = w
+            requests[w] += 1
+            st = stats[w]
+            st[0] += c.prompt_tokens
+            st[1] += caches[w].request(list(c.prompt))
+            st[2] += 1
+            st[3] = max(st[3], st[2])
+        else:
+            w = where[i]
+            stats[w][2] -= 1
+            if c.reply is not None:
+                caches[w].insert([*c.prompt, c.reply])
+    per = [Replay(s[0], s[1], caches[k].evicted, s[3]) for k, s in enumerate(stats)]
+    return FleetReplay(per, requests)
