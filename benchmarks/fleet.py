@@ -27,8 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import pickle
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -176,6 +178,9 @@ def one_run(policy: str, rep: int, roots, args, work: Path) -> dict:
                           tuple(kvcache.routing_text(m)))
         for a, b, m, tools, reply, _, _ in sorted(calls, key=lambda c: c[0])
     ]  # fmt: skip
+    if args.trace:
+        with open(f"{args.trace}.{policy}-{rep}.pickle", "wb") as f:
+            pickle.dump(fleet_calls, f)
     model = kvcache.replay_fleet(fleet_calls, args.workers, float("inf"), policy)
     one = kvcache.replay([kvcache.Call(c.start, c.end, c.prompt, c.reply) for c in fleet_calls], float("inf"))
     return {
@@ -187,7 +192,33 @@ def one_run(policy: str, rep: int, roots, args, work: Path) -> dict:
         "workers": per_worker,
         "model": {"share": model.share, "requests": model.requests,
                   "shares": [r.share for r in model.per_server], "one_server_share": one.share},
+        "sweep": sweep(fleet_calls),
     }  # fmt: skip
+
+
+SWEEP = [("round_robin", {}), ("cache_aware", {}), ("cache_aware", {"balance_abs": 2})]
+
+
+def sweep(calls) -> list[dict]:
+    """The model alone on this run's trace: 1-4 servers, each policy (and cache_aware balancing at 2 requests in
+    flight instead of 64): share, and requests per server."""
+    out = []
+    for n in (1, 2, 3, 4):
+        for policy, opts in SWEEP:
+            r = kvcache.replay_fleet(calls, n, float("inf"), policy, **opts)
+            name = policy + "".join(f" {k}={v}" for k, v in opts.items())
+            out.append({"servers": n, "policy": name, "share": r.share, "requests": r.requests})
+    return out
+
+
+def sweep_table(runs: list[dict]) -> str:
+    lines = ["| trace of | servers | router (model) | predicted cache share | requests per server |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for r in runs:
+        for s in r["sweep"]:
+            lines.append(f"| {r['policy']} {r['rep']} | {s['servers']} | {s['policy']} | {fmt(s['share'])} | "
+                         f"{' / '.join(map(str, s['requests']))} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def fmt(x, nd=3) -> str:
@@ -232,7 +263,13 @@ def main(argv=None) -> int:
     p.add_argument("--parallel", type=int, default=1, help="llama-server slots per worker")
     p.add_argument("--sandbox", default="auto")
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--trace", default=None, help="also pickle each run's calls to TRACE.<policy>-<rep>.pickle"
+    )
     args = p.parse_args(argv)
+    signal.signal(
+        signal.SIGTERM, lambda *_: sys.exit(143)
+    )  # the fleet's processes are stopped on the way out
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     work = Path(tempfile.mkdtemp(prefix="sftree-fleet-"))
     runs = []
@@ -247,7 +284,7 @@ def main(argv=None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(runs, indent=1))
         shutil.rmtree(work, ignore_errors=True)
-    print("\n" + table(runs))
+    print("\n" + table(runs) + "\n\nThe fleet model alone on each run's trace:\n\n" + sweep_table(runs))
     return 0
 
 

@@ -83,6 +83,13 @@ def test_teacher_sbatch_serves_two_workers_behind_the_router_and_stops_on_sigter
             assert c.chat([{"role": "user", "content": "hello"}]).message["role"] == "assistant"
         finally:
             c.close()
+        # the workflow takes the overlay over its config, key by key (what every explore job then reads)
+        subprocess.run(["snakemake", "-n", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+                        "--configfile", str(REPO / "examples" / "demo.yaml"), str(url_file)],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+        merged = yaml.safe_load((tmp_path / "results" / ".sftree" / "config.yaml").read_text())["teacher"]
+        assert merged["base_url"] == overlay["teacher"]["base_url"] and merged["model"] == "teacher"
+        assert merged["health_timeout"] == 30 and merged["sim"] == {"seed": 0}  # the demo's keys kept
         procs = _children(proc.pid)
         assert len(procs) >= 3  # two workers and the router
         os.kill(proc.pid, signal.SIGTERM)  # scancel signals the batch shell
