@@ -313,3 +313,51 @@ def test_a_stream_without_an_end_is_cut_and_one_of_garbage_is_a_bad_reply(stub):
     url2, _ = stub({"/v1/chat/completions": [(200, SSE, "not json at all\n\n")]})
     with pytest.raises(TeacherError):  # no data line at all: the stream never started, retried, then given up
         client(url2, retries=1).chat(MSGS)
+
+
+def test_a_tree_whose_requests_stall_and_are_cut_finishes_with_each_step_once(tmp_path):
+    """A whole `sftree explore` against teacher-sim: e2's first request stalls mid-reply, e3's is cut; both are
+    sent again, the tree finishes, every turn's steps are recorded once (1..n), and tree.json `teacher`, the
+    explore log and the report's Teacher line say what happened."""
+    import yaml
+    from helpers_explore import explore, load_final, make_root, write_config
+
+    from sftree.report.html import teacher_section
+    from sftree.search import steplog
+
+    root = make_root(tmp_path)
+    script = [{"match": {"edge": "e2"}, "fault": "stall", "count": 1, "hang_s": 20},
+              {"match": {"edge": "e3"}, "fault": "cut", "count": 1}]  # fmt: skip
+    search = {
+        "root_children": 3,
+        "max_children": 1,
+        "max_depth": 1,
+        "parallel_width": 3,
+        "max_valid_edges": 3,
+    }
+    cfg = write_config(tmp_path, search, script=script)
+    data = yaml.safe_load(cfg.read_text())
+    data["teacher"].update(stall_timeout=0.5, retries=3)
+    cfg.write_text(yaml.safe_dump(data))
+    out = tmp_path / "trees" / root.name
+    assert explore(root, out, cfg) == 0
+    tree = load_final(out)
+    t = tree.teacher
+    assert t["stalls"] == 1 and t["cut_streams"] == 1 and t["failed_attempts"] == 2 and t["retries"] == 2
+    assert {(i["kind"], i["label"].split()[0]) for i in t["incidents"]} == {("stall", "e2"), ("cut", "e3")}
+    answered = 0
+    for e in tree.edges:
+        steps = steplog.read_steps(out / "edges" / e.id / "steps.jsonl")
+        for turn in e.turns:
+            assert [s["step"] for s in steps if s["turn"] == turn["turn"]] == list(
+                range(1, turn["steps"] + 1)
+            )
+        answered += sum(1 for s in steps if s["response"] is not None)
+    assert t["requests"] == answered  # each answered step is one request, the abandoned attempts are not
+    log = (out / "explore.log").read_text()
+    assert (
+        "teacher request e2 turn 1: stall: no chunk for 0.5s" in log
+        and "teacher request e3 turn 1: cut:" in log
+    )
+    line = teacher_section(t)
+    assert "2 attempt(s) sent again: 1 stalled, 1 cut, 0 abandoned when a worker went down" in line
