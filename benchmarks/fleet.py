@@ -139,7 +139,8 @@ def worker_requests(metrics: str) -> dict[str, float]:
 
 def one_run(policy: str, rep: int, roots, args, work: Path) -> dict:
     run_dir = work / f"{policy}-{rep}"
-    spec = LaunchSpec.from_config({"threads": 1, "parallel": args.parallel, "ctx_size": 8192 * args.parallel})
+    spec = LaunchSpec.from_config({"threads": 1, "parallel": args.parallel, "ctx_size": 8192 * args.parallel,
+                                   "extra_args": args.worker_args.split()})  # fmt: skip
     with start_fleet(args.workers, run_dir / "fleet", kind="llama-server", policy=policy, spec=spec) as fleet:
         config = tree_config(run_dir, fleet.base_url, args)
         calls: list = []
@@ -181,7 +182,13 @@ def one_run(policy: str, rep: int, roots, args, work: Path) -> dict:
     if args.trace:
         with open(f"{args.trace}.{policy}-{rep}.pickle", "wb") as f:
             pickle.dump(fleet_calls, f)
-    model = kvcache.replay_fleet(fleet_calls, args.workers, float("inf"), policy)
+    # the worker's cache as this run's llama-server has it: its slots (the default), or, with
+    # --slot-prompt-similarity 0, its host-memory prompt cache, which reuses the longest cached prefix like
+    # SGLang's radix cache; a reply written as JSON content comes back rendered as a tool call: not reused
+    slots = "--slot-prompt-similarity 0" not in args.worker_args and "-sps 0" not in args.worker_args
+    kind = {"cache": "slots", "slots": args.parallel} if slots else {"cache": "radix"}
+    model = kvcache.replay_fleet(fleet_calls, args.workers, float("inf"), policy, replies=False, **kind)
+    radix = kvcache.replay_fleet(fleet_calls, args.workers, float("inf"), policy)
     one = kvcache.replay([kvcache.Call(c.start, c.end, c.prompt, c.reply) for c in fleet_calls], float("inf"))
     return {
         "policy": policy, "rep": rep, "trees": len(results), "edges": sum(r["edges"] for r in results.values()),
@@ -190,13 +197,14 @@ def one_run(policy: str, rep: int, roots, args, work: Path) -> dict:
         "tok_per_s": completion / makespan, "steps_per_min": 60 * len(calls) / makespan,
         "failed_attempts": sum(r["teacher"]["failed_attempts"] for r in results.values()),
         "workers": per_worker,
-        "model": {"share": model.share, "requests": model.requests,
-                  "shares": [r.share for r in model.per_server], "one_server_share": one.share},
+        "model": {"share": model.share, "requests": model.requests, "cache": kind["cache"],
+                  "shares": [r.share for r in model.per_server], "one_server_share": one.share,
+                  "sglang_share": radix.share},
         "sweep": sweep(fleet_calls),
     }  # fmt: skip
 
 
-SWEEP = [("round_robin", {}), ("cache_aware", {}), ("cache_aware", {"balance_abs": 2})]
+SWEEP = [("round_robin", {}), ("cache_aware", {}), ("cache_aware", {"balance_abs": 2})]  # SGLang radix caches
 
 
 def sweep(calls) -> list[dict]:
@@ -241,12 +249,14 @@ def table(runs: list[dict]) -> str:
                      f"{r['prompt']} | {fmt(r['share'])} | {fmt(r['model']['share'])} | {r['completion']} | "
                      f"{fmt(sum(w['busy_s'] for w in r['workers']), 1)} |")  # fmt: skip
     lines += ["", "| policy | rep | trees | edges | model calls | makespan s | completion tok/s | steps/min | "
-              "cache share | model share | one server (model) | attempts sent again |", "|" + "---|" * 12]  # fmt: skip
+              "cache share | model share (worker cache) | model, SGLang radix | model, one SGLang server | "
+              "attempts sent again |", "|" + "---|" * 13]  # fmt: skip
     for r in runs:
+        m = r["model"]
         lines.append(f"| {r['policy']} | {r['rep']} | {r['trees']} | {r['edges']} | {r['calls']} | "
                      f"{fmt(r['makespan_s'], 1)} | {fmt(r['tok_per_s'], 2)} | {fmt(r['steps_per_min'], 1)} | "
-                     f"{fmt(r['share'])} | {fmt(r['model']['share'])} | {fmt(r['model']['one_server_share'])} | "
-                     f"{r['failed_attempts']} |")  # fmt: skip
+                     f"{fmt(r['share'])} | {fmt(m['share'])} ({m['cache']}) | {fmt(m['sglang_share'])} | "
+                     f"{fmt(m['one_server_share'])} | {r['failed_attempts']} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -262,6 +272,9 @@ def main(argv=None) -> int:
     p.add_argument("--edges", type=int, default=4, help="search.max_valid_edges per tree")
     p.add_argument("--parallel", type=int, default=1, help="llama-server slots per worker")
     p.add_argument("--sandbox", default="auto")
+    p.add_argument(
+        "--worker-args", default="", help="more llama-server arguments, e.g. '--slot-prompt-similarity 0'"
+    )
     p.add_argument("--json", default=None)
     p.add_argument(
         "--trace", default=None, help="also pickle each run's calls to TRACE.<policy>-<rep>.pickle"

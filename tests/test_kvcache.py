@@ -113,3 +113,23 @@ def test_cache_aware_sends_a_shared_prefix_to_its_worker_and_new_text_to_the_emp
         [{"role": "assistant", "content": "", "tool_calls": [{}]}, {"role": "assistant", "content": "hi"}]
     )
     assert [n for _, n in asst] == [3]
+
+
+def test_llama_slots_reuse_only_what_a_slot_still_holds():
+    from sftree.teacher.kvcache import SlotCache, replay_fleet
+
+    one = SlotCache(1)
+    assert one.request([A, B]) == 0
+    assert one.request([A, D]) == 10  # the slot held A, B: A is shared
+    assert one.request([A, B, E]) == 10  # B went with the slot's last content
+    two = SlotCache(2)
+    two.request([A, B])
+    two.request([C, D])  # nothing shared: the second slot
+    assert two.request([A, B, E]) == 15 and two.request([C, D, E]) == 15
+    # sessions interleaved on one worker: one slot keeps only the last, SGLang's radix cache keeps all
+    calls = _calls([_session("S" * 800, 4, "a"), _session("T" * 800, 4, "b")], 4)
+    slots = replay_fleet(calls, 1, float("inf"), "round_robin", cache="slots", slots=1)
+    radix = replay_fleet(calls, 1, float("inf"), "round_robin")
+    assert slots.share < radix.share
+    two_slots = replay_fleet(calls, 1, float("inf"), "round_robin", cache="slots", slots=2, replies=True)
+    assert slots.share < two_slots.share <= radix.share

@@ -239,6 +239,45 @@ class RouterModel:
 
 
 @dataclass
+class SlotCache:
+    """llama-server's reuse with `--parallel S` slots, as b11434 does it for prompts that resemble a slot's:
+    each slot keeps the KV of the last prompt it processed (and its reply); a request takes the slot whose
+    content shares the longest prefix with it and reuses that prefix, replacing the slot's content. (Its
+    host-memory prompt cache is only consulted when no slot's prompt is more than 10% similar
+    (`--slot-prompt-similarity`), which never happens for sessions that share a system prompt.) `used` and
+    `evicted` are kept for the Replay shape."""
+
+    slots: int = 1
+    contents: list = field(default_factory=list)  # per slot: set of block keys of its chain, tokens by key
+    used: int = 0
+    evicted: int = 0
+
+    def request(self, blocks: list[Block]) -> int:
+        best, best_hit = None, -1
+        for i, keys in enumerate(self.contents):
+            hit = 0
+            for b in blocks:
+                if b.key not in keys:
+                    break
+                hit += b.tokens
+            if hit > best_hit:
+                best, best_hit = i, hit
+        if best is None or (best_hit == 0 and len(self.contents) < self.slots):
+            self.contents.append(set())
+            best, best_hit = len(self.contents) - 1, 0
+        self.contents[best] = {b.key for b in blocks}
+        return max(0, best_hit)
+
+    def insert(self, blocks: list[Block]) -> None:
+        """The reply joins the slot that holds its prompt."""
+        prompt = {b.key for b in blocks[:-1]}
+        for i, keys in enumerate(self.contents):
+            if keys == prompt:
+                self.contents[i] = keys | {blocks[-1].key}
+                return
+
+
+@dataclass
 class FleetReplay:
     per_server: list[Replay]
     requests: list[int]  # calls routed to each server
@@ -256,18 +295,20 @@ class FleetReplay:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def replay_fleet(calls: Iterable[FleetCall], servers: int, capacity: float, policy: str = "cache_aware",
-                 **router) -> FleetReplay:  # fmt: skip
-    """Run the calls, in time order, through `servers` caches (each as `replay` runs one) behind RouterModel:
-    each call is routed at its start (the router's load = calls in flight per server), prefilled there, and its
-    reply cached there at its end."""
+def replay_fleet(calls: Iterable[FleetCall], servers: int, capacity: float, policy: str = "cache_aware", *,
+                 cache: str = "radix", slots: int = 1, replies: bool = True, **router) -> FleetReplay:  # fmt: skip
+    """Run the calls, in time order, through `servers` caches behind RouterModel: each call is routed at its
+    start (the router's load = calls in flight per server), prefilled there, and its reply cached there at its
+    end. `cache="radix"`: SGLang's radix LRU of `capacity` tokens (as `replay`); `cache="slots"`: llama-server's
+    `slots` slots (SlotCache). `replies=False`: a reply is never reused (a server whose chat template renders the
+    reply in the next prompt other than the tokens it generated, e.g. a tool call it wrote as JSON content)."""
     events = []
     for i, c in enumerate(calls):
         events.append((c.start, 1, i, c))
         events.append((c.end, 0, i, c))
     events.sort(key=lambda e: (e[0], e[1], e[2]))
     model = RouterModel(servers, policy, **router)
-    caches = [RadixLRU(capacity) for _ in range(servers)]
+    caches = [RadixLRU(capacity) if cache == "radix" else SlotCache(slots) for _ in range(servers)]
     stats = [[0, 0, 0, 0] for _ in range(servers)]  # prompt, cached, in flight, peak
     requests = [0] * servers
     where: dict[int, int] = {}
@@ -284,7 +325,7 @@ def replay_fleet(calls: Iterable[FleetCall], servers: int, capacity: float, poli
         else:
             w = where[i]
             stats[w][2] -= 1
-            if c.reply is not None:
+            if c.reply is not None and replies:
                 caches[w].insert([*c.prompt, c.reply])
     per = [Replay(s[0], s[1], caches[k].evicted, s[3]) for k, s in enumerate(stats)]
     return FleetReplay(per, requests)
