@@ -530,10 +530,13 @@ class TeacherClient:
         )  # fmt: skip
 
         def sweep() -> None:
-            with self.stats_lock:
+            why = f"worker {url} went down at the router"
+            with self.stats_lock:  # marked while still in flight: a request that just ended is left alone
                 stuck = [f for f in self._inflight if f.started <= at and f.last <= at and f.aborted is None]
+                for f in stuck:
+                    f.aborted = why
             for f in stuck:
-                f.abort(f"worker {url} went down at the router")
+                f.abort(why)
             if stuck:
                 log.warning(
                     "teacher fleet: %d request(s) with no reply since %s went down sent again: %s",
@@ -698,7 +701,7 @@ class TeacherClient:
                     raise TimeoutError
                 if entry.sock is not None:
                     entry.sock.settimeout(limit)
-                chunk = r.raw.read1(65536)
+                chunk = r.raw.read1(65536, decode_content=True)
                 if not chunk:
                     break
                 entry.last = time.monotonic()
@@ -730,7 +733,7 @@ class TeacherClient:
             if r is not None:
                 r.close()
         waited = time.monotonic() - t0
-        if entry.aborted:
+        if entry.aborted and not asm.done:  # a reply that came in full before it was abandoned is kept
             raise _Retry("worker_down", entry.aborted, waited)
         if asm.error is not None:
             text = json.dumps(asm.error, ensure_ascii=False)
