@@ -182,11 +182,11 @@ def one_run(policy: str, rep: int, roots, args, work: Path) -> dict:
     if args.trace:
         with open(f"{args.trace}.{policy}-{rep}.pickle", "wb") as f:
             pickle.dump(fleet_calls, f)
-    # the worker's cache as this run's llama-server has it: its slots (the default), or, with
-    # --slot-prompt-similarity 0, its host-memory prompt cache, which reuses the longest cached prefix like
-    # SGLang's radix cache; a reply written as JSON content comes back rendered as a tool call: not reused
-    slots = "--slot-prompt-similarity 0" not in args.worker_args and "-sps 0" not in args.worker_args
-    kind = {"cache": "slots", "slots": args.parallel} if slots else {"cache": "radix"}
+    # the workers' cache as this run's llama-server has it (kvcache.SlotCache: its slots and host prompt cache,
+    # --slot-prompt-similarity 0.1, or 0 with --worker-args '-sps 0'); a reply written as JSON content comes back
+    # rendered as a tool call, so it is not reused. Beside it, SGLang's radix cache on the same trace.
+    sps0 = re.search(r"(--slot-prompt-similarity|-sps)[ =]0(\.0*)?(?![\d.])", args.worker_args) is not None
+    kind = {"cache": "slots", "slots": args.parallel, "similarity": 0.0 if sps0 else 0.1}
     model = kvcache.replay_fleet(fleet_calls, args.workers, float("inf"), policy, replies=False, **kind)
     radix = kvcache.replay_fleet(fleet_calls, args.workers, float("inf"), policy)
     one = kvcache.replay([kvcache.Call(c.start, c.end, c.prompt, c.reply) for c in fleet_calls], float("inf"))
@@ -197,7 +197,7 @@ def one_run(policy: str, rep: int, roots, args, work: Path) -> dict:
         "tok_per_s": completion / makespan, "steps_per_min": 60 * len(calls) / makespan,
         "failed_attempts": sum(r["teacher"]["failed_attempts"] for r in results.values()),
         "workers": per_worker,
-        "model": {"share": model.share, "requests": model.requests, "cache": kind["cache"],
+        "model": {"share": model.share, "requests": model.requests, "cache": f"slots, sps {kind['similarity']:g}",
                   "shares": [r.share for r in model.per_server], "one_server_share": one.share,
                   "sglang_share": radix.share},
         "sweep": sweep(fleet_calls),

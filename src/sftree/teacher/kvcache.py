@@ -240,40 +240,87 @@ class RouterModel:
 
 @dataclass
 class SlotCache:
-    """llama-server's reuse with `--parallel S` slots, as b11434 does it for prompts that resemble a slot's:
-    each slot keeps the KV of the last prompt it processed (and its reply); a request takes the slot whose
-    content shares the longest prefix with it and reuses that prefix, replacing the slot's content. (Its
-    host-memory prompt cache is only consulted when no slot's prompt is more than 10% similar
-    (`--slot-prompt-similarity`), which never happens for sessions that share a system prompt.) `used` and
-    `evicted` are kept for the Replay shape."""
+    """llama-server's prompt reuse with `--parallel S` slots (b11434, `server_context::get_available_slot` and
+    `server_prompt_cache::load`), at message granularity. Each slot holds the chain of the last prompt it ran. A
+    request takes the idle slot whose chain shares the largest fraction of the request (above
+    `similarity`, `--slot-prompt-similarity` 0.1; 0 = never by similarity), else the least recently used slot.
+    When it came by LRU, or its shared prefix keeps less than half of the slot's chain, the slot's chain is saved
+    to the host-memory prompt cache (`--cache-ram`; a saved chain that the new one contains is dropped) and the
+    saved chain that keeps at least a quarter of itself and beats the slot on both the fraction kept and the
+    fraction of the request shared is moved into the slot. The request reuses the prefix it shares with what
+    the slot then holds. (The host cache is taken as large enough: 8 GiB by default.)"""
 
     slots: int = 1
-    contents: list = field(default_factory=list)  # per slot: set of block keys of its chain, tokens by key
+    similarity: float = 0.1
+    contents: list = field(default_factory=list)  # per slot: its chain (list of Blocks)
+    last_used: list = field(default_factory=list)
+    saved: list = field(default_factory=list)  # the host cache: chains
     used: int = 0
     evicted: int = 0
+    _tick: int = 0
+
+    @staticmethod
+    def _lcp(chain: list[Block], blocks: list[Block]) -> int:
+        hit = 0
+        for a, b in zip(chain, blocks, strict=False):
+            if a.key != b.key:
+                break
+            hit += b.tokens
+        return hit
 
     def request(self, blocks: list[Block]) -> int:
-        best, best_hit = None, -1
-        for i, keys in enumerate(self.contents):
-            hit = 0
-            for b in blocks:
-                if b.key not in keys:
-                    break
-                hit += b.tokens
-            if hit > best_hit:
-                best, best_hit = i, hit
-        if best is None or (best_hit == 0 and len(self.contents) < self.slots):
-            self.contents.append(set())
-            best, best_hit = len(self.contents) - 1, 0
-        self.contents[best] = {b.key for b in blocks}
-        return max(0, best_hit)
+        n = sum(b.tokens for b in blocks) or 1
+        best, f_sim_best = None, 0.0
+        if self.similarity > 0:
+            for i, chain in enumerate(self.contents):
+                f = self._lcp(chain, blocks) / n
+                if chain and f > f_sim_best and f > self.similarity:
+                    best, f_sim_best = i, f
+        update = best is None
+        if best is None:
+            if len(self.contents) < self.slots:
+                self.contents.append([])
+                self.last_used.append(0)
+                best = len(self.contents) - 1
+            else:
+                best = min(range(len(self.contents)), key=lambda i: self.last_used[i])
+        else:
+            size = sum(b.tokens for b in self.contents[best]) or 1
+            update = self._lcp(self.contents[best], blocks) / size < 0.5
+        if update:
+            self._swap(best, blocks, n)
+        hit = self._lcp(self.contents[best], blocks)
+        self.contents[best] = list(blocks)
+        self._tick += 1
+        self.last_used[best] = self._tick
+        return hit
+
+    def _swap(self, slot: int, blocks: list[Block], n: int) -> None:
+        cur = self.contents[slot]
+        if cur:
+            keys = [b.key for b in cur]
+            self.saved = [c for c in self.saved if [b.key for b in c] != keys[: len(c)]]  # contained: dropped
+            self.saved.append(list(cur))
+        lcp = self._lcp(cur, blocks)
+        size = sum(b.tokens for b in cur)
+        f_keep_best = lcp / size if size else -1.0
+        f_sim_best = lcp / n
+        pick = None
+        for j, chain in enumerate(self.saved):
+            lcp_j = self._lcp(chain, blocks)
+            f_keep = lcp_j / (sum(b.tokens for b in chain) or 1)
+            if f_keep < 0.25:
+                continue
+            if f_keep_best < f_keep and f_sim_best < lcp_j / n:
+                pick, f_keep_best, f_sim_best = j, f_keep, lcp_j / n
+        if pick is not None:
+            self.contents[slot] = self.saved.pop(pick)
 
     def insert(self, blocks: list[Block]) -> None:
-        """The reply joins the slot that holds its prompt."""
-        prompt = {b.key for b in blocks[:-1]}
-        for i, keys in enumerate(self.contents):
-            if keys == prompt:
-                self.contents[i] = keys | {blocks[-1].key}
+        """The reply joins the slot that still holds its prompt."""
+        for i, chain in enumerate(self.contents):
+            if [b.key for b in chain] == [b.key for b in blocks[:-1]]:
+                self.contents[i] = list(blocks)
                 return
 
 
@@ -296,11 +343,12 @@ class FleetReplay:
 
 
 def replay_fleet(calls: Iterable[FleetCall], servers: int, capacity: float, policy: str = "cache_aware", *,
-                 cache: str = "radix", slots: int = 1, replies: bool = True, **router) -> FleetReplay:  # fmt: skip
+                 cache: str = "radix", slots: int = 1, similarity: float = 0.1, replies: bool = True,
+                 **router) -> FleetReplay:  # fmt: skip
     """Run the calls, in time order, through `servers` caches behind RouterModel: each call is routed at its
     start (the router's load = calls in flight per server), prefilled there, and its reply cached there at its
     end. `cache="radix"`: SGLang's radix LRU of `capacity` tokens (as `replay`); `cache="slots"`: llama-server's
-    `slots` slots (SlotCache). `replies=False`: a reply is never reused (a server whose chat template renders the
+    `slots` slots and host prompt cache (SlotCache, `similarity` its --slot-prompt-similarity). `replies=False`: a reply is never reused (a server whose chat template renders the
     reply in the next prompt other than the tokens it generated, e.g. a tool call it wrote as JSON content)."""
     events = []
     for i, c in enumerate(calls):
@@ -308,7 +356,9 @@ def replay_fleet(calls: Iterable[FleetCall], servers: int, capacity: float, poli
         events.append((c.end, 0, i, c))
     events.sort(key=lambda e: (e[0], e[1], e[2]))
     model = RouterModel(servers, policy, **router)
-    caches = [RadixLRU(capacity) if cache == "radix" else SlotCache(slots) for _ in range(servers)]
+    caches = [
+        RadixLRU(capacity) if cache == "radix" else SlotCache(slots, similarity) for _ in range(servers)
+    ]
     stats = [[0, 0, 0, 0] for _ in range(servers)]  # prompt, cached, in flight, peak
     requests = [0] * servers
     where: dict[int, int] = {}
