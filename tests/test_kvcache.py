@@ -115,21 +115,27 @@ def test_cache_aware_sends_a_shared_prefix_to_its_worker_and_new_text_to_the_emp
     assert [n for _, n in asst] == [3]
 
 
-def test_llama_slots_reuse_only_what_a_slot_still_holds():
-    from sftree.teacher.kvcache import SlotCache, replay_fleet
+def test_llama_slots_reuse_what_a_slot_holds_and_the_host_cache_only_when_a_slot_would_lose_half():
+    from sftree.teacher.kvcache import SlotCache
 
+    X, a, b, a2, b2 = (
+        Block(k.encode(), t) for k, t in (("X", 20), ("a", 5), ("b", 5), ("a2", 5), ("b2", 30))
+    )
     one = SlotCache(1)
-    assert one.request([A, B]) == 0
-    assert one.request([A, D]) == 10  # the slot held A, B: A is shared
-    assert one.request([A, B, E]) == 10  # B went with the slot's last content
+    assert one.request([X, a]) == 0
+    assert one.request([X, b]) == 20  # the shared prefix with what the slot holds
+    # [X, a, a2] resembles the slot ([X, b]: 20 of 30 tokens) and keeps 20/25 of it: no host cache, only X
+    assert one.request([X, a, a2]) == 20
+    lru = SlotCache(1, similarity=0)  # --slot-prompt-similarity 0: by LRU, through the host cache every time
+    lru.request([X, a])
+    lru.request([X, b])
+    assert lru.request([X, a, a2]) == 25  # [X, a] was saved and is moved back into the slot
+    # a slot that would keep less than half of its chain is saved and the best saved chain comes back
+    half = SlotCache(1)
+    half.request([X, a])
+    half.request([X, b, b2])
+    assert half.request([X, a, a2]) == 25  # kept 20 of 55 < 0.5: [X, a] came back from the host cache
     two = SlotCache(2)
     two.request([A, B])
-    two.request([C, D])  # nothing shared: the second slot
+    two.request([C, D])  # nothing shared: a second slot
     assert two.request([A, B, E]) == 15 and two.request([C, D, E]) == 15
-    # sessions interleaved on one worker: one slot keeps only the last, SGLang's radix cache keeps all
-    calls = _calls([_session("S" * 800, 4, "a"), _session("T" * 800, 4, "b")], 4)
-    slots = replay_fleet(calls, 1, float("inf"), "round_robin", cache="slots", slots=1)
-    radix = replay_fleet(calls, 1, float("inf"), "round_robin")
-    assert slots.share < radix.share
-    two_slots = replay_fleet(calls, 1, float("inf"), "round_robin", cache="slots", slots=2, replies=True)
-    assert slots.share < two_slots.share <= radix.share
