@@ -130,11 +130,15 @@ def test_llama_slots_reuse_what_a_slot_holds_and_the_host_cache_only_when_a_slot
     lru.request([X, a])
     lru.request([X, b])
     assert lru.request([X, a, a2]) == 25  # [X, a] was saved and is moved back into the slot
-    # a slot that would keep less than half of its chain is saved and the best saved chain comes back
+    # a slot that would keep less than half of its chain is saved to the host cache first, and the saved chain
+    # that serves the request best comes back; one that would keep half or more is simply overwritten
+    long_a = Block(b"A30", 30)
     half = SlotCache(1)
-    half.request([X, a])
-    half.request([X, b, b2])
-    assert half.request([X, a, a2]) == 25  # kept 20 of 55 < 0.5: [X, a] came back from the host cache
+    half.request([X, long_a])
+    assert half.request([X, b]) == 20  # keeps 20 of 50: [X, A30] saved
+    assert half.request([X, b, b2]) == 25  # the slot's own
+    assert half.request([X, long_a, a2]) == 50  # keeps 20 of 55: [X, b, b2] saved, [X, A30] back
+    assert half.request([X, b, b2, a]) == 55  # and back again
     two = SlotCache(2)
     two.request([A, B])
     two.request([C, D])  # nothing shared: a second slot
