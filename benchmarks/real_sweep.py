@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -101,6 +102,9 @@ def main(argv=None) -> int:
     p.add_argument("--extra-body", default="{}", help="JSON passed as teacher.extra_body")
     p.add_argument("--keep", default=None, help="keep the tree in this folder")
     args = p.parse_args(argv)
+    signal.signal(
+        signal.SIGTERM, lambda *_: sys.exit(143)
+    )  # the tree's llama-server is stopped on the way out
     work = Path(tempfile.mkdtemp(prefix="sftree-sweep-"))
     try:
         root = make_root(work, args.task)
