@@ -9,7 +9,6 @@ import pytest
 from runtime_helpers import config, example_task, make_root, read_steps
 
 from sftree.runtime.coral import parse_grader_output
-from sftree.runtime.sandbox import bwrap_works
 from sftree.search.edge import EdgeContext, best_score, regressed_rate, run_edge
 
 FAULTS = [
@@ -176,25 +175,6 @@ def test_step_limit_fails_the_turn(tmp_path):
     assert r.score is None and r.regressed_rate == 1.0
 
 
-@pytest.mark.parametrize("sandbox", ["auto", "none"])
-def test_edge_tells_the_workspace_whether_links_were_fenced(tmp_path, sandbox):
-    """A sandboxed native edge saw `.opencode` as its own mount in every command; `sandbox: none` fences nothing
-    (docs/security.md, "The knowledge fence")."""
-    if sandbox == "auto" and not bwrap_works():
-        pytest.skip("bubblewrap cannot create namespaces here")
-    cfg = config(teacher={"sim": {"seed": 0}}, agent={"max_steps_per_turn": 2, "sandbox": sandbox})
-    ctx = EdgeContext.create(tmp_path / "t", make_root(tmp_path), cfg, example_task(cfg))
-    forked = []
-    real_fork = ctx.store.fork
-    ctx.store.fork = lambda *a, **k: forked.append(real_fork(*a, **k)) or forked[-1]
-    try:
-        r = run_edge(ctx, ctx.root_state, "e1", None, depth=1, attempt=1, eval_count=0)
-    finally:
-        ctx.close()
-    assert r.error is None and r.tool_calls > 0
-    assert forked[0].links_fenced is (sandbox == "auto")
-
-
 def test_regressed_rate_and_best_score_by_hand():
     assert regressed_rate(2.0, [2.5, 2.4], "maximize") == 0.5  # turn 2 worse than turn 1
     assert regressed_rate(2.0, [1.9, 2.4], "maximize") == 0.5
@@ -228,39 +208,3 @@ def test_parallel_forks_of_one_node_are_isolated(cp, tmp_path):
         assert other.turns[0].commit not in log and cp.root_state.code_commit in log
         first = read_steps(cp.tree_dir, r.edge_id)[0]["request"]["messages"][1]["content"]
         assert first == "Custom start for circle_packing. Submit with coral eval."
-
-
-def test_sandboxed_edges_hand_their_checkout_to_the_next_fork_by_name(tmp_path, monkeypatch):
-    """Two sandboxed native edges in a row: the second fork moves the first edge's parked checkout with
-    kcheckout (no index, no stat sweep) and gets exactly its commit's files (docs/runtime.md)."""
-    if not bwrap_works():
-        pytest.skip("bubblewrap cannot create namespaces here")
-    from sftree.runtime import kcheckout
-
-    cfg = config(teacher={"sim": {"seed": 0}}, agent={"max_steps_per_turn": 3, "sandbox": "auto"})
-    ctx = EdgeContext.create(tmp_path / "t", make_root(tmp_path), cfg, example_task(cfg))
-    moves = []
-    real_move = kcheckout.move
-    monkeypatch.setattr(kcheckout, "move", lambda *a, **k: moves.append(real_move(*a, **k)) or moves[-1])
-    real_fork = ctx.store.fork
-    seen = {}  # the files of each fork's checkout, taken before its agent runs
-
-    def fork_and_look(*a, **k):
-        ws = real_fork(*a, **k)
-        seen[ws.edge_id] = sorted(str(p.relative_to(ws.knowledge_dir)) for p in ws.knowledge_dir.rglob("*"))
-        return ws
-
-    ctx.store.fork = fork_and_look
-    try:
-        r1 = run_edge(ctx, ctx.root_state, "e1", None, depth=1, attempt=1, eval_count=0)
-        r2 = run_edge(ctx, ctx.root_state, "e2", None, depth=1, attempt=2, eval_count=0)
-        reference = ctx.store.__class__(ctx.store.tree_dir, {}).fork(ctx.root_state, "ref")
-        expect = sorted(
-            str(p.relative_to(reference.knowledge_dir)) for p in reference.knowledge_dir.rglob("*")
-        )
-        reference.close()
-    finally:
-        ctx.close()
-    assert r1.error is None and r2.error is None
-    assert len(moves) == 1  # e2's fork: the parked checkout of e1, moved back to the root by name
-    assert seen["e2"] == expect == seen["e1"]

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
-from sftree.agents.prompts import heartbeat, next_turn_prompt, start_prompt, write_agents_md
+from sftree.agents.prompts import agents_md, heartbeat, next_turn_prompt, start_prompt
 from sftree.config import REPO_ROOT
 
 TASK = {
@@ -35,21 +33,9 @@ def test_heartbeats():
     assert "Pivot" not in heartbeat(3, attempts(["regressed"] * 4 + ["improved"]))
 
 
-def test_results_prompt_from_session(tmp_path):
-    kdir = tmp_path / ".opencode"
-    (kdir / "attempts").mkdir(parents=True)
+def test_results_prompt_from_the_hosts_records():
     commit = "ab" * 20
-    (kdir / "attempts" / f"{commit}.json").write_text(
-        json.dumps(
-            {
-                "commit_hash": commit,
-                "title": "raise MARGIN",
-                "score": 2.5,
-                "status": "improved",
-                "timestamp": "t",
-            }
-        )
-    )
+    kdir = [{"commit": commit, "title": "raise MARGIN", "score": 2.5, "status": "improved"}]
     ev = {"number": 10, "score": 2.5, "commit": commit, "status": "improved", "feedback": "fine"}
     last = {"eval": {**ev, "message": "raise MARGIN"}, "ended": "eval"}
     p = next_turn_prompt(last, kdir, TASK)
@@ -68,7 +54,6 @@ def test_overrides_and_agents_md(tmp_path):
     t = tmp_path / "turn.md"
     t.write_text("Eval ${eval_number} gave ${score}; {braces} stay.")
     ev = {"number": 3, "score": None, "commit": "abc", "status": "crashed", "feedback": "boom", "message": ""}
-    p = next_turn_prompt({"eval": ev, "ended": "eval"}, tmp_path, TASK, {"turn": str(t)})
+    p = next_turn_prompt({"eval": ev, "ended": "eval"}, [], TASK, {"turn": str(t)})
     assert p == "Eval 3 gave FAILED; {braces} stay."
-    write_agents_md(tmp_path, TASK)
-    assert "circle_packing" in (tmp_path / "AGENTS.md").read_text()
+    assert "circle_packing" in agents_md(TASK)

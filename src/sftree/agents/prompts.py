@@ -12,14 +12,11 @@ without improvement.
 
 from __future__ import annotations
 
-import os
-import shutil
 import string
 from pathlib import Path
 
 from sftree.errors import InputError
-from sftree.runtime.attempts import view_for
-from sftree.runtime.coral import evals_since_improvement, fmt_score
+from sftree.runtime.coral import evals_since_improvement, fmt_score, one_line, quoted_lines
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "prompts"
 NAMES = {
@@ -86,26 +83,18 @@ def nudge_prompt(overrides: dict | None = None) -> str:
     return render("nudge", overrides).strip()
 
 
-def write_agents_md(root: Path, task_cfg: dict, overrides: dict | None = None) -> None:
-    """Write AGENTS.md afresh: whatever is there (a symlink the agent left, a file) is replaced, never
-    written through."""
-    text = render(
+def agents_md(task_cfg: dict, overrides: dict | None = None) -> str:
+    """The instruction file's text (the workspace writes it as AGENTS.md)."""
+    return render(
         "agents_md",
         overrides,
         task_name=task_cfg.get("name", "task"),
         direction_text=direction_text(task_cfg),
     )
-    path = Path(root) / "AGENTS.md"
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
 
 
-def heartbeat(eval_number: int | None, attempts) -> str:
-    """`attempts`: the records (a list, oldest first) or an `AttemptView`."""
+def heartbeat(eval_number: int | None, attempts: list[dict]) -> str:
+    """`attempts`: the host's records of the branch's graded attempts (dicts with `status`), oldest first."""
     lines = [HEARTBEAT_REFLECT]
     if eval_number and eval_number % CONSOLIDATE_EVERY == 0:
         lines.append(HEARTBEAT_CONSOLIDATE.format(n=eval_number))
@@ -124,10 +113,10 @@ def turn_record(ev, ended: str) -> dict:
 
 
 def next_turn_prompt(
-    last: dict | None, knowledge_dir: Path, task_cfg: dict, overrides: dict | None = None
+    last: dict | None, attempts: list[dict], task_cfg: dict, overrides: dict | None = None
 ) -> str:
-    """Coral's interrupt-style prompt for the turn that follows a turn whose host record is `last`."""
-    attempts = view_for(Path(knowledge_dir) / "attempts")  # incremental: docs/runtime.md
+    """Coral's interrupt-style prompt for the turn that follows a turn whose host record is `last`; `attempts`:
+    the host's records of the branch's graded attempts (never files the agent can write)."""
     ev = (last or {}).get("eval") or None
     if ev is None or ev.get("number") is None:
         reason = (
@@ -149,8 +138,8 @@ def next_turn_prompt(
         score=fmt_score(ev.get("score")),
         commit=ev.get("commit"),
         status=ev.get("status"),
-        title=ev.get("message", ""),
-        feedback=ev.get("feedback", ""),
+        title=one_line(ev.get("message", "")),  # the agent's text never reads as a line of the host's
+        feedback=quoted_lines(ev.get("feedback", "")),
         heartbeat=heartbeat(ev["number"], attempts),
         direction_text=direction_text(task_cfg),
     ).strip()

@@ -23,8 +23,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sftree.fileio import write_json_atomic, write_text_atomic
-from sftree.runtime.workspace import NodeState, TreeStore
+from sftree.fileio import read_json, write_json_atomic, write_text_atomic
+from sftree.runtime.coral import CoralRuntime, CoralServer, Graded, Records, root_records
+from sftree.runtime.edgebox import EdgeBox, own_socket_dir
+from sftree.runtime.snapshot import Quota
+from sftree.runtime.store import TreeStore
+from sftree.runtime.workspace import NodeState, write_world
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +124,9 @@ def tool_error_rate(calls: int, errors: int) -> float:
 
 
 # ---- context -----------------------------------------------------------------------------------------------
+DEFAULT_RUN_DIR = "/workspace/results/{task}"
+
+
 @dataclass
 class EdgeContext:
     """Everything an edge needs, built once per tree (`EdgeContext.create`)."""
@@ -133,6 +140,13 @@ class EdgeContext:
     direction: str
     agent_cfg: dict
     tree_name: str
+    mode: str = "bwrap"  # the sandbox: bwrap | none
+    agent_id: str = "agent-1"  # the Student's agent the root snapshot belongs to (the Teacher continues it)
+    run_dir: str = "/workspace/results/task"  # where the sandbox shows the edge's Coral run directory
+    quota: Quota = field(default_factory=Quota)
+    tmp_bytes: int = 256 << 20
+    hidden: list[Path] = field(default_factory=list)
+    root_records: list[Graded] = field(default_factory=list)  # the root snapshot's graded attempts
     keep_workspaces: bool = False
     _closers: list = field(default_factory=list)
 
@@ -142,6 +156,7 @@ class EdgeContext:
     ) -> EdgeContext:
         """Seed (or reopen) the store, start teacher-sim (`teacher.sim`) or llama-server (`teacher.launch`), wait."""
         from sftree.agents import make_agent
+        from sftree.runtime.sandbox import private_home_paths, resolve_mode
         from sftree.teacher.client import TeacherClient
 
         tree_dir = Path(tree_dir).resolve()
@@ -168,6 +183,15 @@ class EdgeContext:
             teacher.wait_ready()
         agent_cfg = dict(config.get("agent", {}))
         agent = make_agent(config, teacher=teacher, task_cfg=task_cfg)
+        quota_cfg = dict(agent_cfg.get("quota") or {})
+        task_dir = task_cfg.get("task_dir")
+        hidden = [tree_dir, *([Path(task_dir).resolve()] if task_dir else []), *private_home_paths()]
+        if config.get("results"):
+            hidden.append(
+                Path(config["results"]).resolve()
+            )  # relative to the job's cwd, as Snakemake runs it
+        meta = _root_meta(Path(root_dir))
+        task = task_cfg.get("name") or meta.get("task") or "task"
         return cls(
             tree_dir=tree_dir,
             store=store,
@@ -178,6 +202,13 @@ class EdgeContext:
             direction=task_cfg.get("direction", "maximize"),
             agent_cfg=agent_cfg,
             tree_name=Path(root_dir).name,
+            mode=resolve_mode(agent_cfg.get("sandbox", "auto")),
+            agent_id=str(meta.get("agent_id") or "agent-1"),
+            run_dir=str(agent_cfg.get("run_dir") or DEFAULT_RUN_DIR).format(task=task),
+            quota=Quota.from_config(quota_cfg),
+            tmp_bytes=int(quota_cfg.get("tmp_mib", 256)) << 20,
+            hidden=hidden,
+            root_records=root_records(store.knowledge, root_state.knowledge_commit),
             keep_workspaces=bool(config.get("search", {}).get("keep_workspaces", False)),
             _closers=closers,
         )
@@ -193,8 +224,44 @@ class EdgeContext:
         self._closers.clear()
 
 
+def _root_meta(root_dir: Path) -> dict:
+    try:
+        meta = read_json(root_dir / "metadata.json", "root metadata")
+    except Exception:  # noqa: BLE001 - explore's preflight reports a bad metadata.json; here it only names the agent
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
 # ---- the edge ----------------------------------------------------------------------------------------------
 _TURNS = 2
+
+
+def open_world(ctx: EdgeContext, parent: NodeState, edge_id: str, eval_count: int, uid: int | None):
+    """The edge's world, ready for its first turn: (workspace, coral runtime, its server (started), sandbox,
+    the instruction file's text). The caller stops the server and closes the workspace."""
+    from sftree.agents.prompts import agents_md
+    from sftree.runtime.sandbox import CORAL_MOUNT
+
+    sandboxed = ctx.mode == "bwrap"
+    inside = ctx.run_dir if sandboxed else None
+    ws = ctx.store.fork(parent, edge_id, agent_id=ctx.agent_id, inside=inside, uid=uid, quota=ctx.quota)
+    records = Records(ctx.agent_id, eval_count, ctx.root_records, [Graded.from_dict(e) for e in parent.evals])
+    runtime = CoralRuntime(ws, ctx.task_cfg, records, sandbox=ctx.mode)
+    server = CoralServer(runtime)
+    server.start()
+    own_socket_dir(server.dir, uid)
+    box = EdgeBox(
+        ws, ctx.mode, coral_dir=server.dir, coral_env=server.env(CORAL_MOUNT if sandboxed else None),
+        hidden=ctx.hidden, tmp_bytes=ctx.tmp_bytes,
+    )  # fmt: skip
+    instructions = agents_md(ctx.task_cfg, ctx.agent_cfg.get("prompts", {}))
+    write_world(ws, {"AGENTS.md": instructions.encode("utf-8")})
+    problem = box.init_repo()
+    if problem:
+        log.warning("edge %s: the worktree's own git repository was not made: %s", edge_id, problem)
+    return ws, runtime, server, box, instructions
+
+
 LAST_TURN = "last_turn.json"  # edges/<edge>/: how the edge's last turn ended, by the host's records
 
 
@@ -214,8 +281,8 @@ def run_edge(
     `eval_count` is Coral's eval count at the parent (the root: the snapshot's `eval_count`).
     """
     from sftree.agents.base import StepRecorder, TurnRun
-    from sftree.agents.prompts import next_turn_prompt, start_prompt, turn_record, write_agents_md
-    from sftree.runtime.coral import CoralServer
+    from sftree.agents.prompts import next_turn_prompt, start_prompt, turn_record
+    from sftree.runtime.sandbox import UIDS
 
     t0 = time.monotonic()
     edge_dir = ctx.tree_dir / "edges" / edge_id
@@ -228,18 +295,13 @@ def run_edge(
     child: NodeState | None = None
     ws = None
     server = None
+    runtime = None
+    sandboxed = ctx.mode == "bwrap"
+    uid = UIDS.acquire() if sandboxed else None
     recorder = StepRecorder(transcript, edge_id)
+    overrides = ctx.agent_cfg.get("prompts", {})
     try:
-        # The backend's word that its sandbox will refuse hard links (lowered below if a start lacked it).
-        ws = ctx.store.fork(parent, edge_id, links_fenced=ctx.agent.links_fenced(edge_id))
-        server = CoralServer(
-            ws,
-            ctx.task_cfg,
-            eval_count=eval_count,
-            agent_id=f"teacher-{edge_id}",
-            sandbox=getattr(ctx.agent, "sandbox", "auto"),
-        )
-        server.start()
+        ws, runtime, server, box, instructions = open_world(ctx, parent, edge_id, eval_count, uid)
         messages = list(ws.session)
         last = ws.last_turn  # the host's record of the parent's last turn (never text from the session)
         headers = {
@@ -249,17 +311,16 @@ def run_edge(
             "X-Sftree-Attempt": str(attempt),
             "X-Sftree-Session": parent.session or "fresh",
         }
-        write_agents_md(ws.root, ctx.task_cfg, ctx.agent_cfg.get("prompts", {}))
         for turn in range(1, _TURNS + 1):
             if not messages:
-                prompt = start_prompt(ctx.task_cfg, ctx.agent_cfg.get("prompts", {}))
+                prompt = start_prompt(ctx.task_cfg, overrides)
             else:
-                prompt = next_turn_prompt(
-                    last, ws.knowledge_dir, ctx.task_cfg, ctx.agent_cfg.get("prompts", {})
-                )
+                history = [g.to_dict() for g in runtime.graded]
+                prompt = next_turn_prompt(last, history, ctx.task_cfg, overrides)
             run = TurnRun(
                 workspace=ws,
-                coral=server.runtime,
+                box=box,
+                coral=runtime,
                 messages=messages,
                 prompt=prompt,
                 turn=turn,
@@ -267,8 +328,7 @@ def run_edge(
                 recorder=recorder,
                 agent_cfg=ctx.agent_cfg,
                 task_cfg=ctx.task_cfg,
-                env=server.env(),
-                extra_ro_hidden=[ctx.tree_dir],  # store, sessions, transcripts, other branches
+                instructions=instructions,
                 context_used=turns[-1].tokens if turns else 0,
             )
             outcome = ctx.agent.run_turn(run)
@@ -301,7 +361,7 @@ def run_edge(
                 break  # the session is full: the next turn could not send a single request
         write_json_atomic(edge_dir / LAST_TURN, last)  # before the session: a fork needs both
         write_json_atomic(ctx.tree_dir / session_rel, messages, indent=None)
-        child = ws.state(session_rel)
+        child = ws.state(session_rel, evals=tuple(g.to_dict() for g in runtime.graded))
     except Exception as exc:  # noqa: BLE001 - an edge never takes the search down; the error is recorded
         log.exception("edge %s failed", edge_id)
         error = f"{type(exc).__name__}: {exc}"
@@ -309,10 +369,6 @@ def run_edge(
         recorder.close()
         if server is not None:
             server.stop()
-        if ws is not None:
-            # Whether every command of the edge ran behind the knowledge fence (docs/security.md), however the
-            # edge ended: only then may the next fork trust the watch over its checkout (kcheckout.py).
-            ws.links_fenced = ws.links_fenced and ctx.agent.links_fenced(edge_id)
         try:
             ctx.agent.end_edge(edge_id)
         except Exception:  # noqa: BLE001 - releasing must not turn a finished edge into a failed one
@@ -353,12 +409,13 @@ def run_edge(
     finally:
         if ws is not None and not ctx.keep_workspaces:
             ws.close()
+        UIDS.release(uid)
     scores = [t.score for t in turns]
     calls = sum(t.tool_calls for t in turns)
     errors = sum(t.tool_errors for t in turns)
     wall = time.monotonic() - t0
     teacher_s = recorder.latency_s
-    grader_s = server.runtime.grader_s if server is not None else 0.0
+    grader_s = runtime.grader_s if runtime is not None else 0.0
     last_tokens = next((t.tokens for t in reversed(turns) if t.steps), 0)
     result = EdgeResult(
         edge_id=edge_id,

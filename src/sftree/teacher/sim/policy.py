@@ -21,8 +21,9 @@ parallel_width 1 is reproducible.
 Faults (server.py decides which apply to a request) change the answer: no_eval (text only, no tool call),
 malformed_args (broken JSON arguments), unknown_tool, tool_errors (read a missing file), broken_code (the edit
 writes a syntax error, so the eval crashes), pad_tokens (filler text of N tokens), break_workspace (a hostile
-step: `bash` replaces the workspace's `.opencode` knowledge folder by a link to a missing folder; the host never
-follows such a link, so it cannot take the edge's final state, which makes the edge an `edge_error`).
+step: `bash` replaces the run directory's knowledge folder `.coral/public` by a link to a missing folder, which
+only works without a sandbox (inside one its parent is the host's); the host never follows such a link, so it
+cannot take the edge's final state, which makes the edge an `edge_error`).
 
 Two faults add a step *in front of* the planned one instead of breaking the plan, so a turn still does its
 normal work (edit, eval, numeric score) and a script sets its tool counts exactly - one extra call per faulted
@@ -44,8 +45,7 @@ MAX_FAILED = 3
 EXTRA_MISSING = "missing_extra_"
 NOTE_P = 0.35
 # the break_workspace fault's command: the knowledge folder becomes a link to a folder that does not exist
-# (the workspace's `.git` cannot break anything: the host never uses it, docs/security.md)
-BREAK_WORKSPACE = "rm -rf .opencode && ln -s /nonexistent-sftree-knowledge .opencode"
+BREAK_WORKSPACE = "rm -rf ../../.coral/public && ln -s /nonexistent-sftree-knowledge ../../.coral/public"
 CONST_RX = r"^[A-Z][A-Z0-9_]*\s*=\s*[-+]?[0-9][0-9_]*(\.[0-9_]*)?([eE][-+]?[0-9]+)?\s*(#.*)?$"
 _CONST_LINE = re.compile(
     r"^(?P<name>[A-Z][A-Z0-9_]*)(?P<eq>\s*=\s*)(?P<val>[-+]?[0-9][0-9_]*(\.[0-9_]*)?"

@@ -42,7 +42,8 @@ then answer: the client's request timeout fires first), malformed_args (tool-cal
 unknown_tool, tool_errors (a read of a missing file; after 3 failed calls the policy gives up and submits, so a
 turn under it usually has no code change and no score), no_eval (text only: the model stops without an eval),
 broken_code (the constant edit writes a syntax error, so the grader crashes), break_workspace (a bash step
-that replaces `.opencode` by a dangling link: the host refuses it, the search records `edge_error`).
+that replaces `.coral/public` by a dangling link, without a sandbox: the host refuses it, the search records
+`edge_error`).
 
 Real-server shapes (docs/failures.md): context_overflow (HTTP 400 with SGLang's "longer than the model's
 context length" message; also sent for every request whose prompt exceeds `--context-tokens`), lone_surrogate
