@@ -110,9 +110,9 @@ def load_coral_task(task_dir: str | Path, name: str | None = None, overrides: di
     reads = tuple(str(p) for p in overrides.get("graded_can_read") or ())
     for rel in reads:
         p = Path(rel)
-        if p.is_absolute() or ".." in p.parts or not (task_dir / p).is_file():
+        if p.is_absolute() or ".." in p.parts or p.parts[:1] != ("eval",) or not (task_dir / p).is_file():
             raise InputError(
-                f"tasks.{name or title}.graded_can_read: {rel!r} is not a file inside {task_dir}"
+                f"tasks.{name or title}.graded_can_read: {rel!r} is not a file inside {task_dir}/eval"
             )
     seed = task_dir / "seed"
     return TaskSpec(
