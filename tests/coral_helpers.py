@@ -1,8 +1,8 @@
 """The real Coral for tests: `.venv-coral` made by scripts/install_coral.sh from ../shared/coral.
 
-    from coral_helpers import coral_python, coral_run, needs_coral
-    pytestmark = needs_coral          # skipped, with the reason, where Coral is not installed
-    out = coral_run("from coral.template.coral_md import generate_coral_md; ...")   # stdout of a script in Coral's Python
+from coral_helpers import coral_python, coral_run, needs_coral
+pytestmark = needs_coral          # skipped, with the reason, where Coral is not installed
+out = coral_run("from coral.template.coral_md import generate_coral_md; ...")   # stdout of a script in Coral's Python
 """
 
 from __future__ import annotations
@@ -25,8 +25,13 @@ def coral_python() -> str | None:
     py = VENV / "bin" / "python"
     if not (CORAL_SRC / "pyproject.toml").is_file():
         return None
-    if not py.exists() or subprocess.run([str(py), "-c", "import coral.config"], capture_output=True).returncode:
-        proc = subprocess.run(["bash", str(REPO / "scripts" / "install_coral.sh")], capture_output=True, text=True)
+    if (
+        not py.exists()
+        or subprocess.run([str(py), "-c", "import coral.config"], capture_output=True).returncode
+    ):
+        proc = subprocess.run(
+            ["bash", str(REPO / "scripts" / "install_coral.sh")], capture_output=True, text=True
+        )
         if proc.returncode:
             return None
     return str(py)

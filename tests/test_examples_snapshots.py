@@ -72,11 +72,12 @@ def test_run_improves(example_snapshots_dir):
 def test_scores_come_from_the_real_grader(example_snapshots_dir):
     d, meta, attempt = next(s for s in load(example_snapshots_dir / "tsp")[20:] if s[2]["score"] is not None)
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "tsp" / "grader.py"), str(d / "code")],
+        [sys.executable, "-m", "sftree.world.grade_command", "--task", "tsp", "--task-dir", str(EXAMPLES / "tsp"),
+         "--coral-mode", "stand-in", str(d / "code")],
         capture_output=True,
         text=True,
         timeout=60,
-    )
+    )  # fmt: skip
     assert json.loads(proc.stdout.splitlines()[-1])["score"] == attempt["score"]
 
 

@@ -53,19 +53,27 @@ def run_dir(tmp_path_factory):
     (pub / "attempts" / "broken.json").write_text("{not json")
     notes = pub / "notes"
     (notes / "research").mkdir(parents=True)
-    (notes / "a-first-idea.md").write_text("---\ncreator: agent-1\ncreated: 2026-05-01T10:00:00+00:00\n---\n# First idea\nUse a hexagonal grid.\n")
+    (notes / "a-first-idea.md").write_text(
+        "---\ncreator: agent-1\ncreated: 2026-05-01T10:00:00+00:00\n---\n# First idea\nUse a hexagonal grid.\n"
+    )
     (notes / "research" / "kernel_notes.md").write_text("No heading here, about kernel fusion.\n")
     (notes / "_synthesis.md").write_text("# hidden\n")
-    (notes / "later.md").write_text("---\ncreated: 2026-05-03T09:00:00\n---\n# Later finding\nThe margin matters.\n")
+    (notes / "later.md").write_text(
+        "---\ncreated: 2026-05-03T09:00:00\n---\n# Later finding\nThe margin matters.\n"
+    )
     os.utime(notes / "research" / "kernel_notes.md", (1_700_000_000, 1_700_000_000))
     skills = pub / "skills"
     (skills / "optimizer" / "scripts").mkdir(parents=True)
-    (skills / "optimizer" / "SKILL.md").write_text("---\nname: optimizer\ndescription: tune constants fast\ncreator: agent-1\n---\nSteps.\n")
+    (skills / "optimizer" / "SKILL.md").write_text(
+        "---\nname: optimizer\ndescription: tune constants fast\ncreator: agent-1\n---\nSteps.\n"
+    )
     (skills / "optimizer" / "scripts" / "run.sh").write_text("echo\n")
     (skills / "optim-two").mkdir()
     (skills / "optim-two" / "SKILL.md").write_text("No front matter.\n")
     (skills / "empty").mkdir()
-    (cd / "config.yaml").write_text("task:\n  name: t\n  description: d\ngrader:\n  timeout: 60\n  direction: maximize\n")
+    (cd / "config.yaml").write_text(
+        "task:\n  name: t\n  description: d\ngrader:\n  timeout: 60\n  direction: maximize\n"
+    )
     wt = root / "agents" / "agent-1"
     wt.mkdir(parents=True)
     (wt / ".coral_dir").write_text(str(cd))
@@ -115,7 +123,9 @@ def test_standin_cli_prints_what_corals_cli_prints(run_dir, argv):
     wt, _cd, _ = run_dir
     coral_bin = str(Path(coral_python()).parent / "coral")
     want = subprocess.run([coral_bin, *argv], cwd=wt, capture_output=True, text=True, timeout=60)
-    got = subprocess.run([sys.executable, "-I", str(STANDIN), *argv], cwd=wt, capture_output=True, text=True, timeout=60)
+    got = subprocess.run(
+        [sys.executable, "-I", str(STANDIN), *argv], cwd=wt, capture_output=True, text=True, timeout=60
+    )
     assert got.stdout == want.stdout
     assert got.returncode == want.returncode
     assert want.stdout.strip()
@@ -126,7 +136,9 @@ def test_standin_cli_needs_no_sftree(run_dir, tmp_path):
     wt, _cd, _ = run_dir
     copy = tmp_path / "coral_cli.py"
     copy.write_text(STANDIN.read_text())
-    out = subprocess.run([sys.executable, "-I", str(copy), "log", "-n", "1"], cwd=wt, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-I", str(copy), "log", "-n", "1"], cwd=wt, capture_output=True, text=True
+    )
     assert out.returncode == 0 and "Leaderboard (top 1):" in out.stdout and "3.0000000000" in out.stdout
     st = subprocess.run([sys.executable, "-I", str(copy), "status"], cwd=wt, capture_output=True, text=True)
     assert st.returncode == 0 and "Attempts: 7" in st.stdout

@@ -209,7 +209,7 @@ print(AgentManager._build_score_prompt(SimpleNamespace(config=CoralConfig.from_d
 
 
 # ---- `coral eval` from a real Coral run ---------------------------------------------------------------------
-GRADER = '''
+GRADER = """
 from pathlib import Path
 from coral.grader import TaskGrader
 class Grader(TaskGrader):
@@ -220,7 +220,7 @@ class Grader(TaskGrader):
         if v == "none":
             return self.fail("no score: the value is none", feedback="try again")
         return self.score(float(v), f"value {v}", feedback="bundle feedback")
-'''
+"""
 
 
 @pytest.fixture
@@ -233,9 +233,16 @@ def coral_run_dir(tmp_path):
     (cd / "private" / "eval" / "grader.py").write_text(GRADER)
     (cd / "public" / "attempts").mkdir(parents=True)
     (cd / "config.yaml").write_text(
-        yaml.safe_dump({"task": {"name": "t", "description": "d"}, "grader": {"timeout": 60, "direction": "maximize"}})
+        yaml.safe_dump(
+            {"task": {"name": "t", "description": "d"}, "grader": {"timeout": 60, "direction": "maximize"}}
+        )
     )
-    env = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@b", "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@b"}
+    env = {
+        "GIT_AUTHOR_NAME": "a",
+        "GIT_AUTHOR_EMAIL": "a@b",
+        "GIT_COMMITTER_NAME": "a",
+        "GIT_COMMITTER_EMAIL": "a@b",
+    }
     (repo / ".gitignore").write_text(".coral_dir\n.coral_agent_id\n")
     (repo / ".coral_dir").write_text(str(cd))
     (repo / ".coral_agent_id").write_text("agent-1")
@@ -271,15 +278,32 @@ def test_eval_block_and_exit_code_equal_coral_eval(install, coral_run_dir):
     spec = load_coral_task(EXAMPLES / "circle_packing", "circle_packing")
     w = World(spec, agent_id="agent-1", install=install)
     try:
-        for n, (value, msg) in enumerate([("0.5", "first"), ("0.25", "worse"), ("0.5", "tie"), ("none", "null"), ("boom", "crash"), ("0.75", "better")], 1):
+        for n, (value, msg) in enumerate(
+            [
+                ("0.5", "first"),
+                ("0.25", "worse"),
+                ("0.5", "tie"),
+                ("none", "null"),
+                ("boom", "crash"),
+                ("0.75", "better"),
+            ],
+            1,
+        ):
             out, err, rc = _coral_eval(repo, cd, env, value, msg)
-            files = sorted(cd.glob("public/attempts/*.json"), key=lambda p: json.loads(p.read_text())["timestamp"])
+            files = sorted(
+                cd.glob("public/attempts/*.json"), key=lambda p: json.loads(p.read_text())["timestamp"]
+            )
             assert files, (out, err, rc)
             rec = json.loads(files[-1].read_text())
             got = w.eval_output(rec, eval_count=n)
             assert got.stdout.splitlines() == out.splitlines(), value
             assert (got.stdout, got.stderr, got.rc) == (out, err, rc), (value, out, err)
-        statuses = [json.loads(p.read_text())["status"] for p in sorted(cd.glob("public/attempts/*.json"), key=lambda p: json.loads(p.read_text())["timestamp"])]
+        statuses = [
+            json.loads(p.read_text())["status"]
+            for p in sorted(
+                cd.glob("public/attempts/*.json"), key=lambda p: json.loads(p.read_text())["timestamp"]
+            )
+        ]
         assert statuses == ["improved", "regressed", "baseline", "crashed", "crashed", "improved"]
         out, err, rc = _coral_eval(repo, cd, env, None, "nothing changed")  # nothing to commit
         got = w.eval_output(None, error="nothing_to_commit")
@@ -293,7 +317,11 @@ def test_parse_eval_is_corals(cp):
     assert (a.message, a.tune, a.timeout, a.wait) == ("tuned", True, 30.0, True)
     assert cp.parse_eval(["--no-wait", "-m", "x"]).wait is False
     bad = cp.parse_eval(["--bogus"])
-    assert bad.rc == 2 and "the following arguments are required: -m/--message" in bad.stderr or "unrecognized" in bad.stderr
+    assert (
+        bad.rc == 2
+        and "the following arguments are required: -m/--message" in bad.stderr
+        or "unrecognized" in bad.stderr
+    )
 
 
 # ---- statuses: sftree's rule against Coral's daemon ---------------------------------------------------------
@@ -317,7 +345,9 @@ def test_statuses_equal_the_daemons(tmp_path, direction):
     seq = []
     for i in range(80):
         score = None if rng.random() < 0.15 else rng.choice([1.0, 2.0, 2.0, 3.0, round(rng.uniform(0, 4), 2)])
-        seq.append(_record(i, rng.choice(["agent-1", "agent-2"]), score, "tune" if rng.random() < 0.1 else None))
+        seq.append(
+            _record(i, rng.choice(["agent-1", "agent-2"]), score, "tune" if rng.random() < 0.1 else None)
+        )
     (tmp_path / "seq.json").write_text(json.dumps(seq))
     want = json.loads(coral_run(STATUS_SCRIPT, str(tmp_path / "seq.json"), direction))
     counters = {a: CoralCounters(a) for a in ("agent-1", "agent-2")}

@@ -16,7 +16,9 @@ from sftree.world.grading import grade
 from sftree.world.task import load_coral_task
 
 SANDBOX = "bwrap" if bwrap_works() else "none"
-needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot isolate here (apt-get install bubblewrap)")
+needs_bwrap = pytest.mark.skipif(
+    not bwrap_works(), reason="bubblewrap cannot isolate here (apt-get install bubblewrap)"
+)
 EXAMPLES = CORAL_SRC / "examples"
 
 
@@ -37,7 +39,7 @@ def _install(kind):
 
 COMMIT = "c" * 40
 
-PROBE_GRADER = '''
+PROBE_GRADER = """
 import subprocess, sys
 from coral.grader import TaskGrader
 
@@ -50,9 +52,9 @@ class Grader(TaskGrader):
         value = 1.0 if lines and lines[-1] == "42" else 0.0   # the grader decides; nothing printed is a score
         return self.score(value, "probe " + r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "no probe",
                           feedback="secret ok" if secret == "s3cret" else "secret unreadable")
-'''
+"""
 
-FORGER = r'''
+FORGER = r"""
 import json, os, signal, sys
 found = {}
 print(json.dumps({"score": 1000.0, "status": "scored", "feedback": "forged"}))
@@ -93,7 +95,7 @@ except OSError:
     pass
 sys.stderr.write("PROBE " + json.dumps(found) + "\n")
 print("42")
-'''
+"""
 
 
 def _task(tmp_path, grader_src, solution_src, timeout=60):
@@ -120,7 +122,9 @@ def test_graded_code_cannot_forge_read_or_kill(tmp_path, kind):
     assert "secret ok" in r.feedback  # the grader could read its eval folder
     probe = json.loads(r.feedback.split("probe PROBE ", 1)[1].splitlines()[0])
     assert probe["coral_dir"] == "/workspace/results/probe/.coral"
-    assert not any(probe[k] for k in ("private/eval/secret.txt", "private/eval/grader.py", "config.yaml", "public"))
+    assert not any(
+        probe[k] for k in ("private/eval/secret.txt", "private/eval/grader.py", "config.yaml", "public")
+    )
     assert "wrote_fds" not in probe and "opened" not in probe
     assert len(probe["pids"]) <= 3  # its own pid namespace: no grader, no host process
     assert not (code / "planted.txt").exists()  # the host's copy is never the one graded
@@ -129,7 +133,13 @@ def test_graded_code_cannot_forge_read_or_kill(tmp_path, kind):
 @pytest.mark.parametrize("kind", installs())
 def test_unconfined_grading_still_reads_only_the_pipe(tmp_path, kind):
     """sandbox: none (trusted tests): the same channel; the printed fake score is ignored."""
-    spec, code = _task(tmp_path, PROBE_GRADER, FORGER.replace("os.kill(os.getppid(), signal.SIGKILL)", "pass").replace("os.kill(-1, signal.SIGKILL) if os.getuid() else None", "pass"))
+    spec, code = _task(
+        tmp_path,
+        PROBE_GRADER,
+        FORGER.replace("os.kill(os.getppid(), signal.SIGKILL)", "pass").replace(
+            "os.kill(-1, signal.SIGKILL) if os.getuid() else None", "pass"
+        ),
+    )
     r = grade(spec, code, commit=COMMIT, install=_install(kind), sandbox="none")
     assert (r.score, r.status) == (1.0, "scored") and r.sandbox == "none"
 
@@ -146,7 +156,11 @@ def test_grader_failures_and_timeouts(tmp_path, kind, monkeypatch):
     boom = "from coral.grader import TaskGrader\nclass Grader(TaskGrader):\n    def evaluate(self):\n        raise ValueError('grader bug')\n"
     spec2, code2 = _task(tmp_path / "b", boom, "print(1)\n")
     r2 = grade(spec2, code2, commit=COMMIT, install=_install(kind), sandbox=SANDBOX)
-    assert (r2.score, r2.status, r2.budget_class) == (None, "crashed", "grader_error") and "grader bug" in r2.feedback
+    assert (r2.score, r2.status, r2.budget_class) == (
+        None,
+        "crashed",
+        "grader_error",
+    ) and "grader bug" in r2.feedback
 
 
 def _coral_daemon_grade(task_dir: Path, code_dir: Path, tmp: Path, tune: bool) -> dict:
@@ -171,10 +185,14 @@ write_attempt(cd, Attempt(sha, "agent-1", "t", None, "pending", None, datetime.n
 a = process_pending_once(cd)[0]
 print(json.dumps({"score": a.score, "feedback": a.feedback, "status": a.status}))
 """
-    return json.loads(coral_run(script, str(task_dir), str(code_dir), str(tmp / "run"), "1" if tune else "0", timeout=300))
+    return json.loads(
+        coral_run(script, str(task_dir), str(code_dir), str(tmp / "run"), "1" if tune else "0", timeout=300)
+    )
 
 
-@pytest.mark.skipif(coral_python() is None, reason="the real Coral is not installed (scripts/install_coral.sh)")
+@pytest.mark.skipif(
+    coral_python() is None, reason="the real Coral is not installed (scripts/install_coral.sh)"
+)
 @pytest.mark.coral
 @pytest.mark.parametrize(
     "task, tune, extra",
@@ -186,7 +204,9 @@ print(json.dumps({"score": a.score, "feedback": a.feedback, "status": a.status})
 )
 def test_corals_examples_graded_by_their_own_graders_as_corals_daemon_does(tmp_path, task, tune, extra):
     spec = load_coral_task(EXAMPLES / task, task, extra)
-    r = grade(spec, EXAMPLES / task / "seed", commit=COMMIT, install=_install("coral"), sandbox=SANDBOX, tune=tune)
+    r = grade(
+        spec, EXAMPLES / task / "seed", commit=COMMIT, install=_install("coral"), sandbox=SANDBOX, tune=tune
+    )
     want = _coral_daemon_grade(EXAMPLES / task, EXAMPLES / task / "seed", tmp_path, tune)
     assert r.status == "scored" and r.score == want["score"] and r.score is not None
     norm = lambda s: s.replace("Time: 0.1s", "Time: 0.0s")  # noqa: E731 - the program's own run time
@@ -194,17 +214,28 @@ def test_corals_examples_graded_by_their_own_graders_as_corals_daemon_does(tmp_p
     assert r.seconds < 120
 
 
-@pytest.mark.skipif(coral_python() is None, reason="the real Coral is not installed (scripts/install_coral.sh)")
+@pytest.mark.skipif(
+    coral_python() is None, reason="the real Coral is not installed (scripts/install_coral.sh)"
+)
 @pytest.mark.coral
 def test_kernel_builder_without_its_simulator_visible_fails_clearly(tmp_path):
     spec = load_coral_task(EXAMPLES / "kernel_builder", "kernel_builder")
-    r = grade(spec, EXAMPLES / "kernel_builder" / "seed", commit=COMMIT, install=_install("coral"), sandbox=SANDBOX, tune=True)
+    r = grade(
+        spec,
+        EXAMPLES / "kernel_builder" / "seed",
+        commit=COMMIT,
+        install=_install("coral"),
+        sandbox=SANDBOX,
+        tune=True,
+    )
     if SANDBOX == "bwrap":
         assert r.score is None and "frozen_problem" in r.feedback
 
 
 @needs_bwrap
-@pytest.mark.skipif(coral_python() is None, reason="the real Coral is not installed (scripts/install_coral.sh)")
+@pytest.mark.skipif(
+    coral_python() is None, reason="the real Coral is not installed (scripts/install_coral.sh)"
+)
 @pytest.mark.coral
 def test_circle_packings_grader_trusts_the_programs_stdout(tmp_path):
     """docs/security.md: Coral's circle_packing grader reads its score from what the graded program prints, so a

@@ -61,7 +61,9 @@ class CoralBridge:
                 except (BrokenPipeError, OSError) as exc:
                     self._kill()
                     if attempt == 2:
-                        raise CoralError(f"coral bridge ({self.install.python}) died during {op!r}: {exc}") from None
+                        raise CoralError(
+                            f"coral bridge ({self.install.python}) died during {op!r}: {exc}"
+                        ) from None
         data = json.loads(answer)
         if not data.get("ok"):
             raise CoralError(

@@ -194,7 +194,9 @@ def op_turn_prompt(req):
         m._agent_eval_counts = {aid: int(c["agent_evals"])}
         m._agent_best_scores = {} if c.get("real_best") is None else {aid: c["real_best"]}
         m._agent_evals_since_improvement = {aid: int(c["since_improvement"])}
-        (cd / "public" / "attempts" / f"{attempt['commit_hash']}.json").write_text(json.dumps(attempt, indent=2))
+        (cd / "public" / "attempts" / f"{attempt['commit_hash']}.json").write_text(
+            json.dumps(attempt, indent=2)
+        )
         captured = []
         calls = [0]
         real_seen = m._get_seen_attempts
@@ -299,7 +301,13 @@ def op_parse_eval(req):
     got = {}
 
     def capture(args):
-        got.update({k: v for k, v in vars(args).items() if k in ("message", "agent", "workdir", "wait", "timeout", "tune")})
+        got.update(
+            {
+                k: v
+                for k, v in vars(args).items()
+                if k in ("message", "agent", "workdir", "wait", "timeout", "tune")
+            }
+        )
 
     res = _run_cli(["eval", *req["argv"]], {"cmd_eval": capture})
     res["args"] = got or None
@@ -362,7 +370,11 @@ def main() -> None:
                 value = OPS[req["op"]](req)
             answer = {"ok": True, "value": value}
         except Exception as exc:  # noqa: BLE001 - reported to the host, which raises it with the op's name
-            answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+            answer = {
+                "ok": False,
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc(),
+            }
         out.write(json.dumps(answer) + "\n")
         out.flush()
 

@@ -76,7 +76,12 @@ def _standin(req: dict) -> dict:
 
     coral_dir = Path(req["coral_dir"])
     cls = "tune" if req.get("tune") else "real"
-    task = Task(id=req["task"], name=req["task"], description="", metadata={"budget_class": cls, "agent_id": req["agent_id"], "commit_hash": req["commit"]})
+    task = Task(
+        id=req["task"],
+        name=req["task"],
+        description="",
+        metadata={"budget_class": cls, "agent_id": req["agent_id"], "commit_hash": req["commit"]},
+    )
     timeout = req.get("timeout") or None
     try:
         path = coral_dir / "private" / "eval" / "grader.py"
@@ -103,20 +108,35 @@ def _standin(req: dict) -> dict:
         t.start()
         t.join(timeout)
         if t.is_alive():
-            return {"score": None, "status": "timeout", "feedback": f"grading took longer than {timeout} s", "metadata": {"budget_class": "grader_error"}}
+            return {
+                "score": None,
+                "status": "timeout",
+                "feedback": f"grading took longer than {timeout} s",
+                "metadata": {"budget_class": "grader_error"},
+            }
         if "e" in box:
             raise box["e"]
         result = box["v"]
         if not isinstance(result, ScoreBundle):
             result = ScoreBundle(scores={}, aggregated=float(result))
     except Exception as exc:  # noqa: BLE001
-        return {"score": None, "status": "crashed", "feedback": f"the grader failed: {exc}", "metadata": {"budget_class": "grader_error"}}
+        return {
+            "score": None,
+            "status": "crashed",
+            "feedback": f"the grader failed: {exc}",
+            "metadata": {"budget_class": "grader_error"},
+        }
     parts = [result.feedback] if result.feedback else []
     parts += [f"{n}: {s.explanation}" for n, s in (result.scores or {}).items() if s.explanation]
     score = result.aggregated
     meta = dict(result.metadata or {})
     meta["budget_class"] = cls
-    return {"score": score, "status": "scored" if score is not None else "crashed", "feedback": "\n".join(parts), "metadata": meta}
+    return {
+        "score": score,
+        "status": "scored" if score is not None else "crashed",
+        "feedback": "\n".join(parts),
+        "metadata": meta,
+    }
 
 
 def main() -> None:
@@ -136,14 +156,22 @@ def main() -> None:
     try:
         result = _coral(req) if req["mode"] == "coral" else _standin(req)
     except BaseException as exc:  # noqa: BLE001 - the host records it as a crash of the grading
-        result = {"score": None, "status": "crashed", "feedback": f"grading failed: {exc}", "metadata": {}, "traceback": traceback.format_exc()[-4000:]}
+        result = {
+            "score": None,
+            "status": "crashed",
+            "feedback": f"grading failed: {exc}",
+            "metadata": {},
+            "traceback": traceback.format_exc()[-4000:],
+        }
     result["grader_s"] = time.monotonic() - t0
     score = result.get("score")
     if score is not None:
         try:
             result["score"] = float(score)
         except (TypeError, ValueError):
-            result.update(score=None, status="crashed", feedback=f"the grader's score {score!r} is not a number")
+            result.update(
+                score=None, status="crashed", feedback=f"the grader's score {score!r} is not a number"
+            )
     out.write(json.dumps(result, default=str))
     out.flush()
     os._exit(0)

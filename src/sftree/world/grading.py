@@ -54,7 +54,9 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 GRADER_LIMITS = Limits(nproc=256, data_mb=8192, fsize_mb=1024)
 GRADED_LIMITS = Limits(nproc=64, data_mb=4096, fsize_mb=256)
-CTL = "/tmp/.sftree-grade"  # inside the grader's sandbox: grade_main.py, the forwarder, the request (read-only)
+CTL = (
+    "/tmp/.sftree-grade"  # inside the grader's sandbox: grade_main.py, the forwarder, the request (read-only)
+)
 SOCK = "/tmp/.sftree-grade-sock"
 GRACE_S = 30 + 15  # Coral's daemon kills its worker at timeout + 30 s; sftree stops the grader a little later
 NO_LIMIT_S = 6 * 3600  # grader.timeout 0 (no limit in Coral): the host still stops it
@@ -110,7 +112,7 @@ class GradeResult:
 
 def _open_tree(path: Path) -> None:
     """Both sandbox uids may read and write the shared copy (it is private to this grading)."""
-    for root, dirs, files in os.walk(path):
+    for root, _dirs, files in os.walk(path):
         os.chmod(root, 0o777)
         for name in files:
             p = os.path.join(root, name)
@@ -167,7 +169,11 @@ class _Runner:
                 rc = 124 if res.timed_out else (res.returncode if res.returncode is not None else 137)
                 if rc < 0:
                     rc = 128 - rc
-                reply = {"rc": rc, "stdout": base64.b64encode(res.stdout).decode(), "stderr": base64.b64encode(res.stderr).decode()}
+                reply = {
+                    "rc": rc,
+                    "stdout": base64.b64encode(res.stdout).decode(),
+                    "stderr": base64.b64encode(res.stderr).decode(),
+                }
                 conn.settimeout(None)
                 conn.sendall(json.dumps(reply).encode())
             except Exception as exc:  # noqa: BLE001 - the grader sees a failed program, the host a log line
@@ -204,6 +210,7 @@ def _run_watched(argv, conn: socket.socket, timeout: float, cwd: str, env: dict,
         env=env,
     )
     if stdin:
+
         def feed():
             try:
                 proc.stdin.write(stdin)
@@ -250,7 +257,12 @@ def _run_watched(argv, conn: socket.socket, timeout: float, cwd: str, env: dict,
     proc.wait()
     for fh in bufs:
         fh.close()
-    return SimpleNamespace(returncode=None if timed_out else proc.returncode, stdout=bytes(bufs[proc.stdout]), stderr=bytes(bufs[proc.stderr]), timed_out=timed_out)
+    return SimpleNamespace(
+        returncode=None if timed_out else proc.returncode,
+        stdout=bytes(bufs[proc.stdout]),
+        stderr=bytes(bufs[proc.stderr]),
+        timed_out=timed_out,
+    )
 
 
 def _config_yaml(spec: TaskSpec) -> str:
@@ -298,7 +310,9 @@ def grade(
         os.chmod(sock_dir, 0o755)
         shutil.copy(HERE / "grade_main.py", ctl / "grade_main.py")
         if install is None:
-            shutil.copytree(HERE / "standin_pkg", ctl / "standin", ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(
+                HERE / "standin_pkg", ctl / "standin", ignore=shutil.ignore_patterns("__pycache__")
+            )
         confined = mode == "bwrap"
         rd = (run_dir or "/workspace/results/{task}").format(task=spec.name) if confined else str(layout)
         ctl_in, sock_in = (CTL, SOCK) if confined else (str(ctl), str(sock_dir))
@@ -354,7 +368,14 @@ def grade(
                 real_cwd = cwd.replace(checkout_in, str(checkout_host), 1)
                 return wrap_limits(cmd, GRADED_LIMITS), real_cwd, env
             reads = [(cd_host / "private" / rel, f"{cd_in}/private/{rel}") for rel in spec.graded_can_read]
-            argv = bwrap_argv(cmd, cwd=cwd, binds=[(checkout_host, checkout_in)], ro_binds=reads, keep_visible=roots, uid=s_uid)
+            argv = bwrap_argv(
+                cmd,
+                cwd=cwd,
+                binds=[(checkout_host, checkout_in)],
+                ro_binds=reads,
+                keep_visible=roots,
+                uid=s_uid,
+            )
             return wrap_limits(argv, GRADED_LIMITS, s_uid), "/", env
 
         runner = _Runner(sock_dir / "run.sock", argv_for, deadline)
@@ -384,14 +405,30 @@ def grade(
         secs = time.monotonic() - t0
         stderr = res.stderr.decode("utf-8", "replace")
         if res.timed_out:
-            return GradeResult(None, "timeout", f"grading took longer than {limit:g} s and was stopped", {"budget_class": "grader_error"}, secs, mode, runner.runs)
+            return GradeResult(
+                None,
+                "timeout",
+                f"grading took longer than {limit:g} s and was stopped",
+                {"budget_class": "grader_error"},
+                secs,
+                mode,
+                runner.runs,
+            )
         try:
             out = json.loads(data)
             if not isinstance(out, dict):
                 raise ValueError("not an object")
         except ValueError:
             tail = stderr.strip()[-FEEDBACK_CAP // 4 :]
-            return GradeResult(None, "crashed", f"the grader gave no result (exit code {res.returncode}): {tail}", {"budget_class": "grader_error"}, secs, mode, runner.runs)
+            return GradeResult(
+                None,
+                "crashed",
+                f"the grader gave no result (exit code {res.returncode}): {tail}",
+                {"budget_class": "grader_error"},
+                secs,
+                mode,
+                runner.runs,
+            )
         score = out.get("score")
         status = out.get("status", "crashed")
         if score is not None and (not isinstance(score, int | float) or not math.isfinite(score)):
@@ -403,7 +440,9 @@ def grade(
         meta = out.get("metadata") if isinstance(out.get("metadata"), dict) else {}
         if out.get("traceback"):
             log.warning("grade_main failed: %s", out["traceback"])
-        return GradeResult(score, status, str(out.get("feedback") or "")[:FEEDBACK_CAP], meta, secs, mode, runner.runs)
+        return GradeResult(
+            score, status, str(out.get("feedback") or "")[:FEEDBACK_CAP], meta, secs, mode, runner.runs
+        )
     finally:
         if runner is not None:
             runner.stop()

@@ -46,7 +46,12 @@ class CoralInstall:
         return str(Path(self.package).parent)
 
     def to_dict(self) -> dict:
-        return {"python": self.python, "version": self.version, "package": self.package, "found_by": self.found_by}
+        return {
+            "python": self.python,
+            "version": self.version,
+            "package": self.package,
+            "found_by": self.found_by,
+        }
 
 
 def _probe(python: str) -> tuple[dict | None, str]:
@@ -57,7 +62,7 @@ def _probe(python: str) -> tuple[dict | None, str]:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, str(exc)
     if proc.returncode != 0:
-        return None, (proc.stderr.strip().splitlines() or ["exit code %d" % proc.returncode])[-1]
+        return None, (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1]), ""
     except (ValueError, IndexError):

@@ -62,8 +62,10 @@ def read_root_context(root_dir: str | Path, agent_id: str | None = None) -> Root
         if p.is_file():
             data = _json(p, "heartbeat file")
             acts = data.get("actions") if isinstance(data, dict) else None
-            if not isinstance(acts, list) or not all(isinstance(a, dict) and "name" in a and "every" in a for a in acts):
-                raise InputError(f"{p}: expected {{\"actions\": [{{\"name\", \"every\", ...}}]}}")
+            if not isinstance(acts, list) or not all(
+                isinstance(a, dict) and "name" in a and "every" in a for a in acts
+            ):
+                raise InputError(f'{p}: expected {{"actions": [{{"name", "every", ...}}]}}')
             hb[key] = acts
     ids = {a.get("agent_id") for a in attempts if a.get("agent_id")} | {agent}
     ec = meta.get("eval_count")

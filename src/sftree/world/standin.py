@@ -111,7 +111,13 @@ def heartbeat_actions(task: dict, agent_id: str, local=None, global_=None) -> di
             g = bool(h.get("global", False)) or DEFAULT_GLOBAL.get(h["name"], False)
             trig = h.get("trigger") or DEFAULT_TRIGGER.get(h["name"], "interval")
             norm.append(
-                {"name": h["name"], "every": int(h["every"]), "prompt": h.get("prompt") or "", "trigger": trig, "g": g}
+                {
+                    "name": h["name"],
+                    "every": int(h["every"]),
+                    "prompt": h.get("prompt") or "",
+                    "trigger": trig,
+                    "g": g,
+                }
             )
         if local is None:
             local = [{k: v for k, v in h.items() if k != "g"} for h in norm if not h["g"]]
@@ -166,7 +172,12 @@ def eval_header(attempt: dict, agent_eval_count: int) -> str:
 
 
 def turn_prompt(
-    actions: dict, agent_id: str, counters: dict, global_evals: int, attempt: dict, direction: str,
+    actions: dict,
+    agent_id: str,
+    counters: dict,
+    global_evals: int,
+    attempt: dict,
+    direction: str,
     shared_dir: str = ".opencode",
 ) -> dict:
     """The header and the heartbeat prompts that fire after `attempt`, with the manager's counters after it."""
@@ -209,7 +220,9 @@ def restart_prompt(attempt: dict | None, global_evals: int) -> str | None:
 NOTHING_TO_COMMIT = "Nothing to commit: no change since the last eval."
 
 
-def eval_output(attempt: dict | None, eval_count: int | None, error: str | None = None, header: str = "CORAL Eval") -> dict:
+def eval_output(
+    attempt: dict | None, eval_count: int | None, error: str | None = None, header: str = "CORAL Eval"
+) -> dict:
     """`coral eval`'s output in Coral's format: the ruled block on stdout and exit 0 (a null score too), or
     `Error: ...` on stderr and exit 1."""
     if error:
@@ -220,7 +233,13 @@ def eval_output(attempt: dict | None, eval_count: int | None, error: str | None 
     count = f" (#{eval_count})" if eval_count else ""
     cls = budget_class(attempt.get("metadata"))
     status_line = status if cls == "real" else f"{status}  (budget: {cls})"
-    lines = ["", RULE, f"{header}{count}: {score}", f"Commit:  {str(attempt['commit_hash'])[:12]}", f"Status:  {status_line}"]
+    lines = [
+        "",
+        RULE,
+        f"{header}{count}: {score}",
+        f"Commit:  {str(attempt['commit_hash'])[:12]}",
+        f"Status:  {status_line}",
+    ]
     if attempt.get("feedback"):
         lines.append(f"Feedback: {attempt['feedback']}")
     if status == "pending":

@@ -102,7 +102,11 @@ def cmd_log(args, cd: Path) -> None:
     if args.search:
         q = args.search.lower()
         rows = keep([a for a in every if q in f"{a['title']} {a['feedback']} {a['status']}".lower()])[:count]
-        print(f"Search results for '{args.search}':\n{leaderboard(rows)}" if rows else f"No attempts matching '{args.search}'.")
+        print(
+            f"Search results for '{args.search}':\n{leaderboard(rows)}"
+            if rows
+            else f"No attempts matching '{args.search}'."
+        )
     elif args.agent:
         rows = keep([a for a in every if a["agent_id"] == args.agent])[:count]
         print(f"Attempts by {args.agent}:\n{leaderboard(rows)}" if rows else f"No attempts by {args.agent}.")
@@ -169,7 +173,15 @@ def _legacy(text: str) -> list[dict]:
             date, (title, _, body) = m.group(1).strip(), m.group(2).partition("\n")
         else:
             date, (title, _, body) = "", part.partition("\n")
-        out.append({"date": date, "title": title.strip(), "body": body.strip(), "creator": "", "filename": "notes.md"})
+        out.append(
+            {
+                "date": date,
+                "title": title.strip(),
+                "body": body.strip(),
+                "creator": "",
+                "filename": "notes.md",
+            }
+        )
     return out
 
 
@@ -180,7 +192,14 @@ def _note(path: Path) -> dict:
         if line.strip().startswith("# "):
             title = line.strip()[2:].strip()
             break
-    return {"date": meta.get("created", ""), "title": title, "body": body, "creator": meta.get("creator", ""), "filename": path.name, "_mtime": os.path.getmtime(path)}
+    return {
+        "date": meta.get("created", ""),
+        "title": title,
+        "body": body,
+        "creator": meta.get("creator", ""),
+        "filename": path.name,
+        "_mtime": os.path.getmtime(path),
+    }
 
 
 def _collect(d: Path) -> list[dict]:
@@ -238,7 +257,11 @@ def cmd_notes(args, cd: Path) -> None:
     elif args.search:
         q = args.search.lower()
         hits = [e for e in notes(cd) if q in f"{e['title']} {e['body']}".lower()]
-        print(f"Notes matching '{args.search}':\n{fmt_notes(hits)}" if hits else f"No notes matching '{args.search}'.")
+        print(
+            f"Notes matching '{args.search}':\n{fmt_notes(hits)}"
+            if hits
+            else f"No notes matching '{args.search}'."
+        )
     elif args.recent:
         entries = notes(cd)
         entries = entries[-args.recent :] if len(entries) > args.recent else entries
@@ -266,7 +289,9 @@ def cmd_skills(args, cd: Path) -> None:
     if args.read:
         sd = d / args.read
         if not sd.is_dir():
-            matches = [p for p in d.iterdir() if p.is_dir() and p.name.startswith(args.read)] if d.is_dir() else []
+            matches = (
+                [p for p in d.iterdir() if p.is_dir() and p.name.startswith(args.read)] if d.is_dir() else []
+            )
             if len(matches) > 1:
                 print(f"Ambiguous name '{args.read}'. Matches:")
                 for m in matches:
@@ -298,7 +323,9 @@ def cmd_skills(args, cd: Path) -> None:
 def cmd_status(args, cd: Path) -> None:
     every = attempts(cd)
     scored = [a for a in every if a["score"] is not None]
-    print(f"Attempts: {len(every)}  |  Scored: {len(scored)}  |  Crashed: {sum(a['status'] == 'crashed' for a in every)}")
+    print(
+        f"Attempts: {len(every)}  |  Scored: {len(scored)}  |  Crashed: {sum(a['status'] == 'crashed' for a in every)}"
+    )
     if scored:
         pick = min if direction(cd) == "minimize" else max
         best = pick(scored, key=lambda a: a["score"])
@@ -338,7 +365,9 @@ def main(argv: list[str] | None = None) -> int:
         parser().print_help()
         return 0
     cd = coral_dir()
-    {"log": cmd_log, "show": cmd_show, "notes": cmd_notes, "skills": cmd_skills, "status": cmd_status}[args.command](args, cd)
+    {"log": cmd_log, "show": cmd_show, "notes": cmd_notes, "skills": cmd_skills, "status": cmd_status}[
+        args.command
+    ](args, cd)
     return 0
 
 

@@ -105,8 +105,9 @@ def load_coral_task(task_dir: str | Path, name: str | None = None, overrides: di
     if not (eval_dir / "grader.py").is_file():
         raise InputError(f"{task_dir}: no eval/grader.py (the task's TaskGrader)")
     overrides = overrides or {}
-    if overrides.get("grader_timeout") is not None:
-        timeout = overrides["grader_timeout"]
+    override = overrides.get("coral_timeout_override", overrides.get("grader_timeout"))
+    if override is not None:
+        timeout = override
     reads = tuple(str(p) for p in overrides.get("graded_can_read") or ())
     for rel in reads:
         p = Path(rel)
@@ -157,5 +158,8 @@ def load_task(entry: dict, name: str) -> TaskSpec:
         title=name,
         task_dir=task_dir,
         grader=entry["grader"],
-        coral={"task": {"name": name, "description": desc}, "grader": {"direction": entry.get("direction", "maximize")}},
+        coral={
+            "task": {"name": name, "description": desc},
+            "grader": {"direction": entry.get("direction", "maximize")},
+        },
     )

@@ -28,9 +28,7 @@ QUOTE = "> "
 
 
 def _clean(line: str) -> str:
-    return "".join(
-        ch if ch == "\t" or unicodedata.category(ch) != "Cc" else "\ufffd" for ch in line
-    )
+    return "".join(ch if ch == "\t" or unicodedata.category(ch) != "Cc" else "\ufffd" for ch in line)
 
 
 def one_line(text: str | None) -> str:
@@ -41,8 +39,17 @@ def one_line(text: str | None) -> str:
 
 
 LABELS = (
-    "eval #", "coral eval", "coral wait", "score", "commit", "status", "what you did", "budget", "feedback",
-    "tip:", "heartbeat",
+    "eval #",
+    "coral eval",
+    "coral wait",
+    "score",
+    "commit",
+    "status",
+    "what you did",
+    "budget",
+    "feedback",
+    "tip:",
+    "heartbeat",
 )
 _MARKS = " \t-*+>#|`_"
 

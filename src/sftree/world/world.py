@@ -122,7 +122,11 @@ class World:
         )
 
     def opencode_json(self, research: bool | None = None) -> str:
-        research = bool(((self.spec.coral.get("agents") or {}).get("research", True))) if research is None else research
+        research = (
+            bool((self.spec.coral.get("agents") or {}).get("research", True))
+            if research is None
+            else research
+        )
         return self._call(
             "opencode_json",
             lambda: standin.opencode_json(self.coral_dir, research),
@@ -158,11 +162,17 @@ class World:
             global_evals=after.global_evals,
             attempt=rec,
         )
-        mine = {"agent_evals": after.agent_evals, "real_best": after.real_best, "since_improvement": after.since_improvement}
+        mine = {
+            "agent_evals": after.agent_evals,
+            "real_best": after.real_best,
+            "since_improvement": after.since_improvement,
+        }
         if out["counters"] != mine:
             from sftree.world.bridge import CoralError
 
-            raise CoralError(f"Coral's manager counted {out['counters']} after {record.get('commit_hash')}, sftree {mine}")
+            raise CoralError(
+                f"Coral's manager counted {out['counters']} after {record.get('commit_hash')}, sftree {mine}"
+            )
         return TurnPrompt(out["prompt"] or "", tuple(out["fired"]), after)
 
     def restart_prompt(self, counters: CoralCounters) -> str:
@@ -179,7 +189,12 @@ class World:
 
     # -- `coral eval` / `coral wait`
     def eval_output(
-        self, record: dict | None, eval_count: int | None = None, *, error: str | None = None, wait: bool = False
+        self,
+        record: dict | None,
+        eval_count: int | None = None,
+        *,
+        error: str | None = None,
+        wait: bool = False,
     ) -> CommandOutput:
         rec = safe_attempt(record) if record else None
         header = "CORAL Wait" if wait else "CORAL Eval"
@@ -212,11 +227,20 @@ class World:
             self._bridge.close()
 
 
-def open_world(config: dict, spec: TaskSpec, *, agent_id: str, agents: int = 1, root_heartbeat: dict | None = None) -> World:
+def open_world(
+    config: dict, spec: TaskSpec, *, agent_id: str, agents: int = 1, root_heartbeat: dict | None = None
+) -> World:
     """The world of one tree from the config's `coral:` (locate) and `agent.run_dir`."""
     install = locate(config.get("coral") or {})
     run_dir = (config.get("agent") or {}).get("run_dir")
-    return World(spec, agent_id=agent_id, agents=agents, install=install, run_dir=run_dir, root_heartbeat=root_heartbeat)
+    return World(
+        spec,
+        agent_id=agent_id,
+        agents=agents,
+        install=install,
+        run_dir=run_dir,
+        root_heartbeat=root_heartbeat,
+    )
 
 
 __all__ = ["CommandOutput", "EvalArgs", "TurnPrompt", "World", "open_world", "replace"]
