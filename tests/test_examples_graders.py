@@ -80,7 +80,7 @@ def test_printed_numbers_are_no_score(tmp_path, install):
         ("def pack(:\n", "SyntaxError"),
         ("import sys\nsys.exit(3)\n", "SystemExit"),
         ("X = 1\n", "AttributeError"),
-        ("import os\nos._exit(3)\n", "solution failed"),
+        ("import os\nos._exit(3)\n", "exited with code 3"),
     ],
 )
 def test_circle_invalid_gives_null(tmp_path, source, words, install):

@@ -49,7 +49,7 @@ def test_layout_and_records(example_snapshots_dir):
                 assert meta["eval_ok"] == (attempt["score"] is not None)
         states = [m.get("eval_ok") for _, m, _ in snaps]
         assert states.count(None) >= 2 and states.count(False) >= 1 and states.count(True) >= 30
-        # the crash case: code that kills its process (the sandboxed child since graders use sftree.runtime.gradebox)
+        # the crash case: code that kills its process (the graded child, in its own sandbox)
         assert any(
             "grader crashed" in a["feedback"] or "exited with code 3" in a["feedback"] for _, _, a in snaps
         )

@@ -63,18 +63,37 @@ def check(circles) -> float:
     return sum(c[2] for c in circles)
 
 
+def run(grader: TaskGrader, script: str) -> dict | str:
+    """The runner's result, or why there is none (the program raised, exited, hung or printed no result)."""
+    import json
+    import subprocess
+
+    try:
+        proc = grader.run_script(script, timeout=grader.timeout or 60)
+    except subprocess.TimeoutExpired:
+        return f"solution took longer than {grader.timeout or 60} s"
+    if proc.returncode != 0:
+        return f"solution exited with code {proc.returncode} without returning a value\n{proc.stderr.strip()[-2000:]}"
+    for line in reversed(proc.stdout.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                res = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(res, dict) and res.get("ok") is True:
+                return res
+            if isinstance(res, dict) and res.get("ok") is False:
+                return f"solution failed:\n{res.get('error', '')}"
+    return f"solution returned no value\n{proc.stderr.strip()[-2000:]}"
+
+
 class Grader(TaskGrader):
     def evaluate(self):
         program = self.args.get("program_file", "solution.py")
         module = program.removesuffix(".py")
-        try:
-            res = self.run_script_json(
-                RUNNER.format(code=self.codebase_path, module=module, func="pack"), timeout=self.timeout or 60
-            )
-        except Exception as exc:  # noqa: BLE001 - a program that hangs, dies or prints no result
-            return self.fail(f"solution failed: {exc}")
-        if not isinstance(res, dict) or res.get("ok") is not True:
-            return self.fail(f"solution failed:\n{res.get('error', '') if isinstance(res, dict) else res}")
+        res = run(self, RUNNER.format(code=self.codebase_path, module=module, func="pack"))
+        if isinstance(res, str):
+            return self.fail(res)
         try:
             score = check(res.get("value"))
         except Invalid as exc:
