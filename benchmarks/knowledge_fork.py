@@ -50,7 +50,6 @@ REPO = Path(__file__).resolve().parents[1]
 _SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv[:-1] else str(REPO / "src")
 sys.path.insert(0, _SRC)
 
-from sftree.agents import prompts  # noqa: E402
 from sftree.runtime import coral, safefs  # noqa: E402
 from sftree.runtime import workspace as wsmod  # noqa: E402
 from sftree.runtime.attempts import numeric  # noqa: E402
@@ -189,7 +188,6 @@ def one_edge(
     att = ws.knowledge_dir / "attempts"
     load = 0.0
     commit = 0.0
-    last = None
     hand = 0.0
     for turn in (1, 2):
         if (
@@ -204,7 +202,9 @@ def one_edge(
                 give_to(ws.root, HAND_UID)
             hand += time.perf_counter() - t1
         t1 = time.perf_counter()
-        prompts.next_turn_prompt(last, ws.knowledge_dir, {})  # the turn prompt (pivot heartbeat)
+        coral.view_for(
+            att
+        ).since_improvement()  # the load the turn prompt made (its pivot heartbeat) before sftree.world
         # `coral eval`: the branch best before grading, as CoralRuntime.cmd_eval asks for it
         coral.view_for(att).best("maximize", exclude="0" * 40)
         load += time.perf_counter() - t1
@@ -214,7 +214,6 @@ def one_edge(
         t1 = time.perf_counter()
         ws.commit_knowledge(f"{edge_id} turn {turn}")
         commit += time.perf_counter() - t1
-        last = {"eval": {"number": 10 * n + turn, "score": 1.0, "commit": sha, "status": "improved"}}
     t["loads"], t["commits"], t["handover"] = load, commit, hand
     t1 = time.perf_counter()
     child = ws.state(None)
@@ -225,14 +224,14 @@ def one_edge(
 
 
 def run_tree(tmp: Path, root: Path, edges: int, mode: str, shape: str = "chain") -> dict[str, float]:
-    saved = (TreeStore._checkout_knowledge, TreeStore.park_knowledge, coral.view_for, prompts.view_for)
+    saved = (TreeStore._checkout_knowledge, TreeStore.park_knowledge, coral.view_for)
     wsmod.git = _counting_git
     if mode == "before":
         TreeStore._checkout_knowledge = old_checkout_knowledge
         TreeStore.park_knowledge = lambda self, ws: None
-        coral.view_for = prompts.view_for = lambda d: ListView(old_load_attempts(d))
+        coral.view_for = lambda d: ListView(old_load_attempts(d))
     elif mode == "stat-cache":
-        coral.view_for = prompts.view_for = lambda d: ListView(stat_cache_load_attempts(d))
+        coral.view_for = lambda d: ListView(stat_cache_load_attempts(d))
     _STAT_CACHE.clear()
     try:
         store, state = TreeStore.create(tmp / f"tree-{mode}-{root.name}", root, {})
@@ -247,7 +246,7 @@ def run_tree(tmp: Path, root: Path, edges: int, mode: str, shape: str = "chain")
                 times.append(t)
         store.close()
     finally:
-        TreeStore._checkout_knowledge, TreeStore.park_knowledge, coral.view_for, prompts.view_for = saved
+        TreeStore._checkout_knowledge, TreeStore.park_knowledge, coral.view_for = saved
         wsmod.git = git
     out = {k: 1000 * statistics.median(t[k] for t in times) for k in times[0] if k != "sweeps"}
     out["sweeps"] = sum(t["sweeps"] for t in times)  # forks that took git's way (of the edges counted)

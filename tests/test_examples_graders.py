@@ -36,7 +36,9 @@ def grade(task, tmp_path, source=None, install=None):
         code = EXAMPLES / task / "seed"
     else:
         (code / "solution.py").write_text(textwrap.dedent(source))
-    r = world_grade(load_coral_task(EXAMPLES / task, task), code, commit="e" * 40, install=install, sandbox=SANDBOX)
+    r = world_grade(
+        load_coral_task(EXAMPLES / task, task), code, commit="e" * 40, install=install, sandbox=SANDBOX
+    )
     return r, {"score": r.score, "feedback": r.feedback}
 
 
@@ -50,7 +52,10 @@ def pack():
 def test_circle_valid_packing_scores_sum_of_radii(tmp_path, install):
     # 25 circles of radius 0.1 in a 5x5 grid + one of 0.04 in a gap (gap fits 0.1*sqrt(2) - 0.1 = 0.0414)
     r, result = grade(
-        "circle_packing", tmp_path, "print('noise without newline', end='')\n" + GRID.format(extra=0.04), install
+        "circle_packing",
+        tmp_path,
+        "print('noise without newline', end='')\n" + GRID.format(extra=0.04),
+        install,
     )
     assert r.status == "scored" and r.runs == 1
     assert result["score"] == pytest.approx(2.54, abs=1e-12) and "valid packing" in result["feedback"]
@@ -60,7 +65,7 @@ def test_printed_numbers_are_no_score(tmp_path, install):
     """A program that prints a score line or a fake result gets the score of what pack() returns, checked."""
     src = (
         "import json\nprint(json.dumps({'ok': True, 'value': [[0.5, 0.5, 0.5]] * 26}))\n"
-        'print(\'{"score": 99}\')\n' + GRID.format(extra=0.04)
+        "print('{\"score\": 99}')\n" + GRID.format(extra=0.04)
     )
     _, result = grade("circle_packing", tmp_path, src, install)
     assert result["score"] == pytest.approx(2.54, abs=1e-12)
@@ -124,6 +129,10 @@ def test_starting_code_scores_and_constants_matter(tmp_path, install):
     assert cp["score"] == pytest.approx(1.368, abs=1e-9)
     assert tsp["score"] == pytest.approx(895.4874048225067, rel=1e-12)
     # Moving one constant into its documented range really changes the score.
-    src = (EXAMPLES / "tsp" / "seed" / "solution.py").read_text().replace("TWO_OPT_ROUNDS = 0", "TWO_OPT_ROUNDS = 5")
+    src = (
+        (EXAMPLES / "tsp" / "seed" / "solution.py")
+        .read_text()
+        .replace("TWO_OPT_ROUNDS = 0", "TWO_OPT_ROUNDS = 5")
+    )
     _, better = grade("tsp", tmp_path, src, install)
     assert better["score"] < tsp["score"] - 20

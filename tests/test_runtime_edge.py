@@ -208,16 +208,12 @@ def test_regressed_rate_and_best_score_by_hand():
 def test_parallel_forks_of_one_node_are_isolated(cp, tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    prompt = tmp_path / "start.md"
-    prompt.write_text("Custom start for ${task_name}. Submit with coral eval.")
-    cp.agent_cfg = {**cp.agent_cfg, "prompts": {"start": str(prompt)}}
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            a, b = pool.map(
-                lambda e: run_edge(cp, cp.root_state, e, 1.0, depth=1, attempt=1, eval_count=5), ["e8", "e9"]
-            )
-    finally:
-        cp.agent_cfg = {k: v for k, v in cp.agent_cfg.items() if k != "prompts"}
+    from sftree.agents.prompts import start_prompt
+
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(
+            lambda e: run_edge(cp, cp.root_state, e, 1.0, depth=1, attempt=1, eval_count=5), ["e8", "e9"]
+        )
     assert a.valid and b.valid and a.child_state.code_commit != b.child_state.code_commit
     for r, other in ((a, b), (b, a)):
         log = subprocess.run(
@@ -227,7 +223,7 @@ def test_parallel_forks_of_one_node_are_isolated(cp, tmp_path):
         ).stdout.split()
         assert other.turns[0].commit not in log and cp.root_state.code_commit in log
         first = read_steps(cp.tree_dir, r.edge_id)[0]["request"]["messages"][1]["content"]
-        assert first == "Custom start for circle_packing. Submit with coral eval."
+        assert first == start_prompt(cp.task_cfg)  # the world's (Coral's OpenCode runtime, or the stand-in)
 
 
 def test_sandboxed_edges_hand_their_checkout_to_the_next_fork_by_name(tmp_path, monkeypatch):

@@ -98,6 +98,8 @@ def task_config(config: dict, task: str) -> dict[str, Any]:
                 p = p.resolve() if p.exists() else (REPO_ROOT / p).resolve()
             entry[key] = str(p)
     entry["name"] = task
+    entry.setdefault("coral", dict(config.get("coral") or {}))  # the Teacher's world (sftree.world)
+    entry.setdefault("run_dir", (config.get("agent") or {}).get("run_dir"))
     if entry.get("coral_task"):
         # A Coral task folder (sftree.world.task): direction and timeout from its task.yaml; graded by its own
         # TaskGrader through the command form the runtime runs (sftree.world.grade_command).
