@@ -82,11 +82,12 @@ def test_edge_metrics_match_the_transcript(cp, e1):
     assert e1.knowledge == all(t.knowledge for t in e1.turns)
     assert e1.tokens == steps[-1]["usage"]["prompt_tokens"] + steps[-1]["usage"]["completion_tokens"]
     first_sent = steps[0]["request"]["messages"]
-    assert (
-        first_sent[0]["role"] == "system"
-        and "Instructions from: AGENTS.md\n# Agent instructions" in (first_sent[0]["content"])
-    )
-    assert first_sent[1]["content"].startswith("You are an autonomous research agent")
+    from sftree.agents.prompts import start_prompt, world_for
+
+    w = world_for(cp.task_cfg)
+    assert first_sent[0]["role"] == "system"
+    assert "Instructions from: AGENTS.md\n" + w.instructions().strip() in first_sent[0]["content"]
+    assert first_sent[1]["content"] == start_prompt(cp.task_cfg)
     turn2_first = next(s for s in steps if s["turn"] == 2)
     assert turn2_first["request"]["messages"][-1]["content"].startswith("## Eval #6 Results")
 

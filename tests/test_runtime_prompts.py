@@ -68,7 +68,7 @@ def test_failed_turns_and_nudge():
     )
     p = failed_turn_prompt(w, c)
     assert p.startswith("Eval #12: score=1.0000000000 (commit ababababab") and "coral eval" in p
-    assert nudge_prompt(world=w, counters=c) == p and nudge_prompt()
+    assert nudge_prompt() and nudge_prompt() != p and nudge_prompt() == nudge_prompt(world=w, counters=c)
 
 
 def test_system_template_and_override(tmp_path):

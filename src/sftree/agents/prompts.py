@@ -7,7 +7,7 @@ node):
     write_agents_md(root, task_cfg, world=w)               # AGENTS.md = Coral's CORAL.md for the agent
     turn_prompt(w, counters, record)                       # after a graded eval -> TurnPrompt (text, fired, counters)
     failed_turn_prompt(w, counters)                        # after a turn without a graded eval (Coral's restart prompt)
-    nudge_prompt(world=w, counters=c)                      # the model stopped without `coral eval` (the same restart)
+    nudge_prompt()                                         # the model stopped without `coral eval` (sftree's reminder)
 
 Coral's prose is rendered by the installed Coral (or sftree's stand-ins, `world/texts/`) and overridden as in Coral:
 the task's task.yaml (`agents.heartbeat[].prompt`, ...) and the run's heartbeat files. The one template of sftree's
@@ -127,13 +127,13 @@ def failed_turn_prompt(world: World, counters: CoralCounters) -> str:
 def nudge_prompt(
     overrides: dict | None = None, *, world: World | None = None, counters: CoralCounters | None = None
 ) -> str:
-    """The model stopped talking without `coral eval`: Coral's manager restarts such an agent (its restart
-    prompt). Without a world: the stand-in's restart text."""
-    if world is None:
-        from sftree.world import standin
+    """The model stopped talking without `coral eval`, mid-turn: sftree's own short reminder (world/texts/nudge.md),
+    the same in both worlds. Coral has no such message (it restarts a stopped agent with its restart prompt, which
+    is what the next turn opens with: `failed_turn_prompt`); a reminder that differs from every turn's opening
+    prompt keeps a nudge from reading as a new turn (teacher-sim tells them apart by it)."""
+    from sftree.world import standin
 
-        return standin.text("restart").strip()
-    return world.restart_prompt(counters or CoralCounters(world.agent_id))
+    return standin.text("nudge").strip()
 
 
 def turn_record(ev, ended: str) -> dict:
