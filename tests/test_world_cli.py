@@ -142,3 +142,35 @@ def test_standin_cli_needs_no_sftree(run_dir, tmp_path):
     assert out.returncode == 0 and "Leaderboard (top 1):" in out.stdout and "3.0000000000" in out.stdout
     st = subprocess.run([sys.executable, "-I", str(copy), "status"], cwd=wt, capture_output=True, text=True)
     assert st.returncode == 0 and "Attempts: 7" in st.stdout
+
+
+@pytest.mark.parametrize("kind", ["stand-in", "coral"])
+def test_cli_command_runs_the_worlds_cli(run_dir, tmp_path, kind):
+    from sftree.world.task import load_coral_task
+    from sftree.world.world import World, standin_cli_source
+
+    if kind == "coral" and coral_python() is None:
+        pytest.skip("the real Coral is not installed (scripts/install_coral.sh)")
+    install = None
+    if kind == "coral":
+        from coral_helpers import coral_config
+
+        from sftree.world.locate import locate
+
+        install = locate(coral_config())
+    wt, _cd, _ = run_dir
+    script = tmp_path / "coral_cli.py"
+    script.write_text(standin_cli_source())
+    w = World(
+        load_coral_task(Path(__file__).parents[1] / "examples" / "tsp", "tsp"),
+        agent_id="agent-1",
+        install=install,
+    )
+    try:
+        out = subprocess.run(
+            w.cli_command(["log", "-n", "2"], str(script)), cwd=wt, capture_output=True, text=True
+        )
+    finally:
+        w.close()
+    assert out.returncode == 0 and out.stdout.startswith("Leaderboard (top 2):")
+    assert (w.sandbox_roots() != ()) == (kind == "coral")

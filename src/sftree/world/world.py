@@ -19,7 +19,9 @@ here, before Coral's code formats them.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from sftree.world import standin
 from sftree.world.counters import CoralCounters, advance
@@ -222,9 +224,32 @@ class World:
             workdir=a.get("workdir"),
         )
 
+    # -- the read-only `coral` commands inside the sandbox
+    READ_ONLY = ("log", "show", "notes", "skills", "status")
+
+    def sandbox_roots(self) -> tuple[str, ...]:
+        """Folders a sandbox must show read-only for `cli_command` (Coral's interpreter and package)."""
+        return self.install.roots if self.install else ()
+
+    def cli_command(self, argv: list[str], standin_script: str) -> list[str]:
+        """The command that answers a read-only `coral ...` inside the agent's sandbox, run in its worktree: the
+        user's Coral CLI, or the stand-in CLI at `standin_script` (a copy of `standin_cli_source()` the runtime
+        placed where the sandbox can read it; the project checkout is hidden there)."""
+        if self.install:
+            boot = (
+                f"import sys; sys.path.insert(0, {self.install.root!r}); from coral.cli import main; main()"
+            )
+            return [self.install.python, "-I", "-B", "-c", boot, *argv]
+        return [sys.executable, "-I", "-B", standin_script, *argv]
+
     def close(self) -> None:
         if self._bridge is not None:
             self._bridge.close()
+
+
+def standin_cli_source() -> str:
+    """The stand-in `coral` CLI (world/standin_cli.py: standard library only), for the runtime to place."""
+    return (Path(__file__).with_name("standin_cli.py")).read_text(encoding="utf-8")
 
 
 def open_world(
@@ -243,4 +268,4 @@ def open_world(
     )
 
 
-__all__ = ["CommandOutput", "EvalArgs", "TurnPrompt", "World", "open_world", "replace"]
+__all__ = ["CommandOutput", "EvalArgs", "TurnPrompt", "World", "open_world", "replace", "standin_cli_source"]
