@@ -194,9 +194,8 @@ def op_turn_prompt(req):
         m._agent_eval_counts = {aid: int(c["agent_evals"])}
         m._agent_best_scores = {} if c.get("real_best") is None else {aid: c["real_best"]}
         m._agent_evals_since_improvement = {aid: int(c["since_improvement"])}
-        (cd / "public" / "attempts" / f"{attempt['commit_hash']}.json").write_text(
-            json.dumps(attempt, indent=2)
-        )
+        name = (str(attempt.get("commit_hash") or "") or "unknown").replace("/", "_")
+        (cd / "public" / "attempts" / f"{name}.json").write_text(json.dumps(attempt, indent=2))
         captured = []
         calls = [0]
         real_seen = m._get_seen_attempts
