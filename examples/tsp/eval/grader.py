@@ -75,7 +75,7 @@ def run(grader: TaskGrader, script: str) -> dict | str:
                 return res
             if isinstance(res, dict) and res.get("ok") is False:
                 return f"solution failed:\n{res.get('error', '')}"
-    return f"solution returned no value\n{proc.stderr.strip()[-2000:]}"
+    return f"solution exited without returning a value\n{proc.stderr.strip()[-2000:]}"
 
 
 class Grader(TaskGrader):
