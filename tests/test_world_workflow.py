@@ -37,6 +37,11 @@ def student_run(out: Path, task: str) -> None:
         sha = hashlib.sha1(f"{task}{i}".encode()).hexdigest()
         snap = out / task / f"eval-{i:06d}-agent-1-{sha[:12]}"
         shutil.copytree(seed, snap / "code", ignore=shutil.ignore_patterns("opencode.json"))
+        if (
+            task == "circle_packing"
+        ):  # the Student's code has a constant teacher-sim can move (the task is unchanged)
+            prog = snap / "code" / "initial_program.py"
+            prog.write_text(f"RESTARTS = {i}\n" + prog.read_text())
         attempts.append(
             {"commit_hash": sha, "agent_id": "agent-1", "title": f"step {i}", "score": score, "status": "improved",
              "parent_hash": None, "timestamp": f"2026-05-01T10:00:{i:02d}+00:00", "feedback": f"eval: step {i}"}
@@ -88,9 +93,9 @@ def test_corals_example_runs_through_the_workflow(tmp_path, task):
     assert turns and any(t["eval_number"] is not None for t in turns), turns
     graded = [t for t in turns if t["eval_number"] is not None]
     assert all(t["score"] is not None or t["feedback"] for t in graded)
-    steps = [
-        json.loads(ln) for ln in next(trees[0].parent.glob("edges/*/steps.jsonl")).read_text().splitlines()
-    ]
+    from sftree.search.steplog import read_steps
+
+    steps = read_steps(trees[0].parent / "edges" / tree["edges"][0]["id"] / "steps.jsonl")
     system = steps[0]["request"]["messages"][0]["content"]
     title = yaml.safe_load((CORAL_SRC / "examples" / task / "task.yaml").read_text())["task"]["name"]
     assert f"# Task: {title}" in system and "## Tips" in system  # Coral's CORAL.md, rendered by Coral
