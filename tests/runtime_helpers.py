@@ -15,7 +15,7 @@ EXAMPLES = REPO_ROOT / "examples"
 def make_root(tmp: Path, task: str = "circle_packing", *, attempts: list[dict] | None = None) -> Path:
     """A root snapshot folder: the example task's code/ and a small shared/ knowledge base."""
     root = tmp / f"root-{task}"
-    shutil.copytree(EXAMPLES / task / "code", root / "code")
+    shutil.copytree(EXAMPLES / task / "seed", root / "code")
     (root / "shared" / "notes").mkdir(parents=True)
     (root / "shared" / "attempts").mkdir()
     (root / "shared" / "notes" / "student.md").write_text("# Student note\nROWS = 5 did not help.\n")

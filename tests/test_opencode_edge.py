@@ -292,7 +292,7 @@ def test_compaction_when_allowed_is_detected_and_marked(tmp_path):
             "max_steps_per_turn": 8,
             "turn_timeout": 60,
             "nudges": 0,
-            "opencode": {"disable_autocompact": False, "context_limit": 12000},
+            "opencode": {"disable_autocompact": False, "context_limit": 10000},
         },
     )
     ctx = EdgeContext.create(tmp_path / "tree", make_root(tmp_path), cfg, example_task(cfg))

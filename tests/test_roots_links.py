@@ -22,7 +22,7 @@ def student_run(tmp_path):
     """A small Student run of circle_packing whose code is the example's real solution."""
     snaps = tmp_path / "run" / "circle_packing"
     for folder in make_run(snaps, RISING):
-        shutil.copy(EXAMPLES / "circle_packing" / "code" / "solution.py", folder / "code" / "solution.py")
+        shutil.copy(EXAMPLES / "circle_packing" / "seed" / "solution.py", folder / "code" / "solution.py")
     return snaps
 
 

@@ -35,7 +35,7 @@ def sftree(*args: str, cwd: Path) -> None:
 def test_faulty_tree_exports_cleanly(tmp_path, example_snapshots_dir):
     config = yaml.safe_load((REPO / "examples/demo.yaml").read_text())
     for task in config["tasks"].values():
-        task["task_dir"] = str(REPO / task["task_dir"])
+        task["coral_task"] = str(REPO / task["coral_task"])
     config["teacher"]["sim"] = {"seed": 0, "script": FAULTS}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     res = tmp_path / "results" / "circle_packing"

@@ -35,6 +35,7 @@ first), so each rule's `count` is the number of calls it adds.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -94,13 +95,28 @@ def _call(name: str, args: dict | str, idx: int) -> dict:
 
 
 def _is_turn_start(messages: list[dict], i: int) -> bool:
-    """A user message opens a turn when it is the session's first, or carries a `## ... Results` heading;
-    any other user message (after a text-only reply) is a nudge that continues the turn."""
+    """A user message opens a turn unless it is sftree's nudge (`sftree.agents.prompts.nudge_prompt`, after a
+    text-only reply), which continues the turn. (Coral's prompts that open a turn - the manager's `## Eval #N
+    Results`, its restart prompt, the runtime's start and resume prompts - have no common mark.)"""
     m = messages[i]
     if m.get("role") != "user":
         return False
     first = not any(x.get("role") == "user" for x in messages[:i])
-    return first or bool(re.search(r"^## .*Results", str(m.get("content") or ""), re.M))
+    return first or _nudge_text() not in _plain(m.get("content"))
+
+
+def _plain(content) -> str:
+    """A message's text: a string, or the text parts of a list of parts (OpenCode's messages)."""
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content or "")
+
+
+@functools.cache
+def _nudge_text() -> str:
+    from sftree.agents.prompts import nudge_prompt
+
+    return nudge_prompt().strip()
 
 
 def _turn_view(messages: list[dict]):
