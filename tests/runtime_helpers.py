@@ -57,6 +57,14 @@ def config(**over) -> dict:
     return cfg
 
 
+def grade_dir(task_cfg: dict, code_dir: Path) -> float | None:
+    """The score the task's own grader gives a folder, outside any tree (the stand-in world's TaskGrader base)."""
+    from sftree.world.grading import grade
+    from sftree.world.task import load_task
+
+    return grade(load_task(task_cfg, task_cfg["name"]), code_dir, commit="0" * 40, install=None).score
+
+
 def example_task(cfg: dict, task: str = "circle_packing") -> dict:
     return task_config(cfg, task)
 

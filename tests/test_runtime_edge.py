@@ -6,9 +6,8 @@ import json
 import subprocess
 
 import pytest
-from runtime_helpers import config, example_task, make_root, read_steps
+from runtime_helpers import config, example_task, grade_dir, make_root, read_steps
 
-from sftree.runtime.coral import parse_grader_output
 from sftree.search.edge import EdgeContext, best_score, regressed_rate, run_edge
 
 FAULTS = [
@@ -43,8 +42,7 @@ def grade(ctx, commit, tmp_path):
     subprocess.run(
         f"git --git-dir {ctx.store.code_git} archive {commit} | tar -x -C {out}", shell=True, check=True
     )
-    cmd = ctx.task_cfg["grader"].format(code_dir=out, task_dir=ctx.task_cfg["task_dir"])
-    return parse_grader_output(subprocess.run(cmd, shell=True, capture_output=True, text=True).stdout)[0]
+    return grade_dir(ctx.task_cfg, out)
 
 
 def test_edge_two_commits_real_scores_and_attempts(cp, e1, tmp_path):
@@ -88,7 +86,9 @@ def test_edge_metrics_match_the_transcript(cp, e1):
     assert "Instructions from: AGENTS.md\n" + w.instructions().strip() in first_sent[0]["content"]
     assert first_sent[1]["content"] == start_prompt(cp.task_cfg)
     turn2_first = next(s for s in steps if s["turn"] == 2)
-    assert turn2_first["request"]["messages"][-1]["content"].startswith("## Eval #6 Results")
+    assert turn2_first["request"]["messages"][-1]["content"].startswith(
+        "## Eval #1 Results"
+    )  # the agent's count (none at the root)
 
 
 def test_fork_resends_parent_session_byte_for_byte(cp, e1):
@@ -98,7 +98,9 @@ def test_fork_resends_parent_session_byte_for_byte(cp, e1):
     first = read_steps(cp.tree_dir, "e2")[0]
     sent = first["request"]["messages"]
     assert json.dumps(sent[: len(parent)]) == json.dumps(parent)
-    assert sent[len(parent)]["content"].startswith("## Eval #7 Results")
+    assert sent[len(parent)]["content"].startswith(
+        "## Eval #2 Results"
+    )  # the agent's second eval: the parent's last
     assert first["usage"]["cached_tokens"] > 0.9 * first["usage"]["prompt_tokens"]
     assert [t.eval_number for t in e2.turns] == [8, 9]
 

@@ -37,7 +37,7 @@ def files_of(st, commit, repo="code"):
 
 def test_seed_and_fork_layout(store):
     st, root = store
-    assert root.session is None and root.evals == ()
+    assert root.session is None and root.counters is None
     ws = st.fork(root, "e1", agent_id="agent-2", inside=INSIDE)
     assert ws.root == st.tree_dir / "work" / "e1" / "run" / "agents" / "agent-2"
     assert (ws.root / "solution.py").is_file()
@@ -68,7 +68,7 @@ def test_two_forks_are_isolated_and_commits_recorded(store):
     assert sha and sha != root.code_commit and info.read >= 1
     assert git(st.code_git, ["rev-parse", f"{sha}^"]).strip() == root.code_commit
     a.graded.append(sha)
-    child = a.state("sessions/e1.json", evals=({"commit": sha, "score": 1.0, "status": "improved"},))
+    child = a.state("sessions/e1.json", counters={"agent_id": "agent-1", "global_evals": 6, "agent_evals": 1})
     assert child.code_commit == sha and child.knowledge_commit != root.knowledge_commit
     assert NodeState.from_dict(child.to_dict()) == child
     assert "+ROWS = 9" in st.diff("code", root.code_commit, child.code_commit)

@@ -101,16 +101,9 @@ def task_config(config: dict, task: str) -> dict[str, Any]:
     entry.setdefault("coral", dict(config.get("coral") or {}))  # the Teacher's world (sftree.world)
     entry.setdefault("run_dir", (config.get("agent") or {}).get("run_dir"))
     if entry.get("coral_task"):
-        # A Coral task folder (sftree.world.task): direction and timeout from its task.yaml; graded by its own
-        # TaskGrader through the command form the runtime runs (sftree.world.grade_command).
-        from sftree.world.grade_command import command
-        from sftree.world.grading import GRACE_S
+        # A Coral task folder (sftree.world.task): its task.yaml decides the direction (the runtime grades it
+        # with its own TaskGrader, sftree.world.grading).
         from sftree.world.task import load_task
 
-        spec = load_task(entry, task)
-        entry["coral_timeout_override"] = entry.get("grader_timeout")  # load_task(entry) reads it again
-        entry["task_dir"] = entry["coral_task"]
-        entry["direction"] = spec.direction
-        entry["grader"] = command(task, entry["coral_task"], spec.graded_can_read, config.get("coral"))
-        entry["grader_timeout"] = (spec.timeout or 6 * 3600) + GRACE_S + 15
+        entry["direction"] = load_task(entry, task).direction
     return entry

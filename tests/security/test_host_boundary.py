@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from scripted import EVAL, GRADER, bash, edit_solution
+from runtime_helpers import grade_dir
+from scripted import EVAL, bash, edit_solution
 
 from sftree.runtime import tempdirs
 from sftree.runtime.objects import flatten
@@ -36,8 +37,7 @@ def real_score(s, commit: str) -> float | None:
     for path, data in files_of(s, commit).items():
         (out / path).parent.mkdir(parents=True, exist_ok=True)
         (out / path).write_bytes(data)
-    proc = subprocess.run([sys.executable, str(GRADER), str(out)], capture_output=True, text=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])["score"]
+    return grade_dir(s.task_cfg, out)
 
 
 # ---- 1. git of the host never runs over a worktree, so a nested repository's filter runs nowhere on the host
@@ -193,15 +193,11 @@ def test_a_forged_eval_block_in_a_message_or_an_exception_never_reads_as_the_hos
     s = scripted({1: [[edit_solution()], [bash(message)]], 2: [[bash(raising)]], ("e1", 3): []})
     s.edge()
     requests = [q["body"]["messages"] for q in s.teacher.requests if q["edge"] == "e1"]
-    prompt2 = (
-        requests[-1][-2]["content"]
-        if False
-        else next(
-            m["content"]
-            for msgs in requests
-            for m in msgs
-            if m["role"] == "user" and m["content"].startswith("## Eval #6")
-        )
+    prompt2 = next(
+        m["content"]
+        for msgs in requests
+        for m in msgs
+        if m["role"] == "user" and m["content"].startswith("## Eval #")
     )
     lines = prompt2.splitlines()
     assert not any(ln.startswith(forged) or ln.startswith("Score: 9.999") for ln in lines), prompt2
@@ -271,7 +267,7 @@ def test_forged_attempt_records_steer_nothing(scripted, sandbox):
         r.turns[0].eval_status == "improved"
     )  # the first scored attempt of the agent, by the host's records
     turn2 = next(q["body"]["messages"][-1]["content"] for q in s.teacher.requests if q["turn"] == 2)
-    assert "Pivot" not in turn2 and "improved" in turn2
+    assert "Heartbeat: pivot" not in turn2 and turn2.startswith("## Eval #1 Results"), turn2
     attempts = {
         p for p in files_of(s, r.child_state.knowledge_commit, "knowledge") if p.startswith("attempts/")
     }

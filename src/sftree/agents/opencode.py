@@ -546,6 +546,7 @@ class OpenCodeAgent(AgentBackend):
             "PWD": ws,
             "CORAL_SOCKET": coral_sock,
             "CORAL_WORKTREE": ws,
+            "CORAL_CLI": run.box.coral_env.get("CORAL_CLI", ""),
             "PYTHONDONTWRITEBYTECODE": "1",
             "npm_config_offline": "true",  # belt and braces: no npm registry from inside OpenCode
         }
@@ -697,7 +698,9 @@ class OpenCodeAgent(AgentBackend):
                 if time.monotonic() >= deadline:
                     stop = "timeout"
                     break
-                if time.monotonic() >= next_check:  # the disk quota, as for every command (runtime/edgebox.py)
+                if (
+                    time.monotonic() >= next_check
+                ):  # the disk quota, as for every command (runtime/edgebox.py)
                     next_check = time.monotonic() + CHECK_EVERY
                     over = run.box.over_quota()
                     if over:

@@ -5,13 +5,16 @@ sandbox user). `coral eval` (and `coral wait`) go over a Unix socket to this edg
 explore process, outside the sandbox, which commits what the worktree holds (the host reads it:
 runtime/snapshot.py), grades a copy of exactly that commit with the task's grader, writes the attempt record
 and answers with what Coral's `coral eval` prints and the import that brings the agent's own repository to the
-new commit (the client runs it, as the sandbox user). The other commands read the knowledge: the client
-answers them itself, inside the sandbox (`sftree.world` supplies Coral's own CLI or the stand-in), or, for
-those it cannot, asks the host, which answers from its own records.
+new commit (the client runs it, as the sandbox user). Every other command runs inside the sandbox: the user's
+Coral CLI, or sftree's stand-in in Coral's formats (`$CORAL_CLI`, from `sftree.world`), over the edge's
+Coral-shaped run directory; they read the knowledge, and the worktree's own git (`coral diff`, `checkout`,
+`revert`).
 
 The host's records rule: the score, the status, the eval number and the best scores come from the host's
-grading and its records of the branch (`NodeState.evals` and the root snapshot's attempts, read once), never
-from a file the agent can write. Requests are bounded (REQUEST_MAX bytes, REQUEST_TIMEOUT s to arrive).
+grading and its records of the branch (`NodeState.counters`, from the root snapshot's attempts read once and
+advanced by each graded eval), never from a file the agent can write; what `coral eval` prints is rendered by
+the world (Coral's own `_print_attempt_result`, or the stand-in) from the host's record. Requests are bounded
+(REQUEST_MAX bytes, REQUEST_TIMEOUT s to arrive).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -35,7 +38,8 @@ from sftree.runtime import safefs, tempdirs
 from sftree.runtime.checkout import write_files
 from sftree.runtime.objects import flatten
 from sftree.runtime.procs import run_group
-from sftree.runtime.snapshot import Quota, QuotaExceeded, UnsafeWorkspace, walk
+from sftree.runtime.snapshot import QuotaExceeded, UnsafeWorkspace
+from sftree.world.text import one_line
 
 log = logging.getLogger(__name__)
 
@@ -58,36 +62,14 @@ class EvalResult:
     output: str  # what `coral eval` printed to the agent (stdout and stderr)
     grader_s: float = 0.0
     parent: str | None = None
+    record: dict | None = None  # the attempt record (Attempt.to_dict fields) of a graded eval
+    counters_before: dict | None = None  # the host's Coral counters before it (CoralCounters.to_dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class Graded:
-    """A graded attempt in the host's records of a branch."""
-
-    commit: str
-    agent_id: str
-    score: float | None
-    status: str
-    title: str = ""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Graded:
-        return cls(
-            str(d["commit"]),
-            str(d.get("agent_id", "")),
-            d.get("score"),
-            str(d.get("status", "")),
-            str(d.get("title", "")),
-        )
-
-
-# ---- the rules (pure) ----------------------------------------------------------------------------------------
+# ---- grading -------------------------------------------------------------------------------------------------
 def parse_grader_output(stdout: str) -> tuple[float | None, str]:
     """A grader command prints JSON `{"score": float|null, "feedback": str}` on its last non-empty line."""
     lines = [ln for ln in stdout.strip().splitlines() if ln.strip()]
@@ -104,96 +86,10 @@ def parse_grader_output(stdout: str) -> tuple[float | None, str]:
     return score, str(data.get("feedback", ""))
 
 
-def is_better(a: float, b: float, direction: str) -> bool:
-    return a < b if direction == "minimize" else a > b
-
-
-def status_of(score: float | None, previous: list[float | None], direction: str) -> str:
-    """Coral's grader daemon's status of an attempt against the same agent's earlier ones: `crashed` without a
-    score, `improved` for the first score or a better one, `baseline` for a tie, else `regressed`."""
-    if score is None:
-        return "crashed"
-    prev = [s for s in previous if s is not None]
-    if not prev:
-        return "improved"
-    best = min(prev) if direction == "minimize" else max(prev)
-    if is_better(score, best, direction):
-        return "improved"
-    return "baseline" if score == best else "regressed"
-
-
-def fmt_score(score: float | None) -> str:
-    return "FAILED" if score is None else f"{score:.10f}"
-
-
-def one_line(text: str) -> str:
-    """The agent's text on one line, so it can never read as a line of the host's."""
-    return " ".join(str(text).split())
-
-
-def quoted_lines(text: str) -> str:
-    """Multi-line text that is not the host's (graded code's messages): every line after the first indented."""
-    lines = str(text).splitlines() or [""]
-    return "\n".join([lines[0], *("  " + ln for ln in lines[1:])])
-
-
-def eval_block(ev: EvalResult) -> str:
-    """What Coral's `coral eval` prints for a finished attempt (coral/cli/eval.py, `_print_attempt_result`)."""
-    out = [
-        "",
-        RULE,
-        f"CORAL Eval (#{ev.number}): {fmt_score(ev.score)}",
-        f"Commit:  {(ev.commit or '')[:12]}",
-    ]
-    out.append(f"Status:  {ev.status}")
-    if ev.feedback:
-        out.append(f"Feedback: {quoted_lines(ev.feedback)}")
-    out += [RULE, "", ""]
-    return "\n".join(out)
-
-
-def evals_since_improvement(attempts: list[dict]) -> int:
-    """Trailing attempts (oldest first) that did not improve (for the pivot heartbeat)."""
-    n = 0
-    for a in reversed(attempts):
-        if a.get("status") in ("improved", "baseline"):
-            break
-        n += 1
-    return n
-
-
-def root_records(db, knowledge_commit: str, limit: int = 1 << 20) -> list[Graded]:
-    """The graded attempts of the root snapshot's `attempts/` (read once from the store, each record at most
-    `limit` bytes), oldest first: the Student's history, from which statuses and counts start."""
-    from sftree.runtime.workspace import attempt_entries, split_knowledge
-
-    entries = attempt_entries(db, split_knowledge(db, knowledge_commit)[1])
-    names = sorted(n for n in entries if n.endswith(".json"))
-    rows = []
-    for name, (_kind, data) in zip(names, db.read_many([entries[n][1] for n in names]), strict=True):
-        if len(data) > limit:
-            continue
-        try:
-            rec = json.loads(data)
-        except ValueError:
-            continue
-        if not isinstance(rec, dict) or rec.get("status") in (None, "pending"):
-            continue
-        score = rec.get("score")
-        score = float(score) if isinstance(score, int | float) and not isinstance(score, bool) else None
-        commit = str(rec.get("commit_hash") or name[:-5])
-        g = Graded(
-            commit, str(rec.get("agent_id", "")), score, str(rec.get("status")), str(rec.get("title", ""))
-        )
-        rows.append((str(rec.get("timestamp", "")), name, g))
-    return [g for _t, _n, g in sorted(rows, key=lambda r: (r[0], r[1]))]
-
-
-# ---- grading -------------------------------------------------------------------------------------------------
 def run_grader(task_cfg: dict, code_dir: Path, sandbox: str = "auto") -> tuple[float | None, str, str]:
     """Run the task's grader command on `code_dir` (a copy of the commit the host wrote): (score, feedback,
-    status ok|crashed|timeout). The grader is the user's (trusted); the code it grades is not: a grader built on
-    `sftree.runtime.gradebox` confines it (`SFTREE_SANDBOX`, docs/security.md)."""
+    status scored|crashed|timeout). The grader is the user's (trusted); the code it grades is not: a grader
+    built on `sftree.runtime.gradebox` confines it (`SFTREE_SANDBOX`, docs/security.md)."""
     grader = task_cfg.get("grader")
     if not grader:
         return None, "no grader command is configured for this task", "crashed"
@@ -218,239 +114,149 @@ def run_grader(task_cfg: dict, code_dir: Path, sandbox: str = "auto") -> tuple[f
             f"grader output unreadable ({exc}): {(stderr or stdout).strip()[-FEEDBACK_CAP:]}",
             "crashed",
         )
-    return score, feedback[:FEEDBACK_CAP], ("ok" if score is not None else "crashed")
+    return score, feedback[:FEEDBACK_CAP], ("scored" if score is not None else "crashed")
+
+
+def attempt_file(record: dict) -> bytes:
+    """An attempt record as Coral's `write_attempt` writes it (`json.dumps(Attempt.to_dict(), indent=2)`)."""
+    keys = ("commit_hash", "agent_id", "title", "score", "status", "parent_hash", "timestamp", "feedback")
+    d = {k: record.get(k) for k in keys}
+    for k in ("shared_state_hash", "parent_shared_state_hash"):
+        if record.get(k) is not None:
+            d[k] = record[k]
+    if record.get("metadata"):
+        d["metadata"] = record["metadata"]
+    return json.dumps(d, indent=2).encode()
 
 
 # ---- the runtime (outside the sandbox) ---------------------------------------------------------------------
-@dataclass
-class Records:
-    """The host's records a branch's statuses and counts come from."""
-
-    agent_id: str
-    eval_count: int  # Coral's global eval count at the parent
-    root: list[Graded] = field(default_factory=list)  # the root snapshot's graded attempts (oldest first)
-    path: list[Graded] = field(default_factory=list)  # the Teacher's graded evals on root..parent
-
-    def agent_scores(self) -> list[float | None]:
-        return [g.score for g in (*self.root, *self.path) if g.agent_id == self.agent_id]
-
-
 class CoralRuntime:
-    """Executes the host's coral commands for one edge workspace; records every eval in `evals`."""
+    """Executes the host's coral commands (`eval`, `wait`) for one edge; records every eval in `evals`.
 
-    def __init__(self, ws, task_cfg: dict, records: Records, *, sandbox: str = "auto", grade=None):
+    `world` (sftree.world.World) says how Coral parses, prints and counts; `counters` (CoralCounters) are the
+    host's records of the branch so far, advanced by each graded eval."""
+
+    def __init__(self, ws, world, task_cfg: dict, counters, *, sandbox: str = "auto"):
         self.ws = ws
+        self.world = world
         self.sandbox = sandbox
         self.task_cfg = task_cfg
-        self.direction = task_cfg.get("direction", "maximize")
-        self.records = records
+        self.direction = world.spec.direction
+        self.counters = counters
         self.evals: list[EvalResult] = []
         self.grader_s = 0.0
-        self._grade = grade or self._grade_command
         self._lock = threading.Lock()
-
-    @property
-    def graded(self) -> list[Graded]:
-        """The branch's graded attempts so far: the path's and this edge's (host records)."""
-        return [*self.records.path, *(self._as_graded(e) for e in self.evals if e.number is not None)]
-
-    def _as_graded(self, ev: EvalResult) -> Graded:
-        return Graded(ev.commit or "", self.records.agent_id, ev.score, ev.status, ev.message)
 
     def handle(self, argv: list[str]) -> dict:
         """Run one host-side coral command; the reply {rc, stdout, stderr[, repo]}. Never raises."""
-        parser = _coral_parser()
-        try:
-            args = parser.parse_args(argv)
-        except _ParseError as exc:
-            return {"rc": 2, "stdout": "", "stderr": f"\nerror: {exc}\n"}
+        cmd = next((a for a in argv if not a.startswith("-")), "")
         try:
             with self._lock:
-                return getattr(self, f"cmd_{args.cmd}")(args)
+                if cmd == "eval":
+                    return self.cmd_eval(argv)
+                if cmd == "wait":
+                    return self.cmd_wait(argv)
+            return {"rc": 2, "stdout": "", "stderr": f"coral: {cmd!r} is not answered by the host\n"}
         except Exception as exc:  # noqa: BLE001 - report to the agent, keep serving
             log.exception("coral %s failed", argv)
             return {"rc": 1, "stdout": "", "stderr": f"Error: internal error: {exc}\n"}
 
-    def cmd_eval(self, args) -> dict:
-        msg = " ".join(args.message or []).strip()
+    def cmd_eval(self, argv: list[str]) -> dict:
+        from sftree.world.counters import advance
+
+        args = self.world.parse_eval(argv[argv.index("eval") + 1 :])
+        if not hasattr(args, "message"):  # Coral's own refusal (a missing -m, an unknown flag): no eval
+            return {"rc": args.rc, "stdout": args.stdout, "stderr": args.stderr}
+        msg = args.message
         have = self.ws.parent_for_commit()
         try:
-            commit, _info = self.ws.commit_code(msg or "(no message)")
-        except (QuotaExceeded, OSError) as exc:
+            commit, _info = self.ws.commit_code(msg)
+        except (QuotaExceeded, UnsafeWorkspace, OSError) as exc:
             ev = EvalResult(None, None, None, "error", str(exc), msg, f"Error: {exc}\n")
             self.evals.append(ev)
             return {"rc": 1, "stdout": "", "stderr": ev.output}
         if commit is None:
-            text = "Error: Nothing to commit — no changes detected.\n"
+            out = self.world.eval_output(None, error="nothing_to_commit")
             self.evals.append(
-                EvalResult(None, None, None, "nothing_to_commit", "Nothing to commit", msg, text)
+                EvalResult(None, None, None, "nothing_to_commit", "Nothing to commit", msg, out.stderr)
             )
-            return {"rc": 1, "stdout": "", "stderr": text}
-        number = self.records.eval_count + sum(1 for e in self.evals if e.number is not None) + 1
+            return {"rc": out.rc, "stdout": out.stdout, "stderr": out.stderr}
+        before = self.counters
+        number = before.global_evals + 1
+        # Coral checkpoints the shared knowledge when the agent submits (coral/hub/checkpoint.py).
+        shared = self.ws.commit_knowledge(f"checkpoint: {self.world.agent_id}: {one_line(msg)[:200]}")
         t0 = time.monotonic()
-        score, feedback, gstatus = self._grade(commit)
+        score, feedback, gstatus, meta = self._grade(commit, msg, args.tune)
         secs = time.monotonic() - t0
         self.grader_s += secs
-        if gstatus == "timeout":
-            status = "timeout"
-        else:
-            scores = [*self.records.agent_scores(), *(g.score for g in self.graded[len(self.records.path) :])]
-            status = status_of(score, scores, self.direction)
-        ev = EvalResult(number, commit, score, status, feedback, msg, "", secs, have)
-        ev.output = eval_block(ev)
+        status = before.status_for(score, self.direction) if gstatus == "scored" else gstatus
+        record = {
+            "commit_hash": commit, "agent_id": self.world.agent_id, "title": msg, "score": score,
+            "status": status, "parent_hash": have, "timestamp": datetime.now(UTC).isoformat(),
+            "feedback": feedback, "shared_state_hash": shared, "metadata": meta,
+        }  # fmt: skip
+        shown = self.world.eval_output(record, number)
+        self.counters = advance(before, record, self.direction)
+        ev = EvalResult(number, commit, score, status, feedback, msg, shown.stdout + shown.stderr, secs, have,
+                        record, before.to_dict())  # fmt: skip
         self.evals.append(ev)  # the host's record first; what follows is for the agent
         self.ws.graded.append(commit)
-        self._write_records(ev)
-        repo = self.ws.repo_update(commit, have)
-        return {"rc": 0, "stdout": ev.output, "stderr": "", "repo": base64.b64encode(repo).decode()}
-
-    def _write_records(self, ev: EvalResult) -> None:
-        record = {
-            "commit_hash": ev.commit,
-            "agent_id": self.records.agent_id,
-            "title": ev.message,
-            "score": ev.score,
-            "status": ev.status,
-            "parent_hash": ev.parent,
-            "timestamp": datetime.now(UTC).isoformat(),
-            "feedback": ev.feedback,
-            "metadata": {"eval_number": ev.number, "source": "sftree", "grader_s": round(ev.grader_s, 3)},
-        }
-        data = (json.dumps(record, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
         try:
-            self.ws.write_attempt(ev.commit, data)
-            safefs.write_bytes_atomic(self.ws.knowledge_dir, "eval_count", f"{ev.number}\n".encode())
+            self.ws.write_attempt(commit, attempt_file(record))
+            safefs.write_bytes_atomic(self.ws.knowledge_dir, "eval_count", f"{number}".encode())
         except OSError as exc:  # a link planted where the counter goes: not written through it
-            log.warning("edge %s: attempt record for %s: %s", self.ws.edge_id, ev.commit, exc)
+            log.warning("edge %s: attempt record for %s: %s", self.ws.edge_id, commit, exc)
+        repo = self.ws.repo_update(commit, have)
+        reply = {"rc": shown.rc, "stdout": shown.stdout, "stderr": shown.stderr}
+        return {**reply, "repo": base64.b64encode(repo).decode()}
 
-    def _grade_command(self, commit: str) -> tuple[float | None, str, str]:
-        """Grade a copy of exactly `commit`, written by the host from its store, outside the workspace."""
+    def _grade(self, commit: str, title: str, tune: bool) -> tuple[float | None, str, str, dict]:
+        """Grade a copy of exactly `commit`, written by the host from its store, outside the workspace:
+        (score, feedback, scored|crashed|timeout, the record's metadata)."""
         db = self.ws.store.code
         with tempdirs.temporary("sftree-grade-") as tmp:
             code_dir = Path(tmp) / "code"
             code_dir.mkdir()
             write_files(db, flatten(db, db.commit_tree(commit)), code_dir)
-            return run_grader(self.task_cfg, code_dir, self.sandbox)
+            spec = self.world.spec
+            if spec.kind != "coral":
+                score, feedback, status = run_grader(self.task_cfg, code_dir, self.sandbox)
+                return score, feedback, status, {}
+            from sftree.world.grading import grade
 
-    def cmd_wait(self, args) -> dict:
+            r = grade(
+                spec, code_dir, commit=commit, install=self.world.install, sandbox=self.sandbox,
+                agent_id=self.world.agent_id, title=title, tune=tune, run_dir=self.world.run_dir,
+            )  # fmt: skip
+            return r.score, r.feedback, r.status, dict(r.metadata or {})
+
+    def cmd_wait(self, argv: list[str]) -> dict:
         """`coral wait HASH`: every eval here is graded before `coral eval` returns, so it prints the result."""
+        rest = [a for a in argv[argv.index("wait") + 1 :] if not a.startswith("-")]
+        target = rest[0] if rest else ""
         for ev in self.evals:
-            if ev.commit and ev.commit.startswith(args.hash) and ev.number is not None:
-                return {"rc": 0, "stdout": ev.output.replace("CORAL Eval", "CORAL Wait", 1), "stderr": ""}
-        return {"rc": 1, "stdout": "", "stderr": f"Error: No attempt matches '{args.hash}'.\n"}
-
-    # The read-only commands when no in-sandbox CLI is configured: answered from the host's records and from
-    # bounded reads of the knowledge that never follow a link.
-    def cmd_log(self, args) -> dict:
-        rows = [*self.records.root, *self.graded]
-        if not rows:
-            return {"rc": 0, "stdout": "No attempts yet.\n", "stderr": ""}
-        shown = rows[-args.n :] if args.n and args.n > 0 else rows
-        lines = [f"{len(rows)} attempts (showing {len(shown)})"]
-        lines += [
-            f"{g.commit[:12]}  {fmt_score(g.score):>14}  {g.status:<9}  {one_line(g.title)[:80]}"
-            for g in shown
-        ]
-        return {"rc": 0, "stdout": "\n".join(lines) + "\n", "stderr": ""}
-
-    def cmd_show(self, args) -> dict:
-        hit = next(
-            (g for g in reversed([*self.records.root, *self.graded]) if g.commit.startswith(args.hash)), None
-        )
-        if hit is None:
-            return {"rc": 1, "stdout": "", "stderr": f"Error: No attempt matches '{args.hash}'.\n"}
-        return {
-            "rc": 0,
-            "stdout": json.dumps(hit.to_dict(), indent=2, ensure_ascii=False) + "\n",
-            "stderr": "",
-        }
-
-    def _list(self, sub: str, name: str | None) -> dict:
-        root = self.ws.knowledge_dir
-        if name:
-            try:
-                data = safefs.read_bytes(root, Path(sub) / name, limit=1 << 20)
-            except (OSError, ValueError):
-                return {"rc": 1, "stdout": "", "stderr": f"Error: no such entry {name!r}\n"}
-            return {"rc": 0, "stdout": data.decode("utf-8", "replace"), "stderr": ""}
-        files = _listing(root / sub)
-        if not files:
-            return {"rc": 0, "stdout": f"No {sub} yet.\n", "stderr": ""}
-        return {"rc": 0, "stdout": "".join(f"{sub}/{f}\n" for f in files), "stderr": ""}
-
-    def cmd_notes(self, args) -> dict:
-        return self._list("notes", args.read or args.name)
-
-    def cmd_skills(self, args) -> dict:
-        return self._list("skills", args.read or args.name)
-
-
-def _listing(folder: Path, limit: int = 500) -> list[str]:
-    """The regular files under `folder` (relative, sorted), at most `limit`, links neither listed nor followed."""
-    out: list[str] = []
-    try:
-        for _fd, rel, entry in walk(folder, Quota(files=20 * limit, depth=16)):
-            if entry.is_file(follow_symlinks=False):
-                out.append(rel)
-                if len(out) >= limit:
-                    break
-    except (QuotaExceeded, UnsafeWorkspace, OSError):
-        pass
-    return sorted(out)
-
-
-class _ParseError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # never exit the server thread
-        raise _ParseError(message)
-
-
-def _coral_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="coral", add_help=False)
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
-    e = sub.add_parser("eval", add_help=False)
-    e.add_argument("-m", "--message", nargs="+", required=True)
-    e.add_argument("--agent")
-    e.add_argument("--workdir")
-    e.add_argument("--no-wait", dest="wait", action="store_false")
-    e.add_argument("--timeout", type=float)
-    e.add_argument("--tune", action="store_true")
-    w = sub.add_parser("wait", add_help=False)
-    w.add_argument("hash")
-    w.add_argument("--workdir")
-    w.add_argument("--timeout", type=float)
-    lg = sub.add_parser("log", add_help=False)
-    lg.add_argument("-n", type=int, default=20)
-    lg.add_argument("--recent", action="store_true")
-    lg.add_argument("--agent")
-    lg.add_argument("--search")
-    lg.add_argument("--all", action="store_true")
-    s = sub.add_parser("show", add_help=False)
-    s.add_argument("hash")
-    s.add_argument("--diff", action="store_true")
-    for name in ("notes", "skills"):
-        q = sub.add_parser(name, add_help=False)
-        q.add_argument("name", nargs="?")
-        q.add_argument("--read", "-r")
-        q.add_argument("--search", "-s")
-        q.add_argument("-n", "--recent", type=int)
-    return p
+            if target and ev.commit and ev.commit.startswith(target) and ev.record is not None:
+                out = self.world.eval_output(ev.record, ev.number, wait=True)
+                return {"rc": out.rc, "stdout": out.stdout, "stderr": out.stderr}
+        return {"rc": 1, "stdout": "", "stderr": f"Error: No attempt matches '{target}'.\n"}
 
 
 # ---- socket server and client ------------------------------------------------------------------------------
-HOST_COMMANDS = ("eval", "wait")  # always the host's; the others too when CORAL_CLI is not set
+HOST_COMMANDS = (
+    "eval",
+    "wait",
+)  # the host's; the others run in the sandbox ($CORAL_CLI: Coral's CLI or the stand-in)
 CLIENT_SCRIPT = r'''#!{python} -IS
 """coral: `eval` and `wait` go to the sftree runner outside the sandbox; the rest runs here."""
 import base64, json, os, socket, subprocess, sys
 HOST = {host}
 argv = sys.argv[1:]
 cmd = next((a for a in argv if not a.startswith("-")), "")
-cli = os.environ.get("CORAL_CLI")
-if cmd not in HOST and cli:
-    os.execv(cli.split()[0], [*cli.split(), *argv])
+if cmd not in HOST:
+    cli = json.loads(os.environ.get("CORAL_CLI") or "[]")
+    if not cli:
+        sys.exit("coral: CORAL_CLI is not set (not inside an sftree workspace)")
+    os.execv(cli[0], [*cli, *argv])
 path = os.environ.get("CORAL_SOCKET")
 if not path:
     sys.exit("coral: CORAL_SOCKET is not set (not inside an sftree workspace)")

@@ -80,6 +80,8 @@ class EdgeBox:
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = scrubbed_env(self.coral_env, sandboxed=self.sandboxed, workspace=Path(self.ws.root))
         env["CORAL_WORKTREE"] = self.worktree
+        if self.coral_env.get("CORAL_CLI"):
+            env["CORAL_CLI"] = self.coral_env["CORAL_CLI"]  # the read-only commands' CLI (sftree.world)
         env.update(extra or {})
         return env
 

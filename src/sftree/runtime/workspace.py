@@ -71,14 +71,15 @@ class NodeState:
     """What a tree node is: a code commit, a knowledge commit, and the session that led there.
 
     `session` is a path relative to the tree directory (`sessions/<id>.json`, the exact message list), or None
-    for a fresh session (the root: the Teacher does not inherit the Student's context). `evals`: the host's
-    records of the graded evals on root..node (runtime/coral.py `Graded` as dicts, oldest first): statuses,
-    bests and heartbeats of later evals come from them, never from files the agent can write."""
+    for a fresh session (the root: the Teacher does not inherit the Student's context). `counters`: the host's
+    Coral counters at the node (`sftree.world.CoralCounters.to_dict`; None at the root, whose come from its
+    attempt records): statuses, bests, eval numbers and heartbeats of later evals come from them, never from
+    files the agent can write."""
 
     code_commit: str
     knowledge_commit: str
     session: str | None = None
-    evals: tuple = ()
+    counters: dict | None = field(default=None, compare=False, hash=False)
 
     def to_dict(self) -> dict:
         d = {
@@ -86,13 +87,13 @@ class NodeState:
             "knowledge_commit": self.knowledge_commit,
             "session": self.session,
         }
-        if self.evals:
-            d["evals"] = [dict(e) for e in self.evals]
+        if self.counters:
+            d["counters"] = dict(self.counters)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> NodeState:
-        return cls(d["code_commit"], d["knowledge_commit"], d.get("session"), tuple(d.get("evals") or ()))
+        return cls(d["code_commit"], d["knowledge_commit"], d.get("session"), d.get("counters"))
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ class EdgeWorkspace:
         return self.k_head
 
     # ---- the end --------------------------------------------------------------------------------------------
-    def state(self, session: str | None, evals: tuple = ()) -> NodeState:
+    def state(self, session: str | None, counters: dict | None = None) -> NodeState:
         """The child's state (module docstring of search/edge.py): the code of the edge's last graded commit (the
         score belongs to it), else what the worktree holds; the knowledge as it is. Writes the refs that keep
         the edge's commits."""
@@ -236,7 +237,7 @@ class EdgeWorkspace:
         refs = {f"{self.edge_id}/{c[:12]}": c for c in [*self.graded, code]}
         self.store.keep_refs("code", refs)
         self.store.keep_refs("knowledge", {self.edge_id: knowledge})
-        return NodeState(code, knowledge, session, tuple(evals))
+        return NodeState(code, knowledge, session, counters)
 
     def close(self) -> None:
         """Remove the edge's folder (the commits stay in the store); an attempts folder only the host wrote is

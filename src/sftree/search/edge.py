@@ -17,6 +17,7 @@ in tree.json.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from sftree.fileio import read_json, write_json_atomic, write_text_atomic
-from sftree.runtime.coral import CoralRuntime, CoralServer, Graded, Records, root_records
+from sftree.runtime.coral import CoralRuntime, CoralServer
 from sftree.runtime.edgebox import EdgeBox, own_socket_dir
+from sftree.runtime.objects import flatten
 from sftree.runtime.snapshot import Quota
 from sftree.runtime.store import TreeStore
 from sftree.runtime.workspace import NodeState, write_world
@@ -124,9 +126,6 @@ def tool_error_rate(calls: int, errors: int) -> float:
 
 
 # ---- context -----------------------------------------------------------------------------------------------
-DEFAULT_RUN_DIR = "/workspace/results/{task}"
-
-
 @dataclass
 class EdgeContext:
     """Everything an edge needs, built once per tree (`EdgeContext.create`)."""
@@ -140,28 +139,47 @@ class EdgeContext:
     direction: str
     agent_cfg: dict
     tree_name: str
+    world: Any = (
+        None  # sftree.world.World: Coral's texts, CLI and counting (the installed Coral or stand-ins)
+    )
+    root_counters: Any = None  # sftree.world.CoralCounters at the root (from its attempt records)
     mode: str = "bwrap"  # the sandbox: bwrap | none
-    agent_id: str = "agent-1"  # the Student's agent the root snapshot belongs to (the Teacher continues it)
-    run_dir: str = "/workspace/results/task"  # where the sandbox shows the edge's Coral run directory
     quota: Quota = field(default_factory=Quota)
     tmp_bytes: int = 256 << 20
     hidden: list[Path] = field(default_factory=list)
-    root_records: list[Graded] = field(default_factory=list)  # the root snapshot's graded attempts
     keep_workspaces: bool = False
     _closers: list = field(default_factory=list)
+
+    @property
+    def agent_id(self) -> str:
+        """The Student's agent the root snapshot belongs to: the Teacher continues its run."""
+        return self.world.agent_id
+
+    @property
+    def run_dir(self) -> str:
+        """Where the sandbox shows the edge's Coral run directory (agent.run_dir)."""
+        return self.world.run_dir
 
     @classmethod
     def create(
         cls, tree_dir, root_dir, config: dict, task_cfg: dict, *, wait_ready: bool = True
     ) -> EdgeContext:
-        """Seed (or reopen) the store, start teacher-sim (`teacher.sim`) or llama-server (`teacher.launch`), wait."""
+        """Seed (or reopen) the store, open the Teacher's world, start teacher-sim (`teacher.sim`) or
+        llama-server (`teacher.launch`), wait."""
         from sftree.agents import make_agent
         from sftree.runtime.sandbox import private_home_paths, resolve_mode
         from sftree.teacher.client import TeacherClient
+        from sftree.world.task import load_task
+        from sftree.world.world import open_world as open_coral_world
 
         tree_dir = Path(tree_dir).resolve()
         store, root_state = TreeStore.create(tree_dir, root_dir, task_cfg)
-        closers = []
+        spec = load_task(task_cfg, task_cfg.get("name", "task"))
+        root = root_context(store, root_state, Path(root_dir))
+        world = open_coral_world(
+            config, spec, agent_id=root.agent_id, agents=root.agents, root_heartbeat=root.heartbeat
+        )
+        closers = [world.close]
         teacher_cfg = dict(config.get("teacher", {}))
         if teacher_cfg.get("sim") is not None:
             from sftree.teacher.sim.server import start_teacher_sim
@@ -172,10 +190,10 @@ class EdgeContext:
         elif teacher_cfg.get("launch") is not None:  # a real llama-server for this job (docs/real_teacher.md)
             from sftree.teacher.llm_server import LaunchSpec, start_llm_server
 
-            spec = LaunchSpec.from_config(teacher_cfg["launch"])
-            if spec.log_file is None:
-                spec.log_file = tree_dir / "llama-server.log"
-            url, stop = start_llm_server(spec)
+            launch = LaunchSpec.from_config(teacher_cfg["launch"])
+            if launch.log_file is None:
+                launch.log_file = tree_dir / "llama-server.log"
+            url, stop = start_llm_server(launch)
             teacher_cfg["base_url"] = url
             closers.append(stop)
         teacher = TeacherClient.from_config(teacher_cfg)
@@ -184,14 +202,12 @@ class EdgeContext:
         agent_cfg = dict(config.get("agent", {}))
         agent = make_agent(config, teacher=teacher, task_cfg=task_cfg)
         quota_cfg = dict(agent_cfg.get("quota") or {})
-        task_dir = task_cfg.get("task_dir")
-        hidden = [tree_dir, *([Path(task_dir).resolve()] if task_dir else []), *private_home_paths()]
+        hidden = [tree_dir, *private_home_paths()]
+        hidden += [Path(task_cfg[k]).resolve() for k in ("task_dir", "coral_task") if task_cfg.get(k)]
         if config.get("results"):
             hidden.append(
                 Path(config["results"]).resolve()
             )  # relative to the job's cwd, as Snakemake runs it
-        meta = _root_meta(Path(root_dir))
-        task = task_cfg.get("name") or meta.get("task") or "task"
         return cls(
             tree_dir=tree_dir,
             store=store,
@@ -199,19 +215,24 @@ class EdgeContext:
             teacher=teacher,
             agent=agent,
             task_cfg=task_cfg,
-            direction=task_cfg.get("direction", "maximize"),
+            direction=spec.direction,
             agent_cfg=agent_cfg,
             tree_name=Path(root_dir).name,
+            world=world,
+            root_counters=root.counters(spec.direction),
             mode=resolve_mode(agent_cfg.get("sandbox", "auto")),
-            agent_id=str(meta.get("agent_id") or "agent-1"),
-            run_dir=str(agent_cfg.get("run_dir") or DEFAULT_RUN_DIR).format(task=task),
             quota=Quota.from_config(quota_cfg),
             tmp_bytes=int(quota_cfg.get("tmp_mib", 256)) << 20,
             hidden=hidden,
-            root_records=root_records(store.knowledge, root_state.knowledge_commit),
             keep_workspaces=bool(config.get("search", {}).get("keep_workspaces", False)),
             _closers=closers,
         )
+
+    def counters(self, state: NodeState):
+        """The host's Coral counters at a node (the root's, else what its edge left)."""
+        from sftree.world.counters import CoralCounters
+
+        return CoralCounters.from_dict(state.counters) if state.counters else self.root_counters
 
     def close(self) -> None:
         """Stop a teacher-sim or llama-server this context started; remove worktrees unless keep_workspaces."""
@@ -224,45 +245,100 @@ class EdgeContext:
         self._closers.clear()
 
 
-def _root_meta(root_dir: Path) -> dict:
+def root_context(store: TreeStore, state: NodeState, root_dir: Path):
+    """What the tree takes from its root for Coral's world (sftree.world.root.RootContext): the agent id from the
+    root's metadata (select-roots wrote it), the attempt records and heartbeat files from the store's root commit
+    (read by the host without following links when the store was seeded), each record at most 1 MiB."""
+    from sftree.world.root import RootContext
+
     try:
         meta = read_json(root_dir / "metadata.json", "root metadata")
-    except Exception:  # noqa: BLE001 - explore's preflight reports a bad metadata.json; here it only names the agent
-        return {}
-    return meta if isinstance(meta, dict) else {}
+    except Exception:  # noqa: BLE001 - explore's preflight reports a bad metadata.json
+        meta = {}
+    meta = meta if isinstance(meta, dict) else {}
+    agent = (
+        meta.get("agent_id") if isinstance(meta.get("agent_id"), str) and meta.get("agent_id") else "agent-1"
+    )
+    files = flatten(store.knowledge, store.knowledge.commit_tree(state.knowledge_commit))
+
+    def docs(prefix: str) -> dict[str, object]:
+        names = sorted(
+            p for p in files if p.startswith(prefix) and p.endswith(".json") and files[p][0] != "120000"
+        )
+        out = {}
+        for name, (_kind, data) in zip(
+            names, store.knowledge.read_many([files[p][1] for p in names]), strict=True
+        ):
+            try:
+                out[name] = json.loads(data) if len(data) <= 1 << 20 else None
+            except ValueError:
+                out[name] = None
+        return out
+
+    attempts = [d for d in docs("attempts/").values() if isinstance(d, dict)]
+    heartbeat = {}
+    hb = docs("heartbeat/")
+    for key, name in (("local", f"heartbeat/{agent}.json"), ("global", "heartbeat/_global.json")):
+        acts = hb.get(name, {}).get("actions") if isinstance(hb.get(name), dict) else None
+        if isinstance(acts, list) and all(isinstance(a, dict) and "name" in a and "every" in a for a in acts):
+            heartbeat[key] = acts
+    ids = {a.get("agent_id") for a in attempts if isinstance(a.get("agent_id"), str)} | {agent}
+    ec = meta.get("eval_count")
+    return RootContext(agent, ec if isinstance(ec, int) else None, attempts, len(ids), heartbeat)
 
 
 # ---- the edge ----------------------------------------------------------------------------------------------
 _TURNS = 2
+LAST_TURN = "last_turn.json"  # edges/<edge>/: how the edge's last turn ended, by the host's records
 
 
-def open_world(ctx: EdgeContext, parent: NodeState, edge_id: str, eval_count: int, uid: int | None):
-    """The edge's world, ready for its first turn: (workspace, coral runtime, its server (started), sandbox,
-    the instruction file's text). The caller stops the server and closes the workspace."""
-    from sftree.agents.prompts import agents_md
+def open_world(ctx: EdgeContext, parent: NodeState, edge_id: str, uid: int | None):
+    """The edge's world, ready for its first turn: (workspace, coral runtime, its server (started), sandbox).
+    The caller stops the server and closes the workspace."""
     from sftree.runtime.sandbox import CORAL_MOUNT
+    from sftree.world.world import standin_cli_source
 
+    w = ctx.world
     sandboxed = ctx.mode == "bwrap"
-    inside = ctx.run_dir if sandboxed else None
-    ws = ctx.store.fork(parent, edge_id, agent_id=ctx.agent_id, inside=inside, uid=uid, quota=ctx.quota)
-    records = Records(ctx.agent_id, eval_count, ctx.root_records, [Graded.from_dict(e) for e in parent.evals])
-    runtime = CoralRuntime(ws, ctx.task_cfg, records, sandbox=ctx.mode)
+    inside = w.run_dir if sandboxed else None
+    ws = ctx.store.fork(parent, edge_id, agent_id=w.agent_id, inside=inside, uid=uid, quota=ctx.quota)
+    runtime = CoralRuntime(ws, w, ctx.task_cfg, ctx.counters(parent), sandbox=ctx.mode)
     server = CoralServer(runtime)
     server.start()
+    standin = (
+        server.bin_dir / "coral_standin.py"
+    )  # the project is hidden in the sandbox: a copy beside the client
+    standin.write_text(standin_cli_source(), encoding="utf-8")
     own_socket_dir(server.dir, uid)
+    mount = CORAL_MOUNT if sandboxed else None
+    cli = w.cli_command([], f"{CORAL_MOUNT}/bin/{standin.name}" if sandboxed else str(standin))
     box = EdgeBox(
-        ws, ctx.mode, coral_dir=server.dir, coral_env=server.env(CORAL_MOUNT if sandboxed else None),
-        hidden=ctx.hidden, tmp_bytes=ctx.tmp_bytes,
+        ws, ctx.mode, coral_dir=server.dir, coral_env={**server.env(mount), "CORAL_CLI": json.dumps(cli)},
+        hidden=ctx.hidden, tmp_bytes=ctx.tmp_bytes, ro_extra=[(Path(r), r) for r in w.sandbox_roots()],
     )  # fmt: skip
-    instructions = agents_md(ctx.task_cfg, ctx.agent_cfg.get("prompts", {}))
-    write_world(ws, {"AGENTS.md": instructions.encode("utf-8")})
+    write_world(
+        ws, {"AGENTS.md": w.instructions().encode(), ".opencode/opencode.json": w.opencode_json().encode()}
+    )
+    (ws.paths.host / "config.yaml").write_text(w.config_yaml(), encoding="utf-8")
     problem = box.init_repo()
     if problem:
         log.warning("edge %s: the worktree's own git repository was not made: %s", edge_id, problem)
-    return ws, runtime, server, box, instructions
+    return ws, runtime, server, box
 
 
-LAST_TURN = "last_turn.json"  # edges/<edge>/: how the edge's last turn ended, by the host's records
+def first_prompt(ctx: EdgeContext, messages: list[dict], last: dict | None, counters) -> str:
+    """The prompt that opens a turn: a fresh session's start prompt; after a turn whose first eval was graded,
+    Coral's manager's header and heartbeats (from the counters as they were before that eval); after a turn
+    without one, Coral's restart prompt. Built from the host's records alone (`last_turn`), never the session."""
+    from sftree.world.counters import CoralCounters
+
+    w = ctx.world
+    if not messages:
+        return w.start_prompt()
+    ev = (last or {}).get("eval") or {}
+    if ev.get("record") and ev.get("counters_before"):
+        return w.turn_prompt(CoralCounters.from_dict(ev["counters_before"]), ev["record"]).text
+    return w.restart_prompt(counters)
 
 
 def run_edge(
@@ -273,15 +349,16 @@ def run_edge(
     *,
     depth: int,
     attempt: int,
-    eval_count: int,
+    eval_count: int | None = None,
 ) -> EdgeResult:
     """Fork `parent`, run two rollout turns in one session, save the session, return the measurements.
 
     Never raises for Teacher or workspace trouble: the edge is returned with `error` set and failed turns.
-    `eval_count` is Coral's eval count at the parent (the root: the snapshot's `eval_count`).
+    Coral's counts (the eval number, the agent's best, the plateau) come from the node's counters
+    (`NodeState.counters`; the root's from its attempt records); `eval_count` is kept for callers that pass it.
     """
     from sftree.agents.base import StepRecorder, TurnRun
-    from sftree.agents.prompts import next_turn_prompt, start_prompt, turn_record
+    from sftree.agents.prompts import turn_record
     from sftree.runtime.sandbox import UIDS
 
     t0 = time.monotonic()
@@ -296,12 +373,11 @@ def run_edge(
     ws = None
     server = None
     runtime = None
-    sandboxed = ctx.mode == "bwrap"
-    uid = UIDS.acquire() if sandboxed else None
+    uid = UIDS.acquire() if ctx.mode == "bwrap" else None
     recorder = StepRecorder(transcript, edge_id)
-    overrides = ctx.agent_cfg.get("prompts", {})
     try:
-        ws, runtime, server, box, instructions = open_world(ctx, parent, edge_id, eval_count, uid)
+        ws, runtime, server, box = open_world(ctx, parent, edge_id, uid)
+        instructions = ctx.world.instructions()
         messages = list(ws.session)
         last = ws.last_turn  # the host's record of the parent's last turn (never text from the session)
         headers = {
@@ -312,11 +388,7 @@ def run_edge(
             "X-Sftree-Session": parent.session or "fresh",
         }
         for turn in range(1, _TURNS + 1):
-            if not messages:
-                prompt = start_prompt(ctx.task_cfg, overrides)
-            else:
-                history = [g.to_dict() for g in runtime.graded]
-                prompt = next_turn_prompt(last, history, ctx.task_cfg, overrides)
+            prompt = first_prompt(ctx, messages, last, runtime.counters)
             run = TurnRun(
                 workspace=ws,
                 box=box,
@@ -361,7 +433,7 @@ def run_edge(
                 break  # the session is full: the next turn could not send a single request
         write_json_atomic(edge_dir / LAST_TURN, last)  # before the session: a fork needs both
         write_json_atomic(ctx.tree_dir / session_rel, messages, indent=None)
-        child = ws.state(session_rel, evals=tuple(g.to_dict() for g in runtime.graded))
+        child = ws.state(session_rel, counters=runtime.counters.to_dict())
     except Exception as exc:  # noqa: BLE001 - an edge never takes the search down; the error is recorded
         log.exception("edge %s failed", edge_id)
         error = f"{type(exc).__name__}: {exc}"

@@ -198,6 +198,7 @@ def _grow(
                      info["direction"])  # fmt: skip
         tree.sandbox = getattr(ctx.agent, "sandbox", None)  # the report and dataset card show it
         tree.backend = record_backend(tree.backend, getattr(ctx.agent, "name", None))
+        tree.coral = {"mode": ctx.world.kind, **ctx.world.describe()}  # the dataset card and report show it
         if tree.sandbox == "none":
             log.warning("agent.sandbox is none: the Teacher's commands and the graded code run unconfined")
         live.save(tree)
