@@ -98,7 +98,7 @@ def test_one_edge_two_turns_two_evals(tree):
     t2_first = next(s for s in steps if s["turn"] == 2)
     prefix = last_of_turn[0]["request"]["messages"]
     assert t2_first["request"]["messages"][: len(prefix)] == prefix
-    assert t2_first["request"]["messages"][-1]["content"].startswith("## Eval #6 Results")
+    assert t2_first["request"]["messages"][-1]["content"].startswith("## Eval #1 Results")
     # Tokens = the session's context length after the last step: its prompt + completion tokens.
     assert e1.tokens == steps[-1]["usage"]["prompt_tokens"] + steps[-1]["usage"]["completion_tokens"] > 0
     assert (ctx.tree_dir / "sessions" / "e1.opencode.json").is_file()
@@ -118,7 +118,7 @@ def test_fork_continues_the_parent_session(tree):
             msgs = [{**msgs[0], "content": msgs[0]["content"].replace(ws(edge), ws("e1"))}] + msgs[1:]
         assert msgs[: len(parent_msgs)] == parent_msgs  # byte-identical prefix: radix-cache reuse
         assert msgs[: len(session)] == session  # the node's session file is exactly what OpenCode resends
-        assert msgs[len(session)]["role"] == "user" and msgs[len(session)]["content"].startswith("## Eval #7")
+        assert msgs[len(session)]["role"] == "user" and msgs[len(session)]["content"].startswith("## Eval #2")
         firsts.append(first)
     assert firsts[0]["request"]["messages"][1:] == firsts[1]["request"]["messages"][1:]
     assert r["e2"].valid and [t.eval_number for t in r["e2"].turns] == [8, 9]
@@ -246,7 +246,7 @@ def test_sandbox_reaches_the_proxy_and_nothing_else(tree, tmp_path):
     from sftree.search.edge import open_world
 
     uid = UIDS.acquire()
-    ws, _runtime, server, box, _text = open_world(ctx, ctx.root_state, "probe", 5, uid)
+    ws, _runtime, server, box = open_world(ctx, ctx.root_state, "probe", uid)
     try:
         st = _Edge(home=ws.paths.edge / "opencode", uid=uid)
         st.home.mkdir()
@@ -260,7 +260,7 @@ try:
     socket.create_connection(("127.0.0.1", {teacher_port}), timeout=3); direct = "open"
 except OSError:
     direct = "refused"
-print(ok, direct, os.path.exists({ctx.task_cfg["task_dir"] + "/grader.py"!r}), os.getcwd())
+print(ok, direct, os.path.exists({ctx.task_cfg["coral_task"] + "/eval/grader.py"!r}), os.getcwd())
 """
         agent_binary, agent.binary = agent.binary, sys.executable  # run python where opencode would run
         try:
@@ -297,7 +297,8 @@ def test_compaction_when_allowed_is_detected_and_marked(tmp_path):
     )
     ctx = EdgeContext.create(tmp_path / "tree", make_root(tmp_path), cfg, example_task(cfg))
     uid = UIDS.acquire() if ctx.mode == "bwrap" else None
-    ws, runtime, server, box, text = open_world(ctx, ctx.root_state, "c1", 5, uid)
+    ws, runtime, server, box = open_world(ctx, ctx.root_state, "c1", uid)
+    text = ctx.world.instructions()
     recorder = StepRecorder(tmp_path / "steps.jsonl", "c1")
     try:
         run = TurnRun(

@@ -246,45 +246,24 @@ class EdgeContext:
 
 
 def root_context(store: TreeStore, state: NodeState, root_dir: Path):
-    """What the tree takes from its root for Coral's world (sftree.world.root.RootContext): the agent id from the
-    root's metadata (select-roots wrote it), the attempt records and heartbeat files from the store's root commit
-    (read by the host without following links when the store was seeded), each record at most 1 MiB."""
-    from sftree.world.root import RootContext
+    """What the tree takes from its root for Coral's world (`sftree.world.root.root_context`): the agent id from
+    the root's metadata (select-roots wrote it), the attempt records and heartbeat files from the store's root
+    commit (read by the host without following links when the store was seeded)."""
+    from sftree.world.root import root_context as from_files
 
     try:
         meta = read_json(root_dir / "metadata.json", "root metadata")
     except Exception:  # noqa: BLE001 - explore's preflight reports a bad metadata.json
         meta = {}
-    meta = meta if isinstance(meta, dict) else {}
-    agent = (
-        meta.get("agent_id") if isinstance(meta.get("agent_id"), str) and meta.get("agent_id") else "agent-1"
+    db = store.knowledge
+    files = flatten(db, db.commit_tree(state.knowledge_commit))
+    wanted = sorted(
+        p
+        for p, (mode, _oid) in files.items()
+        if p.startswith(("attempts/", "heartbeat/")) and mode != "120000"
     )
-    files = flatten(store.knowledge, store.knowledge.commit_tree(state.knowledge_commit))
-
-    def docs(prefix: str) -> dict[str, object]:
-        names = sorted(
-            p for p in files if p.startswith(prefix) and p.endswith(".json") and files[p][0] != "120000"
-        )
-        out = {}
-        for name, (_kind, data) in zip(
-            names, store.knowledge.read_many([files[p][1] for p in names]), strict=True
-        ):
-            try:
-                out[name] = json.loads(data) if len(data) <= 1 << 20 else None
-            except ValueError:
-                out[name] = None
-        return out
-
-    attempts = [d for d in docs("attempts/").values() if isinstance(d, dict)]
-    heartbeat = {}
-    hb = docs("heartbeat/")
-    for key, name in (("local", f"heartbeat/{agent}.json"), ("global", "heartbeat/_global.json")):
-        acts = hb.get(name, {}).get("actions") if isinstance(hb.get(name), dict) else None
-        if isinstance(acts, list) and all(isinstance(a, dict) and "name" in a and "every" in a for a in acts):
-            heartbeat[key] = acts
-    ids = {a.get("agent_id") for a in attempts if isinstance(a.get("agent_id"), str)} | {agent}
-    ec = meta.get("eval_count")
-    return RootContext(agent, ec if isinstance(ec, int) else None, attempts, len(ids), heartbeat)
+    blobs = dict(zip(wanted, (data for _k, data in db.read_many([files[p][1] for p in wanted])), strict=True))
+    return from_files(meta if isinstance(meta, dict) else {}, blobs)
 
 
 # ---- the edge ----------------------------------------------------------------------------------------------
@@ -316,9 +295,8 @@ def open_world(ctx: EdgeContext, parent: NodeState, edge_id: str, uid: int | Non
         ws, ctx.mode, coral_dir=server.dir, coral_env={**server.env(mount), "CORAL_CLI": json.dumps(cli)},
         hidden=ctx.hidden, tmp_bytes=ctx.tmp_bytes, ro_extra=[(Path(r), r) for r in w.sandbox_roots()],
     )  # fmt: skip
-    write_world(
-        ws, {"AGENTS.md": w.instructions().encode(), ".opencode/opencode.json": w.opencode_json().encode()}
-    )
+    # (Coral's `.opencode/opencode.json` is the OpenCode backend's to place, with its own provider config.)
+    write_world(ws, {"AGENTS.md": w.instructions().encode()})
     (ws.paths.host / "config.yaml").write_text(w.config_yaml(), encoding="utf-8")
     problem = box.init_repo()
     if problem:
