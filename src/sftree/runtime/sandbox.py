@@ -198,8 +198,8 @@ def own_below(dfd: int, uid: int, skip: str | None = None) -> None:
 
 
 def own(path: str, uid: int, dir_fd: int | None = None) -> os.stat_result:
-    """lchown (`path` relative to `dir_fd` if given), skipped when already so: a chown raises an inotify event,
-    and a knowledge checkout handed to the same uid again would report every file as changed (kwatch.py).
+    """lchown (`path` relative to `dir_fd` if given), skipped when already so (a chown changes the file's ctime,
+    which the next snapshot's stat cache would take for a change).
     Returns what lstat found (before the change of owner)."""
     st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
     if st.st_uid != uid or st.st_gid != uid:
@@ -222,8 +222,8 @@ def _own_tasks(uid: int) -> int:
 def wait_gone(uid: int | None, timeout: float = 2.0) -> bool:
     """Wait until no process of the sandbox uid is left; False when some still are after `timeout` s. bwrap exits
     as soon as the command's shell does, and the sandbox's other processes are killed just after: until they are
-    gone, one may still write, and the last close of a file it mapped (the watch's only sign of a write through
-    the mapping: kwatch.py) is not reported yet. None (our own uid): nothing to wait for."""
+    gone one may still write, so a command returns (and the host reads the workspace) only then. None (our own
+    uid): nothing to wait for."""
     if uid is None:
         return True
     end = time.monotonic() + timeout
