@@ -35,8 +35,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from sftree.agents import prompts  # noqa: E402
 from sftree.runtime.store import TreeStore  # noqa: E402
+from sftree.world.counters import CoralCounters, advance  # noqa: E402
+from sftree.world.task import load_task  # noqa: E402
+from sftree.world.world import World  # noqa: E402
+
+WORLD = World(load_task({"grader": "true", "direction": "maximize"}, "bench"), agent_id="agent-1")  # stand-ins
 
 COLS = ["fork", "loads", "commits", "state+close", "edge"]
 # As root, what the agent may change belongs to an unprivileged sandbox uid (TreeStore.fork(uid=...)).
@@ -62,22 +66,19 @@ def make_root(tmp: Path, attempts: int) -> Path:
     return root
 
 
-def one_edge(
-    store: TreeStore, state, edge_id: str, n: int, history: list[dict]
-) -> tuple[object, dict[str, float]]:
+def one_edge(store: TreeStore, state, edge_id: str, n: int, counters: CoralCounters) -> tuple[object, dict]:
     t: dict[str, float] = {}
     t0 = time.perf_counter()
     ws = store.fork(state, edge_id, agent_id="agent-1", inside="/workspace/results/bench", uid=HAND_UID)
     t["fork"] = time.perf_counter() - t0
     load = commit = 0.0
-    last = None
     for turn in (1, 2):
-        t1 = time.perf_counter()
-        prompts.next_turn_prompt(
-            last, history, {}
-        )  # the turn prompt (pivot heartbeat) from the host's records
-        load += time.perf_counter() - t1
         sha = f"{n:036x}{turn:04x}"
+        record = {"commit_hash": sha, "agent_id": "agent-1", "title": "t", "score": 1.0, "status": "improved"}
+        t1 = time.perf_counter()
+        WORLD.turn_prompt(counters, record)  # the turn prompt (heartbeats) from the host's counters
+        counters = advance(counters, record, "maximize")
+        load += time.perf_counter() - t1
         t1 = time.perf_counter()
         ws.write_attempt(sha, json.dumps({"commit_hash": sha, "score": 1.0, "timestamp": "2027"}).encode())
         commit += time.perf_counter() - t1
@@ -85,8 +86,6 @@ def one_edge(
         t1 = time.perf_counter()
         ws.commit_knowledge(f"{edge_id} turn {turn}")
         commit += time.perf_counter() - t1
-        last = {"eval": {"number": 10 * n + turn, "score": 1.0, "commit": sha, "status": "improved"}}
-        history.append({"commit": sha, "score": 1.0, "status": "improved"})
     t["loads"], t["commits"] = load, commit
     t1 = time.perf_counter()
     child = ws.state(None)
@@ -103,7 +102,7 @@ def run_tree(tmp: Path, root: Path, edges: int, shape: str = "chain") -> dict[st
     for i in range(edges + 1 + (shape == "branches")):
         if shape == "branches":  # fork the tip of the other branch than the last edge's
             state = tips[i % 2]
-        child, t = one_edge(store, state, f"e{i + 1}", i, [])
+        child, t = one_edge(store, state, f"e{i + 1}", i, CoralCounters("agent-1", global_evals=10 * i))
         tips[i % 2] = state = child
         if i > (shape == "branches"):  # the first edge(s) have nothing parked to reuse
             times.append(t)
