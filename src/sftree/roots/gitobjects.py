@@ -147,8 +147,8 @@ class ObjectReader:
     Small trees are cached (by hash: a tree never changes), so the folders shared by many commits are read
     once. `max_blob` bounds what one object may weigh; a larger one is refused before its bytes are read."""
 
-    TREE_CACHE_ENTRIES = 2_000_000  # entries kept over all cached trees
-    CACHE_TREE_MAX = 4096  # a tree with more entries (e.g. a run's attempts/) is read each time, not kept
+    TREE_CACHE_ENTRIES = 200_000  # entries kept over all cached trees
+    CACHE_TREE_MAX = 256  # a tree with more entries (e.g. a run's attempts/) is read each time, not kept
 
     def __init__(self, git_dir: Path, fmt: str, max_blob: int):
         self.git_dir, self.fmt, self.max_blob = Path(git_dir), fmt, max_blob

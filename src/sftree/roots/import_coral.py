@@ -35,7 +35,10 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,18 +134,20 @@ def metadata(
 class Store:
     """Content-addressed, read-only files (`<blob id>`, `<blob id>.x` for executables) that snapshot files are
     hard links to. A file with LINK_SOFT_MAX links is followed by a fresh copy (`<name>.<n>`), so no inode
-    reaches the filesystem's link limit; where hard links are impossible, files are copied."""
+    reaches the filesystem's link limit; where hard links are impossible, files are copied. `ensure` runs in
+    the planning thread, `link` in the writers (thread-safe)."""
 
     def __init__(self, path: Path):
         path.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(path, safefs.DIR_FLAGS)
         with os.scandir(self.fd) as it:
             names = [e.name for e in it]
-        self.have = {n for n in names if not n.startswith(".")}
         for n in names:
             if n.startswith(".tmp."):
                 os.unlink(n, dir_fd=self.fd)
-        self.current: dict[str, list] = {}  # key -> [source name, links made to it, its link count]
+        self.have = {n for n in names if not n.startswith(".")}
+        self.current: dict[str, list] = {}  # key -> [source name, its link count]
+        self.lock = threading.Lock()
         self.can_link = True
         self.new_blobs = self.links = self.copies = 0
 
@@ -150,10 +155,9 @@ class Store:
         os.close(self.fd)
 
     def _write(self, name: str, data: bytes, exe: bool) -> None:
-        tmp = f".tmp.{os.getpid()}.{name}"
-        fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.fd
-        )
+        tmp = f".tmp.{os.getpid()}.{threading.get_ident()}.{name}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o600, dir_fd=self.fd)
         try:
             view = memoryview(data)
             while view:
@@ -169,162 +173,170 @@ class Store:
         with os.fdopen(fd, "rb") as fh:
             return fh.read()
 
-    def _source(self, key: str) -> list:
-        cur = self.current.get(key)
-        if cur is None:
-            gen, name = 0, key
-            while f"{key}.{gen + 1}" in self.have:  # the newest copy of an earlier run
-                gen += 1
-                name = f"{key}.{gen}"
-            cur = self.current[key] = [name, 0, os.stat(name, dir_fd=self.fd).st_nlink]
-        return cur
-
-    def _rotate(self, key: str, exe: bool) -> list:
-        cur = self.current[key]
-        gen = int(cur[0].rsplit(".", 1)[1]) + 1 if cur[0] != key else 1
-        name = f"{key}.{gen}"
-        self._write(name, self._read(cur[0]), exe)
-        cur[:] = [name, 0, 1]
-        return cur
-
-    def place(self, oid: str, exe: bool, dfd: int, name: bytes, fetch) -> None:
-        """Make `name` in folder `dfd` the file of blob `oid` (`fetch()` gives its bytes if not stored yet)."""
+    def ensure(self, oid: str, exe: bool, fetch) -> str:
+        """The store key of blob `oid`; `fetch()` gives its bytes when it is not stored yet."""
         key = oid + ".x" if exe else oid
         if key not in self.have:
             self._write(key, fetch(), exe)
             self.new_blobs += 1
-        if not self.can_link:
-            return self._copy(key, exe, dfd, name)
-        cur = self._source(key)
-        if cur[2] >= LINK_SOFT_MAX:
-            cur = self._rotate(key, exe)
-        try:
-            os.link(cur[0], name, src_dir_fd=self.fd, dst_dir_fd=dfd, follow_symlinks=False)
-        except OSError as exc:
-            if exc.errno == errno.EMLINK:
-                cur = self._rotate(key, exe)
-                os.link(cur[0], name, src_dir_fd=self.fd, dst_dir_fd=dfd, follow_symlinks=False)
-            elif exc.errno in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
-                log.warning("hard links are not possible here (%s): files are copied", exc.strerror)
-                self.can_link = False
-                return self._copy(key, exe, dfd, name)
-            else:
-                raise
+        return key
+
+    def _source(self, key: str, exe: bool) -> str:
+        """The store file to link `key` from (under the lock): a fresh copy once one has LINK_SOFT_MAX links."""
+        cur = self.current.get(key)
+        if cur is None:
+            gen = 0
+            while f"{key}.{gen + 1}" in self.have:  # the newest copy an earlier import made
+                gen += 1
+            name = f"{key}.{gen}" if gen else key
+            cur = self.current[key] = [name, os.stat(name, dir_fd=self.fd).st_nlink]
+        if cur[1] >= LINK_SOFT_MAX:
+            self._rotate(key, exe)
         cur[1] += 1
-        cur[2] += 1
-        self.links += 1
+        return cur[0]
+
+    def _rotate(self, key: str, exe: bool) -> None:
+        cur = self.current[key]
+        gen = int(cur[0].rsplit(".", 1)[1]) + 1 if cur[0] != key else 1
+        name = f"{key}.{gen}"
+        self._write(name, self._read(cur[0]), exe)
+        cur[:] = [name, 1]
+
+    def link(self, key: str, dfd: int, name: bytes) -> None:
+        """Make `name` in folder `dfd` a hard link to store file `key` (a copy where links are impossible)."""
+        exe = key.endswith(".x")
+        with self.lock:
+            src = None if not self.can_link else self._source(key, exe)
+        if src is not None:
+            try:
+                os.link(src, name, src_dir_fd=self.fd, dst_dir_fd=dfd, follow_symlinks=False)
+                with self.lock:
+                    self.links += 1
+                return
+            except OSError as exc:
+                if exc.errno == errno.EMLINK:  # more links elsewhere than we counted: a fresh copy
+                    with self.lock:
+                        self._rotate(key, exe)
+                    return self.link(key, dfd, name)
+                if exc.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise
+                with self.lock:
+                    if self.can_link:
+                        log.warning("hard links are not possible here (%s): files are copied", exc.strerror)
+                    self.can_link = False
+        self._copy(key, exe, dfd, name)
 
     def _copy(self, key: str, exe: bool, dfd: int, name: bytes) -> None:
-        data = self._read(self._source(key)[0])
-        fd = os.open(
-            name,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            FILE_MODE[exe],
-            dir_fd=dfd,
-        )
+        data = self._read(key)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, FILE_MODE[exe], dir_fd=dfd)
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
-        self.copies += 1
+        with self.lock:
+            self.copies += 1
 
 
-# --- writing one snapshot -----------------------------------------------------------------------------------
+# --- planning one snapshot: the run's objects -> a recipe of folders, links and symlinks --------------------
+
+# A recipe is a list of (kind, name, arg): ("d", name, sub-recipe) a folder, ("l", name, store key) a file,
+# ("s", name, target) a symlink, ("e", name, None) an empty folder (a gitlink). Everything in it was checked.
+Recipe = list
 
 
-class Writer:
-    """Writes snapshot folders from the run's objects: folders made here, files hard-linked from the store,
-    symlinks made as git stores them (target = the blob's text, never followed), gitlinks as empty folders."""
+class Planner:
+    """Reads trees and blobs of the run (one git process per repository) and checks every entry: a plain UTF-8
+    name (no `.`, `..`, `/`, `.git`), a known mode, bounded sizes, depth and count. Blobs go into the store
+    here, so the writers only make folders and links. Small trees' recipes are kept (a tree never changes)."""
 
-    def __init__(
-        self, code: go.ObjectReader, checkpoint: go.ObjectReader, store: Store, max_file: int, fmt: str
-    ):
-        self.code, self.checkpoint, self.store, self.max_file, self.fmt = (
-            code,
-            checkpoint,
-            store,
-            max_file,
-            fmt,
-        )
+    CACHE_MAX = 256  # entries of a recipe worth keeping (skills/, notes/, code folders; not attempts/)
+
+    def __init__(self, code: go.ObjectReader, checkpoint: go.ObjectReader, store: Store, max_file: int):
+        self.code, self.checkpoint, self.store, self.max_file = code, checkpoint, store, max_file
+        self.cache: dict[tuple[int, str], tuple[Recipe, int, int]] = {}  # (reader, tree) -> recipe, height, n
         self.entries = 0
 
-    def _fetch(self, reader: go.ObjectReader, oid: str, shown: str):
-        def fetch() -> bytes:
-            try:
-                return reader.read(oid, "blob", limit=self.max_file)[1]
-            except go.ObjectError as exc:
-                raise ContentError(f"{shown}: {exc}") from None
-
-        return fetch
-
-    def _check_name(self, name: bytes, shown: str) -> str:
-        if name in (b".", b"..") or b"/" in name or b"\0" in name or not name:
+    def _name(self, name: bytes, shown: str) -> str:
+        if name in (b".", b"..") or not name:
             raise ContentError(f"{shown}: the name {name!r} is not a plain file name")
         if name.rstrip(b". ").lower() == b".git":
             raise ContentError(
-                f"{shown}: a {name.decode('utf-8', 'replace')!r} entry (sftree never writes a .git)"
+                f"{shown}: a {name.decode('utf-8', 'replace')!r} entry (sftree never writes one)"
             )
         try:
             return name.decode("utf-8")
         except UnicodeDecodeError:
             raise ContentError(f"{shown}: the name {name!r} is not UTF-8") from None
 
-    def tree(
-        self,
-        reader: go.ObjectReader,
-        oid: str,
-        dfd: int,
-        shown: str,
-        depth: int = 0,
-        skip: bytes | None = None,
-    ) -> None:
-        """Write tree `oid` into the (new, empty) folder `dfd`; `shown` is its path for messages."""
+    def _blob(self, reader: go.ObjectReader, oid: str, path: str) -> bytes:
+        try:
+            return reader.read(oid, "blob", limit=self.max_file)[1]
+        except go.ObjectError as exc:
+            raise ContentError(f"{path}: {exc}") from None
+
+    def tree(self, reader: go.ObjectReader, oid: str, shown: str, depth: int, skip: bytes | None = None):
+        """(recipe, height, entries) of tree `oid`, whose path is `shown`."""
+        ck = (id(reader), oid)
+        hit = self.cache.get(ck) if skip is None else None
+        if hit is not None:
+            if depth + hit[1] > MAX_DEPTH:
+                raise ContentError(f"{shown}: folders nested deeper than {MAX_DEPTH}")
+            self._count(hit[2], shown)
+            return hit
         if depth > MAX_DEPTH:
             raise ContentError(f"{shown}: folders nested deeper than {MAX_DEPTH}")
         try:
             entries = reader.tree(oid)
         except go.ObjectError as exc:
             raise ContentError(f"{shown}: {exc}") from None
+        recipe: Recipe = []
+        height, count = 0, 0
+        names = set()
         for mode, name, eoid in entries:
             if name == skip:
                 continue
-            text = self._check_name(name, shown)
-            path = f"{shown}/{text}"
+            path = f"{shown}/{self._name(name, shown)}"
+            if name in names:
+                raise ContentError(f"{path}: the tree names it twice")
+            names.add(name)
             if len(path) > MAX_PATH:
-                raise ContentError(f"{path[:200]}...: path longer than {MAX_PATH} characters")
-            self.entries += 1
-            if self.entries > MAX_ENTRIES:
-                raise ContentError(f"{shown}: more than {MAX_ENTRIES} files and folders in one snapshot")
-            try:
-                self._entry(reader, mode, name, eoid, dfd, path, depth)
-            except FileExistsError:
-                raise ContentError(f"{path}: the tree names it twice") from None
+                raise ContentError(f"{path[:200]}...: a path longer than {MAX_PATH} characters")
+            self._count(1, shown)
+            count += 1
+            if mode == go.MODE_TREE:
+                sub, h, n = self.tree(reader, eoid, path, depth + 1)
+                recipe.append(("d", name, sub))
+                height, count = max(height, h + 1), count + n
+            elif mode in go.BLOB_MODES:
+                exe = go.BLOB_MODES[mode]
+                key = self.store.ensure(eoid, exe, lambda r=reader, o=eoid, p=path: self._blob(r, o, p))
+                recipe.append(("l", name, key))
+            elif mode == go.MODE_LINK:
+                target = self._blob(reader, eoid, path)
+                if not target or b"\0" in target or len(target) > 4095:
+                    raise ContentError(f"{path}: a symlink whose target is empty, too long or holds NUL")
+                recipe.append(("s", name, target))
+            elif mode == go.MODE_GITLINK:  # a submodule's commit: git checks out an empty folder without it
+                recipe.append(("e", name, None))
+            else:
+                raise ContentError(f"{path}: unknown git file mode {mode.decode('ascii', 'replace')}")
+        out = (recipe, height, count)
+        if skip is None and count <= self.CACHE_MAX:
+            if len(self.cache) > 100_000:
+                self.cache.clear()
+            self.cache[ck] = out
+        return out
 
-    def _entry(self, reader, mode: bytes, name: bytes, oid: str, dfd: int, path: str, depth: int) -> None:
-        if mode == go.MODE_TREE:
-            os.mkdir(name, 0o755, dir_fd=dfd)
-            sub = os.open(name, safefs.DIR_FLAGS, dir_fd=dfd)
-            try:
-                self.tree(reader, oid, sub, path, depth + 1)
-            finally:
-                os.close(sub)
-        elif mode in go.BLOB_MODES:
-            self.store.place(oid, go.BLOB_MODES[mode], dfd, name, self._fetch(reader, oid, path))
-        elif mode == go.MODE_LINK:
-            target = self._fetch(reader, oid, path)()
-            if not target or b"\0" in target or len(target) > 4095:
-                raise ContentError(f"{path}: a symlink whose target is empty, too long or holds NUL")
-            os.symlink(target, name, dir_fd=dfd)
-        elif mode == go.MODE_GITLINK:  # a submodule's commit: git checks out an empty folder without it
-            os.mkdir(name, 0o755, dir_fd=dfd)
-        else:
-            raise ContentError(f"{path}: unknown git file mode {mode.decode('ascii', 'replace')}")
+    def _count(self, n: int, shown: str) -> None:
+        self.entries += n
+        if self.entries > MAX_ENTRIES:
+            raise ContentError(f"{shown}: more than {MAX_ENTRIES} files and folders in one snapshot")
 
-    def snapshot(self, item: Item, items: list[str], dfd: int) -> None:
-        """Write code/, shared/ and metadata.json of `item` into the empty folder `dfd`."""
-        rec = item.record
+    def snapshot(self, rec: Record, items: list[str], fmt: str) -> tuple[Recipe, Recipe]:
+        """The recipes of code/ and shared/ of an attempt; ContentError names what cannot be written."""
         self.entries = 0
         try:
             code_tree = self.code.commit_tree(rec.commit)
@@ -337,51 +349,51 @@ class Writer:
             )
         try:
             shared_tree = self.checkpoint.commit_tree(rec.shared_state_hash)
+            top = self.checkpoint.tree(shared_tree)
         except go.ObjectError as exc:
             raise ContentError(
                 f"checkpoint {rec.shared_state_hash} is not in the checkpoint repository .coral/public/.git: {exc}"
             ) from None
-        os.mkdir("code", 0o755, dir_fd=dfd)
-        with _dir(dfd, "code") as cfd:
-            self.tree(self.code, code_tree, cfd, "code")
-        os.mkdir("shared", 0o755, dir_fd=dfd)
+        code = self.tree(self.code, code_tree, "code", 1)[0]
         own = f"{rec.commit}.json".encode()
-        with _dir(dfd, "shared") as sfd:
+        shared: Recipe = []
+        seen = set()
+        for mode, name, eoid in top:
+            text = name.decode("utf-8", "replace")
+            if text not in items or text in seen:
+                continue
+            seen.add(text)
+            path = f"shared/{text}"
+            if mode != go.MODE_TREE:
+                raise ContentError(f"{path}: not a folder in the checkpoint (Coral makes it a folder)")
+            sub = self.tree(self.checkpoint, eoid, path, 2, skip=own if text == "attempts" else None)[0]
+            if text == "attempts":
+                sub = [*sub, ("l", own, self.store.ensure(blob_id(rec.data, fmt), False, lambda: rec.data))]
+            shared.append(("d", name, sub))
+        for text in items:  # Coral makes these folders at the start; git keeps no empty folder
+            if text not in seen:
+                sub = [("l", own, self.store.ensure(blob_id(rec.data, fmt), False, lambda: rec.data))]
+                shared.append(("d", text.encode(), sub if text == "attempts" else []))
+        return code, shared
+
+
+def make(recipe: Recipe, dfd: int, store: Store) -> None:
+    """Carry out `recipe` in the (new, empty) folder `dfd`: folders made here and entered by descriptor, never
+    through a link; an entry that exists already (a duplicate name) raises FileExistsError."""
+    for kind, name, arg in recipe:
+        if kind == "l":
+            store.link(arg, dfd, name)
+        elif kind == "d":
+            os.mkdir(name, 0o755, dir_fd=dfd)
+            sub = os.open(name, safefs.DIR_FLAGS, dir_fd=dfd)
             try:
-                top = self.checkpoint.tree(shared_tree)
-            except go.ObjectError as exc:
-                raise ContentError(f"checkpoint {rec.shared_state_hash}: {exc}") from None
-            for mode, name, eoid in top:
-                text = name.decode("utf-8", "replace")
-                if text not in items:
-                    continue
-                if text == "attempts" and mode != go.MODE_TREE:
-                    raise ContentError("shared/attempts: not a folder in the checkpoint")
-                path = f"shared/{text}"
-                if mode == go.MODE_TREE:
-                    os.mkdir(name, 0o755, dir_fd=sfd)
-                    with _dir(sfd, text) as fd:
-                        self.tree(
-                            self.checkpoint, eoid, fd, path, 1, skip=own if text == "attempts" else None
-                        )
-                else:
-                    self._entry(self.checkpoint, mode, name, eoid, sfd, path, 1)
-            for text in items:  # Coral makes these folders at the start; git keeps no empty folder
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(text, 0o755, dir_fd=sfd)
-            with _dir(sfd, "attempts") as afd:
-                data = rec.data
-                self.store.place(blob_id(data, self.fmt), False, afd, own, lambda: data)
-        fd = os.open(
-            "metadata.json",
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o644,
-            dir_fd=dfd,
-        )
-        try:
-            os.write(fd, item.meta)
-        finally:
-            os.close(fd)
+                make(arg, sub, store)
+            finally:
+                os.close(sub)
+        elif kind == "s":
+            os.symlink(arg, name, dir_fd=dfd)
+        else:
+            os.mkdir(name, 0o755, dir_fd=dfd)
 
 
 @contextlib.contextmanager
@@ -520,6 +532,7 @@ def run_import(
     direction: str | None = None,
     items: list[str] | None = None,
     max_file: int = MAX_FILE,
+    jobs: int = 1,
 ) -> Result:
     t0 = time.monotonic()
     run = read_run(run_dir)
@@ -542,12 +555,14 @@ def run_import(
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise InputError(f"another import-coral is writing {out} (lock {sdir / 'lock'})") from None
-        return _locked(run, out, task, items, max_file, t0)
+        return _locked(run, out, task, items, max_file, max(1, jobs), t0)
     finally:
         lock.close()
 
 
-def _locked(run: CoralRun, out: Path, task: str, items: list[str], max_file: int, t0: float) -> Result:
+def _locked(
+    run: CoralRun, out: Path, task: str, items: list[str], max_file: int, jobs: int, t0: float
+) -> Result:
     output = Output(out)
     existing = _existing(out)
     output.load(existing)
@@ -588,20 +603,8 @@ def _locked(run: CoralRun, out: Path, task: str, items: list[str], max_file: int
                 go.host_git_dir(git_root / "checkpoint", [run.checkpoint_objects], ck_fmt), ck_fmt, max_file
             )
             readers.append(ck)
-            writer = Writer(code, ck, store, max_file, fmt)
-        progress = Progress(f"import-coral[{task}]: snapshots", total=len(todo), logger=log)
-        tfd = os.open(tmp, safefs.DIR_FLAGS)
-        try:
-            since_save = 0
-            for it in todo:
-                _build(it, writer, items, tfd, out, tmp, trash, output)
-                since_save += 1
-                if since_save >= STATE_EVERY:
-                    output.save(run.run_dir)
-                    since_save = 0
-                progress.update(1, links=store.links, blobs=store.new_blobs)
-        finally:
-            os.close(tfd)
+            planner = Planner(code, ck, store, max_file)
+            _build_all(todo, planner, store, items, fmt, out, tmp, trash, output, run.run_dir, task, jobs)
         for it in plan_items:
             if it.action == "metadata":
                 write_bytes_atomic(out / it.name / "metadata.json", it.meta)
@@ -609,7 +612,6 @@ def _locked(run: CoralRun, out: Path, task: str, items: list[str], max_file: int
         if todo:
             os.sync()  # the folders were renamed into place: their files must be on disk before the state says so
         output.save(run.run_dir)
-        progress.finish(links=store.links, blobs=store.new_blobs)
     finally:
         for r in readers:
             r.close()
@@ -632,42 +634,96 @@ def _format(hashes) -> str:
     return "sha256" if fmts == {"sha256"} else "sha1"
 
 
-def _build(
-    it: Item, writer: Writer, items: list[str], tfd: int, out: Path, tmp: Path, trash: Path, output: Output
-) -> None:
-    """Build `it` in a temporary folder, then rename it into place (a rebuilt one replaces the old folder)."""
+def _build_all(todo, planner, store, items, fmt, out, tmp, trash, output, run_dir, task, jobs) -> None:
+    """Plan each snapshot here (the git readers and the store are this thread's), write it in `jobs` threads
+    (folders and links: system calls, which run in parallel), rename each into place when it is complete."""
+    progress = Progress(f"import-coral[{task}]: snapshots", total=len(todo), logger=log)
+    lock = threading.Lock()
+    tfd = os.open(tmp, safefs.DIR_FLAGS)
+    inflight: deque = deque()
+    done = 0
+
+    def settle(n: int) -> None:
+        nonlocal done
+        while len(inflight) > n:
+            inflight.popleft().result()
+            done += 1
+            progress.update(1, links=store.links, blobs=store.new_blobs)
+            if done % STATE_EVERY == 0:
+                with lock:
+                    output.save(run_dir)
+
+    try:
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="import-coral") as pool:
+            try:
+                for it in todo:
+                    try:
+                        code, shared = planner.snapshot(it.record, items, fmt)
+                    except ContentError as exc:
+                        _failed(it, str(exc))
+                        progress.update(1)
+                        continue
+                    inflight.append(
+                        pool.submit(_write, it, code, shared, store, tfd, out, tmp, trash, output, lock)
+                    )
+                    settle(2 * jobs)
+                settle(0)
+            except BaseException:
+                for f in inflight:
+                    f.cancel()
+                raise
+    finally:
+        os.close(tfd)
+    progress.finish(links=store.links, blobs=store.new_blobs)
+
+
+def _failed(it: Item, reason: str) -> None:
+    it.problem = reason
+    if it.action == "rebuild":  # the finished folder stays as it was
+        it.problem += f" (the snapshot {it.name} made earlier is kept as it was)"
+    it.action = "problem"
+
+
+def _write(it, code, shared, store, tfd, out: Path, tmp: Path, trash: Path, output, lock) -> None:
+    """Write `it` into a temporary folder, then rename it into place (a rebuilt one replaces the old one)."""
     tname = f"{it.name}.{os.getpid()}"
     os.mkdir(tname, 0o755, dir_fd=tfd)
     try:
         with _dir(tfd, tname) as dfd:
-            writer.snapshot(it, items, dfd)
-    except ContentError as exc:
+            for part, recipe in (("code", code), ("shared", shared)):
+                os.mkdir(part, 0o755, dir_fd=dfd)
+                with _dir(dfd, part) as fd:
+                    make(recipe, fd, store)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open("metadata.json", flags, 0o644, dir_fd=dfd)
+            try:
+                os.write(fd, it.meta)
+            finally:
+                os.close(fd)
+    except FileExistsError as exc:
         safefs.remove_all(tmp / tname)
-        it.problem = str(exc)
-        if it.action == "rebuild":  # the finished folder stays as it was
-            it.problem += f" (the snapshot {it.name} made earlier is kept as it was)"
-        it.action = "problem"
+        _failed(it, f"{os.fsdecode(exc.filename or '')}: a name the tree holds twice")
         return
     except BaseException:
         safefs.remove_all(tmp / tname)
         raise
     final = out / it.name
+    with lock:
+        old = (output.state.get(it.record.commit) or {}).get("name")
     if os.path.lexists(final):
         os.rename(final, trash / tname)
     os.rename(tmp / tname, final)
     safefs.remove_all(trash / tname)
-    old = (output.state.get(it.record.commit) or {}).get("name")
-    if (
-        old and old != it.name and os.path.lexists(out / old)
-    ):  # the record's agent_id changed: one folder only
+    if old and old != it.name and os.path.lexists(out / old):  # the record's agent_id changed: one folder
         os.rename(out / old, trash / old)
         safefs.remove_all(trash / old)
-    output.state[it.record.commit] = {
-        "index": it.index,
-        "name": it.name,
-        "key": it.key,
-        "meta": hashlib.sha256(it.meta).hexdigest(),
-    }
+    with lock:
+        output.state[it.record.commit] = {
+            "index": it.index,
+            "name": it.name,
+            "key": it.key,
+            "meta": hashlib.sha256(it.meta).hexdigest(),
+        }
 
 
 def _counts(plan_items: list[Item], problems: list[Problem], out: Path) -> dict:
@@ -784,7 +840,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-file-bytes", type=int, default=MAX_FILE, help="largest file written (default: 64 MiB)"
     )
     parser.add_argument(
+        "--jobs", type=int, default=default_jobs(), help="threads writing snapshots (default: %(default)s)"
+    )
+    parser.add_argument(
         "--strict", action="store_true", help="exit with status 2 when any attempt has a problem"
+    )
+
+
+def default_jobs() -> int:
+    """Up to 4 threads: creating links is system-call bound and scales with cores, past 4 the disk decides."""
+    return max(
+        1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     )
 
 
@@ -808,6 +874,7 @@ def run(args: argparse.Namespace) -> int:
         direction=args.direction,
         items=_items(args.shared_items),
         max_file=args.max_file_bytes,
+        jobs=args.jobs,
     )
     c, a = result.counts, result.actions
     for note in result.notes:
