@@ -15,10 +15,11 @@ rule import_coral:
         f"{RESULTS}/{{task}}/logs/import_coral.log",
     benchmark:
         f"{RESULTS}/{{task}}/benchmarks/import_coral.tsv"
-    conda:
-        "../../envs/sftree.yaml"
     wildcard_constraints:
         task="|".join(re.escape(t) for t in CORAL_TASKS),
+    conda:
+        "../../envs/sftree.yaml"
+    threads: 2  # snapshot writers (making links is system-call bound)
     params:
         run=lambda wc: config["tasks"][wc.task]["coral_run"],
         out=lambda wc, output: os.path.dirname(output.report),
@@ -26,4 +27,5 @@ rule import_coral:
         shared_items=",".join(config["import_coral"]["shared_items"]),
     shell:
         "sftree import-coral {params.run:q} --out {params.out:q} --task {wildcards.task}"
-        " --direction {params.direction} --shared-items {params.shared_items} > {log} 2>&1"
+        " --direction {params.direction} --shared-items {params.shared_items} --jobs {threads}"
+        " > {log} 2>&1"

@@ -151,7 +151,7 @@ class ObjectReader:
     CACHE_TREE_MAX = 256  # a tree with more entries (e.g. a run's attempts/) is read each time, not kept
 
     def __init__(self, git_dir: Path, fmt: str, max_blob: int):
-        self.git_dir, self.fmt, self.max_blob = Path(git_dir), fmt, max_blob
+        self.git_dir, self.fmt, self.max_blob = Path(os.path.abspath(git_dir)), fmt, max_blob
         self.raw_len = 32 if fmt == "sha256" else 20
         self._tree_re = re.compile(rb"([0-7]{5,6}) ([^\0/]+)\0(.{%d})" % self.raw_len, re.S)
         cmd = ["git"]

@@ -536,7 +536,7 @@ def run_import(
 ) -> Result:
     t0 = time.monotonic()
     run = read_run(run_dir)
-    out = Path(out)
+    out = Path(os.path.abspath(out))
     task = task or Path(os.path.realpath(out)).name
     items = list(dict.fromkeys(["attempts", *(items or DEFAULT_ITEMS)]))
     if direction and run.direction and direction != run.direction:
