@@ -29,6 +29,10 @@ GIT_ENV = {
     **{k: v for k, v in os.environ.items() if not k.startswith("GIT_")},
     "GIT_CONFIG_NOSYSTEM": "1",
     "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_AUTHOR_NAME": "coral",
+    "GIT_AUTHOR_EMAIL": "coral@local",
+    "GIT_COMMITTER_NAME": "coral",
+    "GIT_COMMITTER_EMAIL": "coral@local",
 }
 T0 = datetime(2026, 3, 1, 9, 0, 0, tzinfo=UTC)
 
