@@ -4,8 +4,8 @@ Coral is never installed into sftree's .venv (a user's Coral is their own; sftre
 `scripts/install_coral.sh` puts the pinned copy `../shared/coral` into `.venv-coral` (`.ci/run` calls it).
 Tests that need it are marked `coral` and skip, naming the reason, when the copy or the venv is absent:
 
-    from coral_helpers import needs_coral
-    pytestmark = needs_coral          # or @needs_coral on one test
+    from coral_helpers import needs_coral, with_coral
+    pytestmark = needs_coral          # a whole module; or @with_coral on one test
 
     coral_python()  -> .venv-coral/bin/python     coral_bin() -> .venv-coral/bin/coral
     coral_env(home) -> an environment for Coral's processes (its bin first on PATH, a private HOME)
@@ -42,7 +42,13 @@ def coral_missing() -> str | None:
 
 
 _MISSING = coral_missing()
-needs_coral = [pytest.mark.coral, pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")]
+skip_without_coral = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
+needs_coral = [pytest.mark.coral, skip_without_coral]
+
+
+def with_coral(test):
+    """Mark one test `coral` and skip it, naming the reason, where Coral is not installed."""
+    return pytest.mark.coral(skip_without_coral(test))
 
 
 def coral_python() -> Path:
