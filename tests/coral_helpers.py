@@ -1,23 +1,21 @@
-"""The real Coral in tests: where it is installed, how to run its CLI, and how to make a real Coral run.
+"""The real Coral for tests: `.venv-coral` made by scripts/install_coral.sh from ../shared/coral.
 
-Coral is never installed into sftree's .venv (a user's Coral is their own; sftree runs without one):
-`scripts/install_coral.sh` puts the pinned copy `../shared/coral` into `.venv-coral` (`.ci/run` calls it).
-Tests that need it are marked `coral` and skip, naming the reason, when the copy or the venv is absent:
+from coral_helpers import coral_python, coral_run, needs_coral
+pytestmark = needs_coral          # skipped, with the reason, where Coral is not installed
+out = coral_run("from coral.template.coral_md import generate_coral_md; ...")   # stdout of a script in Coral's Python
 
-    from coral_helpers import needs_coral, with_coral
-    pytestmark = needs_coral          # a whole module; or @with_coral on one test
-
-    coral_python()  -> .venv-coral/bin/python     coral_bin() -> .venv-coral/bin/coral
-    coral_env(home) -> an environment for Coral's processes (its bin first on PATH, a private HOME)
-
-`CoralRun` makes a real run: `coral start` on a copy of one of Coral's example tasks with the scripted agent
-runtime of tests/coral_agents (Coral loads `agents.runtime: module:Class`), no gateway, docker, tmux or UI.
+A real Coral run (tests/test_import_coral_real.py): `CoralRun` runs `coral start` on a copy of one of Coral's
+example tasks with the scripted agent runtime of tests/coral_agents (Coral loads `agents.runtime: module:Class`),
+no gateway, docker, tmux or UI; `coral_bin()` is Coral's own CLI, `coral_env(home)` an environment for its
+processes.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -27,42 +25,57 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-CORAL_SRC = Path(os.environ.get("SFTREE_CORAL_SRC", REPO.parent / "shared" / "coral"))
-CORAL_VENV = Path(os.environ.get("SFTREE_CORAL_VENV", REPO / ".venv-coral"))
+CORAL_SRC = Path(os.environ.get("CORAL_SRC", REPO.parent / "shared" / "coral"))
+VENV = REPO / ".venv-coral"
 AGENTS_DIR = Path(__file__).resolve().parent / "coral_agents"
 
 
-def coral_missing() -> str | None:
-    """Why the real Coral cannot be used here, or None."""
-    if not (CORAL_SRC / "coral").is_dir():
-        return f"no Coral copy at {CORAL_SRC} (a checkout without ../shared/coral)"
-    if not (CORAL_VENV / "bin" / "coral").is_file():
-        return f"Coral is not installed in {CORAL_VENV}: run bash scripts/install_coral.sh"
-    return None
+@functools.cache
+def coral_python() -> str | None:
+    """The interpreter that imports the pinned Coral, installing it once when its source is here; None if absent."""
+    py = VENV / "bin" / "python"
+    if not (CORAL_SRC / "pyproject.toml").is_file():
+        return None
+    if (
+        not py.exists()
+        or subprocess.run([str(py), "-c", "import coral.config"], capture_output=True).returncode
+    ):
+        proc = subprocess.run(
+            ["bash", str(REPO / "scripts" / "install_coral.sh")], capture_output=True, text=True
+        )
+        if proc.returncode:
+            return None
+    return str(py)
 
 
-_MISSING = coral_missing()
-skip_without_coral = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
-needs_coral = [pytest.mark.coral, skip_without_coral]
+needs_coral = pytest.mark.skipif(
+    coral_python() is None,
+    reason=f"the real Coral is not installed: no {CORAL_SRC} or scripts/install_coral.sh failed",
+)
+coral = pytest.mark.coral
 
 
-def with_coral(test):
-    """Mark one test `coral` and skip it, naming the reason, where Coral is not installed."""
-    return pytest.mark.coral(skip_without_coral(test))
+def coral_run(script: str, *args: str, cwd: str | None = None, timeout: float = 120) -> str:
+    """Run a Python script in Coral's interpreter; its stdout (a failure raises with its stderr)."""
+    proc = subprocess.run(
+        [coral_python(), "-c", script, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
+    if proc.returncode:
+        raise AssertionError(f"Coral script failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc.stdout
 
 
-def coral_python() -> Path:
-    """The interpreter of the venv Coral is installed in (skips the test when there is none)."""
-    if _MISSING:
-        pytest.skip(_MISSING)
-    return CORAL_VENV / "bin" / "python"
+def coral_config(**world) -> dict:
+    """A config's `coral:` section for the pinned Coral."""
+    return {"python": coral_python(), "mode": "coral", **world}
 
 
 def coral_bin() -> Path:
-    """Coral's own CLI, `coral`, from that venv."""
-    if _MISSING:
-        pytest.skip(_MISSING)
-    return CORAL_VENV / "bin" / "coral"
+    """Coral's own CLI, `coral`, from that venv (skips the test where Coral is not installed)."""
+    py = coral_python()
+    if py is None:
+        pytest.skip(f"the real Coral is not installed: no {CORAL_SRC} or scripts/install_coral.sh failed")
+    return Path(py).parent / "coral"
 
 
 def coral_env(home: Path, **extra: str) -> dict[str, str]:
@@ -70,7 +83,7 @@ def coral_env(home: Path, **extra: str) -> dict[str, str]:
     or ~/.coral), no git config from the system, sftree's own venv not active."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GIT_", "VIRTUAL_ENV", "PYTHON"))}
     env.update(
-        PATH=f"{CORAL_VENV / 'bin'}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}",
+        PATH=f"{VENV / 'bin'}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}",
         HOME=str(home),
         GIT_CONFIG_NOSYSTEM="1",
         PYTHONDONTWRITEBYTECODE="1",
@@ -82,8 +95,6 @@ def coral_env(home: Path, **extra: str) -> dict[str, str]:
 def example_task(name: str, dest: Path, overrides: dict) -> Path:
     """A writable copy of Coral's example task `name` (examples/<name>: task.yaml, eval/, seed/) with the keys of
     `overrides` merged into its task.yaml (nested dicts merged, other values replaced); the task folder."""
-    import shutil
-
     shutil.copytree(CORAL_SRC / "examples" / name, dest)
     for p in [dest, *dest.rglob("*")]:
         p.chmod(p.stat().st_mode | 0o200)  # the copy in ../shared is read-only

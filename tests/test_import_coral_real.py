@@ -7,8 +7,8 @@ Coral's own `coral eval`, which commits, checkpoints `.coral/public` and writes 
 grades with the task's own grader. 24 evals: a crashed one (a syntax error), a slow one (imported while pending,
 then again once graded), and a last one that hangs in the grader and is still pending when `coral stop` ends
 the run. The snapshots are checked against Coral's own records (read by Coral's `read_attempts`), its checkpoint
-repository and the run's code repository; then the whole workflow runs on them (teacher-sim as the Teacher,
-Coral's grader grading its commits).
+repository and the run's code repository; then the whole workflow runs on them (teacher-sim as the Teacher
+in Coral's world, the task's own grader grading its commits through the installed Coral).
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from coral_helpers import AGENTS_DIR, REPO, CoralRun, coral_python, needs_coral
+from coral_helpers import REPO, CoralRun, coral, coral_python, needs_coral
 from helpers_coralrun import git
 
 from sftree.roots.import_coral import REPORT_JSON, run_import
 from sftree.roots.snapshots import scan
+from sftree.runtime.sandbox import bwrap_works
 
-pytestmark = [*needs_coral, pytest.mark.slow]
+pytestmark = [needs_coral, coral, pytest.mark.slow]
 ITEMS = ("attempts", "notes", "skills", "roles", "agents", "heartbeat", "eval_logs")
 
 
@@ -61,7 +62,7 @@ def coral_records(run_dir: Path) -> list[dict]:
         "print(json.dumps([a.to_dict() for a in read_attempts(sys.argv[1])]))"
     )
     out = subprocess.run(
-        [str(coral_python()), "-c", code, str(run_dir / ".coral")], capture_output=True, text=True, check=True
+        [coral_python(), "-c", code, str(run_dir / ".coral")], capture_output=True, text=True, check=True
     )
     return json.loads(out.stdout)
 
@@ -171,24 +172,19 @@ def test_a_real_coral_run_is_imported_and_the_workflow_runs_on_it(tmp_path):
         assert (s.score, s.status) == (by_commit[s.commit_hash]["score"], by_commit[s.commit_hash]["status"])
 
     # --- the whole workflow on the imported run ----------------------------------------------------------------
-    grader = f"{coral_python()} {AGENTS_DIR / 'grade_with_coral.py'} {{task_dir}} {{code_dir}}"
     config = {
         "snapshots": "all_snapshots",
         "results": "results",
-        "tasks": {
-            "circle_packing": {
-                "direction": "maximize",
-                "coral_run": str(run.run_dir),
-                "task_dir": str(run.task_dir),
-                "grader": grader,
-                "grader_timeout": 60,
-            }
-        },
+        # the run's own task folder (Coral's example, as the run used it): the Teacher in Coral's world, its
+        # evals graded by the task's TaskGrader through the installed Coral
+        "tasks": {"circle_packing": {"coral_task": str(run.task_dir), "coral_run": str(run.run_dir)}},
+        "coral": {"mode": "coral", "python": coral_python()},
         "select_roots": {"num_roots": 2},
         "teacher": {"sim": {"seed": 0}, "health_timeout": 30, "retries": 3, "backoff_max": 2},
-        "agent": {"max_steps_per_turn": 12, "turn_timeout": 300, "bash_timeout": 60},
-        "search": {"root_children": 2, "max_children": 2, "max_depth": 2, "target_good_leaves": 2,
-                   "max_valid_edges": 3, "parallel_width": 2},
+        "agent": {"max_steps_per_turn": 12, "turn_timeout": 300, "bash_timeout": 60,
+                  "sandbox": "auto" if bwrap_works() else "none"},
+        "search": {"root_children": 1, "max_children": 1, "max_depth": 1, "target_good_leaves": 1,
+                   "max_valid_edges": 1, "parallel_width": 1},
     }  # fmt: skip
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     cmd = ["snakemake", "--cores", "2", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)]
@@ -203,9 +199,10 @@ def test_a_real_coral_run_is_imported_and_the_workflow_runs_on_it(tmp_path):
     for root in roots:
         tree = json.loads((results / "trees" / root / "tree.json").read_text())
         assert tree["status"] == "finished" and tree["counters"]["valid_edges"] >= 1
-        # the Teacher's evals were graded by Coral's grader: numeric scores from the same circle packing scale
+        # the Teacher's evals were graded by the task's own grader: scores on the circle packing scale
         scores = [t["score"] for e in tree["edges"] for t in e["turns"] if t["score"] is not None]
         assert scores and all(0 < s < 1.1 for s in scores)
+        assert tree["direction"] == "maximize"
     lines = (tmp_path / "results" / "sft.jsonl").read_text().splitlines()
     assert lines and json.loads(lines[0])["metadata"]["task"] == "circle_packing"
     assert json.loads((out / REPORT_JSON).read_text())["counts"]["snapshots"] == 24

@@ -166,7 +166,7 @@ class Scripted:
         self.teacher.stop()
 
 
-GRADER = REPO_ROOT / "examples" / "circle_packing" / "grader.py"
+GRADER = REPO_ROOT / "examples" / "circle_packing" / "eval" / "grader.py"
 TASK_DIR = GRADER.parent
 
 

@@ -59,6 +59,13 @@ for _task in CORAL_TASKS:
         )
 
 
+def task_direction(task):
+    """maximize | minimize: a Coral task folder's task.yaml (grader.direction), else the entry's `direction`."""
+    from sftree.config import task_config
+
+    return task_config(config, task)["direction"]
+
+
 def task_snapshot_dir(task):
     """A task's eval-* folder: its own `snapshots` key, <snapshots>/<task>, or <snapshots> itself for one task.
 

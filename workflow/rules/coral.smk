@@ -23,7 +23,7 @@ rule import_coral:
     params:
         run=lambda wc: config["tasks"][wc.task]["coral_run"],
         out=lambda wc, output: os.path.dirname(output.report),
-        direction=lambda wc: config["tasks"][wc.task]["direction"],
+        direction=lambda wc: task_direction(wc.task),
         shared_items=",".join(config["import_coral"]["shared_items"]),
     shell:
         "sftree import-coral {params.run:q} --out {params.out:q} --task {wildcards.task}"

@@ -139,6 +139,10 @@ class Tree:
     updated_at: str | None = None
     version: int = VERSION
     sandbox: str | None = None  # how the agent and graded code were confined: bwrap | none (docs/security.md)
+    backend: str | None = None  # the agent backend that made the edges: native | opencode | mixed (resumed)
+    coral: dict | None = (
+        None  # the Teacher's world: {"mode": coral | stand-in, ...} (sftree.world.World.describe)
+    )
     _index: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
     _edge_index: dict[str, Edge] = field(default_factory=dict, repr=False, compare=False)
 
@@ -236,6 +240,8 @@ class Tree:
             "created_at": self.created_at,
             "updated_at": self.updated_at,
             "sandbox": self.sandbox,
+            "backend": self.backend,
+            "coral": self.coral,
             "nodes": [asdict(n) for n in self.nodes],
             "edges": [asdict(e) for e in self.edges],
         }
@@ -256,6 +262,8 @@ class Tree:
             updated_at=obj.get("updated_at"),
             version=obj["version"],
             sandbox=obj.get("sandbox"),
+            backend=obj.get("backend"),
+            coral=obj.get("coral"),
         )
         node_names = {f.name for f in fields(Node)}
         edge_names = {f.name for f in fields(Edge)}
