@@ -277,8 +277,10 @@ def test_a_fork_reuses_parked_attempt_records_moved_by_the_difference(tmp_path, 
     child = a.state(None)
     a.close()
     moved = []
-    real = checkout.update_files
-    monkeypatch.setattr(checkout, "update_files", lambda *x, **k: moved.append(real(*x, **k)) or moved[-1])
+    real = checkout.apply_difference
+    monkeypatch.setattr(
+        checkout, "apply_difference", lambda *x, **k: moved.append(real(*x, **k)) or moved[-1]
+    )
     b = st.fork(root, "e2", agent_id="agent-1", inside=INSIDE)  # the root: one record fewer than e1 left
     assert moved == [1]
     want = files_of(st, root.knowledge_commit, "knowledge")

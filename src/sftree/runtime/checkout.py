@@ -96,19 +96,11 @@ def _remove(dfd: int, name: str) -> None:
         os.unlink(name, dir_fd=dfd)
 
 
-def update_files(
-    db: ObjectDB,
-    dest: Path,
-    old: dict[str, tuple[str, str]],
-    new: dict[str, tuple[str, str]],
-    *,
-    uid: int | None = None,
+def apply_difference(
+    db: ObjectDB, dest: Path, gone: list[str], write: dict[str, tuple[str, str]], *, uid: int | None = None
 ) -> int:
-    """Move folder `dest` from holding `old` to holding `new` ({path: (mode, blob id)}), touching only the paths
-    that differ; the number of paths written or removed. For a folder only the host writes (a parked
-    `attempts/`), so `old` is known to be exactly what it holds."""
-    gone = [p for p in old if p not in new]
-    changed = {p: v for p, v in new.items() if old.get(p) != v}
+    """Remove the paths `gone` from folder `dest` and write `write` ({path: (mode, blob id)}); the number of paths
+    touched. For a folder only the host writes (a parked `attempts/`), whose content is known exactly."""
     dirs = _Dirs(Path(dest), uid)
     try:
         for path in gone:
@@ -119,6 +111,6 @@ def update_files(
                 pass
     finally:
         dirs.close()
-    if changed:
-        write_files(db, changed, dest, uid=uid)
-    return len(gone) + len(changed)
+    if write:
+        write_files(db, write, dest, uid=uid)
+    return len(gone) + len(write)

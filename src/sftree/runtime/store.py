@@ -23,6 +23,7 @@ from sftree.runtime.workspace import (
     NodeState,
     Paths,
     attempt_entries,
+    attempts_difference,
     code_skip,
     fresh_dir,
     load_last_turn,
@@ -55,7 +56,7 @@ class TreeStore:
         self.code = ObjectDB(self.code_git)
         self.knowledge = ObjectDB(self.knowledge_git)
         self._lock = threading.Lock()
-        self._parked: list[tuple[Path, dict[str, tuple[str, str]]]] = []  # attempts folders free for reuse
+        self._parked: list[tuple[Path, str]] = []  # attempts folders free for reuse, with the tree they hold
         self._parked_n = 0
 
     # ---- creation and resume -------------------------------------------------------------------------------
@@ -151,7 +152,7 @@ class TreeStore:
             ws.known = set(chain(self.code, state.code_commit))
             files, att_tree = split_knowledge(self.knowledge, state.knowledge_commit)
             checkout.write_files(self.knowledge, files, paths.public, uid=uid)
-            ws.attempts, ws.attempts_tree = attempt_entries(self.knowledge, att_tree), att_tree
+            ws.attempts_tree = att_tree
             ws._k_tree = self.knowledge.commit_tree(state.knowledge_commit)
             self._place_attempts(ws)
             ws.session = load_session(self.tree_dir, state.session)
@@ -163,7 +164,6 @@ class TreeStore:
 
     def _place_attempts(self, ws: EdgeWorkspace) -> None:
         """Fill the edge's attempts folder: a parked one moved by the tree difference, else written in full."""
-        want = ws.attempts
         with self._lock:
             parked = self._parked.pop() if (self._parked and ws.separate_attempts) else None
         if parked is not None:
@@ -171,26 +171,29 @@ class TreeStore:
             try:
                 safefs.remove_all(ws.paths.attempts)
                 os.rename(folder, ws.paths.attempts)
-                checkout.update_files(self.knowledge, ws.paths.attempts, held, want)
+                gone, write = attempts_difference(self.knowledge, held, ws.attempts_tree)
+                checkout.apply_difference(self.knowledge, ws.paths.attempts, gone, write)
                 return
             except OSError as exc:
                 log.warning("parked attempt records %s not reused: %s", folder, exc)
                 safefs.remove_all(ws.paths.attempts)
                 fresh_dir(ws.paths.attempts)
-        checkout.write_files(self.knowledge, want, ws.paths.attempts)
+        checkout.write_files(
+            self.knowledge, attempt_entries(self.knowledge, ws.attempts_tree), ws.paths.attempts
+        )
 
     @property
     def pool_dir(self) -> Path:
         return self.work_dir / ".attempts-pool"
 
-    def park_attempts(self, folder: Path, held: dict[str, tuple[str, str]]) -> None:
-        """Keep an attempts folder only the host wrote (its entries `held`) for the next fork."""
+    def park_attempts(self, folder: Path, held: str) -> None:
+        """Keep an attempts folder only the host wrote (holding the attempts/ tree `held`) for the next fork."""
         self.pool_dir.mkdir(exist_ok=True)
         with self._lock:
             self._parked_n += 1
             dest = self.pool_dir / str(self._parked_n)
             os.rename(folder, dest)
-            self._parked.append((dest, dict(held)))
+            self._parked.append((dest, held))
 
     # ---- refs, diffs, cleanup ------------------------------------------------------------------------------
     def keep_refs(self, repo: str, refs: dict[str, str]) -> None:

@@ -143,9 +143,10 @@ class EdgeWorkspace:
     graded: list[str] = field(default_factory=list)  # commits graded in this edge, in order
     k_head: str = ""
     _k_tree: str = ""
-    attempts: dict[str, tuple[str, str]] = field(default_factory=dict)  # attempts/ entries {name: (mode, id)}
-    attempts_tree: str | None = None
-    _attempts_clean: bool = True  # the attempts folder holds exactly `attempts` (it may be parked for reuse)
+    attempts_tree: str | None = None  # the attempts/ tree the attempts folder holds (None: none)
+    _attempts_clean: bool = (
+        True  # the attempts folder holds exactly `attempts_tree` (it may be parked for reuse)
+    )
     _code_reader: FolderReader | None = None
     _k_reader: FolderReader | None = None
 
@@ -197,13 +198,12 @@ class EdgeWorkspace:
     def write_attempt(self, commit: str, data: bytes) -> None:
         """The host's attempt record `attempts/<commit>.json` (what the agent reads of its evals)."""
         name = f"{commit}.json"
+        db = self.store.knowledge
         self._attempts_clean = False  # until it is written and recorded
         safefs.write_bytes_atomic(self.paths.attempts, name, data)
-        oid = self.store.knowledge.write("blob", data)
-        self.attempts[name] = ("100644", oid)
-        self.attempts_tree = self.store.knowledge.write_tree_from(
-            self.attempts_tree, {n: gittrees.entry(n, m, o) for n, (m, o) in self.attempts.items()}, [name]
-        )
+        entries = dict(db.tree(self.attempts_tree)) if self.attempts_tree else {}  # (a copy in C)
+        entries[name] = gittrees.entry(name, "100644", db.write("blob", data))
+        self.attempts_tree = db.write_tree_from(self.attempts_tree, entries, [name])
         self._attempts_clean = self.separate_attempts
 
     def commit_knowledge(self, message: str) -> str:
@@ -247,7 +247,7 @@ class EdgeWorkspace:
         self.closed = True
         if self._attempts_clean and self.separate_attempts and self.attempts_tree is not None:
             try:
-                self.store.park_attempts(self.paths.attempts, self.attempts)
+                self.store.park_attempts(self.paths.attempts, self.attempts_tree)
             except OSError as exc:
                 log.warning("edge %s: attempt records not kept for reuse: %s", self.edge_id, exc)
         self.store.remove_edge_dir(self.paths.edge)
@@ -342,6 +342,19 @@ def attempt_entries(db: ObjectDB, tree: str | None) -> dict[str, tuple[str, str]
     if not tree:
         return {}
     return {n: (m, o) for n, (m, o, _r) in db.tree(tree).items() if m != gittrees.TREE_MODE}
+
+
+def attempts_difference(
+    db: ObjectDB, old: str | None, new: str | None
+) -> tuple[list[str], dict[str, tuple[str, str]]]:
+    """What moves a folder holding attempts/ tree `old` to tree `new`: (names to remove, {name: (mode, id)} to
+    write); set operations on the kept entries, so two trees of 10k records a few apart cost ~1 ms."""
+    a = db.tree(old) if old else {}
+    b = db.tree(new) if new else {}
+    changed = set(b.items()) - set(a.items())
+    gone = [n for n in a.keys() - b.keys()]
+    write = {n: (m, o) for n, (m, o, _r) in changed if m != gittrees.TREE_MODE}
+    return gone, write
 
 
 def write_code(ws: EdgeWorkspace) -> None:
