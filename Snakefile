@@ -18,6 +18,11 @@ if EXAMPLE_RUN:
     include: "workflow/rules/example.smk"
 
 
+if CORAL_TASKS:
+
+    include: "workflow/rules/coral.smk"
+
+
 include: "workflow/rules/roots.smk"
 include: "workflow/rules/explore.smk"
 include: "workflow/rules/paths.smk"

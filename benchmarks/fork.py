@@ -130,7 +130,7 @@ def part2(latencies: list[float], edges: int, sandbox: str) -> None:
         task = task_config(cfg, "circle_packing")
         with tempfile.TemporaryDirectory(prefix="sftree-bench-") as tmp:
             root = Path(tmp) / "root"
-            shutil.copytree(REPO / "examples" / "circle_packing" / "code", root / "code")
+            shutil.copytree(REPO / "examples" / "circle_packing" / "seed", root / "code")
             (root / "shared" / "notes").mkdir(parents=True)
             ctx = EdgeContext.create(Path(tmp) / "tree", root, cfg, task)
             try:

@@ -33,7 +33,7 @@ def grow(cfg: dict, tmp: Path, per_level: int) -> list[dict]:
     """Run the tree shape; one row per edge (EdgeResult figures + the usage sums of its step records)."""
     task = task_config(cfg, "circle_packing")
     root = tmp / "root"
-    shutil.copytree(REPO / "examples" / "circle_packing" / "code", root / "code")
+    shutil.copytree(REPO / "examples" / "circle_packing" / "seed", root / "code")
     (root / "shared" / "notes").mkdir(parents=True)
     tree_dir = tmp / "tree"
     ctx = EdgeContext.create(tree_dir, root, cfg, task)

@@ -60,7 +60,7 @@ TASK = "circle_packing"
 
 def make_root(tmp: Path) -> Path:
     root = tmp / "roots" / "eval-000010-agent-1-000000000000"
-    shutil.copytree(REPO / "examples" / TASK / "code", root / "code")
+    shutil.copytree(REPO / "examples" / TASK / "seed", root / "code")
     for sub in ("notes", "attempts", "skills"):
         (root / "shared" / sub).mkdir(parents=True)
     (root / "shared" / "notes" / "student.md").write_text("# Student\nROWS = 5 did not help.\n")
@@ -127,9 +127,7 @@ def run_tree(work: Path, width: int, schedule: str, args, seed: int) -> dict:
     overrides = {
         "tasks": {
             TASK: {
-                "direction": "maximize",
-                "task_dir": str(REPO / "examples" / TASK),
-                "grader": "python3 {task_dir}/grader.py {code_dir}",
+                "coral_task": str(REPO / "examples" / TASK),
                 "grader_timeout": 60,
             }
         },  # fmt: skip

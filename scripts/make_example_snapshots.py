@@ -3,10 +3,10 @@
 
     python3 scripts/make_example_snapshots.py --out DIR [--seed 0] [--tasks circle_packing,tsp] [--count 96]
 
-For each task, 4 agents hill-climb the numeric constants of `examples/<task>/code/solution.py` in rounds (the
+For each task, 4 agents hill-climb the numeric constants of `examples/<task>/seed/solution.py` in rounds (the
 agents of one round work at the same time and only see each other's results afterwards, as in Coral). Every
-candidate is graded by the task's REAL grader (`python3 examples/<task>/grader.py CODE_DIR`, graded in a small
-pool, identical code graded once). Some candidates are broken on purpose (a syntax error, a runtime error, or
+candidate is graded by the task's REAL grader (the TaskGrader of `examples/<task>/eval/grader.py`, confined by
+`sftree.world.grading` with sftree's stand-in Coral, in a small pool, identical code graded once). Some candidates are broken on purpose (a syntax error, a runtime error, or
 code that kills the grader process: the "grader crash"), some step out of the valid range (e.g. RADIUS_SCALE > 1
 overlaps circles), and a few snapshots stay pending (no `eval_ok`). Output per task:
 
@@ -27,7 +27,6 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,11 +35,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-VERSION = 3  # bump when the output changes, so stale stamped folders are rebuilt
+VERSION = 4  # bump when the output changes, so stale stamped folders are rebuilt
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 AGENTS = 4
-GRADER_TIMEOUT = 60
 START_TIME = datetime(2026, 1, 5, 9, 0, 0, tzinfo=UTC)
 
 
@@ -57,7 +55,7 @@ class Param:
 class TaskSpec:
     direction: str
     params: tuple[Param, ...]
-    crash_line: str = "import os; os._exit(3)  # kills the grader process: a grader crash"
+    crash_line: str = "import os; os._exit(3)  # kills the graded process: a crashed eval"
 
 
 SPECS = {
@@ -164,8 +162,10 @@ class Grader:
     """Runs the task's real grader on code text, in a pool; identical code is graded once."""
 
     def __init__(self, task: str, workers: int):
+        from sftree.world.task import load_coral_task
+
         self.task = task
-        self.grader = EXAMPLES / task / "grader.py"
+        self.spec = load_coral_task(EXAMPLES / task, task)
         self.cache: dict[str, tuple[float | None, str, str]] = {}
         self.pool = ThreadPoolExecutor(max_workers=workers)
         self.calls = 0
@@ -178,38 +178,26 @@ class Grader:
         return [self.cache[k] for k in keys]
 
     def _grade(self, code: str) -> tuple[float | None, str, str]:
-        """(score, feedback, status) from one grader run in a scratch folder."""
+        """(score, feedback, status) from one confined grading of the code in a scratch folder."""
+        from sftree.world.grading import grade
+
         self.calls += 1
+        commit = hashlib.sha1(code.encode()).hexdigest()
         with tempfile.TemporaryDirectory(prefix="sftree-grade-") as tmp:
             code_dir = Path(tmp) / "code"
             code_dir.mkdir()
             (code_dir / "solution.py").write_text(code)
-            try:
-                proc = subprocess.run(
-                    [sys.executable, str(self.grader), str(code_dir)],
-                    capture_output=True,
-                    text=True,
-                    timeout=GRADER_TIMEOUT,
-                )
-            except subprocess.TimeoutExpired:
-                return None, f"grader timed out after {GRADER_TIMEOUT} s", "timeout"
-            lines = proc.stdout.strip().splitlines()
-            try:
-                result = json.loads(lines[-1])
-                score, feedback = result["score"], str(result["feedback"])
-            except (IndexError, ValueError, KeyError, TypeError):
-                return (
-                    None,
-                    f"grader crashed (exit status {proc.returncode}) without printing a result",
-                    "crashed",
-                )
-            # Keep the output reproducible: the scratch path differs from run to run.
-            feedback = feedback.replace(str(code_dir), "code").replace(tmp, ".")
-            return (
-                (float(score) if score is not None else None),
-                feedback,
-                ("graded" if score is not None else "crashed"),
+            r = grade(
+                self.spec,
+                code_dir,
+                commit=commit,
+                install=None,
+                sandbox=os.environ.get("SFTREE_SANDBOX") or "auto",
             )
+        # Keep the output reproducible: the checkout's path holds the scratch folder or the commit.
+        feedback = re.sub(r"/\S*/grader_checkouts/[0-9a-f]{40}", "code", r.feedback).replace(tmp, ".")
+        status = {"scored": "graded"}.get(r.status, r.status)
+        return r.score, feedback, status
 
 
 # --- the simulated run ------------------------------------------------------------------------------------
@@ -240,7 +228,7 @@ def better(a: float | None, b: float | None, direction: str) -> bool:
 def simulate(task: str, seed: int, count: int, grader: Grader) -> list[Event]:
     spec = SPECS[task]
     rng = random.Random(f"{task}:{seed}")
-    template = (EXAMPLES / task / "code" / "solution.py").read_text()
+    template = (EXAMPLES / task / "seed" / "solution.py").read_text()
     start = read_constants(template, spec)
     base_hash = hashlib.sha1(f"{task}:baseline:{template}".encode()).hexdigest()
     # Per agent: current best (values, score, commit); eval counts; global best.

@@ -54,14 +54,10 @@ def task_config(snapshots: Path, num_roots: int = 10) -> dict:
         "results": "results",
         "tasks": {
             "circle_packing": {
-                "direction": "maximize",
-                "task_dir": str(EXAMPLES / "circle_packing"),
-                "grader": "python3 {task_dir}/grader.py {code_dir}",
+                "coral_task": str(EXAMPLES / "circle_packing"),
             },
             "tsp": {
-                "direction": "minimize",
-                "task_dir": str(EXAMPLES / "tsp"),
-                "grader": "python3 {task_dir}/grader.py {code_dir}",
+                "coral_task": str(EXAMPLES / "tsp"),
             },
         },
         "select_roots": {"num_roots": num_roots},

@@ -21,7 +21,7 @@ EXAMPLES = REPO_ROOT / "examples"
 def make_root(tmp: Path, task: str = "circle_packing", score: float = 1.2, name: str | None = None) -> Path:
     """A root snapshot as select-roots writes it: code/, shared/ and metadata annotated with task and score."""
     root = tmp / "roots" / (name or "eval-000007-agent-1-0123456789ab")
-    shutil.copytree(EXAMPLES / task / "code", root / "code")
+    shutil.copytree(EXAMPLES / task / "seed", root / "code")
     (root / "shared" / "notes").mkdir(parents=True)
     (root / "shared" / "attempts").mkdir()
     (root / "shared" / "notes" / "student.md").write_text("# Student note\nROWS = 5 did not help.\n")
@@ -42,9 +42,7 @@ def write_config(tmp: Path, search: dict, *, script: list | None = None, base_ur
     cfg = {
         "tasks": {
             "circle_packing": {
-                "direction": "maximize",
-                "task_dir": str(EXAMPLES / "circle_packing"),
-                "grader": "python3 {task_dir}/grader.py {code_dir}",
+                "coral_task": str(EXAMPLES / "circle_packing"),
                 "grader_timeout": 60,
             }
         },

@@ -45,13 +45,13 @@ TOOLS = [
 ROOT = "eval-000005-agent-1-aaaaaaaaaaaa"
 
 
-def _assistant(edge, turn, step, last, malformed):
+def _assistant(edge, turn, step, last, fault):
     cid = f"call_{edge}_{turn}_{step}"
     if last:
         name, args = "bash", json.dumps({"command": 'coral eval -m "try"'})
     else:
         name, args = "read", json.dumps({"filePath": ".opencode/notes/a.md"})
-    if malformed:
+    if fault == "malformed":
         args = '{"command": "ls'
     msg = {
         "role": "assistant",
@@ -60,21 +60,31 @@ def _assistant(edge, turn, step, last, malformed):
     }
     if turn == 2 and step == 1:
         msg["reasoning_content"] = "think first"
+    if fault == "length":  # the call came whole, but the server says the reply hit max_tokens
+        msg["content"] = f"{edge} cut {turn}.{step}"
     return msg, [
         {"tool_call_id": cid, "name": name, "content": f"out {cid}", "error": False, "knowledge": not last}
     ]
 
 
+# Step faults (`faults={(turn, step): kind}`), as the native agent records them: `malformed` (arguments that
+# are not JSON), `length` (finish_reason length), `text` (a Hermes text call normalised into a call: a note).
+FINISH = {"length": "length"}
+NOTES = {"text": ["text_tool_calls:hermes"]}
+
+
 def write_edge(
-    tree_dir: Path, edge: str, start: list[dict], steps_per_turn: int = 2, malformed=None, title=True
+    tree_dir: Path, edge: str, start: list[dict], steps_per_turn: int = 2, faults=None, title=True
 ):
     """Two turns of `steps_per_turn` steps; returns the session's messages after the edge."""
+    faults = faults or {}
     messages = list(start)
     lines = []
     for turn in (1, 2):
         messages.append({"role": "user", "content": f"{edge} turn {turn} prompt"})
         for step in range(1, steps_per_turn + 1):
-            resp, results = _assistant(edge, turn, step, step == steps_per_turn, malformed == (turn, step))
+            fault = faults.get((turn, step))
+            resp, results = _assistant(edge, turn, step, step == steps_per_turn, fault)
             lines.append(
                 {
                     "edge": edge,
@@ -85,8 +95,9 @@ def write_edge(
                     "response": resp,
                     "tool_results": results,
                     "usage": {"prompt_tokens": 100 * step, "completion_tokens": 10, "cached_tokens": 50},
-                    "finish_reason": "tool_calls",
+                    "finish_reason": FINISH.get(fault, "tool_calls"),
                 }
+                | ({"notes": NOTES[fault]} if fault in NOTES else {})
             )
             messages.append(resp)
             messages.extend(
@@ -111,19 +122,31 @@ def write_edge(
     return messages
 
 
+DEFAULT_FAULTS = {"e2": {(2, 1): "malformed"}}
+
+
 def make_results(
-    base: Path, task: str = "circle_packing", direction: str = "maximize", stage: str = "middle"
+    base: Path,
+    task: str = "circle_packing",
+    direction: str = "maximize",
+    stage: str = "middle",
+    faults: dict | None = None,
+    tree_extra: dict | None = None,
 ):
-    """n0 -(e1)-> n1 -(e2)-> n2 ; n1 -(e3)-> n3 ; n0 -(e4)-> n4 (no score: pruned-like, excluded). Returns tree dir."""
+    """n0 -(e1)-> n1 -(e2)-> n2 ; n1 -(e3)-> n3 ; n0 -(e4)-> n4 (no score: pruned-like, excluded). Returns tree dir.
+
+    `faults` = {edge: {(turn, step): kind}} (write_edge), by default e2's turn 2 step 1 has malformed arguments;
+    `tree_extra` is merged into tree.json (e.g. `backend`, `coral`)."""
+    faults = DEFAULT_FAULTS if faults is None else faults
     root_dir = base / task / "roots" / ROOT
     root_dir.mkdir(parents=True)
     (root_dir / "metadata.json").write_text(json.dumps({"stage": stage, "score": 1.0, "task": task}))
     tree_dir = base / task / "trees" / ROOT
     system = [{"role": "system", "content": "You are a Coral agent."}]
-    s1 = write_edge(tree_dir, "e1", system)
-    write_edge(tree_dir, "e2", s1, malformed=(2, 1))
-    write_edge(tree_dir, "e3", s1)
-    write_edge(tree_dir, "e4", system)
+    s1 = write_edge(tree_dir, "e1", system, faults=faults.get("e1"))
+    write_edge(tree_dir, "e2", s1, faults=faults.get("e2"))
+    write_edge(tree_dir, "e3", s1, faults=faults.get("e3"))
+    write_edge(tree_dir, "e4", system, faults=faults.get("e4"))
 
     def node(i, parent, score, depth, leaf):
         return {
@@ -183,6 +206,7 @@ def make_results(
             edge(4, "n0", None, None, None, None),
         ],
     }
+    tree.update(tree_extra or {})
     (tree_dir / "tree.json").write_text(json.dumps(tree))
     return tree_dir
 

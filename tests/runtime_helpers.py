@@ -15,7 +15,7 @@ EXAMPLES = REPO_ROOT / "examples"
 def make_root(tmp: Path, task: str = "circle_packing", *, attempts: list[dict] | None = None) -> Path:
     """A root snapshot folder: the example task's code/ and a small shared/ knowledge base."""
     root = tmp / f"root-{task}"
-    shutil.copytree(EXAMPLES / task / "code", root / "code")
+    shutil.copytree(EXAMPLES / task / "seed", root / "code")
     (root / "shared" / "notes").mkdir(parents=True)
     (root / "shared" / "attempts").mkdir()
     (root / "shared" / "notes" / "student.md").write_text("# Student note\nROWS = 5 did not help.\n")
@@ -55,6 +55,14 @@ def config(**over) -> dict:
     for section, values in over.items():
         cfg[section] = {**cfg.get(section, {}), **values} if isinstance(values, dict) else values
     return cfg
+
+
+def grade_dir(task_cfg: dict, code_dir: Path) -> float | None:
+    """The score the task's own grader gives a folder, outside any tree (the stand-in world's TaskGrader base)."""
+    from sftree.world.grading import grade
+    from sftree.world.task import load_task
+
+    return grade(load_task(task_cfg, task_cfg["name"]), code_dir, commit="0" * 40, install=None).score
 
 
 def example_task(cfg: dict, task: str = "circle_packing") -> dict:

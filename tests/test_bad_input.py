@@ -93,10 +93,10 @@ def test_bad_teacher_sim_options(setup, capsys, sim, needles):
 def test_missing_prompt_template_before_first_dispatch(setup, capsys):
     tmp, root, cfg = setup
     data = yaml.safe_load(cfg.read_text())
-    data["agent"]["prompts"] = {"turn": str(tmp / "no-such-turn.md")}  # used only from an edge's second turn
+    data["agent"]["prompts"] = {"system": str(tmp / "no-such-system.md")}  # used only inside an edge
     cfg.write_text(yaml.safe_dump(data))
     out = tmp / "trees" / "t"
-    fails(capsys, explore_argv(root, out, cfg), "prompt template 'turn'", "no-such-turn.md")
+    fails(capsys, explore_argv(root, out, cfg), "prompt template 'system'", "no-such-system.md")
     assert not (tmp / "trees").exists()  # no store, no edge: nothing was dispatched
 
 

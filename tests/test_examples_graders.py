@@ -1,30 +1,45 @@
-"""The example tasks' real graders: valid and invalid packings and tours, robustness, the starting code."""
+"""The example tasks (Coral task folders) graded by their own TaskGraders through sftree.world.grading: valid and
+invalid packings and tours, robustness, the starting code; with sftree's stand-in Coral, and with the real Coral
+where it is installed (the same results)."""
 
-import json
 import math
 import random
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from coral_helpers import coral_config, coral_python
 from helpers_examples import EXAMPLES
 
+from sftree.runtime.sandbox import bwrap_works
+from sftree.world.grading import grade as world_grade
+from sftree.world.task import load_coral_task
 
-def grade(task, tmp_path, source=None):
+SANDBOX = "bwrap" if bwrap_works() else "none"
+KINDS = [pytest.param(None, id="stand-in")]
+if coral_python():
+    KINDS.append(pytest.param("coral", id="coral", marks=pytest.mark.coral))
+
+
+@pytest.fixture(params=KINDS)
+def install(request):
+    if request.param is None:
+        return None
+    from sftree.world.locate import locate
+
+    return locate(coral_config())
+
+
+def grade(task, tmp_path, source=None, install=None):
     code = tmp_path / "code"
     code.mkdir(exist_ok=True)
     if source is None:
-        code = EXAMPLES / task / "code"
+        code = EXAMPLES / task / "seed"
     else:
         (code / "solution.py").write_text(textwrap.dedent(source))
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / task / "grader.py"), str(code)],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    r = world_grade(
+        load_coral_task(EXAMPLES / task, task), code, commit="e" * 40, install=install, sandbox=SANDBOX
     )
-    return proc, (json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else None)
+    return r, {"score": r.score, "feedback": r.feedback}
 
 
 GRID = """
@@ -34,13 +49,26 @@ def pack():
 """
 
 
-def test_circle_valid_packing_scores_sum_of_radii(tmp_path):
+def test_circle_valid_packing_scores_sum_of_radii(tmp_path, install):
     # 25 circles of radius 0.1 in a 5x5 grid + one of 0.04 in a gap (gap fits 0.1*sqrt(2) - 0.1 = 0.0414)
-    proc, result = grade(
-        "circle_packing", tmp_path, "print('noise without newline', end='')\n" + GRID.format(extra=0.04)
+    r, result = grade(
+        "circle_packing",
+        tmp_path,
+        "print('noise without newline', end='')\n" + GRID.format(extra=0.04),
+        install,
     )
-    assert proc.returncode == 0
+    assert r.status == "scored" and r.runs == 1
     assert result["score"] == pytest.approx(2.54, abs=1e-12) and "valid packing" in result["feedback"]
+
+
+def test_printed_numbers_are_no_score(tmp_path, install):
+    """A program that prints a score line or a fake result gets the score of what pack() returns, checked."""
+    src = (
+        "import json\nprint(json.dumps({'ok': True, 'value': [[0.5, 0.5, 0.5]] * 26}))\n"
+        "print('{\"score\": 99}')\n" + GRID.format(extra=0.04)
+    )
+    _, result = grade("circle_packing", tmp_path, src, install)
+    assert result["score"] == pytest.approx(2.54, abs=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -48,7 +76,7 @@ def test_circle_valid_packing_scores_sum_of_radii(tmp_path):
     [
         (GRID.format(extra=0.05), "overlap"),  # the gap circle is too big
         (
-            "def pack():\n    return [(0.05, 0.5, 0.1)] + [(0.5, 0.5, 0.01)] * 0 + [(0.1 + 0.03 * i, 0.9, 0.01) for i in range(25)]\n",
+            "def pack():\n    return [(0.05, 0.5, 0.1)] + [(0.1 + 0.03 * i, 0.9, 0.01) for i in range(25)]\n",
             "outside the unit square",
         ),
         ("def pack():\n    return [(0.5, 0.5, 0.01)] * 25\n", "expected 26 circles"),
@@ -57,11 +85,12 @@ def test_circle_valid_packing_scores_sum_of_radii(tmp_path):
         ("def pack(:\n", "SyntaxError"),
         ("import sys\nsys.exit(3)\n", "SystemExit"),
         ("X = 1\n", "AttributeError"),
+        ("import os\nos._exit(3)\n", "exited with code 3"),
     ],
 )
-def test_circle_invalid_gives_null_and_exit_zero(tmp_path, source, words):
-    proc, result = grade("circle_packing", tmp_path, source)
-    assert proc.returncode == 0 and result["score"] is None and words in result["feedback"], result
+def test_circle_invalid_gives_null(tmp_path, source, words, install):
+    r, result = grade("circle_packing", tmp_path, source, install)
+    assert r.status == "crashed" and result["score"] is None and words in result["feedback"], result
 
 
 def instance(seed, n):
@@ -69,14 +98,14 @@ def instance(seed, n):
     return [(rng.uniform(0, 100), rng.uniform(0, 100)) for _ in range(n)]
 
 
-def test_tsp_identity_tour_scores_mean_length(tmp_path):
-    proc, result = grade("tsp", tmp_path, "def solve(points):\n    return list(range(len(points)))\n")
+def test_tsp_identity_tour_scores_mean_length(tmp_path, install):
+    _, result = grade("tsp", tmp_path, "def solve(points):\n    return list(range(len(points)))\n", install)
     sizes = [(1001, 60), (1002, 60), (1003, 80), (1004, 80), (1005, 100)]
     lengths = []
     for seed, n in sizes:
         pts = instance(seed, n)
         lengths.append(sum(math.dist(pts[i - 1], pts[i]) for i in range(n)))
-    assert proc.returncode == 0 and result["score"] == pytest.approx(sum(lengths) / 5, rel=1e-12)
+    assert result["score"] == pytest.approx(sum(lengths) / 5, rel=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -88,22 +117,22 @@ def test_tsp_identity_tour_scores_mean_length(tmp_path):
         ("def solve(points):\n    return 1 / 0\n", "ZeroDivisionError"),
     ],
 )
-def test_tsp_invalid_gives_null_and_exit_zero(tmp_path, source, words):
-    proc, result = grade("tsp", tmp_path, source)
-    assert proc.returncode == 0 and result["score"] is None and words in result["feedback"], result
+def test_tsp_invalid_gives_null(tmp_path, source, words, install):
+    _, result = grade("tsp", tmp_path, source, install)
+    assert result["score"] is None and words in result["feedback"], result
 
 
-def test_starting_code_scores_and_constants_matter(tmp_path):
-    _, cp = grade("circle_packing", tmp_path)
-    _, tsp = grade("tsp", tmp_path)
+def test_starting_code_scores_and_constants_matter(tmp_path, install):
+    _, cp = grade("circle_packing", tmp_path, None, install)
+    _, tsp = grade("tsp", tmp_path, None, install)
     # Pinned values of the shipped starting code (regression check: the simulated run and docs rely on them).
     assert cp["score"] == pytest.approx(1.368, abs=1e-9)
     assert tsp["score"] == pytest.approx(895.4874048225067, rel=1e-12)
     # Moving one constant into its documented range really changes the score.
     src = (
-        (EXAMPLES / "tsp" / "code" / "solution.py")
+        (EXAMPLES / "tsp" / "seed" / "solution.py")
         .read_text()
         .replace("TWO_OPT_ROUNDS = 0", "TWO_OPT_ROUNDS = 5")
     )
-    _, better = grade("tsp", tmp_path, src)
+    _, better = grade("tsp", tmp_path, src, install)
     assert better["score"] < tsp["score"] - 20

@@ -49,7 +49,7 @@ def test_layout_and_records(example_snapshots_dir):
                 assert meta["eval_ok"] == (attempt["score"] is not None)
         states = [m.get("eval_ok") for _, m, _ in snaps]
         assert states.count(None) >= 2 and states.count(False) >= 1 and states.count(True) >= 30
-        # the crash case: code that kills its process (the sandboxed child since graders use sftree.runtime.gradebox)
+        # the crash case: code that kills its process (the graded child, in its own sandbox)
         assert any(
             "grader crashed" in a["feedback"] or "exited with code 3" in a["feedback"] for _, _, a in snaps
         )
@@ -72,11 +72,12 @@ def test_run_improves(example_snapshots_dir):
 def test_scores_come_from_the_real_grader(example_snapshots_dir):
     d, meta, attempt = next(s for s in load(example_snapshots_dir / "tsp")[20:] if s[2]["score"] is not None)
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "tsp" / "grader.py"), str(d / "code")],
+        [sys.executable, "-m", "sftree.world.grade_command", "--task", "tsp", "--task-dir", str(EXAMPLES / "tsp"),
+         "--coral-mode", "stand-in", str(d / "code")],
         capture_output=True,
         text=True,
         timeout=60,
-    )
+    )  # fmt: skip
     assert json.loads(proc.stdout.splitlines()[-1])["score"] == attempt["score"]
 
 

@@ -13,7 +13,7 @@ from sftree.search import tree as treemod
 
 def test_edge_error_on_exempt_edges_and_a_lost_root_direction(tmp_path):
     """Two directions, one child per node, depth 2, width 1. e1 (slot 0) ends without an eval; its fallback e3
-    breaks its workspace (the Teacher links `.opencode` away): no state to attach, so even the exempt fallback is
+    breaks its workspace (the Teacher links `.coral/public` away): no state to attach, so even the exempt fallback is
     pruned (`edge_error`) and the direction is lost. Below n1 the first depth-2 edge (exempt) breaks the same way;
     the second makes the only leaf."""
     root = make_root(tmp_path)
@@ -41,7 +41,7 @@ def test_edge_error_on_exempt_edges_and_a_lost_root_direction(tmp_path):
         steps = steplog.read_steps(out / e.transcript)
         cmds = [c["function"]["arguments"] for s in steps for c in s["response"].get("tool_calls") or []]
         assert any(
-            ".opencode" in c and "nonexistent" in c for c in cmds
+            ".coral/public" in c and "nonexistent" in c for c in cmds
         )  # the transcript of the break is kept
     root_node, n1, n2 = tree.node("n0"), tree.node("n1"), tree.node("n2")
     assert (root_node.valid_children, root_node.failed_expansions, root_node.status) == (1, 2, "expanded")

@@ -15,7 +15,8 @@ from sftree.search.tree import LiveTree
 from sftree.teacher.sim.server import make_server
 
 # Wall-clock fields; knowledge commits hold Coral attempt records, which carry a timestamp.
-VOLATILE = {"created_at", "updated_at", "started_at", "finished_at", "wall_s", "knowledge_commit"}
+VOLATILE = {"created_at", "updated_at", "started_at", "finished_at", "wall_s", "knowledge_commit", "timestamp",
+            "shared_state_hash"}  # fmt: skip
 
 
 def _strip(obj):

@@ -93,12 +93,12 @@ def test_one_edge_two_turns_two_evals(tree):
     for s in last_of_turn:  # each turn ends with its `coral eval` call and Coral's result block
         (res,) = s["tool_results"]
         assert "coral eval" in json.loads(s["response"]["tool_calls"][0]["function"]["arguments"])["command"]
-        assert res["content"].startswith("CORAL Eval (#")
+        assert "\nCORAL Eval (#" in res["content"]
     # Turn 2's first request continues turn 1's session: turn 1's last request is its prefix.
     t2_first = next(s for s in steps if s["turn"] == 2)
     prefix = last_of_turn[0]["request"]["messages"]
     assert t2_first["request"]["messages"][: len(prefix)] == prefix
-    assert t2_first["request"]["messages"][-1]["content"].startswith("## Eval #6 Results")
+    assert t2_first["request"]["messages"][-1]["content"].startswith("## Eval #1 Results")
     # Tokens = the session's context length after the last step: its prompt + completion tokens.
     assert e1.tokens == steps[-1]["usage"]["prompt_tokens"] + steps[-1]["usage"]["completion_tokens"] > 0
     assert (ctx.tree_dir / "sessions" / "e1.opencode.json").is_file()
@@ -118,7 +118,7 @@ def test_fork_continues_the_parent_session(tree):
             msgs = [{**msgs[0], "content": msgs[0]["content"].replace(ws(edge), ws("e1"))}] + msgs[1:]
         assert msgs[: len(parent_msgs)] == parent_msgs  # byte-identical prefix: radix-cache reuse
         assert msgs[: len(session)] == session  # the node's session file is exactly what OpenCode resends
-        assert msgs[len(session)]["role"] == "user" and msgs[len(session)]["content"].startswith("## Eval #7")
+        assert msgs[len(session)]["role"] == "user" and msgs[len(session)]["content"].startswith("## Eval #2")
         firsts.append(first)
     assert firsts[0]["request"]["messages"][1:] == firsts[1]["request"]["messages"][1:]
     assert r["e2"].valid and [t.eval_number for t in r["e2"].turns] == [8, 9]
@@ -242,13 +242,15 @@ def test_sandbox_reaches_the_proxy_and_nothing_else(tree, tmp_path):
     agent = ctx.agent
     if agent.sandbox != "bwrap":
         pytest.skip("bubblewrap is not usable here (agent.sandbox resolved to none)")
-    ws = ctx.store.fork(ctx.root_state, "probe")
+    from sftree.runtime.sandbox import UIDS
+    from sftree.search.edge import open_world
+
+    uid = UIDS.acquire()
+    ws, _runtime, server, box = open_world(ctx, ctx.root_state, "probe", uid)
     try:
-        st = _Edge(home=ws.dir / "opencode")
+        st = _Edge(home=ws.paths.edge / "opencode", uid=uid)
         st.home.mkdir()
-        run = TurnRun(
-            ws, None, [], "", 1, {}, None, {}, ctx.task_cfg, env={}, extra_ro_hidden=[ctx.store.store_dir]
-        )
+        run = TurnRun(ws, box, None, [], "", 1, {}, None, {}, ctx.task_cfg)
         agent.proxy.channel("probe")
         teacher_port = int(ctx.teacher.base_url.rsplit(":", 1)[1].split("/")[0])
         probe = f"""
@@ -258,7 +260,7 @@ try:
     socket.create_connection(("127.0.0.1", {teacher_port}), timeout=3); direct = "open"
 except OSError:
     direct = "refused"
-print(ok, direct, os.path.exists({ctx.task_cfg["task_dir"] + "/grader.py"!r}), os.getcwd())
+print(ok, direct, os.path.exists({ctx.task_cfg["coral_task"] + "/eval/grader.py"!r}), os.getcwd())
 """
         agent_binary, agent.binary = agent.binary, sys.executable  # run python where opencode would run
         try:
@@ -268,16 +270,20 @@ print(ok, direct, os.path.exists({ctx.task_cfg["task_dir"] + "/grader.py"!r}), o
         out = subprocess.run(
             argv, cwd=cwd, env=agent._env(run, st), capture_output=True, text=True, timeout=60
         )
-        assert out.stdout.split() == ["200", "refused", "False", "/tmp/sftree/workspace"], out.stderr
+        assert out.stdout.split() == ["200", "refused", "False", box.worktree], out.stderr
+        assert box.worktree == f"{ctx.run_dir}/agents/{ctx.agent_id}"  # Coral's shape, no host path
     finally:
+        server.stop()
         ws.close()
+        UIDS.release(uid)
 
 
 def test_compaction_when_allowed_is_detected_and_marked(tmp_path):
     """With autocompaction allowed and a tiny context limit OpenCode compacts; the turn is marked as such."""
     from sftree.agents.base import StepRecorder, TurnRun
     from sftree.agents.prompts import start_prompt
-    from sftree.runtime.coral import CoralServer
+    from sftree.runtime.sandbox import UIDS
+    from sftree.search.edge import open_world
 
     cfg = config(
         teacher={"sim": {"seed": 3}},
@@ -286,24 +292,25 @@ def test_compaction_when_allowed_is_detected_and_marked(tmp_path):
             "max_steps_per_turn": 8,
             "turn_timeout": 60,
             "nudges": 0,
-            "opencode": {"disable_autocompact": False, "context_limit": 12000},
+            "opencode": {"disable_autocompact": False, "context_limit": 10000},
         },
     )
     ctx = EdgeContext.create(tmp_path / "tree", make_root(tmp_path), cfg, example_task(cfg))
-    ws = ctx.store.fork(ctx.root_state, "c1")
-    server = CoralServer(ws, ctx.task_cfg, eval_count=5, agent_id="teacher-c1")
-    server.start()
+    uid = UIDS.acquire() if ctx.mode == "bwrap" else None
+    ws, runtime, server, box = open_world(ctx, ctx.root_state, "c1", uid)
+    text = ctx.world.instructions()
     recorder = StepRecorder(tmp_path / "steps.jsonl", "c1")
     try:
         run = TurnRun(
-            ws, server.runtime, [], start_prompt(ctx.task_cfg), 1, {"X-Sftree-Edge": "c1"}, recorder,
-            ctx.agent_cfg, ctx.task_cfg, env=server.env(), extra_ro_hidden=[ctx.store.store_dir],
+            ws, box, runtime, [], start_prompt(ctx.task_cfg), 1, {"X-Sftree-Edge": "c1"}, recorder,
+            ctx.agent_cfg, ctx.task_cfg, instructions=text,
         )  # fmt: skip
         out = ctx.agent.run_turn(run)
     finally:
         recorder.close()
         server.stop()
         ws.close()
+        UIDS.release(uid)
         ctx.close()
     assert out.compacted is True
     recs = steplog.read_steps(tmp_path / "steps.jsonl")

@@ -71,7 +71,7 @@ def explore_one_real_tree(tmp_path: Path, teacher: dict, agent: dict, example: s
     cfg.pop("snapshots")
     cfg["results"] = str(tmp_path / "results")
     cfg["tasks"] = {"circle_packing": {**cfg["tasks"]["circle_packing"],
-                                       "task_dir": str(REPO / "examples/circle_packing")}}  # fmt: skip
+                                       "coral_task": str(REPO / "examples/circle_packing")}}  # fmt: skip
     cfg["teacher"].update(teacher)
     cfg["agent"].update(agent)
     path = tmp_path / "config.yaml"

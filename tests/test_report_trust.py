@@ -14,7 +14,7 @@ import pytest
 from helpers_export import ROOT, make_results
 from test_report_html import run_report
 
-from sftree.dataset.export import export_task, merge
+from sftree.dataset.export import export_task, merge, stats_path
 from sftree.dataset.paths import select_paths
 from sftree.dataset.provenance import read_task, root_trust
 from sftree.fileio import write_json_atomic, write_jsonl_atomic
@@ -22,9 +22,9 @@ from sftree.fileio import write_json_atomic, write_jsonl_atomic
 HEADER = "snapshot\tglobal_index\teval_ok\tscore\tscore_for_stage\tsmooth_score\tstage\tselected"
 
 
-def build(base, sandbox="bwrap"):
+def build(base, sandbox="bwrap", with_stats=False):
     """circle_packing (maximize, tree sandbox recorded, 3 pending snapshots, 2 failed evals) and tsp (minimize,
-    nothing recorded): both with the same tree."""
+    nothing recorded): both with the same tree. `with_stats` writes each export's stats file, as export-sft does."""
     files = []
     for task, direction in (("circle_packing", "maximize"), ("tsp", "minimize")):
         tree_dir = make_results(base, task, direction, "middle")
@@ -40,8 +40,10 @@ def build(base, sandbox="bwrap"):
             ]
             (base / task / "stages.tsv").write_text("\n".join(rows) + "\n")
         write_json_atomic(tree_dir / "paths.json", select_paths(tree))
-        records, _ = export_task([tree_dir / "paths.json"], "step")
+        records, stats = export_task([tree_dir / "paths.json"], "step")
         write_jsonl_atomic(base / task / "sft.jsonl", records)
+        if with_stats:
+            write_json_atomic(stats_path(base / task / "sft.jsonl"), stats.to_dict())
         files.append(str(base / task / "sft.jsonl"))
     return files
 
@@ -93,10 +95,11 @@ def test_card_shows_gains_duplicates_and_skipped(tmp_path):
     card_file = tmp_path / "card.md"
     stats = merge(files, str(tmp_path / "sft.jsonl"), None, str(card_file), results=str(base))
     card = card_file.read_text()
-    # per task: 4 distinct targets among 12 records (helpers_export repeats its calls); both tasks alike -> 20
-    assert (stats.records, stats.duplicates, stats.dropped) == (24, 20, 0)
+    # per task: 3 distinct targets among 11 records (helpers_export repeats its calls; its malformed step is
+    # never trained); both tasks alike -> 19
+    assert (stats.records, stats.duplicates, stats.dropped) == (22, 19, 0)
     assert (
-        "Exact-duplicate targets (same trained message, tool-call ids aside, as an earlier record): 20; kept"
+        "Exact-duplicate targets (same trained message, tool-call ids aside, as an earlier record): 19; kept"
         in card
     )
     assert "| circle_packing | 8 | 2 | 3 | bwrap |" in card and "| tsp | 0 | 0 | unknown | unknown |" in card
@@ -115,10 +118,10 @@ def test_dedupe_keeps_the_first_of_each_target(tmp_path):
     files = build(base)
     stats = merge(files, str(tmp_path / "sft.jsonl"), None, str(tmp_path / "card.md"), dedupe=True)
     kept = [json.loads(x)["metadata"]["id"] for x in (tmp_path / "sft.jsonl").read_text().splitlines()]
-    assert (stats.records, stats.duplicates, stats.dropped) == (4, 20, 20)
+    assert (stats.records, stats.duplicates, stats.dropped) == (3, 19, 19)
     prefix = f"circle_packing/{ROOT}"
-    assert kept == [f"{prefix}/e1/t1s1", f"{prefix}/e1/t1s2", f"{prefix}/e1/t2s1", f"{prefix}/e2/t2s1"]
-    assert "dropped (20, `export.dedupe: true`)" in (tmp_path / "card.md").read_text()
+    assert kept == [f"{prefix}/e1/t1s1", f"{prefix}/e1/t1s2", f"{prefix}/e1/t2s1"]
+    assert "dropped (19, `export.dedupe: true`)" in (tmp_path / "card.md").read_text()
 
 
 @pytest.mark.parametrize("sandbox", ["bwrap", {"mode": "none", "why": "no bwrap on this machine"}])
@@ -140,7 +143,7 @@ def test_report_shows_trust(tmp_path, sandbox):
     )
     assert re.search(
         r"Exact-duplicate targets \(the trained message equals an earlier record.{0,10}s, tool-call ids "
-        r"aside\): 20 ",
+        r"aside\): 19 ",
         page,
     )
 
@@ -156,5 +159,31 @@ def test_cli_merge_dedupe_flag(tmp_path):
         text=True,
     )
     assert res.returncode == 0, res.stderr
-    assert len(out.read_text().splitlines()) == 4 and "20 exact-duplicate targets (20 dropped)" in res.stderr
+    assert len(out.read_text().splitlines()) == 3 and "19 exact-duplicate targets (19 dropped)" in res.stderr
     assert "| circle_packing | 8 | 2 | 3 | bwrap |" in (tmp_path / "card.md").read_text()
+
+
+def test_report_and_card_count_untrained_steps_and_flag_the_backend(tmp_path):
+    base = tmp_path / "results"
+    page = run_report_after(build(base), base, tmp_path)
+    assert "Steps never trained: unknown" in page
+    card = (base / "dataset_card.md").read_text()
+    assert "Unknown: no export stats file" in card and "No export stats for:" not in card
+    base = tmp_path / "again" / "results"
+    page = run_report_after(build(base, with_stats=True), base, tmp_path / "again")
+    # helpers_export: one malformed step per task (e2 turn 2 step 1)
+    assert (
+        "Ill-formed steps never trained (kept in the history of later records): 2 (truncated 0, "
+        "text_tool_call 0, malformed_arguments 2, normalised 0). Steps skipped: none." in page
+    )
+    assert (
+        "<b>22 records were NOT made by OpenCode</b>" in page
+        and "Teacher's world (Coral): stand-in 22" in page
+    )
+    card = (base / "dataset_card.md").read_text()
+    assert "2 ill-formed steps on the selected paths are never a trained completion" in card
+
+
+def run_report_after(files, base, tmp):
+    merge(files, str(base / "sft.jsonl"), None, str(base / "dataset_card.md"), results=str(base))
+    return run_report(base, tmp / "report.html")

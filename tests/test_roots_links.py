@@ -22,7 +22,7 @@ def student_run(tmp_path):
     """A small Student run of circle_packing whose code is the example's real solution."""
     snaps = tmp_path / "run" / "circle_packing"
     for folder in make_run(snaps, RISING):
-        shutil.copy(EXAMPLES / "circle_packing" / "code" / "solution.py", folder / "code" / "solution.py")
+        shutil.copy(EXAMPLES / "circle_packing" / "seed" / "solution.py", folder / "code" / "solution.py")
     return snaps
 
 
@@ -141,7 +141,7 @@ def test_unchanged_snapshot_read_by_others_is_fine(linked):
     """Reading the snapshot (another tree seeded from it, a copy of the whole run) changes nothing checked."""
     tmp_path, snaps, root, src, cfg, out = linked
     from sftree.roots.snapshots import verify_root
-    from sftree.runtime.workspace import TreeStore
+    from sftree.runtime.store import TreeStore
 
     _wait_for_the_clock()
     TreeStore.create(tmp_path / "other-tree", root, {})

@@ -200,7 +200,7 @@ def test_task_folder_layout_short_hash_and_field_match(tmp_path):
 
 def test_hardlink_mode_is_self_contained_and_never_touches_the_input(tmp_path):
     from sftree.roots.snapshots import verify_root
-    from sftree.runtime.workspace import TreeStore
+    from sftree.runtime.store import TreeStore
 
     snaps = tmp_path / "t"
     folders = make_run(snaps, RISING)
@@ -232,7 +232,7 @@ def test_default_symlinks_roots_and_explore_never_writes_through(tmp_path):
     hard-linked or copied root."""
     from sftree.roots.select_roots import Linker
     from sftree.roots.snapshots import verify_root
-    from sftree.runtime.workspace import TreeStore
+    from sftree.runtime.store import TreeStore
 
     snaps = tmp_path / "t"
     folders = make_run(snaps, RISING)
@@ -257,9 +257,9 @@ def test_default_symlinks_roots_and_explore_never_writes_through(tmp_path):
     verify_root(root)
     store, state = TreeStore.create(tmp_path / "tree", root, {})
     ws = store.fork(state, "e1")
-    for rel in ("solution.py", ".opencode/notes/n.md"):
-        assert not os.path.islink(ws.root / rel)
-        (ws.root / rel).write_text("changed by the Teacher\n")
+    for path in (ws.root / "solution.py", ws.knowledge_dir / "notes" / "n.md"):
+        assert not os.path.islink(path)
+        path.write_text("changed by the Teacher\n")
     ws.commit_code("edit")
     ws.commit_knowledge("edit")
     ws.close()

@@ -1,57 +1,74 @@
-"""`coral` in the workspace: eval (commit, clean-checkout grading, attempt record, block), log/show/notes."""
+"""`coral` in the workspace: eval (a host-made commit, a copy of exactly it graded, the host's record, Coral's
+block), wait, the read-only commands answered from the host's records, and the socket's bounds."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
+import threading
+import time
 
 import pytest
 from runtime_helpers import TOY_GRADER, make_task
 
 from sftree.agents.tools import ToolContext, execute
-from sftree.runtime.coral import CoralServer, parse_block, parse_grader_output
-from sftree.runtime.sandbox import bwrap_works
-from sftree.runtime.workspace import TreeStore
+from sftree.runtime import coral as coralmod
+from sftree.runtime.coral import parse_grader_output
+from sftree.runtime.objects import git_env
+from sftree.runtime.sandbox import UIDS, bwrap_works
+from sftree.runtime.store import TreeStore
+from sftree.search.edge import EdgeContext, open_world, root_context
+from sftree.world.task import load_task
+from sftree.world.world import World
+
+BLOCK = re.compile(r"CORAL Eval \(#(\d+)\): (\S+)\nCommit:  ([0-9a-f]{12})\nStatus:  (\S+)")
 
 
-def setup(tmp_path, grader=TOY_GRADER, attempts=(), **task_kw):
+def setup(tmp_path, grader=TOY_GRADER, attempts=(), *, sandbox="none", **task_kw):
+    """One edge's world as run_edge opens it (search/edge.py `open_world`), on a toy task and the stand-in world."""
     root = tmp_path / "root"
     (root / "code").mkdir(parents=True)
     (root / "code" / "solution.py").write_text("VALUE = 1.0\n")
     (root / "shared" / "attempts").mkdir(parents=True)
     for a in attempts:
         (root / "shared" / "attempts" / f"{a['commit_hash']}.json").write_text(json.dumps(a))
+    (root / "metadata.json").write_text(json.dumps({"agent_id": "agent-1", "eval_count": 41}))
     task = make_task(tmp_path, grader, **task_kw)
     store, state = TreeStore.create(tmp_path / "tree", root, task)
-    ws = store.fork(state, "e1")
-    server = CoralServer(ws, task, eval_count=41, agent_id="teacher-e1")
-    server.start()
-    return ws, server
+    spec = load_task(task, task["name"])
+    rc = root_context(store, state, root)
+    world = World(
+        spec, agent_id=rc.agent_id, agents=rc.agents, install=None, run_dir="/workspace/results/toy"
+    )
+    ctx = EdgeContext(tmp_path / "tree", store, state, None, None, task, spec.direction, {}, "root", world=world,
+                      root_counters=rc.counters(spec.direction), mode=sandbox, hidden=[tmp_path / "tree"])  # fmt: skip
+    uid = UIDS.acquire() if sandbox == "bwrap" else None
+    ws, runtime, server, box = open_world(ctx, state, "e1", uid)
+    return ws, server, box
 
 
-def coral(server, ws, *argv):
-    env = {**os.environ, **server.env()}
+def coral(box, *argv):
+    env = {**os.environ, **box.env()}
     p = subprocess.run(
-        [str(server.bin_dir / "coral"), *argv],
-        cwd=ws.root,
+        [str(box.coral_dir / "bin" / "coral"), *argv],
+        cwd=box.ws.root,
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
     )
-    return p.returncode, p.stdout + p.stderr
+    return p.returncode, p.stdout, p.stderr
 
 
 @pytest.fixture
 def toy(tmp_path):
-    ws, server = setup(
-        tmp_path,
-        attempts=[
-            {"commit_hash": "f" * 40, "score": 3.0, "status": "improved", "timestamp": "2020-01-01T00:00:00"}
-        ],
-    )
-    yield ws, server
+    student = {"commit_hash": "f" * 40, "agent_id": "agent-1", "score": 3.0, "status": "improved",
+               "timestamp": "2020-01-01T00:00:00", "title": "the Student's best"}  # fmt: skip
+    other = {**student, "commit_hash": "e" * 40, "agent_id": "agent-2", "score": 9.0}
+    ws, server, box = setup(tmp_path, attempts=[student, other])
+    yield ws, server, box
     server.stop()
 
 
@@ -60,61 +77,58 @@ def set_value(ws, v):
 
 
 def test_eval_commits_grades_and_records(toy):
-    ws, server = toy
+    ws, server, box = toy
     set_value(ws, 2.5)
-    rc, out = coral(server, ws, "eval", "-m", "try", "2.5")
-    block = parse_block(out)
-    assert rc == 0 and block["number"] == 42 and block["score"] == 2.5 and block["status"] == "regressed"
-    assert "Status: regressed (previous best 3)" in out and "Feedback: value is 2.5" in out
-    commit = block["commit"]
-    assert commit == ws.head()
-    rec = json.loads((ws.knowledge_dir / "attempts" / f"{commit}.json").read_text())
-    assert rec["title"] == "try 2.5" and rec["score"] == 2.5 and rec["agent_id"] == "teacher-e1"
+    rc, out, err = coral(box, "eval", "-m", "try 2.5")
+    number, score, commit12, status = BLOCK.search(out).groups()
+    # #42: the parent's global count + 1; regressed against the same agent's best (3.0), not agent-2's 9.0
+    assert (rc, number, score, status) == (0, "42", "2.5000000000", "regressed") and err == ""
+    assert "Feedback: value is 2.5" in out
+    commit = server.runtime.evals[-1].commit
+    assert commit.startswith(commit12) and ws.head == commit and ws.graded == [commit]
+    rec = json.loads((ws.paths.attempts / f"{commit}.json").read_text())
+    assert rec["title"] == "try 2.5" and rec["score"] == 2.5 and rec["agent_id"] == "agent-1"
     assert rec["parent_hash"] == ws.parent.code_commit and rec["status"] == "regressed"
-    assert set(rec) >= {
-        "commit_hash",
-        "agent_id",
-        "title",
-        "score",
-        "status",
-        "parent_hash",
-        "timestamp",
-        "feedback",
-    }
-    set_value(ws, 4)
-    rc, out = coral(server, ws, "eval", "-m", "four")
-    assert parse_block(out)["number"] == 43 and "Status: improved (previous best 3)" in out
-    assert [e.score for e in server.runtime.evals] == [2.5, 4.0]
-    rc, out = coral(server, ws, "eval", "-m", "again")
-    assert (
-        rc == 1
-        and out.startswith("Nothing to commit")
-        and server.runtime.evals[-1].status == "nothing_to_commit"
+    # the client brought the worktree's own repository to the graded commit
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ws.root, capture_output=True, text=True, env=git_env()
     )
-    assert len(list((ws.knowledge_dir / "attempts").glob("*.json"))) == 3  # the Student's + 2
-    rc, out = coral(server, ws, "log")
-    assert rc == 0 and "3 attempts" in out and "best 4" in out and "four" in out
-    rc, out = coral(server, ws, "show", commit[:8])
-    assert rc == 0 and '"title": "try 2.5"' in out and "solution.py" in out
-    (ws.knowledge_dir / "notes").mkdir(exist_ok=True)
+    assert head.stdout.strip() == commit
+    set_value(ws, 3)
+    assert BLOCK.search(coral(box, "eval", "-m", "three")[1]).group(4) == "baseline"  # a tie
+    set_value(ws, 4)
+    assert BLOCK.search(coral(box, "eval", "-m", "four")[1]).groups()[0::3] == ("44", "improved")
+    assert [e.score for e in server.runtime.evals] == [2.5, 3.0, 4.0]
+    rc, out, err = coral(box, "eval", "-m", "again")
+    assert (rc, out) == (1, "") and err.startswith("Error: Nothing to commit")  # on stderr, exit 1, as Coral
+    assert server.runtime.evals[-1].status == "nothing_to_commit"
+    rc, out, _ = coral(box, "wait", commit[:8])
+    assert rc == 0 and "CORAL Wait (#42): 2.5000000000" in out
+    # the read-only commands: the stand-in CLI, run where the agent runs, over the run directory's records
+    rc, out, _ = coral(box, "log")
+    assert rc == 0 and "four" in out and "try 2.5" in out
+    rc, out, _ = coral(box, "show", commit[:8])
+    assert rc == 0 and "try 2.5" in out
     (ws.knowledge_dir / "notes" / "idea.md").write_text("# Bigger VALUE helps\n")
-    assert "Bigger VALUE helps" in coral(server, ws, "notes")[1]
-    assert coral(server, ws, "frobnicate")[0] == 2
+    assert "Bigger VALUE helps" in coral(box, "notes", "--read", "idea")[1]
+    assert coral(box, "frobnicate")[0] == 2
 
 
-def test_grader_sees_a_clean_checkout_not_the_workspace(tmp_path):
+def test_the_grader_gets_exactly_the_commit(tmp_path):
+    """Graded = committed: no workspace leftovers, no caches, and no attribute rule (export-ignore) applied."""
     grader = (
         "import json, os, sys\nfiles = sorted(os.listdir(sys.argv[1]))\n"
         "print(json.dumps({'score': len(files), 'feedback': ' '.join(files)}))\n"
     )
-    ws, server = setup(tmp_path, grader)
+    ws, server, box = setup(tmp_path, grader)
     try:
         (ws.root / "extra.py").write_text("x = 1\n")
+        (ws.root / "keep.txt").write_text("k\n")
+        (ws.root / ".gitattributes").write_text("keep.txt export-ignore\n")
         (ws.root / "__pycache__").mkdir()
         (ws.root / "__pycache__" / "a.pyc").write_bytes(b"\0")
-        rc, out = coral(server, ws, "eval", "-m", "add extra")
-        # .opencode, AGENTS.md and __pycache__ are not part of the code
-        assert parse_block(out)["feedback"] == "extra.py solution.py" and "Status: baseline" in out
+        rc, out, _ = coral(box, "eval", "-m", "add extra")
+        assert server.runtime.evals[-1].feedback == ".gitattributes extra.py keep.txt solution.py", out
     finally:
         server.stop()
 
@@ -125,50 +139,37 @@ def test_grader_sees_a_clean_checkout_not_the_workspace(tmp_path):
         ("import sys\nsys.stderr.write('Traceback: boom\\n')\nsys.exit(1)\n", "crashed", "Traceback: boom"),
         ("import time\ntime.sleep(30)\n", "timeout", "timed out after 0.5s"),
         ("print('no json here')\n", "crashed", "unreadable"),
-        (
-            "import json\nprint(json.dumps({'score': None, 'feedback': 'invalid packing'}))\n",
-            "crashed",
-            "invalid packing",
-        ),
+        ("import json\nprint(json.dumps({'score': None, 'feedback': 'invalid packing'}))\n", "crashed", "invalid packing"),
     ],
-)
+)  # fmt: skip
 def test_failed_grading_gives_no_score(tmp_path, grader, status, needle):
-    ws, server = setup(tmp_path, grader, timeout=0.5)
+    ws, server, box = setup(tmp_path, grader, timeout=0.5)
     try:
         set_value(ws, 2)
-        rc, out = coral(server, ws, "eval", "-m", "x")
+        rc, out, _ = coral(box, "eval", "-m", "x")
         ev = server.runtime.evals[-1]
-        assert rc == 1 and ev.score is None and ev.status == status and needle in ev.feedback
+        assert rc == 0 and ev.score is None and ev.status == status and needle in ev.feedback  # Coral: exit 0
         assert "CORAL Eval (#42): FAILED" in out
-        rec = json.loads((ws.knowledge_dir / "attempts" / f"{ev.commit}.json").read_text())
+        rec = json.loads((ws.paths.attempts / f"{ev.commit}.json").read_text())
         assert rec["score"] is None and rec["status"] == status
     finally:
         server.stop()
 
 
-def test_missing_grader_is_crashed(tmp_path):
-    ws, server = setup(tmp_path)
-    try:
-        os.unlink(os.path.join(server.runtime.task_cfg["task_dir"], "grader.py"))
-        set_value(ws, 2)
-        coral(server, ws, "eval", "-m", "x")
-        ev = server.runtime.evals[-1]
-        assert ev.status == "crashed" and "grader.py" in ev.feedback
-    finally:
-        server.stop()
-
-
 def test_minimize_direction(tmp_path):
-    ws, server = setup(
-        tmp_path,
-        direction="minimize",
-        attempts=[{"commit_hash": "a" * 40, "score": 3.0, "timestamp": "2020"}],
-    )
+    student = {
+        "commit_hash": "a" * 40,
+        "agent_id": "agent-1",
+        "score": 3.0,
+        "status": "improved",
+        "timestamp": "2020",
+    }
+    ws, server, box = setup(tmp_path, direction="minimize", attempts=[student])
     try:
         set_value(ws, 2)
-        assert "Status: improved (previous best 3)" in coral(server, ws, "eval", "-m", "lower")[1]
+        assert "Status:  improved" in coral(box, "eval", "-m", "lower")[1]
         set_value(ws, 2.5)
-        assert "Status: regressed (previous best 2)" in coral(server, ws, "eval", "-m", "higher")[1]
+        assert "Status:  regressed" in coral(box, "eval", "-m", "higher")[1]
     finally:
         server.stop()
 
@@ -180,21 +181,45 @@ def test_parse_grader_output():
         parse_grader_output("")
 
 
+def test_the_socket_bounds_what_it_reads(tmp_path, monkeypatch):
+    monkeypatch.setattr(coralmod, "REQUEST_TIMEOUT", 1.0)
+    ws, server, _box = setup(tmp_path)
+    try:
+        big = socket.socket(socket.AF_UNIX)
+        big.connect(str(server.socket_path))
+        t0 = time.monotonic()
+        try:
+            big.sendall(b"x" * (8 << 20))  # no newline: the server stops reading past REQUEST_MAX
+        except OSError:
+            pass
+        reply = big.recv(1 << 16)
+        assert b"request too large" in reply and time.monotonic() - t0 < 5
+        silent = socket.socket(socket.AF_UNIX)
+        silent.connect(str(server.socket_path))  # sends nothing: answered once its time is up
+        silent.settimeout(10)
+        assert b"bad request" in silent.recv(1 << 16)
+        ok = threading.Event()  # and the server still serves the next one
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(str(server.socket_path))
+        s.sendall(json.dumps({"argv": ["wait", "abc"]}).encode() + b"\n")
+        ok.set()
+        assert b"No attempt matches" in s.recv(1 << 16)
+    finally:
+        server.stop()
+
+
 @pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot create namespaces here")
 def test_eval_from_inside_the_sandbox_and_grader_untouchable(tmp_path):
-    ws, server = setup(tmp_path)
+    ws, server, box = setup(tmp_path, sandbox="bwrap")
     try:
         grader = os.path.join(server.runtime.task_cfg["task_dir"], "grader.py")
-        ctx = ToolContext(
-            root=ws.root.resolve(),
-            sandbox="bwrap",
-            coral_env=server.env(),
-            coral_dir=server.dir,
-            hidden=[tmp_path / "tree" / "store", tmp_path / "task"],
-        )
-        cmd = f"echo 'print(1)' > {grader}; sed -i s/1.0/7.0/ solution.py && coral eval -m seven"
+        ctx = ToolContext(box=box, toolbox="")
+        cmd = f"echo 'print(1)' > {grader}; sed -i s/1.0/7.0/ solution.py && coral eval -m seven && git log --oneline"
         out = execute("bash", json.dumps({"command": cmd}), ctx)
-        assert not out.error and "CORAL Eval (#42): 7" in out.content, out.content
+        assert not out.error and "CORAL Eval (#42): 7.0000000000" in out.content, out.content
+        assert "coral eval -m seven" not in out.content  # (the stand-in CLI answers what is not the host's)
+        assert "seven" in out.content  # the worktree's own git, updated inside the sandbox
         assert "json" in open(grader).read()  # the grader was not overwritten
     finally:
         server.stop()
+        UIDS.release(ws.uid)

@@ -8,7 +8,18 @@ import subprocess
 import pytest
 
 from sftree.runtime import gittrees
-from sftree.runtime.workspace import git
+from sftree.runtime.objects import git_env
+
+
+def git(args, *, git_dir=None, env=None, input=None, check=True, binary=False):
+    """git with the store's clean environment (a CompletedProcess, stdout as text unless `binary`)."""
+    cmd = ["git", "-c", "core.quotepath=off", *(["--git-dir", str(git_dir)] if git_dir else []), *args]
+    proc = subprocess.run(
+        cmd, env={**git_env(), **(env or {})}, input=input, capture_output=True, check=check
+    )
+    if not binary:
+        proc.stdout = proc.stdout.decode()
+    return proc
 
 
 @pytest.fixture

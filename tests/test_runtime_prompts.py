@@ -1,74 +1,78 @@
-"""Prompt rendering: start prompt, Coral's results prompt and its heartbeats, failed-turn prompt, overrides."""
+"""The runtime's prompt calls (agents/prompts.py) over the Teacher's world: start prompt, AGENTS.md, the turn prompt
+from the host's record of the last turn (with and without the host's counters), failed turns, the nudge."""
 
 from __future__ import annotations
 
-import json
-
-from sftree.agents.prompts import heartbeat, next_turn_prompt, start_prompt, write_agents_md
+from sftree.agents.prompts import (
+    failed_turn_prompt,
+    next_turn_prompt,
+    nudge_prompt,
+    render,
+    start_prompt,
+    world_for,
+    write_agents_md,
+)
 from sftree.config import REPO_ROOT
+from sftree.world.counters import CoralCounters
 
 TASK = {
     "name": "circle_packing",
-    "direction": "maximize",
-    "task_dir": str(REPO_ROOT / "examples" / "circle_packing"),
+    "coral_task": str(REPO_ROOT / "examples" / "circle_packing"),
+    "coral": {"mode": "stand-in"},
+}
+COMMIT = "ab" * 20
+EV = {
+    "number": 10,
+    "score": 2.5,
+    "commit": COMMIT,
+    "status": "improved",
+    "feedback": "fine",
+    "message": "raise MARGIN",
 }
 
 
-def attempts(statuses):
-    return [
-        {"commit_hash": f"{i:040d}", "status": s, "timestamp": f"2020-01-{i + 1:02d}"}
-        for i, s in enumerate(statuses)
-    ]
-
-
-def test_start_prompt_has_task_knowledge_and_submission():
-    p = start_prompt(TASK)
-    assert "26 non-overlapping circles" in p  # task.md content
-    assert ".opencode/notes/" in p and "coral eval -m" in p and "higher is better" in p
-
-
-def test_heartbeats():
-    assert heartbeat(7, attempts(["improved"])).count("\n- ") == 0 and "Reflect" in heartbeat(7, [])
-    assert "Consolidate: this is eval #20" in heartbeat(20, [])
-    assert "Consolidate" not in heartbeat(21, [])
-    assert "Pivot: the last 5 evals" in heartbeat(3, attempts(["improved"] + ["regressed"] * 4 + ["crashed"]))
-    assert "Pivot" not in heartbeat(3, attempts(["regressed"] * 4 + ["improved"]))
-
-
-def test_results_prompt_from_session(tmp_path):
-    kdir = tmp_path / ".opencode"
-    (kdir / "attempts").mkdir(parents=True)
-    commit = "ab" * 20
-    (kdir / "attempts" / f"{commit}.json").write_text(
-        json.dumps(
-            {
-                "commit_hash": commit,
-                "title": "raise MARGIN",
-                "score": 2.5,
-                "status": "improved",
-                "timestamp": "t",
-            }
-        )
-    )
-    ev = {"number": 10, "score": 2.5, "commit": commit, "status": "improved", "feedback": "fine"}
-    last = {"eval": {**ev, "message": "raise MARGIN"}, "ended": "eval"}
-    p = next_turn_prompt(last, kdir, TASK)
-    assert p.startswith("## Eval #10 Results")
-    assert f"- Commit: {commit}" in p and "- Status: improved" in p and "- What you did: raise MARGIN" in p
-    assert "- Feedback: fine" in p and "Consolidate: this is eval #10" in p
-    # a turn that ended without an eval (the last message is the model's text) gets the failed-turn prompt
-    failed = next_turn_prompt({"eval": None, "ended": "no_eval"}, kdir, TASK)
-    assert failed.startswith("## Last Turn Results") and "no eval was submitted" in failed
-    nothing = {"eval": {"number": None, "status": "nothing_to_commit"}, "ended": "eval"}
-    assert "(nothing to commit)" in next_turn_prompt(nothing, kdir, TASK)
-    assert "no eval was submitted" in next_turn_prompt(None, kdir, TASK)  # no record: nothing is trusted
-
-
-def test_overrides_and_agents_md(tmp_path):
-    t = tmp_path / "turn.md"
-    t.write_text("Eval ${eval_number} gave ${score}; {braces} stay.")
-    ev = {"number": 3, "score": None, "commit": "abc", "status": "crashed", "feedback": "boom", "message": ""}
-    p = next_turn_prompt({"eval": ev, "ended": "eval"}, tmp_path, TASK, {"turn": str(t)})
-    assert p == "Eval 3 gave FAILED; {braces} stay."
+def test_start_prompt_and_agents_md(tmp_path):
+    w = world_for(TASK)
+    assert start_prompt(TASK) == w.start_prompt() and "coral eval" in start_prompt(TASK)
+    (tmp_path / "AGENTS.md").symlink_to(tmp_path / "elsewhere")
     write_agents_md(tmp_path, TASK)
-    assert "circle_packing" in (tmp_path / "AGENTS.md").read_text()
+    text = (tmp_path / "AGENTS.md").read_text()
+    assert not (tmp_path / "AGENTS.md").is_symlink() and not (tmp_path / "elsewhere").exists()
+    assert text == w.instructions() and "26 non-overlapping circles" in text and "higher is better" in text
+
+
+def test_turn_prompt_from_the_hosts_record(tmp_path):
+    last = {"eval": EV, "ended": "eval"}
+    p = next_turn_prompt(last, tmp_path, TASK)
+    assert p.startswith("## Eval #10 Results\n\nScore: 2.5000000000\nCommit: ababababab")
+    assert "What you did: raise MARGIN" in p and "Feedback: fine" in p
+    assert "consolidate" in p.lower()  # global eval 10
+    # with the host's counters: the manager's own count and the plateau heartbeat
+    c = CoralCounters("agent-1", global_evals=9, agent_evals=3, real_best=3.0, since_improvement=4)
+    p2 = next_turn_prompt(last, None, TASK, counters=c)
+    assert p2.startswith("## Eval #4 Results") and "pivot" in p2.lower()
+
+
+def test_failed_turns_and_nudge():
+    w = world_for(TASK)
+    for last in (
+        {"eval": None, "ended": "no_eval"},
+        {"eval": {"number": None, "status": "nothing_to_commit"}, "ended": "eval"},
+        None,
+    ):
+        assert next_turn_prompt(last, None, TASK) == w.start_prompt(
+            resume=True
+        )  # no attempt yet: the resume prompt
+    c = CoralCounters(
+        "agent-1", global_evals=12, latest={"commit_hash": COMMIT, "title": "t", "score": 1.0, "feedback": ""}
+    )
+    p = failed_turn_prompt(w, c)
+    assert p.startswith("Eval #12: score=1.0000000000 (commit ababababab") and "coral eval" in p
+    assert nudge_prompt() and nudge_prompt() != p and nudge_prompt() == nudge_prompt(world=w, counters=c)
+
+
+def test_system_template_and_override(tmp_path):
+    assert "AGENTS.md" in render("system", agents_md="X") and "X" in render("system", agents_md="X")
+    t = tmp_path / "s.md"
+    t.write_text("sys ${agents_md} {braces}")
+    assert render("system", {"system": str(t)}, agents_md="A") == "sys A {braces}"

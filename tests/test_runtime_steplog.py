@@ -104,7 +104,7 @@ def test_export_unchanged_when_transcripts_are_reencoded(tmp_path):
         assert '"enc": 1' in f.read_text()
     after_step, _ = export_task([pf], "step")
     after_path, _ = export_task([pf], "path")
-    assert json.dumps(after_step) == json.dumps(before_step) and len(before_step) == 12
+    assert json.dumps(after_step) == json.dumps(before_step) and len(before_step) == 11
     assert json.dumps(after_path) == json.dumps(before_path) and before_path
 
 

@@ -74,7 +74,7 @@ def slurm_run(tmp_path_factory, example_snapshots_dir):
     del config["example_run"]  # the session's simulated run stands in for the demo's example_run rule
     config["snapshots"] = str(example_snapshots_dir)
     for task in config["tasks"].values():
-        task["task_dir"] = str(REPO / task["task_dir"])
+        task["coral_task"] = str(REPO / task["coral_task"])
     config["select_roots"]["num_roots"] = 1
     (work / "config.yaml").write_text(yaml.safe_dump(config))
 

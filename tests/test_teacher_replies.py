@@ -11,9 +11,10 @@ import pytest
 
 from sftree.agents.native import context_check
 from sftree.agents.tools import TOOL_SCHEMAS
+from sftree.errors import InputError
 from sftree.teacher.client import BadReply, ContextOverflow, TeacherClient
 from sftree.teacher.response import MalformedResponse, is_context_overflow, normalize
-from sftree.teacher.sim.server import start_teacher_sim
+from sftree.teacher.sim.server import make_state, parse_rules, reshape, start_teacher_sim
 
 MSGS = [{"role": "user", "content": "Improve the score. " * 20}]
 NAMES = {t["function"]["name"] for t in TOOL_SCHEMAS}
@@ -97,6 +98,38 @@ def test_legacy_function_call_becomes_one_tool_call():
 def test_length_mid_tool_call_is_marked_truncated():
     comp, _ = reply_under("length_mid_call")
     assert comp.finish_reason == "length" and comp.truncated_calls and comp.notes == ["truncated_tool_call"]
+
+
+def test_length_inside_the_text_is_a_cut_reply_without_calls():
+    comp, _ = reply_under("length_text")
+    assert comp.finish_reason == "length" and not comp.truncated_calls and comp.notes == []
+    assert "tool_calls" not in comp.message and comp.message["content"]
+
+
+def test_reshape_length_text_by_hand():
+    payload = {
+        "choices": [
+            {
+                "message": {
+                    "role": "assistant",
+                    "content": "abcdef",
+                    "tool_calls": [{"id": "c", "function": {}}],
+                },
+                "finish_reason": "tool_calls",
+            }
+        ]
+    }
+    choice = reshape(payload, {"length_text"})["choices"][0]
+    assert choice == {"message": {"role": "assistant", "content": "abcd"}, "finish_reason": "length"}
+
+
+def test_script_skip_aims_at_a_later_request():
+    state = make_state(script=[{"match": {"edge": "e1"}, "fault": "no_eval", "skip": 2, "count": 1}])
+    got = [state.faults_for({"edge": "e1"}, f"h{i}")[0] for i in range(5)]
+    assert got == [set(), set(), {"no_eval"}, set(), set()]
+    assert state.faults_for({"edge": "e2"}, "x")[0] == set()  # other edges never count toward the skip
+    with pytest.raises(InputError, match="skip must be a non-negative integer"):
+        parse_rules([{"match": {}, "fault": "no_eval", "skip": -1}])
 
 
 def _payload(message: dict, finish="stop", usage=None) -> dict:

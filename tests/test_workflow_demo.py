@@ -44,7 +44,7 @@ def test_demo_workflow_end_to_end(tmp_path, example_snapshots_dir):
     shutil.copytree(example_snapshots_dir, snaps)  # edited below
     config["snapshots"] = str(snaps)
     for task in config["tasks"].values():
-        task["task_dir"] = str(REPO / task["task_dir"])
+        task["coral_task"] = str(REPO / task["coral_task"])
     config["select_roots"]["num_roots"] = 1
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
 

@@ -35,7 +35,7 @@ def sftree(*args: str, cwd: Path) -> None:
 def test_faulty_tree_exports_cleanly(tmp_path, example_snapshots_dir):
     config = yaml.safe_load((REPO / "examples/demo.yaml").read_text())
     for task in config["tasks"].values():
-        task["task_dir"] = str(REPO / task["task_dir"])
+        task["coral_task"] = str(REPO / task["coral_task"])
     config["teacher"]["sim"] = {"seed": 0, "script": FAULTS}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     res = tmp_path / "results" / "circle_packing"
@@ -103,16 +103,20 @@ def test_faulty_tree_exports_cleanly(tmp_path, example_snapshots_dir):
     exported_edges = {r["metadata"]["edge"] for r in records}
     assert exported_edges.isdisjoint(e["id"] for e in nodeless)
     assert "e1" in exported_edges  # seed 0: e1 is on the selected paths
-    # the malformed call is kept raw and flagged, never silently dropped
+    # the malformed call is never trained, but kept raw and flagged in the history of the steps after it
     e1t1 = [r for r in records if r["metadata"]["edge"] == "e1" and r["metadata"]["turn"] == 1]
+    assert e1t1 and all("_raw" not in json.dumps(r["completion"]) for r in records)
     raw = [
         tc
         for r in e1t1
-        for m in r["completion"]
+        for m in r["prompt"]
         for tc in m.get("tool_calls", [])
         if "_raw" in tc["function"]["arguments"]
     ]
     assert raw and sum(r["metadata"]["malformed_arguments"] > 0 for r in e1t1) >= 1
+    assert all(r["metadata"]["history_excluded"] >= 1 for r in e1t1 if r["metadata"]["malformed_arguments"])
+    stats = json.loads((res / "sft.stats.json").read_text())
+    assert stats["excluded"] == {"malformed_arguments": 1}
 
     page = (tmp_path / "report.html").read_text()
     assert page.count('<g class="fail">') == len(nodeless)

@@ -15,6 +15,10 @@ from sftree.errors import SftreeError
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "import-coral": (
+        "sftree.roots.import_coral",
+        "make the per-eval snapshot folders of a task from a standard Coral run folder",
+    ),
     "select-roots": (
         "sftree.roots.select_roots",
         "section 2: split a Student run into stages and pick root snapshots",

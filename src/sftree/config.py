@@ -91,10 +91,19 @@ def task_config(config: dict, task: str) -> dict[str, Any]:
         entry = dict(config["tasks"][task])
     except KeyError:
         raise InputError(f"task {task!r} is not listed under `tasks` in the config") from None
-    if entry.get("task_dir"):
-        p = Path(entry["task_dir"])
-        if not p.is_absolute():
-            p = p.resolve() if p.exists() else (REPO_ROOT / p).resolve()
-        entry["task_dir"] = str(p)
+    for key in ("task_dir", "coral_task"):
+        if entry.get(key):
+            p = Path(entry[key])
+            if not p.is_absolute():
+                p = p.resolve() if p.exists() else (REPO_ROOT / p).resolve()
+            entry[key] = str(p)
     entry["name"] = task
+    entry.setdefault("coral", dict(config.get("coral") or {}))  # the Teacher's world (sftree.world)
+    entry.setdefault("run_dir", (config.get("agent") or {}).get("run_dir"))
+    if entry.get("coral_task"):
+        # A Coral task folder (sftree.world.task): its task.yaml decides the direction (the runtime grades it
+        # with its own TaskGrader, sftree.world.grading).
+        from sftree.world.task import load_task
+
+        entry["direction"] = load_task(entry, task).direction
     return entry

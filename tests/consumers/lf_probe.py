@@ -1,6 +1,6 @@
 """Run inside .venv-consumers-lf: read an SFT file the way LLaMA-Factory does (its dataset_info.json parser, its
 `openai` converter, `datasets` 4.0), then encode each record with its `qwen` template and supervised processor
-with `mask_history: true`, and report which text carries labels.
+with `mask_history: true`, and report the rendered text and which part of it carries labels.
 
 Usage: python lf_probe.py DATASET_DIR OUT_JSON.
 
@@ -97,6 +97,7 @@ def main(dataset_dir: str, out: str) -> None:
                 lab != IGNORE_INDEX for lab in labels[first : first + len(trained)]
             )
             got["trained_text"] = tok.decode(trained)
+            got["text"] = tok.decode(ids)  # the whole rendered record, history included
             calls = QwenToolUtils.tool_extractor(got["trained_text"].rsplit("<|im_end|>", 1)[0])
             got["trained_calls"] = (
                 [{"name": c.name, "arguments": json.loads(c.arguments)} for c in calls]

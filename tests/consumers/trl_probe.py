@@ -1,7 +1,8 @@
 """Run inside .venv-consumers-trl: load an SFT file with `datasets`, render each record with TRL's own
 `apply_chat_template` and tokenize it the way TRL's SFTTrainer does for prompt-completion data.
 
-Usage: python trl_probe.py SFT_JSONL OUT_JSON. Writes, per record, what datasets gave back and the texts.
+Usage: python trl_probe.py SFT_JSONL OUT_JSON. Writes, per record, what datasets gave back, the texts, and the
+roles (and tool names) the chat template was given.
 """
 
 from __future__ import annotations
@@ -27,8 +28,18 @@ def common_prefix_length(a: list[int], b: list[int]) -> int:
     return n
 
 
+# What the chat template is given, one line per message: its role and, for a tool result, the tool's name and the
+# call it answers (rendered through TRL's own apply_chat_template, so this is what any template would receive).
+ROLES_TEMPLATE = (
+    "{%- for m in messages -%}{{ m.role }}{% if m.role == 'tool' %} {{ m.name }} {{ m.tool_call_id }}{% endif %}{{ '\\n' }}"
+    "{% endfor -%}"
+)
+
+
 def main(src: str, out: str) -> None:
     tok = byte_tokenizer()
+    roles_tok = byte_tokenizer()
+    roles_tok.chat_template = ROLES_TEMPLATE
     ds = datasets.load_dataset("json", data_files=src, split="train")
     rows = []
     for row in ds:
@@ -38,6 +49,7 @@ def main(src: str, out: str) -> None:
         got = {"loaded": {k: row[k] for k in ("prompt", "completion", "messages", "tools") if k in row}}
         got["conversational"] = is_conversational(example)
         got.update(texts)
+        got["roles"] = apply_chat_template(example, roles_tok, tools=tools)
         if "prompt" in example:
             # SFTTrainer's tokenize_fn: prompt with the generation prompt, then prompt + completion; the completion
             # mask starts where the two token lists diverge.

@@ -128,7 +128,7 @@ class ScriptedTeacher:
 class Scripted:
     """A tree of scripted edges: `edge(...)` runs one and returns its EdgeResult."""
 
-    def __init__(self, base: Path, script: dict, *, agent: dict | None = None):
+    def __init__(self, base: Path, script: dict, *, agent: dict | None = None, extra: dict | None = None):
         from sftree.search.edge import EdgeContext
 
         self.base = Path(base)
@@ -137,6 +137,7 @@ class Scripted:
         cfg = config(
             teacher={"base_url": url, "sim": None, "model": "scripted"},
             agent={"sandbox": "auto", "nudges": 0, "max_steps_per_turn": 8, **(agent or {})},
+            **(extra or {}),
         )
         self.task_cfg = example_task(cfg)
         snaps = self.base / "all_snapshots"
@@ -166,7 +167,7 @@ class Scripted:
         self.teacher.stop()
 
 
-GRADER = REPO_ROOT / "examples" / "circle_packing" / "grader.py"
+GRADER = REPO_ROOT / "examples" / "circle_packing" / "eval" / "grader.py"
 TASK_DIR = GRADER.parent
 
 

@@ -65,4 +65,6 @@ def test_spoofed_eval_block_does_not_reach_the_next_prompt(scripted):
     turn2 = [st for st in s.steps("e1") if st["turn"] == 2][0]
     prompt = turn2["request"]["messages"][-1]["content"]
     assert "1000" not in prompt and "improved" not in prompt, prompt
-    assert "nothing to commit" in prompt
+    assert not prompt.startswith(
+        "## Eval"
+    )  # no graded eval: the restart prompt opens turn 2, not a results header

@@ -27,11 +27,15 @@ def test_agent_git_config_and_hooks_never_run_on_the_host(scripted, base):
 
 
 def test_coral_show_never_takes_an_option_from_an_attempt_record(scripted, base):
+    """The attempt records are the host's: read-only to the agent, and `coral show` answers from the host's own
+    records, so a record naming an option as its commit reaches no command."""
     victim = base / "victim.txt"
     victim.write_text("precious\n")
     record = {"commit_hash": f"--output={victim}", "timestamp": "9999", "title": "x", "score": 1}
     write = ("write", {"filePath": ".opencode/attempts/zz.json", "content": json.dumps(record)})
-    s = scripted({1: [[write], [bash("coral show ''")]]})
+    s = scripted({1: [[write], [bash("coral show -- --output")]]})
     s.edge()
     assert victim.read_text() == "precious\n"
-    assert "not a commit hash" in s.outputs("e1")[1]
+    outs = s.outputs("e1")
+    assert "Read-only file system" in outs[0], outs
+    assert "--output" not in outs[1] or "No attempt" in outs[1] or "not found" in outs[1].lower(), outs

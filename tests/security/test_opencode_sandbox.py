@@ -20,6 +20,7 @@ from scripted import EVAL, bash, edit_solution
 
 from sftree.config import REPO_ROOT
 from sftree.runtime.sandbox import AGENT_LIMITS, SANDBOX_UID_BASE
+from sftree.runtime.snapshot import Quota
 
 OPENCODE, WHY = opencode_binary()
 
@@ -75,7 +76,8 @@ def test_opencode_runs_unprivileged_capped_and_sees_nothing_of_the_host(scripted
         assert re.search(rf"{cap}:\s+0000000000000000", out), out
     assert "TTY=0" in out, out  # a session of its own without a terminal (no TIOCSTI into ours)
 
-    assert f"NPROC={AGENT_LIMITS.nproc} " in out and f"FSIZE={AGENT_LIMITS.fsize_mb * 1024} " in out, out
+    fsize_kib = Quota().file_bytes >> 10  # no file larger than the workspace quota allows
+    assert f"NPROC={AGENT_LIMITS.nproc} " in out and f"FSIZE={fsize_kib} " in out, out
     assert f"DATA={AGENT_LIMITS.data_mb * 1024} CORE=0" in out, out
     assert "RAISED" not in out, out
     forked = int(out.split("forked")[1].split()[0])
@@ -112,18 +114,21 @@ def test_opencode_sandbox_dies_with_its_parent(base):
     import time
     from types import SimpleNamespace
 
+    from runtime_helpers import make_root
+
     from sftree.agents.opencode import OpenCodeAgent, _Edge
+    from sftree.runtime.edgebox import EdgeBox
     from sftree.runtime.sandbox import UIDS
+    from sftree.runtime.store import TreeStore
 
     agent = OpenCodeAgent(SimpleNamespace(base_url="http://127.0.0.1:9/v1", model="m"), {"sandbox": "auto"})
     st = _Edge(home=base / "opencode", uid=UIDS.acquire())
+    store, root = TreeStore.create(base / "tree", make_root(base), {})
     try:
         if agent.sandbox != "bwrap":
             pytest.skip("bubblewrap is not usable here")
-        (base / "ws").mkdir()
-        run = SimpleNamespace(
-            workspace=SimpleNamespace(root=base / "ws"), env={}, task_cfg={}, extra_ro_hidden=[]
-        )
+        ws = store.fork(root, "e1", agent_id="agent-1", inside="/workspace/results/t", uid=st.uid)
+        run = SimpleNamespace(workspace=ws, box=EdgeBox(ws, "bwrap"), task_cfg={})
         agent.binary = sys.executable  # a long-lived stand-in where OpenCode would run
         argv, cwd = agent._argv(run, st, ["-c", "import time; time.sleep(120)"])
         parent = subprocess.Popen(  # plays sftree: starts the sandbox, then is killed with -9
@@ -148,3 +153,4 @@ def test_opencode_sandbox_dies_with_its_parent(base):
                 pass
         UIDS.release(st.uid)
         agent.close()
+        store.close()

@@ -84,14 +84,14 @@ def test_auto_refuses_to_run_unconfined_when_bwrap_does_not_work(tmp_path, monke
     (fake / "bwrap").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     sandbox.bwrap_works.cache_clear()
-    sandbox._bwrap_flags.cache_clear()
+    sandbox.bwrap_flags.cache_clear()
     try:
         with pytest.raises(InputError, match="agent.sandbox: none"):
             sandbox.resolve_mode("auto")
         assert sandbox.resolve_mode("none") == "none"  # only when asked for explicitly
     finally:
         sandbox.bwrap_works.cache_clear()
-        sandbox._bwrap_flags.cache_clear()
+        sandbox.bwrap_flags.cache_clear()
 
 
 def test_unconfined_data_is_labelled(tmp_path):

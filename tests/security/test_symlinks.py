@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from scripted import EVAL, GRADER, TASK_DIR, bash, edit_solution
 
-from sftree.runtime.workspace import git
+from sftree.runtime.objects import git
 
 
 def test_grep_and_coral_notes_do_not_follow_links_to_the_grader(scripted):
@@ -13,7 +13,8 @@ def test_grep_and_coral_notes_do_not_follow_links_to_the_grader(scripted):
         {1: [[bash(f"ln -s {GRADER} leak.py")],
              [("grep", {"pattern": "TIME_LIMIT"})],
              [("read", {"filePath": "leak.py"})],
-             [bash(f"rm -rf .opencode/notes && ln -s {TASK_DIR} .opencode/notes && coral notes grader.py; coral notes")]]}
+             [bash(f"rm -rf ../../.coral/public/notes && ln -s {TASK_DIR} ../../.coral/public/notes && "
+                   "coral notes grader.py; coral notes")]]}
     )  # fmt: skip
     s.edge()
     outs = s.outputs("e1")
@@ -37,7 +38,7 @@ def test_linked_agents_md_is_not_committed_nor_written_through(scripted, base):
                       [edit_solution()], [EVAL]]})  # fmt: skip
     r1 = s.edge("e1")
     commit = r1.turns[0].commit
-    files = git(["ls-tree", "-r", "--name-only", commit], git_dir=s.ctx.store.code_git).stdout.split()
+    files = git(s.ctx.store.code_git, ["ls-tree", "-r", "--name-only", commit]).split()
     assert "AGENTS.md" not in files and not any(f.startswith(".opencode") for f in files), files
     s.edge("e2", parent=r1.child_state)  # a fork of that node writes AGENTS.md afresh
     assert victim.read_text() == "precious\n"
@@ -45,18 +46,22 @@ def test_linked_agents_md_is_not_committed_nor_written_through(scripted, base):
 
 @pytest.mark.parametrize("sandbox", ["auto", "none"])
 def test_linked_knowledge_folder_fails_only_its_edge(scripted, sandbox):
+    """The knowledge folder swapped for a link to the task folder: in the sandbox its parent is the host's and the
+    swap is refused; unconfined it happens, and the host, which never follows it, cannot take the edge's state:
+    that edge fails, the node's future and the task folder are intact."""
     s = scripted(
-        {1: [[bash(f"mv .opencode .k && ln -s {TASK_DIR} .opencode")], [edit_solution()], [EVAL]]},
+        {1: [[bash(f"mv ../../.coral/public ../../.coral/p2 && ln -s {TASK_DIR} ../../.coral/public; echo done")],
+             [edit_solution()], [EVAL]]},
         agent={"sandbox": sandbox},
-    )
+    )  # fmt: skip
     r = s.edge("e1")
-    if sandbox == "auto":  # `.opencode` is a mount point in the sandbox (the knowledge fence): it stays put
-        assert "Device or resource busy" in s.outputs("e1")[0], s.outputs("e1")
+    if sandbox == "auto":
+        assert "Permission denied" in s.outputs("e1")[0], s.outputs("e1")
         assert r.error is None and r.child_state is not None, r.error
-    else:  # unconfined the swap happens; the host's knowledge commit refuses the link, failing only this edge
+    else:
         assert r.child_state is None and r.error and "symlink" in r.error, r.error
     k = s.ctx.store.knowledge_git
-    all_files = git(["log", "--all", "--name-only", "--format="], git_dir=k).stdout
+    all_files = git(k, ["log", "--all", "--name-only", "--format="])
     assert "grader.py" not in all_files
     s.teacher.script[("e2", 1)] = [[edit_solution()], [EVAL]]
     assert s.edge("e2").error is None  # the node's future is intact

@@ -1,6 +1,7 @@
 import glob
 import logging
 import os
+import re
 import sys
 
 # Rules call `sftree` (and graders `python3`) by name. Put the bin folder of the interpreter Snakemake runs
@@ -43,18 +44,39 @@ wildcard_constraints:
 
 
 EXAMPLE_RUN = config.get("example_run")
+# Tasks that start from a standard Coral run folder (`tasks.<task>.coral_run`): the import_coral rule makes
+# their eval-* snapshots in <snapshots>/<task> (coral.smk).
+CORAL_TASKS = [t for t in TASKS if config["tasks"][t].get("coral_run")]
+for _task in CORAL_TASKS:
+    if EXAMPLE_RUN:
+        raise ValueError(
+            f"config: tasks.{_task}.coral_run and example_run exclude each other (both make <snapshots>/<task>)"
+        )
+    if config["tasks"][_task].get("snapshots"):
+        raise ValueError(
+            f"config: tasks.{_task} has coral_run and snapshots: the Coral run is imported into "
+            f"<snapshots>/{_task}; drop its snapshots key"
+        )
+
+
+def task_direction(task):
+    """maximize | minimize: a Coral task folder's task.yaml (grader.direction), else the entry's `direction`."""
+    from sftree.config import task_config
+
+    return task_config(config, task)["direction"]
 
 
 def task_snapshot_dir(task):
     """A task's eval-* folder: its own `snapshots` key, <snapshots>/<task>, or <snapshots> itself for one task.
 
-    With `example_run` the folder is the example_run rule's output, always <snapshots>/<task>.
+    With `example_run`, or when the task imports a Coral run, the folder is that rule's output, always
+    <snapshots>/<task>.
     """
     entry = config["tasks"][task]
     if entry.get("snapshots") and not EXAMPLE_RUN:
         return entry["snapshots"]
     nested = os.path.join(config["snapshots"], task)
-    if EXAMPLE_RUN or os.path.isdir(nested) or len(TASKS) > 1:
+    if EXAMPLE_RUN or task in CORAL_TASKS or os.path.isdir(nested) or len(TASKS) > 1:
         return nested
     return config["snapshots"]
 
@@ -62,10 +84,13 @@ def task_snapshot_dir(task):
 def task_metadata_files(wildcards):
     """Every snapshot's metadata.json, so a new or changed snapshot reruns select_roots.
 
-    With `example_run` the input is the generated folder itself (the example_run rule's output).
+    With `example_run` the input is the generated folder itself (the example_run rule's output); for a task
+    that imports a Coral run, the import's report (import_coral's output, rewritten by every import).
     """
     if EXAMPLE_RUN:
         return [task_snapshot_dir(wildcards.task)]
+    if wildcards.task in CORAL_TASKS:
+        return [os.path.join(task_snapshot_dir(wildcards.task), "import-coral.json")]
     return sorted(
         glob.glob(
             os.path.join(task_snapshot_dir(wildcards.task), "eval-*", "metadata.json")

@@ -3,23 +3,27 @@ rule export_sft:
         paths=task_paths_files,
     output:
         sft=f"{RESULTS}/{{task}}/sft.jsonl",
+        stats=f"{RESULTS}/{{task}}/sft.stats.json",
     log:
         f"{RESULTS}/{{task}}/logs/export_sft.log",
     conda:
         "../../envs/sftree.yaml"
     params:
         granularity=config["export"]["granularity"],
+        refuse="--refuse-native" if config["export"]["refuse_native"] else "",
     shell:
         "sftree export-sft --paths {input.paths} --out {output.sft}"
-        " --granularity {params.granularity} > {log} 2>&1"
+        " --granularity {params.granularity} {params.refuse} > {log} 2>&1"
 
 
 rule merge_sft:
     input:
         sft=expand(f"{RESULTS}/{{task}}/sft.jsonl", task=TASKS),
+        stats=expand(f"{RESULTS}/{{task}}/sft.stats.json", task=TASKS),
         paths=all_paths_files,
     output:
         sft=f"{RESULTS}/sft.jsonl",
+        stats=f"{RESULTS}/sft.stats.json",
         info=f"{RESULTS}/dataset_info.json",
         llamafactory=f"{RESULTS}/sft_llamafactory.jsonl",
         card=report(f"{RESULTS}/dataset_card.md", category="Dataset"),

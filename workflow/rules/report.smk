@@ -3,6 +3,7 @@ rule report:
         tables=expand(f"{RESULTS}/{{task}}/stages.tsv", task=TASKS),
         paths=all_paths_files,
         sft=f"{RESULTS}/sft.jsonl",
+        stats=f"{RESULTS}/sft.stats.json",
     output:
         html=report(f"{RESULTS}/report.html", category="Report"),
     log:

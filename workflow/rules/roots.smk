@@ -17,7 +17,7 @@ checkpoint select_roots:
         "../../envs/sftree.yaml"
     params:
         snapshots=lambda wc: task_snapshot_dir(wc.task),
-        direction=lambda wc: config["tasks"][wc.task]["direction"],
+        direction=lambda wc: task_direction(wc.task),
         num_roots=config["select_roots"]["num_roots"],
         smooth_window=config["select_roots"]["smooth_window"],
         link=config["select_roots"]["link"],

@@ -12,21 +12,16 @@ from sftree.errors import InputError
 __all__ = ["AgentBackend", "StepRecorder", "ToolOutcome", "TurnOutcome", "TurnRun", "make_agent"]
 
 
-def make_agent(config: dict, *, teacher, task_cfg: dict | None = None, hidden=None) -> AgentBackend:
-    """The configured backend. `config` is the whole validated config; `hidden` = extra paths the sandbox hides."""
+def make_agent(config: dict, *, teacher, task_cfg: dict | None = None) -> AgentBackend:
+    """The configured backend. `config` is the whole validated config."""
     agent_cfg = dict(config.get("agent", {}))
     backend = agent_cfg.get("backend", "native")
-    extra = list(hidden or [])
-    if config.get("results"):
-        from pathlib import Path
-
-        extra.append(Path(config["results"]).resolve())  # relative to the job's cwd, as Snakemake runs it
     if backend == "native":
         from sftree.agents.native import NativeAgent
 
-        return NativeAgent(teacher, agent_cfg, hidden=extra)
+        return NativeAgent(teacher, agent_cfg)
     if backend == "opencode":
         from sftree.agents.opencode import OpenCodeAgent
 
-        return OpenCodeAgent(teacher, agent_cfg, search_cfg=config.get("search"), hidden=extra)
+        return OpenCodeAgent(teacher, agent_cfg, search_cfg=config.get("search"))
     raise InputError(f"agent.backend: unknown backend {backend!r} (native | opencode)")

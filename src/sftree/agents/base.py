@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ class TurnRun:
     """Inputs of one rollout turn. `messages` is the session; the backend appends to it in place."""
 
     workspace: Any  # sftree.runtime.workspace.EdgeWorkspace
+    box: Any  # sftree.runtime.edgebox.EdgeBox: where the edge's commands run
     coral: Any  # sftree.runtime.coral.CoralRuntime (its `evals` grows when the agent runs `coral eval`)
     messages: list[dict]
     prompt: str  # the user message that opens the turn
@@ -35,8 +36,7 @@ class TurnRun:
     recorder: StepRecorder
     agent_cfg: dict
     task_cfg: dict
-    env: dict[str, str] = field(default_factory=dict)  # CORAL_SOCKET, CORAL_BIN (host paths)
-    extra_ro_hidden: list[Path] = field(default_factory=list)  # more paths the sandbox must hide
+    instructions: str = ""  # the instruction file the host wrote into the worktree (AGENTS.md)
     context_used: int = 0  # the session's context length so far (last step's usage; 0 = not known)
 
 
@@ -60,12 +60,6 @@ class AgentBackend(ABC):
 
     @abstractmethod
     def run_turn(self, run: TurnRun) -> TurnOutcome: ...
-
-    def links_fenced(self, edge_id: str) -> bool:
-        """True when every command the backend ran in the edge saw `<workspace>/.opencode` as its own mount, so
-        no hard link joins a knowledge file to a code file (docs/security.md, "The knowledge fence"). The
-        workspace may then trust its watch over `.opencode` alone. False unless a backend knows better."""
-        return False
 
     def end_edge(self, edge_id: str) -> None:  # noqa: B027 - most backends hold nothing per edge
         """Release what the backend holds for one edge (a uid, a proxy key); called once the edge has ended,

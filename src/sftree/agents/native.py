@@ -21,8 +21,8 @@ from pathlib import Path
 
 from sftree.agents.base import AgentBackend, ToolOutcome, TurnOutcome, TurnRun
 from sftree.agents.prompts import nudge_prompt, render
-from sftree.agents.tools import TOOL_SCHEMAS, ToolContext, execute
-from sftree.runtime.sandbox import UIDS, give_to, private_home_paths, resolve_mode
+from sftree.agents.tools import TOOL_SCHEMAS, TOOLBOX, ToolContext, execute
+from sftree.runtime.sandbox import CORAL_MOUNT, resolve_mode
 from sftree.teacher.client import BadReply, ContextOverflow, TeacherError
 
 log = logging.getLogger(__name__)
@@ -90,52 +90,35 @@ def failed_step(turn: int, step: int, kind: str, request: dict, error: str, raw:
 class NativeAgent(AgentBackend):
     name = "native"
 
-    def __init__(self, teacher, agent_cfg: dict, *, hidden: list[Path] | None = None):
+    def __init__(self, teacher, agent_cfg: dict):
         self.teacher = teacher
         self.cfg = agent_cfg
         self.sandbox = resolve_mode(agent_cfg.get("sandbox", "auto"))
-        self.hidden = list(hidden or [])
         self.tools = TOOL_SCHEMAS
-        self._unfenced: set[str] = set()  # edges with a shell command that did not see `.opencode` fenced
 
-    def tool_context(
-        self, run: TurnRun, uid: int | None = None, deadline: float | None = None
-    ) -> ToolContext:
-        coral_dir = Path(run.env["CORAL_SOCKET"]).parent if run.env.get("CORAL_SOCKET") else None
-        task_dir = run.task_cfg.get("task_dir")
-        hidden = self.hidden + list(run.extra_ro_hidden) + ([Path(task_dir)] if task_dir else [])
-        hidden += private_home_paths()
+    @staticmethod
+    def toolbox_path(box) -> str:
+        """The toolbox program as the sandbox sees it: a copy beside the coral client (the project is hidden)."""
+        if not box.sandboxed or box.coral_dir is None:
+            return str(TOOLBOX)
+        copy = Path(box.coral_dir) / "bin" / TOOLBOX.name
+        if not copy.exists():
+            copy.write_bytes(TOOLBOX.read_bytes())
+            copy.chmod(0o644)
+        return f"{CORAL_MOUNT}/bin/{TOOLBOX.name}"
+
+    def tool_context(self, run: TurnRun, deadline: float | None = None) -> ToolContext:
         return ToolContext(
-            root=Path(run.workspace.root).resolve(),
-            sandbox=self.sandbox,
-            coral_env=run.env,
-            coral_dir=coral_dir,
-            hidden=hidden,
+            box=run.box,
+            toolbox=self.toolbox_path(run.box),
             bash_timeout=float(self.cfg.get("bash_timeout", 300)),
             output_cap=int(self.cfg.get("output_cap", 30000)),
-            uid=uid,
             deadline=deadline,
         )
 
     def run_turn(self, run: TurnRun) -> TurnOutcome:
-        uid = UIDS.acquire() if self.sandbox == "bwrap" else None
-        try:
-            if uid is not None:  # the unprivileged sandbox user must own what it may change
-                run.workspace.hand_to(uid)
-                if run.env.get("CORAL_SOCKET"):
-                    give_to(Path(run.env["CORAL_SOCKET"]).parent, uid)
-            ctx = self.tool_context(run, uid, time.monotonic() + float(self.cfg.get("turn_timeout", 3600)))
-            try:
-                return self._run_turn(run, ctx)
-            finally:
-                if not ctx.fenced:
-                    self._unfenced.add(run.workspace.edge_id)
-        finally:
-            UIDS.release(uid)
-
-    def links_fenced(self, edge_id: str) -> bool:
-        # Kept after end_edge (an id is a few bytes, and only an edge that lost its fence leaves one).
-        return self.sandbox == "bwrap" and edge_id not in self._unfenced
+        ctx = self.tool_context(run, time.monotonic() + float(self.cfg.get("turn_timeout", 3600)))
+        return self._run_turn(run, ctx)
 
     def _run_turn(self, run: TurnRun, ctx: ToolContext) -> TurnOutcome:
         max_steps = int(self.cfg.get("max_steps_per_turn", 40))
@@ -145,11 +128,8 @@ class NativeAgent(AgentBackend):
         out = TurnOutcome(ended="step_limit")
         messages = run.messages
         if not messages:  # a fresh session: the system prompt, carrying AGENTS.md as OpenCode does
-            agents_md = Path(run.workspace.root) / "AGENTS.md"
-            text = agents_md.read_text(encoding="utf-8") if agents_md.is_file() else ""
-            messages.append(
-                {"role": "system", "content": render("system", overrides, agents_md=text.strip())}
-            )
+            text = run.instructions.strip()
+            messages.append({"role": "system", "content": render("system", overrides, agents_md=text)})
         messages.append({"role": "user", "content": run.prompt})
         kind = "agent"
         evals_before = len(run.coral.evals)

@@ -53,20 +53,8 @@ from sftree.agents.base import AgentBackend, TurnOutcome, TurnRun
 from sftree.agents.prompts import nudge_prompt
 from sftree.agents.proxy import RecordingProxy
 from sftree.errors import InputError
-from sftree.runtime.sandbox import (
-    AGENT_LIMITS,
-    CORAL_MOUNT,
-    KNOWLEDGE_DIR,
-    NO_FENCE,
-    UIDS,
-    Fence,
-    bwrap_argv,
-    give_to,
-    knowledge_fence,
-    resolve_mode,
-    wait_gone,
-    wrap_limits,
-)
+from sftree.runtime.edgebox import CHECK_EVERY
+from sftree.runtime.sandbox import give_to, resolve_mode, wait_gone
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +63,6 @@ PINNED_VERSION = "1.18.33"
 INSTALL_HINT = (
     "install it with `bash scripts/install_opencode.sh` (npm package opencode-ai@" + PINNED_VERSION + ")"
 )
-WS_MOUNT = "/tmp/sftree/workspace"
 HOME_MOUNT = "/tmp/sftree/opencode"  # the edge's `box/`: OpenCode's own state, writable by the sandbox uid
 HOST_MOUNT = "/tmp/sftree/host"  # the edge's `host/`: what the host writes for OpenCode, read-only inside
 PROXY_MOUNT = "/tmp/sftree/proxy"
@@ -136,7 +123,9 @@ ENV_FLAGS = {
 }
 EVAL_RX = re.compile(r"(^|[\s;&|(])coral\s+eval\b")
 KNOWLEDGE_CMD_RX = re.compile(r"(^|[\s;&|(])coral\s+(notes|skills|log|show)\b")
-KNOWLEDGE_PATH_RX = re.compile(r"\.opencode/(notes|skills|attempts|roles)\b|\.opencode/?$|\.opencode['\"\s]")
+KNOWLEDGE_PATH_RX = re.compile(
+    r"(\.opencode|\.coral/public)/(notes|skills|attempts|roles)\b|(\.opencode|\.coral/public)(/?$|['\"\s])"
+)
 
 
 # ---- pure helpers --------------------------------------------------------------------------------------------
@@ -391,7 +380,7 @@ class _Edge:
 
     home: Path
     session_id: str | None = None
-    uid: int | None = None  # the unprivileged host uid OpenCode runs as (sftree is root, sandbox bwrap)
+    uid: int | None = None  # the edge's sandbox user (its box's), or None
 
     @property
     def box(self) -> Path:
@@ -405,22 +394,18 @@ class _Edge:
 class OpenCodeAgent(AgentBackend):
     name = "opencode"
 
-    def __init__(
-        self, teacher, agent_cfg: dict, *, search_cfg: dict | None = None, hidden: list[Path] | None = None
-    ):
+    def __init__(self, teacher, agent_cfg: dict, *, search_cfg: dict | None = None):
         self.teacher = teacher
         self.cfg = agent_cfg
         self.oc = dict(agent_cfg.get("opencode") or {})
         self.binary = find_binary(self.oc.get("binary"))
         self.provider = str(self.oc.get("provider", "sftree"))
         self.sandbox = resolve_mode(agent_cfg.get("sandbox", "auto"))
-        self.hidden = [Path(h) for h in hidden or []]
         hard = int((search_cfg or {}).get("hard_token_limit", 100000))
         # Above the hard token limit (compaction must not fire before the tree stops the path) and roomy.
         self.context_limit = int(self.oc.get("context_limit") or max(4 * hard, 262144))
         self._edges: dict[str, _Edge] = {}
         self._lock = threading.Lock()
-        self._unfenced: set[str] = set()  # edges with an OpenCode start that did not see `.opencode` fenced
         self.proxy = RecordingProxy(
             teacher.base_url,
             api_key=getattr(teacher, "api_key", None),
@@ -433,9 +418,7 @@ class OpenCodeAgent(AgentBackend):
 
     def close(self) -> None:
         with self._lock:
-            edges, self._edges = list(self._edges.values()), {}
-        for st in edges:
-            UIDS.release(st.uid)
+            self._edges = {}
         self.proxy.stop()
 
     # -- homes, sessions, forks --
@@ -445,11 +428,9 @@ class OpenCodeAgent(AgentBackend):
             st = self._edges.get(ws.edge_id)
             if st is not None and st.home.exists():
                 return st
-            # new, or its home is gone: a fresh state that keeps the uid the edge already holds
-            st = _Edge(home=Path(ws.dir) / "opencode", uid=st.uid if st else None)
-            if st.uid is None and self.sandbox == "bwrap":
-                st.uid = UIDS.acquire()  # its own uid: its own process cap (RLIMIT_NPROC counts per uid)
+            st = _Edge(home=Path(ws.paths.edge) / "opencode", uid=run.box.uid)  # new, or its home is gone
             self._edges[ws.edge_id] = st
+            run.box.watched.append(st.box)  # OpenCode's own state counts toward the edge's disk quota
         for sub in ("box/data", "box/state", "box/cache", "box/home", "host/config/opencode"):
             (st.home / sub).mkdir(parents=True, exist_ok=True)
         self._plugin_stub(st.host / "config" / "opencode")  # read-only inside: OpenCode must find it complete
@@ -484,17 +465,13 @@ class OpenCodeAgent(AgentBackend):
 
     @staticmethod
     def _hand_over(run: TurnRun, st: _Edge) -> None:
-        """The unprivileged sandbox user owns what it may change: its box, the workspace, the coral folder."""
-        if st.uid is None:
-            return
-        give_to(st.box, st.uid)
-        run.workspace.hand_to(st.uid)
-        if run.env.get("CORAL_SOCKET"):
-            give_to(Path(run.env["CORAL_SOCKET"]).parent, st.uid)
+        """The unprivileged sandbox user owns what it may change: its box (the workspace is its since the fork)."""
+        if st.uid is not None:
+            give_to(st.box, st.uid)
 
     def _write_config(self, run: TurnRun, st: _Edge) -> None:
         base = self.proxy.base_url(run.workspace.edge_id)
-        hidden = [str(p) for p in self._hidden(run)]
+        hidden = [str(p) for p in run.box.hidden]
         cfg = opencode_config(
             base,
             self.teacher.model,
@@ -540,48 +517,22 @@ class OpenCodeAgent(AgentBackend):
         if not (d / ".gitignore").exists():  # as OpenCode does: only when there is none
             (d / ".gitignore").write_text(GITIGNORE)
 
-    def _hidden(self, run: TurnRun) -> list[Path]:
-        task_dir = run.task_cfg.get("task_dir")
-        out = self.hidden + list(run.extra_ro_hidden) + ([Path(task_dir)] if task_dir else [])
-        return [p.resolve() for p in out if p]
-
-    def links_fenced(self, edge_id: str) -> bool:
-        # Kept after end_edge (the last turn ends the edge before run_edge asks).
-        return self.sandbox == "bwrap" and edge_id not in self._unfenced
-
     # -- processes --
     @contextlib.contextmanager
-    def _fence(self, run: TurnRun):
-        """The knowledge fence of one sandbox start (sandbox.knowledge_fence); a start without it is recorded."""
-        if self.sandbox != "bwrap":
-            yield Fence()
-            return
-        ws = Path(run.workspace.root).resolve()
-        with knowledge_fence(ws, f"{WS_MOUNT}/{KNOWLEDGE_DIR}") as fence:
-            if not fence.held:
-                with self._lock:
-                    self._unfenced.add(run.workspace.edge_id)
-            yield fence
-
-    @contextlib.contextmanager
-    def _until_gone(self, run: TurnRun, st: _Edge):
-        """After the `with`, wait until the sandbox's processes are gone (sandbox.wait_gone); one that outlives
-        its start leaves the edge not fenced."""
+    def _until_gone(self, st: _Edge):
+        """After the `with`, wait until the sandbox's processes are gone (sandbox.wait_gone)."""
         try:
             yield
         finally:
-            if self.sandbox == "bwrap" and not wait_gone(st.uid):
-                with self._lock:
-                    self._unfenced.add(run.workspace.edge_id)
+            if self.sandbox == "bwrap":
+                wait_gone(st.uid)
 
     def _env(self, run: TurnRun, st: _Edge) -> dict[str, str]:
         home = HOME_MOUNT if self.sandbox == "bwrap" else str(st.box)
         host = HOST_MOUNT if self.sandbox == "bwrap" else str(st.host)
-        ws = WS_MOUNT if self.sandbox == "bwrap" else str(Path(run.workspace.root).resolve())
-        coral_bin = f"{CORAL_MOUNT}/bin" if self.sandbox == "bwrap" else run.env.get("CORAL_BIN", "")
-        coral_sock = (
-            f"{CORAL_MOUNT}/coral.sock" if self.sandbox == "bwrap" else run.env.get("CORAL_SOCKET", "")
-        )
+        ws = run.box.worktree
+        coral_bin = run.box.coral_env.get("CORAL_BIN", "")
+        coral_sock = run.box.coral_env.get("CORAL_SOCKET", "")
         path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
         env = {
             "PATH": f"{coral_bin}:{Path(self.binary).parent}:{path}" if coral_bin else path,
@@ -594,6 +545,8 @@ class OpenCodeAgent(AgentBackend):
             "XDG_CACHE_HOME": f"{home}/cache",
             "PWD": ws,
             "CORAL_SOCKET": coral_sock,
+            "CORAL_WORKTREE": ws,
+            "CORAL_CLI": run.box.coral_env.get("CORAL_CLI", ""),
             "PYTHONDONTWRITEBYTECODE": "1",
             "npm_config_offline": "true",  # belt and braces: no npm registry from inside OpenCode
         }
@@ -604,52 +557,37 @@ class OpenCodeAgent(AgentBackend):
             env["TMPDIR"] = "/tmp"
         return env
 
-    def _argv(
-        self, run: TurnRun, st: _Edge, args: list[str], net: bool = False, fence: Fence = NO_FENCE
-    ) -> tuple[list[str], str]:
-        """The command line; under bwrap without a network, `net` adds the bridge to the proxy's socket, and
-        `fence` binds `.opencode` on its own (started inside its `with`, passing its fds)."""
-        ws = str(Path(run.workspace.root).resolve())
+    def _argv(self, run: TurnRun, st: _Edge, args: list[str], net: bool = False) -> tuple[list[str], str]:
+        """The command line in the edge's sandbox (runtime/edgebox.py) with OpenCode's own state bound too; under
+        bwrap without a network, `net` adds the bridge to the proxy's socket."""
+        box = run.box
         if self.sandbox != "bwrap":
-            return [self.binary, *args], ws
+            return [self.binary, *args], str(run.workspace.root)
         cmd = [str(Path(self.binary).resolve()), *args]  # a symlink to it may lie in a hidden folder
-        # OpenCode itself and the Python of the coral client must stay readable even where a hidden folder
-        # or /tmp covers them (bwrap_argv re-exposes them).
-        ro = [(Path(coral_sock).parent, CORAL_MOUNT)] if (coral_sock := run.env.get("CORAL_SOCKET")) else []
         st.box.mkdir(parents=True, exist_ok=True)
         st.host.mkdir(parents=True, exist_ok=True)
-        ro.append((st.host, HOST_MOUNT))
+        ro = [(st.host, HOST_MOUNT)]
         if net:
             ro.append((self.proxy.unix_dir, PROXY_MOUNT))
-        hidden = [p for p in self._hidden(run) + [Path.home().resolve()] if p.is_dir()]
-        argv = bwrap_argv(
-            [],
-            cwd=WS_MOUNT,
-            binds=[(ws, WS_MOUNT), (st.box, HOME_MOUNT)],
-            fd_binds=fence.fd_binds,
-            seccomp_fd=fence.seccomp_fd,
-            ro_binds=ro,
-            hidden=hidden,
-            keep_visible=[Path(self.binary).resolve()],
-            # Popen(start_new_session=True) already makes a session without a terminal; bwrap's own
-            # --new-session would put OpenCode out of reach of the SIGINT sent to the process group.
+        # Popen(start_new_session=True) already makes a session without a terminal; bwrap's own --new-session
+        # would put OpenCode out of reach of the SIGINT sent to the process group.
+        argv = box.argv(
+            [], binds=[(st.box, HOME_MOUNT)], ro_binds=ro, keep_visible=[Path(self.binary).resolve()],
             new_session=False,
-            uid=st.uid,
-        )
-        argv = wrap_limits(argv, AGENT_LIMITS, st.uid)
+        )  # fmt: skip
         if net:
             # No network in here: a tiny bridge serves the proxy's port on the sandbox's own loopback and
             # forwards to the proxy's Unix socket, so OpenCode reaches the Teacher and nothing else.
             (st.host / "bridge.py").write_text(BRIDGE_SCRIPT)
             launch = f'{sys.executable} -I {HOST_MOUNT}/bridge.py {PROXY_MOUNT}/proxy.sock {self.proxy.port} & exec "$@"'
-            return argv + ["/bin/sh", "-c", launch, "sh", *cmd], ws
-        return argv + cmd, ws
+            return argv + ["/bin/sh", "-c", launch, "sh", *cmd], "/"
+        return argv + cmd, "/"
 
     def _run_cli(
         self, run: TurnRun, st: _Edge, args: list[str], timeout: float
     ) -> subprocess.CompletedProcess:
-        with self._fence(run) as fence, self._until_gone(run, st):
-            argv, cwd = self._argv(run, st, args, fence=fence)
+        with self._until_gone(st):
+            argv, cwd = self._argv(run, st, args)
             return subprocess.run(
                 argv,
                 cwd=cwd,
@@ -659,7 +597,6 @@ class OpenCodeAgent(AgentBackend):
                 timeout=timeout,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # no controlling terminal, as for `opencode run`
-                pass_fds=fence.pass_fds,
             )
 
     def _export(self, run: TurnRun, st: _Edge) -> None:
@@ -667,8 +604,8 @@ class OpenCodeAgent(AgentBackend):
             return
         tmp = st.home / "export.json"
         # To a file: piped output is cut at 64 KiB.
-        with self._fence(run) as fence, self._until_gone(run, st), open(tmp, "wb") as fh:
-            argv, cwd = self._argv(run, st, ["export", st.session_id], fence=fence)
+        with self._until_gone(st), open(tmp, "wb") as fh:
+            argv, cwd = self._argv(run, st, ["export", st.session_id])
             proc = subprocess.run(
                 argv,
                 cwd=cwd,
@@ -678,7 +615,6 @@ class OpenCodeAgent(AgentBackend):
                 timeout=120,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                pass_fds=fence.pass_fds,
             )
         if proc.returncode != 0:
             raise RuntimeError(f"opencode export {st.session_id} failed: {proc.stderr.decode()[-500:]}")
@@ -720,8 +656,8 @@ class OpenCodeAgent(AgentBackend):
         args = ["run", "--format", "json", "--thinking", "--model", f"{self.provider}/{self.teacher.model}"]
         args += ["--session", st.session_id] if st.session_id else ["--title", run.workspace.edge_id]
         stderr_path = st.home / "stderr.log"
-        with self._fence(run) as fence, open(stderr_path, "ab") as err:
-            argv, cwd = self._argv(run, st, args, net=True, fence=fence)
+        with open(stderr_path, "ab") as err:
+            argv, cwd = self._argv(run, st, args, net=True)
             proc = subprocess.Popen(
                 argv,
                 cwd=cwd,
@@ -730,7 +666,6 @@ class OpenCodeAgent(AgentBackend):
                 stdout=subprocess.PIPE,
                 stderr=err,
                 start_new_session=True,
-                pass_fds=fence.pass_fds,
             )
         lines: queue.Queue = queue.Queue()
 
@@ -742,9 +677,10 @@ class OpenCodeAgent(AgentBackend):
         threading.Thread(target=pump, daemon=True, name=f"oc-{run.workspace.edge_id}").start()
         proc.stdin.write(prompt.encode("utf-8"))
         proc.stdin.close()
-        kdir = str(Path(run.workspace.knowledge_dir).resolve())
+        kdir = run.box.inside(run.workspace.knowledge_dir)
         stop: str | None = None
         eval_seen_at: float | None = None
+        next_check = time.monotonic() + CHECK_EVERY
         try:
             while True:
                 if len(run.coral.evals) > evals_before and not ch.stopped:
@@ -762,6 +698,15 @@ class OpenCodeAgent(AgentBackend):
                 if time.monotonic() >= deadline:
                     stop = "timeout"
                     break
+                if (
+                    time.monotonic() >= next_check
+                ):  # the disk quota, as for every command (runtime/edgebox.py)
+                    next_check = time.monotonic() + CHECK_EVERY
+                    over = run.box.over_quota()
+                    if over:
+                        acc.errors.append(over)
+                        stop = "edge_error"
+                        break
                 try:
                     line = lines.get(timeout=0.1)
                 except queue.Empty:
@@ -777,7 +722,7 @@ class OpenCodeAgent(AgentBackend):
                     st.session_id = acc.session_id
         finally:
             ch.stopped = True
-            with self._until_gone(run, st):
+            with self._until_gone(st):
                 self._interrupt(proc)
                 proc.wait()
         if stop is None and len(run.coral.evals) > evals_before:
@@ -819,6 +764,9 @@ class OpenCodeAgent(AgentBackend):
             if stop == "teacher_error":
                 failed = [r for r in records[n_before:] if r.get("error") and not r.get("response")]
                 out.ended, out.error = "teacher_error", (failed[-1]["error"] if failed else "teacher failed")
+                break
+            if stop == "edge_error":
+                out.ended, out.error = stop, acc.errors[-1]
                 break
             if stop is not None:
                 out.ended = stop
@@ -880,9 +828,7 @@ class OpenCodeAgent(AgentBackend):
         # Idempotent: the last turn ends the edge here, and run_edge calls it again for an edge that stopped
         # early (a Teacher outage or a full context after turn 1, a broken workspace).
         with self._lock:
-            done = self._edges.pop(edge_id, None)
-        if done is not None:
-            UIDS.release(done.uid)
+            self._edges.pop(edge_id, None)
         self.proxy.drop(edge_id)
 
     @staticmethod

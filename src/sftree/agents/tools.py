@@ -1,39 +1,29 @@
-"""OpenCode's tools (names and argument schemas), confined to the agent's workspace.
+"""OpenCode's tools (names and argument schemas) for the native agent; every one runs inside the edge's sandbox.
 
 A tool call is an *error* when the tool itself fails - bad or missing arguments, unknown tool, missing file,
 edit target not found, timeout, a path outside the workspace (denied) - as OpenCode reports
 `state.status == "error"`. A shell command that exits non-zero is not a tool error (its output says so).
 
-A *knowledge action* (DESIGN.md) is a call that reads or writes under `.opencode/{notes,skills,attempts,roles}`
-(or lists `.opencode` itself), or a `coral notes|skills|log|show` command. `coral eval` does not count, nor
-does a call that failed as a tool (it read or wrote nothing); a shell command counts whatever its exit code.
+A *knowledge action* (DESIGN.md) is a call that reads or writes under the shared knowledge (the worktree's
+`.opencode/{notes,skills,attempts,roles}` links, or `.coral/public/` itself), or a `coral notes|skills|log|show`
+command. `coral eval` does not count, nor does a call that failed as a tool (it read or wrote nothing); a
+shell command counts whatever its exit code. It is decided from the call's arguments as text: the host never
+resolves a path the agent named.
+
+`bash` runs in the sandbox (runtime/edgebox.py); `read`, `write`, `edit`, `glob` and `grep` run there too, as a
+small program of their own (agents/toolbox.py), so nothing the agent made is opened by the host.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fnmatch
 import json
-import os
+import posixpath
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from sftree.agents.base import ToolOutcome
-from sftree.runtime.procs import run_group
-from sftree.runtime.sandbox import (
-    AGENT_LIMITS,
-    CORAL_MOUNT,
-    KNOWLEDGE_DIR,
-    NO_FENCE,
-    bwrap_argv,
-    give_to,
-    knowledge_fence,
-    scrubbed_env,
-    wait_gone,
-    wrap_limits,
-)
 
 
 def _fn(name: str, description: str, props: dict, required: list[str]) -> dict:
@@ -134,9 +124,10 @@ _PYTYPES = {"string": str, "number": (int, float), "boolean": bool}
 
 KNOWLEDGE_SUBDIRS = ("notes", "skills", "attempts", "roles")
 _KNOWLEDGE_CMD = re.compile(r"(^|[\s;&|(`])coral\s+(notes|skills|log|show)\b")
-_KNOWLEDGE_PATH = re.compile(r"\.opencode(/(notes|skills|attempts|roles)\b|/?(?=$|[\s'\";|&)*]))")
-SKIP_DIRS = {".git", "__pycache__", "node_modules"}
-MAX_LIST = 200
+_KNOWLEDGE_PATH = re.compile(
+    r"(\.opencode|\.coral/public)(/(notes|skills|attempts|roles)\b|/?(?=$|[\s'\";|&)*]))"
+)
+TOOLBOX = Path(__file__).resolve().parent / "toolbox.py"
 
 
 class ToolError(Exception):
@@ -145,30 +136,29 @@ class ToolError(Exception):
 
 @dataclass
 class ToolContext:
-    root: Path  # the workspace root (resolved)
-    sandbox: str  # bwrap | none
-    coral_env: dict[str, str] = field(default_factory=dict)
-    coral_dir: Path | None = None  # host folder holding the coral client and socket
-    hidden: list[Path] = field(default_factory=list)
+    box: object  # sftree.runtime.edgebox.EdgeBox: where every tool runs
+    toolbox: str  # the toolbox program's path as the sandbox sees it
     bash_timeout: float = 300.0
     output_cap: int = 30000
-    uid: int | None = None  # the unprivileged host uid the sandbox runs as (sftree is root), else None
     deadline: float | None = None  # time.monotonic() at which the turn ends: no tool runs past it
-    # Every shell command so far saw `.opencode` as its own mount (sandbox.knowledge_fence); `none` fences nothing.
-    fenced: bool = True
 
 
 # ---- knowledge detection (pure) ----------------------------------------------------------------------------
-def _under_knowledge(path: Path, root: Path) -> bool:
-    try:
-        rel = path.resolve().relative_to((root / ".opencode").resolve())
-    except ValueError:
-        return False
-    return not rel.parts or rel.parts[0] in KNOWLEDGE_SUBDIRS
+def _under_knowledge(path: str, cwd: str) -> bool:
+    """Whether a path, as text, names the shared knowledge: `.opencode/<item>` of the worktree or `.coral/public`."""
+    full = posixpath.normpath(posixpath.join(cwd, path))
+    run_dir = posixpath.dirname(posixpath.dirname(cwd))  # <run>/agents/<agent>
+    for base in (posixpath.join(cwd, ".opencode"), posixpath.join(run_dir, ".coral/public")):
+        if full == base:
+            return True
+        if full.startswith(base + "/"):
+            return full[len(base) + 1 :].split("/", 1)[0] in KNOWLEDGE_SUBDIRS
+    return False
 
 
-def is_knowledge_action(name: str, args: dict, root: Path) -> bool:
-    """DESIGN.md's knowledge action, decided from the call's arguments alone."""
+def is_knowledge_action(name: str, args: dict, cwd: str) -> bool:
+    """DESIGN.md's knowledge action, decided from the call's arguments alone (`cwd`: the worktree as the agent
+    sees it)."""
     if not isinstance(args, dict):
         return False
     if name == "bash":
@@ -176,19 +166,14 @@ def is_knowledge_action(name: str, args: dict, root: Path) -> bool:
         return bool(_KNOWLEDGE_CMD.search(cmd) or _KNOWLEDGE_PATH.search(cmd))
     if name in ("read", "write", "edit"):
         p = args.get("filePath")
-        return isinstance(p, str) and _under_knowledge(_abs(p, root), root)
+        return isinstance(p, str) and _under_knowledge(p, cwd)
     if name in ("glob", "grep"):
         p = args.get("path")
-        if isinstance(p, str) and p and _under_knowledge(_abs(p, root), root):
+        if isinstance(p, str) and p and _under_knowledge(p, cwd):
             return True
         pat = str(args.get("pattern", "")) if name == "glob" else str(args.get("include", ""))
         return bool(_KNOWLEDGE_PATH.search(pat))
     return False
-
-
-def _abs(p: str, root: Path) -> Path:
-    q = Path(p)
-    return q if q.is_absolute() else root / q
 
 
 # ---- argument checking -------------------------------------------------------------------------------------
@@ -221,14 +206,6 @@ def parse_arguments(name: str, raw) -> dict:
     return args
 
 
-def confine(p: str, ctx: ToolContext) -> Path:
-    """Resolve a path against the workspace; ToolError (denied) when it leaves the workspace."""
-    target = _abs(p, ctx.root).resolve()
-    if target != ctx.root and not target.is_relative_to(ctx.root):
-        raise ToolError(f"denied: {p} is outside the workspace")
-    return target
-
-
 class _Capped(str):
     """Tool output that is already cut to the cap."""
 
@@ -239,191 +216,70 @@ def _cap(text: str, cap: int) -> str:
     return text[:cap] + f"\n... (output truncated: {len(text) - cap} more characters)"
 
 
-# ---- the tools ---------------------------------------------------------------------------------------------
-def tool_read(args: dict, ctx: ToolContext) -> str:
-    path = confine(args["filePath"], ctx)
-    if not path.exists():
-        raise ToolError(f"file not found: {args['filePath']}")
-    if path.is_dir():
-        raise ToolError(f"{args['filePath']} is a directory, not a file")
-    offset = max(0, int(args.get("offset") or 0))
-    limit = max(1, int(args.get("limit") or 2000))
-    data = path.read_bytes()
-    if b"\0" in data[:8192]:
-        raise ToolError(f"cannot read binary file: {args['filePath']}")
-    lines = data.decode("utf-8", "replace").splitlines()
-    body = "\n".join(
-        f"{i + 1:05d}| {ln[:2000]}" for i, ln in enumerate(lines[offset : offset + limit], start=offset)
+def _time_for(ctx: ToolContext, want: float) -> float:
+    """The seconds a tool may run: what it asks, within what is left of the turn (ToolError when none is)."""
+    left = ctx.deadline - time.monotonic() if ctx.deadline is not None else None
+    if left is not None and left < want:
+        if left <= 0:
+            raise ToolError("not run: the turn's time is up (turn_timeout)")
+        return left
+    return want
+
+
+def _stopped(res) -> str:
+    return f"\n(stopped: {res.stopped})" if res.stopped else ""
+
+
+def tool_file(name: str, args: dict, ctx: ToolContext) -> str:
+    """read/write/edit/glob/grep: the toolbox program in the sandbox (module docstring)."""
+    box = ctx.box
+    roots = [box.worktree, box.inside(box.ws.knowledge_dir)]
+    req = json.dumps({"tool": name, "args": args, "cwd": box.worktree, "roots": roots, "cap": ctx.output_cap})
+    timeout = _time_for(ctx, min(60.0, ctx.bash_timeout))
+    res = box.run(
+        [box.python, "-I", "-S", ctx.toolbox],
+        timeout=timeout,
+        input=req.encode(),
+        max_output=ctx.output_cap * 4 + 65536,
+        merge_stderr=False,
     )
-    more = len(lines) - offset - limit
-    tail = f"\n\n(File has more lines. Use 'offset' to read beyond line {offset + limit})" if more > 0 else ""
-    return f"<file>\n{body}{tail}\n</file>"
-
-
-def tool_write(args: dict, ctx: ToolContext) -> str:
-    path = confine(args["filePath"], ctx)
-    if path.is_dir():
-        raise ToolError(f"{args['filePath']} is a directory")
-    existed = path.exists()
-    first_new = next((p for p in reversed([path.parent, *path.parent.parents]) if not p.exists()), None)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(args["content"], encoding="utf-8")
-    if ctx.uid is not None:  # the sandbox user must be able to change what the tool made
-        give_to(first_new or path, ctx.uid)
-    return f"{'Overwrote' if existed else 'Wrote'} {args['filePath']} ({len(args['content'])} characters)"
-
-
-def tool_edit(args: dict, ctx: ToolContext) -> str:
-    path = confine(args["filePath"], ctx)
-    old, new = args["oldString"], args["newString"]
-    if old == new:
-        raise ToolError("oldString and newString must be different")
-    if not path.is_file():
-        raise ToolError(f"file not found: {args['filePath']}")
-    text = path.read_text(encoding="utf-8", errors="replace")
-    if old == "":
-        raise ToolError("oldString must not be empty (use write to create a file)")
-    n = text.count(old)
-    if n == 0:
-        raise ToolError("oldString not found in content")
-    if n > 1 and not args.get("replaceAll"):
-        raise ToolError(f"oldString found {n} times; give more context to make it unique, or set replaceAll")
-    path.write_text(
-        text.replace(old, new) if args.get("replaceAll") else text.replace(old, new, 1), encoding="utf-8"
-    )
-    return f"Edited {args['filePath']} ({n if args.get('replaceAll') else 1} replacement(s))"
-
-
-def _walk(base: Path, root: Path):
-    """Files under `base`; a symlink is listed only when it resolves inside the workspace (never followed out)."""
-    for dirpath, dirnames, filenames in os.walk(base):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-        for f in sorted(filenames):
-            p = Path(dirpath) / f
-            if p.is_symlink() and not p.resolve().is_relative_to(root):
-                continue
-            yield p
-
-
-def _rel(p: Path, ctx: ToolContext) -> str:
-    return str(p.relative_to(ctx.root))
-
-
-def tool_glob(args: dict, ctx: ToolContext) -> str:
-    base = confine(args.get("path") or ".", ctx)
-    if not base.is_dir():
-        raise ToolError(f"directory not found: {args.get('path')}")
-    pattern = args["pattern"]
-    hits = []
-    for p in _walk(base, ctx.root):
-        rel = str(p.relative_to(base))
-        if (
-            fnmatch.fnmatch(rel, pattern)
-            or ("/" not in pattern and fnmatch.fnmatch(p.name, pattern))
-            or (pattern.startswith("**/") and fnmatch.fnmatch(rel, pattern[3:]))
-        ):
-            hits.append(_rel(p, ctx))
-    if not hits:
-        return "No files found"
-    more = f"\n(showing {MAX_LIST} of {len(hits)})" if len(hits) > MAX_LIST else ""
-    return "\n".join(hits[:MAX_LIST]) + more
-
-
-def tool_grep(args: dict, ctx: ToolContext) -> str:
-    base = confine(args.get("path") or ".", ctx)
-    if not base.exists():
-        raise ToolError(f"path not found: {args.get('path')}")
+    if res.timed_out:
+        raise ToolError(f"{name} timed out after {timeout:g}s")
     try:
-        rx = re.compile(args["pattern"])
-    except re.error as exc:
-        raise ToolError(f"invalid regex {args['pattern']!r}: {exc}") from None
-    include = args.get("include")
-    files = [base] if base.is_file() else _walk(base, ctx.root)
-    hits = []
-    for p in files:
-        if include and not fnmatch.fnmatch(
-            p.name, include.lstrip("*/") if include.startswith("**/") else include
-        ):
-            continue
-        try:
-            data = p.read_bytes()
-        except OSError:
-            continue
-        if b"\0" in data[:8192]:
-            continue
-        for i, line in enumerate(data.decode("utf-8", "replace").splitlines(), start=1):
-            if rx.search(line):
-                hits.append(f"{_rel(p, ctx)}:{i}: {line[:500]}")
-                if len(hits) >= MAX_LIST:
-                    break
-        if len(hits) >= MAX_LIST:
-            break
-    return "\n".join(hits) if hits else "No matches found"
+        out = json.loads(res.stdout.decode("utf-8", "replace"))
+        ok, text = bool(out["ok"]), str(out["text"])
+    except (ValueError, KeyError, TypeError):
+        why = res.stopped or f"exited with code {res.returncode}"
+        raise ToolError(f"{name} failed ({why}): {res.stderr.decode('utf-8', 'replace')[-500:]}") from None
+    if not ok:
+        raise ToolError(text.removeprefix("Error: "))
+    return text
 
 
 def tool_bash(args: dict, ctx: ToolContext) -> str:
-    cwd = confine(args.get("workdir") or ".", ctx)
-    if not cwd.is_dir():
-        raise ToolError(f"workdir not found: {args.get('workdir')}")
+    box = ctx.box
+    workdir = args.get("workdir")
+    cwd = posixpath.normpath(posixpath.join(box.worktree, workdir)) if workdir else box.worktree
     timeout_ms = args.get("timeout")
     timeout = ctx.bash_timeout if not timeout_ms else min(float(timeout_ms) / 1000.0, ctx.bash_timeout * 2)
-    if timeout <= 0:
+    if not timeout > 0:
         raise ToolError("timeout must be positive")
-    turn_left = ctx.deadline - time.monotonic() if ctx.deadline is not None else None
-    if turn_left is not None and turn_left < timeout:
-        if turn_left <= 0:
-            raise ToolError("not run: the turn's time is up (turn_timeout)")
-        timeout = turn_left  # the turn's timeout holds for the running command too
-    sandboxed = ctx.sandbox == "bwrap"
-    env = scrubbed_env(ctx.coral_env, sandboxed=sandboxed, workspace=ctx.root)
-    argv = ["bash", "-c", args["command"]]
-    ws = Path(ctx.root).resolve()
-    with knowledge_fence(ws, ws / KNOWLEDGE_DIR) if sandboxed else contextlib.nullcontext(NO_FENCE) as fence:
-        if sandboxed:
-            coral = [(ctx.coral_dir, CORAL_MOUNT)] if ctx.coral_dir is not None else []
-            argv = bwrap_argv(
-                argv,
-                cwd=cwd,
-                binds=[(ws, ws)],
-                fd_binds=fence.fd_binds,
-                seccomp_fd=fence.seccomp_fd,
-                ro_binds=coral,
-                hidden=ctx.hidden,
-                uid=ctx.uid,
-            )
-            argv = wrap_limits(argv, AGENT_LIMITS, ctx.uid)
-        ctx.fenced = ctx.fenced and fence.held  # one start without the fence and the edge is not fenced
-        # Bytes, not characters: a little more than the cap so the cut is made on characters below.
-        res = run_group(
-            argv,
-            timeout=timeout,
-            merge_stderr=True,
-            max_output=ctx.output_cap * 4 + 4096,
-            env=env,
-            cwd=cwd,
-            pass_fds=fence.pass_fds,
-        )
-    if sandboxed and not wait_gone(ctx.uid):  # a process that outlives its command: the edge is not fenced
-        ctx.fenced = False
+    timeout = _time_for(ctx, timeout)
+    # Bytes, not characters: a little more than the cap so the cut is made on characters below.
+    res = box.run(
+        ["bash", "-c", args["command"]], timeout=timeout, cwd=cwd, max_output=ctx.output_cap * 4 + 4096
+    )
     text = res.stdout.decode("utf-8", "replace")
     if res.dropped:  # already over the cap: cut here, counting what was never read into memory
         more = len(text) - ctx.output_cap + res.dropped
         text = _Capped(text[: ctx.output_cap] + f"\n... (output truncated: {more} more characters)")
     if res.timed_out:
         raise ToolError(f"command timed out after {timeout:g}s\n{_cap(str(text), 2000)}")
+    if res.stopped:
+        raise ToolError(f"command stopped: {res.stopped}\n{_cap(str(text), 2000)}")
     if res.returncode != 0:
         text = type(text)(text + f"\n(exit code {res.returncode})")
     return text
-
-
-TOOLS = {
-    "bash": tool_bash,
-    "read": tool_read,
-    "write": tool_write,
-    "edit": tool_edit,
-    "glob": tool_glob,
-    "grep": tool_grep,
-}
 
 
 def execute(name: str, raw_arguments, ctx: ToolContext) -> ToolOutcome:
@@ -432,11 +288,11 @@ def execute(name: str, raw_arguments, ctx: ToolContext) -> ToolOutcome:
         args = parse_arguments(name, raw_arguments)
     except ToolError as exc:
         return ToolOutcome(f"Error: {exc}", error=True, knowledge=False)
-    knowledge = is_knowledge_action(name, args, ctx.root)
+    knowledge = is_knowledge_action(name, args, ctx.box.worktree)
     try:
-        text = TOOLS[name](args, ctx)
+        text = tool_bash(args, ctx) if name == "bash" else tool_file(name, args, ctx)
     except ToolError as exc:
         return ToolOutcome(_cap(f"Error: {exc}", ctx.output_cap), error=True)
-    except (OSError, UnicodeError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure of one tool is that tool's error
         return ToolOutcome(f"Error: {type(exc).__name__}: {exc}", error=True)
     return ToolOutcome(_cap(text, ctx.output_cap), error=False, knowledge=knowledge)

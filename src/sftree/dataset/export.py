@@ -1,10 +1,13 @@
 """Selected paths -> SFT JSONL (`sftree export-sft`), and the merged dataset with its card.
 
-Per task: `--paths P1 P2 ... --out results/<task>/sft.jsonl --granularity step|path`.
+Per task: `--paths P1 P2 ... --out results/<task>/sft.jsonl --granularity step|path [--refuse-native]`; the
+counts of the export (records, steps left out and why) go to `results/<task>/sft.stats.json` beside it.
 Merge: `--merge T1.jsonl T2.jsonl --out results/sft.jsonl --dataset-info results/dataset_info.json
---card results/dataset_card.md --llamafactory-out results/sft_llamafactory.jsonl [--results DIR] [--dedupe]`.
+--card results/dataset_card.md --llamafactory-out results/sft_llamafactory.jsonl [--results DIR] [--dedupe]`;
+it sums the per-task stats files into `results/sft.stats.json` (the card and the report read them).
 
-OpenAI chat messages (`workflow/schemas/sft_record.schema.json`, docs/outputs.md):
+OpenAI chat messages (`workflow/schemas/sft_record.schema.json`, docs/outputs.md); every record is validated
+against that schema before it is written:
 
 - step granularity (default): one record per model call (`kind` agent or nudge) on the selected paths, in TRL's
   prompt-completion form `{prompt, completion, tools, metadata}`: the exact request messages, then the response
@@ -14,10 +17,21 @@ OpenAI chat messages (`workflow/schemas/sft_record.schema.json`, docs/outputs.md
   all of them in `path_ranks`).
 - path granularity: `{messages, tools, metadata}`, one record per selected path: the last such step of its last
   edge (its request already holds the whole session since the root), plus its response and tool results.
-- `tool_calls[].function.arguments` are JSON objects. **Choice**: arguments that are not a JSON object are kept
+- **Only well-formed steps are trained** (`exclusion`): a reply cut at `max_tokens` (`finish_reason: length`), a
+  tool call whose arguments the model did not send as a JSON object, or a reply that normalisation changed (a tool
+  call written as text, a legacy `function_call`, a repaired character) is never a completion. It stays in the
+  transcript and, exactly as the agent sent it, in the prompts of later records; each is counted by reason. A path
+  record trains every assistant turn, so it is cut before the path's first ill-formed step (**choice**: the
+  well-formed prefix is kept, `metadata.cut` says where and why; a path whose first step is ill-formed has none).
+- `tool_calls[].function.arguments` are JSON objects. Arguments in the history that are not a JSON object are kept
   as `{"_raw": "<the string>"}` and counted in `metadata.malformed_arguments`, so nothing the Teacher did is
   silently rewritten. A record whose tool calls are not all answered exactly once (a turn cut off by a limit), or
   a request that failed (`response: null`, `error`), is skipped and counted.
+- the prompt is the request as sent, with one addition: a `role: tool` message gets the `name` of the tool call it
+  answers when the request left it out (the native agent and OpenCode send only `tool_call_id`).
+- `metadata.backend` (`native` or `opencode`, from tree.json) and `metadata.coral` (whether the Teacher's world
+  was the installed Coral) say how each record was made. **Choice**: native records are flagged (metadata, card,
+  report), not refused; `--refuse-native` (`export.refuse_native`) leaves out every record not made by OpenCode.
 - the LLaMA-Factory copy (`llamafactory_record`) and exact-duplicate targets (`target_key`) are made at merge.
 """
 
@@ -34,6 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+
+from sftree.config import SCHEMA_DIR
 from sftree.errors import InputError
 from sftree.fileio import AtomicLines, iter_jsonl, read_json, write_json_atomic, write_text_atomic
 from sftree.progress import Progress
@@ -53,6 +70,14 @@ PATH_FIELDS = (
     "path_score",
 )
 DATASET_NAME = "sftree"
+RECORD_SCHEMA = SCHEMA_DIR / "sft_record.schema.json"
+STATS_VERSION = 1
+# Why a step is never a trained completion (`exclusion`), in the order the reasons are tested and reported.
+EXCLUSION_REASONS = ("truncated", "text_tool_call", "malformed_arguments", "normalised")
+# Normalisation notes (teacher/response.py) that leave what the model said unchanged: a field's name only.
+HARMLESS_NOTES = frozenset({"reasoning_field"})
+# The backend whose prompts are OpenCode's own context; any other (native, mixed, unknown) is flagged.
+OPENCODE = "opencode"
 LLAMAFACTORY_TAGS = {
     "role_tag": "role",
     "content_tag": "content",
@@ -160,6 +185,138 @@ def pairing_problems(messages: list[dict]) -> list[str]:
     return problems
 
 
+def exclusion(step: dict) -> str | None:
+    """Why this step's reply must never be a trained completion, or None when it is well-formed.
+
+    In this order (the first that holds is the reason counted):
+
+    - `truncated`: `finish_reason` is `length` (the reply was cut at `max_tokens`: its last tokens, a closing tag
+      or the end-of-turn token, were never generated), or a `truncated_tool_call` note;
+    - `text_tool_call`: a `text_tool_calls:*` note (the model wrote its call as text in `content`; trained, the
+      chat template would render it as a real call the model never made in that form);
+    - `malformed_arguments`: a tool call whose `arguments` are not a JSON object as the model sent them (kept as
+      `{"_raw": ...}`, which the template would render as a real call); empty arguments count as `{}`;
+    - `normalised`: any other normalisation note (`legacy_function_call`, `lone_surrogate_replaced`, notes added
+      later) except `reasoning_field`, which only renames a field.
+    """
+    notes = [n for n in step.get("notes") or [] if isinstance(n, str)]
+    if step.get("finish_reason") == "length" or "truncated_tool_call" in notes:
+        return "truncated"
+    if any(n.startswith("text_tool_calls") for n in notes):
+        return "text_tool_call"
+    resp = step.get("response")
+    calls = resp.get("tool_calls") if isinstance(resp, dict) else None
+    for tc in calls if isinstance(calls, list) else []:
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        if not isinstance(fn, dict) or parse_arguments(fn.get("arguments"))[1]:
+            return "malformed_arguments"
+    if any(n not in HARMLESS_NOTES for n in notes):
+        return "normalised"
+    return None
+
+
+def message_key(msg: dict) -> str:
+    """An assistant message as later requests repeat it (content, tool-call ids, names and arguments; reasoning
+    aside, which some agents do not resend): how an ill-formed reply is recognised in a record's history."""
+    try:
+        norm, _ = normalize_message(dict(msg, role="assistant"))
+    except (ValueError, AttributeError):
+        return ""
+    calls = [
+        [tc["id"], tc["function"]["name"], tc["function"]["arguments"]] for tc in norm.get("tool_calls", [])
+    ]
+    return json.dumps([norm["content"], calls], sort_keys=True, ensure_ascii=False)
+
+
+def name_tool_messages(messages: list[dict]) -> None:
+    """Give each `role: tool` message without a `name` the name of the tool call it answers (in place)."""
+    names: dict[str, str] = {}
+    for m in messages:
+        if m["role"] == "assistant":
+            for tc in m.get("tool_calls", []):
+                if tc["function"].get("name"):
+                    names[tc["id"]] = tc["function"]["name"]
+        elif m["role"] == "tool" and not m.get("name") and m.get("tool_call_id") in names:
+            m["name"] = names[m["tool_call_id"]]
+
+
+_validators: tuple | None = None
+MESSAGE_KEYS = ("prompt", "messages")  # the lists whose messages repeat from record to record
+
+
+def _schema_validators() -> tuple:
+    """(the whole record schema, the same without checking the items of `prompt` and `messages` (the completion's
+    one message is checked), the message schema alone): a session's messages repeat in every later record, so
+    `schema_problem` checks each distinct one once."""
+    global _validators
+    if _validators is None:
+        schema = read_json(RECORD_SCHEMA, "SFT record schema")
+        envelope = json.loads(json.dumps(schema))
+        for key in MESSAGE_KEYS:
+            envelope["properties"][key].pop("items")
+        message = {"$defs": schema["$defs"], "$ref": "#/$defs/message"}
+        _validators = tuple(jsonschema.Draft202012Validator(x) for x in (schema, envelope, message))
+    return _validators
+
+
+def _message_key(m: Any) -> Any:
+    """What decides whether a message is valid, as a hashable value that is cheap for repeated messages (their
+    strings are the same objects from record to record, whose hashes Python keeps)."""
+    if not isinstance(m, dict):
+        return None
+    calls = m.get("tool_calls")
+    if isinstance(calls, list):
+        calls = tuple(json.dumps(c, sort_keys=True, ensure_ascii=False) for c in calls)
+    elif calls is not None:
+        return None
+    rest = tuple((k, v) for k, v in sorted(m.items()) if k != "tool_calls")
+    try:
+        return hash(rest), rest, calls
+    except TypeError:  # a list or object where a string belongs: never cached
+        return None
+
+
+def schema_problem(rec: dict, seen: set | None = None) -> str | None:
+    """The first way the record breaks workflow/schemas/sft_record.schema.json, or None. With `seen` (messages
+    already found valid, updated here) each distinct message is validated once: the same verdict as validating
+    the whole record, in time that grows with the new messages only."""
+    full, envelope, message = _schema_validators()
+    if seen is None:
+        err = next(iter(full.iter_errors(rec)), None)
+        return None if err is None else _where(err)
+    err = next(iter(envelope.iter_errors(rec)), None)
+    if err is not None:
+        return _where(err)
+    for key in MESSAGE_KEYS:
+        for i, m in enumerate(rec.get(key) or []):  # the envelope checked that it is a list
+            mk = _message_key(m)
+            if mk is not None and mk in seen:
+                continue
+            err = next(iter(message.iter_errors(m)), None)
+            if err is not None:
+                return f"{key}.{i}.{_where(err)}"
+            if mk is not None:
+                seen.add(mk)
+    return None
+
+
+def _where(err: jsonschema.ValidationError) -> str:
+    return f"{'.'.join(str(x) for x in err.absolute_path) or '<top>'}: {err.message[:200]}"
+
+
+def tree_backend(tree: dict) -> str:
+    """The agent backend that made the tree's steps (tree.json `backend`: native | opencode | mixed)."""
+    return str(tree.get("backend") or "unknown")
+
+
+def tree_coral(tree: dict) -> str:
+    """Whether the Teacher's world was the installed Coral: tree.json `coral.mode` (or a plain string `coral`);
+    trees that do not say are from before sftree drove an installed Coral: `stand-in`."""
+    coral = tree.get("coral")
+    mode = coral.get("mode") if isinstance(coral, dict) else coral
+    return str(mode) if isinstance(mode, str) and mode else "stand-in"
+
+
 # --- inputs ---------------------------------------------------------------------------------------------
 
 
@@ -220,8 +377,12 @@ def _usage_tokens(step: dict) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def build_record(step: dict, meta: dict) -> tuple[dict | None, str | None]:
-    """The SFT record of one step, or (None, why) when it cannot be one."""
+def build_record(
+    step: dict, meta: dict, excluded: set[str] | frozenset = frozenset()
+) -> tuple[dict | None, str | None]:
+    """The SFT record of one step, or (None, why) when it cannot be one. `excluded` holds the `message_key`s of
+    the ill-formed replies seen so far on the path: how many of them the record's history repeats is counted in
+    `metadata.history_excluded`. The caller checks `exclusion(step)` first."""
     req = step["request"]
     if not isinstance(step.get("response"), dict) or step.get("error"):
         return None, f"no response: {str(step.get('error') or 'response is null')[:120]}"
@@ -237,12 +398,14 @@ def build_record(step: dict, meta: dict) -> tuple[dict | None, str | None]:
         msg, bad = normalize_message(resp)
     except (ValueError, AttributeError) as exc:
         return None, f"bad message: {exc}"
+    n_prompt = len(messages)
     messages.append(msg)
     malformed += bad
     messages.extend(tool_message(r) for r in step.get("tool_results") or [])
     problems = pairing_problems(messages)
     if problems:
         return None, "; ".join(problems[:3])
+    name_tool_messages(messages)
     metadata = dict(meta)
     metadata.update(
         turn=step.get("turn"),
@@ -251,13 +414,17 @@ def build_record(step: dict, meta: dict) -> tuple[dict | None, str | None]:
         usage=_usage_tokens(step),
         finish_reason=step.get("finish_reason"),
         malformed_arguments=malformed,
+        history_excluded=sum(
+            m["role"] == "assistant" and message_key(m) in excluded for m in messages[:n_prompt]
+        )
+        if excluded
+        else 0,
     )
     tools = list(req.get("tools") or [])
     if meta.get("granularity") == "path":
         return {"messages": messages, "tools": tools, "metadata": metadata}, None
     # Step form: only the last assistant message is trained. Its tool results are not part of it (they open the
     # next step's prompt), so TRL's prompt-completion form trains exactly that message and nothing else.
-    n_prompt = len(req.get("messages") or [])
     return {
         "prompt": messages[:n_prompt],
         "completion": [messages[n_prompt]],
@@ -275,6 +442,8 @@ def _path_meta(ctx: TreeContext, path: dict) -> dict:
         "direction": doc.get("direction") or ctx.tree.get("direction"),
         "root_score": doc.get("root_score"),
         "sandbox": ctx.tree.get("sandbox"),
+        "backend": tree_backend(ctx.tree),
+        "coral": tree_coral(ctx.tree),
         "path_rank": path["rank"],
         "leaf": path["leaf"],
         "leaf_reason": path.get("leaf_reason"),
@@ -292,30 +461,131 @@ def _exported_steps(ctx: TreeContext, edge_id: str) -> list[dict]:
     return [s for s in read_steps(ctx.transcript(edge_id)) if s.get("kind", "agent") in EXPORTED_KINDS]
 
 
+def _answered(step: dict) -> bool:
+    return isinstance(step.get("response"), dict) and not step.get("error")
+
+
+def _skip_kind(why: str) -> str:
+    for prefix, kind in (("no response", "no_response"), ("bad message", "bad_message")):
+        if why.startswith(prefix):
+            return kind
+    return "unpaired_tool_calls"
+
+
 @dataclass
 class ExportStats:
+    """What one export did; written to `<out>.stats.json` (`to_dict`) and summed at merge (`add`)."""
+
     paths: int = 0
     records: int = 0
-    skipped: Counter = field(default_factory=Counter)
+    skipped: Counter = field(default_factory=Counter)  # steps that cannot be a record, by why
+    excluded: Counter = field(
+        default_factory=Counter
+    )  # ill-formed steps, never trained, by `exclusion` reason
+    paths_cut: int = 0  # path records cut before an ill-formed step (path granularity)
+    refused: Counter = field(default_factory=Counter)  # records left out by --refuse-native, by backend
+    backends: Counter = field(default_factory=Counter)  # records written, by backend
     malformed_arguments: int = 0
+    granularity: str | None = None
+    refuse_native: bool = False
+    tasks: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "version": STATS_VERSION,
+            "tasks": list(self.tasks),
+            "granularity": self.granularity,
+            "refuse_native": self.refuse_native,
+            "paths": self.paths,
+            "records": self.records,
+            "excluded": {k: self.excluded[k] for k in EXCLUSION_REASONS if self.excluded[k]}
+            | {k: v for k, v in sorted(self.excluded.items()) if k not in EXCLUSION_REASONS},
+            "paths_cut": self.paths_cut,
+            "skipped": dict(sorted(self.skipped.items())),
+            "refused": dict(sorted(self.refused.items())),
+            "backends": dict(sorted(self.backends.items())),
+            "malformed_arguments": self.malformed_arguments,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "stats") -> ExportStats:
+        if not isinstance(d, dict) or d.get("version") != STATS_VERSION:
+            raise InputError(f"{source}: not an export stats file of version {STATS_VERSION}")
+        return cls(
+            paths=int(d.get("paths") or 0),
+            records=int(d.get("records") or 0),
+            skipped=Counter(d.get("skipped") or {}),
+            excluded=Counter(d.get("excluded") or {}),
+            paths_cut=int(d.get("paths_cut") or 0),
+            refused=Counter(d.get("refused") or {}),
+            backends=Counter(d.get("backends") or {}),
+            malformed_arguments=int(d.get("malformed_arguments") or 0),
+            granularity=d.get("granularity"),
+            refuse_native=bool(d.get("refuse_native")),
+            tasks=list(d.get("tasks") or []),
+        )
+
+    def add(self, other: ExportStats) -> None:
+        self.paths += other.paths
+        self.records += other.records
+        self.paths_cut += other.paths_cut
+        self.malformed_arguments += other.malformed_arguments
+        for mine, theirs in (
+            (self.skipped, other.skipped),
+            (self.excluded, other.excluded),
+            (self.refused, other.refused),
+            (self.backends, other.backends),
+        ):
+            mine.update(theirs)
+        self.tasks += [t for t in other.tasks if t not in self.tasks]
+        self.granularity = self.granularity or other.granularity
+        self.refuse_native = self.refuse_native or other.refuse_native
 
 
-def export_tree(ctx: TreeContext, granularity: str, stats: ExportStats) -> Iterator[dict]:
+def stats_path(out: str | Path) -> Path:
+    """Where the stats of an SFT file are written: `sft.jsonl` -> `sft.stats.json` beside it."""
+    out = Path(out)
+    return out.with_name(out.name.removesuffix(".jsonl") + ".stats.json")
+
+
+def export_tree(
+    ctx: TreeContext, granularity: str, stats: ExportStats, refuse_native: bool = False
+) -> Iterator[dict]:
     selected = sorted((p for p in ctx.doc["paths"] if p.get("selected")), key=lambda p: p["rank"])
     stats.paths += len(selected)
+    task = ctx.doc.get("task") or ctx.tree.get("task")
+    if task and task not in stats.tasks:
+        stats.tasks.append(task)
+    cache: dict[str, list[dict]] = {}
+    excluded: set[str] = set()  # message keys of this tree's ill-formed replies (for history_excluded)
+    counted: set[str] = set()  # edges whose ill-formed steps are counted (each edge once)
+    valid_messages: set[str] = set()  # messages found valid against the schema in this tree
 
-    def emit(step: dict, meta: dict, edge_id: str) -> Iterator[dict]:
+    def steps_of(edge_id: str) -> list[dict]:
+        if edge_id not in cache:
+            cache[edge_id] = _exported_steps(ctx, edge_id)
+            if edge_id not in counted:
+                counted.add(edge_id)
+                for s in cache[edge_id]:
+                    why = exclusion(s) if _answered(s) else None
+                    if why:
+                        stats.excluded[why] += 1
+                        excluded.add(message_key(s["response"]))
+                        log.info(
+                            "%s: step %s/%s of %s is %s: kept in the history, never trained",
+                            ctx.paths_file,
+                            s.get("turn"),
+                            s.get("step"),
+                            edge_id,
+                            why,
+                        )
+        return cache[edge_id]
+
+    def build(step: dict, meta: dict, edge_id: str) -> dict | None:
         meta = dict(meta, edge=edge_id, transcript=str(ctx.transcript(edge_id)))
-        rec, why = build_record(step, meta)
+        rec, why = build_record(step, meta, excluded)
         if rec is None:
-            kind = (
-                "no_response"
-                if why.startswith("no response")
-                else "bad_message"
-                if why.startswith("bad message")
-                else "unpaired_tool_calls"
-            )
-            stats.skipped[kind] += 1
+            stats.skipped[_skip_kind(why)] += 1
             log.warning(
                 "%s: skipping step %s/%s of %s: %s",
                 ctx.paths_file,
@@ -324,31 +594,75 @@ def export_tree(ctx: TreeContext, granularity: str, stats: ExportStats) -> Itera
                 edge_id,
                 why,
             )
-            return
+            return None
         rec["metadata"]["id"] = (
             f"{meta['task']}/{meta['root']}/{edge_id}/t{step.get('turn')}s{step.get('step')}"
         )
+        if meta.get("granularity") == "path":
+            rec["metadata"]["cut"] = meta.get("cut")
+        problem = schema_problem(rec, valid_messages)
+        if problem:
+            stats.skipped["invalid_record"] += 1
+            log.warning("%s: skipping record %s: %s", ctx.paths_file, rec["metadata"]["id"], problem)
+            return None
+        return rec
+
+    def emit(rec: dict) -> Iterator[dict]:
+        backend = rec["metadata"]["backend"]
+        if refuse_native and backend != OPENCODE:
+            stats.refused[backend] += 1
+            return
         stats.records += 1
+        stats.backends[backend] += 1
         stats.malformed_arguments += rec["metadata"]["malformed_arguments"]
         yield rec
 
     if granularity == "path":
+        # A path record trains every assistant turn: it ends before the path's first ill-formed step. Two paths
+        # cut at the same step make one record (its path_ranks lists both).
+        out: dict[tuple, dict] = {}
         for path in selected:
-            meta = _path_meta(ctx, path) | {"granularity": "path", "path_ranks": [path["rank"]]}
-            last_edge = path["edges"][-1]
-            # the last model call that answered (a failed request at the end holds nothing to learn)
-            steps = [
-                x
-                for x in _exported_steps(ctx, last_edge)
-                if isinstance(x.get("response"), dict) and not x.get("error")
-            ]
-            if not steps:
-                stats.skipped["no_steps"] += 1
-                log.warning(
-                    "%s: path %d has no exportable step in %s", ctx.paths_file, path["rank"], last_edge
-                )
+            meta = _path_meta(ctx, path) | {"granularity": "path", "path_ranks": [path["rank"]], "cut": None}
+            chain = [(e, s) for e in path["edges"] for s in steps_of(e) if _answered(s)]
+            bad = next((i for i, (_, s) in enumerate(chain) if exclusion(s)), None)
+            if bad is None:
+                last_edge = path["edges"][-1]
+                # the last model call that answered (a failed request at the end holds nothing to learn)
+                pick = next(((e, s) for e, s in reversed(chain) if e == last_edge), None)
+                if pick is None:
+                    stats.skipped["no_steps"] += 1
+                    log.warning(
+                        "%s: path %d has no exportable step in %s", ctx.paths_file, path["rank"], last_edge
+                    )
+                    continue
+            else:
+                e, s = chain[bad]
+                meta["cut"] = {
+                    "edge": e,
+                    "turn": s.get("turn"),
+                    "step": s.get("step"),
+                    "reason": exclusion(s),
+                }
+                stats.paths_cut += 1
+                if bad == 0:
+                    stats.skipped["no_wellformed_prefix"] += 1
+                    log.warning(
+                        "%s: path %d starts with an ill-formed step (%s): no record",
+                        ctx.paths_file,
+                        path["rank"],
+                        meta["cut"]["reason"],
+                    )
+                    continue
+                pick = chain[bad - 1]
+            key = (pick[0], pick[1].get("turn"), pick[1].get("step"))
+            if key in out:
+                out[key]["metadata"]["path_ranks"].append(path["rank"])
                 continue
-            yield from emit(steps[-1], meta, last_edge)
+            rec = build(pick[1], meta, pick[0])
+            if rec is not None:
+                out[key] = rec
+        for rec in out.values():
+            yield from emit(rec)
         return
 
     # step granularity: each edge once, under the best-ranked selected path holding it
@@ -363,25 +677,33 @@ def export_tree(ctx: TreeContext, granularity: str, stats: ExportStats) -> Itera
             if edge_id in done:
                 continue
             done.add(edge_id)
-            for step in _exported_steps(ctx, edge_id):
-                yield from emit(step, meta | {"path_ranks": ranks_of[edge_id]}, edge_id)
+            for step in steps_of(edge_id):
+                if _answered(step) and exclusion(step):
+                    continue  # counted by steps_of; its message opens the next step's prompt
+                rec = build(step, meta | {"path_ranks": ranks_of[edge_id]}, edge_id)
+                if rec is not None:
+                    yield from emit(rec)
+            cache.pop(edge_id, None)  # an edge's steps are needed once in step granularity
 
 
 def iter_task_records(
-    paths_files: Iterable[str | Path], granularity: str, stats: ExportStats
+    paths_files: Iterable[str | Path], granularity: str, stats: ExportStats, refuse_native: bool = False
 ) -> Iterator[dict]:
-    """Records of all selected paths of one task's trees, one tree at a time (nothing held in memory)."""
+    """Records of all selected paths of one task's trees, one tree at a time (nothing else held in memory)."""
     paths_files = list(paths_files)
+    stats.granularity, stats.refuse_native = granularity, refuse_native
     progress = Progress("export-sft trees", total=len(paths_files), logger=log)
     for pf in paths_files:
-        yield from export_tree(TreeContext.load(pf), granularity, stats)
+        yield from export_tree(TreeContext.load(pf), granularity, stats, refuse_native)
         progress.update(records=stats.records)
     progress.finish(records=stats.records, paths=stats.paths)
 
 
-def export_task(paths_files: Iterable[str | Path], granularity: str) -> tuple[list[dict], ExportStats]:
+def export_task(
+    paths_files: Iterable[str | Path], granularity: str, refuse_native: bool = False
+) -> tuple[list[dict], ExportStats]:
     stats = ExportStats()
-    records = list(iter_task_records(paths_files, granularity, stats))
+    records = list(iter_task_records(paths_files, granularity, stats, refuse_native))
     return records, stats
 
 
@@ -394,6 +716,8 @@ def iter_records(path: str | Path) -> Iterator[dict]:
 
 THINK_WORDS = ("<think>\n", "\n</think>\n\n")  # LLaMA-Factory's default thought words (qwen3 and others)
 TOOL_CALL_WORDS = ("<tool_call>", "</tool_call>")  # its default tool-call words
+# How its `openai` converter joins consecutive tool results into one observation (whatever the template).
+TOOL_RESPONSE_WORDS = ("<tool_response>\n", "\n</tool_response>")
 
 
 def record_messages(rec: dict) -> list[dict]:
@@ -437,15 +761,27 @@ def _lf_assistant(m: dict) -> dict:
 def llamafactory_record(rec: dict) -> dict:
     """A record in the shape LLaMA-Factory's `openai` converter takes without loss.
 
-    - strict alternation: a user message right after tool results (the prompt that starts the next rollout
-      turn) is appended to the last tool result, separated by a blank line;
+    Its converter requires strictly alternating turns (user or observation, then assistant or function), so the
+    OpenCode order `tool` -> `user` (a rollout turn ends on the tool results of its `coral eval`, the next turn's
+    prompt follows) has no place in it: an observation cannot be followed by a user turn. **Choice**: the prompt
+    keeps its role: the tool results that end a rollout turn move into the user turn that follows, ahead of the
+    prompt, each wrapped as LLaMA-Factory's converter wraps observations (`<tool_response>\n...\n</tool_response>`,
+    joined by a newline), then a blank line, then the prompt. With the `qwen` templates the text differs from what
+    the Student sees under OpenCode only in `</tool_response><|im_end|>\n<|im_start|>user\n` becoming
+    `</tool_response>\n\n` at each such boundary (docs/outputs.md; tests/test_export_consumers.py checks it).
+
     - trailing tool results are dropped (LLaMA-Factory drops them too), so the record ends on the trained turn;
-    - `tools` is a JSON string (its converter accepts one), so tool schemas are not unified across records.
+    - `tools` is a JSON string (its converter accepts one), so tool schemas are not unified across records;
+    - a tool message keeps only `role` and `content`: the converter reads nothing else of it (no `name`).
     """
     out: list[dict] = []
     for m in record_messages(rec):
         if m["role"] == "user" and out and out[-1]["role"] == "tool":
-            out[-1] = dict(out[-1], content=f"{out[-1]['content']}\n\n{m['content']}")
+            results = []
+            while out and out[-1]["role"] == "tool":
+                results.insert(0, out.pop()["content"])
+            moved = "\n".join(f"{TOOL_RESPONSE_WORDS[0]}{r}{TOOL_RESPONSE_WORDS[1]}" for r in results)
+            out.append({"role": "user", "content": f"{moved}\n\n{m['content']}"})
         elif m["role"] == "assistant":
             out.append(_lf_assistant(m))
         else:
@@ -458,6 +794,13 @@ def llamafactory_record(rec: dict) -> dict:
         "tools": json.dumps(rec.get("tools") or [], ensure_ascii=False),
         "id": meta.get("id"),
     }
+
+
+def turn_boundaries(rec: dict) -> int:
+    """How many times a user message follows a tool message in the record (the layout LLaMA-Factory cannot
+    keep: `llamafactory_record`)."""
+    msgs = record_messages(rec)
+    return sum(a["role"] == "tool" and b["role"] == "user" for a, b in zip(msgs, msgs[1:], strict=False))
 
 
 def dataset_info(sft_file: str | Path, info_file: str | Path) -> dict:
@@ -486,6 +829,10 @@ class MergeStats:
     records: int = 0  # written
     duplicates: int = 0  # records whose trained message equals an earlier record's (target_key)
     dropped: int = 0  # duplicates left out (export.dedupe)
+    boundaries: int = 0  # tool -> user boundaries in the written records (moved in the LLaMA-Factory copy)
+    boundary_records: int = 0  # written records holding at least one
+    export: ExportStats | None = None  # the per-task export stats, summed (None when no input had any)
+    missing_stats: list = field(default_factory=list)  # inputs without a stats file
 
 
 def _trust_lines(trust: list) -> list[str]:
@@ -534,6 +881,91 @@ def _trust_lines(trust: list) -> list[str]:
     return lines
 
 
+def _counts(c: Counter | dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in c.items() if v) or "none"
+
+
+def _backend_lines(backends: Counter, corals: Counter, export: ExportStats | None) -> list[str]:
+    """Card: which agent backend made the records, whether the Teacher's world was the installed Coral."""
+    lines = [
+        f"Agent backend: {', '.join(f'{k}: {v} records' for k, v in sorted(backends.items())) or 'none'}."
+        + (
+            f" **{sum(v for k, v in backends.items() if k != OPENCODE)} records were NOT made by OpenCode** "
+            "(`native`: sftree's Python imitation of OpenCode, for tests and the demo; its system prompt, tool "
+            "descriptions and tool outputs are not OpenCode's, so these prompts are not the context the Student "
+            "sees under OpenCode; `mixed`: a tree resumed with another backend; `unknown`: a tree that does not say). "
+            "Filter on `metadata.backend`, or "
+            "set `export.refuse_native: true` to leave them out."
+            if any(k != OPENCODE for k in backends)
+            else ""
+        )
+    ]
+    if export is not None and export.refused:
+        lines[0] += f" Left out by `export.refuse_native`: {_counts(dict(sorted(export.refused.items())))}."
+    lines += [
+        "",
+        f"Teacher's world (`metadata.coral`): {', '.join(f'{k}: {v} records' for k, v in sorted(corals.items())) or 'none'}"
+        + (
+            " (`stand-in`: sftree's own stand-ins for Coral's prompts and CLI, not the installed Coral)."
+            if "stand-in" in corals
+            else "."
+        ),
+        "",
+    ]
+    return lines
+
+
+def _untrained_lines(merged: MergeStats | None, history_excluded: int, step: bool) -> list[str]:
+    """Card section: the ill-formed steps that are never a trained completion, and the steps skipped."""
+    lines = ["## Steps never trained", ""]
+    export = merged.export if merged else None
+    if export is None:
+        return lines + ["Unknown: no export stats file (`sft.stats.json`) beside the merged inputs.", ""]
+    total = sum(export.excluded.values())
+    reasons = {k: export.excluded[k] for k in EXCLUSION_REASONS} | {
+        k: v for k, v in export.excluded.items() if k not in EXCLUSION_REASONS
+    }
+    lines += [
+        f"{total} ill-formed steps on the selected paths are never a trained completion: "
+        + ", ".join(f"{k} {v}" for k, v in reasons.items())
+        + ". `truncated`: cut at `max_tokens` (`finish_reason: length`); `text_tool_call`: a tool call written "
+        "as text in the content (normalised into a call); `malformed_arguments`: arguments the model did not send "
+        'as a JSON object (`{"_raw": ...}` in the history); `normalised`: another change made while reading the '
+        "reply (a legacy `function_call`, a repaired character). They stay in the transcripts and, exactly as the "
+        f"agent sent them, in the history of later records ({history_excluded} such messages in the prompts "
+        "written here, `metadata.history_excluded`).",
+        "",
+    ]
+    if not step:
+        lines += [
+            f"Path records cut before their path's first ill-formed step: {export.paths_cut} "
+            "(`metadata.cut`; every assistant turn of a path record is trained).",
+            "",
+        ]
+    lines += [
+        f"Steps skipped (no record could be made): {_counts(dict(sorted(export.skipped.items())))}.",
+        "",
+    ]
+    if merged and merged.missing_stats:
+        lines += [f"No export stats for: {', '.join(merged.missing_stats)} (not counted above).", ""]
+    return lines
+
+
+def _llamafactory_layout_lines(merged: MergeStats | None) -> list[str]:
+    """Card: exactly how the LLaMA-Factory copy differs from what the Student sees under OpenCode."""
+    n = f"{merged.boundaries} times in {merged.boundary_records} records" if merged else "wherever it occurs"
+    return [
+        "LLaMA-Factory requires alternating turns, so one thing differs from what the Student sees under "
+        f"OpenCode ({n}): where a rollout turn ends on tool results and the next turn's `user` prompt follows, "
+        "the tool results move into that user turn, each as `<tool_response>\nRESULT\n</tool_response>`, then "
+        "a blank line, then the prompt. With the `qwen`/`qwen3` templates the only textual difference is "
+        "`</tool_response><|im_end|>\n<|im_start|>user\n` becoming `</tool_response>\n\n`; the prompt keeps "
+        "its role, the moved results show as part of the user turn. With `mask_history` these turns are never "
+        f"trained. `{DATASET_NAME}`'s TRL file (`sft.jsonl`) keeps `tool` and `user` as sent.",
+        "",
+    ]
+
+
 def dataset_card(
     records: list[dict],
     sft_name: str,
@@ -542,18 +974,24 @@ def dataset_card(
     merged: MergeStats | None = None,
     dedupe: bool = False,
 ) -> str:
-    """Markdown card: counts by task/stage/root, tokens, trust (gains, skipped snapshots, sandbox), how to load."""
+    """Markdown card: counts by task/stage/root, tokens, trust (gains, skipped snapshots, sandbox, backend, Coral),
+    the steps never trained and why, how the LLaMA-Factory copy differs, how to load."""
     by_task: Counter[str] = Counter()
     by_stage: Counter[tuple[str, str]] = Counter()
     roots: dict[tuple[str, str], dict] = {}
     paths: dict[tuple[str, str, int], dict] = {}
     tokens = Counter()
     granularities = Counter()
-    malformed = 0
+    malformed = history_excluded = 0
     sandboxes: Counter[str] = Counter()
+    backends: Counter[str] = Counter()
+    corals: Counter[str] = Counter()
     for r in records:
         m = r["metadata"]
         sandboxes[str(m.get("sandbox") or "unknown")] += 1
+        backends[str(m.get("backend") or "unknown")] += 1
+        corals[str(m.get("coral") or "stand-in")] += 1
+        history_excluded += m.get("history_excluded", 0)
         task, root, stage = m.get("task"), m.get("root"), m.get("stage") or "unknown"
         by_task[task] += 1
         by_stage[(task, stage)] += 1
@@ -581,9 +1019,11 @@ def dataset_card(
         f"`{sft_name}`: {len(records)} records ({', '.join(f'{v} {k}' for k, v in granularities.items()) or 'none'}) "
         f"from {len(paths)} selected root-to-leaf paths of {len(roots)} trees, {len(by_task)} tasks. {form} "
         "OpenAI chat messages: assistant `tool_calls` with `arguments` as JSON objects, tool results as "
-        "`role: tool` messages with `tool_call_id`, `reasoning_content` kept when the Teacher produced it.",
+        "`role: tool` messages with `tool_call_id` and `name`, `reasoning_content` kept when the Teacher produced "
+        "it.",
         "",
     ]
+    lines += _backend_lines(backends, corals, merged.export if merged else None)
     if sandboxes:
         note = ", ".join(f"{k}: {v} records" for k, v in sorted(sandboxes.items()))
         unsafe = (
@@ -606,6 +1046,7 @@ def dataset_card(
         ]
     if trust:
         lines += _trust_lines(trust)
+    lines += _untrained_lines(merged, history_excluded, step)
     lines += [
         "## Records by task and stage",
         "",
@@ -655,7 +1096,8 @@ def dataset_card(
     if malformed:
         lines += [
             "",
-            f'{malformed} tool-call arguments were not JSON objects and are kept as `{{"_raw": ...}}`.',
+            f"{malformed} tool-call arguments in the records' history (never in a trained message) were not JSON "
+            'objects and are kept as `{"_raw": ...}`.',
         ]
     trl_cols = '"prompt", "completion", "tools"' if step else '"messages", "tools"'
     lines += [
@@ -683,6 +1125,7 @@ def dataset_card(
         + f" (entry `{DATASET_NAME}`: `formatting: openai`; tool calls are `function_call` turns whose content "
         "keeps the assistant's text before `<tool_call>[...]</tool_call>`; `tools` is a JSON string).",
         "",
+        *_llamafactory_layout_lines(merged),
         "See `docs/outputs.md` for every field of `metadata`.",
         "",
     ]
@@ -700,12 +1143,24 @@ def merge(
 ) -> MergeStats:
     """Concatenate per-task files (streaming), write the LLaMA-Factory copy, dataset_info.json and the card.
 
-    Exact-duplicate targets (`target_key`) are counted; with `dedupe` all but the first are left out.
+    Exact-duplicate targets (`target_key`) are counted; with `dedupe` all but the first are left out. The inputs'
+    stats files (`stats_path`) are summed into the merged one beside `out`, with the merge's own counts.
     """
     from sftree.dataset.provenance import read_results
 
     metadata: list[dict] = []  # the card needs only these, not the messages
     stats = MergeStats()
+    for f in inputs:
+        sp = stats_path(f)
+        if not sp.is_file():
+            stats.missing_stats.append(str(f))
+            log.warning("%s: no export stats file %s; its left-out steps are not counted", f, sp)
+            continue
+        one = ExportStats.from_dict(read_json(sp, "export stats file"), str(sp))
+        if stats.export is None:
+            stats.export = one
+        else:
+            stats.export.add(one)
     seen: set[str] = set()
     with contextlib.ExitStack() as stack:
         main = stack.enter_context(AtomicLines(out))
@@ -721,12 +1176,27 @@ def merge(
                         continue
                 seen.add(key)
                 main.write(rec)
+                n = turn_boundaries(rec)
+                stats.boundaries += n
+                stats.boundary_records += n > 0
                 if lf:
                     lf.write(llamafactory_record(rec))
                 metadata.append(rec.get("metadata") or {})
                 progress.update()
         progress.finish(files=len(inputs))
     stats.records = main.count
+    doc = (stats.export.to_dict() if stats.export else {"version": STATS_VERSION}) | {
+        "merge": {
+            "inputs": len(inputs),
+            "records": stats.records,
+            "duplicates": stats.duplicates,
+            "dropped": stats.dropped,
+            "turn_boundaries": stats.boundaries,
+            "turn_boundary_records": stats.boundary_records,
+            "missing_stats": list(stats.missing_stats),
+        }
+    }
+    write_json_atomic(stats_path(out), doc)
     if info:
         write_json_atomic(info, dataset_info(llamafactory or out, info))
     if card:
@@ -771,6 +1241,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--results",
         help="merge mode: the results folder, for the card's gains, skipped snapshots and sandbox",
     )
+    parser.add_argument(
+        "--refuse-native",
+        action="store_true",
+        help="leave out the records of trees not made by the opencode backend (counted); default: flag them",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -792,16 +1267,26 @@ def run(args: argparse.Namespace) -> int:
         return 0
     stats = ExportStats()
     with AtomicLines(args.out) as out:
-        for rec in iter_task_records(args.paths, args.granularity, stats):
+        for rec in iter_task_records(args.paths, args.granularity, stats, args.refuse_native):
             out.write(rec)
+    write_json_atomic(stats_path(args.out), stats.to_dict())
     log.info(
-        "%d records (%s) from %d selected paths in %d trees -> %s; skipped %s; malformed arguments %d",
+        "%d records (%s) from %d selected paths in %d trees -> %s; ill-formed steps never trained %s; "
+        "skipped %s; refused %s; malformed arguments in histories %d",
         stats.records,
         args.granularity,
         stats.paths,
         len(args.paths),
         args.out,
+        dict(stats.excluded) or 0,
         dict(stats.skipped) or 0,
+        dict(stats.refused) or 0,
         stats.malformed_arguments,
     )
+    if any(k != OPENCODE for k in stats.backends):
+        log.warning(
+            "%d records were not made by the opencode backend (%s): flagged in metadata.backend and the card",
+            sum(v for k, v in stats.backends.items() if k != OPENCODE),
+            dict(stats.backends),
+        )
     return 0

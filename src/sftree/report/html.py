@@ -9,7 +9,8 @@ Everything is inline (SVG, CSS, a few lines of JS), so the file opens in any bro
 - whether to trust it (`sftree.dataset.provenance`): per task the snapshots skipped (pending, failed evals) and the
   sandbox mode; per root and path the root score, leaf score and signed gain, paths ending below their root flagged;
 - dataset statistics from `sft.jsonl` (records by task and stage, tokens, tools called in trained responses,
-  exact-duplicate targets).
+  exact-duplicate targets, records by agent backend with those not made by OpenCode flagged, the Coral world) and
+  from `sft.stats.json` (the ill-formed steps never trained, by reason; steps skipped).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sftree.dataset.export import record_messages, target_key
+from sftree.dataset.export import EXCLUSION_REASONS, OPENCODE, record_messages, stats_path, target_key
 from sftree.dataset.provenance import RootTrust, root_trust, skipped_counts
 from sftree.errors import InputError
 from sftree.fileio import iter_jsonl, read_json, write_text_atomic
@@ -148,11 +149,15 @@ def dataset_stats(sft: Path) -> dict | None:
     by_root: Counter = Counter()
     tools: Counter = Counter()
     tokens: Counter = Counter()
+    backends: Counter = Counter()
+    corals: Counter = Counter()
     n = msgs = malformed = 0
     targets: set[str] = set()
     for rec in iter_jsonl(sft, "SFT file"):
         m = rec.get("metadata", {})
         n += 1
+        backends[str(m.get("backend") or "unknown")] += 1
+        corals[str(m.get("coral") or "stand-in")] += 1
         messages = record_messages(rec)
         msgs += len(messages)
         targets.add(target_key(rec))
@@ -174,7 +179,18 @@ def dataset_stats(sft: Path) -> dict | None:
         "tokens": tokens,
         "malformed": malformed,
         "duplicates": n - len(targets),
+        "backends": backends,
+        "corals": corals,
+        "export": _export_stats(stats_path(sft)),
     }
+
+
+def _export_stats(path: Path) -> dict | None:
+    """The merged export stats (`sft.stats.json`: steps never trained, skipped, refused), None when absent."""
+    if not path.is_file():
+        return None
+    doc = read_json(path, "export stats file")
+    return doc if isinstance(doc, dict) else None
 
 
 # --- SVG ------------------------------------------------------------------------------------------------
@@ -707,6 +723,8 @@ def dataset_section(stats: dict | None) -> str:
         f"total {stats['tokens']['total_tokens']}. Malformed tool arguments kept raw: {stats['malformed']}. "
         f"Exact-duplicate targets (the trained message equals an earlier record's, tool-call ids aside): "
         f"{stats['duplicates']} (<code>export.dedupe: true</code> drops them).</p>",
+        _provenance_html(stats),
+        _untrained_html(stats.get("export")),
     ]
     tasks = sorted({t for t, _ in stats["by_task_stage"]}, key=str)
     stages = ["early", "middle", "late", "unknown"]
@@ -725,6 +743,54 @@ def dataset_section(stats: dict | None) -> str:
     rows = [[name, n] for name, n in stats["tools"].most_common()]
     parts.append("<h3>Tools called in the trained responses</h3>" + _table(["tool", "calls"], rows))
     return "".join(parts)
+
+
+def _provenance_html(stats: dict) -> str:
+    """Which agent backend made the records (non-OpenCode ones flagged) and the Teacher's Coral world."""
+    backends, corals = stats["backends"], stats["corals"]
+    other = sum(v for k, v in backends.items() if k != OPENCODE)
+    text = (
+        "Agent backend: " + (", ".join(f"{esc(k)} {v}" for k, v in sorted(backends.items())) or "none") + "."
+    )
+    if other:
+        text = (
+            f'<span class="warn"><b>{other} records were NOT made by OpenCode</b></span> ({text[:-1]}): their '
+            "prompts are not OpenCode's context (<code>export.refuse_native: true</code> leaves them out)."
+        )
+    refused = ((stats.get("export") or {}).get("refused")) or {}
+    if refused:
+        text += (
+            " Left out by <code>export.refuse_native</code>: "
+            + ", ".join(f"{esc(k)} {v}" for k, v in sorted(refused.items()))
+            + "."
+        )
+    coral = ", ".join(f"{esc(k)} {v}" for k, v in sorted(corals.items())) or "none"
+    return f"<p>{text} Teacher's world (Coral): {coral}.</p>"
+
+
+def _untrained_html(export: dict | None) -> str:
+    """The ill-formed steps never trained, by reason, and the steps skipped (from sft.stats.json)."""
+    if export is None or "excluded" not in export:
+        return (
+            '<p class="muted">Steps never trained: unknown (no export stats beside the per-task files).</p>'
+        )
+    excluded = export.get("excluded") or {}
+    reasons = {k: excluded.get(k, 0) for k in EXCLUSION_REASONS} | {
+        k: v for k, v in excluded.items() if k not in EXCLUSION_REASONS
+    }
+    skipped = export.get("skipped") or {}
+    gaps = (export.get("merge") or {}).get("missing_stats") or []
+    missing = f" Not counted (no export stats): {esc(', '.join(gaps))}." if gaps else ""
+    cut = (
+        f" Path records cut before an ill-formed step: {export.get('paths_cut', 0)}."
+        if export.get("granularity") == "path"
+        else ""
+    )
+    return (
+        f"<p>Ill-formed steps never trained (kept in the history of later records): "
+        f"{sum(reasons.values())} ({', '.join(f'{esc(k)} {v}' for k, v in reasons.items())}).{cut} "
+        f"Steps skipped: {', '.join(f'{esc(k)} {v}' for k, v in sorted(skipped.items())) or 'none'}.{missing}</p>"
+    )
 
 
 def render(results: Path) -> str:

@@ -162,6 +162,35 @@ def write_loose(git_dir: Path, kind: str, data: bytes) -> str:
     return oid
 
 
+def write_loose_stream(git_dir: Path, read, size: int) -> str:
+    """Store a blob of `size` bytes given by `read(n)` (chunks until b"") without holding it in memory; ValueError
+    when it gives other than `size` bytes (the file changed while read)."""
+    sha = hashlib.sha1(f"blob {size}\0".encode())
+    comp = zlib.compressobj(1)
+    folder = Path(git_dir) / "objects"
+    tmp = folder / f"tmp_sftree_{os.getpid()}_{threading.get_ident()}_stream"
+    got = 0
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(comp.compress(f"blob {size}\0".encode()))
+            while chunk := read(1 << 20):
+                got += len(chunk)
+                if got > size:
+                    break
+                sha.update(chunk)
+                fh.write(comp.compress(chunk))
+            fh.write(comp.flush())
+        if got != size:
+            raise ValueError(f"{got} bytes where {size} were expected")
+        oid = sha.hexdigest()
+        (folder / oid[:2]).mkdir(exist_ok=True)
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, folder / oid[:2] / oid[2:])
+        return oid
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def layout_cost(layout: tuple[list[str], list[int], bytes]) -> int:
     """About the bytes a layout holds beyond its tree's entries: the encoding, and per entry a list slot for its
     key (the name itself, shared with the entries) and an offset (a slot and an int object)."""

@@ -9,7 +9,7 @@ return value comes back, over a pipe the grader owns.
 Why (docs/security.md): graded code is hostile. Imported into the grader it could print the grader's score
 line itself, read the grader or the task folder, or reach the network. Here it runs in a child process: under
 bubblewrap (`SFTREE_SANDBOX`, set by `coral eval` to the run's `agent.sandbox`; `auto` when unset) it sees only
-its own code folder and the toolchain, has no network, runs as an unprivileged uid without capabilities, under
+its own copy of the code (in its /tmp, a tmpfs of GRADED_TMP bytes) and the toolchain, has no network, runs as an unprivileged uid without capabilities, under
 a timeout and memory and process limits. Its prints go to stderr (kept for feedback); the grader computes the
 score itself from the returned value, so nothing the code prints or returns can set the score directly.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -26,10 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from sftree.runtime.procs import run_group
-from sftree.runtime.sandbox import Limits, bwrap_argv, give_to, resolve_mode, sandbox_uid, wrap_limits
+from sftree.runtime.sandbox import Limits, bwrap_argv, resolve_mode, sandbox_uid, wrap_limits
 
 GRADED_LIMITS = Limits(nproc=64, data_mb=4096, fsize_mb=256)
+GRADED_TMP = 512 << 20  # the sandbox's /tmp (a tmpfs), which holds the copy of the code: its disk quota
 REQUEST_MOUNT = "/tmp/.sftree-request.json"
+SOURCE_MOUNT = "/tmp/.sftree-source"
+COPY = "/tmp/code"
 MAX_RESULT = 64 * 1024 * 1024
 
 # Runs in the child (python -I: no PYTHONPATH, no user site, nothing of sftree). The result goes to a private
@@ -46,6 +48,10 @@ def enc(o):
 try:
     with open(sys.argv[1]) as fh:
         req = json.load(fh)
+    if req.get("copy_from"):  # in the sandbox: a private copy, in its size-capped /tmp
+        import shutil
+        shutil.copytree(req["copy_from"], req["code_dir"], symlinks=True)
+        os.chdir(req["code_dir"])
     sys.path.insert(0, req["code_dir"])
     import importlib
     mod = importlib.import_module(req["module"])
@@ -84,27 +90,26 @@ def run_solution(
     graded code does (an InputError when `auto`/`bwrap` is asked for and bubblewrap cannot isolate)."""
     mode = resolve_mode(sandbox or os.environ.get("SFTREE_SANDBOX") or "auto")
     code_dir = Path(code_dir).resolve()
+    sandboxed = mode == "bwrap"
+    req = {"code_dir": str(code_dir), "module": module, "func": func, "calls": list(calls)}
+    if sandboxed:
+        # The child copies the code into its own /tmp, a tmpfs of GRADED_TMP bytes (the kernel's disk quota),
+        # and works there: it changes nothing the grader reads afterwards, and leaves nothing on the host.
+        req.update(code_dir=COPY, copy_from=SOURCE_MOUNT)
     with tempfile.TemporaryDirectory(prefix="sftree-gradebox-") as tmp:
         request = Path(tmp) / "request.json"
-        request.write_text(
-            json.dumps({"code_dir": str(code_dir), "module": module, "func": func, "calls": list(calls)})
-        )
+        request.write_text(json.dumps(req))
         request.chmod(0o644)
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp"}
         argv = [sys.executable, "-I", "-B", "-c", RUNNER]  # -B: no __pycache__ left in the graded folder
-        if mode == "bwrap":
-            # The child works on a private copy (links copied as links), shown at the original path: it can
-            # change nothing the grader reads afterwards, and the grader's folder keeps its owner.
-            work = Path(tmp) / "code"
-            shutil.copytree(code_dir, work, symlinks=True)
+        if sandboxed:
             uid = sandbox_uid(os.getpid() % 997)
-            give_to(work, uid)
             argv = bwrap_argv(
                 [*argv, REQUEST_MOUNT],
-                cwd=code_dir,
-                binds=[(work, code_dir)],
-                ro_binds=[(request, REQUEST_MOUNT)],
+                cwd="/tmp",
+                ro_binds=[(code_dir, SOURCE_MOUNT), (request, REQUEST_MOUNT)],
                 uid=uid,
+                tmp_bytes=GRADED_TMP,
             )
             argv = wrap_limits(argv, limits, uid)
         else:

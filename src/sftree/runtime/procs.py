@@ -12,7 +12,9 @@ import os
 import selectors
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
@@ -26,6 +28,7 @@ class GroupResult:
     stderr: bytes  # empty when stderr was merged into stdout
     timed_out: bool
     dropped: int = 0  # bytes read past max_output and thrown away (both streams)
+    stopped: str | None = None  # why `check` stopped it (then returncode is None too)
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -41,32 +44,49 @@ def run_group(
     timeout: float,
     merge_stderr: bool = False,
     max_output: int = DEFAULT_MAX_OUTPUT,
+    input: bytes | None = None,
+    check: Callable[[], str | None] | None = None,
+    check_every: float = 0.5,
     **popen_kwargs,
 ) -> GroupResult:
+    """`input`: bytes for its stdin (else none); `check`: called every `check_every` s while it runs, a reason
+    it returns kills the group (a quota: `GroupResult.stopped`)."""
     proc = subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
         start_new_session=True,
         **popen_kwargs,
     )
+    if input is not None:
+        threading.Thread(target=_feed, args=(proc.stdin, input), daemon=True).start()
     bufs = {proc.stdout: bytearray()}
     if proc.stderr is not None:
         bufs[proc.stderr] = bytearray()
     dropped = 0
     deadline = time.monotonic() + max(0.0, timeout)
     timed_out = False
+    stopped = None
+    next_check = time.monotonic() + check_every
     with selectors.DefaultSelector() as sel:
         for fh in bufs:
             sel.register(fh, selectors.EVENT_READ)
         while sel.get_map():
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 timed_out = True
                 _kill(proc)
                 break
-            for key, _ in sel.select(timeout=min(left, 1.0)):
+            if check is not None and now >= next_check:
+                next_check = now + check_every
+                stopped = check()
+                if stopped:
+                    _kill(proc)
+                    break
+            wait = min(left, 1.0, check_every if check is not None else 1.0)
+            for key, _ in sel.select(timeout=wait):
                 chunk = os.read(key.fd, _CHUNK)
                 if not chunk:
                     sel.unregister(key.fileobj)
@@ -76,7 +96,9 @@ def run_group(
                 if room > 0:
                     buf += chunk[:room]
                 dropped += max(0, len(chunk) - max(room, 0))
-    if not timed_out:
+    if stopped:
+        proc.wait()
+    elif not timed_out:
         try:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -89,5 +111,17 @@ def run_group(
     for fh in bufs:
         fh.close()
     err = bytes(bufs[proc.stderr]) if proc.stderr is not None else b""
-    rc = None if timed_out else proc.returncode
-    return GroupResult(rc, bytes(bufs[proc.stdout]), err, timed_out, dropped)
+    rc = None if timed_out or stopped else proc.returncode
+    return GroupResult(rc, bytes(bufs[proc.stdout]), err, timed_out, dropped, stopped)
+
+
+def _feed(stream, data: bytes) -> None:
+    try:
+        stream.write(data)
+    except (OSError, ValueError):  # it exited without reading it all
+        pass
+    finally:
+        try:
+            stream.close()
+        except OSError:
+            pass

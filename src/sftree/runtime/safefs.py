@@ -70,22 +70,6 @@ def read_bytes(root: Path, rel: str | Path, limit: int = MAX_READ) -> bytes:
             return fh.read(limit)
 
 
-def list_files(root: Path, rel: str | Path = "") -> list[str]:
-    """Regular files under `root/rel` (relative to it, sorted); links and special files are skipped, and a
-    link where a folder should be yields nothing."""
-    out: list[str] = []
-    try:
-        with open_dir(root, rel) as dfd:
-            for top, _dirs, files, _fd in os.fwalk(".", dir_fd=dfd, follow_symlinks=False):
-                for name in files:
-                    st = os.stat(name, dir_fd=_fd, follow_symlinks=False)
-                    if stat.S_ISREG(st.st_mode):
-                        out.append(os.path.normpath(os.path.join(top, name)))
-    except (UnsafePath, FileNotFoundError, NotADirectoryError):
-        return []
-    return sorted(out)
-
-
 def write_bytes_atomic(root: Path, rel: str | Path, data: bytes, mode: int = 0o644) -> None:
     """Write `root/rel` atomically; its folders are created as real folders, a link anywhere is refused."""
     parts = _parts(rel)

@@ -15,18 +15,14 @@ its processes: `prlimit` caps processes (RLIMIT_NPROC), data memory (RLIMIT_DATA
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import os
 import shutil
-import stat
-import struct
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,7 +50,7 @@ AGENT_LIMITS = Limits()
 
 
 @functools.cache
-def _bwrap_flags() -> tuple[str, ...]:
+def bwrap_flags() -> tuple[str, ...]:
     exe = shutil.which("bwrap")
     if not exe:
         return ()
@@ -62,7 +58,7 @@ def _bwrap_flags() -> tuple[str, ...]:
         text = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ()
-    return tuple(f for f in ("--disable-userns", "--cap-drop", "--bind-fd") if f in text)
+    return tuple(f for f in ("--disable-userns", "--cap-drop", "--size") if f in text)
 
 
 def probe_argv() -> list[str]:
@@ -75,7 +71,7 @@ def probe_argv() -> list[str]:
 @functools.cache
 def bwrap_works() -> bool:
     """bwrap is installed and can build the whole sandbox here (it cannot in some containers)."""
-    if not shutil.which("bwrap") or "--cap-drop" not in _bwrap_flags():
+    if not shutil.which("bwrap") or "--cap-drop" not in bwrap_flags():
         return False
     try:
         proc = subprocess.run(wrap_limits(probe_argv(), AGENT_LIMITS), capture_output=True, timeout=20)
@@ -106,6 +102,10 @@ def sandbox_uid(slot: int) -> int | None:
     if os.geteuid() != 0:
         return None
     return SANDBOX_UID_BASE + (os.getpid() * 7 + slot) % _UID_SLOTS
+
+
+def is_sandbox_uid(uid: int) -> bool:
+    return SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + _UID_SLOTS
 
 
 class UidPool:
@@ -198,8 +198,8 @@ def own_below(dfd: int, uid: int, skip: str | None = None) -> None:
 
 
 def own(path: str, uid: int, dir_fd: int | None = None) -> os.stat_result:
-    """lchown (`path` relative to `dir_fd` if given), skipped when already so: a chown raises an inotify event,
-    and a knowledge checkout handed to the same uid again would report every file as changed (kwatch.py).
+    """lchown (`path` relative to `dir_fd` if given), skipped when already so (a chown changes the file's ctime,
+    which the next snapshot's stat cache would take for a change).
     Returns what lstat found (before the change of owner)."""
     st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
     if st.st_uid != uid or st.st_gid != uid:
@@ -222,8 +222,8 @@ def _own_tasks(uid: int) -> int:
 def wait_gone(uid: int | None, timeout: float = 2.0) -> bool:
     """Wait until no process of the sandbox uid is left; False when some still are after `timeout` s. bwrap exits
     as soon as the command's shell does, and the sandbox's other processes are killed just after: until they are
-    gone, one may still write, and the last close of a file it mapped (the watch's only sign of a write through
-    the mapping: kwatch.py) is not reported yet. None (our own uid): nothing to wait for."""
+    gone one may still write, so a command returns (and the host reads the workspace) only then. None (our own
+    uid): nothing to wait for."""
     if uid is None:
         return True
     end = time.monotonic() + timeout
@@ -251,116 +251,6 @@ def wrap_limits(argv: list[str], limits: Limits, uid: int | None = None) -> list
         "--",
         *argv,
     ]
-
-
-# ---- the knowledge fence -----------------------------------------------------------------------------------
-KNOWLEDGE_DIR = ".opencode"
-
-
-@dataclass(frozen=True)
-class Fence:
-    """The knowledge fence of one sandbox start (docs/security.md, "The knowledge fence"): `<workspace>/.opencode`
-    as its own mount (`fd_binds` for `bwrap_argv`) and no hard links at all (`seccomp_fd`: the filter of
-    `no_links_program` for bwrap's `--seccomp`); `pass_fds` for the process that starts bwrap. `held` is False
-    when either is missing (`.opencode` is not a real folder, bwrap lacks `--bind-fd`, an unknown CPU)."""
-
-    fd_binds: tuple[tuple[int, str], ...] = ()
-    seccomp_fd: int | None = None
-
-    @property
-    def held(self) -> bool:
-        return bool(self.fd_binds) and self.seccomp_fd is not None
-
-    @property
-    def pass_fds(self) -> tuple[int, ...]:
-        return tuple(fd for fd, _ in self.fd_binds) + (() if self.seccomp_fd is None else (self.seccomp_fd,))
-
-
-NO_FENCE = Fence()
-
-
-def _open_knowledge_dir(workspace: Path) -> int | None:
-    """An O_PATH fd of `<workspace>/.opencode`, opened without following a link the agent may have left there;
-    None when it is a link, a file, or missing."""
-    try:
-        wfd = os.open(workspace, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        # O_PATH|O_NOFOLLOW alone would open a link itself; O_DIRECTORY makes a link (or a file) fail ENOTDIR.
-        fd = os.open(KNOWLEDGE_DIR, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=wfd)
-    except OSError:
-        return None
-    finally:
-        os.close(wfd)
-    if not stat.S_ISDIR(os.fstat(fd).st_mode):  # belt and braces: the bind must be of a real folder
-        os.close(fd)
-        return None
-    return fd
-
-
-@contextlib.contextmanager
-def knowledge_fence(workspace: str | Path, dest: str | Path) -> Iterator[Fence]:
-    """Bind `<workspace>/.opencode` again at `dest` (its place inside), after the workspace bind, so `link(2)` and
-    `rename(2)` between it and the rest of the workspace fail with EXDEV inside the sandbox.
-
-    The bind's source is a directory fd (`--bind-fd`), never a path: a symlink planted as `.opencode` cannot
-    redirect it (O_NOFOLLOW), and bwrap checks that what it mounted is the fd's own inode ("Race condition
-    binding dirfd" otherwise), so a swap between our open and its mount fails closed. bwrap closes the fd once
-    mounted (the command never holds it: an fd of the host's `.opencode` would lead out of the sandbox by `..`).
-    The fd is ours until the `with` ends; start bwrap inside it, with `pass_fds=fence.pass_fds`."""
-    fd = _open_knowledge_dir(Path(workspace)) if "--bind-fd" in _bwrap_flags() else None
-    program = no_links_program()
-    sfd = None
-    try:
-        if program is not None:
-            # A fresh file per start: bwrap reads the filter from the fd's offset to its end.
-            sfd = os.memfd_create("sftree-no-links", os.MFD_CLOEXEC)
-            os.write(sfd, program)
-            os.lseek(sfd, 0, os.SEEK_SET)
-        yield Fence(((fd, str(dest)),) if fd is not None else (), sfd)
-    finally:
-        for f in (fd, sfd):
-            if f is not None:
-                os.close(f)
-
-
-# The system calls that make a hard link, per CPU: (AUDIT_ARCH_*, numbers). io_uring is refused as a whole: its
-# IORING_OP_LINKAT would make a link past a filter of system calls.
-_LINK_CALLS = {"x86_64": (0xC000003E, (86, 265)), "aarch64": (0xC00000B7, (37,))}
-_IO_URING_CALLS = (425, 426, 427)
-_EXDEV, _ENOSYS = 18, 38
-
-
-@functools.cache
-def no_links_program() -> bytes | None:
-    """A seccomp filter (classic BPF, as bwrap's `--seccomp` reads it) under which link(2) and linkat(2) fail
-    with EXDEV, as between two mounts (programs copy instead), io_uring_setup and its kin with ENOSYS (programs
-    use plain system calls instead), and every system call of another ABI (32-bit, x32) with EPERM. None on a
-    CPU not listed: no fence there. Nothing else changes, so the knowledge watch sees every change of a
-    checkout file by its one name (runtime/kcheckout.py)."""
-    arch = _LINK_CALLS.get(os.uname().machine)
-    if arch is None:
-        return None
-    audit_arch, link_nrs = arch
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
-    allow, errno = 0x7FFF0000, 0x00050000  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | errno
-    prog = [
-        (ld, 0, 0, 4),  # seccomp_data.arch
-        (jeq, 1, 0, audit_arch),
-        (ret, 0, 0, errno | 1),  # EPERM
-        (ld, 0, 0, 0),  # seccomp_data.nr
-        (jge, 0, 1, 0x40000000),  # x32 calls carry this bit
-        (ret, 0, 0, errno | 1),
-    ]
-    for nr in link_nrs:
-        prog.append((jeq, 0, 1, nr))
-        prog.append((ret, 0, 0, errno | _EXDEV))
-    for nr in _IO_URING_CALLS:
-        prog.append((jeq, 0, 1, nr))
-        prog.append((ret, 0, 0, errno | _ENOSYS))
-    prog.append((ret, 0, 0, allow))
-    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
 
 
 # ---- environment -------------------------------------------------------------------------------------------
@@ -440,22 +330,23 @@ def bwrap_argv(
     cwd: str | Path,
     binds: list[tuple[str | Path, str | Path]] = (),
     ro_binds: list[tuple[str | Path, str | Path]] = (),
-    fd_binds: tuple[tuple[int, str | Path], ...] = (),
-    seccomp_fd: int | None = None,
     hidden: list[Path] = (),
     keep_visible: list[str | Path] = (),
     new_session: bool = True,
     uid: int | None = None,
+    tmp_bytes: int | None = None,
 ) -> list[str]:
     """The bwrap command line shared by every backend: an allow-list root (module docstring), `hidden`
     folders covered by empty tmpfs (files by /dev/null) where they lie under an exposed folder, the running
-    Python and `keep_visible` re-exposed read-only, then the read-write `binds`, the read-write `fd_binds`
-    (an open directory fd, destination: `knowledge_fence`) and the read-only `ro_binds` (source, destination).
+    Python and `keep_visible` re-exposed read-only, then the read-write `binds` and the read-only `ro_binds`
+    (source, destination), in that order (a read-only bind inside a read-write one covers it). Sources are
+    host paths the agent cannot change (bwrap follows a link in a source). `tmp_bytes`: the size of the
+    private /tmp (a tmpfs: the kernel refuses writes beyond it).
 
     With `uid` (sftree is root): the mounts are made as root (it can read a Python under /root), then
     `setpriv` becomes `uid` with no capabilities and an inner bwrap puts it in a user namespace with nested
     ones disabled. Without: one unprivileged bwrap (our own uid) in a user namespace, capabilities dropped."""
-    flags = _bwrap_flags()
+    flags = bwrap_flags()
     userns = ["--unshare-user", "--cap-drop", "ALL"]
     if "--disable-userns" in flags:
         userns.append("--disable-userns")
@@ -465,8 +356,6 @@ def bwrap_argv(
         argv += userns
     if new_session:
         argv.append("--new-session")
-    if seccomp_fd is not None:  # loaded before the command (and setpriv, the inner bwrap) starts: inherited
-        argv += ["--seccomp", str(seccomp_fd)]
     exposed = []
     for root in SYSTEM_ROOTS:
         p = Path(root)
@@ -475,7 +364,9 @@ def bwrap_argv(
         elif p.is_dir():
             argv += ["--ro-bind", root, root]
             exposed.append(root)
-    argv += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+    argv += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777"]
+    argv += ["--size", str(tmp_bytes)] if tmp_bytes and "--size" in flags else []
+    argv += ["--tmpfs", "/tmp"]
     checkout = project_checkout()
     hidden_all = [*hidden, *([checkout] if checkout else [])]
     hidden_set = sorted({str(Path(p).resolve()) for p in hidden_all if p and Path(p).exists()})
@@ -488,7 +379,6 @@ def bwrap_argv(
     ]
     mounts = [m for m in mounts if Path(m[1]).exists()]
     mounts += [("--bind", str(src), str(dst)) for src, dst in binds]
-    mounts += [("--bind-fd", str(fd), str(dst)) for fd, dst in fd_binds]
     mounts += [("--ro-bind", str(src), str(dst)) for src, dst in ro_binds]
     made = {"/", "/tmp", *SYSTEM_ROOTS}
     for kind, src, dst in mounts:

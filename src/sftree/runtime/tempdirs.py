@@ -85,8 +85,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _ours(uid: int) -> bool:
+    """A folder of this user's runs: owned by us, or (we are root) by one of the sandbox uids we hand out."""
+    if uid == os.getuid():
+        return True
+    from sftree.runtime.sandbox import is_sandbox_uid
+
+    return os.geteuid() == 0 and is_sandbox_uid(uid)
+
+
 def sweep(prefixes: tuple[str, ...]) -> list[str]:
     """Remove our folders left by a process that no longer exists (killed with -9); returns their names."""
+    from sftree.runtime.safefs import remove_all
+
     base = Path(tempfile.gettempdir())
     gone = []
     try:
@@ -99,11 +110,11 @@ def sweep(prefixes: tuple[str, ...]) -> list[str]:
         if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
             continue
         try:
-            if p.is_symlink() or not p.is_dir() or p.lstat().st_uid != os.getuid():
+            if p.is_symlink() or not p.is_dir() or not _ours(p.lstat().st_uid):
                 continue
         except OSError:
             continue
-        shutil.rmtree(p, ignore_errors=True)
+        remove_all(p)
         gone.append(p.name)
     return gone
 

@@ -17,14 +17,20 @@ in tree.json.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sftree.fileio import write_json_atomic, write_text_atomic
-from sftree.runtime.workspace import NodeState, TreeStore
+from sftree.fileio import read_json, write_json_atomic, write_text_atomic
+from sftree.runtime.coral import CoralRuntime, CoralServer
+from sftree.runtime.edgebox import EdgeBox, own_socket_dir
+from sftree.runtime.objects import flatten
+from sftree.runtime.snapshot import Quota
+from sftree.runtime.store import TreeStore
+from sftree.runtime.workspace import NodeState, write_world
 
 log = logging.getLogger(__name__)
 
@@ -133,20 +139,47 @@ class EdgeContext:
     direction: str
     agent_cfg: dict
     tree_name: str
+    world: Any = (
+        None  # sftree.world.World: Coral's texts, CLI and counting (the installed Coral or stand-ins)
+    )
+    root_counters: Any = None  # sftree.world.CoralCounters at the root (from its attempt records)
+    mode: str = "bwrap"  # the sandbox: bwrap | none
+    quota: Quota = field(default_factory=Quota)
+    tmp_bytes: int = 256 << 20
+    hidden: list[Path] = field(default_factory=list)
     keep_workspaces: bool = False
     _closers: list = field(default_factory=list)
+
+    @property
+    def agent_id(self) -> str:
+        """The Student's agent the root snapshot belongs to: the Teacher continues its run."""
+        return self.world.agent_id
+
+    @property
+    def run_dir(self) -> str:
+        """Where the sandbox shows the edge's Coral run directory (agent.run_dir)."""
+        return self.world.run_dir
 
     @classmethod
     def create(
         cls, tree_dir, root_dir, config: dict, task_cfg: dict, *, wait_ready: bool = True
     ) -> EdgeContext:
-        """Seed (or reopen) the store, start teacher-sim (`teacher.sim`) or llama-server (`teacher.launch`), wait."""
+        """Seed (or reopen) the store, open the Teacher's world, start teacher-sim (`teacher.sim`) or
+        llama-server (`teacher.launch`), wait."""
         from sftree.agents import make_agent
+        from sftree.runtime.sandbox import private_home_paths, resolve_mode
         from sftree.teacher.client import TeacherClient
+        from sftree.world.task import load_task
+        from sftree.world.world import open_world as open_coral_world
 
         tree_dir = Path(tree_dir).resolve()
         store, root_state = TreeStore.create(tree_dir, root_dir, task_cfg)
-        closers = []
+        spec = load_task(task_cfg, task_cfg.get("name", "task"))
+        root = root_context(store, root_state, Path(root_dir))
+        world = open_coral_world(
+            config, spec, agent_id=root.agent_id, agents=root.agents, root_heartbeat=root.heartbeat
+        )
+        closers = [world.close]
         teacher_cfg = dict(config.get("teacher", {}))
         if teacher_cfg.get("sim") is not None:
             from sftree.teacher.sim.server import start_teacher_sim
@@ -157,10 +190,10 @@ class EdgeContext:
         elif teacher_cfg.get("launch") is not None:  # a real llama-server for this job (docs/real_teacher.md)
             from sftree.teacher.llm_server import LaunchSpec, start_llm_server
 
-            spec = LaunchSpec.from_config(teacher_cfg["launch"])
-            if spec.log_file is None:
-                spec.log_file = tree_dir / "llama-server.log"
-            url, stop = start_llm_server(spec)
+            launch = LaunchSpec.from_config(teacher_cfg["launch"])
+            if launch.log_file is None:
+                launch.log_file = tree_dir / "llama-server.log"
+            url, stop = start_llm_server(launch)
             teacher_cfg["base_url"] = url
             closers.append(stop)
         teacher = TeacherClient.from_config(teacher_cfg)
@@ -168,6 +201,13 @@ class EdgeContext:
             teacher.wait_ready()
         agent_cfg = dict(config.get("agent", {}))
         agent = make_agent(config, teacher=teacher, task_cfg=task_cfg)
+        quota_cfg = dict(agent_cfg.get("quota") or {})
+        hidden = [tree_dir, *private_home_paths()]
+        hidden += [Path(task_cfg[k]).resolve() for k in ("task_dir", "coral_task") if task_cfg.get(k)]
+        if config.get("results"):
+            hidden.append(
+                Path(config["results"]).resolve()
+            )  # relative to the job's cwd, as Snakemake runs it
         return cls(
             tree_dir=tree_dir,
             store=store,
@@ -175,12 +215,24 @@ class EdgeContext:
             teacher=teacher,
             agent=agent,
             task_cfg=task_cfg,
-            direction=task_cfg.get("direction", "maximize"),
+            direction=spec.direction,
             agent_cfg=agent_cfg,
             tree_name=Path(root_dir).name,
+            world=world,
+            root_counters=root.counters(spec.direction),
+            mode=resolve_mode(agent_cfg.get("sandbox", "auto")),
+            quota=Quota.from_config(quota_cfg),
+            tmp_bytes=int(quota_cfg.get("tmp_mib", 256)) << 20,
+            hidden=hidden,
             keep_workspaces=bool(config.get("search", {}).get("keep_workspaces", False)),
             _closers=closers,
         )
+
+    def counters(self, state: NodeState):
+        """The host's Coral counters at a node (the root's, else what its edge left)."""
+        from sftree.world.counters import CoralCounters
+
+        return CoralCounters.from_dict(state.counters) if state.counters else self.root_counters
 
     def close(self) -> None:
         """Stop a teacher-sim or llama-server this context started; remove worktrees unless keep_workspaces."""
@@ -194,9 +246,78 @@ class EdgeContext:
         self._closers.clear()
 
 
+def root_context(store: TreeStore, state: NodeState, root_dir: Path):
+    """What the tree takes from its root for Coral's world (`sftree.world.root.root_context`): the agent id from
+    the root's metadata (select-roots wrote it), the attempt records and heartbeat files from the store's root
+    commit (read by the host without following links when the store was seeded)."""
+    from sftree.world.root import root_context as from_files
+
+    try:
+        meta = read_json(root_dir / "metadata.json", "root metadata")
+    except Exception:  # noqa: BLE001 - explore's preflight reports a bad metadata.json
+        meta = {}
+    db = store.knowledge
+    files = flatten(db, db.commit_tree(state.knowledge_commit))
+    wanted = sorted(
+        p
+        for p, (mode, _oid) in files.items()
+        if p.startswith(("attempts/", "heartbeat/")) and mode != "120000"
+    )
+    blobs = dict(zip(wanted, (data for _k, data in db.read_many([files[p][1] for p in wanted])), strict=True))
+    return from_files(meta if isinstance(meta, dict) else {}, blobs)
+
+
 # ---- the edge ----------------------------------------------------------------------------------------------
 _TURNS = 2
 LAST_TURN = "last_turn.json"  # edges/<edge>/: how the edge's last turn ended, by the host's records
+
+
+def open_world(ctx: EdgeContext, parent: NodeState, edge_id: str, uid: int | None):
+    """The edge's world, ready for its first turn: (workspace, coral runtime, its server (started), sandbox).
+    The caller stops the server and closes the workspace."""
+    from sftree.runtime.sandbox import CORAL_MOUNT
+    from sftree.world.world import standin_cli_source
+
+    w = ctx.world
+    sandboxed = ctx.mode == "bwrap"
+    inside = w.run_dir if sandboxed else None
+    ws = ctx.store.fork(parent, edge_id, agent_id=w.agent_id, inside=inside, uid=uid, quota=ctx.quota)
+    runtime = CoralRuntime(ws, w, ctx.task_cfg, ctx.counters(parent), sandbox=ctx.mode)
+    server = CoralServer(runtime)
+    server.start()
+    standin = (
+        server.bin_dir / "coral_standin.py"
+    )  # the project is hidden in the sandbox: a copy beside the client
+    standin.write_text(standin_cli_source(), encoding="utf-8")
+    own_socket_dir(server.dir, uid)
+    mount = CORAL_MOUNT if sandboxed else None
+    cli = w.cli_command([], f"{CORAL_MOUNT}/bin/{standin.name}" if sandboxed else str(standin))
+    box = EdgeBox(
+        ws, ctx.mode, coral_dir=server.dir, coral_env={**server.env(mount), "CORAL_CLI": json.dumps(cli)},
+        hidden=ctx.hidden, tmp_bytes=ctx.tmp_bytes, ro_extra=[(Path(r), r) for r in w.sandbox_roots()],
+    )  # fmt: skip
+    # (Coral's `.opencode/opencode.json` is the OpenCode backend's to place, with its own provider config.)
+    write_world(ws, {"AGENTS.md": w.instructions().encode()})
+    (ws.paths.host / "config.yaml").write_text(w.config_yaml(), encoding="utf-8")
+    problem = box.init_repo()
+    if problem:
+        log.warning("edge %s: the worktree's own git repository was not made: %s", edge_id, problem)
+    return ws, runtime, server, box
+
+
+def first_prompt(ctx: EdgeContext, messages: list[dict], last: dict | None, counters) -> str:
+    """The prompt that opens a turn: a fresh session's start prompt; after a turn whose first eval was graded,
+    Coral's manager's header and heartbeats (from the counters as they were before that eval); after a turn
+    without one, Coral's restart prompt. Built from the host's records alone (`last_turn`), never the session."""
+    from sftree.world.counters import CoralCounters
+
+    w = ctx.world
+    if not messages:
+        return w.start_prompt()
+    ev = (last or {}).get("eval") or {}
+    if ev.get("record") and ev.get("counters_before"):
+        return w.turn_prompt(CoralCounters.from_dict(ev["counters_before"]), ev["record"]).text
+    return w.restart_prompt(counters)
 
 
 def run_edge(
@@ -207,16 +328,17 @@ def run_edge(
     *,
     depth: int,
     attempt: int,
-    eval_count: int,
+    eval_count: int | None = None,
 ) -> EdgeResult:
     """Fork `parent`, run two rollout turns in one session, save the session, return the measurements.
 
     Never raises for Teacher or workspace trouble: the edge is returned with `error` set and failed turns.
-    `eval_count` is Coral's eval count at the parent (the root: the snapshot's `eval_count`).
+    Coral's counts (the eval number, the agent's best, the plateau) come from the node's counters
+    (`NodeState.counters`; the root's from its attempt records); `eval_count` is kept for callers that pass it.
     """
     from sftree.agents.base import StepRecorder, TurnRun
-    from sftree.agents.prompts import next_turn_prompt, start_prompt, turn_record, write_agents_md
-    from sftree.runtime.coral import CoralServer
+    from sftree.agents.prompts import turn_record
+    from sftree.runtime.sandbox import UIDS
 
     t0 = time.monotonic()
     edge_dir = ctx.tree_dir / "edges" / edge_id
@@ -229,18 +351,12 @@ def run_edge(
     child: NodeState | None = None
     ws = None
     server = None
+    runtime = None
+    uid = UIDS.acquire() if ctx.mode == "bwrap" else None
     recorder = StepRecorder(transcript, edge_id)
     try:
-        # The backend's word that its sandbox will refuse hard links (lowered below if a start lacked it).
-        ws = ctx.store.fork(parent, edge_id, links_fenced=ctx.agent.links_fenced(edge_id))
-        server = CoralServer(
-            ws,
-            ctx.task_cfg,
-            eval_count=eval_count,
-            agent_id=f"teacher-{edge_id}",
-            sandbox=getattr(ctx.agent, "sandbox", "auto"),
-        )
-        server.start()
+        ws, runtime, server, box = open_world(ctx, parent, edge_id, uid)
+        instructions = ctx.world.instructions()
         messages = list(ws.session)
         last = ws.last_turn  # the host's record of the parent's last turn (never text from the session)
         headers = {
@@ -250,17 +366,12 @@ def run_edge(
             "X-Sftree-Attempt": str(attempt),
             "X-Sftree-Session": parent.session or "fresh",
         }
-        write_agents_md(ws.root, ctx.task_cfg, ctx.agent_cfg.get("prompts", {}))
         for turn in range(1, _TURNS + 1):
-            if not messages:
-                prompt = start_prompt(ctx.task_cfg, ctx.agent_cfg.get("prompts", {}))
-            else:
-                prompt = next_turn_prompt(
-                    last, ws.knowledge_dir, ctx.task_cfg, ctx.agent_cfg.get("prompts", {})
-                )
+            prompt = first_prompt(ctx, messages, last, runtime.counters)
             run = TurnRun(
                 workspace=ws,
-                coral=server.runtime,
+                box=box,
+                coral=runtime,
                 messages=messages,
                 prompt=prompt,
                 turn=turn,
@@ -268,8 +379,7 @@ def run_edge(
                 recorder=recorder,
                 agent_cfg=ctx.agent_cfg,
                 task_cfg=ctx.task_cfg,
-                env=server.env(),
-                extra_ro_hidden=[ctx.tree_dir],  # store, sessions, transcripts, other branches
+                instructions=instructions,
                 context_used=turns[-1].tokens if turns else 0,
             )
             outcome = ctx.agent.run_turn(run)
@@ -302,7 +412,7 @@ def run_edge(
                 break  # the session is full: the next turn could not send a single request
         write_json_atomic(edge_dir / LAST_TURN, last)  # before the session: a fork needs both
         write_json_atomic(ctx.tree_dir / session_rel, messages, indent=None)
-        child = ws.state(session_rel)
+        child = ws.state(session_rel, counters=runtime.counters.to_dict())
     except Exception as exc:  # noqa: BLE001 - an edge never takes the search down; the error is recorded
         log.exception("edge %s failed", edge_id)
         error = f"{type(exc).__name__}: {exc}"
@@ -310,10 +420,6 @@ def run_edge(
         recorder.close()
         if server is not None:
             server.stop()
-        if ws is not None:
-            # Whether every command of the edge ran behind the knowledge fence (docs/security.md), however the
-            # edge ended: only then may the next fork trust the watch over its checkout (kcheckout.py).
-            ws.links_fenced = ws.links_fenced and ctx.agent.links_fenced(edge_id)
         try:
             ctx.agent.end_edge(edge_id)
         except Exception:  # noqa: BLE001 - releasing must not turn a finished edge into a failed one
@@ -354,12 +460,13 @@ def run_edge(
     finally:
         if ws is not None and not ctx.keep_workspaces:
             ws.close()
+        UIDS.release(uid)
     scores = [t.score for t in turns]
     calls = sum(t.tool_calls for t in turns)
     errors = sum(t.tool_errors for t in turns)
     wall = time.monotonic() - t0
     teacher_s = recorder.latency_s
-    grader_s = server.runtime.grader_s if server is not None else 0.0
+    grader_s = runtime.grader_s if runtime is not None else 0.0
     last_tokens = next((t.tokens for t in reversed(turns) if t.steps), 0)
     result = EdgeResult(
         edge_id=edge_id,

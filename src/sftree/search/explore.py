@@ -168,6 +168,17 @@ def _tree_progress(console: ConsoleLines, tree: treemod.Tree, best: BestSoFar | 
     console.emit((c["edges"], stop), line)
 
 
+def record_backend(previous: str | None, current: str | None) -> str | None:
+    """tree.json `backend` after a run with `current`: a tree resumed with another backend than the one that
+    began it is `mixed` (its edges do not all come from one agent; the export flags it like `native`)."""
+    if previous and current and previous != current:
+        log.warning(
+            "tree made by agent backend %s continues with %s: backend recorded as mixed", previous, current
+        )
+        return "mixed"
+    return current or previous
+
+
 def _grow(
     tree, live: treemod.LiveTree, root_dir: Path, config: dict, info: dict, params, console
 ) -> treemod.Tree:
@@ -186,6 +197,8 @@ def _grow(
             log.info("new tree for %s/%s (root score %s, %s)", info["task"], root_dir.name, info["score"],
                      info["direction"])  # fmt: skip
         tree.sandbox = getattr(ctx.agent, "sandbox", None)  # the report and dataset card show it
+        tree.backend = record_backend(tree.backend, getattr(ctx.agent, "name", None))
+        tree.coral = {"mode": ctx.world.kind, **ctx.world.describe()}  # the dataset card and report show it
         if tree.sandbox == "none":
             log.warning("agent.sandbox is none: the Teacher's commands and the graded code run unconfined")
         live.save(tree)

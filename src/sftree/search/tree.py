@@ -140,6 +140,10 @@ class Tree:
     version: int = VERSION
     sandbox: str | None = None  # how the agent and graded code were confined: bwrap | none (docs/security.md)
     teacher: dict | None = None  # the Teacher client's counters and incidents (TeacherClient.report)
+    backend: str | None = None  # the agent backend that made the edges: native | opencode | mixed (resumed)
+    coral: dict | None = (
+        None  # the Teacher's world: {"mode": coral | stand-in, ...} (sftree.world.World.describe)
+    )
     _index: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
     _edge_index: dict[str, Edge] = field(default_factory=dict, repr=False, compare=False)
 
@@ -238,6 +242,8 @@ class Tree:
             "updated_at": self.updated_at,
             "sandbox": self.sandbox,
             "teacher": self.teacher,
+            "backend": self.backend,
+            "coral": self.coral,
             "nodes": [asdict(n) for n in self.nodes],
             "edges": [asdict(e) for e in self.edges],
         }
@@ -259,6 +265,8 @@ class Tree:
             version=obj["version"],
             sandbox=obj.get("sandbox"),
             teacher=obj.get("teacher"),
+            backend=obj.get("backend"),
+            coral=obj.get("coral"),
         )
         node_names = {f.name for f in fields(Node)}
         edge_names = {f.name for f in fields(Edge)}

@@ -21,8 +21,9 @@ parallel_width 1 is reproducible.
 Faults (server.py decides which apply to a request) change the answer: no_eval (text only, no tool call),
 malformed_args (broken JSON arguments), unknown_tool, tool_errors (read a missing file), broken_code (the edit
 writes a syntax error, so the eval crashes), pad_tokens (filler text of N tokens), break_workspace (a hostile
-step: `bash` replaces the workspace's `.opencode` knowledge folder by a link to a missing folder; the host never
-follows such a link, so it cannot take the edge's final state, which makes the edge an `edge_error`).
+step: `bash` replaces the run directory's knowledge folder `.coral/public` by a link to a missing folder, which
+only works without a sandbox (inside one its parent is the host's); the host never follows such a link, so it
+cannot take the edge's final state, which makes the edge an `edge_error`).
 
 Two faults add a step *in front of* the planned one instead of breaking the plan, so a turn still does its
 normal work (edit, eval, numeric score) and a script sets its tool counts exactly - one extra call per faulted
@@ -34,6 +35,7 @@ first), so each rule's `count` is the number of calls it adds.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -44,8 +46,7 @@ MAX_FAILED = 3
 EXTRA_MISSING = "missing_extra_"
 NOTE_P = 0.35
 # the break_workspace fault's command: the knowledge folder becomes a link to a folder that does not exist
-# (the workspace's `.git` cannot break anything: the host never uses it, docs/security.md)
-BREAK_WORKSPACE = "rm -rf .opencode && ln -s /nonexistent-sftree-knowledge .opencode"
+BREAK_WORKSPACE = "rm -rf ../../.coral/public && ln -s /nonexistent-sftree-knowledge ../../.coral/public"
 CONST_RX = r"^[A-Z][A-Z0-9_]*\s*=\s*[-+]?[0-9][0-9_]*(\.[0-9_]*)?([eE][-+]?[0-9]+)?\s*(#.*)?$"
 _CONST_LINE = re.compile(
     r"^(?P<name>[A-Z][A-Z0-9_]*)(?P<eq>\s*=\s*)(?P<val>[-+]?[0-9][0-9_]*(\.[0-9_]*)?"
@@ -94,13 +95,28 @@ def _call(name: str, args: dict | str, idx: int) -> dict:
 
 
 def _is_turn_start(messages: list[dict], i: int) -> bool:
-    """A user message opens a turn when it is the session's first, or carries a `## ... Results` heading;
-    any other user message (after a text-only reply) is a nudge that continues the turn."""
+    """A user message opens a turn unless it is sftree's nudge (`sftree.agents.prompts.nudge_prompt`, after a
+    text-only reply), which continues the turn. (Coral's prompts that open a turn - the manager's `## Eval #N
+    Results`, its restart prompt, the runtime's start and resume prompts - have no common mark.)"""
     m = messages[i]
     if m.get("role") != "user":
         return False
     first = not any(x.get("role") == "user" for x in messages[:i])
-    return first or bool(re.search(r"^## .*Results", str(m.get("content") or ""), re.M))
+    return first or _nudge_text() not in _plain(m.get("content"))
+
+
+def _plain(content) -> str:
+    """A message's text: a string, or the text parts of a list of parts (OpenCode's messages)."""
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content or "")
+
+
+@functools.cache
+def _nudge_text() -> str:
+    from sftree.agents.prompts import nudge_prompt
+
+    return nudge_prompt().strip()
 
 
 def _turn_view(messages: list[dict]):

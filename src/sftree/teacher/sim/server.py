@@ -39,6 +39,10 @@ JSON) is a list of rules aimed by the `X-Sftree-*` headers:
     - match: {}
       fault: http_503
       count: 2
+    - match: {edge: e2, turn: 1}
+      fault: length_text
+      skip: 4                        # leave the first N matching requests alone (aim at a later step)
+      count: 1
 
 Kinds: http_500, http_503, http_429 (error status, no body work), hang (sleep `hang_s`, default --hang-s,
 then answer: the client's request timeout fires first), stall (a streamed reply sends its first chunks, then
@@ -48,13 +52,15 @@ the connection closes with no answer), malformed_args (tool-call arguments not v
 unknown_tool, tool_errors (a read of a missing file; after 3 failed calls the policy gives up and submits, so a
 turn under it usually has no code change and no score), no_eval (text only: the model stops without an eval),
 broken_code (the constant edit writes a syntax error, so the grader crashes), break_workspace (a bash step
-that replaces `.opencode` by a dangling link: the host refuses it, the search records `edge_error`).
+that replaces `.coral/public` by a dangling link, without a sandbox: the host refuses it, the search records
+`edge_error`).
 
 Real-server shapes (docs/failures.md): context_overflow (HTTP 400 with SGLang's "longer than the model's
 context length" message; also sent for every request whose prompt exceeds `--context-tokens`), lone_surrogate
 (content holds a lone UTF-16 surrogate), bad_usage (`usage.prompt_tokens` is a string), tool_calls_string
 (`tool_calls` is a JSON string), length_mid_call (`finish_reason: length`, the last call's arguments cut in
-half), hermes_text / json_text (no tool-call parser: the calls are written in `content` as Hermes
+half), length_text (`finish_reason: length`, the reply cut inside its text: the planned calls never came; the
+text is the policy's, or a sentence when it had none), hermes_text / json_text (no tool-call parser: the calls are written in `content` as Hermes
 `<tool_call>{...}</tool_call>` blocks / as bare JSON), reasoning (a `reasoning_content` field, as SGLang's
 `--reasoning-parser` gives), function_call (the legacy `function_call` field with the first call only).
 
@@ -95,6 +101,7 @@ SHAPE_FAULTS = {
     "bad_usage",
     "tool_calls_string",
     "length_mid_call",
+    "length_text",
     "hermes_text",
     "json_text",
     "reasoning",
@@ -129,7 +136,9 @@ class Rule:
     count: int | None = None
     pad_tokens: int = 0
     hang_s: float | None = None
+    skip: int = 0
     used: int = 0
+    skipped: int = 0
 
     def matches(self, headers: dict[str, str]) -> bool:
         return all(headers.get(k) == v for k, v in self.match.items())
@@ -144,7 +153,7 @@ def parse_rules(data, source: str = "script") -> list[Rule]:
     for i, r in enumerate(data):
         if not isinstance(r, dict):
             raise InputError(f"{source}: rule {i} is not a mapping")
-        unknown = set(r) - {"match", "fault", "count", "pad_tokens", "hang_s"}
+        unknown = set(r) - {"match", "fault", "count", "pad_tokens", "hang_s", "skip"}
         if unknown:
             raise InputError(f"{source}: rule {i}: unknown keys {sorted(unknown)}")
         match = r.get("match") or {}
@@ -153,6 +162,9 @@ def parse_rules(data, source: str = "script") -> list[Rule]:
         fault = r.get("fault")
         if fault is not None and fault not in FAULT_KINDS:
             raise InputError(f"{source}: rule {i}: unknown fault {fault!r} (one of {sorted(FAULT_KINDS)})")
+        skip = r.get("skip", 0)
+        if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
+            raise InputError(f"{source}: rule {i}: skip must be a non-negative integer, not {skip!r}")
         rules.append(
             Rule(
                 {k: str(v) for k, v in match.items()},
@@ -160,6 +172,7 @@ def parse_rules(data, source: str = "script") -> list[Rule]:
                 r.get("count"),
                 int(r.get("pad_tokens", 0)),
                 r.get("hang_s"),
+                skip,
             )
         )
     return rules
@@ -271,6 +284,9 @@ class SimState:
             self.requests += 1
             for r in self.rules:
                 if not r.matches(headers) or (r.count is not None and r.used >= r.count):
+                    continue
+                if r.skipped < r.skip:
+                    r.skipped += 1
                     continue
                 r.used += 1
                 if r.fault:
@@ -521,6 +537,14 @@ def reshape(payload: dict, shapes: set[str]) -> dict:
         msg["content"] = (msg.get("content") or "") + "\ud800"
     if "bad_usage" in shapes:
         payload = dict(payload, usage=dict(payload["usage"], prompt_tokens="many"))
+    if "length_text" in shapes:
+        text = (
+            msg.get("content")
+            or "Next I will change one constant in the solution and then run the evaluation"
+        )
+        msg["content"] = text[: max(1, len(text) * 2 // 3)]
+        calls = []
+        choice = dict(choice, finish_reason="length")
     if calls and "length_mid_call" in shapes:
         args = calls[-1]["function"]["arguments"]
         calls[-1]["function"]["arguments"] = args[: max(1, len(args) // 2)]

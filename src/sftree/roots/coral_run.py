@@ -1,0 +1,313 @@
+"""Read a standard Coral run directory (what `coral start` leaves), treating every file in it as hostile.
+
+    RUN_DIR/
+      .coral/config.yaml                 the task (name, grader.direction)
+      .coral/public/attempts/<c>.json    one record per attempt (coral/types.py Attempt.to_dict)
+      .coral/public/eval_count           the global eval counter (the grader daemon bumps it per graded attempt)
+      .coral/public/manager.pid          while the run is live
+      .coral/public/.git                 the checkpoint repository (coral/hub/checkpoint.py): one commit per
+                                         submission, `shared_state_hash` in the record
+      repo/.git                          the run's code repository; the agents' worktrees (agents/<id>) share
+                                         its objects, so every attempt's commit is in it
+
+Agents write into `.coral/public` (it is linked into their worktrees) and into the repositories, so every read
+here is bounded and never follows a symlink: each path is opened one component at a time from the run folder
+with O_NOFOLLOW (`runtime/safefs.py`). A record that cannot be used is reported with its file and the reason,
+and the others are still read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sftree.errors import InputError
+from sftree.roots.gitobjects import HEX_RE, check_objects_dir
+from sftree.runtime import safefs
+
+MAX_RECORD = 8 << 20  # bytes of one attempt record (its feedback can be long)
+MAX_SMALL = 1 << 20  # config.yaml, eval_count, manager.pid
+RECORD_NAME = re.compile(r"^([0-9a-f]{40}|[0-9a-f]{64})\.json$")
+ATTEMPTS = ".coral/public/attempts"
+CHECKPOINT_OBJECTS = ".coral/public/.git/objects"
+
+
+@dataclass
+class Record:
+    """One attempt record, checked field by field (pending or graded)."""
+
+    file: str  # relative to the run folder
+    commit: str
+    agent_id: str
+    status: str
+    score: float | None  # None: null or not finite
+    timestamp: str
+    when: datetime
+    shared_state_hash: str | None
+    data: bytes  # the file's bytes, written as they are into the snapshot
+
+    @property
+    def pending(self) -> bool:
+        return self.status == "pending"
+
+    @property
+    def eval_ok(self) -> bool:
+        """Graded with a numeric score (crashed and timeout never are)."""
+        return not self.pending and self.status not in ("crashed", "timeout") and self.score is not None
+
+
+@dataclass
+class Problem:
+    file: str
+    reason: str
+    commit: str | None = None
+    agent_id: str | None = None
+    index: int | None = None
+
+    def line(self) -> str:
+        who = f" (attempt {self.commit[:12]} of {self.agent_id})" if self.commit and self.agent_id else ""
+        return f"{self.file}{who}: {self.reason}"
+
+
+@dataclass
+class CoralRun:
+    run_dir: Path  # real path
+    task_name: str | None
+    direction: str | None
+    eval_count: int | None
+    in_progress: bool
+    code_repo: str  # relative to run_dir: the repository holding the attempts' commits
+    code_objects: str  # absolute, checked
+    checkpoint_objects: str  # absolute, checked
+    records: list[Record] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def read_small(root: Path, rel: str, limit: int) -> bytes:
+    """The bytes of regular file `root/rel`, reached without following a link; OSError or safefs.UnsafePath
+    (a symlink, not a regular file), ValueError when it holds more than `limit` bytes."""
+    parts = rel.split("/")
+    with safefs.open_dir(root, "/".join(parts[:-1])) as dfd:
+        return _read_at(dfd, parts[-1], limit, f"{root}/{rel}")
+
+
+def _read_at(dfd: int, name: str, limit: int, shown: str) -> bytes:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno == 40:  # ELOOP: the name is a symlink
+            raise safefs.UnsafePath(
+                f"{shown} is a symlink; sftree does not follow links in a Coral run"
+            ) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise safefs.UnsafePath(f"{shown} is not a regular file")
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise ValueError(f"{shown} holds more than {limit} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def find_run(path: str | os.PathLike) -> Path:
+    """The run folder (the one holding `.coral/`), given it or its `.coral` folder. The path the user gives is
+    resolved once (it may be a `latest` link); nothing inside the run is followed."""
+    p = Path(os.path.realpath(path))
+    if p.name == ".coral" and p.is_dir():
+        p = p.parent
+    if not p.is_dir():
+        raise InputError(f"Coral run folder not found: {path}")
+    coral = p / ".coral"
+    if coral.is_symlink() or not coral.is_dir():
+        raise InputError(
+            f"{path} is not a Coral run folder: no .coral/ folder in it (give the run folder, e.g. "
+            "results/<task>/<timestamp>, that `coral start` printed as 'Run directory')"
+        )
+    return p
+
+
+def _code_repo(run: Path) -> str:
+    """Where the attempts' commits are, as Coral's grader daemon looks (coral/grader/daemon.py `_repo_dir`):
+    `repo/` beside `.coral/`, else the run folder itself when it is a repository."""
+    for rel in ("repo/.git", ".git"):
+        p = run / rel
+        if p.is_symlink():
+            raise InputError(f"{p} is a symlink; sftree does not follow links in a Coral run")
+        if p.is_file():
+            raise InputError(
+                f"{p} is a file (a linked worktree), not the repository itself; sftree reads only the "
+                "repository folder Coral cloned"
+            )
+        if p.is_dir():
+            return rel
+    raise InputError(f"no code repository in {run}: neither repo/.git nor .git (Coral clones it to repo/)")
+
+
+def _parse_time(value: str) -> datetime:
+    when = datetime.fromisoformat(value)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def parse_record(file: str, data: bytes, name_commit: str) -> Record:
+    """A Record from a record file's bytes; ValueError with the reason (field and value) if unusable."""
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"must hold a JSON object, not {type(obj).__name__}")
+    commit = obj.get("commit_hash")
+    if commit != name_commit:
+        raise ValueError(f"commit_hash {commit!r} is not the commit its file is named after ({name_commit})")
+    agent = obj.get("agent_id")
+    if not isinstance(agent, str) or not agent.strip() or len(agent) > 200 or not agent.isprintable():
+        raise ValueError(f"agent_id must be a short printable string, not {agent!r}")
+    status = obj.get("status", "crashed")  # Attempt.from_dict's default
+    if not isinstance(status, str) or not status:
+        raise ValueError(f"status must be a string, not {status!r}")
+    score = obj.get("score")
+    if score is not None and (isinstance(score, bool) or not isinstance(score, int | float)):
+        raise ValueError(f"score must be a number or null, not {score!r}")
+    if score is not None:
+        score = float(score)
+        if not math.isfinite(score):
+            score = None
+    stamp = obj.get("timestamp")
+    if not isinstance(stamp, str):
+        raise ValueError(f"timestamp must be a string, not {stamp!r}")
+    try:
+        when = _parse_time(stamp)
+    except ValueError:
+        raise ValueError(
+            f"timestamp {stamp!r} is not an ISO 8601 time: the attempt cannot be placed in the global order"
+        ) from None
+    ssh = obj.get("shared_state_hash")
+    if ssh is not None and (not isinstance(ssh, str) or not HEX_RE.match(ssh)):
+        raise ValueError(f"shared_state_hash must be a commit hash or null, not {ssh!r}")
+    if status == "pending" and score is not None:
+        raise ValueError("status is pending but the record has a score")
+    return Record(file, commit, agent.strip(), status, score, stamp, when, ssh, data)
+
+
+def read_records(run: Path) -> tuple[list[Record], list[Problem]]:
+    """Every `*.json` record in `.coral/public/attempts/` (Coral's temporary `.*.json.tmp` files skipped)."""
+    records: list[Record] = []
+    problems: list[Problem] = []
+    with contextlib.ExitStack() as stack:
+        try:
+            dfd = stack.enter_context(safefs.open_dir(run, ATTEMPTS))
+        except safefs.UnsafePath as exc:
+            raise InputError(f"{exc}; sftree does not follow links in a Coral run") from None
+        except FileNotFoundError:
+            raise InputError(f"no attempt records: {run / ATTEMPTS} does not exist") from None
+        except OSError as exc:
+            raise InputError(f"cannot read {run / ATTEMPTS}: {exc.strerror or exc}") from None
+        with os.scandir(dfd) as it:
+            names = sorted(e.name for e in it if e.name.endswith(".json") and not e.name.startswith("."))
+        for name in names:
+            rel = f"{ATTEMPTS}/{name}"
+            m = RECORD_NAME.match(name)
+            if not m:
+                problems.append(Problem(rel, "not named <commit hash>.json as Coral names attempt records"))
+                continue
+            try:
+                data = _read_at(dfd, name, MAX_RECORD, rel)
+                records.append(parse_record(rel, data, m[1]))
+            except (safefs.UnsafePath, ValueError) as exc:
+                problems.append(Problem(rel, str(exc).removeprefix(f"{rel} "), commit=m[1]))
+            except OSError as exc:
+                problems.append(Problem(rel, f"cannot be read ({exc.strerror or exc})", commit=m[1]))
+    return records, problems
+
+
+def _config(run: Path, notes: list[str]) -> tuple[str | None, str | None]:
+    import yaml
+
+    rel = ".coral/config.yaml"
+    try:
+        doc = yaml.safe_load(read_small(run, rel, MAX_SMALL).decode("utf-8"))
+    except FileNotFoundError:
+        notes.append(f"{rel} not found: the task's name and direction are unknown")
+        return None, None
+    except (OSError, ValueError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise InputError(f"{run / rel} cannot be read: {exc}") from None
+    task = doc.get("task") if isinstance(doc, dict) else None
+    grader = doc.get("grader") if isinstance(doc, dict) else None
+    name = task.get("name") if isinstance(task, dict) else None
+    direction = grader.get("direction", "maximize") if isinstance(grader, dict) else "maximize"
+    if direction not in ("maximize", "minimize"):
+        raise InputError(f"{run / rel}: grader.direction must be maximize or minimize, not {direction!r}")
+    return (name if isinstance(name, str) else None), direction
+
+
+def _small_int(run: Path, rel: str) -> int | None:
+    try:
+        return int(read_small(run, rel, 64).decode("ascii").strip())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_run(path: str | os.PathLike) -> CoralRun:
+    """Everything `import-coral` needs from a run folder. InputError when the run cannot be read at all (no
+    `.coral/`, no attempts folder, no code or checkpoint repository); per-record problems are collected."""
+    run = find_run(path)
+    notes: list[str] = []
+    task_name, direction = _config(run, notes)
+    code_repo = _code_repo(run)
+    code_objects = check_objects_dir(run, f"{code_repo}/objects", "the run's code repository objects")
+    ck = run / ".coral/public/.git"
+    if ck.is_symlink() or ck.is_file():
+        raise InputError(f"{ck} is a symlink or a file, not the checkpoint repository folder Coral makes")
+    if not ck.is_dir():
+        raise InputError(
+            f"no checkpoint repository {ck}: this Coral records no shared state per attempt "
+            "(coral/hub/checkpoint.py), so the knowledge each attempt saw is unknown"
+        )
+    checkpoint_objects = check_objects_dir(run, CHECKPOINT_OBJECTS, "the checkpoint repository objects")
+    records, problems = read_records(run)
+    eval_count = _small_int(run, ".coral/public/eval_count")
+    pid = _small_int(run, ".coral/public/manager.pid")
+    in_progress = pid is not None and pid > 0 and _alive(pid)
+    if in_progress:
+        notes.append(
+            f"the run is in progress (its manager, pid {pid}, is alive): attempts still pending are imported "
+            "without eval_ok; import again later to update them"
+        )
+    return CoralRun(
+        run,
+        task_name,
+        direction,
+        eval_count,
+        in_progress,
+        code_repo,
+        code_objects,
+        checkpoint_objects,
+        records,
+        problems,
+        notes,
+    )

@@ -1,0 +1,116 @@
+"""The host writes a tree of a store into a folder it made: a fork's workspace, a copy to grade.
+
+Blobs are written as they are stored: no attribute, filter or end-of-line rule applies, so the files are exactly
+the commit (what was graded is what a child continues from). Folders are opened one descriptor at a time
+without following a link, files created with `O_EXCL | O_NOFOLLOW`; `uid` (sftree is root) gets every entry
+made, so the sandbox user can change them.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from sftree.runtime.objects import ObjectDB
+from sftree.runtime.safefs import DIR_FLAGS, remove_tree
+from sftree.runtime.snapshot import EXEC_MODE, LINK_MODE
+
+BATCH = 512  # blobs per read round trip
+
+
+class _Dirs:
+    """Descriptors of the folders under a destination, made on first use (parents first)."""
+
+    def __init__(self, dest: Path, uid: int | None):
+        self.uid = uid
+        self.fds = {"": os.open(dest, DIR_FLAGS)}
+
+    def get(self, rel: str) -> int:
+        fd = self.fds.get(rel)
+        if fd is not None:
+            return fd
+        parent, _, name = rel.rpartition("/")
+        pfd = self.get(parent)
+        try:
+            os.mkdir(name, 0o755, dir_fd=pfd)
+            if self.uid is not None:
+                os.chown(name, self.uid, self.uid, dir_fd=pfd, follow_symlinks=False)
+        except FileExistsError:
+            pass
+        fd = self.fds[rel] = os.open(name, DIR_FLAGS, dir_fd=pfd)
+        return fd
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+def write_files(
+    db: ObjectDB, files: dict[str, tuple[str, str]], dest: Path, *, uid: int | None = None
+) -> None:
+    """Write {path: (mode, blob id)} under folder `dest`, replacing what is at those paths."""
+    dirs = _Dirs(Path(dest), uid)
+    try:
+        paths = sorted(files)
+        for i in range(0, len(paths), BATCH):
+            chunk = paths[i : i + BATCH]
+            blobs = db.read_many([files[p][1] for p in chunk])
+            for path, (_kind, data) in zip(chunk, blobs, strict=True):
+                parent, _, name = path.rpartition("/")
+                _write_one(dirs.get(parent), name, files[path][0], data, uid)
+    finally:
+        dirs.close()
+
+
+def _write_one(dfd: int, name: str, mode: str, data: bytes, uid: int | None) -> None:
+    _remove(dfd, name)
+    if mode == LINK_MODE:
+        os.symlink(os.fsdecode(data), name, dir_fd=dfd)
+        if uid is not None:
+            os.chown(name, uid, uid, dir_fd=dfd, follow_symlinks=False)
+        return
+    perm = 0o755 if mode == EXEC_MODE else 0o644
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, perm, dir_fd=dfd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchmod(fd, perm)  # (the umask)
+        if uid is not None:
+            os.fchown(fd, uid, uid)
+    finally:
+        os.close(fd)
+
+
+def _remove(dfd: int, name: str) -> None:
+    """Remove entry `name` of folder `dfd` whatever it is (a folder with all it holds), never following a link."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        remove_tree(dfd, name)
+    else:
+        os.unlink(name, dir_fd=dfd)
+
+
+def apply_difference(
+    db: ObjectDB, dest: Path, gone: list[str], write: dict[str, tuple[str, str]], *, uid: int | None = None
+) -> int:
+    """Remove the paths `gone` from folder `dest` and write `write` ({path: (mode, blob id)}); the number of paths
+    touched. For a folder only the host writes (a parked `attempts/`), whose content is known exactly."""
+    dirs = _Dirs(Path(dest), uid)
+    try:
+        for path in gone:
+            parent, _, name = path.rpartition("/")
+            try:
+                _remove(dirs.get(parent), name)
+            except OSError:
+                pass
+    finally:
+        dirs.close()
+    if write:
+        write_files(db, write, dest, uid=uid)
+    return len(gone) + len(write)

@@ -1,0 +1,263 @@
+"""The objects of one bare store repository (`store/code.git`, `store/knowledge.git`), read and written by the host.
+
+Only the host writes these repositories, and only from bytes it read itself (`snapshot.py`) or made (commits
+below), so git here never meets a worktree, an attribute, a hook or a config the agent wrote: it is used to read
+objects back (one long-lived `git cat-file --batch` per repository) and, at the end, to pack them. Objects are
+written by the host as loose files (`gittrees.write_loose`), trees and commits encoded in Python, so their ids
+are git's own (tested against `git mktree` and `git commit-tree`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+from sftree.errors import SftreeError
+from sftree.runtime import gittrees
+
+# Fixed identity and date: equal content on equal parents gives equal ids, so a rerun with `parallel_width: 1`
+# reproduces the tree's commit ids (eval prompts quote them).
+IDENTITY = b"sftree <sftree@localhost> 1700000000 +0000"
+GIT_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_AUTHOR_NAME": "sftree",
+    "GIT_AUTHOR_EMAIL": "sftree@localhost",
+    "GIT_COMMITTER_NAME": "sftree",
+    "GIT_COMMITTER_EMAIL": "sftree@localhost",
+    "GIT_AUTHOR_DATE": "1700000000 +0000",
+    "GIT_COMMITTER_DATE": "1700000000 +0000",
+}
+
+
+class GitError(SftreeError):
+    """A git command on a store failed; the message holds the command and its stderr."""
+
+
+def git_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_ENV)
+    env.setdefault("HOME", "/tmp")
+    return env
+
+
+def git(git_dir: Path, args: list[str], *, input: bytes | None = None, check: bool = True) -> str:
+    """git on a store repository (never a worktree); its stdout as text."""
+    proc = subprocess.run(
+        ["git", "-c", "core.hooksPath=/dev/null", "-c", "gc.auto=0", "--git-dir", str(git_dir), *args],
+        input=input,
+        capture_output=True,
+        env=git_env(),
+        cwd=str(git_dir),
+    )
+    if check and proc.returncode != 0:
+        err = proc.stderr.decode("utf-8", "replace").strip()[-2000:]
+        raise GitError(f"git {' '.join(args[:3])} in {git_dir} failed ({proc.returncode}): {err}")
+    return proc.stdout.decode("utf-8", "replace")
+
+
+def commit_object(tree: str, parents: list[str], message: str) -> bytes:
+    """A commit object's content as `git commit-tree` makes it with the fixed identity (message ends in \\n)."""
+    lines = [b"tree " + tree.encode()]
+    lines += [b"parent " + p.encode() for p in parents]
+    lines += [b"author " + IDENTITY, b"committer " + IDENTITY]
+    msg = message.encode("utf-8", "replace")
+    if not msg.endswith(b"\n"):
+        msg += b"\n"
+    return b"\n".join(lines) + b"\n\n" + msg
+
+
+def parse_commit(data: bytes) -> tuple[str, list[str], str]:
+    """(tree, parents, message) of a commit object's content."""
+    head, _, msg = data.partition(b"\n\n")
+    tree, parents = "", []
+    for line in head.split(b"\n"):
+        if line.startswith(b"tree "):
+            tree = line[5:].decode()
+        elif line.startswith(b"parent "):
+            parents.append(line[7:].decode())
+    return tree, parents, msg.decode("utf-8", "replace")
+
+
+class ObjectDB:
+    """Read and write objects of one bare repository; thread-safe. Parsed trees are kept (`gittrees.TreeCache`)."""
+
+    def __init__(self, git_dir: Path):
+        self.git_dir = Path(git_dir)
+        self.trees = gittrees.TreeCache()
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+
+    # ---- reading --------------------------------------------------------------------------------------------
+    def _batch(self) -> subprocess.Popen:
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = subprocess.Popen(
+                ["git", "--git-dir", str(self.git_dir), "cat-file", "--batch"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=git_env(),
+                cwd=str(self.git_dir),
+            )
+        return self._proc
+
+    def read(self, oid: str) -> tuple[str, bytes]:
+        """(kind, content) of an object; GitError when it is missing."""
+        return self.read_many([oid])[0]
+
+    def read_many(self, oids: list[str]) -> list[tuple[str, bytes]]:
+        """Several objects with one round trip (the requests are written while the answers are read)."""
+        if not oids:
+            return []
+        with self._lock:
+            proc = self._batch()
+            out = []
+            writer = threading.Thread(
+                target=_write_lines, args=(proc.stdin, [o.encode() for o in oids]), daemon=True
+            )
+            writer.start()
+            try:
+                for oid in oids:
+                    header = proc.stdout.readline()
+                    parts = header.split()
+                    if len(parts) != 3:
+                        raise GitError(f"{self.git_dir}: object {oid} not found ({header.strip()!r})")
+                    size = int(parts[2])
+                    data = proc.stdout.read(size)
+                    proc.stdout.read(1)  # the newline after the content
+                    out.append((parts[1].decode(), data))
+            except BaseException:
+                self._close_locked()
+                raise
+            finally:
+                writer.join()
+            return out
+
+    def tree(self, oid: str) -> gittrees.Entries:
+        """A tree's entries {name: (mode, id, raw entry)}, parsed once and kept."""
+        got = self.trees.get(oid)
+        if got is None:
+            kind, data = self.read(oid)
+            if kind != "tree":
+                raise GitError(f"{self.git_dir}: {oid} is a {kind}, not a tree")
+            got = gittrees.parse_tree(data)
+            self.trees.put(oid, got)
+        return got
+
+    def commit(self, oid: str) -> tuple[str, list[str], str]:
+        kind, data = self.read(oid)
+        if kind != "commit":
+            raise GitError(f"{self.git_dir}: {oid} is a {kind}, not a commit")
+        return parse_commit(data)
+
+    def commit_tree(self, oid: str) -> str:
+        return self.commit(oid)[0]
+
+    def exists(self, oid: str) -> bool:
+        try:
+            self.read(oid)
+        except GitError:
+            return False
+        return True
+
+    # ---- writing --------------------------------------------------------------------------------------------
+    def write(self, kind: str, data: bytes) -> str:
+        return gittrees.write_loose(self.git_dir, kind, data)
+
+    def write_blob_stream(self, read, size: int) -> str:
+        return gittrees.write_loose_stream(self.git_dir, read, size)
+
+    def write_tree(self, entries: gittrees.Entries) -> str:
+        data, layout = gittrees.encode_tree(entries, laid_out=True)
+        oid = self.write("tree", data)
+        self.trees.put(oid, gittrees.Tree(entries, layout))
+        return oid
+
+    def write_tree_from(self, base: str | None, entries: gittrees.Entries, changed) -> str:
+        """A tree that differs from tree `base` in the names `changed` alone: a large one is spliced from the base's
+        kept encoding (`gittrees.splice`: C copies, where encoding 10k entries again is ~5 ms of Python)."""
+        spliced = gittrees.splice(self.tree(base), entries, changed) if base else None
+        if spliced is None:
+            return self.write_tree(entries)
+        data, layout = spliced
+        oid = self.write("tree", data)
+        self.trees.put(oid, gittrees.Tree(entries, layout))
+        return oid
+
+    def write_commit(self, tree: str, parents: list[str], message: str) -> str:
+        return self.write("commit", commit_object(tree, parents, message))
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._proc is not None:
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+
+def _write_lines(stream, lines: list[bytes]) -> None:
+    try:
+        stream.write(b"".join(line + b"\n" for line in lines))
+        stream.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def flatten(db: ObjectDB, tree: str, prefix: str = "") -> dict[str, tuple[str, str]]:
+    """{path: (mode, blob id)} of every file and link under `tree` (a loop, not recursion)."""
+    out: dict[str, tuple[str, str]] = {}
+    todo = [(prefix, tree)]
+    while todo:
+        base, oid = todo.pop()
+        for name, (mode, sub, _raw) in db.tree(oid).items():
+            path = f"{base}{name}"
+            if mode == gittrees.TREE_MODE:
+                todo.append((path + "/", sub))
+            else:
+                out[path] = (mode, sub)
+    return out
+
+
+def tree_from_files(
+    db: ObjectDB, files: dict[str, tuple[str, str]], root_extra: dict[str, tuple[str, str]] | None = None
+) -> str:
+    """The tree id of {path: (mode, blob id)} (the inverse of `flatten`), its trees written; `root_extra`: more
+    entries of the top tree {name: (mode, id)} (a subtree kept as a whole)."""
+    root: dict = {name: ("extra", val) for name, val in (root_extra or {}).items()}
+    for path, (mode, oid) in files.items():
+        node = root
+        *dirs, name = path.split("/")
+        for d in dirs:
+            node = node.setdefault(d, {})
+        node[name] = (mode, oid)
+
+    def build(node: dict) -> str:
+        entries = {}
+        for name, val in node.items():
+            if isinstance(val, tuple) and val[0] == "extra":
+                entries[name] = gittrees.entry(name, *val[1])
+            elif isinstance(val, dict):
+                entries[name] = gittrees.entry(name, gittrees.TREE_MODE, build(val))
+            else:
+                entries[name] = gittrees.entry(name, *val)
+        return db.write_tree(entries)
+
+    return build(root)
+
+
+def init_bare(git_dir: Path) -> None:
+    """A new bare repository (host-owned: its config is git's default)."""
+    git_dir.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["git", "init", "-q", "--bare", str(git_dir)], check=True, env=git_env(), capture_output=True
+    )

@@ -1,0 +1,92 @@
+"""The host's end of the bridge to the user's Coral: one long-lived `bridge_main.py` process in Coral's interpreter
+per explore job (a turn does not pay Coral's import), answering JSON-lines requests; thread-safe.
+
+    b = CoralBridge(install)          # starts the process
+    b.call("coral_md", task=..., agent_id="agent-1", single_agent=True)
+    b.close()
+
+A request that Coral's code refuses raises `CoralError` naming the op and Coral's message; a bridge that died is
+restarted once per call.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from pathlib import Path
+
+from sftree.errors import SftreeError
+from sftree.world.locate import CoralInstall
+
+SCRIPT = Path(__file__).with_name("bridge_main.py")
+
+
+class CoralError(SftreeError):
+    """Coral's own code failed on a request (its message and traceback are in the text)."""
+
+
+class CoralBridge:
+    def __init__(self, install: CoralInstall):
+        self.install = install
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._start()
+
+    def _start(self) -> None:
+        self._proc = subprocess.Popen(
+            [self.install.python, "-I", "-B", str(SCRIPT), self.install.root],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            encoding="utf-8",
+            bufsize=1,
+            cwd="/",
+        )
+
+    def call(self, op: str, **req):
+        line = json.dumps({"op": op, **req}) + "\n"
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    if self._proc is None or self._proc.poll() is not None:
+                        self._start()
+                    self._proc.stdin.write(line)
+                    self._proc.stdin.flush()
+                    answer = self._proc.stdout.readline()
+                    if not answer:
+                        raise BrokenPipeError("the bridge closed its output")
+                    break
+                except (BrokenPipeError, OSError) as exc:
+                    self._kill()
+                    if attempt == 2:
+                        raise CoralError(
+                            f"coral bridge ({self.install.python}) died during {op!r}: {exc}"
+                        ) from None
+        data = json.loads(answer)
+        if not data.get("ok"):
+            raise CoralError(
+                f"Coral ({self.install.python}, {self.install.version}) failed on {op!r}: {data.get('error')}\n"
+                f"{data.get('traceback', '')}"
+            )
+        return data["value"]
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            try:
+                self._proc.kill()
+                self._proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            self._proc = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._proc is not None:
+                try:
+                    self._proc.stdin.close()
+                    self._proc.wait(timeout=5)
+                except (OSError, subprocess.TimeoutExpired):
+                    self._kill()
+                self._proc = None

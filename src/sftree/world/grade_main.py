@@ -1,0 +1,181 @@
+"""The grader's side of sftree's confined grading (sftree/world/grading.py): run in the grader's sandbox with the
+grader's interpreter as `python -I -B grade_main.py REQUEST.json`. Standard library (and Coral, or sftree's stand-in
+package) only.
+
+With Coral (`mode: coral`) it grades exactly as Coral's grader daemon does, by calling the daemon's own
+`_grade_one` on a pending attempt: the task's eval/grader.py loaded by Coral's loader, its `grade()` in the daemon's
+timed worker, the bundle's feedback built by the daemon, its exceptions and timeouts turned into Coral's statuses and
+texts. Only what needs a git repository or writes the run's records is replaced: the checkout is already in place,
+the finalized attempt is captured instead of written, the status baseline is left to the host (which keeps the
+agent's history). Without Coral (`mode: stand-in`) the same steps with sftree's stand-in TaskGrader.
+
+Before any grader code runs: `sys.executable` (and `python`, `python3` on PATH) become sftree's forwarder, so the
+programs a grader starts with Coral's helpers run as graded code in a sandbox of their own; the result goes back
+on an inherited fd that nothing the grader starts inherits; the process is made non-dumpable (no same-uid process
+can open its fds through /proc or trace it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+
+
+def _protect() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+    except (OSError, AttributeError):
+        pass
+
+
+def _coral(req: dict) -> dict:
+    import coral.grader.daemon as d
+    from coral.config import CoralConfig
+    from coral.types import Attempt
+
+    coral_dir = Path(req["coral_dir"])
+    captured = []
+    d._add_isolated_worktree = lambda repo, commit, dest: None  # sftree placed the checkout
+    d._remove_worktree = lambda repo, dest: None
+    d._repo_dir = lambda cd: Path(cd).parent
+    d.write_attempt = lambda cd, attempt: captured.append(attempt)
+    d.increment_eval_count = lambda cd: 0
+    d.get_agent_attempts = lambda cd, agent: []  # the host decides improved/baseline/regressed
+    config_path = coral_dir / "config.yaml"
+    config = CoralConfig.from_yaml(config_path)
+    attempt = Attempt(
+        commit_hash=req["commit"],
+        agent_id=req["agent_id"],
+        title=req.get("title", ""),
+        score=None,
+        status="pending",
+        parent_hash=None,
+        timestamp=datetime.now(UTC).isoformat(),
+        metadata={"budget_class": "tune"} if req.get("tune") else {},
+    )
+    fin = d._grade_one(attempt, config_path, coral_dir, config)
+    status = fin.status if fin.status in ("crashed", "timeout") else "scored"
+    if fin.score is None and status == "scored":
+        status = "crashed"
+    return {"score": fin.score, "status": status, "feedback": fin.feedback, "metadata": fin.metadata}
+
+
+def _standin(req: dict) -> dict:
+    import importlib.util
+
+    from coral.grader import TaskGrader
+    from coral.types import ScoreBundle, Task
+
+    coral_dir = Path(req["coral_dir"])
+    cls = "tune" if req.get("tune") else "real"
+    task = Task(
+        id=req["task"],
+        name=req["task"],
+        description="",
+        metadata={"budget_class": cls, "agent_id": req["agent_id"], "commit_hash": req["commit"]},
+    )
+    timeout = req.get("timeout") or None
+    try:
+        path = coral_dir / "private" / "eval" / "grader.py"
+        spec = importlib.util.spec_from_file_location("task_grader", str(path))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["task_grader"] = mod
+        spec.loader.exec_module(mod)
+        gcls = getattr(mod, "Grader", None)
+        if gcls is None or not issubclass(gcls, TaskGrader):
+            raise TypeError("eval/grader.py must define `Grader`, a TaskGrader subclass")
+        grader = gcls(config=SimpleNamespace(args=req.get("args") or {}, timeout=timeout))
+        grader.private_dir = str(coral_dir / "private")
+        grader.codebase_path = req["checkout"]
+        grader.tasks = [task]
+        box = {}
+
+        def work():
+            try:
+                box["v"] = grader.evaluate()
+            except BaseException as exc:  # noqa: BLE001 - reported as the grader's failure
+                box["e"] = exc
+
+        t = threading.Thread(target=work, daemon=True)
+        t.start()
+        t.join(timeout)
+        if t.is_alive():
+            return {
+                "score": None,
+                "status": "timeout",
+                "feedback": f"grading took longer than {timeout} s",
+                "metadata": {"budget_class": "grader_error"},
+            }
+        if "e" in box:
+            raise box["e"]
+        result = box["v"]
+        if not isinstance(result, ScoreBundle):
+            result = ScoreBundle(scores={}, aggregated=float(result))
+    except Exception as exc:  # noqa: BLE001
+        return {
+            "score": None,
+            "status": "crashed",
+            "feedback": f"the grader failed: {exc}",
+            "metadata": {"budget_class": "grader_error"},
+        }
+    parts = [result.feedback] if result.feedback else []
+    parts += [f"{n}: {s.explanation}" for n, s in (result.scores or {}).items() if s.explanation]
+    score = result.aggregated
+    meta = dict(result.metadata or {})
+    meta["budget_class"] = cls
+    return {
+        "score": score,
+        "status": "scored" if score is not None else "crashed",
+        "feedback": "\n".join(parts),
+        "metadata": meta,
+    }
+
+
+def main() -> None:
+    req = json.loads(Path(sys.argv[1]).read_text())
+    fd = int(req["result_fd"])
+    os.set_inheritable(fd, False)
+    out = os.fdopen(fd, "w")
+    _protect()
+    sys.path.insert(0, req["coral_root"])
+    real = sys.executable
+    import multiprocessing
+
+    multiprocessing.set_executable(real)  # a spawned grader worker is the grader, not graded code
+    sys.executable = req["forwarder"]
+    os.environ["PATH"] = req["forwarder_dir"] + ":" + os.environ.get("PATH", "/usr/bin:/bin")
+    t0 = time.monotonic()
+    try:
+        result = _coral(req) if req["mode"] == "coral" else _standin(req)
+    except BaseException as exc:  # noqa: BLE001 - the host records it as a crash of the grading
+        result = {
+            "score": None,
+            "status": "crashed",
+            "feedback": f"grading failed: {exc}",
+            "metadata": {},
+            "traceback": traceback.format_exc()[-4000:],
+        }
+    result["grader_s"] = time.monotonic() - t0
+    score = result.get("score")
+    if score is not None:
+        try:
+            result["score"] = float(score)
+        except (TypeError, ValueError):
+            result.update(
+                score=None, status="crashed", feedback=f"the grader's score {score!r} is not a number"
+            )
+    out.write(json.dumps(result, default=str))
+    out.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,473 @@
+"""Grade a commit with a Coral task's own `TaskGrader`, confined (docs/security.md, "Grading a Coral task").
+
+    r = grade(spec, code_dir, commit=sha, install=install, sandbox="auto")
+    r.score, r.status ("scored" | "crashed" | "timeout"), r.feedback, r.metadata, r.seconds
+
+Two sandboxes, two uids, one channel each way:
+
+- **The grader** (the task's eval/grader.py, trusted) runs in Coral's interpreter (or sftree's, with the stand-in
+  TaskGrader) in a bubblewrap sandbox laid out as Coral's daemon lays it out, at the agent's `run_dir`:
+  `<run_dir>/.coral/config.yaml` and `private/eval/` read-only, the copy to grade at
+  `private/grader_checkouts/<commit>` and `public/` (eval logs) writable; nothing else of the host, no network.
+  It is started by `grade_main.py`, which writes the result to a pipe it inherited, marked close-on-exec, in a
+  non-dumpable process.
+- **The graded program**: every command the grader starts with `sys.executable` or `python`/`python3` (Coral's
+  `get_python_command`, `run_program`, `run_script`, the subprocess calls of the example graders) is sftree's
+  forwarder, which asks the host over a Unix socket to run it in a second sandbox, as another uid, in another pid
+  namespace, where only the code copy (at the same path) and the task files listed in `graded_can_read` exist,
+  and hands back its stdout, stderr and exit code. It never sees the grader, the eval folder, the config or the
+  result pipe, and cannot signal the grader.
+
+The host reads the score only from that pipe. A grader that trusts what the graded program prints (Coral's
+circle_packing does) can still be told a score by it: that is the task's grader, not the channel
+(docs/security.md says what that means).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+import os
+import selectors
+import shutil
+import socket
+import stat
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import yaml
+
+from sftree.runtime import tempdirs
+from sftree.runtime.procs import run_group
+from sftree.runtime.sandbox import UIDS, Limits, bwrap_argv, resolve_mode, wait_gone, wrap_limits
+from sftree.world.locate import CoralInstall
+from sftree.world.task import TaskSpec
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+GRADER_LIMITS = Limits(nproc=256, data_mb=8192, fsize_mb=1024)
+GRADED_LIMITS = Limits(nproc=64, data_mb=4096, fsize_mb=256)
+CTL = (
+    "/tmp/.sftree-grade"  # inside the grader's sandbox: grade_main.py, the forwarder, the request (read-only)
+)
+SOCK = "/tmp/.sftree-grade-sock"
+GRACE_S = 30 + 15  # Coral's daemon kills its worker at timeout + 30 s; sftree stops the grader a little later
+NO_LIMIT_S = 6 * 3600  # grader.timeout 0 (no limit in Coral): the host still stops it
+FEEDBACK_CAP = 16000
+OUTPUT_CAP = 16 * 1024 * 1024
+
+FORWARDER = r'''#!{python} -I
+"""sftree: runs this command as graded code in its own sandbox, outside the grader's (sftree/world/grading.py)."""
+import base64, json, os, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect({sock!r})
+try:
+    data = b"" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer.read()
+except (OSError, ValueError):
+    data = b""
+req = {{"argv0": os.path.basename(sys.argv[0]), "argv": sys.argv[1:], "cwd": os.getcwd(),
+        "stdin": base64.b64encode(data).decode()}}
+s.sendall(json.dumps(req).encode() + b"\n")
+buf = bytearray()
+while True:
+    chunk = s.recv(1 << 20)
+    if not chunk:
+        break
+    buf += chunk
+try:
+    rep = json.loads(buf)
+except ValueError:
+    sys.stderr.write("sftree: the graded program's runner gave no answer\n")
+    os._exit(125)
+for fd, key in ((1, "stdout"), (2, "stderr")):
+    view = memoryview(base64.b64decode(rep[key]))
+    while view:
+        view = view[os.write(fd, view):]
+os._exit(rep["rc"])
+'''
+
+
+@dataclass
+class GradeResult:
+    score: float | None
+    status: str  # scored | crashed | timeout
+    feedback: str
+    metadata: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    sandbox: str = "bwrap"
+    runs: int = 0  # graded programs the grader started
+
+    @property
+    def budget_class(self) -> str:
+        cls = (self.metadata or {}).get("budget_class")
+        return cls if cls in ("real", "grader_error", "tune") else "real"
+
+
+def _open_tree(path: Path) -> None:
+    """Both sandbox uids may read and write the shared copy (it is private to this grading)."""
+    for root, _dirs, files in os.walk(path):
+        os.chmod(root, 0o777)
+        for name in files:
+            p = os.path.join(root, name)
+            if not os.path.islink(p):
+                mode = os.lstat(p).st_mode
+                os.chmod(p, 0o666 | (0o111 if mode & stat.S_IXUSR else 0))
+
+
+class _Runner:
+    """The host's end of the forwarder: runs each graded command in its own sandbox until `stop()`."""
+
+    def __init__(self, sock_path: Path, argv_for, deadline: float):
+        self.argv_for = argv_for
+        self.deadline = deadline
+        self.runs = 0
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(str(sock_path))
+        os.chmod(sock_path, 0o777)
+        self._sock.listen(16)
+        self._sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._thread = threading.Thread(target=self._serve, name="sftree-graded", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            t = threading.Thread(target=self._one, args=(conn,), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                buf = b""
+                conn.settimeout(30)
+                while not buf.endswith(b"\n"):
+                    chunk = conn.recv(1 << 20)
+                    if not chunk:
+                        return
+                    buf += chunk
+                req = json.loads(buf)
+                argv, cwd, env = self.argv_for(req)
+                self.runs += 1
+                left = max(1.0, self.deadline - time.monotonic())
+                stdin = base64.b64decode(req.get("stdin") or "")
+                res = _run_watched(argv, conn, left, cwd, env, stdin)
+                rc = 124 if res.timed_out else (res.returncode if res.returncode is not None else 137)
+                if rc < 0:
+                    rc = 128 - rc
+                reply = {
+                    "rc": rc,
+                    "stdout": base64.b64encode(res.stdout).decode(),
+                    "stderr": base64.b64encode(res.stderr).decode(),
+                }
+                conn.settimeout(None)
+                conn.sendall(json.dumps(reply).encode())
+            except Exception as exc:  # noqa: BLE001 - the grader sees a failed program, the host a log line
+                log.warning("graded program not run: %s", exc)
+                try:
+                    msg = base64.b64encode(f"sftree: graded program not run: {exc}\n".encode()).decode()
+                    conn.sendall(json.dumps({"rc": 126, "stdout": "", "stderr": msg}).encode())
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        self._thread.join(timeout=5)
+        for t in self._threads:
+            t.join(timeout=5)
+
+
+def _run_watched(argv, conn: socket.socket, timeout: float, cwd: str, env: dict, stdin: bytes):
+    """Run one graded command in its own process group; killed at the deadline, or as soon as the forwarder that
+    asked for it goes away (the grader's own timeout killed it). Output capped while read."""
+    import subprocess
+
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        cwd=cwd,
+        env=env,
+    )
+    if stdin:
+
+        def feed():
+            try:
+                proc.stdin.write(stdin)
+                proc.stdin.close()
+            except OSError:
+                pass
+
+        threading.Thread(target=feed, daemon=True).start()
+    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    with selectors.DefaultSelector() as sel:
+        for fh in bufs:
+            sel.register(fh, selectors.EVENT_READ)
+        sel.register(conn, selectors.EVENT_READ)
+        while len(sel.get_map()) > 1:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            for key, _ in sel.select(timeout=min(left, 1.0)):
+                if key.fileobj is conn:
+                    try:
+                        gone = conn.recv(1, socket.MSG_PEEK) == b""
+                    except OSError:
+                        gone = True
+                    if gone:
+                        sel.unregister(conn)
+                        timed_out = True
+                        break
+                    continue
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                buf = bufs[key.fileobj]
+                buf += chunk[: max(0, OUTPUT_CAP - len(buf))]
+            if timed_out:
+                break
+    try:
+        os.killpg(proc.pid, 9)  # the graded program's leftovers (or all of it, timed out) go
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    for fh in bufs:
+        fh.close()
+    return SimpleNamespace(
+        returncode=None if timed_out else proc.returncode,
+        stdout=bytes(bufs[proc.stdout]),
+        stderr=bytes(bufs[proc.stderr]),
+        timed_out=timed_out,
+    )
+
+
+def _config_yaml(spec: TaskSpec) -> str:
+    data = json.loads(json.dumps(spec.coral))
+    g = dict(data.get("grader") or {})
+    g["timeout"] = int(math.ceil(spec.timeout)) if spec.timeout else 0
+    data["grader"] = g
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def grade(
+    spec: TaskSpec,
+    code_dir: str | os.PathLike,
+    *,
+    commit: str,
+    install: CoralInstall | None,
+    sandbox: str = "auto",
+    agent_id: str = "agent-1",
+    title: str = "",
+    tune: bool = False,
+    run_dir: str | None = None,
+) -> GradeResult:
+    """Grade a host-made copy of the code (`code_dir`, never the agent's workspace; it is copied again here)."""
+    if spec.kind != "coral":
+        raise ValueError(f"task {spec.name}: not a Coral task (graded by its command)")
+    mode = resolve_mode(sandbox)
+    t0 = time.monotonic()
+    tmp = Path(tempdirs.make("sftree-grade-"))
+    uids: list[int | None] = []
+    runner = None
+    r_fd = w_fd = None
+    try:
+        layout = tmp / "run"
+        cd_host = layout / ".coral"
+        checkout_host = cd_host / "private" / "grader_checkouts" / commit
+        shutil.copytree(spec.eval_dir, cd_host / "private" / "eval", symlinks=True)
+        shutil.copytree(code_dir, checkout_host, symlinks=True)
+        (cd_host / "public" / "eval_logs").mkdir(parents=True)
+        (cd_host / "config.yaml").write_text(_config_yaml(spec))
+        _open_tree(checkout_host)
+        _open_tree(cd_host / "public")
+        ctl, sock_dir = tmp / "ctl", tmp / "sock"
+        (ctl / "bin").mkdir(parents=True)
+        sock_dir.mkdir()
+        os.chmod(sock_dir, 0o755)
+        shutil.copy(HERE / "grade_main.py", ctl / "grade_main.py")
+        if install is None:
+            shutil.copytree(
+                HERE / "standin_pkg", ctl / "standin", ignore=shutil.ignore_patterns("__pycache__")
+            )
+        confined = mode == "bwrap"
+        rd = (run_dir or "/workspace/results/{task}").format(task=spec.name) if confined else str(layout)
+        ctl_in, sock_in = (CTL, SOCK) if confined else (str(ctl), str(sock_dir))
+        cd_in = f"{rd}/.coral"
+        checkout_in = f"{cd_in}/private/grader_checkouts/{commit}"
+        python = install.python if install else sys.executable
+        forwarder = FORWARDER.format(python=python, sock=f"{sock_in}/run.sock")
+        names = ["python", "python3", f"python3.{sys.version_info.minor}"]
+        if shutil.which("uv"):
+            names.append("uv")
+        for name in names:
+            (ctl / "bin" / name).write_text(forwarder)
+            (ctl / "bin" / name).chmod(0o755)
+        r_fd, w_fd = os.pipe()
+        req = {
+            "mode": "coral" if install else "stand-in",
+            "result_fd": w_fd,
+            "coral_dir": cd_in,
+            "checkout": checkout_in,
+            "commit": commit,
+            "agent_id": agent_id,
+            "title": title,
+            "tune": tune,
+            "task": spec.name,
+            "args": spec.args,
+            "timeout": spec.timeout,
+            "coral_root": install.root if install else f"{ctl_in}/standin",
+            "forwarder": f"{ctl_in}/bin/python",
+            "forwarder_dir": f"{ctl_in}/bin",
+        }
+        (ctl / "request.json").write_text(json.dumps(req))
+        for p in ctl.rglob("*"):
+            os.chmod(p, 0o755 if p.is_dir() or os.access(p, os.X_OK) else 0o644)
+        os.chmod(ctl, 0o755)
+        roots = list(install.roots) if install else []
+        limit = spec.timeout + GRACE_S if spec.timeout else NO_LIMIT_S
+        deadline = time.monotonic() + limit
+        g_uid = UIDS.acquire() if confined else None
+        s_uid = UIDS.acquire() if confined else None
+        uids = [g_uid, s_uid]
+        env_base = {"LANG": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
+        py_bin = str(Path(python).parent)
+
+        def argv_for(r):
+            argv0 = r.get("argv0") or "python"
+            exe = "uv" if argv0 == "uv" else python
+            cmd = [exe, *[str(a) for a in r.get("argv") or []]]
+            cwd = str(r.get("cwd") or checkout_in)
+            if not (cwd == checkout_in or cwd.startswith(checkout_in + "/")):
+                cwd = checkout_in  # the grader's folders do not exist for the graded program
+            env = {**env_base, "PATH": f"{py_bin}:/usr/local/bin:/usr/bin:/bin"}
+            if not confined:
+                real_cwd = cwd.replace(checkout_in, str(checkout_host), 1)
+                return wrap_limits(cmd, GRADED_LIMITS), real_cwd, env
+            reads = [(cd_host / "private" / rel, f"{cd_in}/private/{rel}") for rel in spec.graded_can_read]
+            argv = bwrap_argv(
+                cmd,
+                cwd=cwd,
+                binds=[(checkout_host, checkout_in)],
+                ro_binds=reads,
+                keep_visible=roots,
+                uid=s_uid,
+            )
+            return wrap_limits(argv, GRADED_LIMITS, s_uid), "/", env
+
+        runner = _Runner(sock_dir / "run.sock", argv_for, deadline)
+        gcmd = [python, "-I", "-B", f"{ctl_in}/grade_main.py", f"{ctl_in}/request.json"]
+        genv = {**env_base, "PATH": f"{ctl_in}/bin:{py_bin}:/usr/local/bin:/usr/bin:/bin"}
+        if confined:
+            argv = bwrap_argv(
+                gcmd,
+                cwd=checkout_in,
+                binds=[(checkout_host, checkout_in), (cd_host / "public", f"{cd_in}/public")],
+                ro_binds=[
+                    (cd_host / "private" / "eval", f"{cd_in}/private/eval"),
+                    (cd_host / "config.yaml", f"{cd_in}/config.yaml"),
+                    (ctl, CTL),
+                    (sock_dir, SOCK),
+                ],
+                keep_visible=roots,
+                uid=g_uid,
+            )
+            argv, gcwd = wrap_limits(argv, GRADER_LIMITS, g_uid), "/"
+        else:
+            argv, gcwd = wrap_limits(gcmd, GRADER_LIMITS), str(checkout_host)
+        res = run_group(argv, timeout=limit, cwd=gcwd, env=genv, max_output=OUTPUT_CAP, pass_fds=(w_fd,))
+        os.close(w_fd)
+        w_fd = None
+        data = _read_all(r_fd)
+        secs = time.monotonic() - t0
+        stderr = res.stderr.decode("utf-8", "replace")
+        if res.timed_out:
+            return GradeResult(
+                None,
+                "timeout",
+                f"grading took longer than {limit:g} s and was stopped",
+                {"budget_class": "grader_error"},
+                secs,
+                mode,
+                runner.runs,
+            )
+        try:
+            out = json.loads(data)
+            if not isinstance(out, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            tail = stderr.strip()[-FEEDBACK_CAP // 4 :]
+            return GradeResult(
+                None,
+                "crashed",
+                f"the grader gave no result (exit code {res.returncode}): {tail}",
+                {"budget_class": "grader_error"},
+                secs,
+                mode,
+                runner.runs,
+            )
+        score = out.get("score")
+        status = out.get("status", "crashed")
+        if score is not None and (not isinstance(score, int | float) or not math.isfinite(score)):
+            score, status = None, "crashed"
+        if score is None and status == "scored":
+            status = "crashed"
+        if status not in ("scored", "crashed", "timeout"):
+            status = "crashed"
+        meta = out.get("metadata") if isinstance(out.get("metadata"), dict) else {}
+        if out.get("traceback"):
+            log.warning("grade_main failed: %s", out["traceback"])
+        return GradeResult(
+            score, status, str(out.get("feedback") or "")[:FEEDBACK_CAP], meta, secs, mode, runner.runs
+        )
+    finally:
+        if runner is not None:
+            runner.stop()
+        for fd in (r_fd, w_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        for uid in uids:
+            if uid is not None:
+                wait_gone(uid)
+                UIDS.release(uid)
+        tempdirs.remove(tmp)
+
+
+def _read_all(fd: int, cap: int = OUTPUT_CAP) -> bytes:
+    os.set_blocking(fd, False)
+    buf = bytearray()
+    while len(buf) < cap:
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        buf += chunk
+    return bytes(buf)

@@ -1,0 +1,165 @@
+"""A task as config.yaml names it: a Coral task folder used as it is, or sftree's older command form.
+
+    tasks:
+      circle_packing:
+        coral_task: ../shared/coral/examples/circle_packing   # task.yaml, eval/grader.py (a TaskGrader), seed/
+        graded_can_read: []            # task-folder files the graded program may read (kernel_builder: eval/frozen_problem.py)
+        grader_timeout: 60             # optional: overrides task.yaml's grader.timeout
+      legacy:
+        direction: maximize            # the older form, kept for configs that have it: task_dir with task.md and
+        task_dir: my_task              # a grader command printing {"score", "feedback"} (runtime/coral.py)
+        grader: python3 {task_dir}/grader.py {code_dir}
+
+`load_task(entry, name)` -> `TaskSpec`: name, direction, timeout, args, description, tips and the raw task.yaml
+(`coral`, for Coral's own config) from the task folder, validated with errors that name the file and the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sftree.errors import InputError
+
+DIRECTIONS = ("maximize", "minimize")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str  # the config's task name (results/<name>/...)
+    kind: str  # "coral" (a Coral task folder) | "command" (task_dir + grader command)
+    direction: str
+    timeout: float  # seconds; Coral's grader.timeout (0 = no limit there: sftree then uses `grader_timeout`)
+    description: str = ""
+    tips: str = ""
+    title: str = ""  # task.yaml's task.name (what CORAL.md calls the task)
+    args: dict = field(default_factory=dict)
+    task_dir: Path | None = None
+    eval_dir: Path | None = None
+    seed_dir: Path | None = None
+    coral: dict = field(default_factory=dict)  # task.yaml as read (Coral builds its config from it)
+    graded_can_read: tuple[str, ...] = ()
+    grader: str | None = None  # the command form's grader command
+
+    @property
+    def minimize(self) -> bool:
+        return self.direction == "minimize"
+
+
+def _field(data: Any, path: str, kind: type | tuple, where: Path, required: bool = True, default=None):
+    cur = data
+    for part in path.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            if required:
+                raise InputError(f"{where}: `{path}` is missing")
+            return default
+        cur = cur[part]
+    if cur is None and not required:
+        return default
+    if not isinstance(cur, kind) or isinstance(cur, bool) and kind is not bool:
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise InputError(f"{where}: `{path}` must be {names}, got {type(cur).__name__} ({cur!r})")
+    return cur
+
+
+def read_task_yaml(task_dir: Path) -> dict:
+    path = Path(task_dir) / "task.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{task_dir}: not a Coral task folder (no task.yaml)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot be read: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: the top level must be a mapping")
+    return data
+
+
+def load_coral_task(task_dir: str | Path, name: str | None = None, overrides: dict | None = None) -> TaskSpec:
+    """Read a Coral task folder (task.yaml, eval/grader.py, seed/) without changing anything in it."""
+    task_dir = Path(task_dir).resolve()
+    data = read_task_yaml(task_dir)
+    where = task_dir / "task.yaml"
+    title = _field(data, "task.name", str, where)
+    description = _field(data, "task.description", str, where)
+    tips = _field(data, "task.tips", str, where, required=False, default="")
+    direction = _field(data, "grader.direction", str, where, required=False, default="maximize")
+    if direction not in DIRECTIONS:
+        raise InputError(f"{where}: `grader.direction` must be maximize or minimize, got {direction!r}")
+    timeout = _field(data, "grader.timeout", (int, float), where, required=False, default=300)
+    if timeout < 0:
+        raise InputError(f"{where}: `grader.timeout` must be >= 0, got {timeout}")
+    args = _field(data, "grader.args", dict, where, required=False, default={})
+    entry = _field(data, "grader.entrypoint", str, where, required=False, default="")
+    eval_dir = task_dir / "eval"
+    if entry:
+        raise InputError(
+            f"{where}: `grader.entrypoint` ({entry!r}) graders run in Coral's grader venv, which sftree does not "
+            "build; use an eval/grader.py TaskGrader"
+        )
+    if not (eval_dir / "grader.py").is_file():
+        raise InputError(f"{task_dir}: no eval/grader.py (the task's TaskGrader)")
+    overrides = overrides or {}
+    override = overrides.get("coral_timeout_override", overrides.get("grader_timeout"))
+    if override is not None:
+        timeout = override
+    reads = tuple(str(p) for p in overrides.get("graded_can_read") or ())
+    for rel in reads:
+        p = Path(rel)
+        if p.is_absolute() or ".." in p.parts or p.parts[:1] != ("eval",) or not (task_dir / p).is_file():
+            raise InputError(
+                f"tasks.{name or title}.graded_can_read: {rel!r} is not a file inside {task_dir}/eval"
+            )
+    seed = task_dir / "seed"
+    return TaskSpec(
+        name=name or title,
+        kind="coral",
+        direction=direction,
+        timeout=float(timeout),
+        description=description,
+        tips=tips,
+        title=title,
+        args=dict(args),
+        task_dir=task_dir,
+        eval_dir=eval_dir,
+        seed_dir=seed if seed.is_dir() else None,
+        coral=data,
+        graded_can_read=reads,
+    )
+
+
+def load_task(entry: dict, name: str) -> TaskSpec:
+    """One config.yaml task entry (as `sftree.config.task_config` returns it) as a TaskSpec."""
+    if entry.get("coral_task"):
+        spec = load_coral_task(entry["coral_task"], name, entry)
+        if entry.get("direction") and entry["direction"] != spec.direction:
+            raise InputError(
+                f"tasks.{name}.direction is {entry['direction']!r} but {spec.task_dir}/task.yaml says "
+                f"grader.direction {spec.direction!r}: leave it out (task.yaml decides)"
+            )
+        return spec
+    if not entry.get("grader"):
+        raise InputError(f"tasks.{name}: give `coral_task` (a Coral task folder) or `grader` (a command)")
+    task_dir = Path(entry["task_dir"]) if entry.get("task_dir") else None
+    desc = ""
+    if task_dir and (task_dir / "task.md").is_file():
+        desc = (task_dir / "task.md").read_text(encoding="utf-8").strip()
+    return TaskSpec(
+        name=name,
+        kind="command",
+        direction=entry.get("direction", "maximize"),
+        timeout=float(entry.get("grader_timeout", 120)),
+        description=desc,
+        title=name,
+        task_dir=task_dir,
+        grader=entry["grader"],
+        coral={
+            "task": {"name": name, "description": desc},
+            "grader": {"direction": entry.get("direction", "maximize")},
+        },
+    )

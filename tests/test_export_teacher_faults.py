@@ -1,0 +1,113 @@
+"""A tree explored against teacher-sim's fault script (native backend), then exported: a reply cut at
+`max_tokens`, a call whose arguments do not parse and a tool call written as text each stay in the transcript and
+in the history of later records, and are never a trained completion; the dataset card counts them."""
+
+from __future__ import annotations
+
+import json
+
+from helpers_explore import explore, load_final, make_root, write_config
+
+from sftree import cli
+from sftree.dataset.export import exclusion, normalize_message
+from sftree.search import steplog
+
+SCRIPT = [
+    {"match": {"edge": "e1", "turn": 2}, "fault": "malformed_args", "count": 1},  # step 1: `{..."` arguments
+    {
+        "match": {"edge": "e2", "turn": 1},
+        "fault": "hermes_text",
+        "count": 1,
+    },  # step 1: <tool_call> in content
+    # step 5 (after the edit): cut inside its text; the nudge that follows makes the policy eval the edit
+    {"match": {"edge": "e2", "turn": 1}, "fault": "length_text", "skip": 4, "count": 1},
+    {
+        "match": {"edge": "e2", "turn": 2},
+        "fault": "length_mid_call",
+        "skip": 1,
+        "count": 1,
+    },  # step 2: cut call
+]
+
+
+def test_ill_formed_steps_are_history_never_completions(tmp_path):
+    root = make_root(tmp_path)
+    # seed 1: both edges score (under seed 0 e1's edit crashes the grader and the root's retry takes its place)
+    cfg = write_config(
+        tmp_path,
+        {"root_children": 1, "max_children": 1, "max_depth": 2, "parallel_width": 1},
+        script=SCRIPT,
+        seed=1,
+    )
+    out = tmp_path / "trees" / root.name
+    assert explore(root, out, cfg) == 0
+    tree = load_final(out)
+    assert tree.backend == "native" and [e.id for e in tree.edges] == ["e1", "e2"]
+
+    # in the transcripts, as the agent recorded them
+    bad = {}
+    for e in ("e1", "e2"):
+        for s in steplog.read_steps(out / "edges" / e / "steps.jsonl"):
+            why = s["response"] is not None and exclusion(s)
+            if why:
+                bad[(e, s["turn"], s["step"])] = (why, s)
+    assert sorted(why for why, _ in bad.values()) == [
+        "malformed_arguments",
+        "text_tool_call",
+        "truncated",
+        "truncated",
+    ]
+    reasons = {k[:2]: why for k, (why, _) in bad.items()}
+    assert reasons[("e1", 2)] == "malformed_arguments" and reasons[("e2", 1)] in (
+        "text_tool_call",
+        "truncated",
+    )
+    cut_text = [s for why, s in bad.values() if why == "truncated" and not s["response"].get("tool_calls")]
+    assert len(cut_text) == 1 and cut_text[0]["finish_reason"] == "length" and cut_text[0]["kind"] == "agent"
+
+    paths = out / "paths.json"
+    assert cli.main(["select-paths", "--tree", str(out / "tree.json"), "--out", str(paths)]) == 0
+    assert json.loads(paths.read_text())["paths"][0]["edges"] == ["e1", "e2"]
+    sft = tmp_path / "results" / "circle_packing" / "sft.jsonl"
+    assert cli.main(["export-sft", "--paths", str(paths), "--out", str(sft)]) == 0
+    records = [json.loads(x) for x in sft.read_text().splitlines()]
+    ids = {
+        r["metadata"]["id"].rsplit("/", 2)[1] + "/" + r["metadata"]["id"].rsplit("/", 1)[1] for r in records
+    }
+    assert all(r["metadata"]["backend"] == "native" and r["metadata"]["coral"] == "stand-in" for r in records)
+    for (edge, turn, step), (why, s) in bad.items():
+        assert f"{edge}/t{turn}s{step}" not in ids, f"{why} step {edge} t{turn}s{step} was trained"
+        sent, _ = normalize_message(s["response"])
+        assert all(sent not in r["completion"] for r in records)
+        # the next model call of the session resent it: there it is history, exactly as sent
+        later = [r for r in records if sent in r["prompt"]]
+        assert later, f"{why} step {edge} t{turn}s{step} is in no later prompt"
+        assert all(r["metadata"]["history_excluded"] >= 1 for r in later)
+    assert len(records) == sum(
+        1
+        for e in ("e1", "e2")
+        for s in steplog.read_steps(out / "edges" / e / "steps.jsonl")
+        if s["kind"] in ("agent", "nudge") and s["response"] is not None
+    ) - len(bad)
+    stats = json.loads((sft.parent / "sft.stats.json").read_text())
+    assert stats["excluded"] == {"truncated": 2, "text_tool_call": 1, "malformed_arguments": 1}
+
+    # the card counts them (and flags the native backend)
+    res = tmp_path / "results"
+    card = res / "dataset_card.md"
+    args = ["export-sft", "--merge", str(sft), "--out", str(res / "sft.jsonl"), "--card", str(card)]
+    assert cli.main(args) == 0
+    text = card.read_text()
+    assert (
+        "4 ill-formed steps on the selected paths are never a trained completion: truncated 2, "
+        "text_tool_call 1, malformed_arguments 1, normalised 0." in text
+    )
+    assert f"**{len(records)} records were NOT made by OpenCode**" in text
+
+    # a path record trains every assistant turn: it ends before e1's malformed turn 2 step 1
+    psft = tmp_path / "path.jsonl"
+    assert cli.main(["export-sft", "--paths", str(paths), "--out", str(psft), "--granularity", "path"]) == 0
+    (rec,) = [json.loads(x) for x in psft.read_text().splitlines()]
+    assert rec["metadata"]["cut"] == {"edge": "e1", "turn": 2, "step": 1, "reason": "malformed_arguments"}
+    assert rec["metadata"]["edge"] == "e1" and rec["metadata"]["turn"] == 1
+    assert all(m["name"] for m in rec["messages"] if m["role"] == "tool")

@@ -1,0 +1,102 @@
+"""Coral's own example tasks through the whole workflow, unchanged (`coral_task: ../shared/coral/examples/<task>`),
+in the real Coral's world: a small Student run of the task's seed, then select_roots, explore (teacher-sim, each
+eval graded by the task's own TaskGrader through the installed Coral), select_paths, export and report."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from coral_helpers import CORAL_SRC, coral_python, needs_coral
+
+from sftree.runtime.sandbox import bwrap_works
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = [needs_coral, pytest.mark.coral, pytest.mark.slow]
+
+TASKS = {
+    "kernel_builder": {
+        "scores": [60000.0, 30000.0, 20000.0, 15000.0, 12500.0, 11910.0, 11910.0, 11910.0],
+        "reads": ["eval/frozen_problem.py"],
+    },
+    "circle_packing": {"scores": [0.2, 0.25, 0.3, 0.33, 0.35, 0.36, 0.364, 0.364], "reads": []},
+}
+
+
+def student_run(out: Path, task: str) -> None:
+    """Eight snapshots of one agent's run on the task's seed code (the shape `sftree import-coral` makes)."""
+    seed = CORAL_SRC / "examples" / task / "seed"
+    attempts = []
+    for i, score in enumerate(TASKS[task]["scores"], 1):
+        sha = hashlib.sha1(f"{task}{i}".encode()).hexdigest()
+        snap = out / task / f"eval-{i:06d}-agent-1-{sha[:12]}"
+        shutil.copytree(seed, snap / "code", ignore=shutil.ignore_patterns("opencode.json"))
+        if (
+            task == "circle_packing"
+        ):  # the Student's code has a constant teacher-sim can move (the task is unchanged)
+            prog = snap / "code" / "initial_program.py"
+            prog.write_text(f"RESTARTS = {i}\n" + prog.read_text())
+        attempts.append(
+            {"commit_hash": sha, "agent_id": "agent-1", "title": f"step {i}", "score": score, "status": "improved",
+             "parent_hash": None, "timestamp": f"2026-05-01T10:00:{i:02d}+00:00", "feedback": f"eval: step {i}"}
+        )  # fmt: skip
+        (snap / "shared" / "attempts").mkdir(parents=True)
+        (snap / "shared" / "notes").mkdir()
+        (snap / "shared" / "notes" / "n.md").write_text(f"# Step {i}\nWhat the Student learned.\n")
+        for a in attempts:
+            (snap / "shared" / "attempts" / f"{a['commit_hash']}.json").write_text(json.dumps(a))
+        meta = {"eval_count": i, "agent_id": "agent-1", "commit_hash": sha, "eval_ok": True}
+        (snap / "metadata.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_corals_example_runs_through_the_workflow(tmp_path, task):
+    student_run(tmp_path / "snaps", task)
+    cfg = yaml.safe_load((REPO / "examples" / "demo.yaml").read_text())
+    cfg.pop("example_run", None)
+    cfg.update(
+        snapshots=str(tmp_path / "snaps"),
+        results=str(tmp_path / "results"),
+        tasks={
+            task: {"coral_task": str(CORAL_SRC / "examples" / task), "graded_can_read": TASKS[task]["reads"]}
+        },
+        coral={"mode": "coral", "python": coral_python()},
+    )
+    cfg["select_roots"] = {"num_roots": 1}
+    cfg["agent"] = {**cfg["agent"], "sandbox": "auto" if bwrap_works() else "none"}
+    cfg["search"] = {
+        **cfg["search"],
+        "root_children": 1,
+        "max_children": 1,
+        "max_depth": 1,
+        "max_valid_edges": 1,
+        "parallel_width": 1,
+    }
+    conf = tmp_path / "config.yaml"
+    conf.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "snakemake"), "--cores", "2", "--configfile", str(conf), "--directory", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    trees = list((tmp_path / "results" / task / "trees").glob("*/tree.json"))
+    assert len(trees) == 1
+    tree = json.loads(trees[0].read_text())
+    assert tree["direction"] == ("minimize" if task == "kernel_builder" else "maximize")
+    turns = [t for e in tree["edges"] for t in e["turns"]]
+    assert turns and any(t["eval_number"] is not None for t in turns), turns
+    graded = [t for t in turns if t["eval_number"] is not None]
+    assert all(t["score"] is not None or t["feedback"] for t in graded)
+    from sftree.search.steplog import read_steps
+
+    steps = read_steps(trees[0].parent / "edges" / tree["edges"][0]["id"] / "steps.jsonl")
+    system = steps[0]["request"]["messages"][0]["content"]
+    title = yaml.safe_load((CORAL_SRC / "examples" / task / "task.yaml").read_text())["task"]["name"]
+    assert f"# Task: {title}" in system and "## Tips" in system  # Coral's CORAL.md, rendered by Coral
+    assert (tmp_path / "results" / "sft.jsonl").exists() and (tmp_path / "results" / "report.html").exists()
