@@ -77,7 +77,7 @@ def make_roots(work: Path, per_task: int) -> list[tuple[str, Path]]:
 def tree_config(work: Path, base_url: str, args) -> dict:
     real = __import__("yaml").safe_load((REPO / "examples" / "real.yaml").read_text())
     overrides = {
-        "tasks": {t: {**real["tasks"][t], "task_dir": str(REPO / "examples" / t)} for t in TASKS},
+        "tasks": {t: {**real["tasks"][t], "coral_task": str(REPO / "examples" / t)} for t in TASKS},
         "results": str(work / "results"),
         "teacher": {
             **{k: v for k, v in real["teacher"].items() if k != "launch"},

@@ -112,7 +112,7 @@ def main(argv=None) -> int:
         cfg.pop("snapshots")
         cfg["results"] = str(work / "results")
         cfg["tasks"] = {
-            args.task: {**cfg["tasks"][args.task], "task_dir": str(REPO / "examples" / args.task)}
+            args.task: {**cfg["tasks"][args.task], "coral_task": str(REPO / "examples" / args.task)}
         }
         launch = {"threads": 1, "model": MODELS.get(args.model, args.model)}
         if args.template == "own":

@@ -25,8 +25,10 @@ def demo_config(tmp: Path, snapshots: Path, base_url: str, teacher: dict, **sect
     config = yaml.safe_load((REPO / "examples/demo.yaml").read_text())
     del config["example_run"]
     config["snapshots"] = str(snapshots)
-    for task in config["tasks"].values():
-        task["task_dir"] = str(REPO / task["task_dir"])
+    for task in config["tasks"].values():  # the task folders, absolute (a Coral task or a task_dir)
+        for key in ("coral_task", "task_dir"):
+            if key in task:
+                task[key] = str(REPO / task[key])
     config["teacher"].pop("sim")
     config["teacher"].update({"base_url": base_url, **teacher})
     for key, values in sections.items():

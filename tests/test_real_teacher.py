@@ -111,7 +111,7 @@ def test_real_model_tree_per_example_task_through_the_workflow(tmp_path, example
     config = yaml.safe_load((REPO / "examples/real.yaml").read_text())
     config["snapshots"] = str(example_snapshots_dir)
     for task in config["tasks"].values():
-        task["task_dir"] = str(REPO / task["task_dir"])
+        task["coral_task"] = str(REPO / task["coral_task"])
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
 
     res = snakemake(tmp_path)
