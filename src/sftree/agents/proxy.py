@@ -44,6 +44,7 @@ import requests
 
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
 from sftree.teacher.response import MalformedResponse, normalize
+from sftree.teacher.stream import StreamAssembler  # one assembler for the proxy and the client
 
 log = logging.getLogger(__name__)
 
@@ -85,108 +86,6 @@ def classify(body: dict) -> str:
 def compacted(body: dict) -> bool:
     """The request carries a compacted history (OpenCode's checkpoint replaces earlier turns)."""
     return any(COMPACTION_MARKS[2] in _text(m.get("content")) for m in body.get("messages") or [])
-
-
-class StreamAssembler:
-    """Folds OpenAI chat-completion SSE chunks into one assistant message, finish reason and usage."""
-
-    def __init__(self):
-        self.content: list[str] = []
-        self.reasoning: list[str] = []
-        self.calls: dict[int, dict] = {}
-        self.finish_reason: str | None = None
-        self.usage: dict | None = None
-        self.function_call: dict | None = None  # the legacy field, joined like a tool call
-        self.bad_tool_calls: Any = None  # `tool_calls` that is not a list of call objects, kept as sent
-        self.id: str | None = None
-        self._buf = b""
-
-    def feed(self, data: bytes) -> None:
-        self._buf += data
-        while b"\n" in self._buf:
-            line, self._buf = self._buf.split(b"\n", 1)
-            self._line(line.strip())
-
-    def close(self) -> None:
-        if self._buf.strip():
-            self._line(self._buf.strip())
-        self._buf = b""
-
-    def _line(self, line: bytes) -> None:
-        if not line.startswith(b"data:"):
-            return
-        payload = line[5:].strip()
-        if not payload or payload == b"[DONE]":
-            return
-        try:
-            chunk = json.loads(payload)
-        except ValueError:
-            return
-        if not isinstance(chunk, dict):
-            return
-        self.id = self.id or (chunk.get("id") if isinstance(chunk.get("id"), str) else None)
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        choices = chunk.get("choices")
-        for choice in choices if isinstance(choices, list) else []:
-            delta = choice.get("delta") if isinstance(choice, dict) else None
-            if not isinstance(delta, dict):
-                continue
-            if delta.get("content"):
-                self.content.append(str(delta["content"]))
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-            if reasoning:
-                self.reasoning.append(str(reasoning))
-            fc = delta.get("function_call")
-            if isinstance(fc, dict):
-                self.function_call = self.function_call or {"name": "", "arguments": ""}
-                self.function_call["name"] += str(fc.get("name") or "")
-                self.function_call["arguments"] += str(fc.get("arguments") or "")
-            tcs = delta.get("tool_calls")
-            if tcs is not None and not (isinstance(tcs, list) and all(isinstance(t, dict) for t in tcs)):
-                self.bad_tool_calls = tcs if self.bad_tool_calls is None else self.bad_tool_calls
-                tcs = None
-            for tc in tcs or []:
-                slot = self.calls.setdefault(
-                    int(tc.get("index", len(self.calls))), {"id": None, "name": "", "args": []}
-                )
-                if tc.get("id"):
-                    slot["id"] = tc["id"]
-                fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
-                if fn.get("name"):
-                    slot["name"] += str(fn["name"])
-                if fn.get("arguments"):
-                    slot["args"].append(str(fn["arguments"]))
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-
-    def message(self) -> dict:
-        msg: dict = {"role": "assistant", "content": "".join(self.content)}
-        if self.reasoning:
-            msg["reasoning_content"] = "".join(self.reasoning)
-        calls = [
-            {
-                "id": slot["id"] or f"call_{i}",
-                "type": "function",
-                "function": {"name": slot["name"], "arguments": "".join(slot["args"])},
-            }
-            for i, slot in sorted(self.calls.items())
-        ]
-        if calls:
-            msg["tool_calls"] = calls
-        return msg
-
-    def completion(self) -> dict:
-        """The stream as one non-streaming completion (what `teacher.response.normalize` reads)."""
-        msg = self.message()
-        if self.bad_tool_calls is not None:
-            msg["tool_calls"] = self.bad_tool_calls
-        if self.function_call is not None and not self.calls:
-            msg["function_call"] = self.function_call
-        out = {"id": self.id, "choices": [{"index": 0, "message": msg, "finish_reason": self.finish_reason}]}
-        if self.usage is not None:
-            out["usage"] = self.usage
-        return out
 
 
 def message_from_completion(obj: dict) -> dict:

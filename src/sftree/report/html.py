@@ -608,7 +608,45 @@ def tree_section(view: TreeView, uid: str) -> str:
     counters = ", ".join(f"{k} {v}" for k, v in c.items())
     if counters:
         parts.append(f'<p class="muted">Counters: {esc(counters)}</p>')
+    parts.append(teacher_section(t.get("teacher")))
     parts.append("</div></details>")
+    return "".join(parts)
+
+
+def teacher_section(teacher: dict | None) -> str:
+    """The Teacher client's record of the tree (tree.json `teacher`): requests, the attempts sent again and why
+    (stalled, cut, abandoned when the router reported a worker down), and the router's worker health changes."""
+    if not isinstance(teacher, dict) or not teacher.get("requests"):
+        return ""
+    failed = teacher.get("failed_attempts") or 0
+    kinds = ("stalls", "cut_streams", "worker_down_aborts")
+    other = failed - sum(teacher.get(k) or 0 for k in kinds)
+    line = (
+        f"Teacher: {teacher.get('requests', 0)} requests"
+        + (" (streamed)" if teacher.get("stream") else "")
+        + (", behind sglang-router" if teacher.get("router") else "")
+        + f"; {failed} attempt(s) sent again: {teacher.get('stalls', 0)} stalled, "
+        f"{teacher.get('cut_streams', 0)} cut, {teacher.get('worker_down_aborts', 0)} abandoned when a worker went "
+        f"down, {other} other (connection, HTTP, stream errors)"
+    )
+    cls = "bad" if failed else "muted"
+    parts = [f'<p class="{cls}">{esc(line)}</p>']
+    events = teacher.get("worker_events") or []
+    if events:
+        parts.append(
+            '<p class="bad">Workers: '
+            + "; ".join(
+                f"{esc(e.get('at'))} {esc(e.get('worker'))} {'up' if e.get('healthy') else 'down'} "
+                f"({esc(e.get('healthy_workers'))} of {esc(e.get('workers'))} healthy)"
+                for e in events
+            )
+            + "</p>"
+        )
+    incidents = teacher.get("incidents") or []
+    if incidents:
+        rows = [[i.get("at"), i.get("label"), i.get("attempt"), i.get("kind"), i.get("waited_s"), i.get("detail")]
+                for i in incidents]  # fmt: skip
+        parts.append(_table(["at", "request", "attempt", "kind", "waited s", "detail"], rows, left=4))
     return "".join(parts)
 
 

@@ -240,6 +240,7 @@ class EdgeContext:
             self.store.close()
         self.store.pack_loose()
         self.agent.close()
+        getattr(self.teacher, "close", lambda: None)()  # the client's fleet watcher (behind sglang-router)
         for stop in self._closers:
             stop()
         self._closers.clear()

@@ -210,12 +210,20 @@ def _grow(
             )  # fmt: skip
 
         best = BestSoFar()
+        teacher = ctx.teacher
+        if hasattr(teacher, "absorb"):  # a resumed tree keeps counting its Teacher incidents
+            teacher.absorb(tree.teacher)
 
         def persist(t: treemod.Tree) -> None:
+            if hasattr(teacher, "report"):  # tree.json `teacher`: requests, retries, stalls, worker events
+                t.teacher = teacher.report()
             live.save(t)
             _tree_progress(console, t, best)
 
-        return mcts.run_search(tree, run_one, persist)
+        tree = mcts.run_search(tree, run_one, persist)
+        if hasattr(teacher, "report"):
+            tree.teacher = teacher.report()
+        return tree
     finally:
         live.close()
         ctx.close()  # worktrees removed unless keep_workspaces; a teacher-sim it started is stopped

@@ -139,6 +139,7 @@ class Tree:
     updated_at: str | None = None
     version: int = VERSION
     sandbox: str | None = None  # how the agent and graded code were confined: bwrap | none (docs/security.md)
+    teacher: dict | None = None  # the Teacher client's counters and incidents (TeacherClient.report)
     backend: str | None = None  # the agent backend that made the edges: native | opencode | mixed (resumed)
     coral: dict | None = (
         None  # the Teacher's world: {"mode": coral | stand-in, ...} (sftree.world.World.describe)
@@ -240,6 +241,7 @@ class Tree:
             "created_at": self.created_at,
             "updated_at": self.updated_at,
             "sandbox": self.sandbox,
+            "teacher": self.teacher,
             "backend": self.backend,
             "coral": self.coral,
             "nodes": [asdict(n) for n in self.nodes],
@@ -262,6 +264,7 @@ class Tree:
             updated_at=obj.get("updated_at"),
             version=obj["version"],
             sandbox=obj.get("sandbox"),
+            teacher=obj.get("teacher"),
             backend=obj.get("backend"),
             coral=obj.get("coral"),
         )
@@ -378,7 +381,7 @@ def load(path: str | Path) -> Tree:
 
 LOG_NAME = "tree.log.jsonl"
 SNAPSHOT_MIN = 64  # log lines before a snapshot is due (at least; see LiveTree)
-_HEADER = ("status", "stop_reason", "next_edge", "in_flight", "updated_at")
+_HEADER = ("status", "stop_reason", "next_edge", "in_flight", "updated_at", "teacher")
 
 
 def _changed(items: list) -> list:
@@ -486,7 +489,8 @@ class LiveTree:
 def _apply(tree: Tree, entry: dict) -> None:
     head = entry["tree"]
     for k in _HEADER:
-        setattr(tree, k, head[k])
+        if k in head or k != "teacher":  # lines written before `teacher` existed lack it
+            setattr(tree, k, head[k])
     tree.params = SearchParams.from_config(head["params"])
     for kind, cls, index, add in (
         ("nodes", Node, tree._index, tree.add_node),

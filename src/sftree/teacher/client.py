@@ -18,6 +18,16 @@
   (docs/real_teacher.md).
 - `X-Sftree-*` headers name the tree, edge, depth, turn, attempt and session (SGLang ignores them; teacher-sim
   matches scripted faults on them).
+- `stream: true` (the default) asks for the reply as SSE chunks (`stream_options.include_usage`) and folds them
+  into the completion a non-streamed reply would be (`teacher/stream.py`), so the recorded step is the same.
+  A server that sends nothing for `first_chunk_timeout` s after the request, or `stall_timeout` s between two
+  chunks, or closes the stream before its end, has stalled or died: the request is abandoned and sent again
+  (it counts against `retries`), and the incident is logged and kept in `stats["incidents"]` (tree.json
+  `teacher`, the report).
+- Behind `sglang-router` the client also watches the router's worker list (`GET /workers`, every `fleet_poll`
+  s): when a worker turns unhealthy, every request in flight that has had no chunk for `FLEET_GRACE` s is
+  abandoned and sent again at once, so the router places it on a live worker instead of the client waiting out
+  a timeout on a dead one (docs/failures.md, "Stalled and dying servers"; docs/serving.md).
 """
 
 from __future__ import annotations
@@ -25,15 +35,20 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import threading
 import time
 import zlib
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import requests
+import urllib3
+from requests.adapters import HTTPAdapter
 
 from sftree.errors import TeacherUnavailable
 from sftree.teacher.response import MalformedResponse, Reply, is_context_overflow, normalize
+from sftree.teacher.stream import StreamAssembler
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +204,128 @@ def _server_root(base_url: str) -> str:
     return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+# A request in flight when the router reports a worker down, with no chunk since, is taken to be on that worker
+# once this long has passed without one (a live stream sends a chunk per token).
+FLEET_GRACE = 5.0
+MAX_INCIDENTS = 200  # kept in stats["incidents"] (tree.json `teacher`); the counters count them all
+
+
+class _Retry(Exception):
+    """One attempt failed in a way worth another: `kind` is connection | http | stall | cut | worker_down |
+    stream_error; `waited` the seconds this attempt took."""
+
+    def __init__(self, kind: str, detail: str, waited: float = 0.0):
+        super().__init__(detail)
+        self.kind, self.detail, self.waited = kind, detail, waited
+
+
+@dataclass(eq=False)
+class _InFlight:
+    """A streamed request on the wire: when it was sent, when its last bytes came, its socket (to abandon it)."""
+
+    started: float
+    last: float
+    label: str
+    chunks: int = 0
+    sock: socket.socket | None = None
+    aborted: str | None = None
+
+    def abort(self, why: str) -> None:
+        self.aborted = why
+        sock = self.sock
+        if sock is not None:
+            try:  # wakes the reading thread: its recv returns at once
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+_tracking = threading.local()  # the streamed request this thread is sending (its socket is taken on the wire)
+
+
+class _TrackedHTTPConnection(urllib3.connection.HTTPConnection):
+    """Hands the socket of each request to the streamed request being sent (`_tracking.entry`), so the fleet
+    watcher can abandon it even while it waits for the reply's headers."""
+
+    def request(self, *args, **kwargs):
+        super().request(*args, **kwargs)
+        entry = getattr(_tracking, "entry", None)
+        if entry is not None:
+            entry.sock = self.sock
+            if entry.aborted:  # abandoned while it was being sent
+                entry.abort(entry.aborted)
+
+
+class _TrackedHTTPSConnection(urllib3.connection.HTTPSConnection, _TrackedHTTPConnection):
+    pass
+
+
+class _TrackedHTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _TrackedHTTPConnection
+
+
+class _TrackedHTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _TrackedHTTPSConnection
+
+
+class _TrackingAdapter(HTTPAdapter):
+    def init_poolmanager(self, *args, **kwargs):
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _TrackedHTTPPool, "https": _TrackedHTTPSPool}
+
+
+def read_workers(payload) -> dict[str, bool] | None:
+    """`GET /workers` of sglang-router as {url: healthy}, or None when the answer is not a worker list."""
+    workers = payload.get("workers") if isinstance(payload, dict) else None
+    if not isinstance(workers, list):
+        return None
+    out = {}
+    for w in workers:
+        if isinstance(w, dict) and isinstance(w.get("url"), str):
+            out[w["url"]] = bool(w.get("is_healthy", True))
+    return out
+
+
+class FleetWatcher:
+    """Polls the router's worker list every `poll` s and calls `on_change(url, healthy, view)` on each change."""
+
+    def __init__(self, fetch, poll: float, on_change, initial: dict[str, bool]):
+        self.fetch, self.poll, self.on_change = fetch, poll, on_change
+        self.view = dict(initial)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="teacher-fleet", daemon=True)
+
+    def start(self) -> FleetWatcher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll):
+            try:
+                view = self.fetch()
+            except (requests.RequestException, ValueError):
+                continue  # the router itself is unreachable: the requests' own timeouts and retries cover it
+            if view is None:
+                continue
+            self.check(view)
+
+    def check(self, view: dict[str, bool]) -> None:
+        """Compare with the last view: a worker that turned unhealthy or left the list is down; one that turned
+        healthy, or joined healthy, is up. One that joins unhealthy is not reported (nothing is routed to it)."""
+        old, self.view = self.view, dict(view)
+        for url in sorted(set(old) | set(view)):
+            before, now = old.get(url), view.get(url, False)
+            if now != bool(before) and not (before is None and not now):
+                self.on_change(url, now, self.view)
+
+
 class TeacherClient:
     def __init__(
         self,
@@ -209,6 +346,10 @@ class TeacherClient:
         tool_choice: str = "auto",
         constrain: str = "none",
         seed: int | None = None,
+        stream: bool = True,
+        first_chunk_timeout: float = 300,
+        stall_timeout: float = 60,
+        fleet_poll: float = 2,
     ):
         self.base_url = base_url.rstrip("/")
         self.root_url = _server_root(self.base_url)
@@ -230,9 +371,16 @@ class TeacherClient:
             )
         self.constrain = constrain
         self.seed = seed
+        self.stream = bool(stream)
+        self.first_chunk_timeout = float(first_chunk_timeout)
+        self.stall_timeout = float(stall_timeout)
+        self.fleet_poll = float(fleet_poll or 0)
+        self.fleet: FleetWatcher | None = None
         self._sem = threading.BoundedSemaphore(max_concurrency)
         self._warned_no_usage = False
         self._local = threading.local()
+        self._inflight: set[_InFlight] = set()
+        self._request_ids = 0
         self.stats_lock = threading.Lock()
         self.stats = {
             "requests": 0,
@@ -240,6 +388,12 @@ class TeacherClient:
             "prompt_tokens": 0,
             "completion_tokens": 0,
             "cached_tokens": 0,
+            "stalls": 0,  # no chunk within first_chunk_timeout / stall_timeout
+            "cut_streams": 0,  # the stream or connection ended before the reply did
+            "worker_down_aborts": 0,  # abandoned because the router reported a worker down
+            "failed_attempts": 0,  # every attempt that was sent again (all kinds, HTTP errors included)
+            "incidents": [],  # the first MAX_INCIDENTS of them, each with its edge, kind and seconds lost
+            "worker_events": [],  # the router's worker health changes seen by the fleet watcher
         }
 
     @classmethod
@@ -262,6 +416,10 @@ class TeacherClient:
             tool_choice=cfg.get("tool_choice", "auto"),
             constrain=cfg.get("constrain") or "none",
             seed=cfg.get("seed"),
+            stream=cfg.get("stream", True),
+            first_chunk_timeout=cfg.get("first_chunk_timeout", 300),
+            stall_timeout=cfg.get("stall_timeout", 60),
+            fleet_poll=cfg.get("fleet_poll", 2),
         )
 
     # one Session per thread: requests.Session is not thread-safe, and keep-alive saves a handshake per step
@@ -269,6 +427,8 @@ class TeacherClient:
         s = getattr(self._local, "session", None)
         if s is None:
             s = self._local.session = requests.Session()
+            for prefix in ("http://", "https://"):
+                s.mount(prefix, _TrackingAdapter())
         return s
 
     def _headers(self, extra: dict | None) -> dict:
@@ -279,8 +439,21 @@ class TeacherClient:
             h.update({k: str(v) for k, v in extra.items()})
         return h
 
+    def _workers(self, session: requests.Session | None = None) -> dict[str, bool] | None:
+        """The router's worker list ({url: healthy}), or None when the server is no router (no `/workers`)."""
+        r = (session or self._session()).get(
+            f"{self.root_url}/workers", timeout=10, headers=self._headers(None)
+        )
+        if r.status_code != 200:
+            return None
+        try:
+            return read_workers(r.json())
+        except ValueError:
+            return None
+
     def wait_ready(self) -> None:
-        """Block until /health and /v1/models answer, or raise TeacherUnavailable naming the URL."""
+        """Block until /health and /v1/models answer (behind sglang-router: and one worker is healthy), or raise
+        TeacherUnavailable naming the URL. Behind a router, starts the fleet watcher (`fleet_poll`)."""
         deadline = time.monotonic() + self.health_timeout
         last = "no answer"
         delay = 0.2
@@ -293,11 +466,13 @@ class TeacherClient:
                     )
                     if m.status_code == 200:
                         names = [d.get("id") for d in m.json().get("data", [])]
-                        log.info(
-                            "teacher ready at %s (models: %s)", self.base_url, ", ".join(map(str, names))
-                        )
-                        return
-                    last = f"/v1/models answered HTTP {m.status_code}"
+                        workers = self._workers()
+                        if workers is None or any(workers.values()):
+                            self._ready(names, workers)
+                            return
+                        last = f"sglang-router has no healthy worker yet ({len(workers)} known)"
+                    else:
+                        last = f"/v1/models answered HTTP {m.status_code}"
                 else:
                     last = f"/health answered HTTP {r.status_code}"
             except (requests.RequestException, ValueError) as exc:
@@ -309,6 +484,68 @@ class TeacherClient:
                 )
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 5.0)
+
+    def _ready(self, names: list, workers: dict[str, bool] | None) -> None:
+        if workers is None:
+            log.info("teacher ready at %s (models: %s)", self.base_url, ", ".join(map(str, names)))
+            return
+        # sglang-router lists one model `unknown` when its workers do not name theirs (llama-server): the
+        # requests' `model` is passed on to the worker as it is, so nothing here depends on it
+        log.info(
+            "teacher ready at %s: sglang-router, %d of %d workers healthy (%s); models: %s",
+            self.base_url, sum(workers.values()), len(workers),
+            ", ".join(f"{u}{'' if ok else ' (unhealthy)'}" for u, ok in sorted(workers.items())),
+            ", ".join(map(str, names)),
+        )  # fmt: skip
+        if self.fleet_poll > 0 and self.fleet is None:
+            session = requests.Session()  # the watcher's own: sessions are per thread
+            self.fleet = FleetWatcher(
+                lambda: self._workers(session), self.fleet_poll, self._worker_changed, workers
+            ).start()
+
+    def close(self) -> None:
+        """Stop the fleet watcher (if any)."""
+        if self.fleet is not None:
+            self.fleet.stop()
+            self.fleet = None
+
+    def _worker_changed(self, url: str, healthy: bool, view: dict[str, bool]) -> None:
+        """The router reported `url` healthy or not. Down: the requests sent before it that have had no chunk
+        since are abandoned after FLEET_GRACE s (then sent again; the router now places them elsewhere)."""
+        at = time.monotonic()
+        n_ok = sum(view.values())
+        with self.stats_lock:
+            if len(self.stats["worker_events"]) < MAX_INCIDENTS:
+                self.stats["worker_events"].append(
+                {"at": _now_iso(), "worker": url, "healthy": healthy, "healthy_workers": n_ok,
+                 "workers": len(view)}
+            )  # fmt: skip
+        if healthy:
+            log.warning("teacher fleet: worker %s is healthy at the router (%d of %d)", url, n_ok, len(view))
+            return
+        log.warning(
+            "teacher fleet: worker %s is down at the router (%d of %d healthy); requests with no reply since "
+            "are sent again in %gs",
+            url, n_ok, len(view), FLEET_GRACE,
+        )  # fmt: skip
+
+        def sweep() -> None:
+            why = f"worker {url} went down at the router"
+            with self.stats_lock:  # marked while still in flight: a request that just ended is left alone
+                stuck = [f for f in self._inflight if f.started <= at and f.last <= at and f.aborted is None]
+                for f in stuck:
+                    f.aborted = why
+            for f in stuck:
+                f.abort(why)
+            if stuck:
+                log.warning(
+                    "teacher fleet: %d request(s) with no reply since %s went down sent again: %s",
+                    len(stuck), url, ", ".join(sorted(f.label for f in stuck)),
+                )  # fmt: skip
+
+        t = threading.Timer(FLEET_GRACE, sweep)
+        t.daemon = True
+        t.start()
 
     def request_body(
         self, messages: list[dict], tools: list[dict] | None, headers: dict | None = None
@@ -331,6 +568,9 @@ class TeacherClient:
                 )
         if self.seed is not None:
             body["seed"] = request_seed(self.seed, headers, len(messages))
+        if self.stream:  # the reply as SSE chunks, usage in the last one (SGLang, llama-server, vLLM)
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
         body.update(self.extra_body)
         return body
 
@@ -342,51 +582,177 @@ class TeacherClient:
         data = serialize(body)
         hdrs = self._headers(headers)
         url = f"{self.base_url}/chat/completions"
+        stream = bool(body.get("stream"))
+        label = _label(headers)
+        with self.stats_lock:
+            self._request_ids += 1
+            rid = self._request_ids
         last = ""
         with self._sem:
             t0 = time.monotonic()
+            delay_next = True
             for attempt in range(self.retries + 1):
                 if attempt:
                     with self.stats_lock:
                         self.stats["retries"] += 1
-                    time.sleep(backoff_delay(attempt - 1, self.backoff_base, self.backoff_max))
+                    if delay_next:
+                        time.sleep(backoff_delay(attempt - 1, self.backoff_base, self.backoff_max))
+                t_try = time.monotonic()
                 try:
-                    r = self._session().post(url, data=data, headers=hdrs, timeout=self.request_timeout)
-                except requests.RequestException as exc:
-                    last = f"{type(exc).__name__}: {exc}"
+                    if stream:
+                        status, text, payload = self._post_stream(url, data, hdrs, label)
+                    else:
+                        status, text, payload = self._post(url, data, hdrs)
+                except _Retry as exc:
+                    last = f"{exc.kind}: {exc.detail}"
+                    self._incident(rid, label, attempt, exc.kind, exc.detail, time.monotonic() - t_try)
                     log.warning(
-                        "teacher request failed (%s), attempt %d/%d",
-                        last[:200],
+                        "teacher request %s: %s, attempt %d/%d",
+                        label,
+                        last[:300],
                         attempt + 1,
                         self.retries + 1,
                     )
+                    # after a worker went down the router already places the request elsewhere: no backoff
+                    delay_next = exc.kind != "worker_down"
                     continue
-                if r.status_code == 429 or r.status_code >= 500:
-                    last = f"HTTP {r.status_code}: {r.text[:200]}"
+                delay_next = True
+                if status == 429 or status >= 500:
+                    last = f"HTTP {status}: {text[:200]}"
+                    self._incident(rid, label, attempt, "http", last, time.monotonic() - t_try)
                     log.warning("teacher answered %s, attempt %d/%d", last, attempt + 1, self.retries + 1)
                     continue
-                if r.status_code != 200:
-                    if is_context_overflow(r.status_code, r.text):
-                        raise ContextOverflow(f"HTTP {r.status_code}: {r.text[:300]}")
-                    raise TeacherError(f"Teacher at {url} answered HTTP {r.status_code}: {r.text[:500]}")
+                if status != 200:
+                    if is_context_overflow(status, text):
+                        raise ContextOverflow(f"HTTP {status}: {text[:300]}")
+                    raise TeacherError(f"Teacher at {url} answered HTTP {status}: {text[:500]}")
                 # a reply that is not a completion is the model's step failing, not the server: no retry
-                try:
-                    payload = r.json()
-                except ValueError as exc:
-                    raise BadReply(f"reply is not JSON ({exc})", _safe(r.text)) from None
+                if payload is None:
+                    try:
+                        payload = json.loads(text)
+                    except ValueError as exc:
+                        raise BadReply(f"reply is not JSON ({exc})", _safe(text)) from None
                 names = {t["function"]["name"] for t in tools or [] if isinstance(t.get("function"), dict)}
                 try:
                     reply = normalize(payload, names)
                 except MalformedResponse as exc:
                     raise BadReply(str(exc), _safe(payload)) from None
-                return self._completion(payload, reply, time.monotonic() - t0, attempt + 1, data)
+                if attempt:
+                    log.warning(
+                        "teacher request %s answered at attempt %d, %.1fs after it was first sent",
+                        label, attempt + 1, time.monotonic() - t0,
+                    )  # fmt: skip
+                return self._completion(payload, reply, time.monotonic() - t0, attempt + 1, body)
         raise TeacherError(f"Teacher at {url} failed {self.retries + 1} times; last error: {last}")
 
+    def _incident(self, rid: int, label: str, attempt: int, kind: str, detail: str, waited: float) -> None:
+        key = {"stall": "stalls", "cut": "cut_streams", "worker_down": "worker_down_aborts"}.get(kind)
+        with self.stats_lock:
+            self.stats["failed_attempts"] += 1
+            if key:
+                self.stats[key] += 1
+            if len(self.stats["incidents"]) < MAX_INCIDENTS:
+                self.stats["incidents"].append(
+                    {"at": _now_iso(), "request": rid, "label": label, "attempt": attempt + 1, "kind": kind,
+                     "waited_s": round(waited, 3), "detail": detail[:300]}
+                )  # fmt: skip
+
+    def _post(self, url: str, data: bytes, hdrs: dict) -> tuple[int, str, dict | None]:
+        try:
+            r = self._session().post(url, data=data, headers=hdrs, timeout=self.request_timeout)
+        except requests.RequestException as exc:
+            kind = "stall" if isinstance(exc, requests.Timeout) else "connection"
+            raise _Retry(kind, f"{type(exc).__name__}: {exc}") from None
+        return r.status_code, r.text, None
+
+    def _post_stream(self, url: str, data: bytes, hdrs: dict, label: str) -> tuple[int, str, dict | None]:
+        """One streamed attempt: (status, body text, assembled completion or None). Raises _Retry when the server
+        stalls (no bytes within the limit), the stream ends early, or the fleet watcher abandons it."""
+        t0 = time.monotonic()
+        total = t0 + self.request_timeout
+        first = min(self.first_chunk_timeout, self.request_timeout)
+        entry = _InFlight(t0, t0, label)
+        with self.stats_lock:
+            self._inflight.add(entry)
+        r = None
+        asm = StreamAssembler()
+        try:
+            _tracking.entry = entry
+            try:
+                r = self._session().post(url, data=data, headers=hdrs, timeout=(10, first), stream=True)
+            except requests.RequestException as exc:
+                if entry.aborted:
+                    raise _Retry("worker_down", entry.aborted, time.monotonic() - t0) from None
+                if isinstance(exc, requests.Timeout) and not isinstance(exc, requests.ConnectTimeout):
+                    raise _Retry("stall", f"no reply within {first:g}s", time.monotonic() - t0) from None
+                raise _Retry("connection", f"{type(exc).__name__}: {exc}", time.monotonic() - t0) from None
+            finally:
+                _tracking.entry = None
+            if r.status_code != 200 or "text/event-stream" not in r.headers.get("Content-Type", ""):
+                return r.status_code, r.text, None  # an error status, or a server that ignored `stream`
+            entry.sock = entry.sock or _socket_of(r)
+            if entry.aborted:  # abandoned while the headers came
+                entry.abort(entry.aborted)
+            while True:
+                now = time.monotonic()
+                limit = self.stall_timeout if asm.chunks else max(0.0, t0 + first - now)
+                limit = min(limit, max(0.0, total - now))
+                if limit <= 0:
+                    raise TimeoutError
+                if entry.sock is not None:
+                    entry.sock.settimeout(limit)
+                chunk = r.raw.read1(65536, decode_content=True)
+                if not chunk:
+                    break
+                entry.last = time.monotonic()
+                asm.feed(chunk)
+                entry.chunks = asm.chunks
+                if asm.done:
+                    break
+            asm.close()
+        except _Retry:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the socket's timeout, a reset, a shut-down socket
+            waited = time.monotonic() - t0
+            if entry.aborted:
+                raise _Retry("worker_down", entry.aborted, waited) from None
+            if _is_timeout(exc):
+                if time.monotonic() >= total - 0.01:
+                    why = f"reply not complete within request_timeout {self.request_timeout:g}s"
+                elif asm.chunks:
+                    why = f"no chunk for {self.stall_timeout:g}s after {asm.chunks} chunks"
+                else:
+                    why = f"no chunk within {first:g}s"
+                raise _Retry("stall", why, waited) from None
+            raise _Retry(
+                "cut", f"stream broke after {asm.chunks} chunks ({type(exc).__name__})", waited
+            ) from None
+        finally:
+            with self.stats_lock:
+                self._inflight.discard(entry)
+            if r is not None:
+                r.close()
+        waited = time.monotonic() - t0
+        if entry.aborted and not asm.done:  # a reply that came in full before it was abandoned is kept
+            raise _Retry("worker_down", entry.aborted, waited)
+        if asm.error is not None:
+            text = json.dumps(asm.error, ensure_ascii=False)
+            if is_context_overflow(400, text):
+                return 400, text, None
+            raise _Retry("stream_error", f"the stream reported an error: {text[:200]}", waited)
+        if not asm.done and asm.finish_reason is None:
+            raise _Retry("cut", f"stream ended after {asm.chunks} chunks without a finish", waited)
+        if asm.chunks == 0:
+            return 200, "", None  # nothing readable: BadReply (not JSON) below
+        return 200, "", asm.completion(fill_ids=False)
+
     def _completion(
-        self, payload: dict, reply: Reply, latency: float, attempts: int, request: bytes
+        self, payload: dict, reply: Reply, latency: float, attempts: int, body: dict
     ) -> Completion:
         if reported_usage(payload) is None:
-            usage = estimate_usage(request, reply.message)
+            # counted on the request as it would be without `stream`: the same estimate either way
+            plain = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+            usage = estimate_usage(serialize(plain), reply.message)
             with self.stats_lock:
                 warn, self._warned_no_usage = not self._warned_no_usage, True
             if warn:
@@ -407,6 +773,63 @@ class TeacherClient:
             reply.message, reply.finish_reason, usage, latency, attempts, payload, reply.notes,
             reply.truncated_calls,
         )  # fmt: skip
+
+    def absorb(self, previous: dict | None) -> None:
+        """Continue the counters and lists of an earlier run of the same tree (a resumed explore)."""
+        if not isinstance(previous, dict):
+            return
+        with self.stats_lock:
+            for k, v in self.stats.items():
+                p = previous.get(k)
+                if isinstance(v, int) and isinstance(p, int) and not isinstance(p, bool):
+                    self.stats[k] = v + p
+                elif isinstance(v, list) and isinstance(p, list):
+                    self.stats[k] = (p + v)[:MAX_INCIDENTS]
+
+    def report(self) -> dict:
+        """The counters and incidents so far (a copy): tree.json `teacher`."""
+        with self.stats_lock:
+            out = {k: (list(v) if isinstance(v, list) else v) for k, v in self.stats.items()}
+        out["stream"] = self.stream
+        out["router"] = self.fleet is not None
+        return out
+
+
+def _label(headers: dict | None) -> str:
+    """`e3 turn 1` from the X-Sftree-* headers (for log lines and incidents)."""
+    h = headers or {}
+    edge, turn = h.get("X-Sftree-Edge"), h.get("X-Sftree-Turn")
+    if not edge:
+        return "request"
+    return f"{edge} turn {turn}" if turn else str(edge)
+
+
+def _socket_of(r: requests.Response) -> socket.socket | None:
+    """The socket a streamed response is read from: the pooled connection's, or (a `Connection: close` reply,
+    whose connection object let go of it) the one under the response's file."""
+    sock = getattr(getattr(r.raw, "connection", None), "sock", None)
+    if sock is None:
+        fp = getattr(getattr(r.raw, "_fp", None), "fp", None)
+        sock = getattr(getattr(fp, "raw", None), "_sock", None)
+    return sock if isinstance(sock, socket.socket) else None
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    """A read that timed out, however urllib3/requests wrapped the socket's timeout."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, TimeoutError | socket.timeout | requests.Timeout):
+            return True
+        name = type(exc).__name__
+        if "Timeout" in name:
+            return True
+        exc = (
+            exc.__cause__
+            or exc.__context__
+            or (exc.args[0] if exc.args and isinstance(exc.args[0], BaseException) else None)
+        )
+    return False
 
 
 def _safe(raw, cap: int = 4000) -> str:

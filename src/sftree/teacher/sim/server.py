@@ -2,9 +2,10 @@
 
     sftree teacher-sim --port 30000 [--host 127.0.0.1] [--seed 0] [--latency-ms-per-token 0]
                        [--latency-tail pareto:2.5] [--script faults.yaml] [--fault-rate http_500=0.05,...]
-                       [--hang-s 30] [--model teacher-sim] [--omit-usage]
+                       [--hang-s 30] [--model teacher-sim] [--omit-usage] [--chunk-ms 0]
 
-Endpoints: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` (non-streaming, or SSE with
+Endpoints: `GET /health`, `GET /v1/models`, `GET /sim/stats` (requests seen, requests being answered now: the
+fleet test bed's way to catch a worker while it answers), `POST /v1/chat/completions` (non-streaming, or SSE with
 `"stream": true`: a role chunk, content and tool-call chunks, a finish chunk, then - as SGLang does with
 `stream_options.include_usage` - a usage chunk with empty `choices`, then `data: [DONE]`).
 
@@ -12,6 +13,8 @@ The policy (policy.py) really works the task through tool calls. Usage: `prompt_
 serialized request // 4; `completion_tokens` likewise for the reply; `prompt_tokens_details.cached_tokens` =
 the longest prefix, at message boundaries, shared with any earlier request (a set of chained prefix hashes:
 O(request size) per request), which is what SGLang's radix cache would reuse.
+
+`--chunk-ms` paces a streamed reply: that many milliseconds between two chunks (a slow but live stream).
 
 `--omit-usage` leaves `usage` out of every reply (and the usage chunk out of a stream), as some OpenAI-compatible
 servers do; the client then estimates tokens from the text.
@@ -42,7 +45,10 @@ JSON) is a list of rules aimed by the `X-Sftree-*` headers:
       count: 1
 
 Kinds: http_500, http_503, http_429 (error status, no body work), hang (sleep `hang_s`, default --hang-s,
-then answer: the client's request timeout fires first), malformed_args (tool-call arguments not valid JSON),
+then answer: the client's request timeout fires first), stall (a streamed reply sends its first chunks, then
+nothing for `hang_s` and closes without its end, as a server hung mid-reply; not streamed: as hang), cut (a
+streamed reply sends its first chunks, then the connection closes, as a server killed mid-reply; not streamed:
+the connection closes with no answer), malformed_args (tool-call arguments not valid JSON),
 unknown_tool, tool_errors (a read of a missing file; after 3 failed calls the policy gives up and submits, so a
 turn under it usually has no code change and no score), no_eval (text only: the model stops without an eval),
 broken_code (the constant edit writes a syntax error, so the grader crashes), break_workspace (a bash step
@@ -74,6 +80,7 @@ import hashlib
 import json
 import logging
 import random
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -105,6 +112,8 @@ FAULT_KINDS = {
     "http_503",
     "http_429",
     "hang",
+    "stall",
+    "cut",
     "malformed_args",
     "unknown_tool",
     "tool_errors",
@@ -231,10 +240,12 @@ class SimState:
     model: str = "teacher-sim"
     context_tokens: int | None = None
     omit_usage: bool = False
+    chunk_s: float = 0.0  # pause between two chunks of a streamed reply
     lock: threading.Lock = field(default_factory=threading.Lock)
     prefixes: set = field(default_factory=set)
     seen: dict = field(default_factory=dict)
     requests: int = 0
+    in_flight: int = 0  # POSTs being handled now (GET /sim/stats)
 
     def usage(self, messages: list[dict], tools, reply: dict) -> dict:
         """Token counts and the prefix-cache estimate (see module docstring)."""
@@ -327,6 +338,10 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0].rstrip("/")
         if path == "/health":
             self._send(200, {"status": "ok"})
+        elif path == "/sim/stats":  # the test bed's view: requests answered and being answered now
+            with self.state.lock:
+                stats = {"requests": self.state.requests, "in_flight": self.state.in_flight}
+            self._send(200, stats)
         elif path in ("/v1/models", "/models"):
             self._send(
                 200,
@@ -339,6 +354,15 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": {"message": f"no route {self.path}"}})
 
     def do_POST(self):
+        with self.state.lock:
+            self.state.in_flight += 1
+        try:
+            self._post()
+        finally:
+            with self.state.lock:
+                self.state.in_flight -= 1
+
+    def _post(self):
         path = self.path.split("?")[0].rstrip("/")
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
@@ -353,15 +377,21 @@ class Handler(BaseHTTPRequestHandler):
             self._send(400, {"error": {"message": "body must be JSON with a `messages` list"}})
             return
         st = self.state
-        body_hash = hashlib.sha256(raw).hexdigest()
+        body_hash = hashlib.sha256(_unstreamed(body, raw)).hexdigest()
         headers = _header_view(self)
         faults, pad, hang = st.faults_for(headers, body_hash)
         for kind, status in HTTP_FAULTS.items():
             if kind in faults:
                 self._send(status, {"error": {"message": f"teacher-sim injected {kind}"}})
                 return
-        if "hang" in faults:
-            time.sleep(hang if hang is not None else st.hang_s)
+        hang_s = hang if hang is not None else st.hang_s
+        streamed = bool(body.get("stream"))
+        if "hang" in faults or ("stall" in faults and not streamed):
+            time.sleep(hang_s)
+        if "cut" in faults and not streamed:  # killed before answering: the connection just closes
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         reply = policy.decide(
             messages,
             seed=st.seed,
@@ -391,13 +421,18 @@ class Handler(BaseHTTPRequestHandler):
         if usage is not None:
             payload["usage"] = usage
         payload = reshape(payload, faults & SHAPE_FAULTS)
-        if body.get("stream"):  # the same (reshaped) reply as SSE chunks
+        if streamed:  # the same (reshaped) reply as SSE chunks
             choice = payload["choices"][0]
-            self._stream(rid, choice["message"], choice["finish_reason"], payload.get("usage"))
+            stop = ("stall", hang_s) if "stall" in faults else ("cut", 0.0) if "cut" in faults else None
+            self._stream(rid, choice["message"], choice["finish_reason"], payload.get("usage"), stop)
             return
         self._send(200, payload)
 
-    def _stream(self, rid: str, reply: dict, finish: str, usage: dict | None) -> None:
+    def _stream(
+        self, rid: str, reply: dict, finish: str, usage: dict | None, stop: tuple[str, float] | None = None
+    ) -> None:
+        """The reply as SSE chunks; `stop` = ("stall", s) or ("cut", 0): after the first two chunks, hang for s
+        seconds / close at once, never sending the rest (a server hung or killed mid-reply)."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -405,7 +440,19 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.close_connection = True
 
+        sent = [0]
+
         def chunk(delta: dict | None, finish_reason=None, usage_=None):
+            if stop is not None and sent[0] == 2:
+                self.wfile.flush()
+                if stop[0] == "stall":
+                    time.sleep(stop[1])
+                self.connection.shutdown(socket.SHUT_RDWR)
+                raise _StreamStopped
+            if sent[0] and self.state.chunk_s:
+                self.wfile.flush()
+                time.sleep(self.state.chunk_s)
+            sent[0] += 1
             obj = {
                 "id": rid,
                 "object": "chat.completion.chunk",
@@ -419,6 +466,12 @@ class Handler(BaseHTTPRequestHandler):
                 obj["usage"] = usage_
             self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
+        try:
+            self._chunks(chunk, reply, finish, usage)
+        except (_StreamStopped, OSError):  # stopped on purpose, or the client hung up
+            self.close_connection = True
+
+    def _chunks(self, chunk, reply: dict, finish: str, usage: dict | None) -> None:
         chunk({"role": "assistant", "content": ""})
         if reply.get("reasoning_content"):
             chunk({"reasoning_content": reply["reasoning_content"]})
@@ -450,6 +503,19 @@ class Handler(BaseHTTPRequestHandler):
             chunk(None, usage_=usage)
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+
+def _unstreamed(body: dict, raw: bytes) -> bytes:
+    """The request as it would be sent without `stream`: a streamed request and its non-streamed twin are the same
+    request to the sim (same reply id, faults and latency), as a real server's reply does not depend on it."""
+    if "stream" not in body and "stream_options" not in body:
+        return raw
+    rest = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    return json.dumps(rest, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+class _StreamStopped(Exception):
+    """A `stall` or `cut` fault ended the stream."""
 
 
 def overflow_body(tokens: int, limit: int) -> dict:
@@ -525,6 +591,7 @@ def make_state(
     model: str = "teacher-sim",
     context_tokens: int | None = None,
     omit_usage: bool = False,
+    chunk_ms: float = 0.0,
 ) -> SimState:
     if isinstance(script, list):
         rules = parse_rules(script, "teacher.sim.script")
@@ -542,6 +609,7 @@ def make_state(
         model=model,
         context_tokens=context_tokens,
         omit_usage=bool(omit_usage),
+        chunk_s=float(chunk_ms) / 1000.0,
     )
 
 
@@ -598,6 +666,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="leave token usage out of replies (a server that reports none)",
     )
+    parser.add_argument(
+        "--chunk-ms", type=float, default=0.0, help="milliseconds between two chunks of a streamed reply"
+    )
 
 
 def run(args) -> int:
@@ -613,6 +684,7 @@ def run(args) -> int:
         model=args.model,
         context_tokens=args.context_tokens,
         omit_usage=args.omit_usage,
+        chunk_ms=args.chunk_ms,
     )
     host, port = server.server_address[:2]
     print(f"teacher-sim serving on http://{host}:{port}/v1 (seed {args.seed})", flush=True)

@@ -1,0 +1,104 @@
+"""The demo's trees through sglang-router with two real llama-server workers (SmolLM2-135M on the CPU): one worker
+gets SIGTERM while it answers (as a cluster preempts a job; behind the router it stops answering health checks
+and hangs in its cleanup while the router's connection is open), is SIGKILLed if it has not exited 30 s later and
+started again on its port (a requeued job); then the other gets SIGKILL while it answers. Every tree finishes,
+nothing is lost or redone, no request waited long on the dead worker, and it shows in the log and the report.
+
+The trees are the demo's (both example tasks, one root each) with the budget of examples/real.yaml, so the CPU
+model gets through them in a few minutes. Skipped only when scripts/install_llm_server.sh or
+scripts/install_router.sh has not run (.ci/run runs both).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from fleet_helpers import (
+    check_nothing_lost_or_redone,
+    demo_config,
+    hit_while_answering,
+    incidents_of,
+    logs_name,
+    lost_per_request,
+    start_workflow,
+    steps_done,
+    wait_for,
+    worker_down_seen,
+)
+
+from sftree.teacher.fleet import router_missing, start_fleet
+from sftree.teacher.llm_server import LaunchSpec
+
+MISSING = router_missing() or LaunchSpec.from_config({}).missing()
+pytestmark = [
+    pytest.mark.llm,
+    pytest.mark.router,
+    pytest.mark.slow,
+    pytest.mark.skipif(MISSING is not None, reason=str(MISSING)),
+]
+
+TEACHER = {
+    "tool_choice": "required", "constrain": "tool_call_required", "seed": 0, "temperature": 0.7,
+    "max_tokens": 48, "context_tokens": 8192, "stall_timeout": 30, "first_chunk_timeout": 300,
+    "request_timeout": 600, "fleet_poll": 1, "retries": 8, "backoff_max": 2, "health_timeout": 120,
+}  # fmt: skip
+AGENT = {"max_steps_per_turn": 3, "nudges": 1, "output_cap": 2000, "turn_timeout": 900}
+SEARCH = {"root_children": 1, "max_children": 1, "max_depth": 1, "max_valid_edges": 1, "max_failed_expansions": 1,
+          "target_good_leaves": 1, "parallel_width": 1, "hard_token_limit": 6000}  # fmt: skip
+# one attempt abandoned on a dead worker: the router's detection (~6 s) + the watcher's poll and grace (6 s),
+# or the stall limit (30 s); far below first_chunk_timeout (300 s), which a hung worker would cost without them
+WAIT_BOUND = 60
+LOST_BOUND = 120
+
+
+def test_demo_trees_through_the_router_survive_sigterm_and_sigkill_of_real_workers(
+    tmp_path, example_snapshots_dir
+):
+    with start_fleet(2, tmp_path / "fleet", kind="llama-server") as fleet:
+        demo_config(tmp_path, example_snapshots_dir, fleet.base_url, TEACHER, agent=AGENT, search=SEARCH,
+                    select_roots={"num_roots": 1})  # fmt: skip
+        results = tmp_path / "results"
+        proc = start_workflow(tmp_path, tmp_path / "snakemake.log")
+        try:
+            wait_for(lambda: steps_done(results) >= 2, 600, "2 steps", proc)
+            term = hit_while_answering(fleet.workers, signal.SIGTERM, 300, proc)
+            t_term = time.monotonic()
+            fleet.wait_router(lambda v: v.get(term.url) is False, 60, "the SIGTERMed worker down")
+            try:
+                term.proc.wait(timeout=30)
+                killed_hung = False
+            except Exception:  # noqa: BLE001 - still hung in its cleanup: the cluster's kill after its grace
+                term.signal(signal.SIGKILL)
+                term.proc.wait(timeout=30)
+                killed_hung = True
+            fleet.restart(term)
+            other = [w for w in fleet.workers if w is not term]
+            kill = hit_while_answering(other, signal.SIGKILL, 600, proc)
+            assert proc.wait(timeout=1800) == 0, (tmp_path / "snakemake.log").read_text()[-4000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    print(f"SIGTERMed worker {term.index} exited {'after SIGKILL' if killed_hung else 'by itself'} "
+          f"{time.monotonic() - t_term:.0f}s before the end")  # fmt: skip
+
+    trees = check_nothing_lost_or_redone(results)
+    assert len(trees) == 2
+    incidents = incidents_of(trees)
+    kinds = {i["kind"] for i in incidents}
+    assert incidents and kinds <= {"worker_down", "stall", "cut", "http", "connection"}, incidents
+    slow = [i for i in incidents if i["waited_s"] > WAIT_BOUND]
+    assert not slow, slow
+    lost = lost_per_request(trees)
+    assert max(lost.values()) <= LOST_BOUND, lost
+    assert worker_down_seen(trees, term.url) and worker_down_seen(trees, kill.url)
+    assert logs_name(trees, rf"teacher fleet: worker {term.url} is down at the router")
+    page = (results / "report.html").read_text()
+    assert "attempt(s) sent again" in page and term.url in page
+    for _, t in trees:  # streamed through the router; the workers' prefix caches report cached tokens
+        assert t.teacher["requests"] > 0 and t.teacher["router"] and t.teacher["stream"]
+        assert 0 < t.teacher["cached_tokens"] < t.teacher["prompt_tokens"]
+    for i in incidents:
+        print("incident", i["kind"], i["label"], i["waited_s"], i["detail"][:80])
