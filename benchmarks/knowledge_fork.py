@@ -40,7 +40,9 @@ from sftree.world.counters import CoralCounters, advance  # noqa: E402
 from sftree.world.task import load_task  # noqa: E402
 from sftree.world.world import World  # noqa: E402
 
-WORLD = World(load_task({"grader": "true", "direction": "maximize"}, "bench"), agent_id="agent-1")  # stand-ins
+WORLD = World(
+    load_task({"grader": "true", "direction": "maximize"}, "bench"), agent_id="agent-1"
+)  # stand-ins
 
 COLS = ["fork", "loads", "commits", "state+close", "edge"]
 # As root, what the agent may change belongs to an unprivileged sandbox uid (TreeStore.fork(uid=...)).

@@ -30,6 +30,7 @@ def demo_config(tmp: Path, snapshots: Path, base_url: str, teacher: dict, **sect
             if key in task:
                 task[key] = str(REPO / task[key])
     config["teacher"].pop("sim")
+    config["agent"]["backend"] = "native"  # the fleet is under test, not the agent: the fast backend
     config["teacher"].update({"base_url": base_url, **teacher})
     for key, values in sections.items():
         config.setdefault(key, {}).update(values)

@@ -49,9 +49,14 @@ print(json.dumps({"score": float(ns["VALUE"]), "feedback": "value is %s" % ns["V
 
 
 def config(**over) -> dict:
-    """examples/demo.yaml with test-sized retries; `over` is merged per section."""
+    """examples/demo.yaml with test-sized retries and the native backend (fast: the runtime and search tests;
+    the OpenCode tests set `agent.backend`); `over` is merged per section."""
     cfg = load_config(EXAMPLES / "demo.yaml")
     cfg["teacher"].update({"retries": 2, "backoff_max": 0.05, "health_timeout": 5, "request_timeout": 10})
+    cfg["agent"]["backend"] = "native"
+    # OpenCode's tool set for a non-GPT id (edit and write; a GPT id gets apply_patch): what the scripted Teachers
+    # of the OpenCode tests call (tests/test_opencode_student_view.py covers both)
+    cfg["agent"]["student_model"] = "sglang/student"
     for section, values in over.items():
         cfg[section] = {**cfg.get(section, {}), **values} if isinstance(values, dict) else values
     return cfg

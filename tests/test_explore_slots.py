@@ -32,6 +32,7 @@ def test_teacher_trees_and_granted_teacher_slots(tmp_path, tmp_path_factory):
     config["tasks"] = {"circle_packing": config["tasks"]["circle_packing"]}
     config["tasks"]["circle_packing"]["task_dir"] = str(REPO / "examples" / "circle_packing")
     config["select_roots"]["num_roots"] = 2
+    config["agent"]["backend"] = "native"  # the scheduling is under test: the fast backend
     config["search"].update(root_children=3, max_depth=1, max_valid_edges=3, parallel_width=3)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     cmd = ["snakemake", "--cores", "2", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from helpers_explore import explore_cmd
@@ -187,6 +188,32 @@ def test_an_edge_that_stops_after_turn_one_gives_back_its_uid_and_proxy_key(tree
     if seen["uid"] is not None:  # root: a real uid from the pool, now free again
         assert seen["uid"] not in UIDS._used
     assert set(UIDS._used) <= held_before
+
+
+def test_the_worktree_holds_corals_opencode_settings_and_opencode_keeps_sftrees_denials(tree):
+    """The worktree's .opencode/opencode.json is the one Coral writes (its permissions: everything allowed, web
+    tools with agents.research); sftree's provider and its denials live outside the worktree, and the denials win:
+    no task, webfetch, websearch or question tool is offered."""
+    ctx, r = tree
+    agent = ctx.agent
+    seen: dict = {}
+    real_run_turn = agent.run_turn
+
+    def spy(run):
+        out = real_run_turn(run)
+        seen.setdefault("settings", (Path(run.workspace.root) / ".opencode" / "opencode.json").read_text())
+        return out
+
+    agent.run_turn = spy
+    try:
+        run_edge(ctx, ctx.root_state, "e6", 1.0, depth=1, attempt=1, eval_count=5)
+    finally:
+        del agent.run_turn
+    assert seen["settings"] == ctx.world.opencode_json()
+    settings = json.loads(seen["settings"])
+    assert settings["permission"]["*"] == "allow" and "provider" not in settings
+    offered = {t["function"]["name"] for s in agent_steps(ctx, "e6") for t in s["request"]["tools"]}
+    assert offered and not offered & {"task", "webfetch", "websearch", "question"}, offered
 
 
 def test_explore_grows_a_small_tree_with_opencode(tmp_path):

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from sftree.agents.opencode import (
+    DENIED,
     TurnEvents,
     apply_event,
     enrich_records,
@@ -15,6 +16,7 @@ from sftree.agents.opencode import (
     is_knowledge,
     opencode_config,
     session_messages,
+    split_model,
 )
 from sftree.errors import InputError
 
@@ -134,28 +136,36 @@ def test_enrich_fills_results_from_next_request_and_cuts_after_eval():
     assert msgs[-2]["tool_calls"][0]["function"]["arguments"] == '{"command":"coral eval -m \\"m\\""}'
 
 
-def test_config_points_at_the_proxy_and_turns_compaction_and_web_off():
+def test_config_points_at_the_proxy_with_the_students_model_id_and_turns_compaction_off():
     cfg = opencode_config(
         "http://127.0.0.1:5/c/e1/v1",
-        "default",
-        provider="sftree",
+        "sglang/Qwen3-8B",
         context_limit=400000,
         output_limit=4096,
         temperature=0.7,
         hidden=["/srv/task"],
-        sandboxed=True,
     )
-    prov = cfg["provider"]["sftree"]
+    prov = cfg["provider"][
+        "sglang"
+    ]  # the Student's provider and model id: OpenCode's prompt is built for them
     assert (
         prov["npm"] == "@ai-sdk/openai-compatible"
         and prov["options"]["baseURL"] == "http://127.0.0.1:5/c/e1/v1"
     )
-    assert prov["models"]["default"]["limit"] == {"context": 400000, "output": 4096}
-    assert prov["models"]["default"]["temperature"] is True and cfg["agent"]["build"]["temperature"] == 0.7
-    assert cfg["compaction"] == {"auto": False, "prune": False} and cfg["model"] == "sftree/default"
-    perm = cfg["permission"]
-    assert perm["webfetch"] == perm["websearch"] == "deny"
-    assert perm["external_directory"]["/srv/task/**"] == "deny"
+    assert prov["models"]["Qwen3-8B"]["limit"] == {"context": 400000, "output": 4096}
+    assert prov["models"]["Qwen3-8B"]["temperature"] is True and cfg["agent"]["build"]["temperature"] == 0.7
+    assert cfg["compaction"] == {"auto": False, "prune": False} and cfg["model"] == "sglang/Qwen3-8B"
+    assert cfg["permission"]["external_directory"]["/srv/task/**"] == "deny"
+    # the tools that cannot work in an edge are denied where OpenCode merges last (OPENCODE_CONFIG_CONTENT)
+    assert DENIED == {"task": "deny", "webfetch": "deny", "websearch": "deny", "question": "deny"}
+
+
+def test_the_students_model_must_be_provider_slash_model():
+    assert split_model("minimax/MiniMax-M2.5") == ("minimax", "MiniMax-M2.5")
+    assert split_model("openrouter/qwen/qwen3-coder") == ("openrouter", "qwen/qwen3-coder")
+    for bad in ("sonnet", "/x", "x/"):
+        with pytest.raises(InputError, match=r"agent.student_model: .* `provider/model`"):
+            split_model(bad)
 
 
 def test_missing_binary_is_a_clear_error(tmp_path, monkeypatch):

@@ -72,6 +72,7 @@ def slurm_run(tmp_path_factory, example_snapshots_dir):
     work = tmp_path_factory.mktemp("slurm_demo")
     config = yaml.safe_load((REPO / "examples" / "demo.yaml").read_text())
     del config["example_run"]  # the session's simulated run stands in for the demo's example_run rule
+    config["agent"]["backend"] = "native"  # Slurm's handling of the rules is under test: the fast backend
     config["snapshots"] = str(example_snapshots_dir)
     for task in config["tasks"].values():
         task["coral_task"] = str(REPO / task["coral_task"])

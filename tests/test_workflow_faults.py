@@ -37,6 +37,7 @@ def test_faulty_tree_exports_cleanly(tmp_path, example_snapshots_dir):
     for task in config["tasks"].values():
         task["coral_task"] = str(REPO / task["coral_task"])
     config["teacher"]["sim"] = {"seed": 0, "script": FAULTS}
+    config["agent"]["backend"] = "native"  # the workflow's handling of faults is under test: the fast backend
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     res = tmp_path / "results" / "circle_packing"
     sftree(

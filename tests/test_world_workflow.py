@@ -24,8 +24,13 @@ TASKS = {
     "kernel_builder": {
         "scores": [60000.0, 30000.0, 20000.0, 15000.0, 12500.0, 11910.0, 11910.0, 11910.0],
         "reads": ["eval/frozen_problem.py"],
+        "student": "openai/gpt-5",  # task.yaml names claude_code's model: Coral's default for opencode
     },
-    "circle_packing": {"scores": [0.2, 0.25, 0.3, 0.33, 0.35, 0.36, 0.364, 0.364], "reads": []},
+    "circle_packing": {
+        "scores": [0.2, 0.25, 0.3, 0.33, 0.35, 0.36, 0.364, 0.364],
+        "reads": [],
+        "student": "claude/claude-opus-4-6",
+    },  # its agents.model, for Coral's opencode runtime
 }
 
 
@@ -99,4 +104,6 @@ def test_corals_example_runs_through_the_workflow(tmp_path, task):
     system = steps[0]["request"]["messages"][0]["content"]
     title = yaml.safe_load((CORAL_SRC / "examples" / task / "task.yaml").read_text())["task"]["name"]
     assert f"# Task: {title}" in system and "## Tips" in system  # Coral's CORAL.md, rendered by Coral
+    # the real OpenCode (the default backend), its system prompt built for the Student's model id
+    assert tree["backend"] == "opencode" and f"The exact model ID is {TASKS[task]['student']}" in system
     assert (tmp_path / "results" / "sft.jsonl").exists() and (tmp_path / "results" / "report.html").exists()

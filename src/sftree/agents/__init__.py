@@ -12,8 +12,8 @@ from sftree.errors import InputError
 __all__ = ["AgentBackend", "StepRecorder", "ToolOutcome", "TurnOutcome", "TurnRun", "make_agent"]
 
 
-def make_agent(config: dict, *, teacher, task_cfg: dict | None = None) -> AgentBackend:
-    """The configured backend. `config` is the whole validated config."""
+def make_agent(config: dict, *, teacher, task_cfg: dict | None = None, world=None) -> AgentBackend:
+    """The configured backend. `config` is the whole validated config; `world` the tree's (sftree.world)."""
     agent_cfg = dict(config.get("agent", {}))
     backend = agent_cfg.get("backend", "native")
     if backend == "native":
@@ -23,5 +23,5 @@ def make_agent(config: dict, *, teacher, task_cfg: dict | None = None) -> AgentB
     if backend == "opencode":
         from sftree.agents.opencode import OpenCodeAgent
 
-        return OpenCodeAgent(teacher, agent_cfg, search_cfg=config.get("search"))
+        return OpenCodeAgent(teacher, agent_cfg, search_cfg=config.get("search"), world=world)
     raise InputError(f"agent.backend: unknown backend {backend!r} (native | opencode)")

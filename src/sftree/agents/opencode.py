@@ -55,6 +55,7 @@ from sftree.agents.proxy import RecordingProxy
 from sftree.errors import InputError
 from sftree.runtime.edgebox import CHECK_EVERY
 from sftree.runtime.sandbox import give_to, resolve_mode, wait_gone
+from sftree.world.standin import DEFAULT_OPENCODE_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,10 @@ ENV_FLAGS = {
     "OPENCODE_PURE": "1",
 }
 EVAL_RX = re.compile(r"(^|[\s;&|(])coral\s+eval\b")
+# What cannot work in an edge (docs/opencode.md, "Tools"): the sandbox has no network, and a subagent or a question
+# would be a session outside the edge's transcript. Set in OPENCODE_CONFIG_CONTENT, which OpenCode merges last,
+# so Coral's project config (`"*": "allow"`, web tools allowed with agents.research) cannot turn them back on.
+DENIED = {"task": "deny", "webfetch": "deny", "websearch": "deny", "question": "deny"}
 KNOWLEDGE_CMD_RX = re.compile(r"(^|[\s;&|(])coral\s+(notes|skills|log|show)\b")
 KNOWLEDGE_PATH_RX = re.compile(
     r"(\.opencode|\.coral/public)/(notes|skills|attempts|roles)\b|(\.opencode|\.coral/public)(/?$|['\"\s])"
@@ -180,19 +185,31 @@ def is_knowledge(tool: str, inp: dict, knowledge_dir: str | None = None) -> bool
     return False
 
 
+def split_model(student_model: str) -> tuple[str, str]:
+    """ "provider/model" (Coral's `agents.model` for OpenCode, passed on as `--model`) -> (provider, model)."""
+    provider, sep, model = str(student_model).partition("/")
+    if not sep or not provider or not model:
+        raise InputError(
+            f"agent.student_model: {student_model!r} is not `provider/model`, the form Coral's agents.model "
+            "takes for its opencode runtime (e.g. openai/gpt-5)"
+        )
+    return provider, model
+
+
 def opencode_config(
     base_url: str,
-    model: str,
+    student_model: str,
     *,
-    provider: str,
     context_limit: int,
     output_limit: int,
     temperature: float | None,
     hidden: list[str],
-    sandboxed: bool,
     autocompact: bool = False,
 ) -> dict:
-    """The per-edge opencode.json."""
+    """The edge's global opencode.json (read-only in the sandbox): the Student's provider and model id, served by
+    the recording proxy, and what sftree adds to Coral's project config (the worktree's .opencode/opencode.json,
+    Coral's own): subagents, web tools and questions denied, the grader and the store out of reach."""
+    provider, model = split_model(student_model)
     external = {"*": "deny"}
     for h in hidden:  # the grader and the store: denied even if the path is visible
         external[h.rstrip("/") + "/**"] = "deny"
@@ -210,7 +227,7 @@ def opencode_config(
         "provider": {
             provider: {
                 "npm": "@ai-sdk/openai-compatible",
-                "name": "sftree teacher (recording proxy)",
+                "name": provider,
                 "options": {"baseURL": base_url, "apiKey": "sftree-proxy"},
                 "models": {
                     model: {
@@ -222,13 +239,7 @@ def opencode_config(
                 },
             }
         },
-        "permission": {
-            "external_directory": external,
-            "webfetch": "deny",
-            "websearch": "deny",
-            "task": "deny",  # subagents would be separate sessions outside the edge's transcript
-            "question": "deny",
-        },
+        "permission": {"external_directory": external},
         "experimental": {"continue_loop_on_deny": True},
     }
     if temperature is not None:
@@ -394,12 +405,16 @@ class _Edge:
 class OpenCodeAgent(AgentBackend):
     name = "opencode"
 
-    def __init__(self, teacher, agent_cfg: dict, *, search_cfg: dict | None = None):
+    def __init__(self, teacher, agent_cfg: dict, *, search_cfg: dict | None = None, world=None):
         self.teacher = teacher
         self.cfg = agent_cfg
         self.oc = dict(agent_cfg.get("opencode") or {})
         self.binary = find_binary(self.oc.get("binary"))
-        self.provider = str(self.oc.get("provider", "sftree"))
+        # The Student's model id: OpenCode builds its system prompt and tool set for it (docs/opencode.md).
+        configured = agent_cfg.get("student_model")
+        self.student_model = world.student_model(configured) if world is not None else configured
+        self.student_model = self.student_model or DEFAULT_OPENCODE_MODEL
+        split_model(self.student_model)
         self.sandbox = resolve_mode(agent_cfg.get("sandbox", "auto"))
         hard = int((search_cfg or {}).get("hard_token_limit", 100000))
         # Above the hard token limit (compaction must not fire before the tree stops the path) and roomy.
@@ -413,6 +428,7 @@ class OpenCodeAgent(AgentBackend):
             retries=int(getattr(teacher, "retries", 8)),
             backoff_max=float(getattr(teacher, "backoff_max", 60)),
             extra_body=getattr(teacher, "extra_body", None),
+            model=getattr(teacher, "model", None),
         ).start(unix=self.sandbox == "bwrap")
         atexit.register(self.proxy.stop)  # also when a tree is killed before EdgeContext.close runs
 
@@ -434,6 +450,7 @@ class OpenCodeAgent(AgentBackend):
         for sub in ("box/data", "box/state", "box/cache", "box/home", "host/config/opencode"):
             (st.home / sub).mkdir(parents=True, exist_ok=True)
         self._plugin_stub(st.host / "config" / "opencode")  # read-only inside: OpenCode must find it complete
+        self._coral_settings(run)
         parent_export = self.export_path(ws.store.tree_dir, ws.parent.session)
         if parent_export is not None and parent_export.is_file():
             dst = st.host / "parent-session.json"
@@ -474,13 +491,11 @@ class OpenCodeAgent(AgentBackend):
         hidden = [str(p) for p in run.box.hidden]
         cfg = opencode_config(
             base,
-            self.teacher.model,
-            provider=self.provider,
+            self.student_model,
             context_limit=self.context_limit,
             output_limit=int(getattr(self.teacher, "max_tokens", 4096)),
             temperature=getattr(self.teacher, "temperature", None),
             hidden=hidden,
-            sandboxed=self.sandbox == "bwrap",
             autocompact=not self.oc.get("disable_autocompact", True),
         )
         cdir = st.host / "config" / "opencode"
@@ -488,6 +503,16 @@ class OpenCodeAgent(AgentBackend):
         self._plugin_stub(cdir)
         self._workspace_stub(Path(run.workspace.root))
         self._hand_over(run, st)
+
+    @staticmethod
+    def _coral_settings(run: TurnRun) -> None:
+        """The worktree's `.opencode/opencode.json` as Coral writes it when it sets up an agent's worktree (its
+        permissions; rendered by the user's Coral, else the stand-in), once per edge as Coral does once per
+        worktree: the agent may change it there as it may in Coral."""
+        from sftree.runtime import safefs
+
+        text = run.coral.world.opencode_json()
+        safefs.write_bytes_atomic(Path(run.workspace.root), ".opencode/opencode.json", text.encode())
 
     @staticmethod
     def _workspace_stub(root: Path) -> None:
@@ -551,6 +576,7 @@ class OpenCodeAgent(AgentBackend):
             "npm_config_offline": "true",  # belt and braces: no npm registry from inside OpenCode
         }
         env.update(ENV_FLAGS)
+        env["OPENCODE_CONFIG_CONTENT"] = json.dumps({"permission": DENIED})
         if not self.oc.get("disable_autocompact", True):
             env.pop("OPENCODE_DISABLE_AUTOCOMPACT")
         if self.sandbox == "bwrap":
@@ -653,7 +679,7 @@ class OpenCodeAgent(AgentBackend):
     ) -> str | None:
         """One `opencode run`; returns why it was stopped (eval | step_limit | timeout) or None if it exited."""
         ch = self.proxy.channels[run.workspace.edge_id]
-        args = ["run", "--format", "json", "--thinking", "--model", f"{self.provider}/{self.teacher.model}"]
+        args = ["run", "--format", "json", "--thinking", "--model", self.student_model]
         args += ["--session", st.session_id] if st.session_id else ["--title", run.workspace.edge_id]
         stderr_path = st.home / "stderr.log"
         with open(stderr_path, "ab") as err:

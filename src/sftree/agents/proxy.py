@@ -265,12 +265,16 @@ class RecordingProxy:
         retries: int = 8,
         backoff_max: float = 60.0,
         extra_body: dict | None = None,
+        model: str | None = None,
         host: str = "127.0.0.1",
     ):
         self.upstream = upstream.rstrip("/")
         self.api_key = api_key
         self.timeout, self.retries, self.backoff_max = timeout, retries, backoff_max
         self.extra_body = dict(extra_body or {})  # e.g. chat_template_kwargs: sent on, not recorded
+        # The Teacher's real model name: OpenCode asks for the Student's model id (docs/opencode.md), which the
+        # record keeps; the request goes on for this one.
+        self.model = model
         self.channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
         self.server = QuietThreadingHTTPServer((host, 0), _handler_for(self))
@@ -444,8 +448,11 @@ def _handler_for(proxy: RecordingProxy):
                 body = {}
             stream = bool(body.get("stream"))
             turn = ch.turn
-            if proxy.extra_body and body:
-                raw = json.dumps({**body, **proxy.extra_body}).encode()
+            sent_on = dict(proxy.extra_body)
+            if proxy.model and body.get("model") not in (None, proxy.model):
+                sent_on["model"] = proxy.model
+            if sent_on and body:
+                raw = json.dumps({**body, **sent_on}).encode()
             t0 = time.monotonic()
             failed = {"response": None, "usage": None, "finish_reason": None}
             try:

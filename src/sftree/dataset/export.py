@@ -359,8 +359,15 @@ class TreeContext:
         return cls(paths_file, doc, tree_dir, tree, stage, edges)
 
     def transcript(self, edge_id: str) -> Path:
-        rel = (self.edges.get(edge_id) or {}).get("transcript") or f"edges/{edge_id}/steps.jsonl"
-        return self.tree_dir / rel
+        return self.tree_dir / self._transcript_rel(edge_id)
+
+    def _transcript_rel(self, edge_id: str) -> str:
+        return (self.edges.get(edge_id) or {}).get("transcript") or f"edges/{edge_id}/steps.jsonl"
+
+    def transcript_name(self, edge_id: str) -> str:
+        """The transcript relative to the results folder (<task>/trees/<root>/edges/...): a record names no
+        host path."""
+        return "/".join([*self.tree_dir.parts[-3:], self._transcript_rel(edge_id)])
 
 
 def signed_gain(root: float | None, score: float | None, direction: str | None) -> float | None:
@@ -582,7 +589,7 @@ def export_tree(
         return cache[edge_id]
 
     def build(step: dict, meta: dict, edge_id: str) -> dict | None:
-        meta = dict(meta, edge=edge_id, transcript=str(ctx.transcript(edge_id)))
+        meta = dict(meta, edge=edge_id, transcript=ctx.transcript_name(edge_id))
         rec, why = build_record(step, meta, excluded)
         if rec is None:
             stats.skipped[_skip_kind(why)] += 1

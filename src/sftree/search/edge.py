@@ -200,7 +200,7 @@ class EdgeContext:
         if wait_ready:
             teacher.wait_ready()
         agent_cfg = dict(config.get("agent", {}))
-        agent = make_agent(config, teacher=teacher, task_cfg=task_cfg)
+        agent = make_agent(config, teacher=teacher, task_cfg=task_cfg, world=world)
         quota_cfg = dict(agent_cfg.get("quota") or {})
         hidden = [tree_dir, *private_home_paths()]
         hidden += [Path(task_cfg[k]).resolve() for k in ("task_dir", "coral_task") if task_cfg.get(k)]

@@ -125,6 +125,13 @@ def op_opencode_json(req):
         return (Path(tmp) / ".opencode" / "opencode.json").read_text()
 
 
+def op_default_model(req):
+    """The model Coral's config fills in for `req["runtime"]` when task.yaml names none (null when Coral has none)."""
+    from coral.agent.registry import default_model_for_runtime
+
+    return default_model_for_runtime(str(req["runtime"]))
+
+
 def _coral_dir(tmp: str) -> Path:
     d = Path(tmp) / ".coral"
     for sub in ("attempts", "heartbeat"):

@@ -18,6 +18,7 @@ import yaml
 
 TEXTS = Path(__file__).with_name("texts")
 RULE = "=" * 50
+DEFAULT_OPENCODE_MODEL = "openai/gpt-5"  # the model Coral's config fills in for its opencode runtime
 DEFAULT_ACTIONS = [  # Coral's defaults (coral/config.py): name, every, global, trigger
     ("reflect", 1, False, "interval"),
     ("consolidate", 10, True, "interval"),

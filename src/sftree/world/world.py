@@ -10,7 +10,7 @@ function of its arguments and the tree's fixed context (task, agent id, number o
     w.restart_prompt(counters)   # after a turn with no graded eval, and the nudge
     w.eval_output(record, eval_count) / w.eval_output(None, error="nothing_to_commit")   # CommandOutput
     w.parse_eval(argv)           # EvalArgs or CommandOutput (Coral's refusal)
-    w.opencode_json(); w.config_yaml()
+    w.opencode_json(); w.config_yaml(); w.student_model(configured)
     w.close()
 
 Records passed in are the host's own (Attempt.to_dict fields); the agent-text rule (`text.safe_attempt`) is applied
@@ -19,6 +19,7 @@ here, before Coral's code formats them.
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from sftree.world.locate import CoralInstall, locate
 from sftree.world.task import TaskSpec
 from sftree.world.text import safe_attempt
 
+log = logging.getLogger(__name__)
 SHARED_DIR = ".opencode"  # Coral's OpenCode runtime
 INSTRUCTION_FILE = "AGENTS.md"
 DEFAULT_RUN_DIR = "/workspace/results/{task}"
@@ -135,6 +137,26 @@ class World:
             coral_dir=self.coral_dir,
             research=research,
         )
+
+    def student_model(self, configured: str | None = None) -> str:
+        """The Student's model as Coral's config names it ("provider/model"): `configured` (agent.student_model),
+        else the task's `agents.model` when it is for Coral's opencode runtime, else what Coral fills in for that
+        runtime (its registry). A model named for another runtime (claude_code's `claude-opus-4-6`) is not an
+        OpenCode model id: the default stands in, with a warning."""
+        if configured:
+            return str(configured)
+        agents = self.spec.coral.get("agents") or {}
+        runtime = str(agents.get("runtime") or "opencode")
+        if agents.get("model") and runtime == "opencode":
+            return str(agents["model"])
+        found = self._call("default_model", lambda: standin.DEFAULT_OPENCODE_MODEL, runtime="opencode")
+        model = str(found or standin.DEFAULT_OPENCODE_MODEL)
+        if agents.get("model"):
+            log.warning(
+                "task %s: agents.model %r is for Coral's %s runtime, not OpenCode; the Student's model id is %s "
+                "(set agent.student_model to name it)", self.spec.name, agents["model"], runtime, model,
+            )  # fmt: skip
+        return model
 
     def config_yaml(self) -> str:
         return self._call("config_yaml", lambda: standin.config_yaml(self.spec.coral, self.agents))

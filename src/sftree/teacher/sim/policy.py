@@ -163,6 +163,12 @@ def _stage_of(call: dict) -> str | None:
         return "edit"
     if name == "write" and ".opencode/notes" in str(args.get("filePath", "")):
         return "note"
+    if name == "apply_patch":
+        patch = str(args.get("patchText", ""))
+        if "*** Update File:" in patch:
+            return "edit"
+        if "*** Add File:" in patch and ".opencode/notes" in patch:
+            return "note"
     return None
 
 
@@ -190,8 +196,10 @@ def decide(
     edge: str = "",
     faults: frozenset = frozenset(),
     pad_tokens: int = 0,
+    tools: frozenset = frozenset(),
 ) -> dict:
-    """The assistant message for this request."""
+    """The assistant message for this request. `tools`: the offered tools' names; where OpenCode offers
+    `apply_patch` instead of edit and write (its tool set for GPT model ids), the changes are patches."""
     rng = make_rng(seed, messages, edge)
     turn_msgs, nudged = _turn_view(messages)
     steps = _steps(turn_msgs)
@@ -206,7 +214,8 @@ def decide(
             done[stage] = (call, results)
         elif not ok and not _is_extra_error(call):
             failed += 1
-    content, call = _plan(rng, done, nudged or failed >= MAX_FAILED, faults, idx)
+    patch = "apply_patch" in tools and "edit" not in tools
+    content, call = _plan(rng, done, nudged or failed >= MAX_FAILED, faults, idx, patch)
     calls: list[dict] = []
     if "no_eval" in faults:
         content, call = "I think the current solution is in good shape; no further changes for now.", None
@@ -255,7 +264,7 @@ def _is_extra_error(call: dict) -> bool:
     return isinstance(args, dict) and str(args.get("filePath", "")).startswith(EXTRA_MISSING)
 
 
-def _plan(rng: random.Random, done: dict, submit_now: bool, faults: frozenset, idx: int):
+def _plan(rng: random.Random, done: dict, submit_now: bool, faults: frozenset, idx: int, patch: bool = False):
     if submit_now:
         return "Submitting the current state for evaluation.", _eval_call(done, idx)
     if "knowledge" not in done:
@@ -295,22 +304,20 @@ def _plan(rng: random.Random, done: dict, submit_now: bool, faults: frozenset, i
         m = _CONST_LINE.match(line)
         new_val = "(" if "broken_code" in faults else nudge_value(m.group("val"), rng)
         new_line = f"{m.group('name')}{m.group('eq')}{new_val}{m.group('rest')}"
-        return (
-            f"I'll try {m.group('name')} = {new_val} instead of {m.group('val')}.",
-            _call("edit", {"filePath": path, "oldString": line, "newString": new_line}, idx),
-        )
+        say = f"I'll try {m.group('name')} = {new_val} instead of {m.group('val')}."
+        if patch:
+            text = f"*** Begin Patch\n*** Update File: {path}\n@@\n-{line}\n+{new_line}\n*** End Patch"
+            return say, _call("apply_patch", {"patchText": text}, idx)
+        return say, _call("edit", {"filePath": path, "oldString": line, "newString": new_line}, idx)
     if "note" not in done and "eval" not in done and rng.random() < NOTE_P:
         change = _change_summary(done)
         name = f".opencode/notes/sim-{hashlib.sha1(change.encode()).hexdigest()[:8]}.md"
-        return "Recording this idea for the others.", _call(
-            "write",
-            {
-                "filePath": name,
-                "content": f"# Tried: {change}\n\nNudging one constant at a time; "
-                f"compare the score against the branch's best.\n",
-            },
-            idx,
-        )
+        body = f"# Tried: {change}\n\nNudging one constant at a time; compare the score against the branch's best.\n"
+        if patch:
+            added = "".join(f"+{ln}\n" for ln in body.splitlines())
+            text = f"*** Begin Patch\n*** Add File: {name}\n{added}*** End Patch"
+            return "Recording this idea for the others.", _call("apply_patch", {"patchText": text}, idx)
+        return "Recording this idea for the others.", _call("write", {"filePath": name, "content": body}, idx)
     return "Submitting this change.", _eval_call(done, idx)
 
 
@@ -351,6 +358,12 @@ def _documented(lines: list[str]) -> list[str]:
 def _change_summary(done: dict) -> str:
     if "edit" in done:
         args = json.loads(done["edit"][0]["function"]["arguments"])
+        if "patchText" in args:  # apply_patch: one `-old`/`+new` pair under `*** Update File: path`
+            lines = args["patchText"].splitlines()
+            path = next(ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("*** Update File:"))
+            old = next(ln[1:] for ln in lines if ln.startswith("-"))
+            new = next(ln[1:] for ln in lines if ln.startswith("+"))
+            args = {"oldString": old, "newString": new, "filePath": path}
         old, new = args["oldString"].split("#")[0].strip(), args["newString"].split("#")[0].strip()
         return f"{old} -> {new} in {args['filePath']}"
     return "no code change"

@@ -398,6 +398,9 @@ class Handler(BaseHTTPRequestHandler):
             edge=headers.get("edge", ""),
             faults=frozenset(faults - SHAPE_FAULTS - {"context_overflow"}),
             pad_tokens=pad,
+            tools=frozenset(
+                (t.get("function") or {}).get("name") for t in body.get("tools") or [] if isinstance(t, dict)
+            ),
         )
         usage = st.usage(messages, body.get("tools"), reply)
         if "context_overflow" in faults or (st.context_tokens and usage["prompt_tokens"] > st.context_tokens):
