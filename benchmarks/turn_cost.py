@@ -1,0 +1,123 @@
+"""Benchmark the framework's own time per rollout turn, the `native` and the `opencode` backend side by side.
+
+    python3 benchmarks/turn_cost.py [--runs 3] [--edges 2] [--task circle_packing]
+
+Each run grows, per backend, a parent edge from the root and `--edges` - 1 children below it, one edge at a time
+(`search.edge.run_edge`, as an explore job runs them), with teacher-sim behind the Teacher client (OpenCode: behind
+the recording proxy), in the sandbox explore uses (`agent.sandbox: auto`). The backends alternate within a run
+(native, opencode, then opencode, native in the next), so both see the same load. Per turn:
+
+    framework = turn wall time - the Teacher's time (the step records' latency_s) - grading (`coral eval`'s
+                grader run, timed around CoralRuntime._grade)
+
+i.e. what sftree and the agent runtime add: OpenCode's start, its session import/export, the sandbox, tool
+calls, the host's commits. The table gives the median and the maximum over every turn of every run, the median
+steps per turn, and the ratio opencode / native of the medians, from the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "tests"))
+
+from runtime_helpers import config, example_task, make_root  # noqa: E402
+
+from sftree.runtime import coral as coral_runtime  # noqa: E402
+from sftree.search.edge import EdgeContext, run_edge  # noqa: E402
+
+GRADING: list[float] = []
+
+
+def _timed_grade():
+    real = coral_runtime.CoralRuntime._grade
+
+    def grade(self, *a, **k):
+        t = time.monotonic()
+        try:
+            return real(self, *a, **k)
+        finally:
+            GRADING.append(time.monotonic() - t)
+
+    coral_runtime.CoralRuntime._grade = grade
+
+
+def one_backend(backend: str, edges: int, task: str, seed: int, tmp: Path) -> list[dict]:
+    """Per turn: wall, teacher, grading, framework seconds and steps."""
+    cfg = config(
+        teacher={"sim": {"seed": seed}},
+        agent={"backend": backend, "max_steps_per_turn": 12, "turn_timeout": 240},
+    )
+    ctx = EdgeContext.create(
+        tmp / backend / "tree", make_root(tmp / backend, task), cfg, example_task(cfg, task)
+    )
+    rows = []
+    try:
+        state, score = ctx.root_state, 1.0
+        real_run_turn = ctx.agent.run_turn
+
+        def timed(run):
+            g0, t0, lat0 = len(GRADING), time.monotonic(), run.recorder.latency_s
+            out = real_run_turn(run)
+            wall = time.monotonic() - t0
+            teacher = run.recorder.latency_s - lat0
+            grading = sum(GRADING[g0:])
+            rows.append({"wall": wall, "teacher": teacher, "grading": grading,
+                         "framework": wall - teacher - grading, "steps": out.steps})  # fmt: skip
+            return out
+
+        ctx.agent.run_turn = timed
+        for i in range(edges):
+            res = run_edge(ctx, state, f"e{i + 1}", score, depth=i + 1, attempt=1, eval_count=5 + 2 * i)
+            if res.error:
+                raise RuntimeError(f"{backend} edge e{i + 1}: {res.error}")
+            state, score = res.child_state, res.score if res.score is not None else score
+    finally:
+        ctx.close()
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument(
+        "--edges", type=int, default=2, help="edges per backend per run (a chain: each forks the last)"
+    )
+    ap.add_argument("--task", default="circle_packing")
+    args = ap.parse_args(argv)
+    _timed_grade()
+    per: dict[str, list[dict]] = {"native": [], "opencode": []}
+    for run in range(args.runs):
+        order = ("native", "opencode") if run % 2 == 0 else ("opencode", "native")
+        for backend in order:
+            with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+                rows = one_backend(backend, args.edges, args.task, seed=run, tmp=Path(tmp))
+            per[backend] += rows
+            fw = [r["framework"] for r in rows]
+            print(f"run {run + 1}/{args.runs} {backend:8s}: {len(rows)} turns, framework per turn "
+                  f"{statistics.median(fw):.2f} s median", file=sys.stderr, flush=True)  # fmt: skip
+    print(f"\nPer rollout turn, {args.runs} runs x {args.edges} edges x 2 turns per backend (seconds):\n")
+    print("| backend  | turns | steps/turn | wall median | Teacher median | grading median | framework median "
+          "| framework max |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    med = {}
+    for backend, rows in per.items():
+        m = lambda k, rows=rows: statistics.median(r[k] for r in rows)  # noqa: E731
+        med[backend] = m("framework")
+        print(f"| {backend:8s} | {len(rows)} | {m('steps'):.0f} | {m('wall'):.2f} | {m('teacher'):.3f} | "
+              f"{m('grading'):.2f} | {m('framework'):.2f} | {max(r['framework'] for r in rows):.2f} |")  # fmt: skip
+    print(
+        f"\nopencode / native framework time per turn (medians, same run): {med['opencode'] / med['native']:.1f}x"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
