@@ -48,7 +48,7 @@ def write_config(tmp: Path, search: dict, *, script: list | None = None, base_ur
         },
         "results": str(tmp / "results"),
         "teacher": teacher,
-        "agent": {"sandbox": "none", "max_steps_per_turn": 12, **(agent or {})},
+        "agent": {"backend": "native", "sandbox": "none", "max_steps_per_turn": 12, **(agent or {})},
         "search": {"seed": seed, **search},
     }
     path = tmp / name
