@@ -429,6 +429,7 @@ class OpenCodeAgent(AgentBackend):
             backoff_max=float(getattr(teacher, "backoff_max", 60)),
             extra_body=getattr(teacher, "extra_body", None),
             model=getattr(teacher, "model", None),
+            outage_timeout=float(getattr(teacher, "outage_timeout", 600)),
         ).start(unix=self.sandbox == "bwrap")
         atexit.register(self.proxy.stop)  # also when a tree is killed before EdgeContext.close runs
 

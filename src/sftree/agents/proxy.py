@@ -11,7 +11,9 @@ record (`session_id`) so the two can be cross-checked.
 Each forwarded request carries the channel's `X-Sftree-*` headers, so `teacher-sim --script` can aim a fault at
 one edge as with the native agent. Transient Teacher failures (connection refused, 429, 5xx) are retried here
 with capped exponential backoff before a byte reaches OpenCode; a request that still fails is answered with
-the Teacher's status so OpenCode reports it.
+the Teacher's status so OpenCode reports it. As in the native client, an answer that no worker is there
+(connection refused, sglang-router's 503 `no_available_workers`) is waited out for `outage_timeout` s instead
+of being counted against `retries`.
 
 Replies are passed on as sent, except that a lone UTF-16 surrogate is replaced by U+FFFD (`repair_json`: OpenCode
 would resend it in every later request, which no transcript can hold); they are recorded as the native client
@@ -43,6 +45,7 @@ from typing import Any
 import requests
 
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
+from sftree.teacher.client import backoff_delay, no_worker_answer, refused
 from sftree.teacher.response import MalformedResponse, normalize
 from sftree.teacher.stream import StreamAssembler  # one assembler for the proxy and the client
 
@@ -267,10 +270,12 @@ class RecordingProxy:
         extra_body: dict | None = None,
         model: str | None = None,
         host: str = "127.0.0.1",
+        outage_timeout: float = 600.0,
     ):
         self.upstream = upstream.rstrip("/")
         self.api_key = api_key
         self.timeout, self.retries, self.backoff_max = timeout, retries, backoff_max
+        self.outage_timeout = float(outage_timeout or 0)
         self.extra_body = dict(extra_body or {})  # e.g. chat_template_kwargs: sent on, not recorded
         # The Teacher's real model name: OpenCode asks for the Student's model id (docs/opencode.md), which the
         # record keeps; the request goes on for this one.
@@ -352,28 +357,47 @@ class RecordingProxy:
 
     # forwarding
     def forward(self, method: str, path: str, headers: dict, body: bytes | None, stream: bool):
-        """requests.Response from the Teacher, retrying transient failures; raises after the budget."""
+        """requests.Response from the Teacher, retrying transient failures; raises after the budget. Answers that
+        no worker is there do not count against `retries` until they have lasted `outage_timeout` s."""
         url = self.upstream + path
-        delay = 0.5
-        for attempt in range(self.retries + 1):
+        failures, outage, spell = 0, None, 0
+        while True:
+            t_try = time.monotonic()
+            resp = err = None
             try:
                 resp = self.session.request(
                     method, url, headers=headers, data=body, stream=stream, timeout=(10, self.timeout)
                 )
-                if resp.status_code not in RETRY_STATUS or attempt == self.retries:
+                if resp.status_code not in RETRY_STATUS:
                     return resp
-                resp.close()
                 why = f"HTTP {resp.status_code}"
+                unavailable = resp.status_code == 503 and no_worker_answer(503, resp.text)
             except requests.ConnectionError as exc:
-                if attempt == self.retries:
-                    raise
-                why = f"connection: {exc}"
-            log.warning(
-                "teacher %s (attempt %d/%d), retrying in %.1fs", why, attempt + 1, self.retries, delay
-            )
+                err, why, unavailable = exc, f"connection: {exc}", refused(exc)
+            if unavailable and self.outage_timeout > 0:
+                outage = t_try if outage is None else outage
+                waited = time.monotonic() - outage
+                done = waited >= self.outage_timeout
+                spell += 1
+                delay = min(backoff_delay(spell - 1, 0.5, self.backoff_max), self.outage_timeout - waited)
+                if not done:
+                    log.warning("teacher %s: waiting for a Teacher worker: %.0f s of %g", why, waited,
+                                self.outage_timeout)  # fmt: skip
+            else:
+                outage, spell = None, 0
+                done = failures == self.retries
+                delay = backoff_delay(failures, 0.5, self.backoff_max)
+                failures += 1
+                if not done:
+                    log.warning("teacher %s (attempt %d/%d), retrying in %.1fs", why, failures, self.retries,
+                                delay)  # fmt: skip
+            if done:
+                if err is not None:
+                    raise err
+                return resp
+            if resp is not None:
+                resp.close()
             time.sleep(delay)
-            delay = min(delay * 2, self.backoff_max)
-        raise AssertionError("unreachable")
 
 
 def _handler_for(proxy: RecordingProxy):

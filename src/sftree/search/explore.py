@@ -292,7 +292,15 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(out / "explore.log", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-    logging.getLogger().addHandler(handler)
+    root_logger = logging.getLogger()
+    # The tree's log keeps INFO and up however the process set up logging: `sftree`'s main sets INFO with
+    # basicConfig, which does nothing when the root logger has handlers already (a caller in the same process,
+    # such as pytest's log capture), and the root's default level WARNING would leave this file with warnings
+    # only (no "starting llama-server", no "teacher ready"). Lowered for the run only; -v's DEBUG is kept.
+    level = root_logger.level
+    if root_logger.getEffectiveLevel() > logging.INFO:
+        root_logger.setLevel(logging.INFO)
+    root_logger.addHandler(handler)
     try:
         params = cap_width(params, getattr(args, "width", None))
         with tempdirs.removed_on_sigterm():
@@ -306,7 +314,8 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(created, ignore_errors=True)
         raise
     finally:
-        logging.getLogger().removeHandler(handler)
+        root_logger.removeHandler(handler)
+        root_logger.setLevel(level)
         handler.close()
         if stream is not None:
             stream.close()

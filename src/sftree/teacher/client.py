@@ -4,6 +4,11 @@
   URL and how to start SGLang.
 - `chat()` retries connection errors, timeouts, 429 and 5xx (SGLang answers 503 when its queue is full) with
   capped exponential backoff, under a semaphore of `max_concurrency` requests in flight.
+- An answer that there is nobody to answer - connection refused (a server or router restarting), or
+  sglang-router's 503 `no_available_workers` (every worker unhealthy or its circuit open, e.g. one worker dead
+  and the other just restarted) - does not count against `retries`: the request keeps being sent again, with
+  the same backoff, until it has found no worker for `outage_timeout` s on end, logging "waiting for a Teacher
+  worker: N s of M", and only then gives up (docs/failures.md, "No worker to answer").
 - A 400 that says the request outgrew the model's context raises `ContextOverflow` (never retried: the agent
   ends the turn with `context_overflow`); a 200 reply that is not a readable completion raises `BadReply` with
   the reason (the agent records one failed step). Replies are normalised in `teacher/response.py`.
@@ -216,11 +221,51 @@ MAX_INCIDENTS = 200  # kept in stats["incidents"] (tree.json `teacher`); the cou
 
 class _Retry(Exception):
     """One attempt failed in a way worth another: `kind` is connection | http | stall | cut | worker_down |
-    stream_error; `waited` the seconds this attempt took."""
+    stream_error; `waited` the seconds this attempt took; `unavailable` when no connection could be made at all
+    (nothing listening: an outage, timed by `outage_timeout` instead of counted against `retries`)."""
 
-    def __init__(self, kind: str, detail: str, waited: float = 0.0):
+    def __init__(self, kind: str, detail: str, waited: float = 0.0, unavailable: bool = False):
         super().__init__(detail)
-        self.kind, self.detail, self.waited = kind, detail, waited
+        self.kind, self.detail, self.waited, self.unavailable = kind, detail, waited, unavailable
+
+
+# sglang-router's error codes (HTTP 503) for a request it has no worker to send to: every worker unhealthy or
+# its circuit breaker open (`no_available_workers`), or none healthy (the others; prefill-decode pairs)
+NO_WORKER_CODES = ("no_available_workers", "no_healthy_workers", "no_available_pd_worker_pairs",
+                   "no_healthy_worker_pair")  # fmt: skip
+
+
+def no_worker_answer(status: int, text: str) -> bool:
+    """The server answered that no worker can take the request now (sglang-router's 503 no_available_workers):
+    the fleet is out of workers for a while, not failing."""
+    return status == 503 and any(code in (text or "") for code in NO_WORKER_CODES)
+
+
+def refused(exc: BaseException) -> bool:
+    """A request error that is a connection never made: refused (nothing listening at the URL: the server or
+    router is restarting) or not made in time. Not a connection that broke once made (that is a failed attempt)."""
+    seen = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ConnectionRefusedError | urllib3.exceptions.NewConnectionError | requests.ConnectTimeout
+                      | urllib3.exceptions.ConnectTimeoutError):  # fmt: skip
+            return True
+        todo += [e.__cause__, e.__context__, getattr(e, "reason", None)]
+        todo += [a for a in getattr(e, "args", ()) if isinstance(a, BaseException)]
+    return False
+
+
+@dataclass
+class _Budget:
+    """What one request has spent: attempts failed against `retries`, and the current outage (no worker)."""
+
+    failures: int = 0
+    outage: float | None = None  # when the current spell of "no worker to answer" began (monotonic)
+    spell: int = 0  # attempts in that spell
 
 
 @dataclass(eq=False)
@@ -350,6 +395,7 @@ class TeacherClient:
         first_chunk_timeout: float = 300,
         stall_timeout: float = 60,
         fleet_poll: float = 2,
+        outage_timeout: float = 600,
     ):
         self.base_url = base_url.rstrip("/")
         self.root_url = _server_root(self.base_url)
@@ -375,6 +421,7 @@ class TeacherClient:
         self.first_chunk_timeout = float(first_chunk_timeout)
         self.stall_timeout = float(stall_timeout)
         self.fleet_poll = float(fleet_poll or 0)
+        self.outage_timeout = float(outage_timeout or 0)
         self.fleet: FleetWatcher | None = None
         self._sem = threading.BoundedSemaphore(max_concurrency)
         self._warned_no_usage = False
@@ -420,6 +467,7 @@ class TeacherClient:
             first_chunk_timeout=cfg.get("first_chunk_timeout", 300),
             stall_timeout=cfg.get("stall_timeout", 60),
             fleet_poll=cfg.get("fleet_poll", 2),
+            outage_timeout=cfg.get("outage_timeout", 600),
         )
 
     # one Session per thread: requests.Session is not thread-safe, and keep-alive saves a handshake per step
@@ -590,13 +638,14 @@ class TeacherClient:
         last = ""
         with self._sem:
             t0 = time.monotonic()
-            delay_next = True
-            for attempt in range(self.retries + 1):
+            budget = _Budget()
+            attempt, delay = 0, 0.0
+            while True:
                 if attempt:
                     with self.stats_lock:
                         self.stats["retries"] += 1
-                    if delay_next:
-                        time.sleep(backoff_delay(attempt - 1, self.backoff_base, self.backoff_max))
+                    if delay > 0:
+                        time.sleep(delay)
                 t_try = time.monotonic()
                 try:
                     if stream:
@@ -606,21 +655,18 @@ class TeacherClient:
                 except _Retry as exc:
                     last = f"{exc.kind}: {exc.detail}"
                     self._incident(rid, label, attempt, exc.kind, exc.detail, time.monotonic() - t_try)
-                    log.warning(
-                        "teacher request %s: %s, attempt %d/%d",
-                        label,
-                        last[:300],
-                        attempt + 1,
-                        self.retries + 1,
-                    )
                     # after a worker went down the router already places the request elsewhere: no backoff
-                    delay_next = exc.kind != "worker_down"
+                    delay = self._failed(budget, url, label, last, t_try, exc.unavailable,
+                                         backoff=exc.kind != "worker_down",
+                                         line=f"teacher request {label}: {last[:300]}")  # fmt: skip
+                    attempt += 1
                     continue
-                delay_next = True
                 if status == 429 or status >= 500:
                     last = f"HTTP {status}: {text[:200]}"
                     self._incident(rid, label, attempt, "http", last, time.monotonic() - t_try)
-                    log.warning("teacher answered %s, attempt %d/%d", last, attempt + 1, self.retries + 1)
+                    delay = self._failed(budget, url, label, last, t_try, no_worker_answer(status, text),
+                                         line=f"teacher answered {last}")  # fmt: skip
+                    attempt += 1
                     continue
                 if status != 200:
                     if is_context_overflow(status, text):
@@ -643,7 +689,35 @@ class TeacherClient:
                         label, attempt + 1, time.monotonic() - t0,
                     )  # fmt: skip
                 return self._completion(payload, reply, time.monotonic() - t0, attempt + 1, body)
-        raise TeacherError(f"Teacher at {url} failed {self.retries + 1} times; last error: {last}")
+
+    def _failed(self, b: _Budget, url: str, label: str, last: str, t_try: float, unavailable: bool, *,
+                backoff: bool = True, line: str) -> float:  # fmt: skip
+        """Account one failed attempt; the seconds to wait before the next, or TeacherError when the request is
+        given up: after `retries` + 1 failed attempts, or after `outage_timeout` s of answers that no worker is
+        there to answer (those do not count against `retries`; `outage_timeout` 0: they do)."""
+        if unavailable and self.outage_timeout > 0:
+            if b.outage is None:
+                b.outage = t_try
+            waited = time.monotonic() - b.outage
+            if waited >= self.outage_timeout:
+                raise TeacherError(
+                    f"Teacher at {url} had no worker to answer for {waited:.0f}s (teacher.outage_timeout "
+                    f"{self.outage_timeout:g}s); last error: {last}"
+                )
+            log.warning(
+                "teacher request %s: waiting for a Teacher worker: %.0f s of %g (%s)",
+                label, waited, self.outage_timeout, last[:200],
+            )  # fmt: skip
+            b.spell += 1
+            return min(
+                backoff_delay(b.spell - 1, self.backoff_base, self.backoff_max), self.outage_timeout - waited
+            )
+        b.outage, b.spell = None, 0  # a worker answered, if with a failure: the outage is over
+        b.failures += 1
+        log.warning("%s, attempt %d/%d", line, b.failures, self.retries + 1)
+        if b.failures > self.retries:
+            raise TeacherError(f"Teacher at {url} failed {self.retries + 1} times; last error: {last}")
+        return backoff_delay(b.failures - 1, self.backoff_base, self.backoff_max) if backoff else 0.0
 
     def _incident(self, rid: int, label: str, attempt: int, kind: str, detail: str, waited: float) -> None:
         key = {"stall": "stalls", "cut": "cut_streams", "worker_down": "worker_down_aborts"}.get(kind)
@@ -661,8 +735,9 @@ class TeacherClient:
         try:
             r = self._session().post(url, data=data, headers=hdrs, timeout=self.request_timeout)
         except requests.RequestException as exc:
-            kind = "stall" if isinstance(exc, requests.Timeout) else "connection"
-            raise _Retry(kind, f"{type(exc).__name__}: {exc}") from None
+            unavailable = refused(exc)
+            kind = "stall" if isinstance(exc, requests.Timeout) and not unavailable else "connection"
+            raise _Retry(kind, f"{type(exc).__name__}: {exc}", unavailable=unavailable) from None
         return r.status_code, r.text, None
 
     def _post_stream(self, url: str, data: bytes, hdrs: dict, label: str) -> tuple[int, str, dict | None]:
@@ -685,7 +760,12 @@ class TeacherClient:
                     raise _Retry("worker_down", entry.aborted, time.monotonic() - t0) from None
                 if isinstance(exc, requests.Timeout) and not isinstance(exc, requests.ConnectTimeout):
                     raise _Retry("stall", f"no reply within {first:g}s", time.monotonic() - t0) from None
-                raise _Retry("connection", f"{type(exc).__name__}: {exc}", time.monotonic() - t0) from None
+                raise _Retry(
+                    "connection",
+                    f"{type(exc).__name__}: {exc}",
+                    time.monotonic() - t0,
+                    unavailable=refused(exc),
+                ) from None
             finally:
                 _tracking.entry = None
             if r.status_code != 200 or "text/event-stream" not in r.headers.get("Content-Type", ""):

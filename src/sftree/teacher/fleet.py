@@ -10,7 +10,10 @@ binary `scripts/install_router.sh` links as `.tools/sglang-router`), prints the 
 process is started in its own session and stopped by its PID (`Fleet.stop`), whatever happened.
 
 The router's health checks are set tight (every 2 s, down after 2 failures of 2 s each, up after 1 success) so
-a dead worker leaves the routing within seconds; docs/serving.md gives the same flags for a cluster.
+a dead worker leaves the routing within seconds, and so is its circuit breaker's open time (2 s, closed again
+after 1 success): the requests that failed on a dying worker open its circuit, which the router's default keeps
+open for 60 s after the worker is back and healthy - long enough for "no available workers" when the other one
+dies meanwhile. docs/serving.md gives the same flags for a cluster.
 llama-server workers run with `--metrics`: `/metrics` has each worker's prompt tokens processed and reused
 from its cache (`prompt_tokens_total`, `prompt_tokens_cached_total`) and tokens generated, which
 `Fleet.metrics` reads (benchmarks/fleet.py: the cache share per worker).
@@ -36,9 +39,11 @@ from sftree.teacher.llm_server import LaunchSpec, free_port
 
 ROUTER_BIN = REPO_ROOT / ".tools" / "sglang-router" / "bin" / "sglang-router"
 POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
-# down after 2 failed checks of 2 s, checked every 2 s; back after one good check
+# down after 2 failed checks of 2 s, checked every 2 s; back after one good check; an open circuit (10 failed
+# requests) lets a request through again after 2 s and closes on its success (router default: 60 s, 3)
 HEALTH_FLAGS = ("--health-check-interval-secs", "2", "--health-failure-threshold", "2",
-                "--health-check-timeout-secs", "2", "--health-success-threshold", "1")  # fmt: skip
+                "--health-check-timeout-secs", "2", "--health-success-threshold", "1",
+                "--cb-timeout-duration-secs", "2", "--cb-success-threshold", "1")  # fmt: skip
 
 
 def router_missing(binary: Path = ROUTER_BIN) -> str | None:

@@ -44,7 +44,9 @@ JSON) is a list of rules aimed by the `X-Sftree-*` headers:
       skip: 4                        # leave the first N matching requests alone (aim at a later step)
       count: 1
 
-Kinds: http_500, http_503, http_429 (error status, no body work), hang (sleep `hang_s`, default --hang-s,
+Kinds: http_500, http_503, http_429 (error status, no body work), no_worker (HTTP 503 with sglang-router's
+`no_available_workers` error: the fleet has no worker to answer; the client waits it out for
+`teacher.outage_timeout` instead of counting it against `retries`), hang (sleep `hang_s`, default --hang-s,
 then answer: the client's request timeout fires first), stall (a streamed reply sends its first chunks, then
 nothing for `hang_s` and closes without its end, as a server hung mid-reply; not streamed: as hang), cut (a
 streamed reply sends its first chunks, then the connection closes, as a server killed mid-reply; not streamed:
@@ -111,6 +113,7 @@ FAULT_KINDS = {
     "http_500",
     "http_503",
     "http_429",
+    "no_worker",
     "hang",
     "stall",
     "cut",
@@ -126,6 +129,9 @@ FAULT_KINDS = {
     *SHAPE_FAULTS,
 }
 HTTP_FAULTS = {"http_500": 500, "http_503": 503, "http_429": 429}
+# what sglang-router 0.3.2 answers when every worker is unhealthy or its circuit breaker open
+NO_WORKER_BODY = {"error": {"type": "Service Unavailable", "code": "no_available_workers",
+                            "message": "No available workers (all circuits open or unhealthy)"}}  # fmt: skip
 MATCH_KEYS = {"tree", "edge", "depth", "turn", "attempt", "session"}
 
 
@@ -380,6 +386,9 @@ class Handler(BaseHTTPRequestHandler):
         body_hash = hashlib.sha256(_unstreamed(body, raw)).hexdigest()
         headers = _header_view(self)
         faults, pad, hang = st.faults_for(headers, body_hash)
+        if "no_worker" in faults:
+            self._send(503, NO_WORKER_BODY)
+            return
         for kind, status in HTTP_FAULTS.items():
             if kind in faults:
                 self._send(status, {"error": {"message": f"teacher-sim injected {kind}"}})
