@@ -21,6 +21,8 @@ QWEN_SHA256=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
 cache="${SFTREE_CACHE:-$HOME/.cache/sftree}/llama.cpp-$LLAMA_VERSION"
 dest=.tools/llama.cpp
 jobs="${SFTREE_BUILD_JOBS:-$(nproc)}"
+mkdir -p "$cache"
+exec 9>"$cache/.lock" && flock 9 # one install at a time (checkouts on one machine share the cache and its build)
 
 if [ ! -x "$cache/install/bin/llama-server" ]; then
   command -v cmake >/dev/null && command -v g++ >/dev/null || {
