@@ -39,6 +39,7 @@ from sftree.runtime.checkout import write_files
 from sftree.runtime.objects import flatten
 from sftree.runtime.procs import run_group
 from sftree.runtime.snapshot import QuotaExceeded, UnsafeWorkspace
+from sftree.runtime.unixsock import Listener, RequestError, read_request
 from sftree.world.text import one_line
 
 log = logging.getLogger(__name__)
@@ -298,9 +299,7 @@ class CoralServer:
         client.write_text(CLIENT_SCRIPT.format(python=sys.executable, host=repr(HOST_COMMANDS)))
         client.chmod(0o755)
         self.socket_path = self.dir / "coral.sock"
-        self._sock: socket.socket | None = None
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._listener: Listener | None = None
 
     def env(self, inside: str | None = None) -> dict[str, str]:
         """Environment for the agent's commands; `inside` = where self.dir is mounted in a sandbox."""
@@ -308,63 +307,31 @@ class CoralServer:
         return {"CORAL_SOCKET": str(base / "coral.sock"), "CORAL_BIN": str(base / "bin")}
 
     def start(self) -> None:
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(str(self.socket_path))
-        self._sock.listen(8)
-        self._sock.settimeout(0.2)
-        name = f"coral-{self.runtime.ws.edge_id}"
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._thread.start()
+        self._listener = Listener(self.socket_path, self._one, name=f"coral-{self.runtime.ws.edge_id}")
 
-    def _serve(self) -> None:
-        while not self._stop.is_set():
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            reply = self._answer(conn)
             try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
+                conn.settimeout(REQUEST_TIMEOUT)
+                conn.sendall(json.dumps(reply).encode("utf-8"))
             except OSError:
-                break
-            with conn:
-                reply = self._answer(conn)
-                try:
-                    conn.settimeout(REQUEST_TIMEOUT)
-                    conn.sendall(json.dumps(reply).encode("utf-8"))
-                except OSError:
-                    pass
+                pass
 
     def _answer(self, conn: socket.socket) -> dict:
         """Read one request (at most REQUEST_MAX bytes, within REQUEST_TIMEOUT s) and answer it."""
-        conn.settimeout(REQUEST_TIMEOUT)
-        deadline = time.monotonic() + REQUEST_TIMEOUT
-        chunks, size = [], 0
         try:
-            while True:
-                conn.settimeout(max(0.01, deadline - time.monotonic()))
-                chunk = conn.recv(65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > REQUEST_MAX:
-                    return {"rc": 2, "stdout": "", "stderr": "coral: request too large\n"}
-                if chunk.endswith(b"\n"):
-                    break
-            req = json.loads(b"".join(chunks).decode("utf-8"))
+            req = json.loads(read_request(conn, REQUEST_MAX, REQUEST_TIMEOUT).decode("utf-8"))
             argv = [str(a) for a in req.get("argv", [])]
+        except RequestError as exc:
+            return {"rc": 2, "stdout": "", "stderr": f"coral: {exc}\n"}
         except (OSError, ValueError, AttributeError, TypeError) as exc:
             return {"rc": 2, "stdout": "", "stderr": f"coral: bad request: {exc}\n"}
         return self.runtime.handle(argv)
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._sock:
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked accept() at once
-            except OSError:
-                pass
-            self._sock.close()
-        if self._thread:
-            self._thread.join(timeout=5)
+        if self._listener is not None:
+            self._listener.stop()
         tempdirs.remove(self.dir)
 
 

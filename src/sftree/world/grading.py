@@ -46,6 +46,7 @@ import yaml
 from sftree.runtime import tempdirs
 from sftree.runtime.procs import run_group
 from sftree.runtime.sandbox import UIDS, Limits, bwrap_argv, resolve_mode, wait_gone, wrap_limits
+from sftree.runtime.unixsock import Listener, read_request
 from sftree.world.locate import CoralInstall
 from sftree.world.task import TaskSpec
 
@@ -61,6 +62,9 @@ SOCK = "/tmp/.sftree-grade-sock"
 GRACE_S = 30 + 15  # Coral's daemon kills its worker at timeout + 30 s; sftree stops the grader a little later
 NO_LIMIT_S = 6 * 3600  # grader.timeout 0 (no limit in Coral): the host still stops it
 FEEDBACK_CAP = 16000
+# One request from the graded sandbox's forwarder (argv, cwd, env, the program's stdin in base64): whatever in
+# that sandbox connects is graded code, so a request is bounded (unixsock.read_request).
+GRADED_REQUEST_MAX = 64 << 20
 OUTPUT_CAP = 16 * 1024 * 1024
 
 FORWARDER = r'''#!{python} -I
@@ -128,39 +132,14 @@ class _Runner:
         self.argv_for = argv_for
         self.deadline = deadline
         self.runs = 0
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(str(sock_path))
-        os.chmod(sock_path, 0o777)
-        self._sock.listen(16)
-        self._sock.settimeout(0.2)
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._thread = threading.Thread(target=self._serve, name="sftree-graded", daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                break
-            t = threading.Thread(target=self._one, args=(conn,), daemon=True)
-            t.start()
-            self._threads.append(t)
+        self._listener = Listener(
+            sock_path, self._one, name="sftree-graded", backlog=16, threaded=True, mode=0o777
+        )
 
     def _one(self, conn: socket.socket) -> None:
         with conn:
             try:
-                buf = b""
-                conn.settimeout(30)
-                while not buf.endswith(b"\n"):
-                    chunk = conn.recv(1 << 20)
-                    if not chunk:
-                        return
-                    buf += chunk
-                req = json.loads(buf)
+                req = json.loads(read_request(conn, GRADED_REQUEST_MAX, 30))
                 argv, cwd, env = self.argv_for(req)
                 self.runs += 1
                 left = max(1.0, self.deadline - time.monotonic())
@@ -185,14 +164,7 @@ class _Runner:
                     pass
 
     def stop(self) -> None:
-        self._stop.set()
-        try:
-            self._sock.close()
-        except OSError:
-            pass
-        self._thread.join(timeout=5)
-        for t in self._threads:
-            t.join(timeout=5)
+        self._listener.stop()
 
 
 def _run_watched(argv, conn: socket.socket, timeout: float, cwd: str, env: dict, stdin: bytes):
