@@ -1,4 +1,5 @@
-"""A tree explored against teacher-sim's fault script (native backend), then exported: a reply cut at
+"""A tree explored against teacher-sim's fault script (each backend: native, and the real OpenCode behind the
+recording proxy), then exported: a reply cut at
 `max_tokens`, a call whose arguments do not parse and a tool call written as text each stay in the transcript and
 in the history of later records, and are never a trained completion; the dataset card counts them."""
 
@@ -6,12 +7,19 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers_explore import explore, load_final, make_root, write_config
+from runtime_helpers import opencode_binary
 
 from sftree import cli
 from sftree.dataset.export import exclusion, normalize_message
 from sftree.search import steplog
 
+OPENCODE, WHY = opencode_binary()
+NEEDS_OPENCODE = [
+    pytest.mark.opencode,
+    pytest.mark.skipif(OPENCODE is None, reason=f"opencode binary missing: {WHY}"),
+]
 SCRIPT = [
     {"match": {"edge": "e1", "turn": 2}, "fault": "malformed_args", "count": 1},  # step 1: `{..."` arguments
     {
@@ -30,19 +38,28 @@ SCRIPT = [
 ]
 
 
-def test_ill_formed_steps_are_history_never_completions(tmp_path):
+# OpenCode ends its run at a reply without a call (the text call in e2 turn 1): the nudged model submits at once,
+# so the cut text goes where OpenCode still works: e2 turn 2, after the edit (the nudge then evals it).
+OPENCODE_SCRIPT = [f for f in SCRIPT if f["fault"] != "length_text"] + [
+    {"match": {"edge": "e2", "turn": 2}, "fault": "length_text", "skip": 5, "count": 1}
+]
+
+
+@pytest.mark.parametrize("backend", ["native", pytest.param("opencode", marks=NEEDS_OPENCODE)])
+def test_ill_formed_steps_are_history_never_completions(tmp_path, backend):
     root = make_root(tmp_path)
     # seed 1: both edges score (under seed 0 e1's edit crashes the grader and the root's retry takes its place)
     cfg = write_config(
         tmp_path,
         {"root_children": 1, "max_children": 1, "max_depth": 2, "parallel_width": 1},
-        script=SCRIPT,
+        script=SCRIPT if backend == "native" else OPENCODE_SCRIPT,
         seed=1,
+        agent={"backend": backend, "student_model": "sglang/student"},
     )
     out = tmp_path / "trees" / root.name
     assert explore(root, out, cfg) == 0
     tree = load_final(out)
-    assert tree.backend == "native" and [e.id for e in tree.edges] == ["e1", "e2"]
+    assert tree.backend == backend and [e.id for e in tree.edges] == ["e1", "e2"]
 
     # in the transcripts, as the agent recorded them
     bad = {}
@@ -74,13 +91,22 @@ def test_ill_formed_steps_are_history_never_completions(tmp_path):
     ids = {
         r["metadata"]["id"].rsplit("/", 2)[1] + "/" + r["metadata"]["id"].rsplit("/", 1)[1] for r in records
     }
-    assert all(r["metadata"]["backend"] == "native" and r["metadata"]["coral"] == "stand-in" for r in records)
+    assert all(r["metadata"]["backend"] == backend and r["metadata"]["coral"] == "stand-in" for r in records)
     for (edge, turn, step), (why, s) in bad.items():
         assert f"{edge}/t{turn}s{step}" not in ids, f"{why} step {edge} t{turn}s{step} was trained"
         sent, _ = normalize_message(s["response"])
         assert all(sent not in r["completion"] for r in records)
-        # the next model call of the session resent it: there it is history, exactly as sent
-        later = [r for r in records if sent in r["prompt"]]
+        # the next model call of the session resent it: there it is history, exactly as sent (OpenCode resends a
+        # call it could not run as its own `invalid` call under the same id: what the Student's OpenCode sends too)
+        ids = {c["id"] for c in s["response"].get("tool_calls") or []}
+        if backend == "native" or not ids:
+            later = [r for r in records if sent in r["prompt"]]
+        else:
+            later = [
+                r
+                for r in records
+                if ids & {c.get("id") for m in r["prompt"] for c in m.get("tool_calls") or []}
+            ]
         assert later, f"{why} step {edge} t{turn}s{step} is in no later prompt"
         assert all(r["metadata"]["history_excluded"] >= 1 for r in later)
     assert len(records) == sum(
@@ -92,7 +118,7 @@ def test_ill_formed_steps_are_history_never_completions(tmp_path):
     stats = json.loads((sft.parent / "sft.stats.json").read_text())
     assert stats["excluded"] == {"truncated": 2, "text_tool_call": 1, "malformed_arguments": 1}
 
-    # the card counts them (and flags the native backend)
+    # the card counts them (and flags the native backend, only it)
     res = tmp_path / "results"
     card = res / "dataset_card.md"
     args = ["export-sft", "--merge", str(sft), "--out", str(res / "sft.jsonl"), "--card", str(card)]
@@ -102,7 +128,10 @@ def test_ill_formed_steps_are_history_never_completions(tmp_path):
         "4 ill-formed steps on the selected paths are never a trained completion: truncated 2, "
         "text_tool_call 1, malformed_arguments 1, normalised 0." in text
     )
-    assert f"**{len(records)} records were NOT made by OpenCode**" in text
+    flagged = f"**{len(records)} records were NOT made by OpenCode**"
+    assert (flagged in text) == (backend == "native") and ("NOT made by OpenCode" in text) == (
+        backend == "native"
+    )
 
     # a path record trains every assistant turn: it ends before e1's malformed turn 2 step 1
     psft = tmp_path / "path.jsonl"

@@ -217,15 +217,25 @@ def exclusion(step: dict) -> str | None:
 
 def message_key(msg: dict) -> str:
     """An assistant message as later requests repeat it (content, tool-call ids, names and arguments; reasoning
-    aside, which some agents do not resend): how an ill-formed reply is recognised in a record's history."""
+    aside, which some agents do not resend): how an ill-formed reply is recognised in a record's history. A call
+    whose arguments did not parse is keyed by its id and name alone: OpenCode resends it as its own `invalid` call
+    (`{"tool": <name>, "error": ...}` under the same id), which is keyed the same way."""
     try:
         norm, _ = normalize_message(dict(msg, role="assistant"))
     except (ValueError, AttributeError):
         return ""
-    calls = [
-        [tc["id"], tc["function"]["name"], tc["function"]["arguments"]] for tc in norm.get("tool_calls", [])
-    ]
+    calls = []
+    for tc in norm.get("tool_calls", []):
+        name, args = tc["function"]["name"], tc["function"]["arguments"]
+        if name == "invalid" and isinstance(args, dict) and {"tool", "error"} <= set(args):
+            name, args = str(args["tool"]), UNPARSED
+        elif isinstance(args, dict) and set(args) == {"_raw"}:
+            args = UNPARSED
+        calls.append([tc["id"], name, args])
     return json.dumps([norm["content"], calls], sort_keys=True, ensure_ascii=False)
+
+
+UNPARSED = "<arguments that did not parse>"
 
 
 def name_tool_messages(messages: list[dict]) -> None:
