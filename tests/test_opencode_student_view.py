@@ -87,7 +87,7 @@ def test_a_trained_record_is_the_request_opencode_sent_for_the_students_model(tm
     out, records = grow_and_export(tmp_path, student, seed=3)
     sent = sent_requests(out)
     tree = json.loads((out / "tree.json").read_text())
-    assert tree["backend"] == "opencode"
+    assert tree["backend"] == "opencode" and tree["coral"]["student_model"] == student
     for rec in records:
         meta = rec["metadata"]
         assert meta["backend"] == "opencode", meta

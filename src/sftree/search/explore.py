@@ -199,6 +199,8 @@ def _grow(
         tree.sandbox = getattr(ctx.agent, "sandbox", None)  # the report and dataset card show it
         tree.backend = record_backend(tree.backend, getattr(ctx.agent, "name", None))
         tree.coral = {"mode": ctx.world.kind, **ctx.world.describe()}  # the dataset card and report show it
+        if getattr(ctx.agent, "student_model", None):  # OpenCode's prompt and tools were built for this id
+            tree.coral["student_model"] = ctx.agent.student_model
         if tree.sandbox == "none":
             log.warning("agent.sandbox is none: the Teacher's commands and the graded code run unconfined")
         live.save(tree)
