@@ -54,7 +54,10 @@ def test_ill_formed_steps_are_history_never_completions(tmp_path, backend):
         {"root_children": 1, "max_children": 1, "max_depth": 2, "parallel_width": 1},
         script=SCRIPT if backend == "native" else OPENCODE_SCRIPT,
         seed=1,
-        agent={"backend": backend, "student_model": "sglang/student"},
+        # OpenCode in the sandbox: the worktree at its fixed path, so teacher-sim's seeded choices (which see the
+        # paths in its own calls) are the same wherever the test runs
+        agent={"backend": backend, "student_model": "sglang/student"}
+        | ({"sandbox": "auto"} if backend == "opencode" else {}),
     )
     out = tmp_path / "trees" / root.name
     assert explore(root, out, cfg) == 0
