@@ -45,7 +45,7 @@ from typing import Any
 import requests
 
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
-from sftree.teacher.client import backoff_delay, no_worker_answer, refused
+from sftree.teacher.client import RetryBudget, no_worker_answer, refused
 from sftree.teacher.response import MalformedResponse, normalize
 from sftree.teacher.stream import StreamAssembler  # one assembler for the proxy and the client
 
@@ -360,7 +360,7 @@ class RecordingProxy:
         """requests.Response from the Teacher, retrying transient failures; raises after the budget. Answers that
         no worker is there do not count against `retries` until they have lasted `outage_timeout` s."""
         url = self.upstream + path
-        failures, outage, spell = 0, None, 0
+        budget = RetryBudget(self.retries, self.outage_timeout, 0.5, self.backoff_max)
         while True:
             t_try = time.monotonic()
             resp = err = None
@@ -374,27 +374,17 @@ class RecordingProxy:
                 unavailable = resp.status_code == 503 and no_worker_answer(503, resp.text)
             except requests.ConnectionError as exc:
                 err, why, unavailable = exc, f"connection: {exc}", refused(exc)
-            if unavailable and self.outage_timeout > 0:
-                outage = t_try if outage is None else outage
-                waited = time.monotonic() - outage
-                done = waited >= self.outage_timeout
-                spell += 1
-                delay = min(backoff_delay(spell - 1, 0.5, self.backoff_max), self.outage_timeout - waited)
-                if not done:
-                    log.warning("teacher %s: waiting for a Teacher worker: %.0f s of %g", why, waited,
-                                self.outage_timeout)  # fmt: skip
-            else:
-                outage, spell = None, 0
-                done = failures == self.retries
-                delay = backoff_delay(failures, 0.5, self.backoff_max)
-                failures += 1
-                if not done:
-                    log.warning("teacher %s (attempt %d/%d), retrying in %.1fs", why, failures, self.retries,
-                                delay)  # fmt: skip
-            if done:
+            verdict, delay, waited = budget.spend(unavailable, t_try)
+            if verdict in ("outage_over", "exhausted"):
                 if err is not None:
                     raise err
                 return resp
+            if verdict == "waiting":
+                log.warning("teacher %s: waiting for a Teacher worker: %.0f s of %g", why, waited,
+                            self.outage_timeout)  # fmt: skip
+            else:
+                log.warning("teacher %s (attempt %d/%d), retrying in %.1fs", why, budget.failures, self.retries,
+                            delay)  # fmt: skip
             if resp is not None:
                 resp.close()
             time.sleep(delay)

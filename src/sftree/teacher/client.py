@@ -260,12 +260,39 @@ def refused(exc: BaseException) -> bool:
 
 
 @dataclass
-class _Budget:
-    """What one request has spent: attempts failed against `retries`, and the current outage (no worker)."""
+class RetryBudget:
+    """What one request has spent (the client's and the OpenCode proxy's): failed attempts against `retries`,
+    and the current outage (answers that no worker is there), which is timed by `outage_timeout` instead
+    (`outage_timeout` 0: counted against `retries` too)."""
 
+    retries: int
+    outage_timeout: float
+    base: float
+    backoff_max: float
     failures: int = 0
     outage: float | None = None  # when the current spell of "no worker to answer" began (monotonic)
     spell: int = 0  # attempts in that spell
+
+    def spend(self, unavailable: bool, t_try: float) -> tuple[str, float, float]:
+        """Account one failed attempt begun at `t_try`: (verdict, seconds to wait, seconds of outage so far).
+        verdict: `waiting` (no worker yet; not counted), `outage_over` (no worker for `outage_timeout` s: give
+        up), `retry`, or `exhausted` (`retries` + 1 failed attempts: give up)."""
+        if unavailable and self.outage_timeout > 0:
+            if self.outage is None:
+                self.outage = t_try
+            waited = time.monotonic() - self.outage
+            if waited >= self.outage_timeout:
+                return "outage_over", 0.0, waited
+            self.spell += 1
+            delay = min(
+                backoff_delay(self.spell - 1, self.base, self.backoff_max), self.outage_timeout - waited
+            )
+            return "waiting", delay, waited
+        self.outage, self.spell = None, 0  # a worker answered, if with a failure: the outage is over
+        self.failures += 1
+        if self.failures > self.retries:
+            return "exhausted", 0.0, 0.0
+        return "retry", backoff_delay(self.failures - 1, self.base, self.backoff_max), 0.0
 
 
 @dataclass(eq=False)
@@ -638,7 +665,7 @@ class TeacherClient:
         last = ""
         with self._sem:
             t0 = time.monotonic()
-            budget = _Budget()
+            budget = RetryBudget(self.retries, self.outage_timeout, self.backoff_base, self.backoff_max)
             attempt, delay = 0, 0.0
             while True:
                 if attempt:
@@ -690,34 +717,26 @@ class TeacherClient:
                     )  # fmt: skip
                 return self._completion(payload, reply, time.monotonic() - t0, attempt + 1, body)
 
-    def _failed(self, b: _Budget, url: str, label: str, last: str, t_try: float, unavailable: bool, *,
+    def _failed(self, b: RetryBudget, url: str, label: str, last: str, t_try: float, unavailable: bool, *,
                 backoff: bool = True, line: str) -> float:  # fmt: skip
-        """Account one failed attempt; the seconds to wait before the next, or TeacherError when the request is
-        given up: after `retries` + 1 failed attempts, or after `outage_timeout` s of answers that no worker is
-        there to answer (those do not count against `retries`; `outage_timeout` 0: they do)."""
-        if unavailable and self.outage_timeout > 0:
-            if b.outage is None:
-                b.outage = t_try
-            waited = time.monotonic() - b.outage
-            if waited >= self.outage_timeout:
-                raise TeacherError(
-                    f"Teacher at {url} had no worker to answer for {waited:.0f}s (teacher.outage_timeout "
-                    f"{self.outage_timeout:g}s); last error: {last}"
-                )
+        """Account one failed attempt (RetryBudget.spend); the seconds to wait before the next, or TeacherError
+        when the request is given up."""
+        verdict, delay, waited = b.spend(unavailable, t_try)
+        if verdict == "outage_over":
+            raise TeacherError(
+                f"Teacher at {url} had no worker to answer for {waited:.0f}s (teacher.outage_timeout "
+                f"{self.outage_timeout:g}s); last error: {last}"
+            )
+        if verdict == "waiting":
             log.warning(
                 "teacher request %s: waiting for a Teacher worker: %.0f s of %g (%s)",
                 label, waited, self.outage_timeout, last[:200],
             )  # fmt: skip
-            b.spell += 1
-            return min(
-                backoff_delay(b.spell - 1, self.backoff_base, self.backoff_max), self.outage_timeout - waited
-            )
-        b.outage, b.spell = None, 0  # a worker answered, if with a failure: the outage is over
-        b.failures += 1
+            return delay
         log.warning("%s, attempt %d/%d", line, b.failures, self.retries + 1)
-        if b.failures > self.retries:
+        if verdict == "exhausted":
             raise TeacherError(f"Teacher at {url} failed {self.retries + 1} times; last error: {last}")
-        return backoff_delay(b.failures - 1, self.backoff_base, self.backoff_max) if backoff else 0.0
+        return delay if backoff else 0.0
 
     def _incident(self, rid: int, label: str, attempt: int, kind: str, detail: str, waited: float) -> None:
         key = {"stall": "stalls", "cut": "cut_streams", "worker_down": "worker_down_aborts"}.get(kind)
