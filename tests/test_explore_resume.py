@@ -121,3 +121,26 @@ def test_width1_fixed_seed_is_reproducible_and_edge_budget(tmp_path):
     assert a == b
     assert trees[0]["stop_reason"] == "edge_budget" and trees[0]["counters"]["valid_edges"] == 3
     assert all(n["state"]["code_commit"] for n in trees[0]["nodes"])
+
+
+def test_a_resume_keeps_every_session_file_of_a_finished_edge_and_none_of_another(tmp_path):
+    """sessions/<edge>.json and the backend's own files beside it (OpenCode's store and its record) go together."""
+    from sftree.search.explore import drop_unfinished
+
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    names = [
+        "e1.json",
+        "e1.opencode.json",
+        "e1.opencode.db",
+        "e12.json",
+        "e12.opencode.db",
+        "e2.opencode.json",
+    ]
+    for name in names:
+        (sessions / name).write_text("x")
+    (tmp_path / "edges" / "e1").mkdir(parents=True)
+    (tmp_path / "edges" / "e12").mkdir()
+    drop_unfinished(tmp_path, {"e1"})
+    assert sorted(p.name for p in sessions.iterdir()) == ["e1.json", "e1.opencode.db", "e1.opencode.json"]
+    assert [p.name for p in (tmp_path / "edges").iterdir()] == ["e1"]

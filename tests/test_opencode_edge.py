@@ -261,7 +261,8 @@ def test_explore_grows_a_small_tree_with_opencode(tmp_path):
 
 
 def test_sandbox_reaches_the_proxy_and_nothing_else(tree, tmp_path):
-    """Under bwrap, OpenCode's process sees the proxy (through the bridge) but no other port, and no grader."""
+    """Under bwrap, OpenCode's server sees the proxy (through the driver's bridge) but no other port, and no
+    grader."""
     from sftree.agents.base import TurnRun
     from sftree.agents.opencode import _Edge
 
@@ -289,15 +290,20 @@ except OSError:
     direct = "refused"
 print(ok, direct, os.path.exists({ctx.task_cfg["coral_task"] + "/eval/grader.py"!r}), os.getcwd())
 """
-        agent_binary, agent.binary = agent.binary, sys.executable  # run python where opencode would run
+        # In place of `opencode serve`: the probe, started by the driver where the server would run (same
+        # sandbox, environment and bridge); it reports on stderr and exits before it listens.
+        fake = tmp_path / "fake-opencode"
+        fake.write_text(f"#!{sys.executable} -I\nimport sys\nsys.stdout = sys.stderr\n" + probe)
+        fake.chmod(0o755)
+        agent_binary, agent.binary = agent.binary, str(fake)
         try:
-            argv, cwd = agent._argv(run, st, ["-c", "import time; time.sleep(0.5)\n" + probe], net=True)
+            with pytest.raises(RuntimeError, match="did not start") as err:
+                agent._start(run, st)
         finally:
             agent.binary = agent_binary
-        out = subprocess.run(
-            argv, cwd=cwd, env=agent._env(run, st), capture_output=True, text=True, timeout=60
-        )
-        assert out.stdout.split() == ["200", "refused", "False", box.worktree], out.stderr
+            agent._kill(st)
+        report = next((ln for ln in str(err.value).splitlines() if ln.startswith("200 ")), str(err.value))
+        assert report.split() == ["200", "refused", "False", box.worktree], str(err.value)
         assert box.worktree == f"{ctx.run_dir}/agents/{ctx.agent_id}"  # Coral's shape, no host path
     finally:
         server.stop()

@@ -129,8 +129,12 @@ def test_opencode_sandbox_dies_with_its_parent(base):
             pytest.skip("bubblewrap is not usable here")
         ws = store.fork(root, "e1", agent_id="agent-1", inside="/workspace/results/t", uid=st.uid)
         run = SimpleNamespace(workspace=ws, box=EdgeBox(ws, "bwrap"), task_cfg={})
-        agent.binary = sys.executable  # a long-lived stand-in where OpenCode would run
-        argv, cwd = agent._argv(run, st, ["-c", "import time; time.sleep(120)"])
+        # A long-lived stand-in where `opencode serve` would run: the driver waits for it to listen.
+        fake = base / "fake-opencode"
+        fake.write_text(f"#!{sys.executable} -I\nimport time\ntime.sleep(120)\n")
+        fake.chmod(0o755)
+        agent.binary = str(fake)
+        argv, cwd = agent._argv(run, st)
         parent = subprocess.Popen(  # plays sftree: starts the sandbox, then is killed with -9
             [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(120)",
              *argv], cwd=cwd, env=agent._env(run, st),

@@ -1,4 +1,4 @@
-"""The `opencode` agent backend: real OpenCode sessions (`opencode run --format json`) as the Teacher.
+"""The `opencode` agent backend: real OpenCode sessions as the Teacher, one OpenCode server per edge.
 
 Per edge (docs/opencode.md):
 
@@ -6,19 +6,22 @@ Per edge (docs/opencode.md):
   `opencode.json` whose only provider is `@ai-sdk/openai-compatible` pointing at this job's recording proxy
   (agents/proxy.py) in front of the Teacher; autoupdate, sharing, model-list fetches, LSP downloads, plugin installs,
   web tools and compaction are off, and the model's context limit sits above the tree's hard token limit;
-- a rollout turn = `opencode run --format json [--session ID] --model sftree/<model>` with the prompt on stdin,
-  in the edge's workspace. Under bubblewrap (agent.sandbox) it runs in the agent's sandbox (sandbox.py: the
-  unprivileged uid when sftree is root, no capabilities, AGENT_LIMITS); the workspace is mounted at
-  `/tmp/sftree/workspace`, OpenCode's own state (`box/`) at `/tmp/sftree/opencode` and the host's files for it
-  (`host/`: config, bridge, parent export) read-only at `/tmp/sftree/host`, so every edge's OpenCode sees the
-  same paths (its system prompt, which names the working directory, is byte-identical across forks) and the
-  grader, the tree store and $HOME are hidden;
-- the event stream is parsed: `step_finish.part.tokens.total` (context length), `tool_use` parts
-  (`state.status == "error"` = tool error; inputs -> knowledge actions), and the completed `coral eval` call,
-  which ends the turn: the proxy stops passing requests on and the process gets SIGINT, then SIGTERM/SIGKILL,
-  as Coral's manager interrupts its agents before it injects the next prompt;
-- after each turn the session is exported to `sessions/<edge>.opencode.json` (to a file: piped output is cut
-  at 64 KiB); a child edge imports its parent's export into its own home and continues it with `--session`.
+- one `opencode serve` for the edge's two turns, started on the first, driven by agents/opencode_driver.py over
+  OpenCode's HTTP API as `opencode run --format json` drives its own in-process server (the same session rules
+  and requests: tests/test_opencode_serve.py), so OpenCode starts once per edge, not once per turn. Under
+  bubblewrap (agent.sandbox) the driver and the server run in the agent's sandbox (sandbox.py: the unprivileged
+  uid when sftree is root, no capabilities, AGENT_LIMITS); the workspace is mounted at the Coral-shaped path,
+  OpenCode's own state (`box/`) at `/tmp/sftree/opencode` and the host's files for it (`host/`: config, the driver)
+  read-only at `/tmp/sftree/host`, so every edge's OpenCode sees the same paths, and the grader, the tree store
+  and $HOME are hidden;
+- a rollout turn = one prompt to the edge's session. The driver relays OpenCode's events in `run`'s JSON form:
+  `step_finish.part.tokens.total` (context length), `tool_use` parts (`state.status == "error"` = tool error;
+  inputs -> knowledge actions), and the completed `coral eval` call, which ends the turn: the proxy stops passing
+  requests on, the session is aborted and every other process of the sandbox killed, as Coral's manager
+  interrupts its agents before it injects the next prompt;
+- after the edge's last turn the server stops and its session store (OpenCode's SQLite database, copied by the
+  driver) is kept at the node as `sessions/<edge>.opencode.db`; a child edge's server starts on a copy of it and
+  continues the same session. The host never opens that database: it copies bytes.
 
 The step records come from the proxy (exact request messages and tools), enriched with the tool results (the
 next request's `role: tool` messages, or the event's output for the turn's last step) and the error/knowledge
@@ -67,43 +70,12 @@ INSTALL_HINT = (
 HOME_MOUNT = "/tmp/sftree/opencode"  # the edge's `box/`: OpenCode's own state, writable by the sandbox uid
 HOST_MOUNT = "/tmp/sftree/host"  # the edge's `host/`: what the host writes for OpenCode, read-only inside
 PROXY_MOUNT = "/tmp/sftree/proxy"
-# Runs inside the sandbox (python -I, no sftree import): 127.0.0.1:PORT -> the proxy's Unix socket.
-BRIDGE_SCRIPT = r"""import socket, sys, threading
-path, port = sys.argv[1], int(sys.argv[2])
-srv = socket.socket()
-srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind(("127.0.0.1", port))
-srv.listen(64)
-def pipe(a, b):
-    try:
-        while True:
-            d = a.recv(65536)
-            if not d:
-                break
-            b.sendall(d)
-    except OSError:
-        pass
-    try:
-        b.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-def serve(c):
-    u = socket.socket(socket.AF_UNIX)
-    try:
-        u.connect(path)
-    except OSError:
-        c.close()
-        return
-    t = threading.Thread(target=pipe, args=(u, c), daemon=True)
-    t.start()
-    pipe(c, u)
-    t.join()
-    c.close()
-    u.close()
-while True:
-    c, _ = srv.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"""
+DRIVER = Path(__file__).resolve().parent / "opencode_driver.py"  # runs in the sandbox (python -I, no sftree)
+STORE_OUT = "session.db"  # in the box: the driver's copy of OpenCode's session store when the edge ends
+STORE_MAX = 256 << 20
+START_TIMEOUT = 120.0
+ABORT_TIMEOUT = 60.0
+LINE_MAX = 1 << 20  # one event line from the sandbox
 # OpenCode installs @opencode-ai/plugin from npm into every config folder that lacks it; these stubs make it
 # see the dependency as present (no network), and its own .gitignore keeps them out of commits.
 PLUGIN_DEP = {"@opencode-ai/plugin": PINNED_VERSION}
@@ -382,16 +354,93 @@ def _teacher_down(rec: dict) -> bool:
 
 
 # ---- the backend ---------------------------------------------------------------------------------------------
+EOF = object()
+
+
+class _Driver:
+    """The host's end of one edge's driver process (agents/opencode_driver.py): JSON lines both ways. Its stdout
+    is read by a thread, line by line and bounded (the sandbox writes it)."""
+
+    def __init__(self, proc: subprocess.Popen, name: str):
+        self.proc = proc
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True, name=f"oc-{name}").start()
+
+    def _pump(self) -> None:
+        while True:
+            line = self.proc.stdout.readline(LINE_MAX)
+            if not line:
+                break
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue  # a line cut at LINE_MAX, or not ours
+            if isinstance(ev, dict):
+                self.lines.put(ev)
+        self.lines.put(EOF)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def send(self, req: dict) -> None:
+        try:
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # it is gone: the next read says so
+
+    def next(self, timeout: float):
+        """The next event, EOF once the driver is gone, or None after `timeout` s."""
+        try:
+            ev = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if ev is EOF:
+            self.lines.put(EOF)  # stays at the end
+        return ev
+
+    def wait_for(self, kind: str, timeout: float) -> dict | None:
+        """Skip events until one of `kind`; None after `timeout` s or when the driver is gone."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            ev = self.next(min(0.5, max(0.01, end - time.monotonic())))
+            if ev is EOF:
+                return None
+            if ev is not None and ev.get("type") == kind:
+                return ev
+        return None
+
+    def kill(self) -> None:
+        """SIGKILL to its process group (bwrap then ends the sandbox), then reap it."""
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError, ValueError):
+                f.close()
+
+
+def _tail(path: Path, n: int = 800) -> str:
+    try:
+        return path.read_bytes()[-n:].decode("utf-8", "replace").strip() or "no message"
+    except OSError:
+        return "no message"
+
+
 @dataclass
 class _Edge:
     """`home` (work/<edge>/opencode/, the host's) holds `box/` (OpenCode's HOME and XDG data/state/cache,
-    handed to the sandbox uid), `host/` (opencode.json, the bridge, the parent's export: written by the host,
-    read-only inside) and the host's own files (stderr.log, export.json), which OpenCode never sees. So the
+    handed to the sandbox uid; a fork's copy of its parent's session store), `host/` (opencode.json and the
+    driver: written by the host, read-only inside) and the host's own stderr.log, which OpenCode never sees. So the
     host never writes where OpenCode (and so the Teacher's commands) can write or plant a link."""
 
     home: Path
     session_id: str | None = None
     uid: int | None = None  # the edge's sandbox user (its box's), or None
+    driver: _Driver | None = None  # the edge's OpenCode server, while it runs
 
     @property
     def box(self) -> Path:
@@ -435,7 +484,9 @@ class OpenCodeAgent(AgentBackend):
 
     def close(self) -> None:
         with self._lock:
-            self._edges = {}
+            edges, self._edges = list(self._edges.values()), {}
+        for st in edges:
+            self._kill(st)
         self.proxy.stop()
 
     # -- homes, sessions, forks --
@@ -452,34 +503,31 @@ class OpenCodeAgent(AgentBackend):
             (st.home / sub).mkdir(parents=True, exist_ok=True)
         self._plugin_stub(st.host / "config" / "opencode")  # read-only inside: OpenCode must find it complete
         self._coral_settings(run)
-        parent_export = self.export_path(ws.store.tree_dir, ws.parent.session)
-        if parent_export is not None and parent_export.is_file():
-            dst = st.host / "parent-session.json"
-            shutil.copyfile(parent_export, dst)
-            self._hand_over(run, st)
-            proc = self._run_cli(run, st, ["import", self._in_host(st, dst)], timeout=120)
-            if proc.returncode != 0:
-                raise RuntimeError(f"opencode import {parent_export} failed: {proc.stderr[-500:]}")
-            st.session_id = json.loads(parent_export.read_text(encoding="utf-8"))["info"]["id"]
+        parent = self.store_paths(ws.store.tree_dir, ws.parent.session)
+        if parent is not None and parent[0].is_file() and parent[1].is_file():
+            # The fork's server starts on a copy of the parent's session store: the same session, continued.
+            dst = st.box / "data" / "opencode"
+            dst.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(parent[0], dst / "opencode.db")
+            st.session_id = json.loads(parent[1].read_text(encoding="utf-8"))["session_id"]
         elif ws.parent.session:
             log.warning(
-                "edge %s: parent session %s has no OpenCode export (%s); starting a fresh OpenCode session",
+                "edge %s: parent session %s has no OpenCode session store (%s); starting a fresh OpenCode session",
                 ws.edge_id,
                 ws.parent.session,
-                parent_export,
+                parent[0] if parent else None,
             )
         return st
 
     @staticmethod
-    def export_path(tree_dir: Path, session: str | None) -> Path | None:
-        """sessions/<node edge>.json (search/edge.py's message list) -> sessions/<node edge>.opencode.json."""
+    def store_paths(tree_dir: Path, session: str | None) -> tuple[Path, Path] | None:
+        """sessions/<node edge>.json (search/edge.py's message list) -> the node's OpenCode session store
+        (sessions/<node edge>.opencode.db) and the record naming its session (.opencode.json)."""
         if not session:
             return None
         p = Path(tree_dir) / session
-        return p.with_name(p.name.removesuffix(".json") + ".opencode.json")
-
-    def _in_host(self, st: _Edge, p: Path) -> str:
-        return f"{HOST_MOUNT}/{p.relative_to(st.host)}" if self.sandbox == "bwrap" else str(p)
+        stem = p.name.removesuffix(".json")
+        return p.with_name(stem + ".opencode.db"), p.with_name(stem + ".opencode.json")
 
     @staticmethod
     def _hand_over(run: TurnRun, st: _Edge) -> None:
@@ -543,16 +591,7 @@ class OpenCodeAgent(AgentBackend):
         if not (d / ".gitignore").exists():  # as OpenCode does: only when there is none
             (d / ".gitignore").write_text(GITIGNORE)
 
-    # -- processes --
-    @contextlib.contextmanager
-    def _until_gone(self, st: _Edge):
-        """After the `with`, wait until the sandbox's processes are gone (sandbox.wait_gone)."""
-        try:
-            yield
-        finally:
-            if self.sandbox == "bwrap":
-                wait_gone(st.uid)
-
+    # -- the edge's OpenCode server (agents/opencode_driver.py) --
     def _env(self, run: TurnRun, st: _Edge) -> dict[str, str]:
         home = HOME_MOUNT if self.sandbox == "bwrap" else str(st.box)
         host = HOST_MOUNT if self.sandbox == "bwrap" else str(st.host)
@@ -584,89 +623,90 @@ class OpenCodeAgent(AgentBackend):
             env["TMPDIR"] = "/tmp"
         return env
 
-    def _argv(self, run: TurnRun, st: _Edge, args: list[str], net: bool = False) -> tuple[list[str], str]:
-        """The command line in the edge's sandbox (runtime/edgebox.py) with OpenCode's own state bound too; under
-        bwrap without a network, `net` adds the bridge to the proxy's socket."""
+    def _argv(self, run: TurnRun, st: _Edge) -> tuple[list[str], str]:
+        """The driver's command line in the edge's sandbox (runtime/edgebox.py) with OpenCode's own state bound
+        too; under bwrap (no network) the driver bridges the proxy's port to its socket and reaps between turns."""
         box = run.box
-        if self.sandbox != "bwrap":
-            return [self.binary, *args], str(run.workspace.root)
-        cmd = [str(Path(self.binary).resolve()), *args]  # a symlink to it may lie in a hidden folder
         st.box.mkdir(parents=True, exist_ok=True)
         st.host.mkdir(parents=True, exist_ok=True)
-        ro = [(st.host, HOST_MOUNT)]
-        if net:
-            ro.append((self.proxy.unix_dir, PROXY_MOUNT))
-        # Popen(start_new_session=True) already makes a session without a terminal; bwrap's own --new-session
-        # would put OpenCode out of reach of the SIGINT sent to the process group.
+        (st.host / DRIVER.name).write_bytes(DRIVER.read_bytes())
+        binary = str(Path(self.binary).resolve())  # a symlink to it may lie in a hidden folder
+        home = HOME_MOUNT if self.sandbox == "bwrap" else str(st.box)
+        host = HOST_MOUNT if self.sandbox == "bwrap" else str(st.host)
+        args = [sys.executable, "-I", f"{host}/{DRIVER.name}", binary, box.worktree]
+        args += [f"{home}/data/opencode/opencode.db", f"{home}/{STORE_OUT}"]
+        if self.sandbox != "bwrap":
+            return args, str(run.workspace.root)
+        args += ["--bridge", f"{PROXY_MOUNT}/proxy.sock", str(self.proxy.port), "--reap"]
+        # Popen(start_new_session=True) already makes a session without a terminal.
         argv = box.argv(
-            [], binds=[(st.box, HOME_MOUNT)], ro_binds=ro, keep_visible=[Path(self.binary).resolve()],
+            args,
+            binds=[(st.box, HOME_MOUNT)],
+            ro_binds=[(st.host, HOST_MOUNT), (self.proxy.unix_dir, PROXY_MOUNT)],
+            keep_visible=[Path(self.binary).resolve()],
             new_session=False,
-        )  # fmt: skip
-        if net:
-            # No network in here: a tiny bridge serves the proxy's port on the sandbox's own loopback and
-            # forwards to the proxy's Unix socket, so OpenCode reaches the Teacher and nothing else.
-            (st.host / "bridge.py").write_text(BRIDGE_SCRIPT)
-            launch = f'{sys.executable} -I {HOST_MOUNT}/bridge.py {PROXY_MOUNT}/proxy.sock {self.proxy.port} & exec "$@"'
-            return argv + ["/bin/sh", "-c", launch, "sh", *cmd], "/"
-        return argv + cmd, "/"
+        )
+        return argv, "/"
 
-    def _run_cli(
-        self, run: TurnRun, st: _Edge, args: list[str], timeout: float
-    ) -> subprocess.CompletedProcess:
-        with self._until_gone(st):
-            argv, cwd = self._argv(run, st, args)
-            return subprocess.run(
-                argv,
-                cwd=cwd,
-                env=self._env(run, st),
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # no controlling terminal, as for `opencode run`
-            )
+    def _start(self, run: TurnRun, st: _Edge) -> _Driver:
+        """The edge's server, started on its first turn (or again after it died), once it is ready."""
+        if st.driver is not None and st.driver.alive():
+            return st.driver
+        argv, cwd = self._argv(run, st)
+        err = open(st.home / "stderr.log", "ab")  # noqa: SIM115 - the driver's for its whole life
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=self._env(run, st),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            start_new_session=True,  # no controlling terminal, as for `opencode run`
+        )
+        err.close()
+        st.driver = _Driver(proc, run.workspace.edge_id)
+        ev = st.driver.wait_for("ready", START_TIMEOUT)
+        if ev is None:
+            self._kill(st)
+            raise RuntimeError(f"OpenCode's server did not start:\n{_tail(st.home / 'stderr.log')}")
+        return st.driver
 
-    def _export(self, run: TurnRun, st: _Edge) -> None:
-        if not st.session_id:
+    def _kill(self, st: _Edge) -> None:
+        """Stop the driver and everything in its sandbox, and wait until it is all gone."""
+        d, st.driver = st.driver, None
+        if d is not None:
+            d.kill()
+        if self.sandbox == "bwrap":
+            wait_gone(st.uid)
+
+    def _save(self, run: TurnRun, st: _Edge) -> None:
+        """End the edge's server and keep its session store at the node: sessions/<edge>.opencode.db (+ .json
+        naming the session), from which a fork's server starts."""
+        d = st.driver
+        if d is None or not st.session_id:
+            self._kill(st)
             return
-        tmp = st.home / "export.json"
-        # To a file: piped output is cut at 64 KiB.
-        with self._until_gone(st), open(tmp, "wb") as fh:
-            argv, cwd = self._argv(run, st, ["export", st.session_id])
-            proc = subprocess.run(
-                argv,
-                cwd=cwd,
-                env=self._env(run, st),
-                stdout=fh,
-                stderr=subprocess.PIPE,
-                timeout=120,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        if proc.returncode != 0:
-            raise RuntimeError(f"opencode export {st.session_id} failed: {proc.stderr.decode()[-500:]}")
-        text = tmp.read_text(encoding="utf-8")
-        data = json.loads(text[text.index("{") :])  # tolerate a status line before the JSON
-        dst = self.export_path(run.workspace.store.tree_dir, f"sessions/{run.workspace.edge_id}.json")
-        from sftree.fileio import write_json_atomic
+        d.send({"op": "save"})
+        saved = d.wait_for("saved", 60)
+        if saved:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                d.proc.wait(timeout=30)  # it exits after the copy; the kill below ends it otherwise
+        self._kill(st)
+        if saved is None:
+            raise RuntimeError(f"OpenCode did not save its session store: {_tail(st.home / 'stderr.log')}")
+        from sftree.fileio import write_bytes_atomic, write_json_atomic
+        from sftree.runtime import safefs
 
-        write_json_atomic(dst, data)
-
-    @staticmethod
-    def _interrupt(proc: subprocess.Popen) -> None:
-        """SIGINT to the process group (Coral's manager interrupts its agent), then TERM, then KILL."""
-        for sig, wait in ((signal.SIGINT, 5), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-            if proc.poll() is not None:
-                return
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        data = safefs.read_bytes(st.box, STORE_OUT, limit=STORE_MAX + 1)  # no link followed, bounded
+        if len(data) > STORE_MAX:
+            raise RuntimeError(f"OpenCode's session store is over {STORE_MAX >> 20} MiB")
+        tree = run.workspace.store.tree_dir
+        name = run.workspace.edge_id
+        write_bytes_atomic(Path(tree) / "sessions" / f"{name}.opencode.db", data)
+        write_json_atomic(
+            Path(tree) / "sessions" / f"{name}.opencode.json",
+            {"session_id": st.session_id, "store": f"{name}.opencode.db", "opencode": PINNED_VERSION},
+        )
 
     def _one_run(
         self,
@@ -678,32 +718,14 @@ class OpenCodeAgent(AgentBackend):
         max_steps: int,
         evals_before: int,
     ) -> str | None:
-        """One `opencode run`; returns why it was stopped (eval | step_limit | timeout) or None if it exited."""
+        """One prompt to the edge's server; returns why it was stopped (eval | step_limit | timeout | ...) or
+        None if the session went idle by itself. Either way the session is aborted and the sandbox reaped after."""
         ch = self.proxy.channels[run.workspace.edge_id]
-        args = ["run", "--format", "json", "--thinking", "--model", self.student_model]
-        args += ["--session", st.session_id] if st.session_id else ["--title", run.workspace.edge_id]
-        stderr_path = st.home / "stderr.log"
-        with open(stderr_path, "ab") as err:
-            argv, cwd = self._argv(run, st, args, net=True)
-            proc = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=self._env(run, st),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                start_new_session=True,
-            )
-        lines: queue.Queue = queue.Queue()
-
-        def pump():
-            for line in proc.stdout:
-                lines.put(line)
-            lines.put(None)
-
-        threading.Thread(target=pump, daemon=True, name=f"oc-{run.workspace.edge_id}").start()
-        proc.stdin.write(prompt.encode("utf-8"))
-        proc.stdin.close()
+        d = self._start(run, st)
+        d.send(
+            {"op": "turn", "session": st.session_id, "title": run.workspace.edge_id,
+             "model": self.student_model, "text": prompt}
+        )  # fmt: skip
         kdir = run.box.inside(run.workspace.knowledge_dir)
         stop: str | None = None
         eval_seen_at: float | None = None
@@ -734,24 +756,27 @@ class OpenCodeAgent(AgentBackend):
                         acc.errors.append(over)
                         stop = "edge_error"
                         break
-                try:
-                    line = lines.get(timeout=0.1)
-                except queue.Empty:
+                ev = d.next(0.1)
+                if ev is None:
                     continue
-                if line is None:
+                if ev is EOF:
+                    acc.errors.append(f"OpenCode's server exited: {_tail(st.home / 'stderr.log')}")
                     break
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue
+                kind = ev.get("type")
+                if kind == "idle":
+                    break
                 apply_event(ev, acc, kdir)
                 if acc.session_id and not st.session_id:
                     st.session_id = acc.session_id
         finally:
             ch.stopped = True
-            with self._until_gone(st):
-                self._interrupt(proc)
-                proc.wait()
+            # End the turn: abort the session (as Coral's manager interrupts its agent), reap what it left
+            # running; a driver that does not answer is killed with its sandbox (the next turn starts it again).
+            if d.alive():
+                d.send({"op": "abort"})
+            # What it reports after the stop is not the turn's (previously cut by the interrupt): not counted.
+            if not d.alive() or d.wait_for("aborted", ABORT_TIMEOUT) is None:
+                self._kill(st)
         if stop is None and len(run.coral.evals) > evals_before:
             stop = "eval"
         return stop
@@ -846,7 +871,7 @@ class OpenCodeAgent(AgentBackend):
         else:
             run.messages.append({"role": "user", "content": run.prompt})
         if run.turn >= 2 or out.ended == "teacher_error":  # the edge's last turn: its node keeps the session
-            self._export(run, st)
+            self._save(run, st)
         if run.turn >= 2:
             self.end_edge(run.workspace.edge_id)
         return out
@@ -855,7 +880,9 @@ class OpenCodeAgent(AgentBackend):
         # Idempotent: the last turn ends the edge here, and run_edge calls it again for an edge that stopped
         # early (a Teacher outage or a full context after turn 1, a broken workspace).
         with self._lock:
-            self._edges.pop(edge_id, None)
+            st = self._edges.pop(edge_id, None)
+        if st is not None:
+            self._kill(st)
         self.proxy.drop(edge_id)
 
     @staticmethod

@@ -96,6 +96,17 @@ def _attempt_score(root_dir: Path, commit: str | None) -> float | None:
     return None
 
 
+def drop_unfinished(out: Path, finished: set[str]) -> None:
+    """Remove what edges that never finished left: their transcripts, and every session file named for them
+    (`sessions/<edge>.json`, and a backend's own beside it, such as OpenCode's `<edge>.opencode.db`)."""
+    for d in sorted((out / "edges").iterdir()) if (out / "edges").is_dir() else []:
+        if d.name not in finished:
+            shutil.rmtree(d, ignore_errors=True)
+    for f in sorted((out / "sessions").iterdir()) if (out / "sessions").is_dir() else []:
+        if f.name.split(".", 1)[0] not in finished:
+            f.unlink()
+
+
 def _resume(
     live: treemod.LiveTree, out: Path, root_name: str, task: str, params: treemod.SearchParams
 ) -> treemod.Tree:
@@ -105,13 +116,7 @@ def _resume(
     for d in tree.in_flight:  # half-done edges: dropped, their ids are not reused
         log.info("discarding half-done edge %s (from %s)", d["edge"], d["node"])
     tree.in_flight = []
-    finished = {e.id for e in tree.edges}
-    for d in sorted((out / "edges").iterdir()) if (out / "edges").is_dir() else []:
-        if d.name not in finished:  # transcripts of edges that never finished
-            shutil.rmtree(d, ignore_errors=True)
-    for f in sorted((out / "sessions").glob("*.json")) if (out / "sessions").is_dir() else []:
-        if f.stem not in finished:
-            f.unlink()
+    drop_unfinished(out, {e.id for e in tree.edges})
     changed = {
         k for k in vars(params) if k not in OPERATIONAL and getattr(params, k) != getattr(tree.params, k)
     }

@@ -1,0 +1,390 @@
+"""One edge's OpenCode, kept running for the whole edge: runs in the edge's sandbox (`python -I`, standard library
+only, no sftree import) and speaks JSON lines with the host over its own stdin and stdout.
+
+    python -I opencode_driver.py BINARY WORKDIR STORE OUT [--bridge PROXY_SOCKET PORT] [--reap]
+
+It starts `opencode serve` (one server for the edge's two turns, so OpenCode starts once per edge and not once
+per turn; docs/opencode.md, "Costs") and drives it over its HTTP API as `opencode run --format json` drives its
+in-process server, request for request, so OpenCode builds the same model requests:
+
+- `{"op": "turn", "session": ID|null, "title": T, "model": "provider/model", "text": PROMPT}`: the session (`GET
+  /session/ID`, else `POST /session` with run's title and permission rules), the event stream (`GET /event`),
+  then the prompt (`POST /session/ID/message`). Events go to stdout in run's JSON form (`tool_use`,
+  `step_start`, `step_finish`, `text`, `reasoning`, `error`, each with `sessionID`), permission requests are
+  rejected as run rejects them, and `{"type": "idle"}` ends the turn.
+- `{"op": "abort"}`: `POST /session/ID/abort` (the host ends a turn at `coral eval`, as Coral's manager
+  interrupts its agent), wait for idle, then, with `--reap`, kill every other process of the sandbox (the
+  commands the agent left running) but the server and this driver: between two turns nothing of the agent runs,
+  as when the agent's process is stopped. Answers `{"type": "aborted"}`.
+- `{"op": "save"}`: stop the server and write OpenCode's session store (its SQLite database, WAL included) as one
+  file to OUT with SQLite's backup; answers `{"type": "saved"}` and exits. A fork starts its server on a copy.
+
+`--bridge`: the sandbox has no network; the proxy's port on the sandbox's loopback is forwarded to the proxy's
+Unix socket, so OpenCode reaches the Teacher and nothing else.
+"""
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+
+# `opencode run`'s session rules when it is not interactive (packages/opencode/src/cli/cmd/run.ts).
+RUN_RULES = [
+    {"permission": "question", "action": "deny", "pattern": "*"},
+    {"permission": "plan_enter", "action": "deny", "pattern": "*"},
+    {"permission": "plan_exit", "action": "deny", "pattern": "*"},
+]
+# Part types `opencode run --format json` prints, with the event type it prints them as.
+EMIT = {"step-start": "step_start", "step-finish": "step_finish"}
+LINE_MAX = 1 << 20
+OUT_LOCK = threading.Lock()
+
+
+def emit(kind, **data):
+    with OUT_LOCK:
+        sys.stdout.write(json.dumps({"type": kind, "timestamp": int(time.time() * 1000), **data}) + "\n")
+        sys.stdout.flush()
+
+
+# ---- the proxy bridge ----------------------------------------------------------------------------------------
+def _pipe(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            b.sendall(d)
+    except OSError:
+        pass
+    try:
+        b.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def _bridge_one(c, path):
+    u = socket.socket(socket.AF_UNIX)
+    try:
+        u.connect(path)
+    except OSError:
+        c.close()
+        return
+    t = threading.Thread(target=_pipe, args=(u, c), daemon=True)
+    t.start()
+    _pipe(c, u)
+    t.join()
+    c.close()
+    u.close()
+
+
+def bridge(path, port):
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", port))
+    srv.listen(64)
+
+    def loop():
+        while True:
+            c, _ = srv.accept()
+            threading.Thread(target=_bridge_one, args=(c, path), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
+# ---- HTTP to the server --------------------------------------------------------------------------------------
+class Server:
+    def __init__(self, binary, workdir):
+        self.workdir = workdir
+        self.proc = subprocess.Popen(
+            [binary, "serve", "--port", "0", "--hostname", "127.0.0.1"],
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=sys.stderr,
+            start_new_session=False,
+        )
+        self.port = None
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace")
+            if "listening on http://" in line:
+                self.port = int(line.rsplit(":", 1)[1].strip().strip("/"))
+                break
+        if self.port is None:
+            raise RuntimeError(f"opencode serve exited ({self.proc.wait()}) before it listened")
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self):
+        for _ in self.proc.stdout:
+            pass
+
+    def _connect(self, timeout):
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+        return s
+
+    def _head(self, method, path, body):
+        data = b"" if body is None else json.dumps(body).encode()
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: opencode.internal\r\n"
+            f"x-opencode-directory: {urllib.parse.quote(self.workdir, safe='/')}\r\n"
+            "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+        )
+        return head.encode() + data
+
+    def call(self, method, path, body=None, timeout=None):
+        """(status, parsed JSON body or None)."""
+        s = self._connect(timeout)
+        try:
+            s.sendall(self._head(method, path, body))
+            f = s.makefile("rb")
+            status, headers = _read_head(f)
+            if headers.get("transfer-encoding", "").lower() == "chunked":
+                raw = b"".join(_chunks(f))
+            else:
+                n = headers.get("content-length")
+                raw = f.read(int(n)) if n is not None else f.read()
+        finally:
+            s.close()
+        try:
+            return status, json.loads(raw) if raw else None
+        except ValueError:
+            return status, raw.decode("utf-8", "replace")
+
+    def events(self):
+        """The instance's event stream: parsed `data:` payloads, until the connection ends."""
+        s = self._connect(None)
+        s.sendall(self._head("GET", "/event", None))
+        f = s.makefile("rb")
+        _status, headers = _read_head(f)
+        chunked = headers.get("transfer-encoding", "").lower() == "chunked"
+        buf = b""
+        for chunk in _chunks(f) if chunked else iter(lambda: f.read1(65536), b""):
+            buf += chunk
+            while b"\n\n" in buf:
+                block, buf = buf.split(b"\n\n", 1)
+                data = b"\n".join(ln[5:].lstrip() for ln in block.split(b"\n") if ln.startswith(b"data:"))
+                if data:
+                    try:
+                        yield json.loads(data)
+                    except ValueError:
+                        continue
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _read_head(f):
+    line = f.readline(LINE_MAX)
+    parts = line.split()
+    status = int(parts[1]) if len(parts) > 1 else 0
+    headers = {}
+    while True:
+        h = f.readline(LINE_MAX)
+        if h in (b"\r\n", b"\n", b""):
+            break
+        k, _, v = h.decode("latin-1").partition(":")
+        headers[k.strip().lower()] = v.strip()
+    return status, headers
+
+
+def _chunks(f):
+    while True:
+        size = f.readline(LINE_MAX).strip()
+        if not size:
+            return
+        n = int(size.split(b";")[0], 16)
+        if n == 0:
+            return
+        yield f.read(n)
+        f.readline(LINE_MAX)
+
+
+# ---- one turn ------------------------------------------------------------------------------------------------
+class Turns:
+    def __init__(self, server):
+        self.server = server
+        self.session = None
+        self.sessions = set()
+        self.idle = threading.Event()
+        self.connected = threading.Event()
+        self.active = False
+        self.running = None  # the thread of the turn in progress
+        threading.Thread(target=self._watch, daemon=True).start()
+        if not self.connected.wait(60):
+            raise RuntimeError("opencode serve: no event stream")
+
+    def _watch(self):
+        """Mirror the event stream as `opencode run --format json` prints it (its loop over events)."""
+        for ev in self.server.events():
+            kind, props = ev.get("type"), ev.get("properties") or {}
+            if kind == "server.connected":
+                self.connected.set()
+            sid = self.session
+            if kind == "session.created" and (props.get("info") or {}).get("parentID") in self.sessions:
+                self.sessions.add(props["info"]["id"])
+            if not self.active or sid is None:
+                continue
+            if kind == "message.part.updated":
+                part = props.get("part") or {}
+                if part.get("sessionID") != sid:
+                    continue
+                t = part.get("type")
+                state = part.get("state") or {}
+                if t == "tool" and state.get("status") in ("completed", "error"):
+                    emit("tool_use", sessionID=sid, part=part)
+                elif t in EMIT:
+                    emit(EMIT[t], sessionID=sid, part=part)
+                elif t in ("text", "reasoning") and (part.get("time") or {}).get("end"):
+                    emit(t, sessionID=sid, part=part)
+            elif kind == "session.error" and props.get("sessionID") == sid and props.get("error"):
+                emit("error", sessionID=sid, error=props["error"])
+            elif kind == "session.status" and props.get("sessionID") == sid:
+                if (props.get("status") or {}).get("type") == "idle":
+                    self.idle.set()
+            elif kind == "permission.asked" and props.get("sessionID") in self.sessions:
+                pid = props.get("id")
+                status, _ = self.server.call("POST", f"/permission/{pid}/reply", {"reply": "reject"}, 30)
+                if status == 404:  # the older route
+                    self.server.call(
+                        "POST",
+                        f"/session/{props.get('sessionID')}/permissions/{pid}",
+                        {"response": "reject"},
+                        30,
+                    )
+
+    def start(self, req):
+        self.running = threading.Thread(target=self.turn, args=(req,), daemon=True)
+        self.running.start()
+
+    def turn(self, req):
+        sid = req.get("session")
+        if sid:
+            status, info = self.server.call("GET", f"/session/{sid}", None, 60)
+            if status != 200:
+                emit(
+                    "error",
+                    error={"name": "SessionNotFound", "data": {"message": f"session {sid}: {status}"}},
+                )
+                emit("idle")
+                return
+        else:
+            body = {"permission": RUN_RULES}
+            if req.get("title") is not None:
+                body = {"title": req["title"], "permission": RUN_RULES}
+            status, info = self.server.call("POST", "/session", body, 60)
+            if status != 200 or not isinstance(info, dict):
+                emit("error", error={"name": "SessionCreate", "data": {"message": f"{status}: {info}"[:500]}})
+                emit("idle")
+                return
+            sid = info["id"]
+        self.session = sid
+        self.sessions = {sid}
+        self.idle.clear()
+        self.active = True
+        emit("session", sessionID=sid)
+        provider, _, model = str(req.get("model") or "").partition("/")
+        body = {"parts": [{"type": "text", "text": req["text"]}]}
+        if provider:
+            body = {"model": {"providerID": provider, "modelID": model}, **body}
+        status, res = self.server.call("POST", f"/session/{sid}/message", body, None)
+        if status >= 400:
+            emit("error", sessionID=sid, error=res if isinstance(res, dict) else {"name": str(res)[:500]})
+        self.idle.wait(30)  # the idle status follows the reply
+        self.active = False
+        emit("idle", sessionID=sid)
+
+    def abort(self, reap):
+        if self.session:
+            self.server.call("POST", f"/session/{self.session}/abort", {}, 30)
+        if self.running is not None:
+            self.running.join(60)
+        if reap:
+            _reap({os.getpid(), self.server.proc.pid})
+        emit("aborted")
+
+
+def _reap(keep):
+    """Kill every process of this PID namespace but `keep` and our ancestors (bwrap's init); wait until gone."""
+    anc, p = set(), os.getpid()
+    while p > 1:
+        anc.add(p)
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                p = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    keep = set(keep) | anc | {1}
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        left = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in keep:
+                continue
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        continue  # gone; its parent (the server) collects it
+                os.kill(int(name), signal.SIGKILL)
+                left.append(name)
+            except (OSError, IndexError):
+                continue
+        if not left:
+            return
+        time.sleep(0.02)
+
+
+def save(server, store, out):
+    server.stop()
+    tmp = out + ".tmp"
+    if os.path.exists(store):
+        src = sqlite3.connect(store)
+        dst = sqlite3.connect(tmp)
+        with dst:
+            src.backup(dst)
+        src.close()
+        dst.close()
+        os.replace(tmp, out)
+    emit("saved")
+
+
+def main(argv):
+    binary, workdir, store, out = argv[:4]
+    rest = argv[4:]
+    if "--bridge" in rest:
+        i = rest.index("--bridge")
+        bridge(rest[i + 1], int(rest[i + 2]))
+    reap = "--reap" in rest
+    server = Server(binary, workdir)
+    turns = Turns(server)
+    emit("ready")
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+        except ValueError:
+            continue
+        op = req.get("op")
+        if op == "turn":
+            turns.start(req)
+        elif op == "abort":
+            turns.abort(reap)
+        elif op == "save":
+            save(server, store, out)
+            return 0
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
