@@ -1,32 +1,39 @@
 """Benchmark the framework's own time per rollout turn, the `native` and the `opencode` backend side by side.
 
-    python3 benchmarks/turn_cost.py [--runs 3] [--edges 2] [--task circle_packing]
+    python3 benchmarks/turn_cost.py [--runs 3] [--edges 2] [--task circle_packing] [--prev REV]
 
 Each run grows, per backend, a parent edge from the root and `--edges` - 1 children below it, one edge at a time
 (`search.edge.run_edge`, as an explore job runs them), with teacher-sim behind the Teacher client (OpenCode: behind
 the recording proxy), in the sandbox explore uses (`agent.sandbox: auto`). The backends alternate within a run
-(native, opencode, then opencode, native in the next), so both see the same load. Per turn:
+(their order rotates from run to run), so all see the same load. `--prev REV` adds `opencode@REV`: the opencode
+backend of git revision REV (its whole tree, `git archive`), measured by this script in a child process on
+REV's `src/` and `tests/`, same seed, inside the same rotation. Per turn:
 
     framework = turn wall time - the Teacher's time (the step records' latency_s) - grading (`coral eval`'s
                 grader run, timed around CoralRuntime._grade)
 
-i.e. what sftree and the agent runtime add: OpenCode's start, its session import/export, the sandbox, tool
-calls, the host's commits. The table gives the median and the maximum over every turn of every run, the median
-steps per turn, and the ratio opencode / native of the medians, from the same run.
+i.e. what sftree and the agent runtime add: OpenCode's start, its session store, the sandbox, tool calls, the
+host's commits. The table gives, over every turn of every run, the median, the mean (= per edge / 2) and the
+maximum, the median steps per turn, and each backend's ratio to `native` (medians, from the same run).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "tests"))
+# --tree DIR: run on another checkout's code (the child process of --prev)
+_TREE = Path(sys.argv[sys.argv.index("--tree") + 1]) if "--tree" in sys.argv else REPO
+sys.path.insert(0, str(_TREE / "src"))
+sys.path.insert(0, str(_TREE / "tests"))
 
 from runtime_helpers import config, example_task, make_root  # noqa: E402
 
@@ -84,6 +91,24 @@ def one_backend(backend: str, edges: int, task: str, seed: int, tmp: Path) -> li
     return rows
 
 
+def prev_rows(rev: str, edges: int, task: str, seed: int, tmp: Path) -> list[dict]:
+    """Revision `rev`'s opencode backend, one run: this script in a child process on rev's own tree."""
+    tree = tmp / f"prev-{rev}"
+    if not tree.is_dir():
+        tree.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    from sftree.agents.opencode import find_binary
+
+    env = {**os.environ, "SFTREE_OPENCODE_BIN": find_binary()}  # rev's tree has no .tools/ of its own
+    argv = [sys.executable, str(Path(__file__).resolve()), "--tree", str(tree), "--one", "opencode"]
+    argv += ["--edges", str(edges), "--task", task, "--seed", str(seed)]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"opencode@{rev}: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=3)
@@ -91,31 +116,42 @@ def main(argv=None) -> int:
         "--edges", type=int, default=2, help="edges per backend per run (a chain: each forks the last)"
     )
     ap.add_argument("--task", default="circle_packing")
+    ap.add_argument("--prev", default="", help="git revision whose opencode backend is measured beside")
+    ap.add_argument("--tree", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--one", default="", help=argparse.SUPPRESS)  # one backend, one run: rows as JSON
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     _timed_grade()
-    per: dict[str, list[dict]] = {"native": [], "opencode": []}
-    for run in range(args.runs):
-        order = ("native", "opencode") if run % 2 == 0 else ("opencode", "native")
-        for backend in order:
-            with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
-                rows = one_backend(backend, args.edges, args.task, seed=run, tmp=Path(tmp))
-            per[backend] += rows
-            fw = [r["framework"] for r in rows]
-            print(f"run {run + 1}/{args.runs} {backend:8s}: {len(rows)} turns, framework per turn "
-                  f"{statistics.median(fw):.2f} s median", file=sys.stderr, flush=True)  # fmt: skip
+    if args.one:
+        with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+            print(json.dumps(one_backend(args.one, args.edges, args.task, seed=args.seed, tmp=Path(tmp))))
+        return 0
+    backends = ["native", "opencode"] + ([f"opencode@{args.prev}"] if args.prev else [])
+    per: dict[str, list[dict]] = {b: [] for b in backends}
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as keep:
+        for run in range(args.runs):
+            k = run % len(backends)
+            for backend in backends[k:] + backends[:k]:
+                with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+                    if backend.startswith("opencode@"):
+                        rows = prev_rows(args.prev, args.edges, args.task, run, Path(keep))
+                    else:
+                        rows = one_backend(backend, args.edges, args.task, seed=run, tmp=Path(tmp))
+                per[backend] += rows
+                fw = [r["framework"] for r in rows]
+                print(f"run {run + 1}/{args.runs} {backend:8s}: {len(rows)} turns, framework per turn "
+                      f"{statistics.median(fw):.2f} s median", file=sys.stderr, flush=True)  # fmt: skip
     print(f"\nPer rollout turn, {args.runs} runs x {args.edges} edges x 2 turns per backend (seconds):\n")
-    print("| backend  | turns | steps/turn | wall median | Teacher median | grading median | framework median "
-          "| framework max |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
-    med = {}
+    print("| backend | turns | steps/turn | wall median | Teacher median | grading median | framework median "
+          "| framework mean | framework max | / native |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    base = statistics.median(r["framework"] for r in per["native"])
     for backend, rows in per.items():
         m = lambda k, rows=rows: statistics.median(r[k] for r in rows)  # noqa: E731
-        med[backend] = m("framework")
-        print(f"| {backend:8s} | {len(rows)} | {m('steps'):.0f} | {m('wall'):.2f} | {m('teacher'):.3f} | "
-              f"{m('grading'):.2f} | {m('framework'):.2f} | {max(r['framework'] for r in rows):.2f} |")  # fmt: skip
-    print(
-        f"\nopencode / native framework time per turn (medians, same run): {med['opencode'] / med['native']:.1f}x"
-    )
+        mean = statistics.mean(r["framework"] for r in rows)
+        print(f"| {backend} | {len(rows)} | {m('steps'):.0f} | {m('wall'):.2f} | {m('teacher'):.3f} | "
+              f"{m('grading'):.2f} | {m('framework'):.2f} | {mean:.2f} | "
+              f"{max(r['framework'] for r in rows):.2f} | {m('framework') / base:.1f}x |")  # fmt: skip
     return 0
 
 

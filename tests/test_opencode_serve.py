@@ -67,57 +67,48 @@ def _until(proxy: RecordingProxy, channel: str, n: int, timeout: float = 120) ->
     return got
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=30)
-
-
-def _requests_of_run(work: Path, home: Path, proxy: RecordingProxy) -> list[dict]:
-    """The old way: one `opencode run` per turn, the prompt on stdin."""
-    proxy.channel("run")
-    argv = [OPENCODE, "run", "--format", "json", "--thinking", "--model", STUDENT, "--title", "e1"]
+def _requests(
+    way: str, argv: list[str], work: Path, home: Path, proxy: RecordingProxy, send: bytes
+) -> list[dict]:
+    """The first REQUESTS model requests of OpenCode started by `argv` in `work`, `send` on its stdin."""
+    proxy.channel(way)
     proc = subprocess.Popen(
         argv,
         cwd=work,
-        env=_env(home, proxy, "run"),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    proc.stdin.write(PROMPT.encode())
-    proc.stdin.close()
-    try:
-        return _until(proxy, "run", REQUESTS)
-    finally:
-        _stop(proc)
-
-
-def _requests_of_server(work: Path, home: Path, proxy: RecordingProxy) -> list[dict]:
-    """The edge's server through the driver, as the backend drives it (without the sandbox)."""
-    proxy.channel("serve")
-    store = home / "data" / "opencode" / "opencode.db"
-    argv = [sys.executable, "-I", str(DRIVER), OPENCODE, str(work), str(store), str(home / "session.db")]
-    proc = subprocess.Popen(
-        argv,
-        cwd=work,
-        env=_env(home, proxy, "serve"),
+        env=_env(home, proxy, way),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     try:
-        assert json.loads(proc.stdout.readline())["type"] == "ready"
-        turn = {"op": "turn", "session": None, "title": "e1", "model": STUDENT, "text": PROMPT}
-        proc.stdin.write((json.dumps(turn) + "\n").encode())
+        if way == "serve":  # the driver says when its server listens
+            assert json.loads(proc.stdout.readline())["type"] == "ready"
+        proc.stdin.write(send)
         proc.stdin.flush()
-        return _until(proxy, "serve", REQUESTS)
+        if way == "run":  # the prompt ends at end of input
+            proc.stdin.close()
+        return _until(proxy, way, REQUESTS)
     finally:
-        _stop(proc)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+        if not proc.stdin.closed:
+            proc.stdin.close()
+
+
+def _requests_of_run(work: Path, home: Path, proxy: RecordingProxy) -> list[dict]:
+    """The old way: one `opencode run` per turn, the prompt on stdin."""
+    argv = [OPENCODE, "run", "--format", "json", "--thinking", "--model", STUDENT, "--title", "e1"]
+    return _requests("run", argv, work, home, proxy, PROMPT.encode())
+
+
+def _requests_of_server(work: Path, home: Path, proxy: RecordingProxy) -> list[dict]:
+    """The edge's server through the driver, as the backend drives it (without the sandbox)."""
+    store = home / "data" / "opencode" / "opencode.db"
+    argv = [sys.executable, "-I", str(DRIVER), OPENCODE, str(work), str(store), str(home / "session.db")]
+    turn = {"op": "turn", "session": None, "title": "e1", "model": STUDENT, "text": PROMPT}
+    return _requests("serve", argv, work, home, proxy, (json.dumps(turn) + "\n").encode())
 
 
 def test_the_server_sends_what_opencode_run_sends(tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -42,6 +43,32 @@ STATE = (
     "touch $HOME/mine $XDG_DATA_HOME/mine && echo HOME-WRITABLE=$(stat -c %u $HOME $XDG_DATA_HOME | sort -u); "
     "(echo '{}' > $XDG_CONFIG_HOME/opencode/opencode.json && echo CONFIG-WRITTEN) 2>&1"
 )
+# Started in turn 1, looked for in turn 2: between two turns nothing of the agent runs (the driver's reap).
+BACKGROUND = "nohup sleep 317 >/dev/null 2>&1 & echo STARTED-BG"
+LEFT_OVER = (  # [7]: the pattern must not match the grep (and the shell) that look for it
+    "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q 'sleep 31[7]' && echo BG-ALIVE; "
+    "done; echo BG-CHECKED"
+)
+# The host's pipes to the driver (its stdin and stdout; made by the host, so root's, mode 0600): the sandbox uid
+# cannot open them through /proc to forge the driver's events or read the host's orders.
+CHANNEL_PY = """import os
+for p in os.listdir('/proc'):
+    if not p.isdigit() or int(p) == os.getpid():
+        continue
+    try:
+        cmd = open(f'/proc/{p}/cmdline', 'rb').read().split(b'\\0')
+    except OSError:
+        continue
+    if len(cmd) > 2 and cmd[2].endswith(b'opencode_driver.py') and b'bwrap' not in cmd[0]:
+        print('DRIVER', p)
+        for fd, mode in (('0', 'rb'), ('1', 'wb')):
+            try:
+                open(f'/proc/{p}/fd/{fd}', mode).close()
+                print('FD-OPENED', fd)
+            except OSError as e:
+                print('FD-DENIED', fd, e.errno)
+"""
+CHANNEL = f"{sys.executable} -c {shlex.quote(CHANNEL_PY)}"
 BOMB = (
     f'{sys.executable} -c "import os, time\nn = 0\ntry:\n    for i in range(1500):\n'
     "        if os.fork() == 0:\n            time.sleep(2); os._exit(0)\n        n += 1\n"
@@ -63,8 +90,11 @@ def test_opencode_runs_unprivileged_capped_and_sees_nothing_of_the_host(scripted
              s.root.parent, s.tree_dir / "store", s.tree_dir / "sessions", host_side / "host",
              *secrets_of_home()]  # fmt: skip
     look = "; ".join(f"ls -d {p} >/dev/null 2>&1 && echo VISIBLE:{p}" for p in paths) + "; echo LOOKED"
-    s.teacher.script[1] = [[bash(IDENTITY), bash(LIMITS), bash(look), bash(STATE)], [bash(BOMB)]]
-    s.teacher.script[2] = [[edit_solution()], [EVAL]]
+    s.teacher.script[1] = [
+        [bash(IDENTITY), bash(LIMITS), bash(look), bash(STATE)],
+        [bash(BACKGROUND), bash(BOMB)],
+    ]
+    s.teacher.script[2] = [[bash(LEFT_OVER), bash(CHANNEL), edit_solution()], [EVAL]]
     r = s.edge("e1")
     out = "\n".join(s.outputs("e1"))
     print(out)
@@ -86,6 +116,9 @@ def test_opencode_runs_unprivileged_capped_and_sees_nothing_of_the_host(scripted
     assert "LOOKED" in out and "VISIBLE:" not in out, out
     # Its private home and data folder belong to that uid; the config it runs with cannot be changed.
     assert f"HOME-WRITABLE={uid}" in out and "CONFIG-WRITTEN" not in out, out
+    # What turn 1 left running was gone before turn 2; the host's pipes to the driver cannot be opened.
+    assert "STARTED-BG" in out and "BG-CHECKED" in out and "BG-ALIVE" not in out, out
+    assert "DRIVER" in out and out.count("FD-DENIED") == 2 and "FD-OPENED" not in out, out
 
     # The session went on in turn 2 (same OpenCode session, same sandbox uid) and `coral eval` graded.
     t1, t2 = r.turns

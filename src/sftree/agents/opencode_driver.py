@@ -92,6 +92,8 @@ def bridge(path, port):
     def loop():
         while True:
             c, _ = srv.accept()
+            # Relayed replies are streamed in small pieces: without this each waits for OpenCode's delayed ACK.
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(target=_bridge_one, args=(c, path), daemon=True).start()
 
     threading.Thread(target=loop, daemon=True).start()

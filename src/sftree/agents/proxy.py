@@ -307,7 +307,7 @@ class RecordingProxy:
         servers = [self.server]
         if unix:
             self.unix_dir = Path(tempfile.mkdtemp(prefix="sftree-proxy-"))  # short: socket paths < 108 bytes
-            self.unix_server = _QuietUnixServer(str(self.unix_socket), _handler_for(self))
+            self.unix_server = _QuietUnixServer(str(self.unix_socket), _handler_for(self, tcp=False))
             # Sandboxes run as unprivileged uids: they must reach the socket (any local user reaches the
             # TCP port as well; the socket adds nothing they could not do already).
             self.unix_dir.chmod(0o755)
@@ -390,9 +390,12 @@ class RecordingProxy:
             time.sleep(delay)
 
 
-def _handler_for(proxy: RecordingProxy):
+def _handler_for(proxy: RecordingProxy, tcp: bool = True):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # A streamed reply is many small writes: with Nagle's algorithm each waits for the client's delayed ACK
+        # (~40 ms a request on loopback). A Unix socket has no such algorithm.
+        disable_nagle_algorithm = tcp
 
         def log_message(self, fmt, *args):  # the explore log has what matters
             pass
