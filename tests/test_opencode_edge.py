@@ -125,6 +125,36 @@ def test_fork_continues_the_parent_session(tree):
     assert r["e2"].valid and [t.eval_number for t in r["e2"].turns] == [8, 9]
 
 
+def test_a_driver_killed_in_the_last_turn_still_leaves_its_session_to_the_forks(tmp_path, monkeypatch):
+    """The driver that does not answer the abort is killed with its sandbox; the session store it left on disk
+    is still saved at the node (by a new driver), and a fork continues that session."""
+    from sftree.agents.opencode import OpenCodeAgent
+
+    cfg = config(
+        teacher={"sim": {"seed": 2}},
+        agent={"backend": "opencode", "max_steps_per_turn": 12, "turn_timeout": 240},
+    )
+    ctx = EdgeContext.create(tmp_path / "tree", make_root(tmp_path), cfg, example_task(cfg))
+    real = OpenCodeAgent._one_run
+
+    def then_killed(self, run, st, *a):
+        out = real(self, run, st, *a)
+        if run.workspace.edge_id == "e1" and run.turn == 2:
+            self._kill(st)  # as after an abort that timed out
+        return out
+
+    monkeypatch.setattr(OpenCodeAgent, "_one_run", then_killed)
+    try:
+        e1 = run_edge(ctx, ctx.root_state, "e1", 1.0, depth=1, attempt=1, eval_count=5)
+        assert e1.valid, e1.to_dict()
+        assert (ctx.tree_dir / "sessions" / "e1.opencode.db").stat().st_size > 0
+        e2 = run_edge(ctx, e1.child_state, "e2", e1.score, depth=2, attempt=1, eval_count=7)
+        parent = agent_steps(ctx, "e1")[-1]["request"]["messages"]
+        assert agent_steps(ctx, "e2")[0]["request"]["messages"][: len(parent)] == parent, e2.to_dict()
+    finally:
+        ctx.close()
+
+
 def test_tool_error_and_knowledge_from_the_event_stream(tree):
     ctx, r = tree
     e3 = r["e3"]

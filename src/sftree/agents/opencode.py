@@ -682,10 +682,12 @@ class OpenCodeAgent(AgentBackend):
     def _save(self, run: TurnRun, st: _Edge) -> None:
         """End the edge's server and keep its session store at the node: sessions/<edge>.opencode.db (+ .json
         naming the session), from which a fork's server starts."""
-        d = st.driver
-        if d is None or not st.session_id:
+        if not st.session_id:
             self._kill(st)
             return
+        # A driver killed at the end of the turn (it did not answer the abort) left the store on disk: a new
+        # one copies it as well.
+        d = st.driver if st.driver is not None and st.driver.alive() else self._start(run, st)
         d.send({"op": "save"})
         saved = d.wait_for("saved", 60)
         if saved:
