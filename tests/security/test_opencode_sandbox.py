@@ -50,7 +50,8 @@ LEFT_OVER = (  # [7]: the pattern must not match the grep (and the shell) that l
     "done; echo BG-CHECKED"
 )
 # The host's pipes to the driver (its stdin and stdout; made by the host, so root's, mode 0600): the sandbox uid
-# cannot open them through /proc to forge the driver's events or read the host's orders.
+# cannot open them through /proc to forge the driver's events or read the host's orders; nor can it read the
+# driver's memory or environment, or ptrace it (the driver is not dumpable).
 CHANNEL_PY = """import os
 for p in os.listdir('/proc'):
     if not p.isdigit() or int(p) == os.getpid():
@@ -67,6 +68,11 @@ for p in os.listdir('/proc'):
                 print('FD-OPENED', fd)
             except OSError as e:
                 print('FD-DENIED', fd, e.errno)
+        try:  # readable only while the driver is dumpable (then ptrace would work too)
+            open(f'/proc/{p}/environ', 'rb').read()
+            print('ENV-READ')
+        except OSError as e:
+            print('ENV-DENIED', e.errno)
 """
 CHANNEL = f"{sys.executable} -c {shlex.quote(CHANNEL_PY)}"
 BOMB = (
@@ -95,6 +101,16 @@ def test_opencode_runs_unprivileged_capped_and_sees_nothing_of_the_host(scripted
         [bash(BACKGROUND), bash(BOMB)],
     ]
     s.teacher.script[2] = [[bash(LEFT_OVER), bash(CHANNEL), edit_solution()], [EVAL]]
+    between: dict = {}
+    run_turn = s.ctx.agent.run_turn
+
+    def and_look_between(run):  # what of the sandbox is left, and how, once turn 1 has ended
+        out = run_turn(run)
+        if run.turn == 1:
+            between["procs"] = _procs_of(run.box.uid, details=True)
+        return out
+
+    s.ctx.agent.run_turn = and_look_between
     r = s.edge("e1")
     out = "\n".join(s.outputs("e1"))
     print(out)
@@ -119,6 +135,16 @@ def test_opencode_runs_unprivileged_capped_and_sees_nothing_of_the_host(scripted
     # What turn 1 left running was gone before turn 2; the host's pipes to the driver cannot be opened.
     assert "STARTED-BG" in out and "BG-CHECKED" in out and "BG-ALIVE" not in out, out
     assert "DRIVER" in out and out.count("FD-DENIED") == 2 and "FD-OPENED" not in out, out
+    assert "ENV-DENIED" in out and "ENV-READ" not in out, out
+    # Between the turns only bwrap, the driver and the stopped server are left: no command the agent started,
+    # and no code of the agent's inside the server (a plugin, say) runs while the host commits.
+    procs = between["procs"]
+    server = [p for p in procs if " serve " in p["cmd"] and "opencode_driver" not in p["cmd"]]
+    assert len(server) == 1 and server[0]["state"] == "T", procs
+    rest = [
+        p for p in procs if p not in server and "opencode_driver" not in p["cmd"] and "bwrap" not in p["cmd"]
+    ]
+    assert not rest, procs
 
     # The session went on in turn 2 (same OpenCode session, same sandbox uid) and `coral eval` graded.
     t1, t2 = r.turns
@@ -128,15 +154,25 @@ def test_opencode_runs_unprivileged_capped_and_sees_nothing_of_the_host(scripted
     assert len(sessions) == 1, sessions
 
 
-def _procs_of(uid: int) -> list[int]:
+def _procs_of(uid: int, details: bool = False) -> list:
+    """The processes of `uid` (/proc/PID is theirs even when not dumpable), with details their state and
+    command line."""
     out = []
     for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                if os.stat(f"/proc/{pid}").st_uid == uid:
-                    out.append(int(pid))
-            except OSError:
+        try:
+            if not pid.isdigit() or os.stat(f"/proc/{pid}").st_uid != uid:
                 continue
+        except OSError:
+            continue
+        if not details:
+            out.append(int(pid))
+            continue
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        out.append({"pid": int(pid), "state": state, "cmd": cmd})
     return out
 
 

@@ -76,6 +76,7 @@ STORE_MAX = 256 << 20
 START_TIMEOUT = 120.0
 ABORT_TIMEOUT = 60.0
 LINE_MAX = 1 << 20  # one event line from the sandbox
+LOG_MAX = 8 << 20  # of the sandbox's stderr kept in the edge's stderr.log
 # OpenCode installs @opencode-ai/plugin from npm into every config folder that lacks it; these stubs make it
 # see the dependency as present (no network), and its own .gitignore keeps them out of commits.
 PLUGIN_DEP = {"@opencode-ai/plugin": PINNED_VERSION}
@@ -361,10 +362,25 @@ class _Driver:
     """The host's end of one edge's driver process (agents/opencode_driver.py): JSON lines both ways. Its stdout
     is read by a thread, line by line and bounded (the sandbox writes it)."""
 
-    def __init__(self, proc: subprocess.Popen, name: str):
+    def __init__(self, proc: subprocess.Popen, name: str, log: Path):
         self.proc = proc
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True, name=f"oc-{name}").start()
+        threading.Thread(target=self._log, args=(log,), daemon=True, name=f"oc-{name}-err").start()
+
+    def _log(self, path: Path) -> None:
+        """The sandbox's stderr into the edge's stderr.log, the first LOG_MAX bytes (the rest is counted)."""
+        kept = dropped = 0
+        with open(path, "ab") as f:
+            while chunk := self.proc.stderr.read1(65536):
+                if kept + len(chunk) <= LOG_MAX:
+                    f.write(chunk)
+                    f.flush()
+                    kept += len(chunk)
+                else:
+                    dropped += len(chunk)
+            if dropped:
+                f.write(f"\n[{dropped} more bytes of stderr dropped]\n".encode())
 
     def _pump(self) -> None:
         while True:
@@ -399,14 +415,16 @@ class _Driver:
             self.lines.put(EOF)  # stays at the end
         return ev
 
-    def wait_for(self, kind: str, timeout: float) -> dict | None:
-        """Skip events until one of `kind`; None after `timeout` s or when the driver is gone."""
+    def wait_for(self, kind: str | tuple[str, ...], timeout: float) -> dict | None:
+        """Skip events until one of `kind` (a type or several); None after `timeout` s or when the driver is
+        gone."""
+        kinds = (kind,) if isinstance(kind, str) else kind
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             ev = self.next(min(0.5, max(0.01, end - time.monotonic())))
             if ev is EOF:
                 return None
-            if ev is not None and ev.get("type") == kind:
+            if ev is not None and ev.get("type") in kinds:
                 return ev
         return None
 
@@ -418,14 +436,16 @@ class _Driver:
             except ProcessLookupError:
                 pass
         self.proc.wait()
-        for f in (self.proc.stdin, self.proc.stdout):
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             with contextlib.suppress(OSError, ValueError):
                 f.close()
 
 
 def _tail(path: Path, n: int = 800) -> str:
     try:
-        return path.read_bytes()[-n:].decode("utf-8", "replace").strip() or "no message"
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - n))
+            return f.read(n).decode("utf-8", "replace").strip() or "no message"
     except OSError:
         return "no message"
 
@@ -496,9 +516,12 @@ class OpenCodeAgent(AgentBackend):
             st = self._edges.get(ws.edge_id)
             if st is not None and st.home.exists():
                 return st
+            old = st
             st = _Edge(home=Path(ws.paths.edge) / "opencode", uid=run.box.uid)  # new, or its home is gone
             self._edges[ws.edge_id] = st
             run.box.watched.append(st.box)  # OpenCode's own state counts toward the edge's disk quota
+        if old is not None:
+            self._kill(old)  # its home was removed under it: that server is of no use any more
         for sub in ("box/data", "box/state", "box/cache", "box/home", "host/config/opencode"):
             (st.home / sub).mkdir(parents=True, exist_ok=True)
         self._plugin_stub(st.host / "config" / "opencode")  # read-only inside: OpenCode must find it complete
@@ -653,18 +676,16 @@ class OpenCodeAgent(AgentBackend):
         if st.driver is not None and st.driver.alive():
             return st.driver
         argv, cwd = self._argv(run, st)
-        err = open(st.home / "stderr.log", "ab")  # noqa: SIM115 - the driver's for its whole life
         proc = subprocess.Popen(
             argv,
             cwd=cwd,
             env=self._env(run, st),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=err,
+            stderr=subprocess.PIPE,
             start_new_session=True,  # no controlling terminal, as for `opencode run`
         )
-        err.close()
-        st.driver = _Driver(proc, run.workspace.edge_id)
+        st.driver = _Driver(proc, run.workspace.edge_id, st.home / "stderr.log")
         ev = st.driver.wait_for("ready", START_TIMEOUT)
         if ev is None:
             self._kill(st)
@@ -689,7 +710,10 @@ class OpenCodeAgent(AgentBackend):
         # one copies it as well.
         d = st.driver if st.driver is not None and st.driver.alive() else self._start(run, st)
         d.send({"op": "save"})
-        saved = d.wait_for("saved", 60)
+        saved = d.wait_for(("saved", "save_failed"), 60)
+        if saved and saved.get("type") != "saved":
+            self._kill(st)
+            raise RuntimeError(f"OpenCode's session store was not saved: {str(saved.get('message'))[:300]}")
         if saved:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 d.proc.wait(timeout=30)  # it exits after the copy; the kill below ends it otherwise
@@ -724,6 +748,7 @@ class OpenCodeAgent(AgentBackend):
         None if the session went idle by itself. Either way the session is aborted and the sandbox reaped after."""
         ch = self.proxy.channels[run.workspace.edge_id]
         d = self._start(run, st)
+        ch.stopped = False  # the Teacher is reached during a run only: between two, requests get 503
         d.send(
             {"op": "turn", "session": st.session_id, "title": run.workspace.edge_id,
              "model": self.student_model, "text": prompt}
@@ -777,7 +802,8 @@ class OpenCodeAgent(AgentBackend):
             if d.alive():
                 d.send({"op": "abort"})
             # What it reports after the stop is not the turn's (previously cut by the interrupt): not counted.
-            if not d.alive() or d.wait_for("aborted", ABORT_TIMEOUT) is None:
+            ended = d.wait_for(("aborted", "abort_failed"), ABORT_TIMEOUT) if d.alive() else None
+            if ended is None or ended.get("type") != "aborted":
                 self._kill(st)
         if stop is None and len(run.coral.evals) > evals_before:
             stop = "eval"
@@ -811,7 +837,6 @@ class OpenCodeAgent(AgentBackend):
                 ):
                     r["kind"] = "nudge"  # the first model call after a reminder
             records += new
-            ch.stopped = False
             teacher_failed = any(
                 _teacher_down(r) for r in records[n_before:] if r["kind"] in ("agent", "nudge")
             )

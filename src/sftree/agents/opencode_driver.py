@@ -12,12 +12,18 @@ in-process server, request for request, so OpenCode builds the same model reques
   then the prompt (`POST /session/ID/message`). Events go to stdout in run's JSON form (`tool_use`,
   `step_start`, `step_finish`, `text`, `reasoning`, `error`, each with `sessionID`), permission requests are
   rejected as run rejects them, and `{"type": "idle"}` ends the turn.
-- `{"op": "abort"}`: `POST /session/ID/abort` (the host ends a turn at `coral eval`, as Coral's manager
-  interrupts its agent), wait for idle, then, with `--reap`, kill every other process of the sandbox (the
-  commands the agent left running) but the server and this driver: between two turns nothing of the agent runs,
-  as when the agent's process is stopped. Answers `{"type": "aborted"}`.
+- `{"op": "abort"}`: abort every session still working (`POST /session/ID/abort`; the host ends a turn at
+  `coral eval`, as Coral's manager interrupts its agent; the agent may have started other sessions through the
+  server's API), wait for the turn to end, then, with `--reap`, stop the server (SIGSTOP, until the next turn: no
+  plugin of the agent's runs in it meanwhile) and kill every other process of the sandbox (the commands the
+  agent left running): between two turns nothing of the agent runs. Answers `{"type": "aborted"}`, or
+  `abort_failed` when any of it did not happen (the host then kills the sandbox).
 - `{"op": "save"}`: stop the server and write OpenCode's session store (its SQLite database, WAL included) as one
-  file to OUT with SQLite's backup; answers `{"type": "saved"}` and exits. A fork starts its server on a copy.
+  file to OUT with SQLite's backup; answers `{"type": "saved"}` (or `save_failed`) and exits. A fork starts its
+  server on a copy.
+
+The driver is not dumpable, so the agent (same uid) cannot ptrace it or read its memory, and it exits when the
+server dies, so the host sees that at once.
 
 `--bridge`: the sandbox has no network; the proxy's port on the sandbox's loopback is forwarded to the proxy's
 Unix socket, so OpenCode reaches the Teacher and nothing else.
@@ -112,6 +118,7 @@ class Server:
             start_new_session=False,
         )
         self.port = None
+        self.stopping = False
         for raw in self.proc.stdout:
             line = raw.decode("utf-8", "replace")
             if "listening on http://" in line:
@@ -120,6 +127,7 @@ class Server:
         if self.port is None:
             raise RuntimeError(f"opencode serve exited ({self.proc.wait()}) before it listened")
         threading.Thread(target=self._drain, daemon=True).start()
+        self.watch()
 
     def _drain(self):
         for _ in self.proc.stdout:
@@ -177,7 +185,30 @@ class Server:
                     except ValueError:
                         continue
 
+    def pause(self):
+        """SIGSTOP: between two turns nothing runs in the server (a plugin the agent wrote, say)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
+    def watch(self):
+        """The driver ends with its server (unless the driver stopped it): the host then sees its end."""
+
+        def wait():
+            self.proc.wait()
+            if not self.stopping:
+                sys.stderr.write(f"driver: opencode serve exited ({self.proc.returncode})\n")
+                sys.stderr.flush()
+                os._exit(3)
+
+        threading.Thread(target=wait, daemon=True).start()
+
     def stop(self):
+        self.stopping = True
+        self.resume()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -267,19 +298,26 @@ class Turns:
                     )
 
     def start(self, req):
+        self.server.resume()
         self.running = threading.Thread(target=self.turn, args=(req,), daemon=True)
         self.running.start()
 
     def turn(self, req):
+        try:
+            self._turn(req)
+        except Exception as exc:  # noqa: BLE001 - the host must hear the turn end, whatever went wrong here
+            emit("error", error={"name": type(exc).__name__, "data": {"message": str(exc)[:500]}})
+        finally:
+            self.active = False
+            emit("idle", sessionID=self.session)
+
+    def _turn(self, req):
         sid = req.get("session")
         if sid:
             status, info = self.server.call("GET", f"/session/{sid}", None, 60)
             if status != 200:
-                emit(
-                    "error",
-                    error={"name": "SessionNotFound", "data": {"message": f"session {sid}: {status}"}},
-                )
-                emit("idle")
+                msg = f"session {sid}: {status}"
+                emit("error", error={"name": "SessionNotFound", "data": {"message": msg}})
                 return
         else:
             body = {"permission": RUN_RULES}
@@ -288,7 +326,6 @@ class Turns:
             status, info = self.server.call("POST", "/session", body, 60)
             if status != 200 or not isinstance(info, dict):
                 emit("error", error={"name": "SessionCreate", "data": {"message": f"{status}: {info}"[:500]}})
-                emit("idle")
                 return
             sid = info["id"]
         self.session = sid
@@ -304,21 +341,33 @@ class Turns:
         if status >= 400:
             emit("error", sessionID=sid, error=res if isinstance(res, dict) else {"name": str(res)[:500]})
         self.idle.wait(30)  # the idle status follows the reply
-        self.active = False
-        emit("idle", sessionID=sid)
 
     def abort(self, reap):
-        if self.session:
-            self.server.call("POST", f"/session/{self.session}/abort", {}, 30)
+        """End the turn: abort every session still working (the agent may have started others through the
+        server's API), wait for the turn to end, then with `reap` stop the server and kill everything else of
+        the sandbox, so that nothing of the agent (its commands, a plugin in the server) runs until the next
+        turn. `aborted` only when all of that is done, else `abort_failed` (the host then kills the sandbox)."""
+        ok = True
+        try:
+            self.server.resume()
+            status, busy = self.server.call("GET", "/session/status", None, 10)
+            sessions = set(busy) if status == 200 and isinstance(busy, dict) else set()
+            for sid in sessions | ({self.session} if self.session else set()):
+                self.server.call("POST", f"/session/{sid}/abort", {}, 10)
+        except (OSError, ValueError):
+            ok = False
         if self.running is not None:
-            self.running.join(60)
+            self.running.join(20)
+            ok = ok and not self.running.is_alive()
         if reap:
-            _reap({os.getpid(), self.server.proc.pid})
-        emit("aborted")
+            self.server.pause()
+            ok = _reap({os.getpid(), self.server.proc.pid}) and ok
+        emit("aborted" if ok else "abort_failed")
 
 
 def _reap(keep):
-    """Kill every process of this PID namespace but `keep` and our ancestors (bwrap's init); wait until gone."""
+    """Kill every process of this PID namespace but `keep` and our ancestors (bwrap's init); True once all are
+    gone, False if some are still there after 5 s."""
     anc, p = set(), os.getpid()
     while p > 1:
         anc.add(p)
@@ -343,25 +392,44 @@ def _reap(keep):
             except (OSError, IndexError):
                 continue
         if not left:
-            return
+            return True
         time.sleep(0.02)
+    return False
 
 
 def save(server, store, out):
+    """Stop the server and copy its session store to `out` (SQLite's backup: the WAL included, one file)."""
     server.stop()
     tmp = out + ".tmp"
-    if os.path.exists(store):
-        src = sqlite3.connect(store)
-        dst = sqlite3.connect(tmp)
-        with dst:
-            src.backup(dst)
-        src.close()
-        dst.close()
-        os.replace(tmp, out)
+    for p in (out, tmp):  # nothing the agent may have left there is taken for the copy
+        if os.path.lexists(p):
+            os.unlink(p)
+    if not os.path.exists(store):
+        emit("save_failed", message=f"no session store at {store}")
+        return
+    src = sqlite3.connect(store)
+    dst = sqlite3.connect(tmp)
+    with dst:
+        src.backup(dst)
+    src.close()
+    dst.close()
+    os.replace(tmp, out)
     emit("saved")
 
 
+def _undumpable():
+    """Not dumpable: another process of the sandbox's uid (the agent's) may then not ptrace this one nor read
+    its memory or environment; that would take CAP_SYS_PTRACE, which the sandbox has not."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except (OSError, AttributeError):
+        sys.stderr.write("driver: PR_SET_DUMPABLE unavailable\n")
+
+
 def main(argv):
+    _undumpable()
     binary, workdir, store, out = argv[:4]
     rest = argv[4:]
     if "--bridge" in rest:
