@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from runtime_helpers import opencode_binary
 
-from sftree.agents.opencode import DENIED, DRIVER, ENV_FLAGS, OpenCodeAgent, opencode_config
+from sftree.agents.opencode import DENIED, DRIVER, ENV_FLAGS, OpenCodeAgent, _Driver, opencode_config
 from sftree.agents.proxy import RecordingProxy
 from sftree.teacher.sim.server import start_teacher_sim
 
@@ -67,48 +67,41 @@ def _until(proxy: RecordingProxy, channel: str, n: int, timeout: float = 120) ->
     return got
 
 
-def _requests(
-    way: str, argv: list[str], work: Path, home: Path, proxy: RecordingProxy, send: bytes
-) -> list[dict]:
-    """The first REQUESTS model requests of OpenCode started by `argv` in `work`, `send` on its stdin."""
-    proxy.channel(way)
+def _requests_of_run(work: Path, home: Path, proxy: RecordingProxy) -> list[dict]:
+    """The old way: one `opencode run` per turn, the prompt on stdin."""
+    proxy.channel("run")
+    argv = [OPENCODE, "run", "--format", "json", "--thinking", "--model", STUDENT, "--title", "e1"]
     proc = subprocess.Popen(
         argv,
         cwd=work,
-        env=_env(home, proxy, way),
+        env=_env(home, proxy, "run"),
         stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     try:
-        if way == "serve":  # the driver says when its server listens
-            assert json.loads(proc.stdout.readline())["type"] == "ready"
-        proc.stdin.write(send)
-        proc.stdin.flush()
-        if way == "run":  # the prompt ends at end of input
-            proc.stdin.close()
-        return _until(proxy, way, REQUESTS)
+        proc.stdin.write(PROMPT.encode())
+        proc.stdin.close()  # the prompt ends at end of input
+        return _until(proxy, "run", REQUESTS)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-        proc.stdout.close()
-        if not proc.stdin.closed:
-            proc.stdin.close()
-
-
-def _requests_of_run(work: Path, home: Path, proxy: RecordingProxy) -> list[dict]:
-    """The old way: one `opencode run` per turn, the prompt on stdin."""
-    argv = [OPENCODE, "run", "--format", "json", "--thinking", "--model", STUDENT, "--title", "e1"]
-    return _requests("run", argv, work, home, proxy, PROMPT.encode())
 
 
 def _requests_of_server(work: Path, home: Path, proxy: RecordingProxy) -> list[dict]:
-    """The edge's server through the driver, as the backend drives it (without the sandbox)."""
+    """The edge's server through the driver, as the backend drives it (its host end; without the sandbox)."""
+    proxy.channel("serve")
     store = home / "data" / "opencode" / "opencode.db"
     argv = [sys.executable, "-I", str(DRIVER), OPENCODE, str(work), str(store), str(home / "session.db")]
-    turn = {"op": "turn", "session": None, "title": "e1", "model": STUDENT, "text": PROMPT}
-    return _requests("serve", argv, work, home, proxy, (json.dumps(turn) + "\n").encode())
+    env = _env(home, proxy, "serve")
+    d = _Driver(argv, "serve", home / "stderr.log", cwd=work, env=env, start_new_session=True)
+    try:
+        assert d.wait_for("ready", 120) is not None
+        d.send({"op": "turn", "session": None, "title": "e1", "model": STUDENT, "text": PROMPT})
+        return _until(proxy, "serve", REQUESTS)
+    finally:
+        d.kill()
 
 
 def test_the_server_sends_what_opencode_run_sends(tmp_path):

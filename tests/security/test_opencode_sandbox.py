@@ -108,6 +108,7 @@ def test_opencode_runs_unprivileged_capped_and_sees_nothing_of_the_host(scripted
         out = run_turn(run)
         if run.turn == 1:
             between["procs"] = _procs_of(run.box.uid, details=True)
+            between["holders"] = _holders(s.ctx.agent._edges[run.workspace.edge_id].driver.pipes)
         return out
 
     s.ctx.agent.run_turn = and_look_between
@@ -145,6 +146,10 @@ def test_opencode_runs_unprivileged_capped_and_sees_nothing_of_the_host(scripted
         p for p in procs if p not in server and "opencode_driver" not in p["cmd"] and "bwrap" not in p["cmd"]
     ]
     assert not rest, procs
+    # The host's two pipes to the driver: held by the host and the driver alone, not by bwrap's processes in the
+    # sandbox (the agent's uid, dumpable: ptrace or pidfd_getfd could take them from there).
+    driver = [p["pid"] for p in procs if (p["cmd"].split(" ") + [""] * 3)[2].endswith("opencode_driver.py")]
+    assert len(driver) == 1 and between["holders"] == {os.getpid(), driver[0]}, (between["holders"], procs)
 
     # The session went on in turn 2 (same OpenCode session, same sandbox uid) and `coral eval` graded.
     t1, t2 = r.turns
@@ -152,6 +157,19 @@ def test_opencode_runs_unprivileged_capped_and_sees_nothing_of_the_host(scripted
     assert (s.tree_dir / "sessions" / "e1.opencode.json").is_file()
     sessions = {st["session_id"] for st in s.steps("e1") if st.get("session_id")}
     assert len(sessions) == 1, sessions
+
+
+def _holders(inodes: set[int]) -> set[int]:
+    """Every process with a descriptor on one of these pipes."""
+    names = {f"pipe:[{i}]" for i in inodes}
+    out = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in names for fd in os.listdir(f"/proc/{pid}/fd")):
+                out.add(int(pid))
+        except OSError:
+            continue
+    return out
 
 
 def _procs_of(uid: int, details: bool = False) -> list:
@@ -205,7 +223,8 @@ def test_opencode_sandbox_dies_with_its_parent(base):
         agent.binary = str(fake)
         argv, cwd = agent._argv(run, st)
         parent = subprocess.Popen(  # plays sftree: starts the sandbox, then is killed with -9
-            [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(120)",
+            [sys.executable, "-c", "import os, subprocess, sys, time; r, w = os.pipe(); "
+             "subprocess.Popen(sys.argv[1:] + ['--fds', str(r), str(w)], pass_fds=(r, w)); time.sleep(120)",
              *argv], cwd=cwd, env=agent._env(run, st),
         )  # fmt: skip
         deadline = time.monotonic() + 30

@@ -359,32 +359,61 @@ EOF = object()
 
 
 class _Driver:
-    """The host's end of one edge's driver process (agents/opencode_driver.py): JSON lines both ways. Its stdout
-    is read by a thread, line by line and bounded (the sandbox writes it)."""
+    """The host's end of one edge's driver process (agents/opencode_driver.py): JSON lines both ways, over two
+    pipes passed as extra descriptors, not as its stdin/stdout. bwrap's own processes in the sandbox (same uid,
+    dumpable) close extra descriptors but keep 0-2, so only the driver, which is not dumpable, holds these.
+    What comes back is read by a thread, line by line and bounded (the sandbox writes it); the sandbox's
+    stderr goes to the edge's stderr.log, bounded."""
 
-    def __init__(self, proc: subprocess.Popen, name: str, log: Path):
-        self.proc = proc
+    def __init__(self, argv: list[str], name: str, log: Path, **popen):
+        to_driver, self._to_w = os.pipe()
+        self._from_r, from_driver = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [*argv, "--fds", str(to_driver), str(from_driver)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                pass_fds=(to_driver, from_driver),
+                **popen,
+            )
+        finally:
+            os.close(to_driver)
+            os.close(from_driver)
+        self.pipes = {
+            os.fstat(fd).st_ino for fd in (self._to_w, self._from_r)
+        }  # tests look for their holders
+        self._out = os.fdopen(self._to_w, "wb")
+        self._in = os.fdopen(self._from_r, "rb")
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True, name=f"oc-{name}").start()
         threading.Thread(target=self._log, args=(log,), daemon=True, name=f"oc-{name}-err").start()
 
     def _log(self, path: Path) -> None:
-        """The sandbox's stderr into the edge's stderr.log, the first LOG_MAX bytes (the rest is counted)."""
+        """The sandbox's stderr into the edge's stderr.log, the first LOG_MAX bytes (the rest is counted and
+        dropped, but read: a writer must never block on it). Closed here, at its end."""
         kept = dropped = 0
-        with open(path, "ab") as f:
-            while chunk := self.proc.stderr.read1(65536):
-                if kept + len(chunk) <= LOG_MAX:
-                    f.write(chunk)
-                    f.flush()
-                    kept += len(chunk)
-                else:
-                    dropped += len(chunk)
+        err = self.proc.stderr
+        try:
+            f = open(path, "ab")  # noqa: SIM115 - closed below
+        except OSError:
+            f = None
+        while chunk := err.read1(65536):
+            if f is not None and kept + len(chunk) <= LOG_MAX:
+                f.write(chunk)
+                f.flush()
+                kept += len(chunk)
+            else:
+                dropped += len(chunk)
+        if f is not None:
             if dropped:
                 f.write(f"\n[{dropped} more bytes of stderr dropped]\n".encode())
+            f.close()
+        err.close()
 
     def _pump(self) -> None:
         while True:
-            line = self.proc.stdout.readline(LINE_MAX)
+            line = self._in.readline(LINE_MAX)
             if not line:
                 break
             try:
@@ -393,6 +422,7 @@ class _Driver:
                 continue  # a line cut at LINE_MAX, or not ours
             if isinstance(ev, dict):
                 self.lines.put(ev)
+        self._in.close()
         self.lines.put(EOF)
 
     def alive(self) -> bool:
@@ -400,8 +430,8 @@ class _Driver:
 
     def send(self, req: dict) -> None:
         try:
-            self.proc.stdin.write((json.dumps(req) + "\n").encode())
-            self.proc.stdin.flush()
+            self._out.write((json.dumps(req) + "\n").encode())
+            self._out.flush()
         except (BrokenPipeError, OSError, ValueError):
             pass  # it is gone: the next read says so
 
@@ -429,16 +459,17 @@ class _Driver:
         return None
 
     def kill(self) -> None:
-        """SIGKILL to its process group (bwrap then ends the sandbox), then reap it."""
+        """SIGKILL to its process group (bwrap then ends the sandbox), then reap it. What it reads from is
+        left to the threads that read it, which close it at its end (a reader blocked on it would make a close
+        here wait)."""
         if self.alive():
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         self.proc.wait()
-        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                f.close()
+        with contextlib.suppress(OSError, ValueError):
+            self._out.close()
 
 
 def _tail(path: Path, n: int = 800) -> str:
@@ -676,16 +707,14 @@ class OpenCodeAgent(AgentBackend):
         if st.driver is not None and st.driver.alive():
             return st.driver
         argv, cwd = self._argv(run, st)
-        proc = subprocess.Popen(
+        st.driver = _Driver(
             argv,
+            run.workspace.edge_id,
+            st.home / "stderr.log",
             cwd=cwd,
             env=self._env(run, st),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
             start_new_session=True,  # no controlling terminal, as for `opencode run`
         )
-        st.driver = _Driver(proc, run.workspace.edge_id, st.home / "stderr.log")
         ev = st.driver.wait_for("ready", START_TIMEOUT)
         if ev is None:
             self._kill(st)

@@ -1,7 +1,8 @@
 """One edge's OpenCode, kept running for the whole edge: runs in the edge's sandbox (`python -I`, standard library
-only, no sftree import) and speaks JSON lines with the host over its own stdin and stdout.
+only, no sftree import) and speaks JSON lines with the host over the two pipes `--fds` names (not its stdin and
+stdout: bwrap's processes in the sandbox keep those, and they are as reachable as the agent's).
 
-    python -I opencode_driver.py BINARY WORKDIR STORE OUT [--bridge PROXY_SOCKET PORT] [--reap]
+    python -I opencode_driver.py BINARY WORKDIR STORE OUT [--bridge PROXY_SOCKET PORT] [--reap] --fds IN OUT
 
 It starts `opencode serve` (one server for the edge's two turns, so OpenCode starts once per edge and not once
 per turn; docs/opencode.md, "Costs") and drives it over its HTTP API as `opencode run --format json` drives its
@@ -50,12 +51,14 @@ RUN_RULES = [
 EMIT = {"step-start": "step_start", "step-finish": "step_finish"}
 LINE_MAX = 1 << 20
 OUT_LOCK = threading.Lock()
+HOST = {"in": None, "out": None}  # the two pipes to the host (--fds): held by this process only
 
 
 def emit(kind, **data):
+    line = json.dumps({"type": kind, "timestamp": int(time.time() * 1000), **data}) + "\n"
     with OUT_LOCK:
-        sys.stdout.write(json.dumps({"type": kind, "timestamp": int(time.time() * 1000), **data}) + "\n")
-        sys.stdout.flush()
+        HOST["out"].write(line.encode())
+        HOST["out"].flush()
 
 
 # ---- the proxy bridge ----------------------------------------------------------------------------------------
@@ -207,15 +210,12 @@ class Server:
         threading.Thread(target=wait, daemon=True).start()
 
     def stop(self):
+        """SIGKILL, stopped or not: it is idle (the session aborted), and a SIGCONT for a graceful end would let
+        a plugin of the agent's run again. Its store stays consistent (SQLite's journal)."""
         self.stopping = True
-        self.resume()
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            self.proc.kill()
+        self.proc.wait()
 
 
 def _read_head(f):
@@ -259,43 +259,61 @@ class Turns:
             raise RuntimeError("opencode serve: no event stream")
 
     def _watch(self):
-        """Mirror the event stream as `opencode run --format json` prints it (its loop over events)."""
-        for ev in self.server.events():
-            kind, props = ev.get("type"), ev.get("properties") or {}
-            if kind == "server.connected":
-                self.connected.set()
-            sid = self.session
-            if kind == "session.created" and (props.get("info") or {}).get("parentID") in self.sessions:
-                self.sessions.add(props["info"]["id"])
-            if not self.active or sid is None:
-                continue
-            if kind == "message.part.updated":
-                part = props.get("part") or {}
-                if part.get("sessionID") != sid:
-                    continue
-                t = part.get("type")
-                state = part.get("state") or {}
-                if t == "tool" and state.get("status") in ("completed", "error"):
-                    emit("tool_use", sessionID=sid, part=part)
-                elif t in EMIT:
-                    emit(EMIT[t], sessionID=sid, part=part)
-                elif t in ("text", "reasoning") and (part.get("time") or {}).get("end"):
-                    emit(t, sessionID=sid, part=part)
-            elif kind == "session.error" and props.get("sessionID") == sid and props.get("error"):
-                emit("error", sessionID=sid, error=props["error"])
-            elif kind == "session.status" and props.get("sessionID") == sid:
-                if (props.get("status") or {}).get("type") == "idle":
-                    self.idle.set()
-            elif kind == "permission.asked" and props.get("sessionID") in self.sessions:
-                pid = props.get("id")
-                status, _ = self.server.call("POST", f"/permission/{pid}/reply", {"reply": "reject"}, 30)
-                if status == 404:  # the older route
-                    self.server.call(
-                        "POST",
-                        f"/session/{props.get('sessionID')}/permissions/{pid}",
-                        {"response": "reject"},
-                        30,
-                    )
+        """Mirror the event stream as `opencode run --format json` prints it (its loop over events). Without it
+        no turn could end, so when it fails or ends (and the server was not stopped on purpose) the driver
+        ends, and the host sees that."""
+        try:
+            for ev in self.server.events():
+                try:
+                    self._event(ev)
+                except Exception as exc:  # noqa: BLE001 - one odd event (a plugin may publish any) is skipped
+                    sys.stderr.write(f"driver: event skipped: {type(exc).__name__}: {exc}\n")
+        except Exception as exc:  # noqa: BLE001
+            sys.stderr.write(f"driver: event stream failed: {type(exc).__name__}: {exc}\n")
+        if not self.server.stopping:
+            sys.stderr.write("driver: the server's event stream ended\n")
+            sys.stderr.flush()
+            os._exit(4)
+
+    def _event(self, ev):
+        """One event, as run's loop handles it."""
+        if not isinstance(ev, dict):
+            return
+        kind, props = ev.get("type"), ev.get("properties") or {}
+        if kind == "server.connected":
+            self.connected.set()
+        sid = self.session
+        if kind == "session.created" and (props.get("info") or {}).get("parentID") in self.sessions:
+            self.sessions.add(props["info"]["id"])
+        if not self.active or sid is None:
+            return
+        if kind == "message.part.updated":
+            part = props.get("part") or {}
+            if part.get("sessionID") != sid:
+                return
+            t = part.get("type")
+            state = part.get("state") or {}
+            if t == "tool" and state.get("status") in ("completed", "error"):
+                emit("tool_use", sessionID=sid, part=part)
+            elif t in EMIT:
+                emit(EMIT[t], sessionID=sid, part=part)
+            elif t in ("text", "reasoning") and (part.get("time") or {}).get("end"):
+                emit(t, sessionID=sid, part=part)
+        elif kind == "session.error" and props.get("sessionID") == sid and props.get("error"):
+            emit("error", sessionID=sid, error=props["error"])
+        elif kind == "session.status" and props.get("sessionID") == sid:
+            if (props.get("status") or {}).get("type") == "idle":
+                self.idle.set()
+        elif kind == "permission.asked" and props.get("sessionID") in self.sessions:
+            pid = props.get("id")
+            status, _ = self.server.call("POST", f"/permission/{pid}/reply", {"reply": "reject"}, 30)
+            if status == 404:  # the older route
+                self.server.call(
+                    "POST",
+                    f"/session/{props.get('sessionID')}/permissions/{pid}",
+                    {"response": "reject"},
+                    30,
+                )
 
     def start(self, req):
         self.server.resume()
@@ -345,8 +363,9 @@ class Turns:
     def abort(self, reap):
         """End the turn: abort every session still working (the agent may have started others through the
         server's API), wait for the turn to end, then with `reap` stop the server and kill everything else of
-        the sandbox, so that nothing of the agent (its commands, a plugin in the server) runs until the next
-        turn. `aborted` only when all of that is done, else `abort_failed` (the host then kills the sandbox)."""
+        the sandbox (`quiesce`), so that nothing of the agent (its commands, a plugin in the server) runs until
+        the next turn. `aborted` only when all of that is done, else `abort_failed` (the host then kills the
+        sandbox)."""
         ok = True
         try:
             self.server.resume()
@@ -360,14 +379,53 @@ class Turns:
             self.running.join(20)
             ok = ok and not self.running.is_alive()
         if reap:
-            self.server.pause()
-            ok = _reap({os.getpid(), self.server.proc.pid}) and ok
+            ok = quiesce(self.server.proc.pid) and ok
         emit("aborted" if ok else "abort_failed")
 
 
+def _tasks_in(pid, states):
+    """Every thread of `pid` is in one of `states` (a thread that is gone counts as in)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] not in states:
+                    return False
+        except (OSError, IndexError):
+            continue
+    return True
+
+
+def _stopped(pid, timeout=2.0):
+    """Wait until every thread of `pid` is stopped (SIGSTOP takes effect a little after kill returns)."""
+    end = time.monotonic() + timeout
+    while not _tasks_in(pid, "Tt"):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def quiesce(server, timeout=10.0):
+    """Stop `server` and kill every other process of this PID namespace (but us and our ancestors); True once
+    the server is stopped and nothing else is left. A process of the agent's may SIGCONT the server meanwhile,
+    or the server may be forking: so stop, wait until it is, reap, and repeat until the server is still
+    stopped with nothing left to wake it."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        os.kill(server, signal.SIGSTOP)
+        if _stopped(server) and _reap({os.getpid(), server}) and _tasks_in(server, "Tt"):
+            return True
+    return False
+
+
 def _reap(keep):
-    """Kill every process of this PID namespace but `keep` and our ancestors (bwrap's init); True once all are
-    gone, False if some are still there after 5 s."""
+    """SIGKILL every process of this PID namespace but `keep` and our ancestors (bwrap's init), whatever its
+    state; True once all are gone (every thread of each a zombie or dead), False if some are left after 5 s
+    or may not be killed."""
     anc, p = set(), os.getpid()
     while p > 1:
         anc.add(p)
@@ -379,18 +437,18 @@ def _reap(keep):
     keep = set(keep) | anc | {1}
     end = time.monotonic() + 5
     while time.monotonic() < end:
-        left = []
+        left = 0
         for name in os.listdir("/proc"):
             if not name.isdigit() or int(name) in keep:
                 continue
             try:
-                with open(f"/proc/{name}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                        continue  # gone; its parent (the server) collects it
                 os.kill(int(name), signal.SIGKILL)
-                left.append(name)
-            except (OSError, IndexError):
+            except ProcessLookupError:
                 continue
+            except OSError:
+                return False  # not ours to kill
+            if not _tasks_in(name, "ZX"):
+                left += 1
         if not left:
             return True
         time.sleep(0.02)
@@ -398,22 +456,26 @@ def _reap(keep):
 
 
 def save(server, store, out):
-    """Stop the server and copy its session store to `out` (SQLite's backup: the WAL included, one file)."""
+    """Kill the (stopped) server, then copy its session store to `out` with SQLite's backup (the WAL included,
+    one file); `save_failed` if there is none or it cannot be read."""
     server.stop()
     tmp = out + ".tmp"
     for p in (out, tmp):  # nothing the agent may have left there is taken for the copy
         if os.path.lexists(p):
             os.unlink(p)
-    if not os.path.exists(store):
-        emit("save_failed", message=f"no session store at {store}")
+    try:
+        if not os.path.exists(store):
+            raise OSError(f"no session store at {store}")
+        src = sqlite3.connect(store, timeout=5)
+        dst = sqlite3.connect(tmp)
+        with dst:
+            src.backup(dst)
+        src.close()
+        dst.close()
+        os.replace(tmp, out)
+    except (sqlite3.Error, OSError) as exc:
+        emit("save_failed", message=f"{type(exc).__name__}: {exc}"[:300])
         return
-    src = sqlite3.connect(store)
-    dst = sqlite3.connect(tmp)
-    with dst:
-        src.backup(dst)
-    src.close()
-    dst.close()
-    os.replace(tmp, out)
     emit("saved")
 
 
@@ -432,6 +494,11 @@ def main(argv):
     _undumpable()
     binary, workdir, store, out = argv[:4]
     rest = argv[4:]
+    i = rest.index("--fds")
+    fds = int(rest[i + 1]), int(rest[i + 2])
+    for fd in fds:
+        os.set_inheritable(fd, False)  # not for the server, nor anything it starts
+    HOST["in"], HOST["out"] = os.fdopen(fds[0], "rb"), os.fdopen(fds[1], "wb")
     if "--bridge" in rest:
         i = rest.index("--bridge")
         bridge(rest[i + 1], int(rest[i + 2]))
@@ -439,7 +506,7 @@ def main(argv):
     server = Server(binary, workdir)
     turns = Turns(server)
     emit("ready")
-    for line in sys.stdin:
+    for line in HOST["in"]:
         try:
             req = json.loads(line)
         except ValueError:
