@@ -387,7 +387,8 @@ class _Driver:
         self._in = os.fdopen(self._from_r, "rb")
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True, name=f"oc-{name}").start()
-        threading.Thread(target=self._log, args=(log,), daemon=True, name=f"oc-{name}-err").start()
+        self._logging = threading.Thread(target=self._log, args=(log,), daemon=True, name=f"oc-{name}-err")
+        self._logging.start()
 
     def _log(self, path: Path) -> None:
         """The sandbox's stderr into the edge's stderr.log, the first LOG_MAX bytes (the rest is counted and
@@ -470,6 +471,7 @@ class _Driver:
         self.proc.wait()
         with contextlib.suppress(OSError, ValueError):
             self._out.close()
+        self._logging.join(2)  # its last words in stderr.log before anyone reads them there
 
 
 def _tail(path: Path, n: int = 800) -> str:
