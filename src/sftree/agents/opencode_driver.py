@@ -10,7 +10,7 @@ in-process server, request for request, so OpenCode builds the same model reques
 
 - `{"op": "turn", "session": ID|null, "title": T, "model": "provider/model", "text": PROMPT}`: the session (`GET
   /session/ID`, else `POST /session` with run's title and permission rules), the event stream (`GET /event`),
-  then the prompt (`POST /session/ID/message`). Events go to stdout in run's JSON form (`tool_use`,
+  then the prompt (`POST /session/ID/message`). Events go to the host in run's JSON form (`tool_use`,
   `step_start`, `step_finish`, `text`, `reasoning`, `error`, each with `sessionID`), permission requests are
   rejected as run rejects them, and `{"type": "idle"}` ends the turn.
 - `{"op": "abort"}`: abort every session still working (`POST /session/ID/abort`; the host ends a turn at
