@@ -380,9 +380,8 @@ class _Driver:
         finally:
             os.close(to_driver)
             os.close(from_driver)
-        self.pipes = {
-            os.fstat(fd).st_ino for fd in (self._to_w, self._from_r)
-        }  # tests look for their holders
+        # tests look for the processes that hold these
+        self.pipes = {os.fstat(fd).st_ino for fd in (self._to_w, self._from_r)}
         self._out = os.fdopen(self._to_w, "wb")
         self._in = os.fdopen(self._from_r, "rb")
         self.lines: queue.Queue = queue.Queue()
@@ -648,9 +647,12 @@ class OpenCodeAgent(AgentBackend):
             (d / ".gitignore").write_text(GITIGNORE)
 
     # -- the edge's OpenCode server (agents/opencode_driver.py) --
+    def _seen_at(self, st: _Edge) -> tuple[str, str]:
+        """Where the edge's box and host folders are for OpenCode: their mounts in the sandbox, else the folders."""
+        return (HOME_MOUNT, HOST_MOUNT) if self.sandbox == "bwrap" else (str(st.box), str(st.host))
+
     def _env(self, run: TurnRun, st: _Edge) -> dict[str, str]:
-        home = HOME_MOUNT if self.sandbox == "bwrap" else str(st.box)
-        host = HOST_MOUNT if self.sandbox == "bwrap" else str(st.host)
+        home, host = self._seen_at(st)
         ws = run.box.worktree
         coral_bin = run.box.coral_env.get("CORAL_BIN", "")
         coral_sock = run.box.coral_env.get("CORAL_SOCKET", "")
@@ -687,8 +689,7 @@ class OpenCodeAgent(AgentBackend):
         st.host.mkdir(parents=True, exist_ok=True)
         (st.host / DRIVER.name).write_bytes(DRIVER.read_bytes())
         binary = str(Path(self.binary).resolve())  # a symlink to it may lie in a hidden folder
-        home = HOME_MOUNT if self.sandbox == "bwrap" else str(st.box)
-        host = HOST_MOUNT if self.sandbox == "bwrap" else str(st.host)
+        home, host = self._seen_at(st)
         args = [sys.executable, "-I", f"{host}/{DRIVER.name}", binary, box.worktree]
         args += [f"{home}/data/opencode/opencode.db", f"{home}/{STORE_OUT}"]
         if self.sandbox != "bwrap":
@@ -742,13 +743,9 @@ class OpenCodeAgent(AgentBackend):
         d = st.driver if st.driver is not None and st.driver.alive() else self._start(run, st)
         d.send({"op": "save"})
         saved = d.wait_for(("saved", "save_failed"), 60)
+        self._kill(st)  # the copy is whole once `saved` is said (written, then renamed)
         if saved and saved.get("type") != "saved":
-            self._kill(st)
             raise RuntimeError(f"OpenCode's session store was not saved: {str(saved.get('message'))[:300]}")
-        if saved:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                d.proc.wait(timeout=30)  # it exits after the copy; the kill below ends it otherwise
-        self._kill(st)
         if saved is None:
             raise RuntimeError(f"OpenCode did not save its session store: {_tail(st.home / 'stderr.log')}")
         from sftree.fileio import write_bytes_atomic, write_json_atomic
