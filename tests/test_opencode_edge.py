@@ -155,6 +155,27 @@ def test_a_driver_killed_in_the_last_turn_still_leaves_its_session_to_the_forks(
         ctx.close()
 
 
+def test_a_run_that_sends_too_many_events_ends_as_an_edge_error(tmp_path, monkeypatch):
+    """The host takes at most RUN_EVENTS_MAX events per prompt from the sandbox (a plugin in the server may
+    publish any number); past that the turn stops as an edge error and its sandbox is reaped (as for a turn over
+    the disk quota, the next turn starts a new one)."""
+    from sftree.agents import opencode
+
+    monkeypatch.setattr(opencode, "RUN_EVENTS_MAX", 3)  # a real run sends more than three
+    cfg = config(
+        teacher={"sim": {"seed": 2}},
+        agent={"backend": "opencode", "max_steps_per_turn": 12, "turn_timeout": 240},
+    )
+    ctx = EdgeContext.create(tmp_path / "tree", make_root(tmp_path), cfg, example_task(cfg))
+    try:
+        e1 = run_edge(ctx, ctx.root_state, "e1", 1.0, depth=1, attempt=1, eval_count=5)
+        assert not e1.valid and [t.ended for t in e1.turns] == ["edge_error", "edge_error"], e1.to_dict()
+        assert all("sent over 3 events" in (t.error or "") for t in e1.turns), e1.to_dict()
+        assert e1.evals == 0
+    finally:
+        ctx.close()
+
+
 def test_tool_error_and_knowledge_from_the_event_stream(tree):
     ctx, r = tree
     e3 = r["e3"]

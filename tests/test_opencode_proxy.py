@@ -77,6 +77,10 @@ def test_stopped_channel_answers_503_and_records_nothing(proxied):
     ch.stopped = True
     resp = post(proxy, "e2", {"model": "m", "messages": MESSAGES, "tools": TOOLS, "stream": True})
     assert resp.status_code == 503 and ch.take() == []
+    # The next turn's set-up does not open it (its server is stopped then); only the backend's run does.
+    assert proxy.channel("e2", {"X-Sftree-Edge": "e2"}) is ch and ch.stopped
+    resp = post(proxy, "e2", {"model": "m", "messages": MESSAGES, "tools": TOOLS, "stream": True})
+    assert resp.status_code == 503 and ch.take() == []
 
 
 def test_assembler_joins_split_tool_call_arguments():

@@ -79,22 +79,23 @@ for pid in found["pids"]:
             found.setdefault("opened", []).append((pid, fd))
         except OSError:
             pass
-try:
-    os.kill(os.getppid(), signal.SIGKILL)
-    found["killed_parent"] = os.getppid()
-except OSError as e:
-    found["killed_parent"] = str(e)
-try:
-    os.kill(-1, signal.SIGKILL) if os.getuid() else None
-except OSError:
-    pass
 open("planted.txt", "w").write("x")
 try:
     open("/tmp/escape.txt", "w").write("x")
 except OSError:
     pass
 sys.stderr.write("PROBE " + json.dumps(found) + "\n")
-print("42")
+# The answer is out before the kills: killing its own sandbox's first process (its parent, which kill(-1)
+# reaches too) ends its pid namespace, this program with it, and whatever it had not flushed.
+print("42", flush=True)
+try:
+    os.kill(-1, signal.SIGKILL) if os.getuid() else None
+except OSError:
+    pass
+try:
+    os.kill(os.getppid(), signal.SIGKILL)
+except OSError:
+    pass
 """
 
 

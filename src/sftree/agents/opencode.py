@@ -43,6 +43,7 @@ import logging
 import os
 import queue
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -77,6 +78,13 @@ START_TIMEOUT = 120.0
 ABORT_TIMEOUT = 60.0
 LINE_MAX = 1 << 20  # one event line from the sandbox
 LOG_MAX = 8 << 20  # of the sandbox's stderr kept in the edge's stderr.log
+# What the sandbox may send (it runs agent code: a plugin in the server can publish any event). Read ahead at
+# most QUEUE_MAX events (beyond that it waits on its pipe), and per prompt at most RUN_EVENTS_MAX events of
+# RUN_BYTES_MAX bytes in all; a real prompt's run sends a few hundred.
+QUEUE_MAX = 256
+RUN_EVENTS_MAX = 20_000
+RUN_BYTES_MAX = 64 << 20
+SEND_TIMEOUT = 10.0  # for the driver to take a request off its pipe; then it is killed
 # OpenCode installs @opencode-ai/plugin from npm into every config folder that lacks it; these stubs make it
 # see the dependency as present (no network), and its own .gitignore keeps them out of commits.
 PLUGIN_DEP = {"@opencode-ai/plugin": PINNED_VERSION}
@@ -362,8 +370,9 @@ class _Driver:
     """The host's end of one edge's driver process (agents/opencode_driver.py): JSON lines both ways, over two
     pipes passed as extra descriptors, not as its stdin/stdout. bwrap's own processes in the sandbox (same uid,
     dumpable) close extra descriptors but keep 0-2, so only the driver, which is not dumpable, holds these.
-    What comes back is read by a thread, line by line and bounded (the sandbox writes it); the sandbox's
-    stderr goes to the edge's stderr.log, bounded."""
+    What comes back is read by a thread, line by line and bounded (the sandbox writes it), at most QUEUE_MAX
+    events ahead of the reader, and counted (`received`, `received_bytes`); the sandbox's stderr goes to the
+    edge's stderr.log, bounded. Nothing here blocks the host for longer than a timeout."""
 
     def __init__(self, argv: list[str], name: str, log: Path, **popen):
         to_driver, self._to_w = os.pipe()
@@ -382,9 +391,12 @@ class _Driver:
             os.close(from_driver)
         # tests look for the processes that hold these
         self.pipes = {os.fstat(fd).st_ino for fd in (self._to_w, self._from_r)}
-        self._out = os.fdopen(self._to_w, "wb")
+        os.set_blocking(self._to_w, False)  # `send` waits at most SEND_TIMEOUT
         self._in = os.fdopen(self._from_r, "rb")
-        self.lines: queue.Queue = queue.Queue()
+        self.lines: queue.Queue = queue.Queue(QUEUE_MAX)
+        self.received = self.received_bytes = 0
+        self._killed = threading.Event()
+        self._send_lock = threading.Lock()
         threading.Thread(target=self._pump, daemon=True, name=f"oc-{name}").start()
         self._logging = threading.Thread(target=self._log, args=(log,), daemon=True, name=f"oc-{name}-err")
         self._logging.start()
@@ -412,37 +424,63 @@ class _Driver:
         err.close()
 
     def _pump(self) -> None:
-        while True:
-            line = self._in.readline(LINE_MAX)
-            if not line:
-                break
+        while line := self._in.readline(LINE_MAX):
+            self.received_bytes += len(line)
             try:
                 ev = json.loads(line)
             except ValueError:
                 continue  # a line cut at LINE_MAX, or not ours
             if isinstance(ev, dict):
-                self.lines.put(ev)
+                self.received += 1
+                self._put(ev)
         self._in.close()
-        self.lines.put(EOF)
+        self._put(EOF)
+
+    def _put(self, item) -> None:
+        """Wait for room (the sandbox then waits on its pipe), unless the driver was killed: nobody reads
+        after that, and what is still in the pipe is read and dropped until its end."""
+        while not self._killed.is_set():
+            try:
+                self.lines.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                pass
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def send(self, req: dict) -> None:
-        try:
-            self._out.write((json.dumps(req) + "\n").encode())
-            self._out.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            pass  # it is gone: the next read says so
+        """One request; a driver that does not take it within SEND_TIMEOUT is killed (the next read says
+        it is gone, as it does for one that has ended)."""
+        data = (json.dumps(req) + "\n").encode()
+        end = time.monotonic() + SEND_TIMEOUT
+        with self._send_lock:
+            try:
+                while data and not self._killed.is_set():
+                    left = end - time.monotonic()
+                    if left <= 0 or not select.select([], [self._to_w], [], left)[1]:
+                        break
+                    try:
+                        data = data[os.write(self._to_w, data) :]
+                    except BlockingIOError:
+                        continue
+            except (OSError, ValueError):
+                pass  # it is gone
+        if data and not self._killed.is_set():
+            log.warning("OpenCode's driver did not take a request in %.0f s: killed", SEND_TIMEOUT)
+            self.kill()
 
     def next(self, timeout: float):
-        """The next event, EOF once the driver is gone, or None after `timeout` s."""
+        """The next event, EOF once the driver is gone (or killed), or None after `timeout` s."""
+        if self._killed.is_set():
+            return EOF
         try:
             ev = self.lines.get(timeout=timeout)
         except queue.Empty:
-            return None
+            return EOF if self._killed.is_set() else None
         if ev is EOF:
-            self.lines.put(EOF)  # stays at the end
+            with contextlib.suppress(queue.Full):
+                self.lines.put_nowait(EOF)  # stays at the end (the reader has ended: there is room)
         return ev
 
     def wait_for(self, kind: str | tuple[str, ...], timeout: float) -> dict | None:
@@ -463,13 +501,17 @@ class _Driver:
         left to the threads that read it, which close it at its end (a reader blocked on it would make a close
         here wait)."""
         if self.alive():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            self.proc.kill()  # itself, should it not lead a group
         self.proc.wait()
-        with contextlib.suppress(OSError, ValueError):
-            self._out.close()
+        if not self._killed.is_set():
+            self._killed.set()
+            with self._send_lock:
+                os.close(self._to_w)
+            with contextlib.suppress(queue.Empty):
+                while True:  # what it sent is nobody's now
+                    self.lines.get_nowait()
         self._logging.join(2)  # its last words in stderr.log before anyone reads them there
 
 
@@ -707,8 +749,10 @@ class OpenCodeAgent(AgentBackend):
 
     def _start(self, run: TurnRun, st: _Edge) -> _Driver:
         """The edge's server, started on its first turn (or again after it died), once it is ready."""
-        if st.driver is not None and st.driver.alive():
-            return st.driver
+        if st.driver is not None:
+            if st.driver.alive():
+                return st.driver
+            self._kill(st)  # the ended one's pipe, and whatever its sandbox left
         argv, cwd = self._argv(run, st)
         st.driver = _Driver(
             argv,
@@ -782,6 +826,7 @@ class OpenCodeAgent(AgentBackend):
              "model": self.student_model, "text": prompt}
         )  # fmt: skip
         kdir = run.box.inside(run.workspace.knowledge_dir)
+        got, got_bytes = d.received, d.received_bytes
         stop: str | None = None
         eval_seen_at: float | None = None
         next_check = time.monotonic() + CHECK_EVERY
@@ -811,6 +856,12 @@ class OpenCodeAgent(AgentBackend):
                         acc.errors.append(over)
                         stop = "edge_error"
                         break
+                if d.received - got > RUN_EVENTS_MAX or d.received_bytes - got_bytes > RUN_BYTES_MAX:
+                    acc.errors.append(
+                        f"OpenCode's sandbox sent over {RUN_EVENTS_MAX} events or {RUN_BYTES_MAX >> 20} MiB"
+                    )
+                    stop = "edge_error"
+                    break
                 ev = d.next(0.1)
                 if ev is None:
                     continue

@@ -341,9 +341,9 @@ class RecordingProxy:
     # channels
     def channel(self, name: str, headers: dict[str, str] | None = None) -> Channel:
         with self._lock:
+            # An existing channel keeps `stopped`: only the backend's run opens it (not this, a turn's set-up).
             ch = self.channels.get(name) or Channel(name)
             ch.headers = dict(headers or ch.headers)
-            ch.stopped = False
             self.channels[name] = ch
             return ch
 
