@@ -505,13 +505,14 @@ class _Driver:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.kill()  # itself, should it not lead a group
         self.proc.wait()
-        if not self._killed.is_set():
+        with self._send_lock:
+            first = not self._killed.is_set()
             self._killed.set()
-            with self._send_lock:
+            if first:
                 os.close(self._to_w)
-            with contextlib.suppress(queue.Empty):
-                while True:  # what it sent is nobody's now
-                    self.lines.get_nowait()
+        with contextlib.suppress(queue.Empty):
+            while True:  # what it sent is nobody's now
+                self.lines.get_nowait()
         self._logging.join(2)  # its last words in stderr.log before anyone reads them there
 
 
@@ -861,6 +862,7 @@ class OpenCodeAgent(AgentBackend):
                         f"OpenCode's sandbox sent over {RUN_EVENTS_MAX} events or {RUN_BYTES_MAX >> 20} MiB"
                     )
                     stop = "edge_error"
+                    self._kill(st)  # not asked to abort: it would go on sending meanwhile
                     break
                 ev = d.next(0.1)
                 if ev is None:
