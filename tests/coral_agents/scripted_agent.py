@@ -19,6 +19,7 @@ After the last step the agent idles (Coral restarts an agent that exits) until i
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import re
 import signal
@@ -85,7 +86,12 @@ def main() -> int:
             notes = Path(".opencode/notes")
             (notes / f"{args.agent}-{done + 1:02d}.md").write_text(step["note"] + "\n")
         cmd = ["coral", "eval", "-m", step["message"]] + (["--no-wait"] if step.get("no_wait") else [])
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        # The agents take turns: two submissions at once can leave the second's checkpoint with nothing to
+        # commit, and Coral then records no shared_state_hash for it (real Coral behaviour, which the importer
+        # reports as a problem); the tests count exactly one checkpoint per submission.
+        with open(Path(args.plan).with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            proc = subprocess.run(cmd, capture_output=True, text=True)
         print(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}exit {proc.returncode}", flush=True)
         done += 1
         state_file.write_text(json.dumps({"done": done}))
