@@ -42,7 +42,7 @@ class TurnRun:
 
 @dataclass
 class TurnOutcome:
-    ended: str  # eval | step_limit | timeout | no_eval | teacher_error | context_overflow
+    ended: str  # eval | step_limit | timeout | no_eval | teacher_error | context_overflow | tampered
     steps: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
@@ -64,6 +64,12 @@ class AgentBackend(ABC):
     def end_edge(self, edge_id: str) -> None:  # noqa: B027 - most backends hold nothing per edge
         """Release what the backend holds for one edge (a uid, a proxy key); called once the edge has ended,
         however it ended, so a failed edge gives its holdings back before the tree does."""
+
+    needs_probe = False  # `prepare` wants a turn at the root the host starts itself, before any edge
+
+    def prepare(self, run: TurnRun) -> None:  # noqa: B027 - only a backend with `needs_probe` overrides it
+        """Learn what the backend's fresh session looks like (OpenCode: its pristine system prompt and tools,
+        agents/chain.py) from a turn at the root that no Teacher acts in."""
 
     def close(self) -> None:  # noqa: B027 - most backends hold nothing; overriding is optional
         """Release what the backend holds for the whole tree (servers, sockets); called by EdgeContext.close."""

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sftree.agents.base import AgentBackend, TurnOutcome, TurnRun
+from sftree.agents.chain import Pristine, SessionChain, split
 from sftree.agents.prompts import nudge_prompt
 from sftree.agents.proxy import RecordingProxy
 from sftree.errors import InputError
@@ -72,6 +73,12 @@ HOME_MOUNT = "/tmp/sftree/opencode"  # the edge's `box/`: OpenCode's own state, 
 HOST_MOUNT = "/tmp/sftree/host"  # the edge's `host/`: what the host writes for OpenCode, read-only inside
 PROXY_MOUNT = "/tmp/sftree/proxy"
 DRIVER = Path(__file__).resolve().parent / "opencode_driver.py"  # runs in the sandbox (python -I, no sftree)
+# Where OpenCode looks for configuration, instructions and code to load that the agent could write (docs/opencode.md
+# "Configuration only from the host"): in the sandbox each is the host's read-only copy or an empty one.
+# (`.opencode/agents` is Coral's shared folder of that name: knowledge, kept; a definition there that changes the
+# system prompt is caught by the chain, agents/chain.py.)
+PROJECT_DIRS = ("plugin", "plugins", "tool", "tools", "agent", "command", "commands", "mode", "modes")
+ROOT_CONFIGS = ("opencode.json", "opencode.jsonc")
 STORE_OUT = "session.db"  # in the box: the driver's copy of OpenCode's session store when the edge ends
 STORE_MAX = 256 << 20
 START_TIMEOUT = 120.0
@@ -516,6 +523,18 @@ class _Driver:
         self._logging.join(2)  # its last words in stderr.log before anyone reads them there
 
 
+def _no_link_on_the_way(root: Path, rel: str) -> None:
+    """Raise when a component of `root/rel` (host side, not followed) is a link: a mount there would land where
+    the agent points it."""
+    here = root
+    for part in rel.split("/"):
+        here = here / part
+        if here.is_symlink():
+            raise RuntimeError(
+                f"the worktree's {rel} leads through a link the agent made; OpenCode is not started"
+            )
+
+
 def _tail(path: Path, n: int = 800) -> str:
     try:
         with open(path, "rb") as f:
@@ -564,6 +583,7 @@ class OpenCodeAgent(AgentBackend):
         # Above the hard token limit (compaction must not fire before the tree stops the path) and roomy.
         self.context_limit = int(self.oc.get("context_limit") or max(4 * hard, 262144))
         self._edges: dict[str, _Edge] = {}
+        self.pristine = None  # agents/chain.py: OpenCode's own system prompt and tools, from `prepare`
         self._lock = threading.Lock()
         self.proxy = RecordingProxy(
             teacher.base_url,
@@ -710,6 +730,7 @@ class OpenCodeAgent(AgentBackend):
             "XDG_STATE_HOME": f"{home}/state",
             "XDG_CACHE_HOME": f"{home}/cache",
             "PWD": ws,
+            "SHELL": f"{host}/bin/bash" if self.sandbox == "bwrap" else os.environ.get("SHELL", "/bin/bash"),
             "CORAL_SOCKET": coral_sock,
             "CORAL_WORKTREE": ws,
             "CORAL_CLI": run.box.coral_env.get("CORAL_CLI", ""),
@@ -742,11 +763,44 @@ class OpenCodeAgent(AgentBackend):
         argv = box.argv(
             args,
             binds=[(st.box, HOME_MOUNT)],
-            ro_binds=[(st.host, HOST_MOUNT), (self.proxy.unix_dir, PROXY_MOUNT)],
+            ro_binds=[(st.host, HOST_MOUNT), (self.proxy.unix_dir, PROXY_MOUNT), *self._host_config(run, st)],
             keep_visible=[Path(self.binary).resolve()],
             new_session=False,
         )
         return argv, "/"
+
+    def _host_config(self, run: TurnRun, st: _Edge) -> list[tuple[Path, str]]:
+        """Read-only mounts over every place OpenCode loads configuration, instructions or code from that the
+        agent could write: its home's `.opencode`, the worktree's `.opencode/{plugin,tool,agent,...}` (empty),
+        Coral's `.opencode/opencode.json` and AGENTS.md (the host's copies), and a worktree-root `opencode.json`
+        the agent made (`{}`: what it committed is code, not configuration). Also the agent's shell
+        (agents/agent_shell.py: no command of the agent reaches OpenCode's server). Made afresh at every start."""
+        from sftree.agents.agent_shell import script
+        from sftree.runtime import safefs
+
+        host, wt_host, wt = st.host, Path(run.workspace.root), run.box.worktree
+        empty, blank, home_cfg = host / "empty", host / "empty.json", host / "home-opencode"
+        empty.mkdir(exist_ok=True)
+        self._plugin_stub(home_cfg)  # a config folder OpenCode finds complete (it would install into it)
+        blank.write_text("{}\n", encoding="utf-8")
+        (host / "bin").mkdir(exist_ok=True)
+        shell = host / "bin" / "bash"
+        shell.write_text(script(sys.executable, shutil.which("bash") or "/bin/bash"), encoding="utf-8")
+        shell.chmod(0o755)
+        (host / "AGENTS.md").write_text(run.coral.world.instructions(), encoding="utf-8")
+        (host / "coral-opencode.json").write_text(run.coral.world.opencode_json(), encoding="utf-8")
+        home_oc = st.box / "home" / ".opencode"  # the box is the sandbox user's: whatever it left there goes
+        safefs.remove_entry(st.box / "home", ".opencode")
+        home_oc.mkdir()
+        mounts = [(home_cfg, f"{HOME_MOUNT}/home/.opencode"), (host / "AGENTS.md", f"{wt}/AGENTS.md"),
+                  (host / "coral-opencode.json", f"{wt}/.opencode/opencode.json"),
+                  (blank, f"{wt}/.opencode/opencode.jsonc")]  # fmt: skip
+        mounts += [(empty, f"{wt}/.opencode/{d}") for d in PROJECT_DIRS]
+        mounts += [(blank, f"{wt}/{name}") for name in ROOT_CONFIGS if os.path.lexists(wt_host / name)]
+        for _src, dst in mounts:  # bwrap would follow a link the agent left on the way to a mount point
+            if dst.startswith(wt + "/"):
+                _no_link_on_the_way(wt_host, dst[len(wt) + 1 :])
+        return mounts
 
     def _start(self, run: TurnRun, st: _Edge) -> _Driver:
         """The edge's server, started on its first turn (or again after it died), once it is ready."""
@@ -821,6 +875,8 @@ class OpenCodeAgent(AgentBackend):
         None if the session went idle by itself. Either way the session is aborted and the sandbox reaped after."""
         ch = self.proxy.channels[run.workspace.edge_id]
         d = self._start(run, st)
+        if ch.chain is not None:
+            ch.chain.expect_prompt(prompt)  # the one user message the session's next request may add
         ch.stopped = False  # the Teacher is reached during a run only: between two, requests get 503
         d.send(
             {"op": "turn", "session": st.session_id, "title": run.workspace.edge_id,
@@ -838,6 +894,9 @@ class OpenCodeAgent(AgentBackend):
                     eval_seen_at = time.monotonic()
                 if acc.eval_call or (eval_seen_at and time.monotonic() - eval_seen_at > 10):
                     stop = "eval"
+                    break
+                if ch.tampered:  # a request broke the session's chain (agents/chain.py): the edge ends
+                    stop = "tampered"
                     break
                 if ch.teacher_failures:  # past the proxy's retry budget: OpenCode would only retry again
                     stop = "teacher_error"
@@ -897,6 +956,8 @@ class OpenCodeAgent(AgentBackend):
         ch = self.proxy.channel(run.workspace.edge_id, headers)
         ch.turn = run.turn
         ch.teacher_failures = 0
+        if ch.chain is None:  # the edge's session goes on from the node's (the host's own session file)
+            ch.chain = SessionChain(self.pristine, base=split({"messages": run.messages})[1])
         ch.take()
         max_steps = int(self.cfg.get("max_steps_per_turn", 40))
         deadline = time.monotonic() + float(self.cfg.get("turn_timeout", 3600))
@@ -927,6 +988,9 @@ class OpenCodeAgent(AgentBackend):
                 break
             if stop == "edge_error":
                 out.ended, out.error = stop, acc.errors[-1]
+                break
+            if stop == "tampered":
+                out.ended, out.error = stop, ch.tampered
                 break
             if stop is not None:
                 out.ended = stop
@@ -978,11 +1042,37 @@ class OpenCodeAgent(AgentBackend):
             run.messages[:] = msgs
         else:
             run.messages.append({"role": "user", "content": run.prompt})
+        if out.ended == "tampered":  # nothing of this session is kept for a child
+            self.end_edge(run.workspace.edge_id)
+            return out
         if run.turn >= 2 or out.ended == "teacher_error":  # the edge's last turn: its node keeps the session
             self._save(run, st)
         if run.turn >= 2:
             self.end_edge(run.workspace.edge_id)
         return out
+
+    needs_probe = True
+
+    def prepare(self, run: TurnRun) -> None:
+        """The pristine system prompt and tools (agents/chain.py): the first request of a fresh session the host
+        starts at the root, in a world laid out as every root edge's; the proxy records it and answers it
+        itself (it reaches no Teacher), and every request of every edge is compared with it."""
+        st = self._edge(run)
+        self._write_config(run, st)
+        ch = self.proxy.channel(run.workspace.edge_id, run.headers)
+        ch.probe, ch.chain = True, None
+        ch.take()
+        self._one_run(
+            run, st, run.prompt, TurnEvents(), time.monotonic() + START_TIMEOUT, 1, len(run.coral.evals)
+        )
+        sent = [r for r in ch.take() if r["kind"] == "agent"]
+        if not sent:
+            raise RuntimeError(
+                f"OpenCode's fresh session sent no model request: {_tail(st.home / 'stderr.log')}"
+            )
+        self.pristine = Pristine.of(sent[0]["request"])
+        log.info("OpenCode's pristine session: %d system message(s), %d tools", len(self.pristine.system),
+                 len(sent[0]["request"]["tools"]))  # fmt: skip
 
     def end_edge(self, edge_id: str) -> None:
         # Idempotent: the last turn ends the edge here, and run_edge calls it again for an edge that stopped

@@ -44,6 +44,7 @@ from typing import Any
 
 import requests
 
+from sftree.agents.chain import ChainBreak, SessionChain
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
 from sftree.teacher.client import RetryBudget, no_worker_answer, refused
 from sftree.teacher.response import MalformedResponse, normalize
@@ -244,6 +245,13 @@ class Channel:
     records: list[dict] = field(default_factory=list)
     stopped: bool = False
     teacher_failures: int = 0  # requests the Teacher failed past the proxy's retries (not client hang-ups)
+    # The session's chain (agents/chain.py), set by the backend for each edge; a request that breaks it is
+    # refused and `tampered` says why (the backend ends the edge).
+    chain: SessionChain | None = None
+    tampered: str | None = None
+    probe: bool = (
+        False  # the host's own fresh session: its request is recorded and answered here, never sent on
+    )
     lock: threading.Lock = field(default_factory=threading.Lock)
     # In the channel's URL: an edge's sandbox knows only its own, so its Teacher cannot post into another
     # edge's transcript (every sandbox reaches the proxy's port).
@@ -463,6 +471,22 @@ def _handler_for(proxy: RecordingProxy, tcp: bool = True):
                 body = {}
             if not isinstance(body, dict):
                 body = {}
+            if ch.tampered:
+                return self._reply(409, {"error": {"message": "session ended (tampered)"}})
+            if ch.probe:  # what a fresh session sends is all the host wants of it (agents/chain.py Pristine)
+                self._record(ch, body, ch.turn, {"response": None, "usage": None, "finish_reason": None}, 0.0,
+                             "probe")  # fmt: skip
+                return self._reply(400, {"error": {"message": "probe: no model behind this session"}})
+            if ch.chain is not None and classify(body) == "agent":
+                try:
+                    with ch.lock:
+                        ch.chain.check(body)
+                except ChainBreak as exc:  # never reaches the Teacher; kept with its diff, never trained
+                    ch.tampered = exc.reason
+                    self._record(ch, body, ch.turn, {"response": None, "usage": None, "finish_reason": None},
+                                 0.0, f"tampered: {exc.reason}", tampered=exc.diff)  # fmt: skip
+                    log.warning("edge %s: a request broke the session's chain: %s", ch.name, exc.reason)
+                    return self._reply(409, {"error": {"message": "session ended (tampered)"}})
             stream = bool(body.get("stream"))
             turn = ch.turn
             sent_on = dict(proxy.extra_body)
@@ -561,7 +585,7 @@ def _handler_for(proxy: RecordingProxy, tcp: bool = True):
             finally:
                 resp.close()
 
-        def _record(self, ch, body, turn, fields, latency, error, repaired=False) -> None:
+        def _record(self, ch, body, turn, fields, latency, error, repaired=False, tampered=None) -> None:
             rec = {
                 "turn": turn,
                 "kind": classify(body),
@@ -588,7 +612,12 @@ def _handler_for(proxy: RecordingProxy, tcp: bool = True):
                 rec["error"] = error or fields["error"]
             if fields.get("raw_response") is not None:
                 rec["raw_response"] = fields["raw_response"]
+            if tampered is not None:
+                rec["tampered"] = tampered
             with ch.lock:
+                if ch.chain is not None and tampered is None and rec["kind"] == "agent":
+                    cut = bool(rec.get("error")) or rec["finish_reason"] == "length"
+                    ch.chain.answered(rec["response"], cut)
                 ch.records.append(rec)
 
     return Handler

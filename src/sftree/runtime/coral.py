@@ -131,6 +131,10 @@ def attempt_file(record: dict) -> bytes:
 
 
 # ---- the runtime (outside the sandbox) ---------------------------------------------------------------------
+# What a second `coral eval` of one turn prints (the first ended the turn; sftree's own message, not Coral's).
+TURN_ENDED = "Error: this turn already ended at its eval; nothing was committed or graded.\n"
+
+
 class CoralRuntime:
     """Executes the host's coral commands (`eval`, `wait`) for one edge; records every eval in `evals`.
 
@@ -147,6 +151,12 @@ class CoralRuntime:
         self.evals: list[EvalResult] = []
         self.grader_s = 0.0
         self._lock = threading.Lock()
+        self.turn_ended = False  # the turn's first eval was taken: no other until the next turn opens
+
+    def open_turn(self) -> None:
+        """A turn starts (search/edge.py): its first `coral eval` ends it, and the runtime takes no other."""
+        with self._lock:
+            self.turn_ended = False
 
     def handle(self, argv: list[str]) -> dict:
         """Run one host-side coral command; the reply {rc, stdout, stderr[, repo]}. Never raises."""
@@ -169,6 +179,9 @@ class CoralRuntime:
         if not hasattr(args, "message"):  # Coral's own refusal (a missing -m, an unknown flag): no eval
             return {"rc": args.rc, "stdout": args.stdout, "stderr": args.stderr}
         msg = args.message
+        if self.turn_ended:  # the turn ended at its first eval: this one would grade what came after it
+            return {"rc": 1, "stdout": "", "stderr": TURN_ENDED}
+        self.turn_ended = True
         have = self.ws.parent_for_commit()
         try:
             commit, _info = self.ws.commit_code(msg)

@@ -222,6 +222,39 @@ class EdgeWorkspace:
         return self.k_head
 
     # ---- the end --------------------------------------------------------------------------------------------
+    def restore(self, code: str, knowledge: str | None) -> list[str]:
+        """Put the worktree and the knowledge back to exactly what an eval took: its graded `code` commit and
+        the `knowledge` commit Coral's checkpoint made when it was submitted (a turn ends at its eval, and what
+        the agent did after it, in the same call or reply, reaches nothing: DESIGN.md). Only the paths that
+        differ are rewritten, no link followed; the attempt records are the host's and stay. What was restored
+        ("code", "knowledge"), for the log."""
+        done = []
+        targets = [("code", self._code_reader, self.root, self.store.code, code, "")]
+        if knowledge:
+            targets.append(
+                ("knowledge", self._k_reader, self.paths.public, self.store.knowledge, knowledge, "attempts/")
+            )
+        for what, reader, folder, db, commit, host_owned in targets:
+            try:
+                now, _info = reader.files(folder)
+            except (QuotaExceeded, UnsafeWorkspace, OSError):
+                now = None  # unreadable as it is: every path of the commit is written anew
+            want = {
+                p: v
+                for p, v in flatten(db, db.commit_tree(commit)).items()
+                if not (host_owned and p.startswith(host_owned))
+            }
+            if now is not None:
+                now = {p: v for p, v in now.items() if not (host_owned and p.startswith(host_owned))}
+                if now == want:
+                    continue
+            gone = sorted(p for p in (now or want) if p not in want or (now or {}).get(p) != want[p])
+            write = {p: v for p, v in want.items() if now is None or now.get(p) != v}
+            checkout.apply_difference(db, folder, gone, write, uid=self.uid)
+            done.append(what)
+        self.head = code
+        return done
+
     def state(self, session: str | None, counters: dict | None = None) -> NodeState:
         """The child's state (module docstring of search/edge.py): the code of the edge's last graded commit (the
         score belongs to it), else what the worktree holds; the knowledge as it is. Writes the refs that keep

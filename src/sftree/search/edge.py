@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,7 +49,8 @@ class TurnResult:
     tool_errors: int
     knowledge: bool  # the turn read or wrote shared knowledge (DESIGN.md)
     tokens: int  # context length after the turn's last step (prompt + completion tokens)
-    ended: str  # eval | step_limit | timeout | no_eval | teacher_error | context_overflow | edge_error
+    # eval | step_limit | timeout | no_eval | teacher_error | context_overflow | edge_error | tampered
+    ended: str
     feedback: str = ""
     eval_number: int | None = None  # Coral's #N
     error: str | None = None
@@ -85,6 +87,9 @@ class EdgeResult:
     framework_s: float = 0.0  # wall time minus model latency and grader time (benchmarks)
     teacher_s: float = 0.0
     grader_s: float = 0.0
+    tampered: str | None = (
+        None  # a request broke the session's chain (agents/chain.py): no child, never trained
+    )
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -149,6 +154,8 @@ class EdgeContext:
     hidden: list[Path] = field(default_factory=list)
     keep_workspaces: bool = False
     _closers: list = field(default_factory=list)
+    _probe_lock: threading.Lock = field(default_factory=threading.Lock)
+    _probed: bool = False
 
     @property
     def agent_id(self) -> str:
@@ -305,6 +312,49 @@ def open_world(ctx: EdgeContext, parent: NodeState, edge_id: str, uid: int | Non
     return ws, runtime, server, box
 
 
+PROBE = "probe"  # the edge id of the host's own fresh session at the root (`probe_agent`)
+
+
+def probe_agent(ctx: EdgeContext) -> None:
+    """Let a backend that asks for it (`needs_probe`) see a fresh session at the root, in a world laid out as
+    every root edge's, before any Teacher acts: OpenCode's pristine system prompt and tools (agents/chain.py).
+    Nothing of it is kept: no commit, no record, its folder removed. Idempotent."""
+
+    if not getattr(ctx.agent, "needs_probe", False):
+        return
+    with ctx._probe_lock:  # once per tree, before the first edge's first turn, whoever asks first
+        if not ctx._probed:
+            _probe(ctx)
+            ctx._probed = True
+
+
+def _probe(ctx: EdgeContext) -> None:
+    from sftree.agents.base import StepRecorder, TurnRun
+    from sftree.runtime.sandbox import UIDS
+
+    uid = UIDS.acquire() if ctx.mode == "bwrap" else None
+    ws = server = None
+    try:
+        ws, runtime, server, box = open_world(ctx, ctx.root_state, PROBE, uid)
+        recorder = StepRecorder(ws.paths.edge / "probe.jsonl", PROBE)
+        run = TurnRun(
+            workspace=ws, box=box, coral=runtime, messages=[], prompt=ctx.world.start_prompt(), turn=1,
+            headers={"X-Sftree-Tree": ctx.tree_name, "X-Sftree-Edge": PROBE}, recorder=recorder,
+            agent_cfg=ctx.agent_cfg, task_cfg=ctx.task_cfg, instructions=ctx.world.instructions(),
+        )  # fmt: skip
+        try:
+            ctx.agent.prepare(run)
+        finally:
+            recorder.close()
+    finally:
+        if server is not None:
+            server.stop()
+        ctx.agent.end_edge(PROBE)
+        if ws is not None:
+            ws.close()
+        UIDS.release(uid)
+
+
 def first_prompt(ctx: EdgeContext, messages: list[dict], last: dict | None, counters) -> str:
     """The prompt that opens a turn: a fresh session's start prompt; after a turn whose first eval was graded,
     Coral's manager's header and heartbeats (from the counters as they were before that eval); after a turn
@@ -349,12 +399,14 @@ def run_edge(
     error: str | None = None
     overflow: str | None = None  # why the session could not go on (context_overflow), if it could not
     child: NodeState | None = None
+    tampered: str | None = None
     ws = None
     server = None
     runtime = None
     uid = UIDS.acquire() if ctx.mode == "bwrap" else None
     recorder = StepRecorder(transcript, edge_id)
     try:
+        probe_agent(ctx)  # OpenCode's pristine session, once per tree (explore asks for it before any edge)
         ws, runtime, server, box = open_world(ctx, parent, edge_id, uid)
         instructions = ctx.world.instructions()
         messages = list(ws.session)
@@ -382,8 +434,15 @@ def run_edge(
                 instructions=instructions,
                 context_used=turns[-1].tokens if turns else 0,
             )
+            runtime.open_turn()
             outcome = ctx.agent.run_turn(run)
             ev = outcome.eval
+            if ev is not None and ev.commit and outcome.ended != "tampered":
+                # The turn's end state is what its eval graded, whatever ran after it (DESIGN.md).
+                restored = ws.restore(ev.commit, (ev.record or {}).get("shared_state_hash"))
+                if restored:
+                    log.warning("edge %s turn %d: %s changed after the eval, put back", edge_id, turn,
+                                " and ".join(restored))  # fmt: skip
             turns.append(
                 TurnResult(
                     turn=turn,
@@ -402,6 +461,9 @@ def run_edge(
                     compacted=bool(getattr(outcome, "compacted", False)),
                 )
             )
+            if outcome.ended == "tampered":
+                tampered = outcome.error or "tampered"
+                break  # the session is not the one the Teacher and the host made: nothing of it goes on
             last = turn_record(ev, outcome.ended)
             ws.commit_knowledge(f"sftree: {edge_id} turn {turn}")
             if outcome.ended == "teacher_error":
@@ -410,9 +472,12 @@ def run_edge(
             if outcome.ended == "context_overflow":
                 overflow = outcome.error
                 break  # the session is full: the next turn could not send a single request
-        write_json_atomic(edge_dir / LAST_TURN, last)  # before the session: a fork needs both
-        write_json_atomic(ctx.tree_dir / session_rel, messages, indent=None)
-        child = ws.state(session_rel, counters=runtime.counters.to_dict())
+        if tampered is None:
+            write_json_atomic(edge_dir / LAST_TURN, last)  # before the session: a fork needs both
+            write_json_atomic(ctx.tree_dir / session_rel, messages, indent=None)
+            child = ws.state(session_rel, counters=runtime.counters.to_dict())
+        else:
+            error = f"tampered: {tampered}"
     except Exception as exc:  # noqa: BLE001 - an edge never takes the search down; the error is recorded
         log.exception("edge %s failed", edge_id)
         error = f"{type(exc).__name__}: {exc}"
@@ -439,7 +504,9 @@ def run_edge(
                 # not run: after a Teacher outage it is one; after a broken workspace it is not (the search
                 # treats only the first as a reason to stop)
                 ended=(
-                    "teacher_error"
+                    "tampered"
+                    if tampered
+                    else "teacher_error"
                     if any(t.ended == "teacher_error" for t in turns)
                     else ("context_overflow" if overflow else ("edge_error" if error else "no_eval"))
                 ),
@@ -490,6 +557,7 @@ def run_edge(
         framework_s=max(0.0, wall - teacher_s - grader_s),
         teacher_s=teacher_s,
         grader_s=grader_s,
+        tampered=tampered,
     )
     log.info(
         "edge %s: score=%s valid=%s steps=%d tool_errors=%d/%d tokens=%d %.1fs%s",

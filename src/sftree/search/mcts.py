@@ -240,6 +240,8 @@ def begin(tree: Tree, exp: Expansion) -> Dispatch:
 
 def fail_reason(result: Any, threshold: float) -> str | None:
     """Why the edge fails the hard-prune test (1.5), or None: no numeric score on a turn, or too many tool errors."""
+    if getattr(result, "tampered", None):
+        return "tampered"  # its session broke the chain (agents/chain.py): never kept, never continued
     if getattr(result, "child_state", None) is None:
         return "edge_error"  # the fork or the runtime broke: there is no state to attach
     if not result.valid:
@@ -286,7 +288,7 @@ def tell(tree: Tree, d: Dispatch, result: Any) -> Edge:
         finished_at=now_iso(),
         wall_s=round(result.wall_s, 3) if result.wall_s is not None else None,
     )
-    keep = reason is None or (d.exempt and reason != "edge_error")
+    keep = reason is None or (d.exempt and reason not in ("edge_error", "tampered"))
     if keep:
         b = scoring.soft_breakdown(
             result.score,

@@ -1,0 +1,247 @@
+"""The chain invariant (DESIGN.md, docs/security.md "Trained records"): a request OpenCode sends is trusted only as
+an extension of the previous request of its session.
+
+Every route the agent may find into OpenCode (its server's HTTP API, a config or instruction file, a plugin, its
+session store) ends in what OpenCode sends to the model, and all of that passes the recording proxy. So the proxy
+checks each request of an edge's session here, before it goes on to the Teacher:
+
+- the tool list and the system prompt equal the pristine ones: those of the first request of a fresh session the
+  host started itself for this run (`Pristine`), but for two parts that OpenCode itself varies and names: the
+  date line of its `<env>` block and the `<available_skills>` block, which lists the skills of the shared
+  knowledge (written by the agents, as in Coral: a knowledge action, not a change of OpenCode);
+- the other messages are the previous request's, then the Teacher's reply to it as the proxy received it (not as
+  OpenCode echoes it: content and reasoning as sent, tool calls by id, name and parsed arguments; a call whose
+  arguments did not parse may come back as OpenCode's own `invalid` call under the same id), then one tool
+  message per call of that reply, in order, then, where the host sent a prompt (a turn's start, a nudge),
+  exactly that prompt as one user message; after a reply that failed (no reply, an HTTP error, a malformed or
+  cut reply) OpenCode may resend the same request, and a cut reply may come back as what was received of it.
+  The first request of an edge extends the session the node holds (`base`: the parent's last request, its reply
+  and tool results, from the host's own session file) with the edge's first prompt.
+
+Requests of OpenCode's helper agents (`title`, `compaction`, `summary`: agents/proxy.py `classify`) are outside
+the session and never trained; they are recorded as they are. What the agent can still put into a trained record
+is its own tool calls and their results (docs/security.md lists them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+DATE_RX = re.compile(r"(Today's date: )[^\n]*")
+SKILLS_RX = re.compile(r"<available_skills>.*?</available_skills>", re.S)
+SHOWN = 600  # characters of each side of a difference kept in the record
+
+
+class ChainBreak(Exception):
+    """A request that is not the extension of its session's previous one: `reason` and a short `diff`."""
+
+    def __init__(self, reason: str, expected: Any = None, got: Any = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.diff = {"expected": _shown(expected), "got": _shown(got)}
+
+
+def _shown(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= SHOWN else text[:SHOWN] + f"... ({len(text)} characters)"
+
+
+def text_of(content: Any) -> str:
+    """A message's content as text (OpenAI content may be a list of parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def masked_system(text: str) -> str:
+    """The system prompt with the parts OpenCode varies by itself (the date, the shared skills) masked."""
+    return SKILLS_RX.sub("<available_skills/>", DATE_RX.sub(r"\1<date>", text))
+
+
+def split(body: dict) -> tuple[list[str], list[dict]]:
+    """(the leading system messages' texts, the rest of the messages) of a request body."""
+    msgs = body.get("messages") if isinstance(body.get("messages"), list) else []
+    n = 0
+    while n < len(msgs) and isinstance(msgs[n], dict) and msgs[n].get("role") == "system":
+        n += 1
+    return [text_of(m.get("content")) for m in msgs[:n]], list(msgs[n:])
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Pristine:
+    """The system prompt (masked) and tool list of a fresh OpenCode session for the Student's model id."""
+
+    system: tuple[str, ...]
+    tools: str
+
+    @classmethod
+    def of(cls, body: dict) -> Pristine:
+        system, _rest = split(body)
+        return cls(tuple(masked_system(s) for s in system), canonical(body.get("tools") or []))
+
+
+def _args(raw: Any) -> Any:
+    if isinstance(raw, dict):
+        return raw
+    try:
+        return json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        return None  # did not parse
+
+
+def _calls(msg: dict) -> list[dict]:
+    calls = msg.get("tool_calls")
+    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+
+
+def _same_call(echo: dict, sent: dict) -> bool:
+    fe, fs = echo.get("function") or {}, sent.get("function") or {}
+    if echo.get("id") != sent.get("id"):
+        return False
+    parsed = _args(fs.get("arguments"))
+    if parsed is None:  # OpenCode answers a call it could not parse through its own `invalid` tool, same id
+        got = _args(fe.get("arguments"))
+        return fe.get("name") == fs.get("name") or (
+            fe.get("name") == "invalid" and isinstance(got, dict) and got.get("tool") == fs.get("name")
+        )
+    return fe.get("name") == fs.get("name") and _args(fe.get("arguments")) == parsed
+
+
+def check_echo(echo: Any, reply: dict) -> None:
+    """`echo` (the assistant message of the next request) is `reply` as the Teacher sent it."""
+    if not isinstance(echo, dict) or echo.get("role") != "assistant":
+        raise ChainBreak("the Teacher's reply is not the next message", reply, echo)
+    if text_of(echo.get("content")) != text_of(reply.get("content")):
+        raise ChainBreak(
+            "the assistant message's text is not the Teacher's", reply.get("content"), echo.get("content")
+        )
+    reasoning = echo.get("reasoning_content")
+    if reasoning and reasoning != reply.get(
+        "reasoning_content"
+    ):  # OpenCode may leave it out, never change it
+        raise ChainBreak(
+            "the assistant message's reasoning is not the Teacher's",
+            reply.get("reasoning_content"),
+            reasoning,
+        )
+    ce, cs = _calls(echo), _calls(reply)
+    if len(ce) != len(cs) or not all(_same_call(e, s) for e, s in zip(ce, cs, strict=True)):
+        raise ChainBreak("the assistant message's tool calls are not the Teacher's", cs, ce)
+
+
+@dataclass
+class SessionChain:
+    """One edge's session as the proxy has seen it; `check` takes each agent request in turn."""
+
+    pristine: Pristine | None
+    base: list[dict] = field(default_factory=list)  # the node's session (no system messages)
+    history: list[dict] | None = None  # the last accepted request's messages (no system messages)
+    reply: dict | None = None  # the Teacher's reply to it, as received; None while none came or it failed
+    reply_cut: bool = False  # the reply was cut or refused: OpenCode may resend the request or keep what came
+    prompt: str | None = None  # the prompt the host sent and OpenCode has not carried yet
+
+    def expect_prompt(self, text: str) -> None:
+        self.prompt = text
+
+    def check(self, body: dict) -> None:
+        """Raise ChainBreak unless `body` extends the session; on success it becomes the previous request."""
+        system, rest = split(body)
+        if self.pristine is not None:
+            if canonical(body.get("tools") or []) != self.pristine.tools:
+                raise ChainBreak(
+                    "the tool list is not OpenCode's", self.pristine.tools, canonical(body.get("tools") or [])
+                )
+            if tuple(masked_system(s) for s in system) != self.pristine.system:
+                raise ChainBreak("the system prompt is not OpenCode's", self.pristine.system, system)
+        if any(isinstance(m, dict) and m.get("role") == "system" for m in rest):
+            raise ChainBreak("a system message after the first user message", None, rest)
+        prev = self.base if self.history is None else self.history
+        options = [self._extended(prev, rest)]
+        if self.history is not None and (self.reply is None or self.reply_cut):
+            options.append(self._tail(prev, rest, len(prev)))  # the same request again (a retry)
+        errors = []
+        for attempt in options:
+            try:
+                attempt()
+            except ChainBreak as exc:
+                errors.append(exc)
+                continue
+            self.history, self.reply, self.reply_cut = rest, None, False
+            return
+        raise errors[0]
+
+    def answered(self, reply: dict | None, cut: bool) -> None:
+        """The Teacher's reply to the last accepted request (None: none came), as the proxy received it."""
+        self.reply, self.reply_cut = reply, cut or reply is None
+
+    def _extended(self, prev: list[dict], rest: list[dict]):
+        def run() -> None:
+            if rest[: len(prev)] != prev:
+                i = next(
+                    (k for k, (a, b) in enumerate(zip(prev, rest, strict=False)) if a != b),
+                    min(len(prev), len(rest)),
+                )
+                raise ChainBreak(
+                    f"message {i} is not the session's", prev[i] if i < len(prev) else None,
+                    rest[i] if i < len(rest) else None,
+                )  # fmt: skip
+            at = len(prev)
+            reply = self.reply if self.history is not None else None
+            if reply is not None:
+                empty = not text_of(reply.get("content")) and not _calls(reply)
+                echo = rest[at] if at < len(rest) else None
+                if not (empty and (echo is None or echo.get("role") != "assistant")):
+                    try:
+                        check_echo(echo, reply)
+                    except ChainBreak:
+                        if not self.reply_cut:
+                            raise
+                        reply = None  # a cut reply OpenCode did not keep
+                    else:
+                        at += 1
+                for call in _calls(reply or {}):
+                    m = rest[at] if at < len(rest) else None
+                    if not (
+                        isinstance(m, dict)
+                        and m.get("role") == "tool"
+                        and m.get("tool_call_id") == call.get("id")
+                    ):
+                        raise ChainBreak(
+                            "the tool results are not those of the Teacher's calls", call.get("id"), m
+                        )
+                    at += 1
+            self._tail(prev, rest, at)()
+
+        return run
+
+    def _tail(self, prev: list[dict], rest: list[dict], at: int):
+        def run() -> None:
+            if rest[: min(at, len(prev))] != prev[: min(at, len(prev))]:
+                raise ChainBreak("the request does not repeat the session", prev, rest)
+            tail = rest[at:]
+            if self.prompt is None and not tail:
+                return
+            if (
+                self.prompt is not None
+                and len(tail) == 1
+                and isinstance(tail[0], dict)
+                and tail[0].get("role") == "user"
+                and text_of(tail[0].get("content")) == self.prompt
+            ):
+                self.prompt = None
+                return
+            raise ChainBreak(
+                "messages the host did not send" if tail else "the host's prompt is missing",
+                self.prompt, tail,
+            )  # fmt: skip
+
+        return run
