@@ -40,7 +40,7 @@ from sftree.runtime.objects import flatten
 from sftree.runtime.procs import run_group
 from sftree.runtime.snapshot import QuotaExceeded, UnsafeWorkspace
 from sftree.runtime.unixsock import Listener, RequestError, read_request
-from sftree.world.text import one_line
+from sftree.world.text import one_line, own_line, safe_attempt
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +119,11 @@ def run_grader(task_cfg: dict, code_dir: Path, sandbox: str = "auto") -> tuple[f
 
 
 def attempt_file(record: dict) -> bytes:
-    """An attempt record as Coral's `write_attempt` writes it (`json.dumps(Attempt.to_dict(), indent=2)`)."""
+    """An attempt record as Coral's `write_attempt` writes it (`json.dumps(Attempt.to_dict(), indent=2)`), its
+    title and feedback as the agent-text rule shows them: `coral log` and `coral show` print them in blocks of
+    their own."""
     keys = ("commit_hash", "agent_id", "title", "score", "status", "parent_hash", "timestamp", "feedback")
-    d = {k: record.get(k) for k in keys}
+    d = safe_attempt({k: record.get(k) for k in keys})
     for k in ("shared_state_hash", "parent_shared_state_hash"):
         if record.get(k) is not None:
             d[k] = record[k]
@@ -160,6 +162,9 @@ class CoralRuntime:
 
     def handle(self, argv: list[str]) -> dict:
         """Run one host-side coral command; the reply {rc, stdout, stderr[, repo]}. Never raises."""
+        # Every argument on one line before anything reads it: Coral echoes arguments (a refusal of its parser,
+        # `wait`'s "No attempt matches"), and the message is the title and the commit's message.
+        argv = [one_line(a) for a in argv]
         cmd = next((a for a in argv if not a.startswith("-")), "")
         try:
             with self._lock:
@@ -170,7 +175,7 @@ class CoralRuntime:
             return {"rc": 2, "stdout": "", "stderr": f"coral: {cmd!r} is not answered by the host\n"}
         except Exception as exc:  # noqa: BLE001 - report to the agent, keep serving
             log.exception("coral %s failed", argv)
-            return {"rc": 1, "stdout": "", "stderr": f"Error: internal error: {exc}\n"}
+            return {"rc": 1, "stdout": "", "stderr": f"Error: internal error: {one_line(str(exc))}\n"}
 
     def cmd_eval(self, argv: list[str]) -> dict:
         from sftree.world.counters import advance
@@ -184,9 +189,11 @@ class CoralRuntime:
         self.turn_ended = True
         have = self.ws.parent_for_commit()
         try:
-            commit, _info = self.ws.commit_code(msg)
-        except (QuotaExceeded, UnsafeWorkspace, OSError) as exc:
-            ev = EvalResult(None, None, None, "error", str(exc), msg, f"Error: {exc}\n")
+            commit, _info = self.ws.commit_code(
+                own_line(msg)
+            )  # `git log`, `coral show` print it on its own line
+        except (QuotaExceeded, UnsafeWorkspace, OSError) as exc:  # its text may name the agent's files
+            ev = EvalResult(None, None, None, "error", str(exc), msg, f"Error: {one_line(str(exc))}\n")
             self.evals.append(ev)
             return {"rc": 1, "stdout": "", "stderr": ev.output}
         if commit is None:
@@ -339,7 +346,7 @@ class CoralServer:
         except RequestError as exc:
             return {"rc": 2, "stdout": "", "stderr": f"coral: {exc}\n"}
         except (OSError, ValueError, AttributeError, TypeError) as exc:
-            return {"rc": 2, "stdout": "", "stderr": f"coral: bad request: {exc}\n"}
+            return {"rc": 2, "stdout": "", "stderr": f"coral: bad request: {one_line(str(exc))}\n"}
         return self.runtime.handle(argv)
 
     def stop(self) -> None:
