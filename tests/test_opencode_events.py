@@ -90,8 +90,8 @@ def test_knowledge_and_eval_detection():
         ("read", {"filePath": "solution.py"}),
         ("edit", {"filePath": "opencode_notes.py", "oldString": "a", "newString": "b"}),
     ]
-    assert [is_knowledge(t, i, "/k") for t, i in yes] == [True] * len(yes)
-    assert [is_knowledge(t, i, "/k") for t, i in no] == [False] * len(no)
+    assert [is_knowledge(t, i, "/w/agents/a", "/k") for t, i in yes] == [True] * len(yes)
+    assert [is_knowledge(t, i, "/w/agents/a", "/k") for t, i in no] == [False] * len(no)
     assert is_eval("bash", {"command": 'cd x && coral eval -m "m"'})
     assert not is_eval("bash", {"command": "coral evaluate"}) and not is_eval(
         "read", {"command": "coral eval"}

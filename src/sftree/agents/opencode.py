@@ -55,6 +55,7 @@ from pathlib import Path
 
 from sftree.agents.base import AgentBackend, TurnOutcome, TurnRun
 from sftree.agents.chain import Pristine, SessionChain, split
+from sftree.agents.knowledge import is_knowledge_action as is_knowledge  # one decision for both backends
 from sftree.agents.prompts import nudge_prompt
 from sftree.agents.proxy import RecordingProxy
 from sftree.errors import InputError
@@ -115,10 +116,6 @@ EVAL_RX = re.compile(r"(^|[\s;&|(])coral\s+eval\b")
 # would be a session outside the edge's transcript. Set in OPENCODE_CONFIG_CONTENT, which OpenCode merges last,
 # so Coral's project config (`"*": "allow"`, web tools allowed with agents.research) cannot turn them back on.
 DENIED = {"task": "deny", "webfetch": "deny", "websearch": "deny", "question": "deny"}
-KNOWLEDGE_CMD_RX = re.compile(r"(^|[\s;&|(])coral\s+(notes|skills|log|show)\b")
-KNOWLEDGE_PATH_RX = re.compile(
-    r"(\.opencode|\.coral/public)/(notes|skills|attempts|roles)\b|(\.opencode|\.coral/public)(/?$|['\"\s])"
-)
 
 
 # ---- pure helpers --------------------------------------------------------------------------------------------
@@ -149,28 +146,6 @@ def find_binary(configured: str | None = None) -> str:
 
 def is_eval(tool: str, inp: dict) -> bool:
     return tool == "bash" and bool(EVAL_RX.search(str(inp.get("command", ""))))
-
-
-def is_knowledge(tool: str, inp: dict, knowledge_dir: str | None = None) -> bool:
-    """A tool call that reads or writes shared knowledge (DESIGN.md); `coral eval` itself does not count."""
-    if not isinstance(inp, dict):
-        return False
-    if tool == "skill":  # OpenCode's skill tool loads a skill from .opencode/skills
-        return True
-    if tool == "bash":
-        cmd = str(inp.get("command", ""))
-        if KNOWLEDGE_CMD_RX.search(cmd):
-            return True
-        cmd = EVAL_RX.sub(" ", cmd) if EVAL_RX.search(cmd) else cmd
-        texts = [cmd, str(inp.get("workdir", ""))]
-    else:
-        texts = [
-            str(v) for k, v in inp.items() if k in ("filePath", "path", "pattern", "include", "file_path")
-        ]
-    for t in texts:
-        if KNOWLEDGE_PATH_RX.search(t) or (knowledge_dir and knowledge_dir in t):
-            return True
-    return False
 
 
 def split_model(student_model: str) -> tuple[str, str]:
@@ -257,8 +232,9 @@ class TurnEvents:
     eval_call: str | None = None  # callID of the completed `coral eval`
 
 
-def apply_event(ev: dict, acc: TurnEvents, knowledge_dir: str | None = None) -> None:
-    """Fold one JSON event of `opencode run --format json` into `acc`."""
+def apply_event(ev: dict, acc: TurnEvents, knowledge_dir: str | None = None, worktree: str = ".") -> None:
+    """Fold one JSON event of `opencode run --format json` into `acc` (`worktree`, `knowledge_dir`: as the agent
+    sees them, for knowledge actions: agents/knowledge.py; a call that failed as a tool is none)."""
     acc.session_id = acc.session_id or ev.get("sessionID")
     part = ev.get("part") or {}
     kind = ev.get("type")
@@ -285,7 +261,8 @@ def apply_event(ev: dict, acc: TurnEvents, knowledge_dir: str | None = None) -> 
             status=status,
             input=inp,
             output="" if out is None else str(out),
-            knowledge=is_knowledge(str(part.get("tool")), inp, knowledge_dir),
+            knowledge=status == "completed"
+            and is_knowledge(str(part.get("tool")), inp, worktree, knowledge_dir),
         )
         acc.tools.append(te)
         if status == "completed" and is_eval(te.tool, inp) and acc.eval_call is None:
@@ -932,7 +909,7 @@ class OpenCodeAgent(AgentBackend):
                 kind = ev.get("type")
                 if kind == "idle":
                     break
-                apply_event(ev, acc, kdir)
+                apply_event(ev, acc, kdir, run.box.worktree)
                 if acc.session_id and not st.session_id:
                     st.session_id = acc.session_id
         finally:

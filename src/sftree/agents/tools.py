@@ -7,8 +7,8 @@ edit target not found, timeout, a path outside the workspace (denied) - as OpenC
 A *knowledge action* (DESIGN.md) is a call that reads or writes under the shared knowledge (the worktree's
 `.opencode/{notes,skills,attempts,roles}` links, or `.coral/public/` itself), or a `coral notes|skills|log|show`
 command. `coral eval` does not count, nor does a call that failed as a tool (it read or wrote nothing); a
-shell command counts whatever its exit code. It is decided from the call's arguments as text: the host never
-resolves a path the agent named.
+shell command counts whatever its exit code. It is decided from the call's arguments by agents/knowledge.py,
+the one function both backends use: the host never resolves a path the agent named.
 
 `bash` runs in the sandbox (runtime/edgebox.py); `read`, `write`, `edit`, `glob` and `grep` run there too, as a
 small program of their own (agents/toolbox.py), so nothing the agent made is opened by the host.
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from sftree.agents.base import ToolOutcome
+from sftree.agents.knowledge import is_knowledge_action
 
 
 def _fn(name: str, description: str, props: dict, required: list[str]) -> dict:
@@ -122,11 +122,6 @@ TOOL_NAMES = [t["function"]["name"] for t in TOOL_SCHEMAS]
 _SCHEMA = {t["function"]["name"]: t["function"]["parameters"] for t in TOOL_SCHEMAS}
 _PYTYPES = {"string": str, "number": (int, float), "boolean": bool}
 
-KNOWLEDGE_SUBDIRS = ("notes", "skills", "attempts", "roles")
-_KNOWLEDGE_CMD = re.compile(r"(^|[\s;&|(`])coral\s+(notes|skills|log|show)\b")
-_KNOWLEDGE_PATH = re.compile(
-    r"(\.opencode|\.coral/public)(/(notes|skills|attempts|roles)\b|/?(?=$|[\s'\";|&)*]))"
-)
 TOOLBOX = Path(__file__).resolve().parent / "toolbox.py"
 
 
@@ -141,39 +136,6 @@ class ToolContext:
     bash_timeout: float = 300.0
     output_cap: int = 30000
     deadline: float | None = None  # time.monotonic() at which the turn ends: no tool runs past it
-
-
-# ---- knowledge detection (pure) ----------------------------------------------------------------------------
-def _under_knowledge(path: str, cwd: str) -> bool:
-    """Whether a path, as text, names the shared knowledge: `.opencode/<item>` of the worktree or `.coral/public`."""
-    full = posixpath.normpath(posixpath.join(cwd, path))
-    run_dir = posixpath.dirname(posixpath.dirname(cwd))  # <run>/agents/<agent>
-    for base in (posixpath.join(cwd, ".opencode"), posixpath.join(run_dir, ".coral/public")):
-        if full == base:
-            return True
-        if full.startswith(base + "/"):
-            return full[len(base) + 1 :].split("/", 1)[0] in KNOWLEDGE_SUBDIRS
-    return False
-
-
-def is_knowledge_action(name: str, args: dict, cwd: str) -> bool:
-    """DESIGN.md's knowledge action, decided from the call's arguments alone (`cwd`: the worktree as the agent
-    sees it)."""
-    if not isinstance(args, dict):
-        return False
-    if name == "bash":
-        cmd = str(args.get("command", ""))
-        return bool(_KNOWLEDGE_CMD.search(cmd) or _KNOWLEDGE_PATH.search(cmd))
-    if name in ("read", "write", "edit"):
-        p = args.get("filePath")
-        return isinstance(p, str) and _under_knowledge(p, cwd)
-    if name in ("glob", "grep"):
-        p = args.get("path")
-        if isinstance(p, str) and p and _under_knowledge(p, cwd):
-            return True
-        pat = str(args.get("pattern", "")) if name == "glob" else str(args.get("include", ""))
-        return bool(_KNOWLEDGE_PATH.search(pat))
-    return False
 
 
 # ---- argument checking -------------------------------------------------------------------------------------
@@ -288,7 +250,7 @@ def execute(name: str, raw_arguments, ctx: ToolContext) -> ToolOutcome:
         args = parse_arguments(name, raw_arguments)
     except ToolError as exc:
         return ToolOutcome(f"Error: {exc}", error=True, knowledge=False)
-    knowledge = is_knowledge_action(name, args, ctx.box.worktree)
+    knowledge = is_knowledge_action(name, args, ctx.box.worktree, ctx.box.inside(ctx.box.ws.knowledge_dir))
     try:
         text = tool_bash(args, ctx) if name == "bash" else tool_file(name, args, ctx)
     except ToolError as exc:
