@@ -92,16 +92,14 @@ class ProxyLimits:
 
     max_body: int = MAX_BODY  # one request's body
     body_timeout: float = 60.0  # seconds to receive one body, in all (a slow drip is cut: 408)
-    per_channel: int = (
-        4  # requests in flight on one channel (OpenCode sends one step at a time, a title beside)
-    )
+    # requests in flight on one channel (OpenCode sends one step at a time, a title beside it)
+    per_channel: int = 4
     total: int = 64  # requests in flight in all (teacher.max_concurrency's default)
     # Bodies held in flight (read, parsed, sent on): a request alone always fits; past it, the sum is capped.
     channel_bytes: int = MAX_BODY
     total_bytes: int = 256 << 20
-    steps_per_turn: int | None = (
-        None  # agent model calls of one turn (agent.max_steps_per_turn); None: no cap
-    )
+    # agent model calls of one turn (agent.max_steps_per_turn); None: no cap
+    steps_per_turn: int | None = None
     own_calls_per_turn: int = 8  # OpenCode's own calls (title, summary, compaction) a turn may add to those
     bytes_per_turn: int = 256 << 20  # request bytes of one turn (agent.max_request_mib_per_turn)
 
@@ -361,9 +359,8 @@ class RecordingProxy:
         # The Teacher's real model name: OpenCode asks for the Student's model id (docs/opencode.md), which the
         # record keeps; the request goes on for this one.
         self.model = model
-        self.student_model = (
-            student_model  # the id `GET .../v1/models` answers (OpenCode's, not the Teacher's)
-        )
+        # The id `GET .../v1/models` answers: OpenCode's (the Student's), never the Teacher's.
+        self.student_model = student_model
         self.limits = limits or ProxyLimits()
         self.channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
