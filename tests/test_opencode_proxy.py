@@ -274,3 +274,40 @@ def test_a_channel_takes_requests_only_with_its_own_key(proxied):
     assert state.requests == seen and other.take() == []
     assert requests.post(f"{url}/chat/completions", json=body, timeout=30).status_code == 200
     assert len(other.take()) == 1
+
+
+def test_the_steps_and_bytes_of_a_turn_are_capped_at_the_proxy():
+    """The agent can post to its own channel itself (its key is in OpenCode's config): every request counts
+    against the turn's step limit (agent model calls; OpenCode's own calls have a small allowance of their own)
+    and its byte cap. Past either, the request is refused unforwarded and the channel says why, so the backend
+    ends the turn; the next turn starts from zero."""
+    from sftree.agents.proxy import ProxyLimits
+
+    url, stop = start_teacher_sim(port=0, seed=1)
+    state = stop.server.state
+    proxy = RecordingProxy(
+        url, retries=0, limits=ProxyLimits(steps_per_turn=3, bytes_per_turn=1 << 20)
+    ).start()
+    try:
+        ch = proxy.channel("e1", {"X-Sftree-Edge": "e1"})
+        body = {"model": "teacher-sim", "messages": MESSAGES, "tools": TOOLS}
+        title = {
+            "model": "teacher-sim",
+            "messages": [{"role": "system", "content": "You are a title generator."}],
+        }
+        assert [post(proxy, "e1", body).status_code for _ in range(3)] == [200, 200, 200]
+        assert post(proxy, "e1", title).status_code == 200  # not an agent step
+        assert ch.over_limit is None
+        seen = state.requests
+        resp = post(proxy, "e1", body)
+        assert resp.status_code == 503 and state.requests == seen  # the 4th agent step reached nothing
+        assert ch.over_limit.startswith("step_limit") and len(ch.take()) == 4
+        assert post(proxy, "e1", title).status_code == 503  # the turn is over: nothing more goes on
+        ch.turn = 2  # the backend's next turn
+        assert ch.over_limit is None and post(proxy, "e1", body).status_code == 200
+        big = {**body, "messages": MESSAGES + [{"role": "user", "content": "x" * (1 << 20)}]}
+        assert post(proxy, "e1", big).status_code == 503 and ch.over_limit.startswith("byte_limit")
+        assert len(ch.take()) == 1 and state.requests == seen + 1
+    finally:
+        proxy.stop()
+        stop()

@@ -57,7 +57,7 @@ from sftree.agents.base import AgentBackend, TurnOutcome, TurnRun
 from sftree.agents.chain import Pristine, SessionChain, split
 from sftree.agents.knowledge import is_knowledge_action as is_knowledge  # one decision for both backends
 from sftree.agents.prompts import nudge_prompt
-from sftree.agents.proxy import RecordingProxy
+from sftree.agents.proxy import ProxyLimits, RecordingProxy
 from sftree.errors import InputError
 from sftree.runtime.edgebox import CHECK_EVERY
 from sftree.runtime.sandbox import give_to, resolve_mode, wait_gone
@@ -571,6 +571,8 @@ class OpenCodeAgent(AgentBackend):
             extra_body=getattr(teacher, "extra_body", None),
             model=getattr(teacher, "model", None),
             outage_timeout=float(getattr(teacher, "outage_timeout", 600)),
+            student_model=split_model(self.student_model)[1],
+            limits=ProxyLimits.from_config(agent_cfg),
         ).start(unix=self.sandbox == "bwrap")
         atexit.register(self.proxy.stop)  # also when a tree is killed before EdgeContext.close runs
 
@@ -877,6 +879,11 @@ class OpenCodeAgent(AgentBackend):
                     break
                 if ch.teacher_failures:  # past the proxy's retry budget: OpenCode would only retry again
                     stop = "teacher_error"
+                    break
+                if ch.over_limit:  # the proxy refused a request past the turn's step or byte cap
+                    stop = "step_limit" if ch.over_limit.startswith("step_limit") else "edge_error"
+                    if stop == "edge_error":
+                        acc.errors.append(f"the recording proxy: {ch.over_limit}")
                     break
                 if acc.steps >= max_steps:
                     stop = "step_limit"

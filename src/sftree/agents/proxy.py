@@ -23,6 +23,14 @@ failed steps). docs/opencode.md, "What OpenCode receives, what is recorded".
 Kinds: `title` (OpenCode's title generator), `compaction` (its summarising agent), `summary` (its session
 summary agent), else `agent`. A `stopped` channel (the turn ended at `coral eval`) answers new requests with
 503 and records nothing, so the step OpenCode starts while it is being interrupted never enters a transcript.
+
+Whatever runs in an edge's sandbox can read that edge's key and reach the proxy (docs/security.md), so the proxy
+trusts nothing of a request but its channel: it forwards exactly `POST /c/<edge>~<key>/v1/chat/completions`
+(the target as sent, byte for byte) to the Teacher's chat completions, answers `GET .../v1/models` itself with
+the Student's id, and refuses anything else with 403, counted (`refused`). The channel and key are checked from
+the request line before a byte of the body is read; a request is admitted (`admit`) only within the caps of
+`ProxyLimits` (body size, requests and bytes in flight per channel and in all, the turn's steps and bytes), and its
+body is read within a deadline. Past the turn's caps the channel is `over_limit` and the backend ends the turn.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -55,12 +64,52 @@ log = logging.getLogger(__name__)
 TITLE_MARK = "You are a title generator"
 COMPACTION_MARKS = ("produce a structured summary", "summarizing conversations", "<conversation-checkpoint>")
 SUMMARY_MARK = "like a pull request description"
-HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "accept-encoding"}
+HOP_HEADERS = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+    "host",
+    "accept-encoding",
+    "expect",
+}
 RETRY_STATUS = {429, 500, 502, 503, 504}
 # A request body larger than this is refused unread: far above any real context (1M tokens of JSON is a few
 # MB), and the proxy must not hold whatever a sandboxed process chooses to send.
 MAX_BODY = 64 << 20
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# A request target names a channel as `/c/<name>~<key>` and then one of the two routes, matched on the target
+# exactly as sent: a percent-escape, a dot segment, a repeated slash, a query or a fragment is simply not a route
+# (nothing is normalised, so no normaliser can be fooled), and what reaches the Teacher is always its base URL +
+# `/chat/completions`, never built from the client's path.
+_CHANNEL = re.compile(r"/c/([^/~]+)~([^/]*)(/.*)?", re.S)
+ROUTES = {("POST", "/v1/chat/completions"): "chat", ("GET", "/v1/models"): "models"}
+
+
+@dataclass(frozen=True)
+class ProxyLimits:
+    """What requests may cost the host (issue #32): a sandboxed process chooses what it sends. Every check is made
+    before a byte of the body is read, except the agent-step count, which needs the body's kind."""
+
+    max_body: int = MAX_BODY  # one request's body
+    body_timeout: float = 60.0  # seconds to receive one body, in all (a slow drip is cut: 408)
+    # requests in flight on one channel (OpenCode sends one step at a time, a title beside it)
+    per_channel: int = 4
+    total: int = 64  # requests in flight in all (teacher.max_concurrency's default)
+    # Bodies held in flight (read, parsed, sent on): a request alone always fits; past it, the sum is capped.
+    channel_bytes: int = MAX_BODY
+    total_bytes: int = 256 << 20
+    # agent model calls of one turn (agent.max_steps_per_turn); None: no cap
+    steps_per_turn: int | None = None
+    own_calls_per_turn: int = 8  # OpenCode's own calls (title, summary, compaction) a turn may add to those
+    bytes_per_turn: int = 256 << 20  # request bytes of one turn (agent.max_request_mib_per_turn)
+
+    @classmethod
+    def from_config(cls, agent_cfg: dict) -> ProxyLimits:
+        return cls(
+            steps_per_turn=int(agent_cfg.get("max_steps_per_turn", 40)),
+            bytes_per_turn=int(agent_cfg.get("max_request_mib_per_turn", 256)) << 20,
+        )
 
 
 # ---- pure helpers --------------------------------------------------------------------------------------------
@@ -75,7 +124,7 @@ def _text(content: Any) -> str:
 
 def classify(body: dict) -> str:
     """agent | title | compaction | summary, from the request's system prompt and tools."""
-    msgs = body.get("messages") or []
+    msgs = _messages(body)
     system = "".join(_text(m.get("content")) for m in msgs if m.get("role") == "system")
     if system.lstrip().startswith(TITLE_MARK):
         return "title"
@@ -89,7 +138,13 @@ def classify(body: dict) -> str:
 
 def compacted(body: dict) -> bool:
     """The request carries a compacted history (OpenCode's checkpoint replaces earlier turns)."""
-    return any(COMPACTION_MARKS[2] in _text(m.get("content")) for m in body.get("messages") or [])
+    return any(COMPACTION_MARKS[2] in _text(m.get("content")) for m in _messages(body))
+
+
+def _messages(body: dict) -> list[dict]:
+    """The request's messages that are objects (the body is the sandbox's: anything may be in it)."""
+    msgs = body.get("messages")
+    return [m for m in msgs if isinstance(m, dict)] if isinstance(msgs, list) else []
 
 
 def message_from_completion(obj: dict) -> dict:
@@ -253,9 +308,31 @@ class Channel:
         False  # the host's own fresh session: its request is recorded and answered here, never sent on
     )
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # What this turn used (ProxyLimits), under the proxy's lock; counted per value of `turn`, so they start again
+    # at zero when the backend sets the next turn.
+    counted_turn: int = 0
+    requests: int = 0  # admitted
+    agent_steps: int = 0
+    request_bytes: int = 0
+    over: str | None = None
+    inflight: int = 0
+    inflight_bytes: int = 0
+    refused: Counter = field(default_factory=Counter)  # reason -> requests refused on this channel
+    warned: bool = False
     # In the channel's URL: an edge's sandbox knows only its own, so its Teacher cannot post into another
     # edge's transcript (every sandbox reaches the proxy's port).
     key: str = field(default_factory=lambda: secrets.token_hex(12))
+
+    @property
+    def over_limit(self) -> str | None:
+        """Why this turn's requests are refused (`step_limit: ...`, `byte_limit: ...`): the backend ends the turn."""
+        return self.over if self.counted_turn == self.turn else None
+
+    def roll(self) -> None:
+        """Start the counts again if the turn changed (the caller holds the proxy's lock)."""
+        if self.counted_turn != self.turn:
+            self.counted_turn, self.requests, self.agent_steps, self.request_bytes = self.turn, 0, 0, 0
+            self.over = None
 
     def take(self) -> list[dict]:
         """The records so far (and forget them): the backend enriches and writes them per turn."""
@@ -279,6 +356,8 @@ class RecordingProxy:
         model: str | None = None,
         host: str = "127.0.0.1",
         outage_timeout: float = 600.0,
+        student_model: str | None = None,
+        limits: ProxyLimits | None = None,
     ):
         self.upstream = upstream.rstrip("/")
         self.api_key = api_key
@@ -288,8 +367,15 @@ class RecordingProxy:
         # The Teacher's real model name: OpenCode asks for the Student's model id (docs/opencode.md), which the
         # record keeps; the request goes on for this one.
         self.model = model
+        # The id `GET .../v1/models` answers: OpenCode's (the Student's), never the Teacher's.
+        self.student_model = student_model
+        self.limits = limits or ProxyLimits()
         self.channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
+        # Admission (under _lock): requests and body bytes in flight in all; refusals by reason, in all.
+        self.inflight = self.inflight_bytes = 0
+        self.refused: Counter = Counter()
+        self._warned_unknown = False
         self.server = QuietThreadingHTTPServer((host, 0), _handler_for(self))
         self.server.daemon_threads = True
         self.host, self.port = host, self.server.server_address[1]
@@ -363,6 +449,78 @@ class RecordingProxy:
         ch = self.channels.get(name) or self.channel(name)
         return f"http://{self.host}:{self.port}/c/{name}~{ch.key}/v1"
 
+    # admission: the one place every request's cost is counted
+    def admit(self, ch: Channel, length: int) -> tuple[int, str, str] | None:
+        """Before a byte of the body is read: None when it may be read and sent on (then `release` it), else
+        (status, reason, message) to refuse it with."""
+        lim = self.limits
+        with self._lock:
+            ch.roll()
+            if ch.over:
+                return 503, "limit", f"turn ended: {ch.over}"
+            if lim.steps_per_turn is not None and ch.requests >= lim.steps_per_turn + lim.own_calls_per_turn:
+                return self._over(ch, f"step_limit: {ch.requests} requests this turn (max_steps_per_turn "
+                                      f"{lim.steps_per_turn} + {lim.own_calls_per_turn} of OpenCode's own)")  # fmt: skip
+            if ch.request_bytes + length > lim.bytes_per_turn:
+                return self._over(
+                    ch, f"byte_limit: requests of this turn past {lim.bytes_per_turn >> 20} MiB"
+                )
+            if (
+                ch.inflight >= lim.per_channel
+                or self.inflight >= lim.total
+                or (ch.inflight_bytes and ch.inflight_bytes + length > lim.channel_bytes)
+                or (self.inflight_bytes and self.inflight_bytes + length > lim.total_bytes)
+            ):
+                return 429, "busy", "too many requests in flight"
+            ch.requests += 1
+            ch.request_bytes += length
+            ch.inflight += 1
+            ch.inflight_bytes += length
+            self.inflight += 1
+            self.inflight_bytes += length
+        return None
+
+    def count_step(self, ch: Channel, kind: str) -> tuple[int, str, str] | None:
+        """After the body is read: an agent model call counts against the turn's step limit."""
+        steps = self.limits.steps_per_turn
+        if kind != "agent" or steps is None:
+            return None
+        with self._lock:
+            ch.roll()
+            if ch.agent_steps >= steps:
+                return self._over(ch, f"step_limit: over {steps} agent model calls this turn")
+            ch.agent_steps += 1
+        return None
+
+    def release(self, ch: Channel, length: int) -> None:
+        with self._lock:
+            ch.inflight -= 1
+            ch.inflight_bytes -= length
+            self.inflight -= 1
+            self.inflight_bytes -= length
+
+    def _over(self, ch: Channel, why: str) -> tuple[int, str, str]:
+        """Mark the channel's turn over its caps (caller holds _lock): refused, as a stopped channel is."""
+        if not ch.over:
+            ch.over = why
+            log.warning("proxy: edge %s turn %d: %s; the request is refused and the turn ends", ch.name,
+                        ch.turn, why)  # fmt: skip
+        return 503, "limit", f"turn ended: {why}"
+
+    def count_refusal(self, ch: Channel | None, reason: str, what: str) -> None:
+        """Count a refused request; the first on each channel (and the first without one) is logged."""
+        with self._lock:
+            self.refused[reason] += 1
+            if ch is not None:
+                ch.refused[reason] += 1
+                first, ch.warned = not ch.warned, True
+            else:
+                first, self._warned_unknown = not self._warned_unknown, True
+        if first and reason != "limit":  # `_over` logged that one
+            log.warning("proxy: %s: refused %s (%s); later refusals %s are counted, not logged",
+                        f"edge {ch.name}" if ch else "no channel", what[:300], reason,
+                        "on this channel" if ch else "without a channel")  # fmt: skip
+
     # forwarding
     def forward(self, method: str, path: str, headers: dict, body: bytes | None, stream: bool):
         """requests.Response from the Teacher, retrying transient failures; raises after the budget. Answers that
@@ -408,19 +566,21 @@ def _handler_for(proxy: RecordingProxy, tcp: bool = True):
         def log_message(self, fmt, *args):  # the explore log has what matters
             pass
 
-        def _route(self) -> tuple[Channel | None, str]:
-            parts = self.path.split("/", 3)  # "", "c", "name~key", "v1/..."
-            if len(parts) == 4 and parts[1] == "c":
-                name, _, key = parts[2].partition("~")
-                ch = proxy.channels.get(name)
-                if ch is not None and not secrets.compare_digest(ch.key, key):
-                    ch = None
-                rest = "/" + parts[3]
-                return ch, rest[3:] if rest.startswith("/v1/") or rest == "/v1" else rest
-            return None, self.path[3:] if self.path.startswith("/v1/") else self.path
+        def _channel(self) -> tuple[Channel | None, str | None]:
+            """The channel the request target names with that channel's own key, and the rest of the target."""
+            m = _CHANNEL.fullmatch(self.path)
+            ch = proxy.channels.get(m[1]) if m else None
+            # bytes: the target is any latin-1 text, which compare_digest takes only as bytes
+            if ch is None or not secrets.compare_digest(ch.key.encode(), m[2].encode("latin-1")):
+                return None, None
+            return ch, m[3] or ""
 
         def _headers(self, ch: Channel | None) -> dict:
-            out = {k: v for k, v in self.headers.items() if k.lower() not in HOP_HEADERS}
+            out = {
+                k: v
+                for k, v in self.headers.items()
+                if k.lower() not in HOP_HEADERS and not k.lower().startswith("x-sftree-")
+            }
             out.pop("Authorization", None)
             out.pop("authorization", None)
             if proxy.api_key:
@@ -433,50 +593,127 @@ def _handler_for(proxy: RecordingProxy, tcp: bool = True):
         def _reply(self, status: int, obj) -> None:
             send_json(self, status, obj)
 
-        def do_GET(self):
-            ch, path = self._route()
-            # As for a POST: without an edge's key nothing reaches the Teacher with our API key.
-            if ch is None:
-                return self._reply(403, {"error": {"message": "unknown channel"}})
-            try:
-                resp = proxy.forward("GET", path, self._headers(ch), None, False)
-            except requests.RequestException as exc:
-                return self._reply(502, {"error": {"message": f"teacher unreachable: {exc}"}})
-            data = resp.content
-            self.send_response(resp.status_code)
-            self.send_header("Content-Type", resp.headers.get("Content-Type", "application/json"))
+        def _refuse(self, ch: Channel | None, status: int, reason: str, message: str) -> None:
+            """Refused, counted; the body stays unread, so the connection is closed after the answer."""
+            proxy.count_refusal(ch, reason, f"{self.command} {self.path!r}")
+            self._close(status, message, retry=status == 429)
+
+        def _close(self, status: int, message: str, retry: bool = False) -> None:
+            self.close_connection = True
+            data = json.dumps({"error": {"message": message}}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            self.send_header("Connection", "close")
+            if retry:
+                self.send_header("Retry-After", "1")
             self.end_headers()
             self.wfile.write(data)
 
+        def handle_expect_100(self) -> bool:
+            # `100 Continue` only once the request is admitted (`_chat`): no body is invited before.
+            return True
+
+        def __getattr__(self, name: str):
+            # Every method (PUT, DELETE, HEAD, OPTIONS, any name) is answered as GET and POST are: by `_serve`,
+            # which refuses all but the two routes, counted.
+            if name.startswith("do_"):
+                return self._serve
+            raise AttributeError(name)
+
         def do_POST(self):
-            ch, path = self._route()
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-            except ValueError:
-                length = -1
-            if not 0 <= length <= MAX_BODY:
-                # The body stays unread, so this connection cannot carry another request.
-                self.close_connection = True
-                return self._reply(413, {"error": {"message": f"request body must be 0-{MAX_BODY} bytes"}})
-            raw = self.rfile.read(length)
-            if ch is None:  # no edge's channel (or not its key): nothing reaches the Teacher unrecorded
-                return self._reply(403, {"error": {"message": "unknown channel"}})
+            self._serve()
+
+        do_GET = do_POST
+
+        def _serve(self) -> None:
+            """The request line and headers are in; nothing of the body has been read."""
+            ch, rest = self._channel()
+            if ch is None:  # no edge's channel, or not its key: nothing reaches the Teacher unrecorded
+                return self._refuse(None, 403, "key", "unknown channel")
+            route = ROUTES.get((self.command, rest))
+            if route is None:  # e.g. `/v1/../../flush_cache`: the Teacher server's other endpoints
+                return self._refuse(ch, 403, "path", "only POST <channel>/v1/chat/completions is served")
+            if route == "models":  # the Student's id only: the Teacher's name reaches no prompt and no record
+                ids = [proxy.student_model] if proxy.student_model else []
+                data = [{"id": i, "object": "model", "created": 0, "owned_by": "sftree"} for i in ids]
+                return self._reply(200, {"object": "list", "data": data})
+            lengths = self.headers.get_all("Content-Length") or []
+            if (
+                self.headers.get("Transfer-Encoding")
+                or len(lengths) != 1
+                or not re.fullmatch(r"[0-9]+", lengths[0])
+            ):
+                return self._refuse(ch, 411, "body", "one Content-Length is required (no chunked bodies)")
+            if len(lengths[0]) > 18 or int(lengths[0]) > proxy.limits.max_body:
+                return self._refuse(ch, 413, "body", f"request body over {proxy.limits.max_body} bytes")
+            length = int(lengths[0])
             if ch.stopped:
                 # The turn ended at `coral eval`; OpenCode is being stopped. Nothing of this reaches the Teacher.
-                return self._reply(503, {"error": {"message": "turn ended (sftree interrupted the agent)"}})
+                return self._close(503, "turn ended (sftree interrupted the agent)")
+            refusal = proxy.admit(ch, length)
+            if refusal is not None:
+                return self._refuse(ch, *refusal)
             try:
-                body = json.loads(raw) if raw else {}
-            except ValueError:
-                body = {}
+                self._chat(ch, length)
+            finally:
+                proxy.release(ch, length)
+
+        def _read_body(self, length: int) -> tuple[bytes | None, str]:
+            """The body, read within `body_timeout` s in all (a byte now and then does not keep it going), or
+            (None, why)."""
+            deadline = time.monotonic() + proxy.limits.body_timeout
+            parts, got = [], 0
+            try:
+                while got < length:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None, "slow"
+                    self.connection.settimeout(left)
+                    part = self.rfile.read1(min(length - got, 1 << 20))
+                    if not part:
+                        return None, "closed"
+                    parts.append(part)
+                    got += len(part)
+            except TimeoutError:
+                return None, "slow"
+            except OSError:
+                return None, "closed"
+            finally:
+                try:
+                    self.connection.settimeout(None)
+                except OSError:
+                    pass
+            return b"".join(parts), ""
+
+        def _chat(self, ch: Channel, length: int) -> None:
+            """An admitted chat completion: read, counted, sent on, relayed, recorded."""
+            if self.headers.get("Expect", "").lower() == "100-continue":
+                self.send_response_only(100)
+                self.end_headers()
+            raw, why = self._read_body(length)
+            if raw is None:
+                self.close_connection = True
+                if why == "slow":
+                    self._refuse(
+                        ch, 408, "slow", f"request body not received within {proxy.limits.body_timeout:g} s"
+                    )
+                return
+            try:
+                body = json.loads(raw)
+            except (ValueError, RecursionError):
+                body = None
             if not isinstance(body, dict):
-                body = {}
+                return self._refuse(ch, 400, "body", "the request body is not a JSON object")
             if ch.tampered:
                 return self._reply(409, {"error": {"message": "session ended (tampered)"}})
             if ch.probe:  # what a fresh session sends is all the host wants of it (agents/chain.py Pristine)
                 self._record(ch, body, ch.turn, {"response": None, "usage": None, "finish_reason": None}, 0.0,
                              "probe")  # fmt: skip
                 return self._reply(400, {"error": {"message": "probe: no model behind this session"}})
+            refusal = proxy.count_step(ch, classify(body))
+            if refusal is not None:
+                return self._refuse(ch, *refusal)
             if ch.chain is not None and classify(body) == "agent":
                 try:
                     with ch.lock:
@@ -492,8 +729,10 @@ def _handler_for(proxy: RecordingProxy, tcp: bool = True):
             sent_on = dict(proxy.extra_body)
             if proxy.model and body.get("model") not in (None, proxy.model):
                 sent_on["model"] = proxy.model
-            if sent_on and body:
+            if sent_on:
+                raw = None  # not held beside its re-encoding
                 raw = json.dumps({**body, **sent_on}).encode()
+            path = "/chat/completions"
             t0 = time.monotonic()
             failed = {"response": None, "usage": None, "finish_reason": None}
             try:
