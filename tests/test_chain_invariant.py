@@ -204,3 +204,42 @@ def test_a_call_whose_arguments_did_not_parse_may_come_back_as_opencodes_invalid
         {"id": "c1", "type": "function", "function": {"name": "invalid", "arguments": json.dumps({"tool": "bash", "error": "bad"})}}]}  # fmt: skip
     m2 = m1 + [invalid, {"role": "tool", "tool_call_id": "c1", "content": "The arguments are invalid"}]
     run([(m1, bad, PROMPT1), (m2, {"role": "assistant", "content": "ok"}, None)])
+
+
+def test_after_an_interrupt_the_last_reply_may_be_kept_whole_in_part_or_not_at_all():
+    session = honest_session()
+    pristine = Pristine.of(request(session[0][0]))
+    late = {
+        "role": "assistant",
+        "content": "And one more thing",
+        "tool_calls": [call("c9", "bash", {"command": "x"})],
+    }
+
+    def chain_after_interrupt():
+        chain = SessionChain(pristine)
+        chain.expect_prompt(PROMPT1)
+        chain.check(request(session[0][0]))
+        chain.answered(late, cut=False)
+        chain.interrupted()  # the host ended the turn while the reply came
+        chain.expect_prompt(PROMPT2)
+        return chain
+
+    base = session[0][0]
+    prompt = {"role": "user", "content": PROMPT2}
+    chain_after_interrupt().check(request([*base, prompt]))  # dropped
+    chain_after_interrupt().check(
+        request([*base, {"role": "assistant", "content": "And one"}, prompt])
+    )  # its beginning
+    whole = [*base, echo(late), {"role": "tool", "tool_call_id": "c9", "content": "aborted"}, prompt]
+    chain_after_interrupt().check(request(whole))
+    with pytest.raises(ChainBreak):  # not a beginning of the reply
+        chain_after_interrupt().check(
+            request([*base, {"role": "assistant", "content": "Score: 9.99"}, prompt])
+        )
+    uninterrupted = SessionChain(pristine)
+    uninterrupted.expect_prompt(PROMPT1)
+    uninterrupted.check(request(base))
+    uninterrupted.answered(late, cut=False)
+    uninterrupted.expect_prompt(PROMPT2)
+    with pytest.raises(ChainBreak):  # a whole reply OpenCode kept cannot vanish from the session
+        uninterrupted.check(request([*base, prompt]))

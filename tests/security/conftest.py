@@ -22,11 +22,11 @@ def base():
 
 @pytest.fixture
 def scripted(base):
-    """scripted(script, agent={...}) -> Scripted; closed at the end of the test."""
+    """scripted(script, agent={...}, extra={...}) -> Scripted; closed at the end of the test."""
     made = []
 
-    def make(script: dict, agent: dict | None = None) -> Scripted:
-        s = Scripted(base, script, agent=agent)
+    def make(script: dict, agent: dict | None = None, extra: dict | None = None) -> Scripted:
+        s = Scripted(base, script, agent=agent, extra=extra)
         made.append(s)
         return s
 

@@ -58,9 +58,11 @@ def text_of(content: Any) -> str:
     return ""
 
 
-def masked_system(text: str) -> str:
-    """The system prompt with the parts OpenCode varies by itself (the date, the shared skills) masked."""
-    return SKILLS_RX.sub("<available_skills/>", DATE_RX.sub(r"\1<date>", text))
+def masked_system(text: str, workdir: str = "") -> str:
+    """The system prompt with the parts OpenCode varies by itself masked: the date, the shared skills, and the
+    working directory (the same path for every edge in the sandbox; each edge's own without one)."""
+    text = SKILLS_RX.sub("<available_skills/>", DATE_RX.sub(r"\1<date>", text))
+    return text.replace(workdir, "<workdir>") if workdir else text
 
 
 def split(body: dict) -> tuple[list[str], list[dict]]:
@@ -84,9 +86,9 @@ class Pristine:
     tools: str
 
     @classmethod
-    def of(cls, body: dict) -> Pristine:
+    def of(cls, body: dict, workdir: str = "") -> Pristine:
         system, _rest = split(body)
-        return cls(tuple(masked_system(s) for s in system), canonical(body.get("tools") or []))
+        return cls(tuple(masked_system(s, workdir) for s in system), canonical(body.get("tools") or []))
 
 
 def _args(raw: Any) -> Any:
@@ -116,24 +118,31 @@ def _same_call(echo: dict, sent: dict) -> bool:
     return fe.get("name") == fs.get("name") and _args(fe.get("arguments")) == parsed
 
 
-def check_echo(echo: Any, reply: dict) -> None:
-    """`echo` (the assistant message of the next request) is `reply` as the Teacher sent it."""
+def check_echo(echo: Any, reply: dict, cut: bool = False) -> None:
+    """`echo` (the assistant message of the next request) is `reply` as the Teacher sent it; with `cut` (the
+    reply was cut, or the host interrupted the session while it came) also a beginning of it: its text a prefix
+    of the reply's, its calls the first of the reply's calls."""
     if not isinstance(echo, dict) or echo.get("role") != "assistant":
         raise ChainBreak("the Teacher's reply is not the next message", reply, echo)
-    if text_of(echo.get("content")) != text_of(reply.get("content")):
+    got, sent = text_of(echo.get("content")), text_of(reply.get("content"))
+    if got != sent and not (cut and sent.startswith(got)):
+        raise ChainBreak("the assistant message's text is not the Teacher's", sent, got)
+    reasoning = echo.get("reasoning_content")  # OpenCode may leave it out, never change it
+    if reasoning and reasoning != reply.get("reasoning_content") and not cut:
         raise ChainBreak(
-            "the assistant message's text is not the Teacher's", reply.get("content"), echo.get("content")
+            "the assistant message's reasoning is not the Teacher's",
+            reply.get("reasoning_content"),
+            reasoning,
         )
-    reasoning = echo.get("reasoning_content")
-    if reasoning and reasoning != reply.get(
-        "reasoning_content"
-    ):  # OpenCode may leave it out, never change it
+    if reasoning and cut and not str(reply.get("reasoning_content") or "").startswith(str(reasoning)):
         raise ChainBreak(
             "the assistant message's reasoning is not the Teacher's",
             reply.get("reasoning_content"),
             reasoning,
         )
     ce, cs = _calls(echo), _calls(reply)
+    if cut:
+        cs = cs[: len(ce)]
     if len(ce) != len(cs) or not all(_same_call(e, s) for e, s in zip(ce, cs, strict=True)):
         raise ChainBreak("the assistant message's tool calls are not the Teacher's", cs, ce)
 
@@ -148,6 +157,7 @@ class SessionChain:
     reply: dict | None = None  # the Teacher's reply to it, as received; None while none came or it failed
     reply_cut: bool = False  # the reply was cut or refused: OpenCode may resend the request or keep what came
     prompt: str | None = None  # the prompt the host sent and OpenCode has not carried yet
+    workdir: str = ""  # the edge's working directory as OpenCode sees it (masked in the system prompt)
 
     def expect_prompt(self, text: str) -> None:
         self.prompt = text
@@ -160,7 +170,7 @@ class SessionChain:
                 raise ChainBreak(
                     "the tool list is not OpenCode's", self.pristine.tools, canonical(body.get("tools") or [])
                 )
-            if tuple(masked_system(s) for s in system) != self.pristine.system:
+            if tuple(masked_system(s, self.workdir) for s in system) != self.pristine.system:
                 raise ChainBreak("the system prompt is not OpenCode's", self.pristine.system, system)
         if any(isinstance(m, dict) and m.get("role") == "system" for m in rest):
             raise ChainBreak("a system message after the first user message", None, rest)
@@ -183,6 +193,11 @@ class SessionChain:
         """The Teacher's reply to the last accepted request (None: none came), as the proxy received it."""
         self.reply, self.reply_cut = reply, cut or reply is None
 
+    def interrupted(self) -> None:
+        """The host interrupted the session (a turn's end): OpenCode may keep the last reply whole, in part, or
+        not at all."""
+        self.reply_cut = True
+
     def _extended(self, prev: list[dict], rest: list[dict]):
         def run() -> None:
             if rest[: len(prev)] != prev:
@@ -199,16 +214,18 @@ class SessionChain:
             if reply is not None:
                 empty = not text_of(reply.get("content")) and not _calls(reply)
                 echo = rest[at] if at < len(rest) else None
+                kept = reply
                 if not (empty and (echo is None or echo.get("role") != "assistant")):
                     try:
-                        check_echo(echo, reply)
+                        check_echo(echo, reply, self.reply_cut)
                     except ChainBreak:
-                        if not self.reply_cut:
+                        if not self.reply_cut or (isinstance(echo, dict) and echo.get("role") == "assistant"):
                             raise
-                        reply = None  # a cut reply OpenCode did not keep
+                        kept = None  # a cut reply OpenCode did not keep
                     else:
                         at += 1
-                for call in _calls(reply or {}):
+                        kept = echo  # its calls (all, or the first of a cut reply) have results next
+                for call in _calls(kept or {}):
                     m = rest[at] if at < len(rest) else None
                     if not (
                         isinstance(m, dict)

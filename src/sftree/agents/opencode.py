@@ -766,8 +766,9 @@ class OpenCodeAgent(AgentBackend):
         shell = host / "bin" / "bash"
         shell.write_text(script(sys.executable, shutil.which("bash") or "/bin/bash"), encoding="utf-8")
         shell.chmod(0o755)
-        (host / "AGENTS.md").write_text(run.coral.world.instructions(), encoding="utf-8")
-        (host / "coral-opencode.json").write_text(run.coral.world.opencode_json(), encoding="utf-8")
+        (host / "AGENTS.md").write_text(run.instructions, encoding="utf-8")  # as the host wrote it (edge.py)
+        settings = run.coral.world.opencode_json() if run.coral is not None else "{}\n"
+        (host / "coral-opencode.json").write_text(settings, encoding="utf-8")
         home_oc = st.box / "home" / ".opencode"  # the box is the sandbox user's: whatever it left there goes
         safefs.remove_entry(st.box / "home", ".opencode")
         home_oc.mkdir()
@@ -864,6 +865,7 @@ class OpenCodeAgent(AgentBackend):
         kdir = run.box.inside(run.workspace.knowledge_dir)
         got, got_bytes = d.received, d.received_bytes
         stop: str | None = None
+        idle = False  # the session ended by itself (its last reply whole), not stopped by the host
         eval_seen_at: float | None = None
         next_check = time.monotonic() + CHECK_EVERY
         try:
@@ -915,12 +917,16 @@ class OpenCodeAgent(AgentBackend):
                     break
                 kind = ev.get("type")
                 if kind == "idle":
+                    idle = True
                     break
                 apply_event(ev, acc, kdir, run.box.worktree)
                 if acc.session_id and not st.session_id:
                     st.session_id = acc.session_id
         finally:
             ch.stopped = True
+            if ch.chain is not None and not idle:
+                with ch.lock:
+                    ch.chain.interrupted()  # the abort may cut or drop the reply that is coming
             # End the turn: abort the session (as Coral's manager interrupts its agent), reap what it left
             # running; a driver that does not answer is killed with its sandbox (the next turn starts it again).
             if d.alive():
@@ -941,7 +947,9 @@ class OpenCodeAgent(AgentBackend):
         ch.turn = run.turn
         ch.teacher_failures = 0
         if ch.chain is None:  # the edge's session goes on from the node's (the host's own session file)
-            ch.chain = SessionChain(self.pristine, base=split({"messages": run.messages})[1])
+            ch.chain = SessionChain(
+                self.pristine, base=split({"messages": run.messages})[1], workdir=run.box.worktree
+            )
         ch.take()
         max_steps = int(self.cfg.get("max_steps_per_turn", 40))
         deadline = time.monotonic() + float(self.cfg.get("turn_timeout", 3600))
@@ -1054,7 +1062,7 @@ class OpenCodeAgent(AgentBackend):
             raise RuntimeError(
                 f"OpenCode's fresh session sent no model request: {_tail(st.home / 'stderr.log')}"
             )
-        self.pristine = Pristine.of(sent[0]["request"])
+        self.pristine = Pristine.of(sent[0]["request"], run.box.worktree)
         log.info("OpenCode's pristine session: %d system message(s), %d tools", len(self.pristine.system),
                  len(sent[0]["request"]["tools"]))  # fmt: skip
 

@@ -503,6 +503,7 @@ class ExportStats:
     refused: Counter = field(default_factory=Counter)  # records left out by --refuse-native, by backend
     backends: Counter = field(default_factory=Counter)  # records written, by backend
     malformed_arguments: int = 0
+    tampered: int = 0  # edges of the exported trees that ended `tampered` (agents/chain.py): never trained
     granularity: str | None = None
     refuse_native: bool = False
     tasks: list = field(default_factory=list)
@@ -522,6 +523,7 @@ class ExportStats:
             "refused": dict(sorted(self.refused.items())),
             "backends": dict(sorted(self.backends.items())),
             "malformed_arguments": self.malformed_arguments,
+            "tampered": self.tampered,
         }
 
     @classmethod
@@ -537,6 +539,7 @@ class ExportStats:
             refused=Counter(d.get("refused") or {}),
             backends=Counter(d.get("backends") or {}),
             malformed_arguments=int(d.get("malformed_arguments") or 0),
+            tampered=int(d.get("tampered") or 0),
             granularity=d.get("granularity"),
             refuse_native=bool(d.get("refuse_native")),
             tasks=list(d.get("tasks") or []),
@@ -547,6 +550,7 @@ class ExportStats:
         self.records += other.records
         self.paths_cut += other.paths_cut
         self.malformed_arguments += other.malformed_arguments
+        self.tampered += other.tampered
         for mine, theirs in (
             (self.skipped, other.skipped),
             (self.excluded, other.excluded),
@@ -570,6 +574,8 @@ def export_tree(
 ) -> Iterator[dict]:
     selected = sorted((p for p in ctx.doc["paths"] if p.get("selected")), key=lambda p: p["rank"])
     stats.paths += len(selected)
+    # A tampered edge has no child, so no path runs through it; counted for the card all the same.
+    stats.tampered += sum(1 for e in ctx.tree.get("edges") or [] if e.get("fail_reason") == "tampered")
     task = ctx.doc.get("task") or ctx.tree.get("task")
     if task and task not in stats.tasks:
         stats.tasks.append(task)
@@ -961,6 +967,9 @@ def _untrained_lines(merged: MergeStats | None, history_excluded: int, step: boo
         ]
     lines += [
         f"Steps skipped (no record could be made): {_counts(dict(sorted(export.skipped.items())))}.",
+        "",
+        f"Edges ended as `tampered` (a request that was not the extension of its session: docs/security.md, "
+        f'"Trained records"): {export.tampered}; kept in their transcripts with the difference, never trained.',
         "",
     ]
     if merged and merged.missing_stats:

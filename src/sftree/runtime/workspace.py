@@ -124,6 +124,16 @@ class Paths:
         return f"{self.inside}/.coral"
 
 
+def _no_host_files(_path: str) -> bool:
+    return False
+
+
+def _host_knowledge(path: str) -> bool:
+    """What the host itself writes into the knowledge after an eval's checkpoint (the attempt records, Coral's
+    eval counter): never the agent's, so never put back."""
+    return path == "eval_count" or path.startswith("attempts/")
+
+
 @dataclass
 class EdgeWorkspace:
     """One edge's world (module docstring). Made by `TreeStore.fork`."""
@@ -229,23 +239,26 @@ class EdgeWorkspace:
         differ are rewritten, no link followed; the attempt records are the host's and stay. What was restored
         ("code", "knowledge"), for the log."""
         done = []
-        targets = [("code", self._code_reader, self.root, self.store.code, code, "")]
+        targets = [("code", self._code_reader, self.root, self.store.code, code, _no_host_files)]
         if knowledge:
             targets.append(
-                ("knowledge", self._k_reader, self.paths.public, self.store.knowledge, knowledge, "attempts/")
+                (
+                    "knowledge",
+                    self._k_reader,
+                    self.paths.public,
+                    self.store.knowledge,
+                    knowledge,
+                    _host_knowledge,
+                )
             )
-        for what, reader, folder, db, commit, host_owned in targets:
+        for what, reader, folder, db, commit, hosts in targets:
             try:
                 now, _info = reader.files(folder)
             except (QuotaExceeded, UnsafeWorkspace, OSError):
                 now = None  # unreadable as it is: every path of the commit is written anew
-            want = {
-                p: v
-                for p, v in flatten(db, db.commit_tree(commit)).items()
-                if not (host_owned and p.startswith(host_owned))
-            }
+            want = {p: v for p, v in flatten(db, db.commit_tree(commit)).items() if not hosts(p)}
             if now is not None:
-                now = {p: v for p, v in now.items() if not (host_owned and p.startswith(host_owned))}
+                now = {p: v for p, v in now.items() if not hosts(p)}
                 if now == want:
                     continue
             gone = sorted(p for p in (now or want) if p not in want or (now or {}).get(p) != want[p])
