@@ -329,3 +329,11 @@ def test_the_command_is_registered():
     assert "import-coral" in sftree("--help").stdout
     proc = sftree("import-coral", "--help")
     assert proc.returncode == 0 and "--shared-items" in proc.stdout and "RUN_DIR" in proc.stdout
+
+
+def test_brackets_inside_a_records_strings_are_not_nesting(built, tmp_path):
+    """The depth limit on records (100) counts arrays and objects, never brackets or quotes inside strings."""
+    rec = dict(built.records[1], feedback='say "[[[" \\" ' + "[{" * 500, metadata={"a": [[[[{"b": "]]}"}]]]]})
+    (built.run / ".coral/public/attempts" / f"{rec['commit_hash']}.json").write_bytes(record_bytes(rec))
+    result = run_import(built.run, tmp_path / "t")
+    assert result.problems == [] and result.counts["snapshots"] == 8

@@ -11,6 +11,7 @@ import importlib
 import logging
 import sys
 
+from sftree.display import shown
 from sftree.errors import SftreeError
 
 # subcommand -> (module, one-line help)
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.run(args) or 0)
     except SftreeError as exc:
-        print(f"sftree {known.command}: error: {exc}", file=sys.stderr)
+        # names in the message may come from someone else's files: printed escaped (display.shown)
+        print(f"sftree {known.command}: error: {shown(str(exc), lines=True)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

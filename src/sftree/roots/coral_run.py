@@ -12,8 +12,10 @@
 
 Agents write into `.coral/public` (it is linked into their worktrees) and into the repositories, so every read
 here is bounded and never follows a symlink: each path is opened one component at a time from the run folder
-with O_NOFOLLOW (`runtime/safefs.py`). A record that cannot be used is reported with its file and the reason,
-and the others are still read.
+with O_NOFOLLOW (`runtime/safefs.py`), regular files only (a FIFO or device is refused on its fstat, before any
+read), records parsed with a depth limit and config.yaml without aliases (`bounded.py`). A record that cannot be
+used is reported with its file and the reason, and the others are still read. Every name and value that reaches
+a message is escaped for display (`display.shown`, applied by `Problem`).
 """
 
 from __future__ import annotations
@@ -23,17 +25,19 @@ import json
 import math
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from sftree.bounded import LimitError, json_loads, yaml_load
+from sftree.display import shown
 from sftree.errors import InputError
 from sftree.roots.gitobjects import HEX_RE, check_objects_dir
 from sftree.runtime import safefs
 
 MAX_RECORD = 8 << 20  # bytes of one attempt record (its feedback can be long)
 MAX_SMALL = 1 << 20  # config.yaml, eval_count, manager.pid
+MAX_JSON_DEPTH = 100  # arrays and objects in one record (Coral's records nest 3 deep)
 RECORD_NAME = re.compile(r"^([0-9a-f]{40}|[0-9a-f]{64})\.json$")
 ATTEMPTS = ".coral/public/attempts"
 CHECKPOINT_OBJECTS = ".coral/public/.git/objects"
@@ -71,6 +75,10 @@ class Problem:
     agent_id: str | None = None
     index: int | None = None
 
+    def __post_init__(self) -> None:  # every problem is printed and reported: its text escaped once, here
+        self.file, self.reason = shown(self.file), shown(self.reason)
+        self.agent_id = None if self.agent_id is None else shown(self.agent_id)
+
     def line(self) -> str:
         who = f" (attempt {self.commit[:12]} of {self.agent_id})" if self.commit and self.agent_id else ""
         return f"{self.file}{who}: {self.reason}"
@@ -89,6 +97,8 @@ class CoralRun:
     records: list[Record] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    code_refused: dict[str, str] = field(default_factory=dict)  # loose objects git is never asked for
+    checkpoint_refused: dict[str, str] = field(default_factory=dict)
 
 
 def read_small(root: Path, rel: str, limit: int) -> bytes:
@@ -99,27 +109,14 @@ def read_small(root: Path, rel: str, limit: int) -> bytes:
         return _read_at(dfd, parts[-1], limit, f"{root}/{rel}")
 
 
-def _read_at(dfd: int, name: str, limit: int, shown: str) -> bytes:
+def _read_at(dfd: int, name: str, limit: int, where: str) -> bytes:
+    """safefs.read_at (regular files only, bounded); a link is refused with the reason."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
-    except OSError as exc:
-        if exc.errno == 40:  # ELOOP: the name is a symlink
-            raise safefs.UnsafePath(
-                f"{shown} is a symlink; sftree does not follow links in a Coral run"
-            ) from None
+        return safefs.read_at(dfd, name, limit, shown(where))
+    except safefs.UnsafePath as exc:
+        if exc.kind == "a symlink":
+            raise safefs.UnsafePath(f"{exc}; sftree does not follow links in a Coral run") from None
         raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise safefs.UnsafePath(f"{shown} is not a regular file")
-        chunks, size = [], 0
-        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise ValueError(f"{shown} holds more than {limit} bytes")
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def find_run(path: str | os.PathLike) -> Path:
@@ -161,10 +158,16 @@ def _parse_time(value: str) -> datetime:
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
+def _brief(value) -> str:
+    """A record's value for a message: its repr, cut short (a field can hold megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 100 else f"{text[:80]}... ({len(text)} characters)"
+
+
 def parse_record(file: str, data: bytes, name_commit: str) -> Record:
     """A Record from a record file's bytes; ValueError with the reason (field and value) if unusable."""
     try:
-        obj = json.loads(data.decode("utf-8"))
+        obj = json_loads(data, max_bytes=MAX_RECORD, max_depth=MAX_JSON_DEPTH)
     except UnicodeDecodeError as exc:
         raise ValueError(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
@@ -173,32 +176,34 @@ def parse_record(file: str, data: bytes, name_commit: str) -> Record:
         raise ValueError(f"must hold a JSON object, not {type(obj).__name__}")
     commit = obj.get("commit_hash")
     if commit != name_commit:
-        raise ValueError(f"commit_hash {commit!r} is not the commit its file is named after ({name_commit})")
+        raise ValueError(
+            f"commit_hash {_brief(commit)} is not the commit its file is named after ({name_commit})"
+        )
     agent = obj.get("agent_id")
     if not isinstance(agent, str) or not agent.strip() or len(agent) > 200 or not agent.isprintable():
-        raise ValueError(f"agent_id must be a short printable string, not {agent!r}")
+        raise ValueError(f"agent_id must be a short printable string, not {_brief(agent)}")
     status = obj.get("status", "crashed")  # Attempt.from_dict's default
-    if not isinstance(status, str) or not status:
-        raise ValueError(f"status must be a string, not {status!r}")
+    if not isinstance(status, str) or not status or len(status) > 200 or not status.isprintable():
+        raise ValueError(f"status must be a short printable string, not {_brief(status)}")
     score = obj.get("score")
     if score is not None and (isinstance(score, bool) or not isinstance(score, int | float)):
-        raise ValueError(f"score must be a number or null, not {score!r}")
+        raise ValueError(f"score must be a number or null, not {_brief(score)}")
     if score is not None:
         score = float(score)
         if not math.isfinite(score):
             score = None
     stamp = obj.get("timestamp")
     if not isinstance(stamp, str):
-        raise ValueError(f"timestamp must be a string, not {stamp!r}")
+        raise ValueError(f"timestamp must be a string, not {_brief(stamp)}")
     try:
         when = _parse_time(stamp)
     except ValueError:
         raise ValueError(
-            f"timestamp {stamp!r} is not an ISO 8601 time: the attempt cannot be placed in the global order"
+            f"timestamp {_brief(stamp)} is not an ISO 8601 time: the attempt cannot be placed in the global order"
         ) from None
     ssh = obj.get("shared_state_hash")
     if ssh is not None and (not isinstance(ssh, str) or not HEX_RE.match(ssh)):
-        raise ValueError(f"shared_state_hash must be a commit hash or null, not {ssh!r}")
+        raise ValueError(f"shared_state_hash must be a commit hash or null, not {_brief(ssh)}")
     if status == "pending" and score is not None:
         raise ValueError("status is pending but the record has a score")
     return Record(file, commit, agent.strip(), status, score, stamp, when, ssh, data)
@@ -240,10 +245,12 @@ def _config(run: Path, notes: list[str]) -> tuple[str | None, str | None]:
 
     rel = ".coral/config.yaml"
     try:
-        doc = yaml.safe_load(read_small(run, rel, MAX_SMALL).decode("utf-8"))
+        doc = yaml_load(read_small(run, rel, MAX_SMALL).decode("utf-8"))
     except FileNotFoundError:
         notes.append(f"{rel} not found: the task's name and direction are unknown")
         return None, None
+    except LimitError as exc:
+        raise InputError(f"{run / rel}: {exc}") from None
     except (OSError, ValueError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise InputError(f"{run / rel} cannot be read: {exc}") from None
     task = doc.get("task") if isinstance(doc, dict) else None
@@ -251,8 +258,17 @@ def _config(run: Path, notes: list[str]) -> tuple[str | None, str | None]:
     name = task.get("name") if isinstance(task, dict) else None
     direction = grader.get("direction", "maximize") if isinstance(grader, dict) else "maximize"
     if direction not in ("maximize", "minimize"):
-        raise InputError(f"{run / rel}: grader.direction must be maximize or minimize, not {direction!r}")
-    return (name if isinstance(name, str) else None), direction
+        raise InputError(
+            f"{run / rel}: grader.direction must be maximize or minimize, not {_value(direction)}"
+        )
+    return (shown(name)[:200] if isinstance(name, str) else None), direction  # for the report only
+
+
+def _value(value) -> str:
+    """A config value for a message: a short string as it is (escaped), anything else by its type only."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 60 else f"a string of {len(value)} characters"
+    return f"a {type(value).__name__}" if value is not None else "null"
 
 
 def _small_int(run: Path, rel: str) -> int | None:
@@ -279,7 +295,7 @@ def read_run(path: str | os.PathLike) -> CoralRun:
     notes: list[str] = []
     task_name, direction = _config(run, notes)
     code_repo = _code_repo(run)
-    code_objects = check_objects_dir(run, f"{code_repo}/objects", "the run's code repository objects")
+    code = check_objects_dir(run, f"{code_repo}/objects", "the run's code repository objects")
     ck = run / ".coral/public/.git"
     if ck.is_symlink() or ck.is_file():
         raise InputError(f"{ck} is a symlink or a file, not the checkpoint repository folder Coral makes")
@@ -288,7 +304,7 @@ def read_run(path: str | os.PathLike) -> CoralRun:
             f"no checkpoint repository {ck}: this Coral records no shared state per attempt "
             "(coral/hub/checkpoint.py), so the knowledge each attempt saw is unknown"
         )
-    checkpoint_objects = check_objects_dir(run, CHECKPOINT_OBJECTS, "the checkpoint repository objects")
+    checkpoint = check_objects_dir(run, CHECKPOINT_OBJECTS, "the checkpoint repository objects")
     records, problems = read_records(run)
     eval_count = _small_int(run, ".coral/public/eval_count")
     pid = _small_int(run, ".coral/public/manager.pid")
@@ -305,9 +321,11 @@ def read_run(path: str | os.PathLike) -> CoralRun:
         eval_count,
         in_progress,
         code_repo,
-        code_objects,
-        checkpoint_objects,
+        code.path,
+        checkpoint.path,
         records,
         problems,
         notes,
+        code.refused,
+        checkpoint.refused,
     )

@@ -42,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sftree.display import shown
 from sftree.errors import InputError
 from sftree.fileio import write_bytes_atomic, write_json_atomic
 from sftree.progress import Progress
@@ -62,6 +63,7 @@ CORAL_ITEMS = (*DEFAULT_ITEMS, "logs")
 MAX_FILE = 64 << 20  # bytes of one file
 MAX_ENTRIES = 2_000_000  # files and folders in one snapshot
 MAX_DEPTH = 64
+NAME_MAX = 255  # bytes of one file name (Linux filesystems make no longer one)
 MAX_PATH = 4000
 MAX_SHOWN = 50  # problem lines printed; the report holds all
 LINK_SOFT_MAX = 30_000  # hard links to one store file before a fresh copy takes over (ext4 allows 65000)
@@ -266,14 +268,18 @@ class Planner:
             raise ContentError(
                 f"{shown}: a {name.decode('utf-8', 'replace')!r} entry (sftree never writes one)"
             )
+        if len(name) > NAME_MAX:
+            raise ContentError(
+                f"{shown}: a name of {len(name)} bytes, longer than a file name may be ({NAME_MAX})"
+            )
         try:
             return name.decode("utf-8")
         except UnicodeDecodeError:
             raise ContentError(f"{shown}: the name {name!r} is not UTF-8") from None
 
-    def _blob(self, reader: go.ObjectReader, oid: str, path: str) -> bytes:
+    def _blob(self, reader: go.ObjectReader, oid: str, path: str, limit: int | None = None) -> bytes:
         try:
-            return reader.read(oid, "blob", limit=self.max_file)[1]
+            return reader.read(oid, "blob", limit=self.max_file if limit is None else limit)[1]
         except go.ObjectError as exc:
             raise ContentError(f"{path}: {exc}") from None
 
@@ -289,7 +295,11 @@ class Planner:
         if depth > MAX_DEPTH:
             raise ContentError(f"{shown}: folders nested deeper than {MAX_DEPTH}")
         try:
-            entries = reader.tree(oid)
+            entries = reader.tree(oid, max_entries=MAX_ENTRIES - self.entries)
+        except go.TooManyEntries as exc:
+            raise ContentError(
+                f"{shown}: more than {MAX_ENTRIES} files and folders in one snapshot ({exc})"
+            ) from None
         except go.ObjectError as exc:
             raise ContentError(f"{shown}: {exc}") from None
         recipe: Recipe = []
@@ -315,7 +325,7 @@ class Planner:
                 key = self.store.ensure(eoid, exe, lambda r=reader, o=eoid, p=path: self._blob(r, o, p))
                 recipe.append(("l", name, key))
             elif mode == go.MODE_LINK:
-                target = self._blob(reader, eoid, path)
+                target = self._blob(reader, eoid, path, limit=4095)
                 if not target or b"\0" in target or len(target) > 4095:
                     raise ContentError(f"{path}: a symlink whose target is empty, too long or holds NUL")
                 recipe.append(("s", name, target))
@@ -341,7 +351,13 @@ class Planner:
         try:
             code_tree = self.code.commit_tree(rec.commit)
         except go.ObjectError as exc:
-            raise ContentError(f"commit {rec.commit} is not in the run's code repository: {exc}") from None
+            if exc.missing:
+                raise ContentError(
+                    f"commit {rec.commit} is not in the run's code repository: {exc}"
+                ) from None
+            raise ContentError(
+                f"commit {rec.commit} cannot be read from the run's code repository: {exc}"
+            ) from None
         if rec.shared_state_hash is None:
             raise ContentError(
                 "no shared_state_hash: the Coral that made this run records no checkpoint per attempt (or its "
@@ -349,10 +365,11 @@ class Planner:
             )
         try:
             shared_tree = self.checkpoint.commit_tree(rec.shared_state_hash)
-            top = self.checkpoint.tree(shared_tree)
+            top = self.checkpoint.tree(shared_tree, max_entries=MAX_ENTRIES)
         except go.ObjectError as exc:
+            what = "is not in" if exc.missing else "cannot be read from"
             raise ContentError(
-                f"checkpoint {rec.shared_state_hash} is not in the checkpoint repository .coral/public/.git: {exc}"
+                f"checkpoint {rec.shared_state_hash} {what} the checkpoint repository .coral/public/.git: {exc}"
             ) from None
         code = self.tree(self.code, code_tree, "code", 1)[0]
         own = f"{rec.commit}.json".encode()
@@ -597,11 +614,11 @@ def _locked(
     readers: list[go.ObjectReader] = []
     try:
         if todo:
-            code = go.ObjectReader(go.host_git_dir(git_root / "code", [run.code_objects], fmt), fmt, max_file)
+            code_dir = go.host_git_dir(git_root / "code", [run.code_objects], fmt)
+            code = go.ObjectReader(code_dir, fmt, max_file, run.code_refused)
             readers.append(code)
-            ck = go.ObjectReader(
-                go.host_git_dir(git_root / "checkpoint", [run.checkpoint_objects], ck_fmt), ck_fmt, max_file
-            )
+            ck_dir = go.host_git_dir(git_root / "checkpoint", [run.checkpoint_objects], ck_fmt)
+            ck = go.ObjectReader(ck_dir, ck_fmt, max_file, run.checkpoint_refused)
             readers.append(ck)
             planner = Planner(code, ck, store, max_file)
             _build_all(todo, planner, store, items, fmt, out, tmp, trash, output, run.run_dir, task, jobs)
@@ -811,7 +828,7 @@ def _write_if_changed(path: Path, data: bytes) -> None:
 
 
 def _tsv(text: str) -> str:
-    return text.replace("\t", " ").replace("\n", " ").replace("\r", " ")
+    return shown(text.replace("\t", " ").replace("\n", " ").replace("\r", " "))
 
 
 # --- CLI ----------------------------------------------------------------------------------------------------
@@ -878,7 +895,7 @@ def run(args: argparse.Namespace) -> int:
     )
     c, a = result.counts, result.actions
     for note in result.notes:
-        print(f"import-coral: note: {note}", file=sys.stderr)
+        print(f"import-coral: note: {shown(note)}", file=sys.stderr)
     for p in result.problems[:MAX_SHOWN]:
         print(f"import-coral: problem: {p.line()}", file=sys.stderr)
     if len(result.problems) > MAX_SHOWN:
