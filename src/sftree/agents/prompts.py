@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 import string
 import threading
 from pathlib import Path
 
 from sftree.errors import InputError
+from sftree.runtime import remove
 from sftree.world.counters import CoralCounters
 from sftree.world.task import load_task
 from sftree.world.world import TurnPrompt, World
@@ -105,9 +105,7 @@ def write_agents_md(
     file) is replaced, never written through."""
     text = (world or world_for(task_cfg)).instructions()
     path = Path(root) / "AGENTS.md"
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    path.unlink(missing_ok=True)
+    remove.tree(path)  # a folder the agent made there, of any shape, or a link (never followed)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)

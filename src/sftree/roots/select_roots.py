@@ -50,6 +50,7 @@ from sftree.roots.snapshots import (
     resolve_task_dir,
     scan,
 )
+from sftree.runtime import remove
 
 log = logging.getLogger(__name__)
 
@@ -328,7 +329,7 @@ def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None
         placed = ", ".join(f"{v} {k}" for k, v in linker.counts.items() if v)
         log.info("root files: %s", placed or ("top-level entries symlinked" if link == "symlink" else "none"))
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove.quietly(tmp)
         raise
     return tmp
 
@@ -346,7 +347,7 @@ def swap_in(tmp: Path, out: Path) -> None:
             os.rename(old, out)
         raise
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        remove.quietly(old)  # copies of the Student's files: any shape (runtime/remove.py)
 
 
 STAGE_COLORS = {"early": "#1f77b4", "middle": "#2ca02c", "late": "#ff7f0e"}
@@ -439,7 +440,7 @@ def _run(args: argparse.Namespace) -> int:
         write_text_atomic(args.table, table_text(sel))
         swap_in(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove.quietly(tmp)
         raise
     n = len(sel.rows)
     log.info(

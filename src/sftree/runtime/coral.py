@@ -143,8 +143,9 @@ class CoralRuntime:
     `world` (sftree.world.World) says how Coral parses, prints and counts; `counters` (CoralCounters) are the
     host's records of the branch so far, advanced by each graded eval."""
 
-    def __init__(self, ws, world, task_cfg: dict, counters, *, sandbox: str = "auto"):
+    def __init__(self, ws, world, task_cfg: dict, counters, *, sandbox: str = "auto", grade_quota=None):
         self.ws = ws
+        self.grade_quota = grade_quota  # diskquota.DiskQuota of one grading (None: grading.GRADE_QUOTA)
         self.world = world
         self.sandbox = sandbox
         self.task_cfg = task_cfg
@@ -248,6 +249,7 @@ class CoralRuntime:
             r = grade(
                 spec, code_dir, commit=commit, install=self.world.install, sandbox=self.sandbox,
                 agent_id=self.world.agent_id, title=title, tune=tune, run_dir=self.world.run_dir,
+                quota=self.grade_quota,
             )  # fmt: skip
             return r.score, r.feedback, r.status, dict(r.metadata or {})
 

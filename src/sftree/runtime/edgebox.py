@@ -2,12 +2,13 @@
 
 Under bubblewrap (sandbox.py) the command sees the edge's run directory at `agent.run_dir` (read-write), its
 attempt records and `.coral/config.yaml` read-only over it, the `coral` client read-only at /tmp/.coral, a
-private /tmp of `agent.quota.tmp_mib`, and nothing else of the host but the toolchain. It runs as the edge's
+private /tmp of `agent.quota.tmp_mib` and `tmp_inodes`, and nothing else of the host but the toolchain. It runs as the edge's
 sandbox user (sftree is root) under AGENT_LIMITS, and returns once that user has no process left.
 
 The disk quota (`agent.quota`): while a command runs, the edge's writable folders are measured every
 `CHECK_EVERY` s (snapshot.usage, bounded) and the command is stopped when they pass the quota; a file cannot
-outgrow `file_mib` (RLIMIT_FSIZE) and /tmp is a tmpfs of its size. So an agent writes at most about
+outgrow `file_mib` (RLIMIT_FSIZE); /tmp is a tmpfs of `tmp_mib` and (as root) `tmp_inodes` files, a fresh one for
+each command, so the kernel refuses a write past it (ENOSPC; runtime/diskquota.py). So an agent writes at most about
 `CHECK_EVERY` s of disk speed past the quota before it is stopped, and the next snapshot refuses a workspace
 over it.
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sftree.runtime import agentrepo
+from sftree.runtime.diskquota import TMP_INODES
 from sftree.runtime.procs import GroupResult, run_group
 from sftree.runtime.sandbox import (
     AGENT_LIMITS,
@@ -53,6 +55,7 @@ class EdgeBox:
     watched: list[Path] = field(default_factory=list)  # more writable folders the quota counts
     limits: Limits | None = None  # AGENT_LIMITS with no file larger than the quota's `file_bytes`
     tmp_bytes: int = 256 << 20
+    tmp_inodes: int = TMP_INODES
     python: str = sys.executable  # visible inside (sandbox.python_roots)
 
     def __post_init__(self):
@@ -122,6 +125,7 @@ class EdgeBox:
             new_session=new_session,
             uid=self.uid,
             tmp_bytes=self.tmp_bytes,
+            tmp_inodes=self.tmp_inodes,
         )
         return wrap_limits(argv, limits or self.limits, self.uid)
 

@@ -9,7 +9,7 @@ return value comes back, over a pipe the grader owns.
 Why (docs/security.md): graded code is hostile. Imported into the grader it could print the grader's score
 line itself, read the grader or the task folder, or reach the network. Here it runs in a child process: under
 bubblewrap (`SFTREE_SANDBOX`, set by `coral eval` to the run's `agent.sandbox`; `auto` when unset) it sees only
-its own copy of the code (in its /tmp, a tmpfs of GRADED_TMP bytes) and the toolchain, has no network, runs as an unprivileged uid without capabilities, under
+its own copy of the code (in its /tmp, a tmpfs of GRADED_TMP bytes and, as root, TMP_INODES files) and the toolchain, has no network, runs as an unprivileged uid without capabilities, under
 a timeout and memory and process limits. Its prints go to stderr (kept for feedback); the grader computes the
 score itself from the returned value, so nothing the code prints or returns can set the score directly.
 """
@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sftree.runtime import tempdirs
+from sftree.runtime.diskquota import TMP_INODES
 from sftree.runtime.procs import run_group
 from sftree.runtime.sandbox import Limits, bwrap_argv, resolve_mode, sandbox_uid, wrap_limits
 
@@ -96,7 +97,9 @@ def run_solution(
         # The child copies the code into its own /tmp, a tmpfs of GRADED_TMP bytes (the kernel's disk quota),
         # and works there: it changes nothing the grader reads afterwards, and leaves nothing on the host.
         req.update(code_dir=COPY, copy_from=SOURCE_MOUNT)
-    with tempfile.TemporaryDirectory(prefix="sftree-gradebox-") as tmp:
+    with tempdirs.temporary(
+        "sftree-gradebox-"
+    ) as tmp:  # removed by the one remover (unsandboxed, it is the cwd)
         request = Path(tmp) / "request.json"
         request.write_text(json.dumps(req))
         request.chmod(0o644)
@@ -110,6 +113,7 @@ def run_solution(
                 ro_binds=[(code_dir, SOURCE_MOUNT), (request, REQUEST_MOUNT)],
                 uid=uid,
                 tmp_bytes=GRADED_TMP,
+                tmp_inodes=TMP_INODES,
             )
             argv = wrap_limits(argv, limits, uid)
         else:

@@ -1,24 +1,24 @@
 """Run a command in its own process group, killing the whole group when it overruns its timeout.
 
 A grader or an agent's shell command may start children (a test runner, a background job); killing only the
-shell would leave them running and holding the output pipes open. Output is read as it comes and only the
-first `max_output` bytes of each stream are kept (the rest is counted and dropped), so a command printing
-gigabytes costs no memory.
+shell would leave them running and holding the output pipes open. Output is read as it comes by the one bounded
+reader (runtime/bounded.py) and only the first `max_output` bytes of each stream are kept (the rest is counted
+and dropped), so a command printing gigabytes costs no memory and never blocks on a full pipe.
 """
 
 from __future__ import annotations
 
 import os
-import selectors
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from sftree.runtime.bounded import Capped, drain
+
 DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
-_CHUNK = 65536
 
 
 @dataclass
@@ -47,72 +47,53 @@ def run_group(
     input: bytes | None = None,
     check: Callable[[], str | None] | None = None,
     check_every: float = 0.5,
+    read_also: Mapping[int, Capped] | None = None,
+    hand_fds: tuple[int, ...] = (),
     **popen_kwargs,
 ) -> GroupResult:
     """`input`: bytes for its stdin (else none); `check`: called every `check_every` s while it runs, a reason
-    it returns kills the group (a quota: `GroupResult.stopped`)."""
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-        stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
-        start_new_session=True,
-        **popen_kwargs,
-    )
+    it returns kills the group (a quota: `GroupResult.stopped`); `read_also`: more descriptors it writes to
+    (a result pipe), read with its outputs while it runs, into their Capped; `hand_fds`: descriptors passed to
+    it and closed here (started or not) (the write end of such a pipe: its end comes when the group's is)."""
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+            stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
+            start_new_session=True,
+            pass_fds=tuple(popen_kwargs.pop("pass_fds", ())) + tuple(hand_fds),
+            **popen_kwargs,
+        )
+    finally:
+        for fd in hand_fds:  # closed here in every case: the caller forgets them
+            os.close(fd)
     if input is not None:
         threading.Thread(target=_feed, args=(proc.stdin, input), daemon=True).start()
-    bufs = {proc.stdout: bytearray()}
+    bufs = {proc.stdout: Capped(max_output)}
     if proc.stderr is not None:
-        bufs[proc.stderr] = bytearray()
-    dropped = 0
+        bufs[proc.stderr] = Capped(max_output)
     deadline = time.monotonic() + max(0.0, timeout)
-    timed_out = False
-    stopped = None
-    next_check = time.monotonic() + check_every
-    with selectors.DefaultSelector() as sel:
-        for fh in bufs:
-            sel.register(fh, selectors.EVENT_READ)
-        while sel.get_map():
-            now = time.monotonic()
-            left = deadline - now
-            if left <= 0:
-                timed_out = True
-                _kill(proc)
-                break
-            if check is not None and now >= next_check:
-                next_check = now + check_every
-                stopped = check()
-                if stopped:
-                    _kill(proc)
-                    break
-            wait = min(left, 1.0, check_every if check is not None else 1.0)
-            for key, _ in sel.select(timeout=wait):
-                chunk = os.read(key.fd, _CHUNK)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                buf = bufs[key.fileobj]
-                room = max_output - len(buf)
-                if room > 0:
-                    buf += chunk[:room]
-                dropped += max(0, len(chunk) - max(room, 0))
-    if stopped:
+    why = drain({**bufs, **(read_also or {})}, deadline=deadline, watch=check, every=check_every)
+    timed_out = why == "timeout"
+    stopped = why if why and not timed_out else None
+    if why:
+        _kill(proc)
         proc.wait()
-    elif not timed_out:
+    else:
         try:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             timed_out = True
-    if timed_out:
-        _kill(proc)
-        proc.wait()
-    else:
-        _kill(proc)  # a background job the command left behind (it closed its output pipes)
+            _kill(proc)
+            proc.wait()
+    _kill(proc)  # a background job the command left behind (it closed its output pipes)
     for fh in bufs:
         fh.close()
-    err = bytes(bufs[proc.stderr]) if proc.stderr is not None else b""
+    err = bufs[proc.stderr].data() if proc.stderr is not None else b""
     rc = None if timed_out or stopped else proc.returncode
-    return GroupResult(rc, bytes(bufs[proc.stdout]), err, timed_out, dropped, stopped)
+    dropped = sum(b.dropped for b in bufs.values())
+    return GroupResult(rc, bufs[proc.stdout].data(), err, timed_out, dropped, stopped)
 
 
 def _feed(stream, data: bytes) -> None:

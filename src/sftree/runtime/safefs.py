@@ -10,11 +10,12 @@ an atomic rename relative to that folder's descriptor.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from sftree.runtime import remove
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_READ = 16 * 1024 * 1024
@@ -155,27 +156,9 @@ def write_bytes_atomic(root: Path, rel: str | Path, data: bytes, mode: int = 0o6
 
 
 def remove_tree(dfd: int, name: str) -> None:
-    """Remove folder `name` of folder `dfd` and all it holds, never following a link. A loop, not recursion
-    (shutil.rmtree recurses before Python 3.12): an agent can nest folders deeper than the recursion limit.
-    One descriptor per level is held (the open-file limit is far above any depth a path can reach)."""
-    stack = [(dfd, name, os.open(name, DIR_FLAGS, dir_fd=dfd))]
-    try:
-        while stack:
-            parent, here, fd = stack[-1]
-            with os.scandir(fd) as it:
-                entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
-            sub = next((n for n, is_dir in entries if is_dir), None)
-            if sub is not None:  # down first; this folder is listed again once that one is gone
-                stack.append((fd, sub, os.open(sub, DIR_FLAGS, dir_fd=fd)))
-                continue
-            for n, _d in entries:
-                os.unlink(n, dir_fd=fd)
-            stack.pop()
-            os.close(fd)
-            os.rmdir(here, dir_fd=parent)
-    finally:
-        for _p, _n, fd in stack:
-            os.close(fd)
+    """Remove folder `name` of folder `dfd` and all it holds, never following a link (the one remover:
+    runtime/remove.py)."""
+    remove.entry(dfd, name)
 
 
 def remove_entry(root: Path, name: str) -> None:
@@ -192,17 +175,5 @@ def remove_entry(root: Path, name: str) -> None:
 
 
 def remove_all(path: Path) -> None:
-    """`shutil.rmtree(path, ignore_errors=True)`, also for folders nested deeper than its recursion reaches."""
-    try:
-        shutil.rmtree(path, ignore_errors=True)
-    except RecursionError:
-        try:
-            pfd = os.open(Path(path).parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            remove_tree(pfd, Path(path).name)
-        except OSError:
-            pass
-        finally:
-            os.close(pfd)
+    """Remove `path` and all it holds, for a cleanup: never raises, logs what stayed (runtime/remove.py)."""
+    remove.quietly(path)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sftree.errors import InputError
+from sftree.runtime import diskquota
 from sftree.runtime.safefs import DIR_FLAGS
 
 CORAL_MOUNT = "/tmp/.coral"
@@ -335,13 +336,18 @@ def bwrap_argv(
     new_session: bool = True,
     uid: int | None = None,
     tmp_bytes: int | None = None,
+    tmp_inodes: int | None = None,
+    tmp_dir: str | Path | None = None,
 ) -> list[str]:
     """The bwrap command line shared by every backend: an allow-list root (module docstring), `hidden`
     folders covered by empty tmpfs (files by /dev/null) where they lie under an exposed folder, the running
     Python and `keep_visible` re-exposed read-only, then the read-write `binds` and the read-only `ro_binds`
     (source, destination), in that order (a read-only bind inside a read-write one covers it). Sources are
-    host paths the agent cannot change (bwrap follows a link in a source). `tmp_bytes`: the size of the
-    private /tmp (a tmpfs: the kernel refuses writes beyond it).
+    host paths the agent cannot change (bwrap follows a link in a source).
+
+    The private /tmp (docs/security.md, "Disk quotas"): `tmp_dir`, a host folder on a quota tmpfs (a grading's),
+    or a fresh tmpfs of `tmp_bytes` (bwrap --size) whose inodes are capped at `tmp_inodes` by a remount in the
+    sandbox's mount namespace before it drops to `uid` (root only: unprivileged, the bytes alone are capped).
 
     With `uid` (sftree is root): the mounts are made as root (it can read a Python under /root), then
     `setpriv` becomes `uid` with no capabilities and an inner bwrap puts it in a user namespace with nested
@@ -364,9 +370,16 @@ def bwrap_argv(
         elif p.is_dir():
             argv += ["--ro-bind", root, root]
             exposed.append(root)
-    argv += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777"]
-    argv += ["--size", str(tmp_bytes)] if tmp_bytes and "--size" in flags else []
-    argv += ["--tmpfs", "/tmp"]
+    argv += ["--dev", "/dev", "--proc", "/proc"]
+    remount: list[str] = []
+    if tmp_dir is not None:
+        argv += ["--bind", str(tmp_dir), "/tmp"]
+    else:
+        argv += ["--perms", "1777"]
+        argv += ["--size", str(tmp_bytes)] if tmp_bytes and "--size" in flags else []
+        argv += ["--tmpfs", "/tmp"]
+        if tmp_bytes and tmp_inodes and uid is not None:
+            remount = diskquota.remount_argv(diskquota.DiskQuota(tmp_bytes, tmp_inodes))
     checkout = project_checkout()
     hidden_all = [*hidden, *([checkout] if checkout else [])]
     hidden_set = sorted({str(Path(p).resolve()) for p in hidden_all if p and Path(p).exists()})
@@ -402,4 +415,4 @@ def bwrap_argv(
     ]
     # Device nodes reached through a mount made in another user namespace cannot be opened: a fresh /dev.
     inner = ["bwrap", *userns, "--bind", "/", "/", "--dev", "/dev", "--chdir", str(cwd), "--", *command]
-    return argv + ["--chdir", "/", "--", *drop, *inner]
+    return argv + ["--chdir", "/", "--", *remount, *drop, *inner]

@@ -1,5 +1,9 @@
 """Temporary folders of a run (`sftree-coral-*` sockets, `sftree-grade-*` checkouts) that must not outlive it.
 
+A folder may be made with a disk quota (`make(prefix, quota=...)`): as root it is then a tmpfs of that size
+(runtime/diskquota.py), unmounted when removed. What is in a folder is removed by the one remover
+(runtime/remove.py): an agent or graded code may have written there.
+
 Each folder is registered while it exists, so it is removed by its owner's normal cleanup, at interpreter exit
 (a failure that skipped the owner's cleanup), and on SIGTERM (Slurm's time limit, `snakemake` cancelled): the
 handler removes what is registered, then dies of SIGTERM as before. A `kill -9` leaves them behind; their
@@ -10,8 +14,8 @@ needed by a rerun (the tree's state lives in the tree folder).
 from __future__ import annotations
 
 import atexit
+import logging
 import os
-import shutil
 import signal
 import tempfile
 import threading
@@ -19,6 +23,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from sftree.runtime import diskquota
+from sftree.runtime import remove as remove_tree
+from sftree.runtime.diskquota import DiskQuota
+
+log = logging.getLogger(__name__)
 
 # Reentrant: the SIGTERM handler runs in the main thread, which may be inside `make` when the signal comes.
 _lock = threading.RLock()
@@ -30,26 +40,53 @@ class Closing(RuntimeError):
     """The run is being torn down: no new temporary folder."""
 
 
-def make(prefix: str) -> Path:
+def make(prefix: str, quota: DiskQuota | None = None) -> Path:
     """A new private folder `<prefix><pid>-<random>` in the temp dir, registered until `remove`. Made and
-    registered under the lock, so `remove_all` (SIGTERM) sees every folder that exists, and none comes after."""
+    registered under the lock, so `remove_all` (SIGTERM) sees every folder that exists, and none comes after.
+    With `quota`, where the kernel can enforce it (root), the folder is a tmpfs of that size (`mounted`)."""
     with _lock:
         if _closing:
             raise Closing(f"no new {prefix}* folder: the run is ending")
         path = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
         _live.add(path)
-        return Path(path)
+    if quota is not None:
+        try:
+            diskquota.mount(path, quota)
+        except OSError as exc:  # the callers measure an unmounted folder instead (docs/security.md)
+            log.warning("%s: the folder stays on the host's disk", exc)
+    return Path(path)
+
+
+def mounted(path: str | os.PathLike) -> bool:
+    """`path` (made by `make`) is a quota tmpfs."""
+    return diskquota.is_quota_mount(path)
+
+
+def _remove(path: str, warn: bool = True) -> bool:
+    """Unmount a quota tmpfs (all it holds goes with it), then remove what is left; True when nothing stayed."""
+    if diskquota.is_quota_mount(path):
+        try:
+            diskquota.unmount(path)
+        except OSError as exc:
+            log.warning("%s", exc)
+    try:
+        remove_tree.tree(path)
+    except OSError as exc:
+        if warn:
+            log.warning("not all of %s could be removed: %s", path, exc)
+        return False
+    return True
 
 
 def remove(path: str | os.PathLike) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+    _remove(os.fspath(path))
     with _lock:
         _live.discard(str(path))
 
 
 @contextmanager
-def temporary(prefix: str) -> Iterator[Path]:
-    path = make(prefix)
+def temporary(prefix: str, quota: DiskQuota | None = None) -> Iterator[Path]:
+    path = make(prefix, quota)
     try:
         yield path
     finally:
@@ -65,9 +102,8 @@ def remove_all() -> None:
     # Other threads run on meanwhile: one may still be writing into a folder (its coral client, its socket),
     # so an rmtree can miss what is made while it lists; a few quick retries catch those.
     for p in paths:
-        for _ in range(5):
-            shutil.rmtree(p, ignore_errors=True)
-            if not os.path.lexists(p):
+        for i in range(5):
+            if _remove(p, warn=i == 4) and not os.path.lexists(p):
                 break
             time.sleep(0.01)
 
@@ -95,9 +131,8 @@ def _ours(uid: int) -> bool:
 
 
 def sweep(prefixes: tuple[str, ...]) -> list[str]:
-    """Remove our folders left by a process that no longer exists (killed with -9); returns their names."""
-    from sftree.runtime.safefs import remove_all
-
+    """Remove our folders left by a process that no longer exists (killed with -9), a quota tmpfs unmounted;
+    returns their names."""
     base = Path(tempfile.gettempdir())
     gone = []
     try:
@@ -114,7 +149,7 @@ def sweep(prefixes: tuple[str, ...]) -> list[str]:
                 continue
         except OSError:
             continue
-        remove_all(p)
+        _remove(str(p))
         gone.append(p.name)
     return gone
 

@@ -2,7 +2,7 @@
 forwarder): an accept loop until `stop()`, and a bounded read of one newline-terminated request.
 
 Whatever connects is hostile (the agent's commands, the graded code), so a request is read with a size cap and a
-deadline for the whole request, in linear time (chunks joined once, not `buf += chunk`).
+deadline for the whole request, by the one bounded reader (runtime/bounded.py).
 """
 
 from __future__ import annotations
@@ -10,36 +10,18 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sftree.runtime.bounded import ReadError, read_line
 
-class RequestError(Exception):
-    """A request that was too large, too slow or cut off."""
+RequestError = ReadError  # a request that was too large, too slow or cut off
 
 
 def read_request(conn: socket.socket, limit: int, timeout: float) -> bytes:
-    """One request up to and including its newline: at most `limit` bytes, within `timeout` seconds in all."""
-    deadline = time.monotonic() + timeout
-    chunks, size = [], 0
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise RequestError(f"request not complete within {timeout:g} s")
-        conn.settimeout(left)
-        try:
-            chunk = conn.recv(65536)
-        except TimeoutError:
-            raise RequestError(f"request not complete within {timeout:g} s") from None
-        if not chunk:
-            raise RequestError("connection closed before the end of the request")
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(f"request too large (over {limit} bytes)")
-        if chunk.endswith(b"\n"):
-            return b"".join(chunks)
+    """One request up to and including its newline: at most `limit` bytes, within `timeout` seconds in all
+    (the one bounded reader, runtime/bounded.py)."""
+    return read_line(conn, limit, timeout)
 
 
 class Listener:

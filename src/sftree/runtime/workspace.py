@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sftree.fileio import read_json
-from sftree.runtime import agentrepo, checkout, gittrees, safefs
+from sftree.runtime import agentrepo, checkout, gittrees, remove, safefs
 from sftree.runtime.objects import ObjectDB, flatten, tree_from_files
 from sftree.runtime.snapshot import FolderReader, Quota, QuotaExceeded, Reading, UnsafeWorkspace  # noqa: F401
 
@@ -410,9 +409,5 @@ def write_code(ws: EdgeWorkspace) -> None:
 
 
 def remove_quietly(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink(missing_ok=True)
-    elif path.exists():
-        safefs.remove_all(path)
-        if path.exists():
-            shutil.rmtree(path, ignore_errors=True)
+    """Remove what the agent left at `path` (a link, a file or a folder of any shape; runtime/remove.py)."""
+    remove.quietly(path)

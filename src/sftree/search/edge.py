@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sftree.fileio import read_json, write_json_atomic, write_text_atomic
+from sftree.runtime import diskquota
 from sftree.runtime.coral import CoralRuntime, CoralServer
 from sftree.runtime.edgebox import EdgeBox, own_socket_dir
 from sftree.runtime.objects import flatten
@@ -151,6 +152,8 @@ class EdgeContext:
     mode: str = "bwrap"  # the sandbox: bwrap | none
     quota: Quota = field(default_factory=Quota)
     tmp_bytes: int = 256 << 20
+    tmp_inodes: int = diskquota.TMP_INODES
+    grade_quota: Any = None  # sftree.runtime.diskquota.DiskQuota: what one grading may write
     hidden: list[Path] = field(default_factory=list)
     keep_workspaces: bool = False
     _closers: list = field(default_factory=list)
@@ -230,6 +233,8 @@ class EdgeContext:
             mode=resolve_mode(agent_cfg.get("sandbox", "auto")),
             quota=Quota.from_config(quota_cfg),
             tmp_bytes=int(quota_cfg.get("tmp_mib", 256)) << 20,
+            tmp_inodes=int(quota_cfg.get("tmp_inodes", diskquota.TMP_INODES)),
+            grade_quota=diskquota.grade_quota(quota_cfg),
             hidden=hidden,
             keep_workspaces=bool(config.get("search", {}).get("keep_workspaces", False)),
             _closers=closers,
@@ -289,7 +294,9 @@ def open_world(ctx: EdgeContext, parent: NodeState, edge_id: str, uid: int | Non
     sandboxed = ctx.mode == "bwrap"
     inside = w.run_dir if sandboxed else None
     ws = ctx.store.fork(parent, edge_id, agent_id=w.agent_id, inside=inside, uid=uid, quota=ctx.quota)
-    runtime = CoralRuntime(ws, w, ctx.task_cfg, ctx.counters(parent), sandbox=ctx.mode)
+    runtime = CoralRuntime(
+        ws, w, ctx.task_cfg, ctx.counters(parent), sandbox=ctx.mode, grade_quota=ctx.grade_quota
+    )
     server = CoralServer(runtime)
     server.start()
     standin = (
@@ -301,7 +308,7 @@ def open_world(ctx: EdgeContext, parent: NodeState, edge_id: str, uid: int | Non
     cli = w.cli_command([], f"{CORAL_MOUNT}/bin/{standin.name}" if sandboxed else str(standin))
     box = EdgeBox(
         ws, ctx.mode, coral_dir=server.dir, coral_env={**server.env(mount), "CORAL_CLI": json.dumps(cli)},
-        hidden=ctx.hidden, tmp_bytes=ctx.tmp_bytes, ro_extra=[(Path(r), r) for r in w.sandbox_roots()],
+        hidden=ctx.hidden, tmp_bytes=ctx.tmp_bytes, tmp_inodes=ctx.tmp_inodes, ro_extra=[(Path(r), r) for r in w.sandbox_roots()],
     )  # fmt: skip
     # (Coral's `.opencode/opencode.json` is the OpenCode backend's to place, with its own provider config.)
     write_world(ws, {"AGENTS.md": w.instructions().encode()})

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from sftree.errors import InputError
 from sftree.fileio import read_json
 from sftree.progress import ConsoleLines, tree_line
 from sftree.roots.snapshots import check_files, verify_root
-from sftree.runtime import tempdirs
+from sftree.runtime import remove, tempdirs
 from sftree.search import mcts, scoring
 from sftree.search import tree as treemod
 
@@ -101,7 +100,7 @@ def drop_unfinished(out: Path, finished: set[str]) -> None:
     (`sessions/<edge>.json`, and a backend's own beside it, such as OpenCode's `<edge>.opencode.db`)."""
     for d in sorted((out / "edges").iterdir()) if (out / "edges").is_dir() else []:
         if d.name not in finished:
-            shutil.rmtree(d, ignore_errors=True)
+            remove.quietly(d)
     for f in sorted((out / "sessions").iterdir()) if (out / "sessions").is_dir() else []:
         if f.name.split(".", 1)[0] not in finished:
             f.unlink()
@@ -318,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         if created is not None and not live.exists() and not final.exists():
             # failed before the tree's first state was saved (Teacher not reachable, ...): nothing to resume
-            shutil.rmtree(created, ignore_errors=True)
+            remove.quietly(created)  # (work/ holds what agents wrote)
         raise
     finally:
         root_logger.removeHandler(handler)
@@ -334,7 +333,7 @@ def _explore(out: Path, root_dir: Path, config: dict, info: dict, params, consol
     if tree is None:
         final.unlink(missing_ok=True)
         for name in RUN_DIRS:  # leftovers of an earlier exploration of this root
-            shutil.rmtree(out / name, ignore_errors=True)
+            remove.quietly(out / name)  # work/: what agents wrote, of any shape (runtime/remove.py)
     if tree is None or tree.status != "finished":
         # (a tree killed after it finished needs no Teacher: it is only written out)
         tree = _grow(tree, live, root_dir, config, info, params, console)

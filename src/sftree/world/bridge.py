@@ -5,8 +5,9 @@ per explore job (a turn does not pay Coral's import), answering JSON-lines reque
     b.call("coral_md", task=..., agent_id="agent-1", single_agent=True)
     b.close()
 
-A request that Coral's code refuses raises `CoralError` naming the op and Coral's message; a bridge that died is
-restarted once per call.
+A request that Coral's code refuses raises `CoralError` naming the op and Coral's message; a bridge that died, or
+whose answer is larger than ANSWER_MAX or later than ANSWER_TIMEOUT (read by the one bounded reader,
+runtime/bounded.py: the answers carry the agent's texts), is restarted once per call.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ import threading
 from pathlib import Path
 
 from sftree.errors import SftreeError
+from sftree.runtime.bounded import LineReader, ReadError
 from sftree.world.locate import CoralInstall
 
 SCRIPT = Path(__file__).with_name("bridge_main.py")
+ANSWER_MAX = 64 << 20  # one answer line (an eval's output carries its feedback and the agent's message)
+ANSWER_TIMEOUT = 600.0  # seconds for one answer: Coral's code runs one tick or one template, never a grading
 
 
 class CoralError(SftreeError):
@@ -31,6 +35,7 @@ class CoralBridge:
         self.install = install
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
+        self._answers: LineReader | None = None
         self._start()
 
     def _start(self) -> None:
@@ -39,14 +44,12 @@ class CoralBridge:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            text=True,
-            encoding="utf-8",
-            bufsize=1,
             cwd="/",
         )
+        self._answers = LineReader(self._proc.stdout, ANSWER_MAX)
 
     def call(self, op: str, **req):
-        line = json.dumps({"op": op, **req}) + "\n"
+        line = (json.dumps({"op": op, **req}) + "\n").encode("utf-8")
         with self._lock:
             for attempt in (1, 2):
                 try:
@@ -54,17 +57,15 @@ class CoralBridge:
                         self._start()
                     self._proc.stdin.write(line)
                     self._proc.stdin.flush()
-                    answer = self._proc.stdout.readline()
-                    if not answer:
-                        raise BrokenPipeError("the bridge closed its output")
+                    answer = self._answers.line(ANSWER_TIMEOUT, what="answer")
                     break
-                except (BrokenPipeError, OSError) as exc:
+                except (OSError, ReadError) as exc:
                     self._kill()
                     if attempt == 2:
                         raise CoralError(
                             f"coral bridge ({self.install.python}) died during {op!r}: {exc}"
                         ) from None
-        data = json.loads(answer)
+        data = json.loads(answer.decode("utf-8"))
         if not data.get("ok"):
             raise CoralError(
                 f"Coral ({self.install.python}, {self.install.version}) failed on {op!r}: {data.get('error')}\n"

@@ -49,6 +49,8 @@ def _coral(req: dict) -> dict:
     d.write_attempt = lambda cd, attempt: captured.append(attempt)
     d.increment_eval_count = lambda cd: 0
     d.get_agent_attempts = lambda cd, agent: []  # the host decides improved/baseline/regressed
+    if all(hasattr(d, n) for n in ("_run_grader_with_timeout", "_grader_worker", "_TIMEOUT_GRACE_SECONDS")):
+        d._run_grader_with_timeout = _read_while_it_runs(d, d._run_grader_with_timeout)
     config_path = coral_dir / "config.yaml"
     config = CoralConfig.from_yaml(config_path)
     attempt = Attempt(
@@ -66,6 +68,61 @@ def _coral(req: dict) -> dict:
     if fin.score is None and status == "scored":
         status = "crashed"
     return {"score": fin.score, "status": status, "feedback": fin.feedback, "metadata": fin.metadata}
+
+
+def _read_while_it_runs(d, coral_run):
+    """Coral's `_run_grader_with_timeout` (the daemon's timed worker) with its result queue read while the
+    worker runs. Coral joins the worker before reading it: a result larger than the queue's pipe (64 KiB; a long
+    exception text of the graded program in the feedback is enough) holds the worker until Coral's hard kill,
+    and the eval reads as a timeout (docs/security.md, "Bounds"). All else is Coral's: its worker, its
+    deadline, its texts."""
+    import multiprocessing
+    import queue
+
+    from coral.config import CoralConfig
+
+    def run(config_path, coral_dir, codebase_path, tasks, timeout):
+        config = CoralConfig.from_yaml(config_path)
+        if config.grader.entrypoint or timeout <= 0:
+            return coral_run(config_path, coral_dir, codebase_path, tasks, timeout)
+        deadline = time.monotonic() + timeout + d._TIMEOUT_GRACE_SECONDS
+        result_queue = multiprocessing.Queue()
+        proc = multiprocessing.Process(
+            target=d._grader_worker, args=(config_path, coral_dir, codebase_path, tasks, result_queue)
+        )
+        item = None
+        try:
+            proc.start()
+            while item is None and time.monotonic() < deadline:
+                try:
+                    item = result_queue.get(timeout=max(0.01, min(0.2, deadline - time.monotonic())))
+                except queue.Empty:
+                    if not proc.is_alive():  # it exited: what it put is in the pipe by now
+                        try:
+                            item = result_queue.get(timeout=0.2)
+                        except queue.Empty:
+                            pass
+                        break
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+                raise TimeoutError(
+                    f"Grader exceeded {timeout}s + {d._TIMEOUT_GRACE_SECONDS}s grace and was killed"
+                )
+            if item is None:
+                raise RuntimeError("Grader process exited without returning a result")
+            status, *payload = item
+            if status == "ok":
+                return payload[0]
+            exc, tb_str = payload
+            raise RuntimeError(f"Grader failed: {exc}\n{tb_str}")
+        finally:
+            result_queue.close()
+            result_queue.join_thread()
+            proc.close()
+
+    return run
 
 
 def _standin(req: dict) -> dict:
@@ -164,6 +221,9 @@ def main() -> None:
             "traceback": traceback.format_exc()[-4000:],
         }
     result["grader_s"] = time.monotonic() - t0
+    cap = int(req.get("feedback_cap") or 0)
+    if cap and isinstance(result.get("feedback"), str):  # graded code's text: the host keeps no more anyway
+        result["feedback"] = result["feedback"][:cap]
     score = result.get("score")
     if score is not None:
         try:

@@ -26,26 +26,29 @@ circle_packing does) can still be told a score by it: that is the task's grader,
 from __future__ import annotations
 
 import base64
+import errno
+import functools
 import json
 import logging
 import math
 import os
-import selectors
+import select
 import shutil
 import socket
 import stat
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 import yaml
 
-from sftree.runtime import tempdirs
+from sftree.runtime import remove, tempdirs
+from sftree.runtime.bounded import Capped
+from sftree.runtime.diskquota import GRADE_INODES, GRADE_MIB, DiskQuota
 from sftree.runtime.procs import run_group
 from sftree.runtime.sandbox import UIDS, Limits, bwrap_argv, resolve_mode, wait_gone, wrap_limits
+from sftree.runtime.snapshot import Quota, QuotaExceeded, usage
 from sftree.runtime.unixsock import Listener, read_request
 from sftree.world.locate import CoralInstall
 from sftree.world.task import TaskSpec
@@ -66,6 +69,10 @@ FEEDBACK_CAP = 16000
 # that sandbox connects is graded code, so a request is bounded (unixsock.read_request).
 GRADED_REQUEST_MAX = 64 << 20
 OUTPUT_CAP = 16 * 1024 * 1024
+RESULT_MAX = 4 << 20  # the grader's result (JSON, its feedback already cut to FEEDBACK_CAP by grade_main.py)
+# Everything one grading writes (the copy, what the graded programs write there and in their /tmp, the grader's
+# /tmp): a tmpfs of this size as root (config `agent.quota.grade_mib`, `grade_inodes`; docs/security.md).
+GRADE_QUOTA = DiskQuota.from_mib(GRADE_MIB, GRADE_INODES)
 
 FORWARDER = r'''#!{python} -I
 """sftree: runs this command as graded code in its own sandbox, outside the grader's (sftree/world/grading.py)."""
@@ -137,15 +144,25 @@ class _Runner:
         )
 
     def _one(self, conn: socket.socket) -> None:
+        scratch = None
         with conn:
             try:
                 req = json.loads(read_request(conn, GRADED_REQUEST_MAX, 30))
-                argv, cwd, env = self.argv_for(req)
                 self.runs += 1
+                argv, cwd, env, scratch = self.argv_for(req, self.runs)
                 left = max(1.0, self.deadline - time.monotonic())
                 stdin = base64.b64decode(req.get("stdin") or "")
-                res = _run_watched(argv, conn, left, cwd, env, stdin)
-                rc = 124 if res.timed_out else (res.returncode if res.returncode is not None else 137)
+                res = run_group(
+                    argv,
+                    timeout=left,
+                    max_output=OUTPUT_CAP,
+                    input=stdin or None,
+                    check=lambda: "gone" if _peer_gone(conn) else None,  # the grader's timeout killed it
+                    check_every=0.2,
+                    cwd=cwd,
+                    env=env,
+                )
+                rc = 124 if res.returncode is None else res.returncode
                 if rc < 0:
                     rc = 128 - rc
                 reply = {
@@ -162,79 +179,21 @@ class _Runner:
                     conn.sendall(json.dumps({"rc": 126, "stdout": "", "stderr": msg}).encode())
                 except OSError:
                     pass
+            finally:
+                if scratch is not None:
+                    remove.quietly(scratch)  # its /tmp: the next program starts with an empty one
 
     def stop(self) -> None:
         self._listener.stop()
 
 
-def _run_watched(argv, conn: socket.socket, timeout: float, cwd: str, env: dict, stdin: bytes):
-    """Run one graded command in its own process group; killed at the deadline, or as soon as the forwarder that
-    asked for it goes away (the grader's own timeout killed it). Output capped while read."""
-    import subprocess
-
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        cwd=cwd,
-        env=env,
-    )
-    if stdin:
-
-        def feed():
-            try:
-                proc.stdin.write(stdin)
-                proc.stdin.close()
-            except OSError:
-                pass
-
-        threading.Thread(target=feed, daemon=True).start()
-    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    deadline = time.monotonic() + timeout
-    timed_out = False
-    with selectors.DefaultSelector() as sel:
-        for fh in bufs:
-            sel.register(fh, selectors.EVENT_READ)
-        sel.register(conn, selectors.EVENT_READ)
-        while len(sel.get_map()) > 1:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            for key, _ in sel.select(timeout=min(left, 1.0)):
-                if key.fileobj is conn:
-                    try:
-                        gone = conn.recv(1, socket.MSG_PEEK) == b""
-                    except OSError:
-                        gone = True
-                    if gone:
-                        sel.unregister(conn)
-                        timed_out = True
-                        break
-                    continue
-                chunk = os.read(key.fd, 1 << 16)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                buf = bufs[key.fileobj]
-                buf += chunk[: max(0, OUTPUT_CAP - len(buf))]
-            if timed_out:
-                break
+def _peer_gone(conn: socket.socket) -> bool:
+    """The forwarder that asked for the program is gone (it sends nothing more: readable means closed)."""
     try:
-        os.killpg(proc.pid, 9)  # the graded program's leftovers (or all of it, timed out) go
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-    for fh in bufs:
-        fh.close()
-    return SimpleNamespace(
-        returncode=None if timed_out else proc.returncode,
-        stdout=bytes(bufs[proc.stdout]),
-        stderr=bytes(bufs[proc.stderr]),
-        timed_out=timed_out,
-    )
+        r, _, _ = select.select([conn], [], [], 0)
+        return bool(r) and conn.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
 
 
 def _config_yaml(spec: TaskSpec) -> str:
@@ -256,22 +215,43 @@ def grade(
     title: str = "",
     tune: bool = False,
     run_dir: str | None = None,
+    quota: DiskQuota | None = None,
 ) -> GradeResult:
-    """Grade a host-made copy of the code (`code_dir`, never the agent's workspace; it is copied again here)."""
+    """Grade a host-made copy of the code (`code_dir`, never the agent's workspace; it is copied again here).
+    `quota`: what the whole grading may write (GRADE_QUOTA when None)."""
     if spec.kind != "coral":
         raise ValueError(f"task {spec.name}: not a Coral task (graded by its command)")
     mode = resolve_mode(sandbox)
+    quota = quota or GRADE_QUOTA
     t0 = time.monotonic()
-    tmp = Path(tempdirs.make("sftree-grade-"))
+    tmp = Path(tempdirs.make("sftree-grade-", quota=quota))
     uids: list[int | None] = []
     runner = None
     r_fd = w_fd = None
+
+    def failed(why: str) -> GradeResult:
+        secs = time.monotonic() - t0
+        return GradeResult(
+            None, "crashed", why, {"budget_class": "grader_error"}, secs, mode, runner.runs if runner else 0
+        )
+
     try:
+        # As root the grading's folder is a tmpfs of `quota`: the copy, everything the graded programs write (in
+        # their working folder and their /tmp) and the grader's /tmp share it; ENOSPC past it, in the writer.
+        kernel_quota = tempdirs.mounted(tmp)
         layout = tmp / "run"
         cd_host = layout / ".coral"
         checkout_host = cd_host / "private" / "grader_checkouts" / commit
-        shutil.copytree(spec.eval_dir, cd_host / "private" / "eval", symlinks=True)
-        shutil.copytree(code_dir, checkout_host, symlinks=True)
+        try:
+            shutil.copytree(spec.eval_dir, cd_host / "private" / "eval", symlinks=True)
+            shutil.copytree(code_dir, checkout_host, symlinks=True)
+        except (OSError, shutil.Error) as exc:
+            if kernel_quota and ("No space left" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC):
+                return failed(
+                    f"the code to grade does not fit the grading's disk quota ({quota.bytes >> 20} MiB, "
+                    f"{quota.inodes} files)"
+                )
+            raise
         (cd_host / "public" / "eval_logs").mkdir(parents=True)
         (cd_host / "config.yaml").write_text(_config_yaml(spec))
         _open_tree(checkout_host)
@@ -314,6 +294,7 @@ def grade(
             "coral_root": install.root if install else f"{ctl_in}/standin",
             "forwarder": f"{ctl_in}/bin/python",
             "forwarder_dir": f"{ctl_in}/bin",
+            "feedback_cap": FEEDBACK_CAP,
         }
         (ctl / "request.json").write_text(json.dumps(req))
         for p in ctl.rglob("*"):
@@ -328,7 +309,18 @@ def grade(
         env_base = {"LANG": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
         py_bin = str(Path(python).parent)
 
-        def argv_for(r):
+        def sandbox_tmp(name: str, uid: int | None) -> dict:
+            """A sandbox's /tmp: a fresh folder of the grading's tmpfs, else a tmpfs of its own of the quota."""
+            if not kernel_quota:
+                return {"tmp_bytes": quota.bytes, "tmp_inodes": quota.inodes}
+            d = tmp / name
+            d.mkdir()
+            if uid is not None:
+                os.chown(d, uid, uid)
+            os.chmod(d, 0o1777)
+            return {"tmp_dir": d}
+
+        def argv_for(r, n: int):
             argv0 = r.get("argv0") or "python"
             exe = "uv" if argv0 == "uv" else python
             cmd = [exe, *[str(a) for a in r.get("argv") or []]]
@@ -338,8 +330,9 @@ def grade(
             env = {**env_base, "PATH": f"{py_bin}:/usr/local/bin:/usr/bin:/bin"}
             if not confined:
                 real_cwd = cwd.replace(checkout_in, str(checkout_host), 1)
-                return wrap_limits(cmd, GRADED_LIMITS), real_cwd, env
+                return wrap_limits(cmd, GRADED_LIMITS), real_cwd, env, None
             reads = [(cd_host / "private" / rel, f"{cd_in}/private/{rel}") for rel in spec.graded_can_read]
+            tmp_of = sandbox_tmp(f"tmp-graded-{n}", s_uid)
             argv = bwrap_argv(
                 cmd,
                 cwd=cwd,
@@ -347,8 +340,9 @@ def grade(
                 ro_binds=reads,
                 keep_visible=roots,
                 uid=s_uid,
+                **tmp_of,
             )
-            return wrap_limits(argv, GRADED_LIMITS, s_uid), "/", env
+            return wrap_limits(argv, GRADED_LIMITS, s_uid), "/", env, tmp_of.get("tmp_dir")
 
         runner = _Runner(sock_dir / "run.sock", argv_for, deadline)
         gcmd = [python, "-I", "-B", f"{ctl_in}/grade_main.py", f"{ctl_in}/request.json"]
@@ -366,14 +360,28 @@ def grade(
                 ],
                 keep_visible=roots,
                 uid=g_uid,
+                **sandbox_tmp("tmp-grader", g_uid),
             )
             argv, gcwd = wrap_limits(argv, GRADER_LIMITS, g_uid), "/"
         else:
             argv, gcwd = wrap_limits(gcmd, GRADER_LIMITS), str(checkout_host)
-        res = run_group(argv, timeout=limit, cwd=gcwd, env=genv, max_output=OUTPUT_CAP, pass_fds=(w_fd,))
-        os.close(w_fd)
-        w_fd = None
-        data = _read_all(r_fd)
+        # Without the tmpfs (not root) the grading's folder is measured while it runs, as an edge's workspace is.
+        check = None if kernel_quota else functools.partial(_over_quota, tmp, quota)
+        # The result pipe is read while the grader runs (a result larger than the pipe would block it until
+        # killed), bounded: its write end is the grader's alone (closed here once it started).
+        result = Capped(RESULT_MAX)
+        hand, w_fd = (w_fd,), None
+        res = run_group(
+            argv,
+            timeout=limit,
+            cwd=gcwd,
+            env=genv,
+            max_output=OUTPUT_CAP,
+            read_also={r_fd: result},
+            hand_fds=hand,
+            check=check,
+            check_every=0.5,
+        )
         secs = time.monotonic() - t0
         stderr = res.stderr.decode("utf-8", "replace")
         if res.timed_out:
@@ -386,21 +394,17 @@ def grade(
                 mode,
                 runner.runs,
             )
+        if res.stopped:
+            return failed(f"the grading was stopped: {res.stopped}")
+        if result.dropped:
+            return failed(f"the grader's result is larger than {RESULT_MAX >> 20} MiB")
         try:
-            out = json.loads(data)
+            out = json.loads(result.data())
             if not isinstance(out, dict):
                 raise ValueError("not an object")
         except ValueError:
             tail = stderr.strip()[-FEEDBACK_CAP // 4 :]
-            return GradeResult(
-                None,
-                "crashed",
-                f"the grader gave no result (exit code {res.returncode}): {tail}",
-                {"budget_class": "grader_error"},
-                secs,
-                mode,
-                runner.runs,
-            )
+            return failed(f"the grader gave no result (exit code {res.returncode}): {tail}")
         score = out.get("score")
         status = out.get("status", "crashed")
         if score is not None and (not isinstance(score, int | float) or not math.isfinite(score)):
@@ -431,15 +435,15 @@ def grade(
         tempdirs.remove(tmp)
 
 
-def _read_all(fd: int, cap: int = OUTPUT_CAP) -> bytes:
-    os.set_blocking(fd, False)
-    buf = bytearray()
-    while len(buf) < cap:
-        try:
-            chunk = os.read(fd, 1 << 20)
-        except BlockingIOError:
-            break
-        if not chunk:
-            break
-        buf += chunk
-    return bytes(buf)
+def _over_quota(folder: Path, quota: DiskQuota) -> str | None:
+    """Why `folder` holds more than `quota` (files, bytes), or None: the polled check where no tmpfs can be
+    mounted."""
+    # Depth is no disk use: not limited (snapshot.walk holds descriptors for pending folders, not per level).
+    q = Quota(files=quota.inodes, bytes=quota.bytes, file_bytes=quota.bytes, depth=1 << 30)
+    try:
+        usage(folder, q)
+    except QuotaExceeded as exc:
+        return f"disk quota exceeded: {exc}"
+    except OSError:
+        return None
+    return None
