@@ -23,6 +23,7 @@ if CORAL_TASKS:
     include: "workflow/rules/coral.smk"
 
 
+include: "workflow/rules/grader.smk"
 include: "workflow/rules/roots.smk"
 include: "workflow/rules/explore.smk"
 include: "workflow/rules/paths.smk"

@@ -5,6 +5,7 @@ where it is installed (the same results)."""
 import math
 import random
 import textwrap
+from pathlib import Path
 
 import pytest
 from coral_helpers import coral_config, coral_python
@@ -36,9 +37,10 @@ def grade(task, tmp_path, source=None, install=None):
         code = EXAMPLES / task / "seed"
     else:
         (code / "solution.py").write_text(textwrap.dedent(source))
-    r = world_grade(
-        load_coral_task(EXAMPLES / task, task), code, commit="e" * 40, install=install, sandbox=SANDBOX
-    )
+    spec = load_coral_task(EXAMPLES / task, task)
+    if spec.entrypoint and install is not None and not (Path(install.root) / "pyproject.toml").is_file():
+        pytest.skip("packaged grader: Coral's setup_grader_env needs a Coral installed from its source tree")
+    r = world_grade(spec, code, commit="e" * 40, install=install, sandbox=SANDBOX)
     return r, {"score": r.score, "feedback": r.feedback}
 
 

@@ -20,6 +20,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "sftree.roots.import_coral",
         "make the per-eval snapshot folders of a task from a standard Coral run folder",
     ),
+    "grader-env": (
+        "sftree.world.grader_env_cli",
+        "preflight a task's grader: build or reuse a packaged grader's venv, check its entrypoint",
+    ),
     "select-roots": (
         "sftree.roots.select_roots",
         "section 2: split a Student run into stages and pick root snapshots",

@@ -54,10 +54,6 @@ print("FORGED", done)
 PY"""
 
 
-def sent_to_teacher(s) -> str:
-    return "\n".join(str(r["body"]) for r in s.teacher.requests)
-
-
 def forged_reached_teacher(s) -> list[str]:
     """Where the forgery shows in what reached the Teacher: a system prompt or a user message of the agent's, a
     tool list without todowrite (the forging script itself, in a tool call, is the agent's own and may)."""
@@ -143,7 +139,13 @@ def test_configuration_the_agent_writes_is_never_loaded(scripted):
             system = step["request"]["messages"][0]["content"]
             assert "INJECTED-INSTRUCTIONS" not in str(system), (edge, step["turn"], step["step"])
     assert "planted" in "\n".join(s.outputs("e1"))
-    assert "INJECTED" not in sent_to_teacher(s)
+    systems = [
+        str(m.get("content"))
+        for r in s.teacher.requests
+        for m in r["body"]["messages"]
+        if m["role"] == "system"
+    ]
+    assert systems and not any("INJECTED" in x for x in systems)
 
 
 @pytest.mark.parametrize("agent", [pytest.param(OC, marks=[needs_opencode, pytest.mark.opencode], id="opencode"),

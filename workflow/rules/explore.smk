@@ -7,6 +7,7 @@
 rule explore:
     input:
         root=f"{RESULTS}/{{task}}/roots/{{root}}/metadata.json",
+        grader=f"{RESULTS}/{{task}}/grader_env.json",
     output:
         tree=f"{RESULTS}/{{task}}/trees/{{root}}/tree.json",
     log:

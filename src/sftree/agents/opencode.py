@@ -766,10 +766,17 @@ class OpenCodeAgent(AgentBackend):
         shell = host / "bin" / "bash"
         shell.write_text(script(sys.executable, shutil.which("bash") or "/bin/bash"), encoding="utf-8")
         shell.chmod(0o755)
-        (host / "AGENTS.md").write_text(run.instructions, encoding="utf-8")  # as the host wrote it (edge.py)
-        settings = run.coral.world.opencode_json() if run.coral is not None else "{}\n"
+        # AGENTS.md as the host wrote it (search/edge.py), Coral's settings as `_coral_settings` writes them
+        (host / "AGENTS.md").write_text(getattr(run, "instructions", ""), encoding="utf-8")
+        coral = getattr(run, "coral", None)
+        settings = coral.world.opencode_json() if coral is not None else "{}\n"
         (host / "coral-opencode.json").write_text(settings, encoding="utf-8")
         home_oc = st.box / "home" / ".opencode"  # the box is the sandbox user's: whatever it left there goes
+        if not (st.box / "home").is_dir() or (st.box / "home").is_symlink():
+            safefs.remove_entry(st.box, "home")
+            (st.box / "home").mkdir(parents=True)
+            if st.uid is not None:
+                os.chown(st.box / "home", st.uid, st.uid)
         safefs.remove_entry(st.box / "home", ".opencode")
         home_oc.mkdir()
         mounts = [(home_cfg, f"{HOME_MOUNT}/home/.opencode"), (host / "AGENTS.md", f"{wt}/AGENTS.md"),

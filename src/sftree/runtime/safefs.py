@@ -164,14 +164,7 @@ def remove_tree(dfd: int, name: str) -> None:
 def remove_entry(root: Path, name: str) -> None:
     """Remove entry `name` of folder `root` whatever it is (a folder with all it holds), never following a link."""
     with open_dir(root) as dfd:
-        try:
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        except FileNotFoundError:
-            return
-        if stat.S_ISDIR(st.st_mode):
-            remove_tree(dfd, name)
-        else:
-            os.unlink(name, dir_fd=dfd)
+        remove.entry(dfd, name)
 
 
 def remove_all(path: Path) -> None:

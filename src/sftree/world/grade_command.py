@@ -29,6 +29,8 @@ def command(name: str, task_dir: str, graded_can_read=(), coral: dict | None = N
     parts += ["--coral-mode", coral.get("mode") or "auto"]
     if coral.get("python"):
         parts += ["--coral-python", str(coral["python"])]
+    if coral.get("grader_venv_cache"):
+        parts += ["--grader-venv-cache", str(coral["grader_venv_cache"])]
     return " ".join(shlex.quote(p).replace("{", "{{").replace("}", "}}") for p in parts) + " {code_dir}"
 
 
@@ -39,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--graded-can-read", action="append", default=[])
     p.add_argument("--coral-mode", default="auto")
     p.add_argument("--coral-python")
+    p.add_argument("--grader-venv-cache")
     p.add_argument("--commit", default="0" * 40)
     p.add_argument("code_dir")
     a = p.parse_args(argv)
@@ -47,7 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     from sftree.world.task import load_coral_task
 
     try:
-        spec = load_coral_task(a.task_dir, a.task, {"graded_can_read": a.graded_can_read})
+        spec = load_coral_task(
+            a.task_dir,
+            a.task,
+            {
+                "graded_can_read": a.graded_can_read,
+                "coral": {"grader_venv_cache": a.grader_venv_cache},
+            },
+        )
         install = locate({"mode": a.coral_mode, "python": a.coral_python})
         r = grade(
             spec,

@@ -140,15 +140,23 @@ def _standin(req: dict) -> dict:
         metadata={"budget_class": cls, "agent_id": req["agent_id"], "commit_hash": req["commit"]},
     )
     timeout = req.get("timeout") or None
+    if req.get("entrypoint") and not req.get("in_worker"):
+        return _standin_packaged(req, cls)
     try:
-        path = coral_dir / "private" / "eval" / "grader.py"
-        spec = importlib.util.spec_from_file_location("task_grader", str(path))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["task_grader"] = mod
-        spec.loader.exec_module(mod)
-        gcls = getattr(mod, "Grader", None)
-        if gcls is None or not issubclass(gcls, TaskGrader):
-            raise TypeError("eval/grader.py must define `Grader`, a TaskGrader subclass")
+        if req.get("entrypoint"):  # the packaged form, in the grader venv's worker
+            mod_path, _, name = req["entrypoint"].rpartition(":")
+            gcls = getattr(importlib.import_module(mod_path), name, None)
+            if not isinstance(gcls, type) or not issubclass(gcls, TaskGrader):
+                raise TypeError(f"{req['entrypoint']} must resolve to a TaskGrader subclass, got {gcls!r}")
+        else:
+            path = coral_dir / "private" / "eval" / "grader.py"
+            spec = importlib.util.spec_from_file_location("task_grader", str(path))
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules["task_grader"] = mod
+            spec.loader.exec_module(mod)
+            gcls = getattr(mod, "Grader", None)
+            if gcls is None or not issubclass(gcls, TaskGrader):
+                raise TypeError("eval/grader.py must define `Grader`, a TaskGrader subclass")
         grader = gcls(config=SimpleNamespace(args=req.get("args") or {}, timeout=timeout))
         grader.private_dir = str(coral_dir / "private")
         grader.codebase_path = req["checkout"]
@@ -196,6 +204,44 @@ def _standin(req: dict) -> dict:
     }
 
 
+def _standin_packaged(req: dict, cls: str) -> dict:
+    """The stand-in's SubprocessGrader: the same grading in a worker on the grader venv's Python (where the task's
+    package and the stand-in `coral` are installed), JSON in on stdin, out on stdout; its timeout is the grader's."""
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = (
+        f"import sys, json; sys.path.append({here!r}); import grade_main as g; "
+        "r = json.loads(sys.stdin.read()); r['in_worker'] = True; "
+        "sys.stdout.write('\\n' + json.dumps(g._standin(r), default=str))"
+    )
+    timeout = req.get("timeout") or None
+    try:
+        proc = subprocess.run(
+            [f"{req['grader_venv']}/bin/python", "-c", script],
+            input=json.dumps(req),
+            capture_output=True,
+            text=True,
+            timeout=timeout + 5 if timeout else None,
+        )
+    except subprocess.TimeoutExpired:
+        return {
+            "score": None,
+            "status": "timeout",
+            "feedback": f"grading took longer than {timeout} s",
+            "metadata": {"budget_class": "grader_error"},
+        }
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {
+            "score": None,
+            "status": "crashed",
+            "feedback": f"the grader worker failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}",
+            "metadata": {"budget_class": "grader_error"},
+        }
+
+
 def main() -> None:
     req = json.loads(Path(sys.argv[1]).read_text())
     fd = int(req["result_fd"])
@@ -209,6 +255,11 @@ def main() -> None:
     multiprocessing.set_executable(real)  # a spawned grader worker is the grader, not graded code
     sys.executable = req["forwarder"]
     os.environ["PATH"] = req["forwarder_dir"] + ":" + os.environ.get("PATH", "/usr/bin:/bin")
+    if req.get(
+        "site"
+    ):  # a packaged grader's worker (another process) gets the forwarder as sys.executable too
+        os.environ["PYTHONPATH"] = req["site"]
+        os.environ["SFTREE_FORWARDER"] = req["forwarder"]
     t0 = time.monotonic()
     try:
         result = _coral(req) if req["mode"] == "coral" else _standin(req)

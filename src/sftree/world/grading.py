@@ -50,6 +50,7 @@ from sftree.runtime.procs import run_group
 from sftree.runtime.sandbox import UIDS, Limits, bwrap_argv, resolve_mode, wait_gone, wrap_limits
 from sftree.runtime.snapshot import Quota, QuotaExceeded, usage
 from sftree.runtime.unixsock import Listener, read_request
+from sftree.world import grader_env
 from sftree.world.locate import CoralInstall
 from sftree.world.task import TaskSpec
 
@@ -242,8 +243,12 @@ def grade(
         layout = tmp / "run"
         cd_host = layout / ".coral"
         checkout_host = cd_host / "private" / "grader_checkouts" / commit
+        venv = grader_env.ensure(spec, install) if spec.entrypoint else None
         try:
-            shutil.copytree(spec.eval_dir, cd_host / "private" / "eval", symlinks=True)
+            if spec.eval_dir.is_dir():
+                shutil.copytree(spec.eval_dir, cd_host / "private" / "eval", symlinks=True)
+            else:
+                (cd_host / "private" / "eval").mkdir(parents=True)  # a packaged grader's task may have none
             shutil.copytree(code_dir, checkout_host, symlinks=True)
         except (OSError, shutil.Error) as exc:
             if kernel_quota and ("No space left" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC):
@@ -296,11 +301,21 @@ def grade(
             "forwarder_dir": f"{ctl_in}/bin",
             "feedback_cap": FEEDBACK_CAP,
         }
+        venv_in = f"{cd_in}/private/grader_venv"
+        if venv is not None:
+            # Coral's SubprocessGrader (or the stand-in's worker) runs the venv's Python: its sys.executable
+            # becomes the forwarder too (sitecustomize on PYTHONPATH), so what it starts is graded code.
+            (ctl / "site").mkdir()
+            (ctl / "site" / "sitecustomize.py").write_text(grader_env.SITECUSTOMIZE)
+            req.update(entrypoint=spec.entrypoint, grader_venv=venv_in, site=f"{ctl_in}/site")
+            if not confined:
+                (cd_host / "private" / "grader_venv").symlink_to(venv.path)
         (ctl / "request.json").write_text(json.dumps(req))
         for p in ctl.rglob("*"):
             os.chmod(p, 0o755 if p.is_dir() or os.access(p, os.X_OK) else 0o644)
         os.chmod(ctl, 0o755)
         roots = list(install.roots) if install else []
+        roots += list(venv.roots) if venv is not None else []
         limit = spec.timeout + GRACE_S if spec.timeout else NO_LIMIT_S
         deadline = time.monotonic() + limit
         g_uid = UIDS.acquire() if confined else None
@@ -355,6 +370,7 @@ def grade(
                 ro_binds=[
                     (cd_host / "private" / "eval", f"{cd_in}/private/eval"),
                     (cd_host / "config.yaml", f"{cd_in}/config.yaml"),
+                    *([(venv.path, venv_in)] if venv is not None else []),
                     (ctl, CTL),
                     (sock_dir, SOCK),
                 ],

@@ -43,6 +43,11 @@ class TaskSpec:
     coral: dict = field(default_factory=dict)  # task.yaml as read (Coral builds its config from it)
     graded_can_read: tuple[str, ...] = ()
     grader: str | None = None  # the command form's grader command
+    # The packaged form (Coral's current one): `grader.entrypoint` "pkg.module:Class" imported in a grader venv that
+    # `grader.setup` (shell commands run in the task folder) installs into (world/grader_env.py builds and caches it).
+    entrypoint: str = ""
+    setup: tuple[str, ...] = ()
+    venv_cache: str | None = None  # config `coral.grader_venv_cache` (None: the user cache dir)
 
     @property
     def minimize(self) -> bool:
@@ -96,14 +101,18 @@ def load_coral_task(task_dir: str | Path, name: str | None = None, overrides: di
         raise InputError(f"{where}: `grader.timeout` must be >= 0, got {timeout}")
     args = _field(data, "grader.args", dict, where, required=False, default={})
     entry = _field(data, "grader.entrypoint", str, where, required=False, default="")
+    setup = _field(data, "grader.setup", list, where, required=False, default=[])
+    if any(not isinstance(c, str) or not c.strip() for c in setup):
+        raise InputError(f"{where}: `grader.setup` must be a list of shell commands (strings)")
     eval_dir = task_dir / "eval"
     if entry:
+        mod, _, cls = entry.rpartition(":")
+        if not mod or not cls.isidentifier() or not all(p.isidentifier() for p in mod.split(".")):
+            raise InputError(f"{where}: `grader.entrypoint` must be 'module.path:ClassName', got {entry!r}")
+    elif not (eval_dir / "grader.py").is_file():
         raise InputError(
-            f"{where}: `grader.entrypoint` ({entry!r}) graders run in Coral's grader venv, which sftree does not "
-            "build; use an eval/grader.py TaskGrader"
+            f"{task_dir}: no eval/grader.py and no `grader.entrypoint` in task.yaml (the task's TaskGrader)"
         )
-    if not (eval_dir / "grader.py").is_file():
-        raise InputError(f"{task_dir}: no eval/grader.py (the task's TaskGrader)")
     overrides = overrides or {}
     override = overrides.get("coral_timeout_override", overrides.get("grader_timeout"))
     if override is not None:
@@ -130,6 +139,9 @@ def load_coral_task(task_dir: str | Path, name: str | None = None, overrides: di
         seed_dir=seed if seed.is_dir() else None,
         coral=data,
         graded_can_read=reads,
+        entrypoint=entry,
+        setup=tuple(setup),
+        venv_cache=(overrides.get("coral") or {}).get("grader_venv_cache"),
     )
 
 

@@ -1,0 +1,217 @@
+"""Packaged Coral graders (task.yaml `grader.entrypoint` + `grader.setup`, sftree.world.grader_env): the task loads,
+its grader venv is built once and reused (cache outside results/, keyed by the grader section and files), graded
+code cannot see the venv or the grader package, and a bad entrypoint or setup is one line naming the task folder,
+the field and the cause (`sftree grader-env`, the workflow's preflight). With the stand-in; with the real Coral
+where it is a source install (Coral's setup_grader_env installs Coral editable from its source root)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from coral_helpers import coral_config, coral_python
+
+from sftree.errors import InputError
+from sftree.runtime.sandbox import bwrap_works
+from sftree.world import grader_env
+from sftree.world.grading import grade
+from sftree.world.task import load_coral_task
+
+SANDBOX = "bwrap" if bwrap_works() else "none"
+pytestmark = pytest.mark.skipif(grader_env.find_uv() is None, reason="no uv (scripts/setup.sh installs it)")
+
+GRADER = """
+from coral.grader import TaskGrader
+
+
+class Grader(TaskGrader):
+    def evaluate(self):
+        res = self.run_program("solution.py")
+        return float(res.stdout.strip().splitlines()[-1])
+
+
+class NotAGrader:
+    pass
+"""
+
+# The graded program: 1 per grader-side thing it can see (the venv, the grader package, the task folder), else 0.
+PROGRAM = """
+import os, sys, glob
+seen = [p for p in {paths!r} if os.path.exists(p)]
+seen += glob.glob("/**/mygrader*", recursive=False)
+print(len(seen) + 10 * (sys.executable.find("grader_venv") >= 0))
+"""
+
+
+def _coral_source_install():
+    py = coral_python()
+    if not py:
+        return None
+    from sftree.world.locate import locate
+
+    inst = locate(coral_config())
+    return inst if (Path(inst.root) / "pyproject.toml").is_file() else None
+
+
+KINDS = [pytest.param(None, id="stand-in")]
+KINDS.append(
+    pytest.param(
+        "coral",
+        id="coral",
+        marks=[
+            pytest.mark.coral,
+            pytest.mark.skipif(
+                _coral_source_install() is None,
+                reason="no real Coral installed from its source tree (Coral's setup_grader_env installs Coral "
+                "editable from the folder holding the coral package; .venv-coral is a non-editable install)",
+            ),
+        ],
+    )
+)
+
+
+@pytest.fixture(params=KINDS)
+def install(request):
+    return None if request.param is None else _coral_source_install()
+
+
+def make_task(base: Path, setup=None, entry="mygrader.grader:Grader") -> Path:
+    task = base / "task"
+    pkg = task / "pkg" / "mygrader"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "grader.py").write_text(GRADER)
+    (task / "pkg" / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "mygrader"\nversion = "0.1"\n[tool.setuptools]\npackages = ["mygrader"]\n'
+    )
+    (task / "seed").mkdir()
+    (task / "seed" / "solution.py").write_text("print(1.5)\n")
+    data = {
+        "task": {"name": "packaged", "description": "d"},
+        "grader": {
+            "entrypoint": entry,
+            "setup": setup if setup is not None else ["uv pip install ./pkg"],
+            "timeout": 60,
+        },
+    }
+    (task / "task.yaml").write_text(yaml.safe_dump(data))
+    return task
+
+
+def spec_for(task: Path, cache: Path):
+    return load_coral_task(task, "packaged", {"coral": {"grader_venv_cache": str(cache)}})
+
+
+def test_packaged_task_loads(tmp_path):
+    spec = spec_for(make_task(tmp_path), tmp_path / "cache")
+    assert spec.entrypoint == "mygrader.grader:Grader" and spec.setup == ("uv pip install ./pkg",)
+
+
+def test_built_once_reused_rebuilt_on_change(tmp_path, install):
+    task, cache = make_task(tmp_path), tmp_path / "cache"
+    first = grader_env.preflight(spec_for(task, cache), install, tmp_path / "setup.log")
+    second = grader_env.preflight(spec_for(task, cache), install, tmp_path / "setup.log")
+    assert first.built and not second.built and first.key == second.key and first.path == second.path
+    assert "$ uv pip install ./pkg" in (tmp_path / "setup.log").read_text() or install is not None
+    assert "grader venv reused" in (tmp_path / "setup.log").read_text()
+    (task / "pkg" / "mygrader" / "grader.py").write_text(GRADER.replace("float(", "2 * float("))
+    third = grader_env.preflight(spec_for(task, cache), install)
+    assert third.built and third.key != first.key
+    r = grade(spec_for(task, cache), task / "seed", commit="a" * 40, install=install, sandbox=SANDBOX)
+    assert (r.status, r.score) == ("scored", 3.0)  # the rebuilt package grades
+
+
+def test_graded_code_cannot_see_grader_venv(tmp_path, install):
+    task, cache = make_task(tmp_path), tmp_path / "cache"
+    spec = spec_for(task, cache)
+    venv = grader_env.preflight(spec, install)
+    code = tmp_path / "code"
+    code.mkdir()
+    paths = [str(venv.path), str(task / "pkg"), "/workspace/results/packaged/.coral/private/grader_venv"]
+    (code / "solution.py").write_text(PROGRAM.format(paths=paths))
+    r = grade(spec, code, commit="b" * 40, install=install, sandbox=SANDBOX)
+    assert r.status == "scored" and r.runs == 1, r.feedback
+    if SANDBOX == "bwrap":
+        assert r.score == 0.0, r.feedback  # nothing of the grader's side, and not run by the venv's Python
+
+
+@pytest.mark.parametrize(
+    "setup,entry,words",
+    [
+        (["uv pip install ./pkg", "exit 7"], None, ["grader.setup", "`exit 7` failed (exit 7)"]),
+        (None, "nosuch.module:Grader", ["grader.entrypoint", "does not import", "nosuch"]),
+        (None, "mygrader.grader:NotAGrader", ["grader.entrypoint", "not a TaskGrader subclass"]),
+        (None, "mygrader.grader:Missing", ["grader.entrypoint", "has no 'Missing'"]),
+    ],
+    ids=["setup-fails", "no-import", "not-taskgrader", "no-class"],
+)
+def test_preflight_one_line(tmp_path, setup, entry, words):
+    task = make_task(tmp_path, setup=setup, entry=entry or "mygrader.grader:Grader")
+    with pytest.raises(InputError) as err:
+        grader_env.preflight(spec_for(task, tmp_path / "cache"), None, tmp_path / "setup.log")
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(str(task)) and all(w in msg for w in words), msg
+    # the same line from the workflow's preflight command, nothing written
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "tasks": {"packaged": {"coral_task": str(task)}},
+                "coral": {"mode": "stand-in", "grader_venv_cache": str(tmp_path / "cache2")},
+            }
+        )
+    )
+    out = tmp_path / "res" / "grader_env.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sftree",
+            "grader-env",
+            "--task",
+            "packaged",
+            "--out",
+            str(out),
+            "--config",
+            str(cfg),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PATH": f"{Path(grader_env.find_uv()).parent}:{os.environ['PATH']}"},
+    )
+    assert proc.returncode == 2 and not out.exists()
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("sftree grader-env: error: ") and all(w in line for w in words), proc.stderr
+
+
+def test_failed_build_is_not_reused(tmp_path):
+    task, cache = make_task(tmp_path, setup=["uv pip install ./pkg", "test -f ok"]), tmp_path / "cache"
+    with pytest.raises(InputError):
+        grader_env.ensure(spec_for(task, cache), None)
+    assert not any(cache.glob("*/ready.json"))
+
+
+def test_import_coral_never_touches_grader_venv(tmp_path):
+    """import-coral reads a run whose task used a packaged grader: its .coral/private/grader_venv (here a FIFO that
+    would block a reader, a Python that leaves a mark when run, a link loop) is never read or executed."""
+    from helpers_coralrun import build_run, simple_specs
+
+    from sftree.roots.import_coral import run_import
+
+    built = build_run(tmp_path / "run", simple_specs(4))
+    coral_dir = next(p for p in built.run.rglob(".coral") if p.is_dir())
+    venv = coral_dir / "private" / "grader_venv"
+    (venv / "bin").mkdir(parents=True)
+    mark = tmp_path / "ran"
+    for name in ("python", "python3", "uv", "coral"):
+        (venv / "bin" / name).write_text(f"#!/bin/sh\ntouch {mark}\n")
+        (venv / "bin" / name).chmod(0o755)
+    os.mkfifo(venv / "pyvenv.cfg")
+    (venv / "loop").symlink_to(venv / "loop")
+    result = run_import(built.run, tmp_path / "snaps" / "demo")
+    assert sum(result.actions.values()) >= 4 and not mark.exists()
+    assert not any("grader_venv" in str(p) for p in (tmp_path / "snaps").rglob("*"))
