@@ -13,7 +13,7 @@
 Agents write into `.coral/public` (it is linked into their worktrees) and into the repositories, so every read
 here is bounded and never follows a symlink: each path is opened one component at a time from the run folder
 with O_NOFOLLOW (`runtime/safefs.py`), regular files only (a FIFO or device is refused on its fstat, before any
-read), records parsed with a depth limit and config.yaml without aliases (`bounded.py`). A record that cannot be
+read), records parsed with a depth limit and config.yaml without aliases (`safeparse.py`). A record that cannot be
 used is reported with its file and the reason, and the others are still read. Every name and value that reaches
 a message is escaped for display (`display.shown`, applied by `Problem`).
 """
@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sftree.bounded import LimitError, json_loads, yaml_load
 from sftree.display import shown
 from sftree.errors import InputError
 from sftree.roots.gitobjects import HEX_RE, check_objects_dir
 from sftree.runtime import safefs
+from sftree.safeparse import LimitError, json_loads, yaml_load
 
 MAX_RECORD = 8 << 20  # bytes of one attempt record (its feedback can be long)
 MAX_SMALL = 1 << 20  # config.yaml, eval_count, manager.pid
