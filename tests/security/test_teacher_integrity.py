@@ -83,7 +83,7 @@ def test_the_agents_commands_cannot_reach_opencodes_server(scripted):
     out = "\n".join(s.outputs("e1"))
     assert "FORGED []" in out, out[-2000:]  # every connection refused: nothing posted
     assert "PermissionError" in out
-    assert r.tampered is None and r.child_state is not None, r.error
+    assert getattr(r, "tampered", None) is None and r.child_state is not None, r.error
     assert forged_reached_teacher(s) == []
     tools = [t["function"]["name"] for t in recorded(s, "e1")[-1]["request"]["tools"]]
     assert "todowrite" in tools
@@ -134,7 +134,7 @@ def test_configuration_the_agent_writes_is_never_loaded(scripted):
     assert r1.child_state is not None
     r2 = s.edge("e2", parent=r1.child_state, parent_score=r1.score)
     for edge, r in (("e1", r1), ("e2", r2)):
-        assert r.tampered is None, (edge, r.error)
+        assert getattr(r, "tampered", None) is None, (edge, r.error)
         for step in recorded(s, edge):
             system = step["request"]["messages"][0]["content"]
             assert "INJECTED-INSTRUCTIONS" not in str(system), (edge, step["turn"], step["step"])
@@ -230,7 +230,7 @@ def test_every_turns_graded_commit_regrades_to_its_recorded_score(scripted, worl
     r1 = s.edge("e1")
     r2 = s.edge("e2", parent=r1.child_state, parent_score=r1.score)
     for r in (r1, r2):
-        assert r.tampered is None and all(t.commit for t in r.turns), (r.error, r.turns)
+        assert getattr(r, "tampered", None) is None and all(t.commit for t in r.turns), (r.error, r.turns)
         for t in r.turns:
             assert regrade(s, t.commit) == pytest.approx(t.score), (r.edge_id, t.turn)
         assert r.child_state.code_commit == r.turns[-1].commit
