@@ -54,6 +54,7 @@ from typing import Any
 import requests
 
 from sftree.agents.chain import ChainBreak, SessionChain
+from sftree.agents.chain import text_of as _text  # a message's content as text
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
 from sftree.teacher.client import RetryBudget, no_worker_answer, refused
 from sftree.teacher.response import MalformedResponse, normalize
@@ -113,15 +114,6 @@ class ProxyLimits:
 
 
 # ---- pure helpers --------------------------------------------------------------------------------------------
-def _text(content: Any) -> str:
-    """A message's content as text (OpenAI content may be a list of parts)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
-
-
 def classify(body: dict) -> str:
     """agent | title | compaction | summary, from the request's system prompt and tools."""
     msgs = _messages(body)
