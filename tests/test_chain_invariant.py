@@ -243,3 +243,42 @@ def test_after_an_interrupt_the_last_reply_may_be_kept_whole_in_part_or_not_at_a
     uninterrupted.expect_prompt(PROMPT2)
     with pytest.raises(ChainBreak):  # a whole reply OpenCode kept cannot vanish from the session
         uninterrupted.check(request([*base, prompt]))
+
+
+@pytest.mark.parametrize(
+    ("echoed", "ok"),
+    [
+        pytest.param(
+            {"name": "invalid", "arguments": json.dumps({"tool": "Bash", "error": "unknown"})},
+            True,
+            id="invalid",
+        ),
+        pytest.param(
+            {"name": "bash", "arguments": json.dumps({"command": "ls"})}, True, id="lower-case-repair"
+        ),
+        pytest.param(
+            {"name": "bash", "arguments": json.dumps({"command": "rm -rf /"})}, False, id="other-arguments"
+        ),
+        pytest.param({"name": "edit", "arguments": json.dumps({"command": "ls"})}, False, id="other-tool"),
+        pytest.param(
+            {"name": "invalid", "arguments": json.dumps({"tool": "edit", "error": "x"})},
+            False,
+            id="invalid-other",
+        ),
+    ],
+)
+def test_opencodes_own_repairs_of_a_call_pass_and_nothing_else(echoed, ok):
+    sent = {"role": "assistant", "content": "", "tool_calls": [call("c1", "Bash", {"command": "ls"})]}
+    m1 = [{"role": "user", "content": PROMPT1}]
+    back = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c1", "type": "function", "function": echoed}],
+    }
+    m2 = m1 + [back, {"role": "tool", "tool_call_id": "c1", "content": "result"}]
+    session = [(m1, sent, PROMPT1), (m2, {"role": "assistant", "content": "ok"}, None)]
+    if ok:
+        run(session)
+    else:
+        with pytest.raises(ChainBreak):
+            run(session)
