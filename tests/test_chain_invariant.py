@@ -282,3 +282,24 @@ def test_opencodes_own_repairs_of_a_call_pass_and_nothing_else(echoed, ok):
     else:
         with pytest.raises(ChainBreak):
             run(session)
+
+
+def test_opencodes_caching_marks_move_with_the_newest_messages_and_count_for_nothing():
+    """For a Claude-family id OpenCode marks the newest messages `cache_control` (as a part list, too); the marks
+    move as the session grows. A word changed under a mark still breaks the chain."""
+    session = honest_session()
+    mark = {"type": "ephemeral"}
+    marked = copy.deepcopy(session)
+    marked[0][0][0]["cache_control"] = mark
+    marked[1][0][-1] = {
+        **marked[1][0][-1],
+        "content": [{"type": "text", "text": "x = 1", "cache_control": mark}],
+    }
+    run(marked)
+    forged = copy.deepcopy(marked)
+    forged[1][0][0] = {
+        "role": "user",
+        "content": [{"type": "text", "text": PROMPT1 + " 9.99", "cache_control": mark}],
+    }
+    with pytest.raises(ChainBreak):
+        run(forged)

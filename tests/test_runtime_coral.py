@@ -94,11 +94,16 @@ def test_eval_commits_grades_and_records(toy):
         ["git", "rev-parse", "HEAD"], cwd=ws.root, capture_output=True, text=True, env=git_env()
     )
     assert head.stdout.strip() == commit
+    # A turn ends at its first eval and the runtime takes no other in it: each eval below opens a turn of its own.
+    assert coral(box, "eval", "-m", "same turn")[2].startswith("Error: this turn already ended at its eval")
     set_value(ws, 3)
+    server.runtime.open_turn()
     assert BLOCK.search(coral(box, "eval", "-m", "three")[1]).group(4) == "baseline"  # a tie
     set_value(ws, 4)
+    server.runtime.open_turn()
     assert BLOCK.search(coral(box, "eval", "-m", "four")[1]).groups()[0::3] == ("44", "improved")
     assert [e.score for e in server.runtime.evals] == [2.5, 3.0, 4.0]
+    server.runtime.open_turn()
     rc, out, err = coral(box, "eval", "-m", "again")
     assert (rc, out) == (1, "") and err.startswith("Error: Nothing to commit")  # on stderr, exit 1, as Coral
     assert server.runtime.evals[-1].status == "nothing_to_commit"
@@ -169,6 +174,7 @@ def test_minimize_direction(tmp_path):
         set_value(ws, 2)
         assert "Status:  improved" in coral(box, "eval", "-m", "lower")[1]
         set_value(ws, 2.5)
+        server.runtime.open_turn()
         assert "Status:  regressed" in coral(box, "eval", "-m", "higher")[1]
     finally:
         server.stop()

@@ -119,7 +119,7 @@ def test_configuration_the_agent_writes_is_never_loaded(scripted):
         '(mkdir -p $HOME/.opencode && printf \'{"instructions": ["%s/inj.md"]}\' $PWD > '
         "$HOME/.opencode/opencode.json; echo home: $?) ; echo planted"
     )
-    kill = bash("pkill -f 'opencode serve'; sleep 5; echo survived")
+    kill = bash("pkill -9 -f '[o]pencode.exe serve'; sleep 5; echo survived")
     s = scripted(
         {
             ("e1", 1): [[plant], [edit_solution()], [kill]],  # the server dies: turn 2 starts it again

@@ -74,6 +74,25 @@ def split(body: dict) -> tuple[list[str], list[dict]]:
     return [text_of(m.get("content")) for m in msgs[:n]], list(msgs[n:])
 
 
+CACHE_KEY = (
+    "cache_control"  # OpenCode's prompt-caching marks (Claude-family ids): on the newest messages only
+)
+
+
+def plain(value: Any) -> Any:
+    """A message (or tool list) without OpenCode's own caching marks, its text parts joined: the marks move to the
+    newest messages as a session grows, and a marked message's content may be a list of text parts."""
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: plain(v) for k, v in value.items() if k != CACHE_KEY}
+    content = out.get("content")
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        out["content"] = "".join(str(p.get("text", "")) for p in content)
+    return out
+
+
 def canonical(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
@@ -88,7 +107,9 @@ class Pristine:
     @classmethod
     def of(cls, body: dict, workdir: str = "") -> Pristine:
         system, _rest = split(body)
-        return cls(tuple(masked_system(s, workdir) for s in system), canonical(body.get("tools") or []))
+        return cls(
+            tuple(masked_system(s, workdir) for s in system), canonical(plain(body.get("tools") or []))
+        )
 
 
 def _args(raw: Any) -> Any:
@@ -167,8 +188,9 @@ class SessionChain:
     def check(self, body: dict) -> None:
         """Raise ChainBreak unless `body` extends the session; on success it becomes the previous request."""
         system, rest = split(body)
+        rest = plain(rest)  # compared without OpenCode's caching marks (and kept so)
         if self.pristine is not None:
-            if canonical(body.get("tools") or []) != self.pristine.tools:
+            if canonical(plain(body.get("tools") or [])) != self.pristine.tools:
                 raise ChainBreak(
                     "the tool list is not OpenCode's", self.pristine.tools, canonical(body.get("tools") or [])
                 )
@@ -176,7 +198,7 @@ class SessionChain:
                 raise ChainBreak("the system prompt is not OpenCode's", self.pristine.system, system)
         if any(isinstance(m, dict) and m.get("role") == "system" for m in rest):
             raise ChainBreak("a system message after the first user message", None, rest)
-        prev = self.base if self.history is None else self.history
+        prev = plain(self.base) if self.history is None else self.history
         options = [self._extended(prev, rest)]
         if self.history is not None and (self.reply is None or self.reply_cut):
             options.append(self._tail(prev, rest, len(prev)))  # the same request again (a retry)
