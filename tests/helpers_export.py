@@ -45,7 +45,7 @@ TOOLS = [
 ROOT = "eval-000005-agent-1-aaaaaaaaaaaa"
 
 
-def _assistant(edge, turn, step, last, fault):
+def _assistant(edge, turn, step, last, fault, reasoning=True):
     cid = f"call_{edge}_{turn}_{step}"
     if last:
         name, args = "bash", json.dumps({"command": 'coral eval -m "try"'})
@@ -58,7 +58,7 @@ def _assistant(edge, turn, step, last, fault):
         "content": None if step % 2 else f"step {step}",
         "tool_calls": [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}],
     }
-    if turn == 2 and step == 1:
+    if reasoning and turn == 2 and step == 1:
         msg["reasoning_content"] = "think first"
     if fault == "length":  # the call came whole, but the server says the reply hit max_tokens
         msg["content"] = f"{edge} cut {turn}.{step}"
@@ -74,7 +74,13 @@ NOTES = {"text": ["text_tool_calls:hermes"]}
 
 
 def write_edge(
-    tree_dir: Path, edge: str, start: list[dict], steps_per_turn: int = 2, faults=None, title=True
+    tree_dir: Path,
+    edge: str,
+    start: list[dict],
+    steps_per_turn: int = 2,
+    faults=None,
+    title=True,
+    reasoning=True,
 ):
     """Two turns of `steps_per_turn` steps; returns the session's messages after the edge."""
     faults = faults or {}
@@ -84,7 +90,7 @@ def write_edge(
         messages.append({"role": "user", "content": f"{edge} turn {turn} prompt"})
         for step in range(1, steps_per_turn + 1):
             fault = faults.get((turn, step))
-            resp, results = _assistant(edge, turn, step, step == steps_per_turn, fault)
+            resp, results = _assistant(edge, turn, step, step == steps_per_turn, fault, reasoning)
             lines.append(
                 {
                     "edge": edge,
@@ -132,21 +138,23 @@ def make_results(
     stage: str = "middle",
     faults: dict | None = None,
     tree_extra: dict | None = None,
+    reasoning: bool = True,
 ):
     """n0 -(e1)-> n1 -(e2)-> n2 ; n1 -(e3)-> n3 ; n0 -(e4)-> n4 (no score: pruned-like, excluded). Returns tree dir.
 
     `faults` = {edge: {(turn, step): kind}} (write_edge), by default e2's turn 2 step 1 has malformed arguments;
-    `tree_extra` is merged into tree.json (e.g. `backend`, `coral`)."""
+    `tree_extra` is merged into tree.json (e.g. `backend`, `coral`); `reasoning`: turn 2 step 1 of each edge
+    carries `reasoning_content`."""
     faults = DEFAULT_FAULTS if faults is None else faults
     root_dir = base / task / "roots" / ROOT
     root_dir.mkdir(parents=True)
     (root_dir / "metadata.json").write_text(json.dumps({"stage": stage, "score": 1.0, "task": task}))
     tree_dir = base / task / "trees" / ROOT
     system = [{"role": "system", "content": "You are a Coral agent."}]
-    s1 = write_edge(tree_dir, "e1", system, faults=faults.get("e1"))
-    write_edge(tree_dir, "e2", s1, faults=faults.get("e2"))
-    write_edge(tree_dir, "e3", s1, faults=faults.get("e3"))
-    write_edge(tree_dir, "e4", system, faults=faults.get("e4"))
+    s1 = write_edge(tree_dir, "e1", system, faults=faults.get("e1"), reasoning=reasoning)
+    write_edge(tree_dir, "e2", s1, faults=faults.get("e2"), reasoning=reasoning)
+    write_edge(tree_dir, "e3", s1, faults=faults.get("e3"), reasoning=reasoning)
+    write_edge(tree_dir, "e4", system, faults=faults.get("e4"), reasoning=reasoning)
 
     def node(i, parent, score, depth, leaf):
         return {

@@ -47,11 +47,20 @@ def validate_config(config: dict, source: str = "config") -> dict:
     schema = load_schema()
     errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(e.path))
     if errors:
-        lines = [f"{source}: {'.'.join(str(p) for p in e.path) or '<top>'}: {e.message}" for e in errors]
+        lines = [f"{source}: {'.'.join(str(p) for p in e.path) or '<top>'}: {_message(e)}" for e in errors]
         if len(lines) == 1:
             raise InputError(f"invalid configuration: {lines[0]}")
         raise InputError("invalid configuration:\n  " + "\n  ".join(lines))
     return config
+
+
+def _message(err: jsonschema.ValidationError) -> str:
+    """The error's message; for `anyOf` (a value that may be null or an object) the best branch's, which names
+    the field that is wrong rather than "not valid under any of the given schemas"."""
+    branch = [e for e in err.context or [] if e.validator != "type"]  # the branch of the value's own type
+    if branch:
+        return jsonschema.exceptions.best_match(branch).message
+    return err.message
 
 
 def load_config(path: str | Path | None = None, overrides: dict | None = None) -> dict:

@@ -2,6 +2,7 @@ import glob
 import logging
 import os
 import re
+import shlex
 import sys
 
 # Rules call `sftree` (and graders `python3`) by name. Put the bin folder of the interpreter Snakemake runs
@@ -150,3 +151,13 @@ EFFECTIVE_CONFIG = effective_config_file()
 
 def config_args():
     return f"--config {EFFECTIVE_CONFIG}"
+
+
+def student_args(student):
+    """export_sft's options for `export.student` (empty when not set: the export is not measured)."""
+    if not student:
+        return ""
+    args = f"--student {shlex.quote(student['path'])} --student-max-length {int(student['max_length'])}"
+    if student.get("chat_template"):
+        args += f" --student-chat-template {shlex.quote(student['chat_template'])}"
+    return args

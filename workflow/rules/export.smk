@@ -11,9 +11,10 @@ rule export_sft:
     params:
         granularity=config["export"]["granularity"],
         refuse="--refuse-native" if config["export"]["refuse_native"] else "",
+        student=student_args(config["export"].get("student")),
     shell:
         "sftree export-sft --paths {input.paths} --out {output.sft}"
-        " --granularity {params.granularity} {params.refuse} > {log} 2>&1"
+        " --granularity {params.granularity} {params.refuse} {params.student} > {log} 2>&1"
 
 
 rule merge_sft:

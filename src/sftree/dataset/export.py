@@ -51,6 +51,7 @@ from typing import Any
 import jsonschema
 
 from sftree.config import SCHEMA_DIR
+from sftree.dataset.student import Student, StudentStats, load_student, measure
 from sftree.errors import InputError
 from sftree.fileio import AtomicLines, iter_jsonl, read_json, write_json_atomic, write_text_atomic
 from sftree.progress import Progress
@@ -507,6 +508,7 @@ class ExportStats:
     granularity: str | None = None
     refuse_native: bool = False
     tasks: list = field(default_factory=list)
+    student: StudentStats | None = None  # the figures under `export.student`; None: not measured
 
     def to_dict(self) -> dict:
         return {
@@ -524,6 +526,7 @@ class ExportStats:
             "backends": dict(sorted(self.backends.items())),
             "malformed_arguments": self.malformed_arguments,
             "tampered": self.tampered,
+            "student": self.student.to_dict() if self.student else None,
         }
 
     @classmethod
@@ -543,6 +546,7 @@ class ExportStats:
             granularity=d.get("granularity"),
             refuse_native=bool(d.get("refuse_native")),
             tasks=list(d.get("tasks") or []),
+            student=StudentStats.from_dict(d["student"]) if isinstance(d.get("student"), dict) else None,
         )
 
     def add(self, other: ExportStats) -> None:
@@ -559,6 +563,12 @@ class ExportStats:
         ):
             mine.update(theirs)
         self.tasks += [t for t in other.tasks if t not in self.tasks]
+        if (self.student is None) != (other.student is None):
+            raise InputError(
+                "export stats of tasks exported with and without export.student cannot be merged"
+            )
+        if self.student and other.student:
+            self.student.add(other.student)
         self.granularity = self.granularity or other.granularity
         self.refuse_native = self.refuse_native or other.refuse_native
 
@@ -570,7 +580,11 @@ def stats_path(out: str | Path) -> Path:
 
 
 def export_tree(
-    ctx: TreeContext, granularity: str, stats: ExportStats, refuse_native: bool = False
+    ctx: TreeContext,
+    granularity: str,
+    stats: ExportStats,
+    refuse_native: bool = False,
+    student: Student | None = None,
 ) -> Iterator[dict]:
     selected = sorted((p for p in ctx.doc["paths"] if p.get("selected")), key=lambda p: p["rank"])
     stats.paths += len(selected)
@@ -634,6 +648,8 @@ def export_tree(
         backend = rec["metadata"]["backend"]
         if refuse_native and backend != OPENCODE:
             stats.refused[backend] += 1
+            return
+        if student is not None and not under_student(rec, student, stats):
             return
         stats.records += 1
         stats.backends[backend] += 1
@@ -709,24 +725,55 @@ def export_tree(
             cache.pop(edge_id, None)  # an edge's steps are needed once in step granularity
 
 
+def under_student(rec: dict, student: Student, stats: ExportStats) -> bool:
+    """Render the record with the Student's template and count its tokens (`metadata.student_tokens`); False when
+    it is longer than `max_length` (**rule**: dropped whole and counted, never cut: a cut step record loses its
+    context or its answer). A template that leaves out what the record trains raises StudentError."""
+    m = measure(student, rec)
+    why = stats.student.count(m)
+    if why:
+        log.info(
+            "record %s: %d tokens under the Student > max_length %d: dropped",
+            rec["metadata"]["id"],
+            m.processed,
+            student.max_length,
+        )
+        return False
+    rec["metadata"]["student_tokens"] = {
+        "prompt_tokens": m.processed - m.trained,
+        "completion_tokens": m.trained,
+        "total_tokens": m.processed,
+    }
+    return True
+
+
 def iter_task_records(
-    paths_files: Iterable[str | Path], granularity: str, stats: ExportStats, refuse_native: bool = False
+    paths_files: Iterable[str | Path],
+    granularity: str,
+    stats: ExportStats,
+    refuse_native: bool = False,
+    student: Student | None = None,
 ) -> Iterator[dict]:
     """Records of all selected paths of one task's trees, one tree at a time (nothing else held in memory)."""
     paths_files = list(paths_files)
     stats.granularity, stats.refuse_native = granularity, refuse_native
+    if student is not None and stats.student is None:
+        stats.student = StudentStats.of(student)
     progress = Progress("export-sft trees", total=len(paths_files), logger=log)
     for pf in paths_files:
-        yield from export_tree(TreeContext.load(pf), granularity, stats, refuse_native)
+        yield from export_tree(TreeContext.load(pf), granularity, stats, refuse_native, student)
         progress.update(records=stats.records)
     progress.finish(records=stats.records, paths=stats.paths)
 
 
 def export_task(
-    paths_files: Iterable[str | Path], granularity: str, refuse_native: bool = False
+    paths_files: Iterable[str | Path],
+    granularity: str,
+    refuse_native: bool = False,
+    student: Student | None = None,
 ) -> tuple[list[dict], ExportStats]:
     stats = ExportStats()
-    records = list(iter_task_records(paths_files, granularity, stats, refuse_native))
+    records = list(iter_task_records(paths_files, granularity, stats, refuse_native, student))
     return records, stats
 
 
@@ -992,6 +1039,46 @@ def _llamafactory_layout_lines(merged: MergeStats | None) -> list[str]:
     ]
 
 
+def _student_lines(merged: MergeStats | None) -> list[str]:
+    """Card section: the records under the Student's tokenizer, template and max_length (`export.student`)."""
+    from sftree.dataset.student import DROP_TOO_LONG
+
+    lines = ["## Under the Student", ""]
+    st = merged.export.student if merged and merged.export else None
+    if st is None:
+        return lines + [
+            "Not measured: `export.student` is not set, so the records were never rendered with the Student's chat "
+            "template nor counted with its tokenizer. Their length under the Student is unknown, and a trainer may "
+            "cut or drop records longer than its `max_length` without a word; a template that does not render "
+            "tool calls would train answers without their calls.",
+            "",
+        ]
+    ratio = f"{st.processed / st.trained:.1f}" if st.trained else "-"
+    dropped = st.dropped.get(DROP_TOO_LONG, 0)
+    lines += [
+        f"Student: `{st.source}`, chat template `{st.template}`, `max_length` {st.max_length}. Every record was "
+        "rendered with this template and the trained text checked to hold every tool call (name and arguments), "
+        "the text and the reasoning it trains.",
+        "",
+        f"Records: {st.records}; tokens processed {st.processed}; tokens trained {st.trained}; processed per "
+        f"trained token: {ratio}. Longest record: {st.longest} tokens.",
+        "",
+        f"Records dropped: {_counts(st.dropped)}"
+        + (
+            f" (`{DROP_TOO_LONG}`: the whole rendered record is longer than `max_length`; dropped, never cut, so "
+            "no trainer cuts it silently)."
+            if dropped
+            else "."
+        ),
+        "",
+        "| length / max_length | " + " | ".join(st.lengths) + " |",
+        "|---|" + "---:|" * len(st.lengths),
+        "| records | " + " | ".join(str(v) for v in st.lengths.values()) + " |",
+        "",
+    ]
+    return lines
+
+
 def dataset_card(
     records: list[dict],
     sft_name: str,
@@ -1073,6 +1160,7 @@ def dataset_card(
     if trust:
         lines += _trust_lines(trust)
     lines += _untrained_lines(merged, history_excluded, step)
+    lines += _student_lines(merged)
     lines += [
         "## Records by task and stage",
         "",
@@ -1272,6 +1360,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="leave out the records of trees not made by the opencode backend (counted); default: flag them",
     )
+    parser.add_argument(
+        "--student",
+        help="the Student's HF model folder or .gguf file: every record rendered with its chat template and "
+        "counted with its tokenizer (export.student)",
+    )
+    parser.add_argument("--student-max-length", type=int, help="with --student: records longer are dropped")
+    parser.add_argument(
+        "--student-chat-template", help="with --student: a Jinja file replacing its own template"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -1291,9 +1388,15 @@ def run(args: argparse.Namespace) -> int:
             results=args.results,
         )
         return 0
+    student = None
+    if args.student:
+        if not args.student_max_length:
+            raise InputError("--student needs --student-max-length (export.student.max_length)")
+        student = load_student(args.student, args.student_max_length, args.student_chat_template)
     stats = ExportStats()
+    # A StudentError raised on any record leaves nothing written (AtomicLines renames only on success).
     with AtomicLines(args.out) as out:
-        for rec in iter_task_records(args.paths, args.granularity, stats, args.refuse_native):
+        for rec in iter_task_records(args.paths, args.granularity, stats, args.refuse_native, student):
             out.write(rec)
     write_json_atomic(stats_path(args.out), stats.to_dict())
     log.info(

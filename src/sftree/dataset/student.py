@@ -1,0 +1,416 @@
+"""The Student that will be trained on the export: its tokenizer, chat template and context length (`export.student`).
+
+Read offline from either
+- a local HF model folder: `tokenizer.json` (the `tokenizers` library reads it exactly as transformers does) and
+  `tokenizer_config.json`'s `chat_template` (or `chat_template.jinja` beside it), or
+- a GGUF file: `tokenizer.ggml.*` (a byte-level BPE vocabulary, rebuilt as a `tokenizers` BPE with the
+  pre-tokenizer its `tokenizer.ggml.pre` names) and `tokenizer.chat_template`,
+optionally with `chat_template` (a Jinja file) replacing the model's own template.
+
+The template is rendered as transformers' `apply_chat_template` renders it (a sandboxed Jinja environment with
+`trim_blocks`, `lstrip_blocks`, `tojson`, `raise_exception`), so a record measured here is what a trainer sees.
+`measure` renders one record the way TRL does (prompt with the generation prompt, then prompt + completion; the
+trained text is what the completion adds) and refuses a template whose rendering leaves out a tool call, the text
+or the reasoning the record trains.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from sftree.errors import InputError
+
+# GGUF `tokenizer.ggml.pre` -> the split regex its HF tokenizer.json applies before byte-level BPE (None: GPT-2's
+# own regex inside ByteLevel). Only the pre-tokenizers checked against their HF tokenizer.json are listed; any
+# other is refused (give the HF folder instead) rather than counted wrong.
+_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+    r"\s+(?!\S)|\s+"
+)
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+    r"\s+(?!\S)|\s+"
+)
+GGUF_PRE = {"qwen2": _QWEN2, "llama-bpe": _LLAMA3, "smollm": "digits", "gpt2": None, "default": None}
+# GGUF token types matched as whole tokens in text (llama.cpp's CONTROL and USER_DEFINED), as HF's added tokens.
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+class StudentError(InputError):
+    """The Student cannot be read, or its template cannot render what a record trains."""
+
+
+@dataclass
+class Student:
+    """A tokenizer, a chat template and a context length; `source` and `template_name` name them in errors."""
+
+    source: str
+    template_name: str
+    template: Any  # a compiled jinja2 Template
+    tokenizer: Any  # a tokenizers.Tokenizer
+    max_length: int
+    bos_token: str = ""
+    eos_token: str = ""
+
+    def render(self, messages: list[dict], tools: list | None, generation: bool) -> str:
+        try:
+            return self.template.render(
+                messages=messages,
+                tools=tools or None,
+                add_generation_prompt=generation,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except Exception as exc:  # a template's raise_exception, or an error inside it
+            raise StudentError(f"chat template {self.template_name}: {exc}") from exc
+
+    def count(self, text: str) -> int:
+        # The rendered text already holds the template's special tokens (apply_chat_template tokenizes it so).
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def describe(self) -> dict:
+        return {"source": self.source, "template": self.template_name, "max_length": self.max_length}
+
+
+@dataclass
+class Measure:
+    """One record under the Student: tokens processed (the whole rendered record), tokens trained."""
+
+    processed: int
+    trained: int
+
+
+# --- loading --------------------------------------------------------------------------------------------
+
+
+def load_student(path: str | Path, max_length: int, chat_template: str | Path | None = None) -> Student:
+    """The Student at `path` (an HF model folder or a .gguf file), with `chat_template` replacing its own."""
+    if not isinstance(max_length, int) or max_length < 1:
+        raise StudentError(f"export.student.max_length: {max_length!r} is not a positive integer")
+    return _load(str(path), max_length, str(chat_template) if chat_template else None)
+
+
+@lru_cache(maxsize=4)
+def _load(path: str, max_length: int, chat_template: str | None) -> Student:
+    p = Path(path)
+    if p.is_dir():
+        tok, template, template_name, bos, eos = _from_folder(p)
+    elif p.is_file() and p.suffix == ".gguf":
+        tok, template, template_name, bos, eos = _from_gguf(p)
+    else:
+        raise StudentError(f"export.student.path {path}: neither an HF model folder nor a .gguf file")
+    if chat_template:
+        try:
+            template = Path(chat_template).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise StudentError(f"export.student.chat_template {chat_template}: {exc}") from exc
+        template_name = chat_template
+    if not isinstance(template, str) or not template.strip():
+        raise StudentError(f"{template_name}: no chat template (set export.student.chat_template)")
+    return Student(path, template_name, compile_template(template, template_name), tok, max_length, bos, eos)
+
+
+def _from_folder(folder: Path) -> tuple:
+    from tokenizers import Tokenizer
+
+    tj, cfg_file = folder / "tokenizer.json", folder / "tokenizer_config.json"
+    if not tj.is_file():
+        raise StudentError(f"export.student.path {folder}: no tokenizer.json")
+    tok = Tokenizer.from_file(str(tj))
+    cfg: dict = {}
+    if cfg_file.is_file():
+        try:
+            cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise StudentError(f"{cfg_file}: {exc}") from exc
+    template, name = cfg.get("chat_template"), f"{cfg_file} chat_template"
+    if isinstance(template, list):  # the named-templates form: the `default` one
+        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+    jinja = folder / "chat_template.jinja"  # newer transformers save the template beside the config
+    if not template and jinja.is_file():
+        template, name = jinja.read_text(encoding="utf-8"), str(jinja)
+
+    def token(key: str) -> str:
+        v = cfg.get(key)
+        return (v.get("content") if isinstance(v, dict) else v) or ""
+
+    return tok, template, name, token("bos_token"), token("eos_token")
+
+
+def _from_gguf(path: Path) -> tuple:
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as exc:  # not a GGUF file, or a damaged one
+        raise StudentError(f"export.student.path {path}: not a readable GGUF file: {exc}") from exc
+
+    def field(key: str, default: Any = None) -> Any:
+        f = reader.fields.get(key)
+        return default if f is None else f.contents()
+
+    model, pre = field("tokenizer.ggml.model"), field("tokenizer.ggml.pre", "default")
+    if model != "gpt2":
+        raise StudentError(
+            f"{path}: tokenizer.ggml.model {model!r} is not a byte-level BPE (gpt2); give the Student's HF folder"
+        )
+    if pre not in GGUF_PRE:
+        raise StudentError(
+            f"{path}: tokenizer.ggml.pre {pre!r} is not one of {sorted(GGUF_PRE)}; give the Student's HF folder"
+        )
+    tokens, types = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type")
+    merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges") or []]
+    tok = _bpe(tokens, types, merges, GGUF_PRE[pre])
+
+    def special(key: str) -> str:
+        i = field(key)
+        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else ""
+
+    template = field("tokenizer.chat_template")
+    return (
+        tok,
+        template,
+        f"{path} tokenizer.chat_template",
+        special("tokenizer.ggml.bos_token_id"),
+        special("tokenizer.ggml.eos_token_id"),
+    )
+
+
+def _bpe(tokens: list[str], types: list[int], merges: list[tuple], split: str | None) -> Any:
+    """A `tokenizers` byte-level BPE as the model's HF tokenizer.json builds it."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    if split == "digits":  # SmolLM: each digit alone, then GPT-2's byte-level split
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
+    elif split is None:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    tok.decoder = decoders.ByteLevel()
+    added = [
+        AddedToken(t, special=ty == _CONTROL, normalized=False)
+        for t, ty in zip(tokens, types, strict=False)
+        if ty in (_CONTROL, _USER_DEFINED)
+    ]
+    tok.add_special_tokens([a for a in added if a.special])
+    tok.add_tokens([a for a in added if not a.special])
+    return tok
+
+
+def compile_template(source: str, name: str) -> Any:
+    """The template in transformers' environment (`_compile_jinja_template`): sandboxed, trim/lstrip blocks."""
+    from jinja2 import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    def tojson(
+        x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys=False
+    ):
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except TemplateError as exc:
+        raise StudentError(f"chat template {name}: {exc}") from exc
+
+
+# --- measuring a record ---------------------------------------------------------------------------------
+
+
+def _forms(value: Any) -> list[str]:
+    """How a template may write a value: as is, JSON-escaped (with or without ASCII escapes), as JSON."""
+    if isinstance(value, str):
+        return [value, json.dumps(value, ensure_ascii=False)[1:-1], json.dumps(value)[1:-1]]
+    return [json.dumps(value), str(value)]
+
+
+def _leaves(value: Any) -> list[Any]:
+    """The keys and scalar values of a JSON value: what a rendering of it must show."""
+    if isinstance(value, dict):
+        return [x for k, v in value.items() for x in [k, *_leaves(v)]]
+    if isinstance(value, list):
+        return [x for v in value for x in _leaves(v)]
+    return [value]
+
+
+def missing(text: str, message: dict) -> str | None:
+    """What of the trained assistant `message` its rendered `text` leaves out, or None."""
+    reasoning = (message.get("reasoning_content") or "").strip()
+    if reasoning and reasoning not in text:
+        return "the reasoning (`reasoning_content`)"
+    content = (message.get("content") or "").strip()
+    if content and content not in text:
+        return "the text (`content`)"
+    for tc in message.get("tool_calls") or []:
+        fn = tc.get("function") or {}
+        name = fn.get("name") or ""
+        if name not in text:
+            return f"the tool call `{name}`"
+        for leaf in _leaves(fn.get("arguments")):
+            if leaf != "" and not any(f in text for f in _forms(leaf)):
+                return f"the tool call `{name}`'s arguments ({json.dumps(leaf, ensure_ascii=False)[:60]})"
+    return None
+
+
+def trained_text(
+    student: Student, before: list[dict], message: dict, tools: list, rid: str
+) -> tuple[str, str]:
+    """(the rendered context with the generation prompt, what rendering `message` after it adds): TRL's split of
+    prompt and completion. The context must be a prefix of the whole, else the trained span is not defined."""
+    prompt = student.render(before, tools, generation=True)
+    whole = student.render([*before, message], tools, generation=False)
+    if not whole.startswith(prompt):
+        raise StudentError(
+            f"chat template {student.template_name}: record {rid}: the prompt rendered with the generation prompt "
+            "is not the start of the prompt and completion rendered together, so the trained tokens are not "
+            "defined"
+        )
+    return prompt, whole[len(prompt) :]
+
+
+def measure(student: Student, rec: dict) -> Measure:
+    """Render one record (step: `prompt` + `completion`; path: `messages`, every assistant turn trained) and count
+    its tokens; a StudentError naming the template and the record when the rendering leaves out what is trained."""
+    rid = (rec.get("metadata") or {}).get("id", "?")
+    tools = rec.get("tools") or []
+    if "prompt" in rec:
+        msgs, trained_at = [*rec["prompt"], *rec["completion"]], [len(rec["prompt"])]
+    else:
+        msgs = rec["messages"]
+        trained_at = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+    trained = 0
+    for i in trained_at:
+        prompt, text = trained_text(student, msgs[:i], msgs[i], tools, rid)
+        gap = missing(text, msgs[i])
+        if gap:
+            raise StudentError(
+                f"chat template {student.template_name} leaves out {gap} of the message record {rid} trains "
+                f"(rendered completion: {text[:200]!r}); a template that drops what is trained is refused: set "
+                "export.student.chat_template to one that renders it"
+            )
+        whole = student.count(prompt + text)
+        trained += whole - student.count(prompt)
+    processed = student.count(student.render(msgs, tools, generation=False))
+    return Measure(processed, trained)
+
+
+# Length distribution buckets, as fractions of max_length (the last: over it, dropped).
+LENGTH_BUCKETS = (0.25, 0.5, 0.75, 1.0)
+
+
+def length_bucket(tokens: int, max_length: int) -> str:
+    for b in LENGTH_BUCKETS:
+        if tokens <= b * max_length:
+            return f"<={int(b * 100)}%"
+    return ">100%"
+
+
+def bucket_names() -> list[str]:
+    return [f"<={int(b * 100)}%" for b in LENGTH_BUCKETS] + [">100%"]
+
+
+# Why a measured record is left out (counted by reason in the stats and the card).
+DROP_TOO_LONG = (
+    "too_long"  # the whole rendered record is longer than max_length: a trainer would cut or drop it
+)
+
+
+@dataclass
+class StudentStats:
+    """The export's figures under the Student (`sft.stats.json` `student`; summed at merge)."""
+
+    source: str
+    template: str
+    max_length: int
+    records: int = 0  # records measured and written
+    processed: int = 0  # tokens a trainer processes (whole rendered records written)
+    trained: int = 0  # tokens with a label (rendered completions of the records written)
+    longest: int = 0  # the longest record measured, written or not
+    lengths: dict | None = None  # records measured by length_bucket (dropped ones in `>100%`)
+    dropped: dict | None = None  # records left out, by reason
+
+    def __post_init__(self) -> None:
+        self.lengths = {k: int((self.lengths or {}).get(k, 0)) for k in bucket_names()}
+        self.dropped = {k: int(v) for k, v in (self.dropped or {}).items()}
+
+    @classmethod
+    def of(cls, student: Student) -> StudentStats:
+        return cls(student.source, student.template_name, student.max_length)
+
+    def count(self, m: Measure) -> str | None:
+        """Count one measured record; the reason it is dropped, or None when it is kept."""
+        self.lengths[length_bucket(m.processed, self.max_length)] += 1
+        self.longest = max(self.longest, m.processed)
+        if m.processed > self.max_length:
+            self.dropped[DROP_TOO_LONG] = self.dropped.get(DROP_TOO_LONG, 0) + 1
+            return DROP_TOO_LONG
+        self.records += 1
+        self.processed += m.processed
+        self.trained += m.trained
+        return None
+
+    def to_dict(self) -> dict:
+        return {
+            "source": self.source,
+            "template": self.template,
+            "max_length": self.max_length,
+            "records": self.records,
+            "tokens_processed": self.processed,
+            "tokens_trained": self.trained,
+            "longest": self.longest,
+            "lengths": dict(self.lengths),
+            "dropped": dict(sorted(self.dropped.items())),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> StudentStats:
+        return cls(
+            str(d.get("source")),
+            str(d.get("template")),
+            int(d.get("max_length") or 0),
+            int(d.get("records") or 0),
+            int(d.get("tokens_processed") or 0),
+            int(d.get("tokens_trained") or 0),
+            int(d.get("longest") or 0),
+            d.get("lengths"),
+            d.get("dropped"),
+        )
+
+    def add(self, other: StudentStats) -> None:
+        if (self.source, self.template, self.max_length) != (other.source, other.template, other.max_length):
+            raise InputError(
+                f"export stats measured under different Students: {self.source} ({self.template}, "
+                f"max_length {self.max_length}) and {other.source} ({other.template}, max_length {other.max_length})"
+            )
+        self.records += other.records
+        self.processed += other.processed
+        self.trained += other.trained
+        self.longest = max(self.longest, other.longest)
+        for k, v in other.lengths.items():
+            self.lengths[k] = self.lengths.get(k, 0) + v
+        for k, v in other.dropped.items():
+            self.dropped[k] = self.dropped.get(k, 0) + v
