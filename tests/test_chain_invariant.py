@@ -303,3 +303,17 @@ def test_opencodes_caching_marks_move_with_the_newest_messages_and_count_for_not
     }
     with pytest.raises(ChainBreak):
         run(forged)
+
+
+def test_a_reply_that_ends_after_the_interrupt_may_still_be_dropped():
+    """The race of a turn's end: the host interrupts the session while a request is with the Teacher, and the
+    reply is recorded after the interrupt; OpenCode, aborted, keeps none of it."""
+    session = honest_session()
+    pristine = Pristine.of(request(session[0][0]))
+    chain = SessionChain(pristine)
+    chain.expect_prompt(PROMPT1)
+    chain.check(request(session[0][0]))
+    chain.interrupted()
+    chain.answered(R1, cut=False)  # it came in whole, after the interrupt
+    chain.expect_prompt(PROMPT2)
+    chain.check(request([*session[0][0], {"role": "user", "content": PROMPT2}]))

@@ -181,6 +181,7 @@ class SessionChain:
     reply_cut: bool = False  # the reply was cut or refused: OpenCode may resend the request or keep what came
     prompt: str | None = None  # the prompt the host sent and OpenCode has not carried yet
     workdir: str = ""  # the edge's working directory as OpenCode sees it (masked in the system prompt)
+    interrupted_at_last: bool = False  # the host interrupted the session since the last accepted request
 
     def expect_prompt(self, text: str) -> None:
         self.prompt = text
@@ -209,18 +210,19 @@ class SessionChain:
             except ChainBreak as exc:
                 errors.append(exc)
                 continue
-            self.history, self.reply, self.reply_cut = rest, None, False
+            self.history, self.reply, self.reply_cut, self.interrupted_at_last = rest, None, False, False
             return
         raise errors[0]
 
     def answered(self, reply: dict | None, cut: bool) -> None:
         """The Teacher's reply to the last accepted request (None: none came), as the proxy received it."""
-        self.reply, self.reply_cut = reply, cut or reply is None
+        # A reply that ends after the host's interrupt may have been dropped by OpenCode all the same.
+        self.reply, self.reply_cut = reply, cut or reply is None or self.interrupted_at_last
 
     def interrupted(self) -> None:
         """The host interrupted the session (a turn's end): OpenCode may keep the last reply whole, in part, or
         not at all."""
-        self.reply_cut = True
+        self.reply_cut = self.interrupted_at_last = True
 
     def _extended(self, prev: list[dict], rest: list[dict]):
         def run() -> None:
