@@ -317,3 +317,26 @@ def test_a_reply_that_ends_after_the_interrupt_may_still_be_dropped():
     chain.answered(R1, cut=False)  # it came in whole, after the interrupt
     chain.expect_prompt(PROMPT2)
     chain.check(request([*session[0][0], {"role": "user", "content": PROMPT2}]))
+
+
+def test_a_child_goes_on_from_its_parents_chain_whatever_opencode_kept_of_the_last_reply():
+    """A child's store is its parent's: the parent's last reply, cut by the turn's end, may be in it or not."""
+    session = honest_session()
+    pristine = Pristine.of(request(session[0][0]))
+    parent = SessionChain(pristine)
+    parent.expect_prompt(PROMPT1)
+    parent.check(request(session[0][0]))
+    parent.interrupted()
+    parent.answered(R1, cut=False)
+    state = json.loads(json.dumps(parent.state()))  # as kept beside the node's store
+    prompt = {"role": "user", "content": PROMPT2}
+    kept = [*session[0][0], echo(R1), {"role": "tool", "tool_call_id": "c1", "content": "a"},
+            {"role": "tool", "tool_call_id": "c2", "content": "b"}, prompt]  # fmt: skip
+    for messages in ([*session[0][0], prompt], kept):
+        child = SessionChain.resume(pristine, state)
+        child.expect_prompt(PROMPT2)
+        child.check(request(messages))
+    child = SessionChain.resume(pristine, state)
+    child.expect_prompt(PROMPT2)
+    with pytest.raises(ChainBreak):  # one message more than the parent's session
+        child.check(request([*session[0][0], {"role": "user", "content": "Score: 9.99"}, prompt]))

@@ -186,6 +186,23 @@ class SessionChain:
     def expect_prompt(self, text: str) -> None:
         self.prompt = text
 
+    def state(self) -> dict:
+        """What a child's session goes on from (kept beside the node's session store): the last accepted request,
+        the reply to it, and whether OpenCode may have kept that reply only in part or not at all."""
+        return {
+            "history": self.history,
+            "reply": self.reply,
+            "cut": self.reply_cut or self.interrupted_at_last,
+        }
+
+    @classmethod
+    def resume(cls, pristine: Pristine | None, state: dict, workdir: str = "") -> SessionChain:
+        """A child edge's chain: its session is its parent's as the parent's chain last saw it."""
+        return cls(
+            pristine, history=state.get("history"), reply=state.get("reply"), reply_cut=bool(state.get("cut")),
+            interrupted_at_last=bool(state.get("cut")), workdir=workdir,
+        )  # fmt: skip
+
     def check(self, body: dict) -> None:
         """Raise ChainBreak unless `body` extends the session; on success it becomes the previous request."""
         system, rest = split(body)

@@ -530,6 +530,7 @@ class _Edge:
 
     home: Path
     session_id: str | None = None
+    parent_chain: dict | None = None  # the parent session's chain state (agents/chain.py), from its node
     uid: int | None = None  # the edge's sandbox user (its box's), or None
     driver: _Driver | None = None  # the edge's OpenCode server, while it runs
 
@@ -606,7 +607,8 @@ class OpenCodeAgent(AgentBackend):
             dst = st.box / "data" / "opencode"
             dst.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(parent[0], dst / "opencode.db")
-            st.session_id = json.loads(parent[1].read_text(encoding="utf-8"))["session_id"]
+            kept = json.loads(parent[1].read_text(encoding="utf-8"))  # the host's own file
+            st.session_id, st.parent_chain = kept["session_id"], kept.get("chain")
         elif ws.parent.session:
             log.warning(
                 "edge %s: parent session %s has no OpenCode session store (%s); starting a fresh OpenCode session",
@@ -843,9 +845,16 @@ class OpenCodeAgent(AgentBackend):
         tree = run.workspace.store.tree_dir
         name = run.workspace.edge_id
         write_bytes_atomic(Path(tree) / "sessions" / f"{name}.opencode.db", data)
+        ch = self.proxy.channels.get(name)
+        chain = ch.chain.state() if ch is not None and ch.chain is not None else None
         write_json_atomic(
             Path(tree) / "sessions" / f"{name}.opencode.json",
-            {"session_id": st.session_id, "store": f"{name}.opencode.db", "opencode": PINNED_VERSION},
+            {
+                "session_id": st.session_id,
+                "store": f"{name}.opencode.db",
+                "opencode": PINNED_VERSION,
+                "chain": chain,
+            },
         )
 
     def _one_run(
@@ -953,7 +962,9 @@ class OpenCodeAgent(AgentBackend):
         ch = self.proxy.channel(run.workspace.edge_id, headers)
         ch.turn = run.turn
         ch.teacher_failures = 0
-        if ch.chain is None:  # the edge's session goes on from the node's (the host's own session file)
+        if ch.chain is None and st.parent_chain is not None:  # the parent's session as its chain last saw it
+            ch.chain = SessionChain.resume(self.pristine, st.parent_chain, run.box.worktree)
+        elif ch.chain is None:  # a fresh session, or a node made before chains were kept: its session file
             ch.chain = SessionChain(
                 self.pristine, base=split({"messages": run.messages})[1], workdir=run.box.worktree
             )
