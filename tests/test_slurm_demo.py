@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 # Jobs per rule for two tasks with one root each; `all` has no command and stays local.
 EXPECTED_JOBS = {
     "select_roots": 2,
+    "grader_env": 2,  # each task's grader preflight (a packaged grader's venv built or reused)
     "explore": 2,
     "select_paths": 2,
     "export_sft": 2,
