@@ -236,3 +236,22 @@ class CoralRun:
                     os.killpg(int(line), signal.SIGKILL)  # agents run in sessions of their own
                 except (ValueError, ProcessLookupError, PermissionError):
                     pass
+
+
+def grading_worlds() -> list:
+    """The grading paths to parametrize over: sftree's stand-in, and the real Coral where it is installed."""
+    import pytest
+
+    out = [pytest.param(None, id="stand-in")]
+    if coral_python():
+        out.append(pytest.param("coral", id="coral", marks=pytest.mark.coral))
+    return out
+
+
+def install_for(kind):
+    """The Coral install a grading world uses (None: the stand-in)."""
+    if kind is None:
+        return None
+    from sftree.world.locate import locate
+
+    return locate(coral_config())

@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from coral_helpers import CORAL_SRC, coral_config, coral_python, coral_run
+from coral_helpers import CORAL_SRC, coral_python, coral_run, grading_worlds, install_for
 
 from sftree.runtime.sandbox import bwrap_works
 from sftree.world import grading
@@ -20,21 +20,6 @@ needs_bwrap = pytest.mark.skipif(
     not bwrap_works(), reason="bubblewrap cannot isolate here (apt-get install bubblewrap)"
 )
 EXAMPLES = CORAL_SRC / "examples"
-
-
-def installs():
-    out = [pytest.param(None, id="stand-in")]
-    if coral_python():
-        out.append(pytest.param("coral", id="coral", marks=pytest.mark.coral))
-    return out
-
-
-def _install(kind):
-    if kind is None:
-        return None
-    from sftree.world.locate import locate
-
-    return locate(coral_config())
 
 
 COMMIT = "c" * 40
@@ -115,10 +100,10 @@ def _task(tmp_path, grader_src, solution_src, timeout=60):
 
 
 @needs_bwrap
-@pytest.mark.parametrize("kind", installs())
+@pytest.mark.parametrize("kind", grading_worlds())
 def test_graded_code_cannot_forge_read_or_kill(tmp_path, kind):
     spec, code = _task(tmp_path, PROBE_GRADER, FORGER)
-    r = grade(spec, code, commit=COMMIT, install=_install(kind), sandbox="bwrap")
+    r = grade(spec, code, commit=COMMIT, install=install_for(kind), sandbox="bwrap")
     assert (r.score, r.status, r.runs) == (1.0, "scored", 1), r
     assert "secret ok" in r.feedback  # the grader could read its eval folder
     probe = json.loads(r.feedback.split("probe PROBE ", 1)[1].splitlines()[0])
@@ -131,7 +116,7 @@ def test_graded_code_cannot_forge_read_or_kill(tmp_path, kind):
     assert not (code / "planted.txt").exists()  # the host's copy is never the one graded
 
 
-@pytest.mark.parametrize("kind", installs())
+@pytest.mark.parametrize("kind", grading_worlds())
 def test_unconfined_grading_still_reads_only_the_pipe(tmp_path, kind):
     """sandbox: none (trusted tests): the same channel; the printed fake score is ignored."""
     spec, code = _task(
@@ -141,22 +126,22 @@ def test_unconfined_grading_still_reads_only_the_pipe(tmp_path, kind):
             "os.kill(-1, signal.SIGKILL) if os.getuid() else None", "pass"
         ),
     )
-    r = grade(spec, code, commit=COMMIT, install=_install(kind), sandbox="none")
+    r = grade(spec, code, commit=COMMIT, install=install_for(kind), sandbox="none")
     assert (r.score, r.status) == (1.0, "scored") and r.sandbox == "none"
 
 
-@pytest.mark.parametrize("kind", installs())
+@pytest.mark.parametrize("kind", grading_worlds())
 def test_grader_failures_and_timeouts(tmp_path, kind, monkeypatch):
     hang = "import time\nfrom coral.grader import TaskGrader\nclass Grader(TaskGrader):\n    def evaluate(self):\n        time.sleep(60)\n"
     spec, code = _task(tmp_path, hang, "print(1)\n", timeout=2)
     monkeypatch.setattr(grading, "GRACE_S", 20)
-    r = grade(spec, code, commit=COMMIT, install=_install(kind), sandbox=SANDBOX)
+    r = grade(spec, code, commit=COMMIT, install=install_for(kind), sandbox=SANDBOX)
     # Coral's TaskGrader times out at 2 s but its worker thread sleeps on, so Coral's daemon would kill it at
     # timeout + 30 s: a timeout; the host stops it first here (GRACE_S lowered for the test), with the same status.
     assert (r.score, r.status, r.budget_class) == (None, "timeout", "grader_error") and r.seconds < 25
     boom = "from coral.grader import TaskGrader\nclass Grader(TaskGrader):\n    def evaluate(self):\n        raise ValueError('grader bug')\n"
     spec2, code2 = _task(tmp_path / "b", boom, "print(1)\n")
-    r2 = grade(spec2, code2, commit=COMMIT, install=_install(kind), sandbox=SANDBOX)
+    r2 = grade(spec2, code2, commit=COMMIT, install=install_for(kind), sandbox=SANDBOX)
     assert (r2.score, r2.status, r2.budget_class) == (
         None,
         "crashed",
@@ -206,7 +191,12 @@ print(json.dumps({"score": a.score, "feedback": a.feedback, "status": a.status})
 def test_corals_examples_graded_by_their_own_graders_as_corals_daemon_does(tmp_path, task, tune, extra):
     spec = load_coral_task(EXAMPLES / task, task, extra)
     r = grade(
-        spec, EXAMPLES / task / "seed", commit=COMMIT, install=_install("coral"), sandbox=SANDBOX, tune=tune
+        spec,
+        EXAMPLES / task / "seed",
+        commit=COMMIT,
+        install=install_for("coral"),
+        sandbox=SANDBOX,
+        tune=tune,
     )
     want = _coral_daemon_grade(EXAMPLES / task, EXAMPLES / task / "seed", tmp_path, tune)
     assert r.status == "scored" and r.score == want["score"] and r.score is not None
@@ -225,7 +215,7 @@ def test_kernel_builder_without_its_simulator_visible_fails_clearly(tmp_path):
         spec,
         EXAMPLES / "kernel_builder" / "seed",
         commit=COMMIT,
-        install=_install("coral"),
+        install=install_for("coral"),
         sandbox=SANDBOX,
         tune=True,
     )
@@ -247,5 +237,5 @@ def test_circle_packings_grader_trusts_the_programs_stdout(tmp_path):
     (code / "initial_program.py").write_text(
         'import json, os\nprint(json.dumps({"score": 7.0, "sum_radii": 18.45, "eval_time": 0}), flush=True)\nos._exit(0)\n'
     )
-    r = grade(spec, code, commit=COMMIT, install=_install("coral"), sandbox="bwrap")
+    r = grade(spec, code, commit=COMMIT, install=install_for("coral"), sandbox="bwrap")
     assert r.score == 7.0  # forged through the grader's own trust, not through sftree's channel

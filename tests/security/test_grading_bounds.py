@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from coral_helpers import coral_config, coral_python
+from coral_helpers import grading_worlds, install_for
 
 from sftree.config import REPO_ROOT
 from sftree.runtime import diskquota
@@ -24,21 +24,6 @@ pytestmark = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot iso
 COMMIT = "c" * 40
 CIRCLES = REPO_ROOT / "examples" / "circle_packing"
 MIB = 1 << 20
-
-
-def installs():
-    out = [pytest.param(None, id="stand-in")]
-    if coral_python():
-        out.append(pytest.param("coral", id="coral", marks=pytest.mark.coral))
-    return out
-
-
-def _install(kind):
-    if kind is None:
-        return None
-    from sftree.world.locate import locate
-
-    return locate(coral_config())
 
 
 def _leftovers() -> set[str]:
@@ -144,7 +129,7 @@ class DiskWatch:
         return self.peak - self.base
 
 
-@pytest.mark.parametrize("kind", installs())
+@pytest.mark.parametrize("kind", grading_worlds())
 def test_graded_code_filling_the_disk_gets_enospc_inside_and_the_host_grows_by_at_most_the_quota(
     base, kind, monkeypatch
 ):
@@ -160,7 +145,7 @@ def test_graded_code_filling_the_disk_gets_enospc_inside_and_the_host_grows_by_a
     spec = load_coral_task(t, "fill")
     before = _leftovers()
     watch = DiskWatch()
-    r = grade(spec, code, commit=COMMIT, install=_install(kind), sandbox="bwrap")
+    r = grade(spec, code, commit=COMMIT, install=install_for(kind), sandbox="bwrap")
     grown = watch.stop()
     assert r.status == "scored", r
     seen = json.loads(r.feedback.split("OUT ", 1)[1].split(" ERR ", 1)[0])
@@ -204,7 +189,7 @@ def pack():
 
 
 @pytest.mark.parametrize("storage", ["tmpfs", "host-disk"])
-@pytest.mark.parametrize("kind", installs())
+@pytest.mark.parametrize("kind", grading_worlds())
 def test_graded_code_nesting_1200_folders_mode_000_and_fifos_is_scored_and_leaves_nothing(
     base, kind, storage, monkeypatch
 ):
@@ -213,21 +198,21 @@ def test_graded_code_nesting_1200_folders_mode_000_and_fifos_is_scored_and_leave
     spec, code = _circles(base, NEST)
     seed_spec, seed = _circles(base / "seed", "")
     before = _leftovers()
-    want = grade(seed_spec, seed, commit=COMMIT, install=_install(kind), sandbox="bwrap")
-    r = grade(spec, code, commit=COMMIT, install=_install(kind), sandbox="bwrap")
+    want = grade(seed_spec, seed, commit=COMMIT, install=install_for(kind), sandbox="bwrap")
+    r = grade(spec, code, commit=COMMIT, install=install_for(kind), sandbox="bwrap")
     assert (r.status, r.score) == ("scored", want.score) and r.score is not None, r
     assert _leftovers() == before
 
 
 # ---- 3. the result pipe is read while the grader runs, bounded ------------------------------------------------
-@pytest.mark.parametrize("kind", installs())
+@pytest.mark.parametrize("kind", grading_worlds())
 def test_a_200kb_exception_is_crashed_at_once_with_a_truncated_message(base, kind, monkeypatch):
     monkeypatch.setattr(grading, "GRACE_S", 10)
     spec, code = _circles(
         base, "\n\ndef pack():\n    raise ValueError('boom ' + 'x' * 200_000)\n", timeout=20
     )
     before = _leftovers()
-    r = grade(spec, code, commit=COMMIT, install=_install(kind), sandbox="bwrap")
+    r = grade(spec, code, commit=COMMIT, install=install_for(kind), sandbox="bwrap")
     assert r.status == "crashed", r.status
     assert r.seconds < 15, r.seconds
     assert "ValueError: boom xxx" in r.feedback and len(r.feedback) <= grading.FEEDBACK_CAP
