@@ -70,15 +70,14 @@ def test_run_improves(example_snapshots_dir):
 
 
 def test_scores_come_from_the_real_grader(example_snapshots_dir):
+    from sftree.world.grading import grade
+    from sftree.world.locate import locate
+    from sftree.world.task import load_coral_task
+
     d, meta, attempt = next(s for s in load(example_snapshots_dir / "tsp")[20:] if s[2]["score"] is not None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "sftree.world.grade_command", "--task", "tsp", "--task-dir", str(EXAMPLES / "tsp"),
-         "--coral-mode", "stand-in", str(d / "code")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )  # fmt: skip
-    assert json.loads(proc.stdout.splitlines()[-1])["score"] == attempt["score"]
+    spec = load_coral_task(EXAMPLES / "tsp", "tsp")
+    r = grade(spec, d / "code", commit="0" * 40, install=locate({"mode": "stand-in"}))
+    assert r.score == attempt["score"]
 
 
 def test_stamp_skips_and_output_is_reproducible(example_snapshots_dir, tmp_path):

@@ -365,7 +365,6 @@ print(ok, direct, os.path.exists({ctx.task_cfg["coral_task"] + "/eval/grader.py"
 def test_compaction_when_allowed_is_detected_and_marked(tmp_path):
     """With autocompaction allowed and a tiny context limit OpenCode compacts; the turn is marked as such."""
     from sftree.agents.base import StepRecorder, TurnRun
-    from sftree.agents.prompts import start_prompt
     from sftree.runtime.sandbox import UIDS
     from sftree.search.edge import open_world
 
@@ -386,7 +385,7 @@ def test_compaction_when_allowed_is_detected_and_marked(tmp_path):
     recorder = StepRecorder(tmp_path / "steps.jsonl", "c1")
     try:
         run = TurnRun(
-            ws, box, runtime, [], start_prompt(ctx.task_cfg), 1, {"X-Sftree-Edge": "c1"}, recorder,
+            ws, box, runtime, [], ctx.world.start_prompt(), 1, {"X-Sftree-Edge": "c1"}, recorder,
             ctx.agent_cfg, ctx.task_cfg, instructions=text,
         )  # fmt: skip
         out = ctx.agent.run_turn(run)

@@ -171,7 +171,7 @@ def test_real_model_auto_tool_choice_text_replies_are_nudged(tmp_path):
         i for i, s in enumerate(steps) if s["response"] is not None and not s["response"].get("tool_calls")
     ]
     assert texts, "the model made a tool call on every step; no text-only reply to check"
-    nudge = nudge_prompt({})
+    nudge = nudge_prompt()
     for i in texts:
         s = steps[i]
         assert s["finish_reason"] in ("stop", "length") and s["tool_results"] == []

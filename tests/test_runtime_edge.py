@@ -79,12 +79,10 @@ def test_edge_metrics_match_the_transcript(cp, e1):
     assert e1.knowledge == all(t.knowledge for t in e1.turns)
     assert e1.tokens == steps[-1]["usage"]["prompt_tokens"] + steps[-1]["usage"]["completion_tokens"]
     first_sent = steps[0]["request"]["messages"]
-    from sftree.agents.prompts import start_prompt, world_for
-
-    w = world_for(cp.task_cfg)
+    w = cp.world
     assert first_sent[0]["role"] == "system"
     assert "Instructions from: AGENTS.md\n" + w.instructions().strip() in first_sent[0]["content"]
-    assert first_sent[1]["content"] == start_prompt(cp.task_cfg)
+    assert first_sent[1]["content"] == w.start_prompt()
     turn2_first = next(s for s in steps if s["turn"] == 2)
     assert turn2_first["request"]["messages"][-1]["content"].startswith(
         "## Eval #1 Results"
@@ -191,8 +189,6 @@ def test_regressed_rate_and_best_score_by_hand():
 def test_parallel_forks_of_one_node_are_isolated(cp, tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from sftree.agents.prompts import start_prompt
-
     with ThreadPoolExecutor(2) as pool:
         a, b = pool.map(
             lambda e: run_edge(cp, cp.root_state, e, 1.0, depth=1, attempt=1, eval_count=5), ["e8", "e9"]
@@ -206,4 +202,4 @@ def test_parallel_forks_of_one_node_are_isolated(cp, tmp_path):
         ).stdout.split()
         assert other.turns[0].commit not in log and cp.root_state.code_commit in log
         first = read_steps(cp.tree_dir, r.edge_id)[0]["request"]["messages"][1]["content"]
-        assert first == start_prompt(cp.task_cfg)  # the world's (Coral's OpenCode runtime, or the stand-in)
+        assert first == cp.world.start_prompt()  # the world's (Coral's OpenCode runtime, or the stand-in)

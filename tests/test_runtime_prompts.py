@@ -1,74 +1,81 @@
-"""The runtime's prompt calls (agents/prompts.py) over the Teacher's world: start prompt, AGENTS.md, the turn prompt
-from the host's record of the last turn (with and without the host's counters), failed turns, the nudge."""
+"""The prompts that open a turn (search/edge.py:first_prompt over the tree's World): a fresh session's start
+prompt, the turn prompt from the host's record of the last turn, the restart prompt after a turn without a graded
+eval; sftree's own nudge and system template (agents/prompts.py)."""
 
 from __future__ import annotations
 
-from sftree.agents.prompts import (
-    failed_turn_prompt,
-    next_turn_prompt,
-    nudge_prompt,
-    render,
-    start_prompt,
-    world_for,
-    write_agents_md,
-)
+from types import SimpleNamespace
+
+from sftree.agents.prompts import nudge_prompt, render
 from sftree.config import REPO_ROOT
+from sftree.search.edge import first_prompt
 from sftree.world.counters import CoralCounters
+from sftree.world.task import load_coral_task
+from sftree.world.world import World
 
-TASK = {
-    "name": "circle_packing",
-    "coral_task": str(REPO_ROOT / "examples" / "circle_packing"),
-    "coral": {"mode": "stand-in"},
-}
 COMMIT = "ab" * 20
-EV = {
-    "number": 10,
+RECORD = {
+    "commit_hash": COMMIT,
+    "agent_id": "agent-1",
+    "title": "raise MARGIN",
     "score": 2.5,
-    "commit": COMMIT,
     "status": "improved",
+    "parent_hash": None,
+    "timestamp": "",
     "feedback": "fine",
-    "message": "raise MARGIN",
 }
 
 
-def test_start_prompt_and_agents_md(tmp_path):
-    w = world_for(TASK)
-    assert start_prompt(TASK) == w.start_prompt() and "coral eval" in start_prompt(TASK)
-    (tmp_path / "AGENTS.md").symlink_to(tmp_path / "elsewhere")
-    write_agents_md(tmp_path, TASK)
-    text = (tmp_path / "AGENTS.md").read_text()
-    assert not (tmp_path / "AGENTS.md").is_symlink() and not (tmp_path / "elsewhere").exists()
-    assert text == w.instructions() and "26 non-overlapping circles" in text and "higher is better" in text
+def world():
+    task = load_coral_task(REPO_ROOT / "examples" / "circle_packing", "circle_packing")
+    return World(task, agent_id="agent-1", agents=1)
 
 
-def test_turn_prompt_from_the_hosts_record(tmp_path):
-    last = {"eval": EV, "ended": "eval"}
-    p = next_turn_prompt(last, tmp_path, TASK)
-    assert p.startswith("## Eval #10 Results\n\nScore: 2.5000000000\nCommit: ababababab")
-    assert "What you did: raise MARGIN" in p and "Feedback: fine" in p
-    assert "consolidate" in p.lower()  # global eval 10
-    # with the host's counters: the manager's own count and the plateau heartbeat
-    c = CoralCounters("agent-1", global_evals=9, agent_evals=3, real_best=3.0, since_improvement=4)
-    p2 = next_turn_prompt(last, None, TASK, counters=c)
-    assert p2.startswith("## Eval #4 Results") and "pivot" in p2.lower()
+def test_first_prompt_from_the_hosts_record():
+    w = world()
+    ctx = SimpleNamespace(world=w)
+    try:
+        fresh = first_prompt(ctx, [], None, CoralCounters("agent-1"))
+        assert fresh == w.start_prompt() and "coral eval" in fresh
+        before = CoralCounters("agent-1", global_evals=9, agent_evals=9)
+        last = {
+            "eval": {"number": 10, "record": RECORD, "counters_before": before.to_dict()},
+            "ended": "eval",
+        }
+        p = first_prompt(ctx, [{"role": "user", "content": "x"}], last, before)
+        assert p.startswith("## Eval #10 Results\n\nScore: 2.5000000000\nCommit: ababababab")
+        assert "What you did: raise MARGIN" in p and "Feedback: fine" in p
+        assert "consolidate" in p.lower()  # global eval 10
+        # the host's counters before that eval set the manager's own count and the plateau heartbeat
+        c = CoralCounters("agent-1", global_evals=9, agent_evals=3, real_best=3.0, since_improvement=4)
+        last["eval"]["counters_before"] = c.to_dict()
+        p2 = first_prompt(ctx, [{"role": "user", "content": "x"}], last, c)
+        assert p2.startswith("## Eval #4 Results") and "pivot" in p2.lower()
+    finally:
+        w.close()
 
 
 def test_failed_turns_and_nudge():
-    w = world_for(TASK)
-    for last in (
-        {"eval": None, "ended": "no_eval"},
-        {"eval": {"number": None, "status": "nothing_to_commit"}, "ended": "eval"},
-        None,
-    ):
-        assert next_turn_prompt(last, None, TASK) == w.start_prompt(
-            resume=True
-        )  # no attempt yet: the resume prompt
-    c = CoralCounters(
-        "agent-1", global_evals=12, latest={"commit_hash": COMMIT, "title": "t", "score": 1.0, "feedback": ""}
-    )
-    p = failed_turn_prompt(w, c)
-    assert p.startswith("Eval #12: score=1.0000000000 (commit ababababab") and "coral eval" in p
-    assert nudge_prompt() and nudge_prompt() != p and nudge_prompt() == nudge_prompt(world=w, counters=c)
+    w = world()
+    ctx = SimpleNamespace(world=w)
+    session = [{"role": "user", "content": "x"}]
+    try:
+        for last in (
+            {"eval": None, "ended": "no_eval"},
+            {"eval": {"number": None, "status": "nothing_to_commit"}, "ended": "eval"},
+            None,
+        ):  # no attempt yet: the resume prompt
+            assert first_prompt(ctx, session, last, CoralCounters("agent-1")) == w.start_prompt(resume=True)
+        c = CoralCounters(
+            "agent-1",
+            global_evals=12,
+            latest={"commit_hash": COMMIT, "title": "t", "score": 1.0, "feedback": ""},
+        )
+        p = first_prompt(ctx, session, None, c)
+        assert p.startswith("Eval #12: score=1.0000000000 (commit ababababab") and "coral eval" in p
+        assert nudge_prompt() and nudge_prompt() != p and nudge_prompt() != w.start_prompt(resume=True)
+    finally:
+        w.close()
 
 
 def test_system_template_and_override(tmp_path):

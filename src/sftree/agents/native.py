@@ -223,6 +223,6 @@ class NativeAgent(AgentBackend):
                     out.ended = "no_eval"
                     break
                 nudges_left -= 1
-                messages.append({"role": "user", "content": nudge_prompt(overrides)})
+                messages.append({"role": "user", "content": nudge_prompt()})
                 kind = "nudge"
         return out

@@ -1015,7 +1015,7 @@ class OpenCodeAgent(AgentBackend):
                 out.ended = "no_eval" if acc.steps < max_steps else "step_limit"
                 break
             nudges_left -= 1
-            prompt, kind = nudge_prompt(self.cfg.get("prompts") or {}), "nudge"
+            prompt, kind = nudge_prompt(), "nudge"
         if out.ended == "eval" and len(run.coral.evals) > evals_before:
             out.eval = run.coral.evals[evals_before]
         elif out.ended == "eval":

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sftree.fileio import read_json
-from sftree.runtime import agentrepo, checkout, gittrees, remove, safefs
+from sftree.runtime import agentrepo, checkout, gittrees, safefs
 from sftree.runtime.objects import ObjectDB, flatten, tree_from_files
 from sftree.runtime.snapshot import FolderReader, Quota, QuotaExceeded, Reading, UnsafeWorkspace  # noqa: F401
 
@@ -71,7 +71,7 @@ class NodeState:
 
     `session` is a path relative to the tree directory (`sessions/<id>.json`, the exact message list), or None
     for a fresh session (the root: the Teacher does not inherit the Student's context). `counters`: the host's
-    Coral counters at the node (`sftree.world.CoralCounters.to_dict`; None at the root, whose come from its
+    Coral counters at the node (`sftree.world.counters.CoralCounters.to_dict`; None at the root, whose come from its
     attempt records): statuses, bests, eval numbers and heartbeats of later evals come from them, never from
     files the agent can write."""
 
@@ -406,8 +406,3 @@ def write_code(ws: EdgeWorkspace) -> None:
     checkout.write_files(
         ws.store.code, flatten(ws.store.code, ws.store.code.commit_tree(ws.head)), ws.root, uid=ws.uid
     )
-
-
-def remove_quietly(path: Path) -> None:
-    """Remove what the agent left at `path` (a link, a file or a folder of any shape; runtime/remove.py)."""
-    remove.quietly(path)
