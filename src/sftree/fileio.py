@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -22,23 +23,43 @@ def _umask() -> int:
 _FILE_MODE = 0o666 & ~_umask()  # what open() would give; mkstemp's 0600 would hide outputs on shared clusters
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def write_bytes_at(dfd: int, name: str, data: bytes, mode: int = 0o666, *, sync: bool = True) -> None:
+    """Write entry `name` of the open folder `dfd` atomically: a new temporary entry beside it (created, never
+    opened through a link), fsynced when `sync`, then renamed over `name`. `mode` is masked by the umask, as
+    open() would. The one atomic write: `write_bytes_atomic` (a path) and `runtime/safefs.py` (a tree's entry,
+    reached without following links) both end here."""
+    while True:
+        tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd
+            )
+            break
+        except FileExistsError:  # taken (by anything, a link too): another name
+            continue
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, _FILE_MODE)
-        os.replace(tmp, path)
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except BaseException:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dfd)
         except FileNotFoundError:
             pass
         raise
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        write_bytes_at(dfd, path.name, data, _FILE_MODE)
+    finally:
+        os.close(dfd)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

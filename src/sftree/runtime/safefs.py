@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from sftree.fileio import write_bytes_at
 from sftree.runtime import remove
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -135,24 +136,7 @@ def write_bytes_atomic(root: Path, rel: str | Path, data: bytes, mode: int = 0o6
     """Write `root/rel` atomically; its folders are created as real folders, a link anywhere is refused."""
     parts = _parts(rel)
     with open_dir(root, Path(*parts[:-1]) if len(parts) > 1 else "", create=True) as dfd:
-        tmp = f".{parts[-1]}.{os.getpid()}.tmp"
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except FileNotFoundError:
-            pass
-        fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd
-        )
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=dfd)
-            except FileNotFoundError:
-                pass
-            raise
+        write_bytes_at(dfd, parts[-1], data, mode, sync=False)
 
 
 def remove_tree(dfd: int, name: str) -> None:
