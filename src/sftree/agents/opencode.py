@@ -45,7 +45,6 @@ import queue
 import re
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -60,6 +59,7 @@ from sftree.agents.prompts import nudge_prompt
 from sftree.agents.proxy import ProxyLimits, RecordingProxy
 from sftree.errors import InputError
 from sftree.runtime.edgebox import CHECK_EVERY
+from sftree.runtime.procs import kill_group
 from sftree.runtime.sandbox import give_to, resolve_mode, wait_gone
 from sftree.world.standin import DEFAULT_OPENCODE_MODEL
 
@@ -485,9 +485,7 @@ class _Driver:
         left to the threads that read it, which close it at its end (a reader blocked on it would make a close
         here wait)."""
         if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.kill()  # itself, should it not lead a group
+            kill_group(self.proc)
         self.proc.wait()
         with self._send_lock:
             first = not self._killed.is_set()

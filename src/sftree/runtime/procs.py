@@ -31,11 +31,31 @@ class GroupResult:
     stopped: str | None = None  # why `check` stopped it (then returncode is None too)
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to the process group `proc` leads (started with `start_new_session`), and to `proc` itself should
+    it not lead one; a group already gone is no error. Not reaped: the caller waits."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    proc.kill()  # a no-op once it was reaped
+
+
+def stop_group(proc: subprocess.Popen, grace: float = 10) -> None:
+    """Stop a server's process group and reap it: SIGCONT (a stopped process cannot handle SIGTERM) and SIGTERM
+    to the group, `grace` seconds to exit, then SIGKILL. Nothing to do if it already exited."""
+    if proc.poll() is not None:
+        return
+    try:
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        proc.wait()
 
 
 def run_group(
@@ -78,16 +98,16 @@ def run_group(
     timed_out = why == "timeout"
     stopped = why if why and not timed_out else None
     if why:
-        _kill(proc)
+        kill_group(proc)
         proc.wait()
     else:
         try:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill(proc)
+            kill_group(proc)
             proc.wait()
-    _kill(proc)  # a background job the command left behind (it closed its output pipes)
+    kill_group(proc)  # a background job the command left behind (it closed its output pipes)
     for fh in bufs:
         fh.close()
     err = bufs[proc.stderr].data() if proc.stderr is not None else b""

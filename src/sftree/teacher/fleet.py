@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ import requests
 
 from sftree.config import REPO_ROOT
 from sftree.errors import InputError, TeacherUnavailable
+from sftree.runtime.procs import stop_group
 from sftree.teacher.llm_server import LaunchSpec, free_port
 
 ROUTER_BIN = REPO_ROOT / ".tools" / "sglang-router" / "bin" / "sglang-router"
@@ -117,18 +117,8 @@ class Worker:
             os.killpg(self.proc.pid, sig)
 
     def stop(self, grace: float = 10) -> None:
-        if not self.alive():
-            return
-        for sig in (signal.SIGCONT, signal.SIGTERM):  # a stopped (SIGSTOP) process cannot handle SIGTERM
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-        try:
-            self.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        if self.proc is not None:
+            stop_group(self.proc, grace)  # SIGCONT first: a stopped (SIGSTOP) worker cannot handle SIGTERM
 
 
 @dataclass
@@ -204,16 +194,8 @@ class Fleet:
         self.wait_router(lambda v: v.get(w.url), timeout, f"worker {w.url} healthy again")
 
     def stop(self) -> None:
-        for p in [self.router]:
-            if p is not None and p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
-                except ProcessLookupError:
-                    pass
+        if self.router is not None:
+            stop_group(self.router, grace=10)
         for w in self.workers:
             w.stop()
 

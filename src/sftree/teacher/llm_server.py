@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import time
@@ -22,6 +21,7 @@ import requests
 
 from sftree.config import REPO_ROOT
 from sftree.errors import InputError, TeacherUnavailable
+from sftree.runtime.procs import stop_group
 
 log = logging.getLogger(__name__)
 
@@ -115,15 +115,7 @@ def start_llm_server(spec: LaunchSpec) -> tuple[str, callable]:
     root = f"http://127.0.0.1:{port}"
 
     def stop() -> None:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            except ProcessLookupError:
-                pass
+        stop_group(proc, grace=10)
         if out is not subprocess.DEVNULL:
             out.close()
 
