@@ -38,6 +38,7 @@ class TurnRun:
     task_cfg: dict
     instructions: str = ""  # the instruction file the host wrote into the worktree (AGENTS.md)
     context_used: int = 0  # the session's context length so far (last step's usage; 0 = not known)
+    final: bool = False  # the edge's last turn (search/edge.py plans the turns): the session ends after it
 
 
 @dataclass

@@ -1053,9 +1053,9 @@ class OpenCodeAgent(AgentBackend):
         if out.ended == "tampered":  # nothing of this session is kept for a child
             self.end_edge(run.workspace.edge_id)
             return out
-        if run.turn >= 2 or out.ended == "teacher_error":  # the edge's last turn: its node keeps the session
+        if run.final or out.ended == "teacher_error":  # the edge's last turn: its node keeps the session
             self._save(run, st)
-        if run.turn >= 2:
+        if run.final:
             self.end_edge(run.workspace.edge_id)
         return out
 

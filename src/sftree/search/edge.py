@@ -440,6 +440,7 @@ def run_edge(
                 task_cfg=ctx.task_cfg,
                 instructions=instructions,
                 context_used=turns[-1].tokens if turns else 0,
+                final=turn == _TURNS,
             )
             runtime.open_turn()
             outcome = ctx.agent.run_turn(run)
