@@ -22,11 +22,11 @@ from sftree.teacher import client as clientmod
 from sftree.teacher.client import (
     BadReply,
     ContextOverflow,
-    FleetWatcher,
     TeacherClient,
     TeacherError,
-    _InFlight,
 )
+from sftree.teacher.http import InFlight
+from sftree.teacher.router_watch import RouterWatcher
 from sftree.teacher.sim.server import start_teacher_sim
 from sftree.teacher.stream import StreamAssembler
 
@@ -167,7 +167,7 @@ def test_a_worker_down_at_the_router_abandons_the_requests_waiting_on_it(sims, m
     )
     th.start()
     time.sleep(0.5)
-    live = _InFlight(
+    live = InFlight(
         time.monotonic() - 10, time.monotonic() + 60, "e7 turn 1"
     )  # a chunk will come after the event
     c._inflight.add(live)
@@ -186,7 +186,7 @@ def test_a_worker_down_at_the_router_abandons_the_requests_waiting_on_it(sims, m
 
 def test_fleet_watcher_reports_each_change():
     seen = []
-    w = FleetWatcher(lambda: None, 1, lambda url, ok, view: seen.append((url, ok)), {"a": True, "b": True})
+    w = RouterWatcher(lambda: None, 1, lambda url, ok, view: seen.append((url, ok)), {"a": True, "b": True})
     w.check({"a": False, "b": True})  # a down
     w.check({"a": False, "b": True})  # nothing new
     w.check({"a": True, "b": True, "c": False})  # a back; c joins unhealthy: nothing routed to it

@@ -49,10 +49,11 @@ from datetime import UTC, datetime
 
 import requests
 import urllib3
-from requests.adapters import HTTPAdapter
 
 from sftree.errors import TeacherUnavailable
+from sftree.teacher.http import InFlight, TrackingAdapter, socket_of, tracking
 from sftree.teacher.response import MalformedResponse, Reply, is_context_overflow, normalize
+from sftree.teacher.router_watch import RouterWatcher, read_workers
 from sftree.teacher.stream import StreamAssembler
 
 log = logging.getLogger(__name__)
@@ -295,109 +296,6 @@ class RetryBudget:
         return "retry", backoff_delay(self.failures - 1, self.base, self.backoff_max), 0.0
 
 
-@dataclass(eq=False)
-class _InFlight:
-    """A streamed request on the wire: when it was sent, when its last bytes came, its socket (to abandon it)."""
-
-    started: float
-    last: float
-    label: str
-    chunks: int = 0
-    sock: socket.socket | None = None
-    aborted: str | None = None
-
-    def abort(self, why: str) -> None:
-        self.aborted = why
-        sock = self.sock
-        if sock is not None:
-            try:  # wakes the reading thread: its recv returns at once
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
-_tracking = threading.local()  # the streamed request this thread is sending (its socket is taken on the wire)
-
-
-class _TrackedHTTPConnection(urllib3.connection.HTTPConnection):
-    """Hands the socket of each request to the streamed request being sent (`_tracking.entry`), so the fleet
-    watcher can abandon it even while it waits for the reply's headers."""
-
-    def request(self, *args, **kwargs):
-        super().request(*args, **kwargs)
-        entry = getattr(_tracking, "entry", None)
-        if entry is not None:
-            entry.sock = self.sock
-            if entry.aborted:  # abandoned while it was being sent
-                entry.abort(entry.aborted)
-
-
-class _TrackedHTTPSConnection(urllib3.connection.HTTPSConnection, _TrackedHTTPConnection):
-    pass
-
-
-class _TrackedHTTPPool(urllib3.HTTPConnectionPool):
-    ConnectionCls = _TrackedHTTPConnection
-
-
-class _TrackedHTTPSPool(urllib3.HTTPSConnectionPool):
-    ConnectionCls = _TrackedHTTPSConnection
-
-
-class _TrackingAdapter(HTTPAdapter):
-    def init_poolmanager(self, *args, **kwargs):
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = {"http": _TrackedHTTPPool, "https": _TrackedHTTPSPool}
-
-
-def read_workers(payload) -> dict[str, bool] | None:
-    """`GET /workers` of sglang-router as {url: healthy}, or None when the answer is not a worker list."""
-    workers = payload.get("workers") if isinstance(payload, dict) else None
-    if not isinstance(workers, list):
-        return None
-    out = {}
-    for w in workers:
-        if isinstance(w, dict) and isinstance(w.get("url"), str):
-            out[w["url"]] = bool(w.get("is_healthy", True))
-    return out
-
-
-class FleetWatcher:
-    """Polls the router's worker list every `poll` s and calls `on_change(url, healthy, view)` on each change."""
-
-    def __init__(self, fetch, poll: float, on_change, initial: dict[str, bool]):
-        self.fetch, self.poll, self.on_change = fetch, poll, on_change
-        self.view = dict(initial)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="teacher-fleet", daemon=True)
-
-    def start(self) -> FleetWatcher:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.poll):
-            try:
-                view = self.fetch()
-            except (requests.RequestException, ValueError):
-                continue  # the router itself is unreachable: the requests' own timeouts and retries cover it
-            if view is None:
-                continue
-            self.check(view)
-
-    def check(self, view: dict[str, bool]) -> None:
-        """Compare with the last view: a worker that turned unhealthy or left the list is down; one that turned
-        healthy, or joined healthy, is up. One that joins unhealthy is not reported (nothing is routed to it)."""
-        old, self.view = self.view, dict(view)
-        for url in sorted(set(old) | set(view)):
-            before, now = old.get(url), view.get(url, False)
-            if now != bool(before) and not (before is None and not now):
-                self.on_change(url, now, self.view)
-
-
 class TeacherClient:
     def __init__(
         self,
@@ -449,11 +347,11 @@ class TeacherClient:
         self.stall_timeout = float(stall_timeout)
         self.fleet_poll = float(fleet_poll or 0)
         self.outage_timeout = float(outage_timeout or 0)
-        self.fleet: FleetWatcher | None = None
+        self.fleet: RouterWatcher | None = None
         self._sem = threading.BoundedSemaphore(max_concurrency)
         self._warned_no_usage = False
         self._local = threading.local()
-        self._inflight: set[_InFlight] = set()
+        self._inflight: set[InFlight] = set()
         self._request_ids = 0
         self.stats_lock = threading.Lock()
         self.stats = {
@@ -503,7 +401,7 @@ class TeacherClient:
         if s is None:
             s = self._local.session = requests.Session()
             for prefix in ("http://", "https://"):
-                s.mount(prefix, _TrackingAdapter())
+                s.mount(prefix, TrackingAdapter())
         return s
 
     def _headers(self, extra: dict | None) -> dict:
@@ -574,7 +472,7 @@ class TeacherClient:
         )  # fmt: skip
         if self.fleet_poll > 0 and self.fleet is None:
             session = requests.Session()  # the watcher's own: sessions are per thread
-            self.fleet = FleetWatcher(
+            self.fleet = RouterWatcher(
                 lambda: self._workers(session), self.fleet_poll, self._worker_changed, workers
             ).start()
 
@@ -765,13 +663,13 @@ class TeacherClient:
         t0 = time.monotonic()
         total = t0 + self.request_timeout
         first = min(self.first_chunk_timeout, self.request_timeout)
-        entry = _InFlight(t0, t0, label)
+        entry = InFlight(t0, t0, label)
         with self.stats_lock:
             self._inflight.add(entry)
         r = None
         asm = StreamAssembler()
         try:
-            _tracking.entry = entry
+            tracking.entry = entry
             try:
                 r = self._session().post(url, data=data, headers=hdrs, timeout=(10, first), stream=True)
             except requests.RequestException as exc:
@@ -786,10 +684,10 @@ class TeacherClient:
                     unavailable=refused(exc),
                 ) from None
             finally:
-                _tracking.entry = None
+                tracking.entry = None
             if r.status_code != 200 or "text/event-stream" not in r.headers.get("Content-Type", ""):
                 return r.status_code, r.text, None  # an error status, or a server that ignored `stream`
-            entry.sock = entry.sock or _socket_of(r)
+            entry.sock = entry.sock or socket_of(r)
             if entry.aborted:  # abandoned while the headers came
                 entry.abort(entry.aborted)
             while True:
@@ -901,16 +799,6 @@ def _label(headers: dict | None) -> str:
     if not edge:
         return "request"
     return f"{edge} turn {turn}" if turn else str(edge)
-
-
-def _socket_of(r: requests.Response) -> socket.socket | None:
-    """The socket a streamed response is read from: the pooled connection's, or (a `Connection: close` reply,
-    whose connection object let go of it) the one under the response's file."""
-    sock = getattr(getattr(r.raw, "connection", None), "sock", None)
-    if sock is None:
-        fp = getattr(getattr(r.raw, "_fp", None), "fp", None)
-        sock = getattr(getattr(fp, "raw", None), "_sock", None)
-    return sock if isinstance(sock, socket.socket) else None
 
 
 def _is_timeout(exc: BaseException) -> bool:
