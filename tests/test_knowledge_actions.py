@@ -11,8 +11,8 @@ import pytest
 
 from sftree.agents import knowledge
 from sftree.agents.knowledge import is_knowledge_action, patch_paths
+from sftree.agents.nativetools import is_knowledge_action as native_is_knowledge_action
 from sftree.agents.opencode import TurnEvents, apply_event, is_knowledge
-from sftree.agents.tools import is_knowledge_action as native_is_knowledge_action
 
 RUN = "/workspace/results/circle_packing"
 WT = f"{RUN}/agents/agent-1"
@@ -149,7 +149,7 @@ def test_knowledge_action_per_tool_and_argument_shape(tool, args, expected):
     ("tool", "args", "expected"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)]
 )
 def test_both_backends_decide_by_the_one_function(tool, args, expected):
-    """opencode.py's name and tools.py's name are the same function (one decision, not a copy per backend)."""
+    """opencode.py's name and nativetools.py's name are the same function (one decision, not a copy per backend)."""
     assert is_knowledge is knowledge.is_knowledge_action is native_is_knowledge_action
     acc = TurnEvents()
     ev = {"type": "tool_use", "part": {"callID": "c1", "tool": tool,

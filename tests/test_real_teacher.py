@@ -16,8 +16,8 @@ import yaml
 from helpers_explore import explore, make_root
 from test_workflow_demo import REPO, SCHEMA, rules_run, snakemake
 
+from sftree.agents.nativetools import TOOL_NAMES, TOOL_SCHEMAS
 from sftree.agents.prompts import nudge_prompt
-from sftree.agents.tools import TOOL_NAMES, TOOL_SCHEMAS
 from sftree.search import steplog
 from sftree.search import tree as treemod
 from sftree.teacher.llm_server import LaunchSpec

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sftree.agents.tools import TOOL_SCHEMAS
+from sftree.agents.nativetools import TOOL_SCHEMAS
 from sftree.config import REPO_ROOT, load_config
 from sftree.errors import InputError, TeacherUnavailable
 from sftree.teacher.client import TeacherClient

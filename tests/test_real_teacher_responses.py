@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sftree.agents.native import assistant_message
-from sftree.agents.tools import TOOL_SCHEMAS
+from sftree.agents.nativetools import TOOL_SCHEMAS
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
 from sftree.teacher.client import TeacherClient
 

@@ -15,7 +15,7 @@ import copy
 
 import pytest
 
-from sftree.agents.tools import TOOL_SCHEMAS
+from sftree.agents.nativetools import TOOL_SCHEMAS
 from sftree.teacher.client import TeacherClient
 from sftree.teacher.llm_server import LaunchSpec, start_llm_server
 

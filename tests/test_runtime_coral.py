@@ -14,7 +14,7 @@ import time
 import pytest
 from runtime_helpers import TOY_GRADER, make_task
 
-from sftree.agents.tools import ToolContext, execute
+from sftree.agents.nativetools import ToolContext, execute
 from sftree.runtime import coral as coralmod
 from sftree.runtime.coral import parse_grader_output
 from sftree.runtime.objects import git_env

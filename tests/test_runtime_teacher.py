@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from sftree.agents.tools import TOOL_SCHEMAS
+from sftree.agents.nativetools import TOOL_SCHEMAS
 from sftree.errors import InputError, TeacherUnavailable
 from sftree.teacher.client import TeacherClient, TeacherError, Usage, backoff_delay, reported_usage, serialize
 from sftree.teacher.sim.policy import decide, nudge_value

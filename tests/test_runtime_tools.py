@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sftree.agents.native import NativeAgent
-from sftree.agents.tools import TOOL_NAMES, TOOL_SCHEMAS, ToolContext, execute, is_knowledge_action
+from sftree.agents.nativetools import TOOL_NAMES, TOOL_SCHEMAS, ToolContext, execute, is_knowledge_action
 from sftree.config import REPO_ROOT
 from sftree.runtime.edgebox import EdgeBox
 from sftree.runtime.sandbox import UIDS, bwrap_works

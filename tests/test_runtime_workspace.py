@@ -1,5 +1,5 @@
 """The store and its workspaces: seeding, forks, isolation, host-made commits, the agent's own repository, the
-reused attempt records, cleanup (runtime/store.py, workspace.py, snapshot.py, checkout.py, agentrepo.py)."""
+reused attempt records, cleanup (runtime/store.py, workspace.py, folderreader.py, checkout.py, agentrepo.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 from runtime_helpers import make_root
 
 from sftree.errors import InputError
-from sftree.runtime import checkout, snapshot
+from sftree.runtime import checkout, folderreader
 from sftree.runtime.agentrepo import INIT_SCRIPT, UPDATE_SCRIPT, read_head
+from sftree.runtime.folderreader import FolderReader, Quota, QuotaExceeded
 from sftree.runtime.objects import flatten, git, git_env
-from sftree.runtime.snapshot import FolderReader, Quota, QuotaExceeded
 from sftree.runtime.store import TreeStore
 from sftree.runtime.workspace import CORAL_ITEMS, NodeState, code_skip, write_world
 
@@ -166,7 +166,7 @@ def test_snapshot_takes_what_git_would_and_reads_only_what_changed(tmp_path):
     files = files_of(st, sha)
     assert files["run.sh"][0] == "100755" and "nested/AGENTS.md" in files and "empty" not in files
     assert info.skipped == ["bad\ufffd"]
-    time.sleep(snapshot.RACY_NS / 1e9 + 0.05)
+    time.sleep(folderreader.RACY_NS / 1e9 + 0.05)
     _files, again = ws._code_reader.files(ws.root)  # keys older than the racy window: kept
     _files, third = ws._code_reader.files(ws.root)
     assert third.read == 0 and again.files == third.files
@@ -185,7 +185,7 @@ def test_a_write_through_a_hard_link_is_in_the_next_commit_and_no_other_branch(t
     st, root = TreeStore.create(tmp_path / "tree", make_root(tmp_path), {})
     ws = st.fork(root, "e1", agent_id="agent-1", inside=INSIDE)
     ws.commit_knowledge("first")
-    time.sleep(snapshot.RACY_NS / 1e9 + 0.05)
+    time.sleep(folderreader.RACY_NS / 1e9 + 0.05)
     ws.commit_knowledge("cache warm")
     os.link(ws.knowledge_dir / "notes" / "student.md", ws.root / "hl")
     with open(ws.root / "hl", "a") as fh:

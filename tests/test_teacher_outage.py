@@ -15,8 +15,8 @@ import time
 import pytest
 import requests
 
+from sftree.agents.nativetools import TOOL_SCHEMAS
 from sftree.agents.proxy import RecordingProxy
-from sftree.agents.tools import TOOL_SCHEMAS
 from sftree.teacher.client import TeacherClient, TeacherError, no_worker_answer, refused
 from sftree.teacher.sim.server import NO_WORKER_BODY, start_teacher_sim
 

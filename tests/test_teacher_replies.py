@@ -10,7 +10,7 @@ import json
 import pytest
 
 from sftree.agents.native import context_check
-from sftree.agents.tools import TOOL_SCHEMAS
+from sftree.agents.nativetools import TOOL_SCHEMAS
 from sftree.errors import InputError
 from sftree.teacher.client import BadReply, ContextOverflow, TeacherClient
 from sftree.teacher.response import MalformedResponse, is_context_overflow, normalize

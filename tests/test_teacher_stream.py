@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from sftree.agents.tools import TOOL_SCHEMAS
+from sftree.agents.nativetools import TOOL_SCHEMAS
 from sftree.httpserver import QuietThreadingHTTPServer
 from sftree.teacher import client as clientmod
 from sftree.teacher.client import (

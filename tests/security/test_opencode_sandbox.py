@@ -20,8 +20,8 @@ from runtime_helpers import opencode_binary
 from scripted import EVAL, bash, edit_solution
 
 from sftree.config import REPO_ROOT
+from sftree.runtime.folderreader import Quota
 from sftree.runtime.sandbox import AGENT_LIMITS, SANDBOX_UID_BASE
-from sftree.runtime.snapshot import Quota
 
 OPENCODE, WHY = opencode_binary()
 

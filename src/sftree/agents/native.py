@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from sftree.agents.base import AgentBackend, ToolOutcome, TurnOutcome, TurnRun
+from sftree.agents.nativetools import TOOL_SCHEMAS, TOOLBOX, ToolContext, execute
 from sftree.agents.prompts import nudge_prompt, render
-from sftree.agents.tools import TOOL_SCHEMAS, TOOLBOX, ToolContext, execute
 from sftree.runtime.sandbox import CORAL_MOUNT, resolve_mode
 from sftree.teacher.client import BadReply, ContextOverflow, TeacherError
 

@@ -12,9 +12,9 @@ import os
 import stat
 from pathlib import Path
 
+from sftree.runtime.folderreader import EXEC_MODE, LINK_MODE
 from sftree.runtime.objects import ObjectDB
 from sftree.runtime.safefs import DIR_FLAGS, remove_tree
-from sftree.runtime.snapshot import EXEC_MODE, LINK_MODE
 
 BATCH = 512  # blobs per read round trip
 

@@ -3,7 +3,7 @@
 How it runs (docs/runtime.md): the agent's PATH starts with a small `coral` client (CLIENT_SCRIPT, run by the
 sandbox user). `coral eval` (and `coral wait`) go over a Unix socket to this edge's `CoralServer` thread in the
 explore process, outside the sandbox, which commits what the worktree holds (the host reads it:
-runtime/snapshot.py), grades a copy of exactly that commit with the task's grader, writes the attempt record
+runtime/folderreader.py), grades a copy of exactly that commit with the task's grader, writes the attempt record
 and answers with what Coral's `coral eval` prints and the import that brings the agent's own repository to the
 new commit (the client runs it, as the sandbox user). Every other command runs inside the sandbox: the user's
 Coral CLI, or sftree's stand-in in Coral's formats (`$CORAL_CLI`, from `sftree.world`), over the edge's
@@ -36,9 +36,9 @@ from pathlib import Path
 from sftree.errors import SftreeError
 from sftree.runtime import safefs, tempdirs
 from sftree.runtime.checkout import write_files
+from sftree.runtime.folderreader import QuotaExceeded, UnsafeWorkspace
 from sftree.runtime.objects import flatten
 from sftree.runtime.procs import run_group
-from sftree.runtime.snapshot import QuotaExceeded, UnsafeWorkspace
 from sftree.runtime.unixsock import Listener, RequestError, read_request
 from sftree.world.text import one_line, own_line, safe_attempt
 

@@ -6,7 +6,7 @@ private /tmp of `agent.quota.tmp_mib` and `tmp_inodes`, and nothing else of the 
 sandbox user (sftree is root) under AGENT_LIMITS, and returns once that user has no process left.
 
 The disk quota (`agent.quota`): while a command runs, the edge's writable folders are measured every
-`CHECK_EVERY` s (snapshot.usage, bounded) and the command is stopped when they pass the quota; a file cannot
+`CHECK_EVERY` s (folderreader.usage, bounded) and the command is stopped when they pass the quota; a file cannot
 outgrow `file_mib` (RLIMIT_FSIZE); /tmp is a tmpfs of `tmp_mib` and (as root) `tmp_inodes` files, a fresh one for
 each command, so the kernel refuses a write past it (ENOSPC; runtime/diskquota.py). So an agent writes at most about
 `CHECK_EVERY` s of disk speed past the quota before it is stopped, and the next snapshot refuses a workspace
@@ -22,6 +22,7 @@ from pathlib import Path
 
 from sftree.runtime import agentrepo
 from sftree.runtime.diskquota import TMP_INODES
+from sftree.runtime.folderreader import QuotaExceeded, usage
 from sftree.runtime.procs import GroupResult, run_group
 from sftree.runtime.sandbox import (
     AGENT_LIMITS,
@@ -32,7 +33,6 @@ from sftree.runtime.sandbox import (
     wait_gone,
     wrap_limits,
 )
-from sftree.runtime.snapshot import QuotaExceeded, usage
 from sftree.runtime.workspace import CACHE_DIRS, CORAL_MANAGED, EdgeWorkspace, knowledge_skip
 
 CHECK_EVERY = 0.5

@@ -1,6 +1,6 @@
 """The objects of one bare store repository (`store/code.git`, `store/knowledge.git`), read and written by the host.
 
-Only the host writes these repositories, and only from bytes it read itself (`snapshot.py`) or made (commits
+Only the host writes these repositories, and only from bytes it read itself (`folderreader.py`) or made (commits
 below), so git here never meets a worktree, an attribute, a hook or a config the agent wrote: it is used to read
 objects back (one long-lived `git cat-file --batch` per repository) and, at the end, to pack them. Objects are
 written by the host as loose files (`gittrees.write_loose`), trees and commits encoded in Python, so their ids

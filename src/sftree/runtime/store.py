@@ -1,7 +1,7 @@
 """The store of one tree (`<tree_dir>/store`: code.git and knowledge.git, bare) and its edges' folders (`work/`).
 
 The root commit of each repository is the root snapshot's `code/` and `shared/`, read by the host like any
-workspace (snapshot.py: the Student's files are as untrusted as the Teacher's). Every commit gets a ref under
+workspace (folderreader.py: the Student's files are as untrusted as the Teacher's). Every commit gets a ref under
 `refs/sftree/`. A fork (`fork`) writes a node's commits into a new edge folder (workspace.py); the attempt
 records, a Coral run's largest part (one file per eval: 10k+ in a long run), come from a parked folder moved by
 the difference of two trees when one is free (`park_attempts`), so a fork writes the few records that differ.
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from sftree.errors import InputError
 from sftree.runtime import checkout, safefs
+from sftree.runtime.folderreader import FolderReader, Quota
 from sftree.runtime.objects import ObjectDB, git, init_bare, tree_from_files
-from sftree.runtime.snapshot import FolderReader, Quota
 from sftree.runtime.workspace import (
     EdgeWorkspace,
     NodeState,

@@ -13,7 +13,7 @@ Layout of an edge folder (docs/runtime.md; the agent sees `run/` at `agent.run_d
 
 A node's state is (code commit, knowledge commit, session). A fork writes both commits into new folders
 (checkout.py), so branches never share a file. Commits are made by the host from what it reads itself
-(snapshot.py): no git, no file tool and no parser of the host ever runs over the workspace (docs/security.md,
+(folderreader.py): no git, no file tool and no parser of the host ever runs over the workspace (docs/security.md,
 "The host boundary"). What a commit holds of the worktree: every regular file and link but `.git` folders,
 Python caches and the names Coral keeps out of a worktree's commits (its `.gitignore` entries); of the
 knowledge: all of `public/` but `attempts/`, which is the host's own record.
@@ -28,8 +28,8 @@ from pathlib import Path
 
 from sftree.fileio import read_json
 from sftree.runtime import agentrepo, checkout, gittrees, safefs
+from sftree.runtime.folderreader import FolderReader, Quota, QuotaExceeded, Reading, UnsafeWorkspace  # noqa: F401
 from sftree.runtime.objects import ObjectDB, flatten, tree_from_files
-from sftree.runtime.snapshot import FolderReader, Quota, QuotaExceeded, Reading, UnsafeWorkspace  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class EdgeWorkspace:
         return sha if sha in self.known else self.head
 
     def commit_code(self, message: str) -> tuple[str | None, Reading]:
-        """Commit what the worktree holds now (the host reads it: snapshot.py); (the commit, what was read), the
+        """Commit what the worktree holds now (the host reads it: folderreader.py); (the commit, what was read), the
         commit None when the tree equals its parent's ("Nothing to commit"). QuotaExceeded past the quota."""
         parent = self.parent_for_commit()
         tree, info = self._code_reader.snapshot(self.root)

@@ -29,8 +29,8 @@ from sftree.fileio import read_json, write_json_atomic, write_text_atomic
 from sftree.runtime import diskquota
 from sftree.runtime.coral import CoralRuntime, CoralServer
 from sftree.runtime.edgebox import EdgeBox, own_socket_dir
+from sftree.runtime.folderreader import Quota
 from sftree.runtime.objects import flatten
-from sftree.runtime.snapshot import Quota
 from sftree.runtime.store import TreeStore
 from sftree.runtime.workspace import NodeState, write_world
 

@@ -46,9 +46,9 @@ import yaml
 from sftree.runtime import remove, tempdirs
 from sftree.runtime.bounded import Capped
 from sftree.runtime.diskquota import GRADE_INODES, GRADE_MIB, DiskQuota
+from sftree.runtime.folderreader import Quota, QuotaExceeded, usage
 from sftree.runtime.procs import run_group
 from sftree.runtime.sandbox import UIDS, Limits, bwrap_argv, resolve_mode, wait_gone, wrap_limits
-from sftree.runtime.snapshot import Quota, QuotaExceeded, usage
 from sftree.runtime.unixsock import Listener, read_request
 from sftree.world import grader_env
 from sftree.world.locate import CoralInstall
@@ -454,7 +454,7 @@ def grade(
 def _over_quota(folder: Path, quota: DiskQuota) -> str | None:
     """Why `folder` holds more than `quota` (files, bytes), or None: the polled check where no tmpfs can be
     mounted."""
-    # Depth is no disk use: not limited (snapshot.walk holds descriptors for pending folders, not per level).
+    # Depth is no disk use: not limited (folderreader.walk holds descriptors for pending folders, not per level).
     q = Quota(files=quota.inodes, bytes=quota.bytes, file_bytes=quota.bytes, depth=1 << 30)
     try:
         usage(folder, q)

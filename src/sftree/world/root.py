@@ -77,7 +77,7 @@ def root_context(meta: dict, files: dict[str, bytes], agent_id: str | None = Non
 
 def read_root_context(root_dir: str | Path, agent_id: str | None = None) -> RootContext:
     """`root_context` of a root snapshot folder on disk (its files read without following links)."""
-    from sftree.runtime.snapshot import Quota, walk
+    from sftree.runtime.folderreader import Quota, walk
 
     root_dir = Path(root_dir)
     try:
