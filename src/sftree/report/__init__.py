@@ -1,1 +1,1 @@
-"""The HTML report of a run and its dependency-free SVG plots."""
+"""The HTML report of a run (its SVG plots are drawn by sftree.svg, shared with stage 1)."""

@@ -201,8 +201,8 @@ def _truthy(x: object) -> bool:
 
 
 def learning_curve_svg(rows: list[dict], task: str, direction: str | None) -> str:
-    """The Student's scores over the global eval index (plots.svg_plot): stage bands, smoothed curve, chosen roots."""
-    from sftree.report.plots import Band, Series, svg_plot
+    """The Student's scores over the global eval index (svg.svg_plot): stage bands, smoothed curve, chosen roots."""
+    from sftree.svg import Band, Series, svg_plot
 
     rows = sorted(
         (r for r in rows if _float(r.get("global_index")) is not None),

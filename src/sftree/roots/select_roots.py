@@ -355,9 +355,9 @@ STAGE_COLORS = {"early": "#1f77b4", "middle": "#2ca02c", "late": "#ff7f0e"}
 
 def plot_svg(sel: Selection) -> str:
     """Raw scores, eval_ok false markers, the smoothed curve, stage bands and the chosen roots. Series longer than
-    the plot is wide are drawn as the lowest and highest value of each pixel column (`plots.decimate`): every
+    the plot is wide are drawn as the lowest and highest value of each pixel column (`svg.decimate`): every
     extreme and outlier stays, the chosen roots are all drawn, and the note under the title says so."""
-    from sftree.report.plots import Band, Series, svg_plot
+    from sftree.svg import Band, Series, svg_plot
 
     rows = sel.rows
     snaps = list(map(attrgetter("snap"), rows))

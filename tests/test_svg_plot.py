@@ -1,11 +1,11 @@
-"""The small SVG plot helper (sftree.report.plots)."""
+"""The small SVG plot helper (sftree.svg)."""
 
 import re
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from sftree.report.plots import Band, Series, decimate, nice_ticks, svg_plot
+from sftree.svg import Band, Series, decimate, nice_ticks, svg_plot
 
 
 def test_nice_ticks():

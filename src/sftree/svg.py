@@ -1,12 +1,12 @@
-"""A tiny dependency-free SVG plot: axes with ticks, lines, points, shaded x-bands, a title and a legend.
+"""A tiny dependency-free SVG plot: axes with ticks, lines, points, shaded x-bands, a title and a legend. Shared
+by stage 1 (roots/select_roots.py: stages.svg) and the report (report/html.py).
 
-    from sftree.report.plots import Band, Series, svg_plot, save_svg
+    from sftree.svg import Band, Series, svg_plot
     svg = svg_plot(
         [Series([1, 2, 3], [0.5, None, 0.9], kind="line", label="smoothed"),
          Series([2], [0.7], kind="points", marker="diamond", color="#d62728", label="chosen")],
         title="Score", xlabel="eval", ylabel="score",
         bands=[Band(0.5, 1.5, "#1f77b4", "early")])
-    save_svg("plot.svg", svg)
 
 `None` values are skipped (a line breaks there). A series with more values than the plot is pixels wide is
 thinned to what those pixels can show (`decimate`): in each pixel column its lowest and highest value (a line
@@ -22,8 +22,6 @@ import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from sftree.fileio import write_text_atomic
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 MARKERS = ("circle", "square", "diamond", "cross", "ring")
@@ -290,8 +288,3 @@ def svg_plot(
             out.append(f'<text x="{lx + 22}" y="{y + 4}">{esc(label)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
-
-
-def save_svg(path, svg: str) -> None:
-    """Write the SVG atomically (parent folders are created)."""
-    write_text_atomic(path, svg)
