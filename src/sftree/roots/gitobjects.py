@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -33,6 +30,7 @@ from typing import NamedTuple
 from sftree.display import shown
 from sftree.errors import InputError
 from sftree.runtime import safefs
+from sftree.runtime.catfile import BadAnswer, CatFile, Missing, Stopped
 
 HEX_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 MODE_TREE, MODE_BLOB, MODE_EXEC, MODE_LINK, MODE_GITLINK = (
@@ -218,70 +216,33 @@ class ObjectReader:
         self._trees: dict[str, list[Entry]] = {}
         self._cached = 0
         self.reads = 0
-        self.restarts = 0
-        self._busy: tuple[float, str] | None = (
-            None  # (time of the last byte, object) while git owes an answer
-        )
-        self._stalled: str | None = None
-        self._done = threading.Event()
-        self._start()
-        self._watchdog = threading.Thread(target=self._watch, name="git-cat-file-watchdog", daemon=True)
-        self._watchdog.start()
+        config = (*SAFE_CONFIG, f"core.bigFileThreshold={max(self.max_blob, SKIP_MAX)}")
+        self.git = CatFile(self.git_dir, config=config, env=_env(self.git_dir), stall=STALL_SECONDS)
 
-    def _start(self) -> None:
-        cmd = ["git"]
-        for kv in (*SAFE_CONFIG, f"core.bigFileThreshold={max(self.max_blob, SKIP_MAX)}"):
-            cmd += ["-c", kv]
-        cmd += ["--git-dir", str(self.git_dir), "cat-file", "--batch"]
-        self.proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            cwd=self.git_dir,
-            env=_env(self.git_dir),
-        )
+    @property
+    def proc(self):
+        return self.git.proc
 
-    def _stop_git(self) -> None:
-        proc = self.proc
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        for fh in (proc.stdin, proc.stdout):
-            try:
-                fh.close()
-            except OSError:
-                pass
+    @property
+    def restarts(self) -> int:
+        return self.git.restarts
 
     def _restart(self, why: str) -> None:
         """A fresh git process (the old one is killed): after a refused large object, or when git died."""
-        self._busy = None
-        self._stop_git()
-        self.restarts += 1
-        if self.restarts > 2 * MAX_RESTARTS:  # only a git that keeps dying gets here (see _drop)
+        self.git.stop()
+        self.git.restarts += 1
+        if self.git.restarts > 2 * MAX_RESTARTS:  # only a git that keeps dying gets here (see _drop)
             raise InputError(
                 f"git cat-file on {self.git_dir} had to be restarted more than {MAX_RESTARTS} times (the last: "
                 f"{why}): the run's objects are broken or hostile"
             )
-        self._start()
+        self.git.start()
 
-    def _watch(self) -> None:
-        """Kill git when it owes bytes and sends none for STALL_SECONDS: the read then fails with the reason."""
-        while not self._done.wait(min(1.0, STALL_SECONDS / 4)):
-            busy = self._busy
-            if busy is not None and time.monotonic() - busy[0] > STALL_SECONDS:
-                self._stalled = busy[1]
-                try:
-                    self.proc.kill()
-                except OSError:
-                    pass
-
-    def _ended(self, oid: str, what: str) -> Exception:
+    def _ended(self, exc: Stopped, oid: str, what: str) -> Exception:
         """The error for a git that stopped answering: a stall ends the import, a crash refuses the object."""
-        if self._stalled is not None:
-            self._busy = None
+        if exc.stalled is not None:
             return InputError(
-                f"git cat-file sent nothing for {STALL_SECONDS:.0f} s while reading {self._stalled} from "
+                f"git cat-file sent nothing for {STALL_SECONDS:.0f} s while reading {exc.stalled} from "
                 f"{self.git_dir}: a file of the run's object folders never ends (a FIFO put there after sftree "
                 "checked them?); import a run once it has stopped"
             )
@@ -289,18 +250,7 @@ class ObjectReader:
         return ObjectError(f"{oid}: git cannot read it (git cat-file stopped {what} it)")
 
     def close(self) -> None:
-        self._done.set()
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
+        self.git.close()
 
     def __enter__(self) -> ObjectReader:
         return self
@@ -315,23 +265,16 @@ class ObjectReader:
         if oid in self.refused:
             raise ObjectError(self.refused[oid])
         self.reads += 1
-        self._busy = (time.monotonic(), oid)
         try:
-            self.proc.stdin.write(oid.encode() + b"\n")
-            self.proc.stdin.flush()
-            header = self.proc.stdout.readline()
-        except (BrokenPipeError, OSError, ValueError):
-            header = b""
-        if not header:
-            raise self._ended(oid, "before answering for")
-        parts = header.split()
-        if len(parts) == 2 and parts[1] in (b"missing", b"ambiguous"):
-            self._busy = None
-            raise ObjectError(f"{oid} is {parts[1].decode()}", missing=True)
-        if len(parts) != 3 or not parts[2].isdigit():
-            self._busy = None
-            raise InputError(f"git cat-file gave an unexpected answer for {oid}: {shown(header[:200])}")
-        return parts[1].decode("ascii", "replace"), int(parts[2])
+            return self.git.ask(oid)
+        except Stopped as exc:
+            raise self._ended(exc, oid, "before answering for") from None
+        except Missing as exc:
+            raise ObjectError(f"{oid} is {exc.answer.split()[1].decode()}", missing=True) from None
+        except BadAnswer as exc:
+            raise InputError(
+                f"git cat-file gave an unexpected answer for {oid}: {shown(exc.answer[:200])}"
+            ) from None
 
     def read(self, oid: str, want: str | None = None, limit: int | None = None) -> tuple[str, bytes]:
         """(type, content) of object `oid`; ObjectError if it is missing, not `want`, or over `limit` bytes."""
@@ -344,19 +287,15 @@ class ObjectReader:
             self._drop(oid, size + 1)
             raise ObjectError(f"{oid} holds {size} bytes, more than the limit of {limit}")
         data = self._exactly(oid, size + 1)
-        self._busy = None
+        self.git.idle()
         return kind, bytes(data[:-1])
 
     def _chunk(self, oid: str, n: int) -> bytes:
         """Up to `n` bytes of the object git is sending (what is there, at least one byte)."""
         try:
-            chunk = self.proc.stdout.read1(n)
-        except (OSError, ValueError):
-            chunk = b""
-        if not chunk:
-            raise self._ended(oid, "in the middle of")
-        self._busy = (time.monotonic(), oid)
-        return chunk
+            return self.git.chunk(oid, n)
+        except Stopped as exc:
+            raise self._ended(exc, oid, "in the middle of") from None
 
     def _exactly(self, oid: str, n: int) -> bytearray:
         data = bytearray()
@@ -372,7 +311,7 @@ class ObjectReader:
             return
         while n:
             n -= len(self._chunk(oid, min(n, 1 << 20)))
-        self._busy = None
+        self.git.idle()
 
     def commit_tree(self, oid: str) -> str:
         """The tree of commit `oid`."""
@@ -403,7 +342,7 @@ class ObjectReader:
         else:
             data = self._exactly(oid, size + 1)
             del data[-1:]
-        self._busy = None
+        self.git.idle()
         entries: list[Entry] = []
         pos = 0
         for m in self._tree_re.finditer(data):

@@ -2,7 +2,7 @@
 
 Only the host writes these repositories, and only from bytes it read itself (`folderreader.py`) or made (commits
 below), so git here never meets a worktree, an attribute, a hook or a config the agent wrote: it is used to read
-objects back (one long-lived `git cat-file --batch` per repository) and, at the end, to pack them. Objects are
+objects back (one long-lived `git cat-file --batch` per repository, runtime/catfile.py) and, at the end, to pack them. Objects are
 written by the host as loose files (`gittrees.write_loose`), trees and commits encoded in Python, so their ids
 are git's own (tested against `git mktree` and `git commit-tree`).
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from sftree.errors import SftreeError
 from sftree.runtime import gittrees
+from sftree.runtime.catfile import CatFile, CatFileError
 
 # Fixed identity and date: equal content on equal parents gives equal ids, so a rerun with `parallel_width: 1`
 # reproduces the tree's commit ids (eval prompts quote them).
@@ -89,52 +90,27 @@ class ObjectDB:
         self.git_dir = Path(git_dir)
         self.trees = gittrees.TreeCache()
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen | None = None
+        self._git: CatFile | None = None  # started on the first read
 
     # ---- reading --------------------------------------------------------------------------------------------
-    def _batch(self) -> subprocess.Popen:
-        if self._proc is None or self._proc.poll() is not None:
-            self._proc = subprocess.Popen(
-                ["git", "--git-dir", str(self.git_dir), "cat-file", "--batch"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                env=git_env(),
-                cwd=str(self.git_dir),
-            )
-        return self._proc
-
     def read(self, oid: str) -> tuple[str, bytes]:
         """(kind, content) of an object; GitError when it is missing."""
         return self.read_many([oid])[0]
 
     def read_many(self, oids: list[str]) -> list[tuple[str, bytes]]:
-        """Several objects with one round trip (the requests are written while the answers are read)."""
+        """Several objects with one round trip (runtime/catfile.py: the requests are written while the answers
+        are read)."""
         if not oids:
             return []
         with self._lock:
-            proc = self._batch()
-            out = []
-            writer = threading.Thread(
-                target=_write_lines, args=(proc.stdin, [o.encode() for o in oids]), daemon=True
-            )
-            writer.start()
+            if self._git is None:
+                self._git = CatFile(self.git_dir, env=git_env())
             try:
-                for oid in oids:
-                    header = proc.stdout.readline()
-                    parts = header.split()
-                    if len(parts) != 3:
-                        raise GitError(f"{self.git_dir}: object {oid} not found ({header.strip()!r})")
-                    size = int(parts[2])
-                    data = proc.stdout.read(size)
-                    proc.stdout.read(1)  # the newline after the content
-                    out.append((parts[1].decode(), data))
-            except BaseException:
-                self._close_locked()
-                raise
-            finally:
-                writer.join()
-            return out
+                return self._git.read_many(oids)
+            except CatFileError as exc:
+                raise GitError(
+                    f"{self.git_dir}: object {exc.oid} not found ({exc.answer.strip()!r})"
+                ) from None
 
     def tree(self, oid: str) -> gittrees.Entries:
         """A tree's entries {name: (mode, id, raw entry)}, parsed once and kept."""
@@ -192,25 +168,9 @@ class ObjectDB:
 
     def close(self) -> None:
         with self._lock:
-            self._close_locked()
-
-    def _close_locked(self) -> None:
-        if self._proc is not None:
-            try:
-                self._proc.stdin.close()
-            except OSError:
-                pass
-            self._proc.kill()
-            self._proc.wait()
-            self._proc = None
-
-
-def _write_lines(stream, lines: list[bytes]) -> None:
-    try:
-        stream.write(b"".join(line + b"\n" for line in lines))
-        stream.flush()
-    except (OSError, ValueError):
-        pass
+            if self._git is not None:
+                self._git.close()
+                self._git = None
 
 
 def flatten(db: ObjectDB, tree: str, prefix: str = "") -> dict[str, tuple[str, str]]:
