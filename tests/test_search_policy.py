@@ -15,7 +15,7 @@ def result(
     eid, s1, s2, *, calls=10, errors=0, tokens=1000, knowledge=True, parent=None, direction="maximize"
 ):
     """An EdgeResult as run_edge reports it: per-turn scores, tool calls, context length."""
-    from sftree.search.edge import best_score, regressed_rate
+    from sftree.records.scores import best_of, regressed_rate
 
     turns = [
         TurnResult(i + 1, s, "improved" if s is not None else None, None, 3, calls // 2 if i == 0 else calls - calls // 2,
@@ -24,7 +24,7 @@ def result(
         for i, s in enumerate((s1, s2))
     ]  # fmt: skip
     return EdgeResult(
-        edge_id=eid, turns=turns, score=best_score([s1, s2], direction), valid=s1 is not None and s2 is not None,
+        edge_id=eid, turns=turns, score=best_of([s1, s2], direction), valid=s1 is not None and s2 is not None,
         steps=6, tool_calls=calls, tool_errors=errors, tool_error_rate=errors / calls if calls else 0.0,
         tokens=tokens, knowledge=knowledge, regressed_rate=regressed_rate(parent, [s1, s2], direction),
         child_state=NodeState(f"c-{eid}", f"k-{eid}", f"sessions/{eid}.json"), transcript=f"edges/{eid}/steps.jsonl",

@@ -28,6 +28,7 @@ from typing import Any
 
 from sftree.errors import InputError
 from sftree.fileio import read_json, write_json_atomic
+from sftree.records.scores import best_of, oriented
 from sftree.search.scoring import percentile_rank
 from sftree.search.tree import normal_leaf, validate_tree
 
@@ -35,10 +36,6 @@ log = logging.getLogger("sftree.dataset.paths")
 
 W_MAX_RANK, W_AVG_RANK, W_CLEAN, W_KNOW = 0.35, 0.25, 0.20, 0.20
 PATHS_VERSION = 1
-
-
-def orient(score: float, direction: str) -> float:
-    return -score if direction == "minimize" else score
 
 
 def path_score(
@@ -182,9 +179,9 @@ def candidate_paths(tree: dict, source: str = "tree.json") -> tuple[list[Candida
 def score_paths(candidates: list[Candidate], direction: str, top_k: int) -> list[PathRecord]:
     """The seven fields of 3.4 for each candidate, sorted by PathScore (tie-break above), top k selected."""
     avg_scores = [sum(c.scores) / len(c.scores) for c in candidates]
-    max_scores = [max(c.scores, key=lambda s: orient(s, direction)) for c in candidates]
-    o_avg = [orient(s, direction) for s in avg_scores]
-    o_max = [orient(s, direction) for s in max_scores]
+    max_scores = [best_of(c.scores, direction) for c in candidates]
+    o_avg = [oriented(s, direction) for s in avg_scores]
+    o_max = [oriented(s, direction) for s in max_scores]
     records = []
     for i, c in enumerate(candidates):
         avg_rank = percentile_rank(o_avg[i], o_avg)

@@ -31,7 +31,7 @@ from sftree.dataset.provenance import RootTrust, root_trust, skipped_counts
 from sftree.errors import InputError
 from sftree.fileio import iter_jsonl, read_json, write_text_atomic
 from sftree.progress import Progress
-from sftree.search.scoring import oriented
+from sftree.records.scores import best_of, oriented
 
 log = logging.getLogger("sftree.report.html")
 
@@ -527,7 +527,7 @@ def tree_section(view: TreeView, uid: str) -> str:
     root = next((n for n in nodes if n.get("parent") is None), {})
     best = [n.get("score") for n in nodes if n.get("parent") is not None and n.get("score") is not None]
     direction = t.get("direction", "maximize")
-    best_score = max(best, key=lambda s: oriented(s, direction)) if best else None
+    best_score = best_of(best, direction)
     paths = (view.paths or {}).get("paths", [])
     nsel = sum(1 for p in paths if p.get("selected"))
     trust = tree_trust(view)

@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 from sftree.errors import InputError
 from sftree.fileio import write_text_atomic
+from sftree.records.scores import oriented
 from sftree.roots import stages as st
 from sftree.roots.snapshots import (
     ROOT_LINKS,
@@ -142,7 +143,7 @@ def select(result: Scan, direction: str, num_roots: int, window: int) -> Selecti
             f"task {result.task!r}: none of the {len(snaps)} candidate snapshots in {result.directory} has a "
             "numeric score (every attempt score is null or missing)"
         ) from None
-    split = st.split_stages(st.orient(filled, direction), window)
+    split = st.split_stages([oriented(s, direction) for s in filled], window)
     # A root must have eval_ok and a score of its own: explore starts from the root's score.
     eligible = [s.eval_ok and s.score is not None for s in snaps]
     chosen = st.choose(split.stages, eligible, num_roots)

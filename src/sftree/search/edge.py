@@ -3,7 +3,7 @@
 `run_edge` is what the search calls; it is blocking and safe to run from several threads at once (each edge has
 its own worktree, knowledge index, coral socket and session copy). The soft-score formulas live in
 `search/scoring.py`; this module reports the raw ingredients (`EdgeResult`) and the regressed rate, which needs the
-turn sequence:
+turn sequence (`records.scores.regressed_rate`, the one definition):
 
     regressed_rate = share of the two turns whose score is worse than the score the turn started from
                      (turn 1: the parent's score; turn 2: turn 1's score), on oriented scores
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sftree.fileio import read_json, write_json_atomic, write_text_atomic
+from sftree.records.scores import best_of, regressed_rate
 from sftree.runtime import diskquota
 from sftree.runtime.coral import CoralRuntime, CoralServer
 from sftree.runtime.edgebox import EdgeBox, own_socket_dir
@@ -99,34 +100,6 @@ class EdgeResult:
 
 
 # ---- pure functions ----------------------------------------------------------------------------------------
-def orient(score: float | None, direction: str) -> float | None:
-    if score is None:
-        return None
-    return -score if direction == "minimize" else score
-
-
-def best_score(scores: list[float | None], direction: str) -> float | None:
-    nums = [s for s in scores if s is not None]
-    if not nums:
-        return None
-    return max(nums, key=lambda s: orient(s, direction))
-
-
-def regressed_rate(parent_score: float | None, turn_scores: list[float | None], direction: str) -> float:
-    """Share of turns that ended worse than they started (see module docstring)."""
-    if not turn_scores:
-        return 1.0
-    start = parent_score
-    regressed = 0
-    for s in turn_scores:
-        if s is None:
-            regressed += 1
-        elif start is not None and orient(s, direction) < orient(start, direction):
-            regressed += 1
-        start = s
-    return regressed / len(turn_scores)
-
-
 def tool_error_rate(calls: int, errors: int) -> float:
     return errors / calls if calls else 0.0
 
@@ -545,7 +518,7 @@ def run_edge(
     result = EdgeResult(
         edge_id=edge_id,
         turns=turns,
-        score=best_score(scores, ctx.direction),
+        score=best_of(scores, ctx.direction),
         valid=all(s is not None for s in scores),
         steps=sum(t.steps for t in turns),
         tool_calls=calls,

@@ -19,9 +19,10 @@ from sftree.config import load_config, task_config
 from sftree.errors import InputError
 from sftree.fileio import read_json
 from sftree.progress import ConsoleLines, tree_line
+from sftree.records.scores import best_of
 from sftree.roots.snapshots import check_files, verify_root
 from sftree.runtime import remove, tempdirs
-from sftree.search import mcts, scoring
+from sftree.search import mcts
 from sftree.search import tree as treemod
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,7 @@ class BestSoFar:
             self.seen, self.best = 0, None
         new = [n.score for n in nodes[self.seen :]]
         if new:
-            self.best = scoring.best_of([self.best, *new], tree.direction)
+            self.best = best_of([self.best, *new], tree.direction)
         self.seen = len(nodes)
         return self.best
 

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sftree.errors import TeacherUnavailable
+from sftree.records.scores import best_of
 from sftree.search import scoring
 from sftree.search.tree import Edge, Node, Tree, is_good_leaf, now_iso
 
@@ -325,7 +326,7 @@ def _make_child(tree: Tree, parent: Node, edge: Edge, result: Any, failed: bool)
             edge=edge.id,
             depth=parent.depth + 1,
             score=result.score,
-            path_best_score=scoring.best_of([parent.path_best_score, result.score], tree.direction),
+            path_best_score=best_of([parent.path_best_score, result.score], tree.direction),
             max_token_total=int(result.tokens),
             path_valid=parent.path_valid and not failed,
             state=state,
@@ -400,7 +401,7 @@ class LoopStats:
 
     def line(self, tree: Tree) -> str:
         c = tree.counters()
-        best = self.best = scoring.best_of(
+        best = self.best = best_of(
             [self.best, *(n.score for n in tree.nodes[self._scanned :])], tree.direction
         )
         self._scanned = len(tree.nodes)
