@@ -36,9 +36,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from sftree.records import steplog  # noqa: E402
 from sftree.records.scores import best_of, regressed_rate  # noqa: E402
 from sftree.runtime.workspace import NodeState  # noqa: E402
-from sftree.search import mcts, scoring, steplog  # noqa: E402
+from sftree.search import mcts, scoring  # noqa: E402
 from sftree.search import tree as treemod  # noqa: E402
 from sftree.search.edge import EdgeResult, TurnResult  # noqa: E402
 

@@ -55,8 +55,8 @@ from sftree.dataset.student import Student, StudentStats, load_student, measure
 from sftree.errors import InputError
 from sftree.fileio import AtomicLines, iter_jsonl, read_json, write_json_atomic, write_text_atomic
 from sftree.progress import Progress
+from sftree.records import steplog
 from sftree.records.scores import oriented
-from sftree.search import steplog
 
 log = logging.getLogger("sftree.dataset.export")
 

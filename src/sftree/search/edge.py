@@ -27,6 +27,7 @@ from typing import Any
 
 from sftree.fileio import read_json, write_json_atomic, write_text_atomic
 from sftree.records.scores import best_of, regressed_rate
+from sftree.records.steplog import StepRecorder
 from sftree.runtime import diskquota
 from sftree.runtime.coral import CoralRuntime, CoralServer
 from sftree.runtime.edgebox import EdgeBox, own_socket_dir
@@ -309,7 +310,7 @@ def probe_agent(ctx: EdgeContext) -> None:
 
 
 def _probe(ctx: EdgeContext) -> None:
-    from sftree.agents.base import StepRecorder, TurnRun
+    from sftree.agents.base import TurnRun
     from sftree.runtime.sandbox import UIDS
 
     uid = UIDS.acquire() if ctx.mode == "bwrap" else None
@@ -366,7 +367,7 @@ def run_edge(
     Coral's counts (the eval number, the agent's best, the plateau) come from the node's counters
     (`NodeState.counters`; the root's from its attempt records); `eval_count` is kept for callers that pass it.
     """
-    from sftree.agents.base import StepRecorder, TurnRun
+    from sftree.agents.base import TurnRun
     from sftree.agents.prompts import turn_record
     from sftree.runtime.sandbox import UIDS
 

@@ -104,6 +104,29 @@ class StepWriter:
                     fh.close()
 
 
+class StepRecorder:
+    """One edge's step records, as every agent backend writes them: `StepWriter` with the edge id stamped on each
+    record and the model latency summed (for the edge's timing); thread-safe."""
+
+    def __init__(self, path: Path, edge_id: str):
+        self.path = Path(path)
+        self.edge_id = edge_id
+        self._writer = StepWriter(self.path)
+        self._lock = threading.Lock()
+        self.latency_s = 0.0
+        self.records = 0
+
+    def write(self, record: dict) -> None:
+        with self._lock:
+            self._writer.write({"edge": self.edge_id, **record})
+            self.latency_s += float(record.get("latency_s") or 0.0)
+            self.records += 1
+
+    def close(self) -> None:
+        with self._lock:
+            self._writer.close()
+
+
 def _load_store(path: Path) -> dict[str, Any]:
     store: dict[str, Any] = {}
     if not path.exists():
