@@ -56,6 +56,7 @@ from sftree.errors import InputError
 from sftree.fileio import AtomicLines, iter_jsonl, read_json, write_json_atomic, write_text_atomic
 from sftree.progress import Progress
 from sftree.records import steplog
+from sftree.records.root import meta_path, read_root_meta
 from sftree.records.scores import oriented
 
 log = logging.getLogger("sftree.dataset.export")
@@ -360,10 +361,10 @@ class TreeContext:
         tree_dir = paths_file.parent
         tree = read_json(tree_dir / "tree.json", "tree file")
         root = doc.get("root") or tree.get("root") or tree_dir.name
-        meta_file = tree_dir.parent.parent / "roots" / root / "metadata.json"
+        meta_file = meta_path(tree_dir.parent.parent / "roots" / root)
         stage = tree.get("stage")
         if meta_file.is_file():
-            stage = read_json(meta_file, "root metadata").get("stage", stage)
+            stage = read_root_meta(meta_file.parent).get("stage", stage)
         else:
             log.warning("%s: root metadata %s not found; stage unknown", paths_file, meta_file)
         edges = {e["id"]: e for e in tree.get("edges", [])}

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sftree.fileio import read_json
+from sftree.records.root import META_NAME, read_root_meta
 
 
 @dataclass
@@ -92,8 +93,8 @@ def skipped_counts(task_dir: Path, stage_rows: list[dict]) -> tuple[int, int, in
     """(snapshots, failed evals, pending) of one task from its stages.tsv rows and a chosen root's metadata."""
     failed = sum(1 for r in stage_rows if not _truthy(r.get("eval_ok")))
     pending = None
-    for meta_file in sorted(task_dir.glob("roots/*/metadata.json")):
-        pending = read_json(meta_file, "root metadata").get("snapshots_pending")
+    for meta_file in sorted(task_dir.glob(f"roots/*/{META_NAME}")):
+        pending = read_root_meta(meta_file.parent).snapshots_pending
         break
     return len(stage_rows), failed, pending
 

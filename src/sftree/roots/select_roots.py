@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import logging
 import os
 import shutil
@@ -37,20 +36,17 @@ from typing import NamedTuple
 
 from sftree.errors import InputError
 from sftree.fileio import write_text_atomic
+from sftree.records.root import (
+    META_NAME,
+    ROOT_LINKS,
+    check_files,
+    link_fingerprints,
+    read_root_meta,
+    write_root_meta,
+)
 from sftree.records.scores import oriented
 from sftree.roots import stages as st
-from sftree.roots.snapshots import (
-    ROOT_LINKS,
-    Scan,
-    Snapshot,
-    check_files,
-    default_jobs,
-    gc_paused,
-    link_fingerprints,
-    load_json_object,
-    resolve_task_dir,
-    scan,
-)
+from sftree.roots.snapshots import Scan, Snapshot, default_jobs, gc_paused, resolve_task_dir, scan
 from sftree.runtime import remove
 
 log = logging.getLogger(__name__)
@@ -283,14 +279,6 @@ def _copy_tree(src: str, dst: str, linker: Linker) -> None:
     shutil.copystat(src, dst)
 
 
-def _write_new(path: Path, meta: dict) -> Path:
-    """metadata.json as a new file: a hard-linked or copied one is unlinked first, so the input's stays untouched."""
-    path.unlink(missing_ok=True)
-    with open(path, "x", encoding="utf-8") as fh:
-        fh.write(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
-    return path
-
-
 def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None) -> Path:
     """Copy the chosen folders into a new temporary folder beside `out` and return it."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -303,7 +291,7 @@ def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None
         written: list[Path] = []
         for r in sel.chosen:
             dst = tmp / r.snap.name
-            meta = load_json_object(os.path.join(r.snap.path, "metadata.json"), "metadata.json")
+            meta = read_root_meta(r.snap.path, META_NAME).to_dict()
             meta.pop(ROOT_LINKS, None)  # only this command writes it, for the root it makes
             if link == "symlink":
                 meta[ROOT_LINKS] = _link_entries(r.snap.path, str(dst))
@@ -318,7 +306,7 @@ def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None
             )
             if pending is not None:  # the task's pending snapshots skipped, for the report and dataset card
                 meta["snapshots_pending"] = pending
-            written.append(_write_new(dst / "metadata.json", meta))
+            written.append(write_root_meta(dst, meta))
         # One journal commit for all of them, not one per file: the folder is temporary until swap_in renames it
         # into place, so its files need no rename of their own, only to be on disk before that rename.
         for path in written:

@@ -25,7 +25,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sftree.fileio import read_json, write_json_atomic, write_text_atomic
+from sftree.errors import InputError
+from sftree.fileio import write_json_atomic, write_text_atomic
+from sftree.records.root import read_root_meta
 from sftree.records.scores import best_of, regressed_rate
 from sftree.records.steplog import StepRecorder
 from sftree.runtime import diskquota
@@ -239,8 +241,8 @@ def root_context(store: TreeStore, state: NodeState, root_dir: Path):
     from sftree.world.root import root_context as from_files
 
     try:
-        meta = read_json(root_dir / "metadata.json", "root metadata")
-    except Exception:  # noqa: BLE001 - explore's preflight reports a bad metadata.json
+        meta = read_root_meta(root_dir).to_dict()
+    except InputError:  # explore's preflight reports a bad metadata.json
         meta = {}
     db = store.knowledge
     files = flatten(db, db.commit_tree(state.knowledge_commit))
@@ -250,7 +252,7 @@ def root_context(store: TreeStore, state: NodeState, root_dir: Path):
         if p.startswith(("attempts/", "heartbeat/")) and mode != "120000"
     )
     blobs = dict(zip(wanted, (data for _k, data in db.read_many([files[p][1] for p in wanted])), strict=True))
-    return from_files(meta if isinstance(meta, dict) else {}, blobs)
+    return from_files(meta, blobs)
 
 
 # ---- the edge ----------------------------------------------------------------------------------------------

@@ -19,8 +19,8 @@ from sftree.config import load_config, task_config
 from sftree.errors import InputError
 from sftree.fileio import read_json
 from sftree.progress import ConsoleLines, tree_line
+from sftree.records.root import check_files, read_root_meta, verify_root
 from sftree.records.scores import best_of
-from sftree.roots.snapshots import check_files, verify_root
 from sftree.runtime import remove, tempdirs
 from sftree.search import mcts
 from sftree.search import tree as treemod
@@ -58,10 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def read_root(root_dir: Path, config: dict) -> dict:
     """Task, direction, raw score and eval count of a root snapshot (metadata.json, annotated by select-roots)."""
-    meta_path = root_dir / "metadata.json"
-    meta = read_json(meta_path, "root metadata")
-    if not isinstance(meta, dict):
-        raise InputError(f"{meta_path}: expected a JSON object")
+    meta = read_root_meta(root_dir)
+    meta_path = meta.path
     task = meta.get("task") or (root_dir.parent.parent.name if root_dir.parent.name == "roots" else None)
     if not task:
         raise InputError(f"{meta_path}: no `task` field, and the path is not results/<task>/roots/<snapshot>")
