@@ -56,8 +56,10 @@ from sftree.errors import InputError
 from sftree.fileio import AtomicLines, iter_jsonl, read_json, write_json_atomic, write_text_atomic
 from sftree.progress import Progress
 from sftree.records import steplog
+from sftree.records.paths import read_paths
 from sftree.records.root import meta_path, read_root_meta
 from sftree.records.scores import oriented
+from sftree.records.tree import final_path, read_tree
 
 log = logging.getLogger("sftree.dataset.export")
 
@@ -355,11 +357,11 @@ class TreeContext:
     @classmethod
     def load(cls, paths_file: str | Path) -> TreeContext:
         paths_file = Path(paths_file)
-        doc = read_json(paths_file, "selected paths file")
-        if not isinstance(doc, dict) or not isinstance(doc.get("paths"), list):
-            raise InputError(f"selected paths file {paths_file}: no `paths` list")
+        doc = read_paths(paths_file)
         tree_dir = paths_file.parent
-        tree = read_json(tree_dir / "tree.json", "tree file")
+        tree = read_tree(
+            final_path(tree_dir), check=False
+        )  # reads the fields it uses, whatever else is there
         root = doc.get("root") or tree.get("root") or tree_dir.name
         meta_file = meta_path(tree_dir.parent.parent / "roots" / root)
         stage = tree.get("stage")

@@ -27,15 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from sftree.errors import InputError
-from sftree.fileio import read_json, write_json_atomic
+from sftree.records.paths import PATHS_VERSION, write_paths
 from sftree.records.scores import best_of, oriented
+from sftree.records.tree import read_tree
 from sftree.search.scoring import percentile_rank
-from sftree.search.tree import normal_leaf, validate_tree
+from sftree.search.tree import normal_leaf
 
 log = logging.getLogger("sftree.dataset.paths")
 
 W_MAX_RANK, W_AVG_RANK, W_CLEAN, W_KNOW = 0.35, 0.25, 0.20, 0.20
-PATHS_VERSION = 1
 
 
 def path_score(
@@ -251,15 +251,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    tree = read_json(args.tree, "tree file")
-    # a wrong-typed field would otherwise read as "no paths" and exit 0: fail naming the field instead
-    validate_tree(tree, f"tree file {args.tree}")
+    # checked: a wrong-typed field would otherwise read as "no paths" and exit 0; fail naming the field instead
+    tree = read_tree(args.tree, source=f"tree file {args.tree}")
     if tree.get("status") not in (None, "finished"):
         log.warning(
             "%s: tree status is %r, not finished; ranking what is there", args.tree, tree.get("status")
         )
     doc = select_paths(tree, args.top_k, source=str(args.tree))
-    write_json_atomic(Path(args.out), doc)
+    write_paths(Path(args.out), doc)
     c = doc["counts"]
     best = doc["paths"][0]["path_score"] if doc["paths"] else None
     log.info(
