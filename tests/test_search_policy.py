@@ -1,5 +1,7 @@
 """ask/tell/stop rules of search/mcts.py on EdgeResult values built by hand (no runtime): the algorithm itself."""
 
+from dataclasses import replace
+
 import pytest
 from tree_rules import check_tree
 
@@ -326,7 +328,8 @@ def test_teacher_down_is_not_recorded_and_raises():
     def run(d):
         r = result(d.edge, 1.5, 2.0, parent=d.parent_score)
         if d.edge == "e3":
-            r.turns[1].ended, r.error = "teacher_error", "connection refused"
+            turns = [r.turns[0], replace(r.turns[1], ended="teacher_error")]
+            r = replace(r, turns=turns, error="connection refused")
         return r
 
     with pytest.raises(TeacherUnavailable):
@@ -372,7 +375,7 @@ def test_edge_without_state_is_pruned_even_when_exempt():
     assert retry.exempt
     d = mcts.begin(tree, retry)
     r = result(d.edge, None, None, parent=1.0)
-    r.child_state, r.error = None, "GitError: worktree add failed"
+    r = replace(r, child_state=None, error="GitError: worktree add failed")
     e = mcts.tell(tree, d, r)
     assert e.pruned and e.prune_reason == "edge_error" and e.child is None and e.error.startswith("GitError")
     assert tree.node("n0").failed_expansions == 2
