@@ -376,7 +376,7 @@ class TreeContext:
         return self.tree_dir / self._transcript_rel(edge_id)
 
     def _transcript_rel(self, edge_id: str) -> str:
-        return (self.edges.get(edge_id) or {}).get("transcript") or f"edges/{edge_id}/steps.jsonl"
+        return (self.edges.get(edge_id) or {}).get("transcript") or steplog.edge_steps(edge_id)
 
     def transcript_name(self, edge_id: str) -> str:
         """The transcript relative to the results folder (<task>/trees/<root>/edges/...): a record names no

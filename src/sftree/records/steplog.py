@@ -26,9 +26,14 @@ from sftree.errors import InputError
 from sftree.fileio import iter_jsonl
 
 ENCODING = 1
-STORE_NAME = "messages.jsonl"
+STEPS_NAME, STORE_NAME = "steps.jsonl", "messages.jsonl"
 # Earlier lines tried as the base of a request (an interleaved title or compaction call shares little).
 _LOOKBACK = 8
+
+
+def edge_steps(edge_id: str) -> str:
+    """An edge's step records, relative to its tree folder (tree.json edge `transcript`)."""
+    return f"edges/{edge_id}/{STEPS_NAME}"
 
 
 def value_id(value: Any) -> str:

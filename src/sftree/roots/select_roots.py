@@ -257,7 +257,7 @@ def _link_entries(src: str, dst: str) -> dict:
     os.mkdir(dst)
     source = os.path.abspath(src)  # absolute: the root may be moved or read from another working directory
     with os.scandir(source) as it:
-        names = sorted(e.name for e in it if e.name != "metadata.json")
+        names = sorted(e.name for e in it if e.name != META_NAME)
     for name in names:
         os.symlink(os.path.join(source, name), os.path.join(dst, name))
     return {"source": source, "entries": link_fingerprints(source, names)}

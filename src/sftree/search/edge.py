@@ -29,7 +29,7 @@ from sftree.errors import InputError
 from sftree.fileio import write_json_atomic, write_text_atomic
 from sftree.records.root import read_root_meta
 from sftree.records.scores import best_of, regressed_rate
-from sftree.records.steplog import StepRecorder
+from sftree.records.steplog import StepRecorder, edge_steps
 from sftree.runtime import diskquota
 from sftree.runtime.coral import CoralRuntime, CoralServer
 from sftree.runtime.edgebox import EdgeBox, own_socket_dir
@@ -316,7 +316,7 @@ def run_edge(
     t0 = time.monotonic()
     edge_dir = ctx.tree_dir / "edges" / edge_id
     edge_dir.mkdir(parents=True, exist_ok=True)
-    transcript = edge_dir / "steps.jsonl"
+    transcript = ctx.tree_dir / edge_steps(edge_id)
     session_rel = f"sessions/{edge_id}.json"
     turns: list[TurnResult] = []
     error: str | None = None
