@@ -1,6 +1,6 @@
 """Section 3: rank a tree's root-to-leaf paths by PathScore and keep the top k (`sftree select-paths`).
 
-A candidate is the path to a normal leaf (`tree.normal_leaf`, the same predicate the search's stop rule counts,
+A candidate is the path to a normal leaf (`records.tree.normal_leaf`, the same predicate the search's stop rule counts,
 seed 1.8/1.9/3.1: token or depth limit reached, or no room left with a valid path, i.e. no edge on it that was
 kept only by the depth-2 exemption or the layer-1 fallback after failing; path validity is re-derived here from
 the edges' `failed` flags) whose logical nodes all have a numeric score and whose edges all have `cleanliness`
@@ -28,10 +28,8 @@ from typing import Any
 
 from sftree.errors import InputError
 from sftree.records.paths import PATHS_VERSION, write_paths
-from sftree.records.scores import best_of, oriented
-from sftree.records.tree import read_tree
-from sftree.search.scoring import percentile_rank
-from sftree.search.tree import normal_leaf
+from sftree.records.scores import best_of, oriented, percentile_rank
+from sftree.records.tree import normal_leaf, read_tree
 
 log = logging.getLogger("sftree.dataset.paths")
 

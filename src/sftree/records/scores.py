@@ -3,7 +3,8 @@ every comparison first orients them (`oriented`): maximize tasks keep the value,
 "larger is better" everywhere after. `None` (and NaN) means "no numeric score" and ranks below every number.
 
 One definition of each, so select-roots' stages, the search, path selection, the export and the report cannot
-disagree on which score is better.
+disagree on which score is better; `percentile_rank` is the one mid-rank both the search (Select) and path
+selection (PathScore) rank oriented values with.
 """
 
 from __future__ import annotations
@@ -58,3 +59,20 @@ def regressed_rate(parent_score: float | None, turn_scores: Sequence[float | Non
             regressed += 1
         start = s
     return regressed / len(turn_scores)
+
+
+def percentile_rank(value: float | None, values: Sequence[float | None]) -> float:
+    """(number strictly worse + 0.5 * number equal, itself included) / n over already-oriented values.
+
+    `values` must contain `value`. None ranks below every number and ties with other Nones. Equals
+    `scipy.stats.percentileofscore(values, value, kind="mean") / 100` when all values are numeric.
+    """
+    n = len(values)
+    if n == 0:
+        raise ValueError("percentile_rank of an empty set")
+    if value is None:
+        worse, equal = 0, sum(1 for v in values if v is None)
+    else:
+        worse = sum(1 for v in values if v is None or v < value)
+        equal = sum(1 for v in values if v is not None and v == value)
+    return (worse + 0.5 * equal) / n

@@ -51,6 +51,27 @@ def read_tree(path: str | os.PathLike, source: str | None = None, check: bool = 
     return doc
 
 
+# Leaf reasons that are normal whatever the path (1.8: the node exists, so every edge on its path passed hard
+# prune or was kept by the layer-1 fallback / depth-2 exemption) and those that need a valid path (1.9 item 3).
+LIMIT_REASONS = ("token_limit", "depth_limit")
+NO_ROOM_REASONS = ("no_room", "tree_stopped")
+
+
+def normal_leaf(leaf_reason: str | None, path_valid: bool, depth: int) -> bool:
+    """The one definition of a normal leaf (seed 1.8, 1.9, 3.1), used by the stop rule and by path selection.
+
+    Normal: the token or depth limit was reached, or the node had no room left (two failed expansions, or the
+    tree stopped before it could grow) and its path is valid (no edge on root..node was kept only by the
+    depth-2 exemption or the layer-1 fallback after failing). **Choice**: the root is never a leaf of a path
+    (a root-to-leaf path needs at least one logical edge).
+    """
+    if depth < 1 or leaf_reason is None:
+        return False
+    if leaf_reason in LIMIT_REASONS:
+        return True
+    return leaf_reason in NO_ROOM_REASONS and path_valid
+
+
 class LiveFiles:
     """`tree.live.json` and `tree.log.jsonl` of one tree folder: the bytes of the live state (what goes in them and
     how the log is replayed is `search.tree.LiveTree`'s). A torn last log line (kill -9 mid-write) is the save that

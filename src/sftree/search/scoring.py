@@ -11,7 +11,7 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from sftree.records.scores import better, oriented
+from sftree.records.scores import better, oriented, percentile_rank
 
 # Q weights (1.3) and soft-score weights (1.7).
 W_SCORE_RANK, W_BEST_RANK, W_PROCESS = 0.40, 0.30, 0.30
@@ -19,23 +19,6 @@ W_OUTCOME, W_CLEAN, W_KNOWLEDGE, W_STABILITY = 0.30, 0.20, 0.20, 0.30
 OUTCOME_IMPROVED, OUTCOME_NOT_IMPROVED = 1.0, 0.7
 CLEAN_REFERENCE_RATE = 0.30  # the error rate at which cleanliness has fallen to 0.3 (the prune threshold)
 CLEAN_FLOOR = 0.3
-
-
-def percentile_rank(value: float | None, values: Sequence[float | None]) -> float:
-    """(number strictly worse + 0.5 * number equal, itself included) / n over already-oriented values.
-
-    `values` must contain `value`. None ranks below every number and ties with other Nones. Equals
-    `scipy.stats.percentileofscore(values, value, kind="mean") / 100` when all values are numeric.
-    """
-    n = len(values)
-    if n == 0:
-        raise ValueError("percentile_rank of an empty set")
-    if value is None:
-        worse, equal = 0, sum(1 for v in values if v is None)
-    else:
-        worse = sum(1 for v in values if v is None or v < value)
-        equal = sum(1 for v in values if v is not None and v == value)
-    return (worse + 0.5 * equal) / n
 
 
 def rank_table(values: Sequence[float | None]) -> Callable[[float | None], float]:

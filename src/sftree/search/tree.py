@@ -17,6 +17,7 @@ from sftree.records.tree import (  # noqa: F401 - the file names are the tree's,
     LOG_NAME,
     VERSION,
     LiveFiles,
+    normal_leaf,
     read_tree,
     validate_tree,
     write_tree,
@@ -272,27 +273,6 @@ class Tree:
         for e in obj["edges"]:
             tree.add_edge(Edge(**{k: v for k, v in e.items() if k in edge_names}))
         return tree
-
-
-# Leaf reasons that are normal whatever the path (1.8: the node exists, so every edge on its path passed hard
-# prune or was kept by the layer-1 fallback / depth-2 exemption) and those that need a valid path (1.9 item 3).
-LIMIT_REASONS = ("token_limit", "depth_limit")
-NO_ROOM_REASONS = ("no_room", "tree_stopped")
-
-
-def normal_leaf(leaf_reason: str | None, path_valid: bool, depth: int) -> bool:
-    """The one definition of a normal leaf (seed 1.8, 1.9, 3.1), used by the stop rule and by path selection.
-
-    Normal: the token or depth limit was reached, or the node had no room left (two failed expansions, or the
-    tree stopped before it could grow) and its path is valid (no edge on root..node was kept only by the
-    depth-2 exemption or the layer-1 fallback after failing). **Choice**: the root is never a leaf of a path
-    (a root-to-leaf path needs at least one logical edge).
-    """
-    if depth < 1 or leaf_reason is None:
-        return False
-    if leaf_reason in LIMIT_REASONS:
-        return True
-    return leaf_reason in NO_ROOM_REASONS and path_valid
 
 
 def is_good_leaf(node: Node) -> bool:
