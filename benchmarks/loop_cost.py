@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from sftree.records import steplog  # noqa: E402
 from sftree.records.scores import best_of, regressed_rate  # noqa: E402
+from sftree.records.tree import LIVE_NAME  # noqa: E402
 from sftree.runtime.workspace import NodeState  # noqa: E402
 from sftree.search import mcts, scoring  # noqa: E402
 from sftree.search import tree as treemod  # noqa: E402
@@ -128,7 +129,7 @@ def window_cost(tree: treemod.Tree, out: Path, window: int, mode: str, runner) -
     tree = copy.deepcopy(tree)
     saved = mcts.select_breakdowns
     if mode == "before":
-        path = out / treemod.LIVE_NAME
+        path = out / LIVE_NAME
         persist = functools.partial(treemod.save, path=path)
         mcts.select_breakdowns = old_select_breakdowns
     else:

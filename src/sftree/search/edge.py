@@ -37,7 +37,7 @@ from sftree.runtime.objects import flatten
 from sftree.runtime.snapshot import Quota
 from sftree.runtime.store import TreeStore
 from sftree.runtime.workspace import NodeState, write_world
-from sftree.search.result import EdgeResult, TurnResult  # noqa: F401 - the typed record run_edge returns
+from sftree.search.result import EdgeResult, TurnResult
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ from sftree.fileio import read_json
 from sftree.progress import ConsoleLines, tree_line
 from sftree.records.root import check_files, read_root_meta, verify_root
 from sftree.records.scores import best_of
+from sftree.records.tree import final_path
 from sftree.runtime import remove, tempdirs
 from sftree.search import mcts
 from sftree.search import tree as treemod
@@ -289,7 +290,7 @@ def preflight(args: argparse.Namespace) -> tuple[dict, Path, Path, dict]:
 def run(args: argparse.Namespace) -> int:
     config, root_dir, out, info = preflight(args)
     params = treemod.SearchParams.from_config(config["search"])
-    live, final = treemod.LiveTree(out), out / treemod.FINAL_NAME
+    live, final = treemod.LiveTree(out), final_path(out)
     stream = _progress_stream(getattr(args, "progress_fd", None))  # a bad fd fails before anything is made
     console = ConsoleLines(stream)
     # the topmost folder this run creates (None: out exists): removed if the run fails before its first save
@@ -327,7 +328,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _explore(out: Path, root_dir: Path, config: dict, info: dict, params, console: ConsoleLines) -> int:
-    live, final = treemod.LiveTree(out), out / treemod.FINAL_NAME
+    live, final = treemod.LiveTree(out), final_path(out)
     tree = _resume(live, out, root_dir.name, info["task"], params) if live.exists() else None
     if tree is None:
         final.unlink(missing_ok=True)

@@ -11,17 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sftree.errors import InputError
-from sftree.records.tree import (  # noqa: F401 - the file names are the tree's, used as treemod.FINAL_NAME
-    FINAL_NAME,
-    LIVE_NAME,
-    LOG_NAME,
-    VERSION,
-    LiveFiles,
-    normal_leaf,
-    read_tree,
-    validate_tree,
-    write_tree,
-)
+from sftree.records.tree import VERSION, LiveFiles, normal_leaf, read_tree, validate_tree, write_tree
 
 NODE_STATUSES = ("active", "expanded", "leaf", "closed")
 LEAF_REASONS = ("token_limit", "depth_limit", "no_room", "tree_stopped")
