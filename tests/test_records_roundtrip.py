@@ -55,6 +55,27 @@ def test_bad_root_metadata_names_the_file(tmp_path, text, needle):
         root_rec.read_root_meta(tmp_path / "missing")
 
 
+@pytest.mark.parametrize(
+    ("links", "field"),
+    [
+        ([], "`root_links` must be an object"),
+        ({"source": "relative/snap", "entries": {}}, "`root_links.source` must be an absolute path"),
+        ({"source": "/abs/snap", "entries": {"code": 1}}, "`root_links.entries` must map paths"),
+    ],
+)
+def test_bad_root_links_name_the_file_and_field(tmp_path, links, field):
+    root_rec.write_root_meta(tmp_path, {"root_links": links})
+    with pytest.raises(InputError, match=field) as err:
+        root_rec.read_root_meta(tmp_path).links()
+    assert str(tmp_path / "metadata.json") in str(err.value)
+    with pytest.raises(InputError, match=field):
+        root_rec.verify_root(tmp_path)  # what explore's preflight runs
+    root_rec.write_root_meta(
+        tmp_path, {"root_links": {"source": "/abs/snap", "entries": {"code": "1:2:3:4"}}}
+    )
+    assert root_rec.read_root_meta(tmp_path).links() == ("/abs/snap", {"code": "1:2:3:4"})
+
+
 def _tree_doc() -> dict:
     t = treemod.Tree.new("t", "eval-000001-agent-1-abc", "minimize", treemod.SearchParams(), 1.5,
                          {"code_commit": "c0", "knowledge_commit": "k0", "session": None}, 10)  # fmt: skip

@@ -73,6 +73,22 @@ class RootMeta:
     def root_links(self) -> Any:
         return self.fields.get(ROOT_LINKS)
 
+    def links(self) -> tuple[str, dict[str, str]] | None:
+        """`root_links` checked: (the snapshot folder, {entry: fingerprint}); None for a self-contained root.
+        InputError naming the file and the field when it is not what select-roots writes."""
+        record = self.root_links
+        if record is None:
+            return None
+        where = str(self.path)
+        if not isinstance(record, dict):
+            raise InputError(f"{where}: `{ROOT_LINKS}` must be an object, not {type(record).__name__}")
+        source, entries = record.get("source"), record.get("entries")
+        if not isinstance(source, str) or not os.path.isabs(source):
+            raise InputError(f"{where}: `{ROOT_LINKS}.source` must be an absolute path, not {source!r}")
+        if not isinstance(entries, dict) or not all(isinstance(v, str) for v in entries.values()):
+            raise InputError(f"{where}: `{ROOT_LINKS}.entries` must map paths to fingerprint strings")
+        return source, entries
+
     def to_dict(self) -> dict:
         """A new dict of every field (what a writer extends)."""
         return dict(self.fields)
@@ -202,7 +218,6 @@ def verify_root(root_dir: str | os.PathLike) -> None:
     have the recorded fingerprints. Raises one InputError naming the paths. A self-contained root (hard links
     or copies) has nothing to check."""
     root = os.fspath(root_dir)
-    meta_path = os.path.join(root, META_NAME)
     problems: list[str] = []
     try:
         with os.scandir(root) as it:
@@ -213,10 +228,10 @@ def verify_root(root_dir: str | os.PathLike) -> None:
         path = os.path.join(root, name)
         if not os.path.exists(path):
             problems.append(f"{path} -> {os.readlink(path)}: the snapshot entry it refers to is gone")
-    record = read_root_meta(root).root_links
+    links = read_root_meta(root).links()
     source = None
-    if record is not None:
-        source, entries = _root_links(record, meta_path)
+    if links is not None:
+        source, entries = links
         names = sorted(n for n in entries if "/" not in n)
         for name in names:
             path, want = os.path.join(root, name), os.path.join(source, name)
@@ -245,14 +260,3 @@ def verify_root(root_dir: str | os.PathLike) -> None:
             + ". Roots made with --link symlink need the Student run to stay in place, unchanged, while its "
             "trees are explored: rerun select-roots, or make self-contained roots with --link hardlink or copy"
         )
-
-
-def _root_links(record, meta_path: str) -> tuple[str, dict[str, str]]:
-    if not isinstance(record, dict):
-        raise InputError(f"{meta_path}: `{ROOT_LINKS}` must be an object, not {type(record).__name__}")
-    source, entries = record.get("source"), record.get("entries")
-    if not isinstance(source, str) or not os.path.isabs(source):
-        raise InputError(f"{meta_path}: `{ROOT_LINKS}.source` must be an absolute path, not {source!r}")
-    if not isinstance(entries, dict) or not all(isinstance(v, str) for v in entries.values()):
-        raise InputError(f"{meta_path}: `{ROOT_LINKS}.entries` must map paths to fingerprint strings")
-    return source, entries
