@@ -36,10 +36,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from sftree.records import steplog  # noqa: E402
+from sftree.records.scores import best_of, regressed_rate  # noqa: E402
+from sftree.records.tree import LIVE_NAME  # noqa: E402
 from sftree.runtime.workspace import NodeState  # noqa: E402
-from sftree.search import mcts, scoring, steplog  # noqa: E402
+from sftree.search import mcts, scoring  # noqa: E402
 from sftree.search import tree as treemod  # noqa: E402
-from sftree.search.edge import EdgeResult, TurnResult, best_score, regressed_rate  # noqa: E402
+from sftree.search.edge import EdgeResult, TurnResult  # noqa: E402
 
 print = functools.partial(print, flush=True)  # progress shows when piped
 
@@ -77,7 +80,7 @@ def stub_runner(seed: int = 0):
                             errors // 2, True, tokens // (2 - i), "eval" if s is not None else "no_eval", feedback, i + 1)
                  for i, s in enumerate((s1, s2))]  # fmt: skip
         return EdgeResult(
-            edge_id=d.edge, turns=turns, score=best_score([s1, s2], "maximize"), valid=None not in (s1, s2),
+            edge_id=d.edge, turns=turns, score=best_of([s1, s2], "maximize"), valid=None not in (s1, s2),
             steps=8, tool_calls=calls, tool_errors=errors, tool_error_rate=errors / calls, tokens=tokens,
             knowledge=True, regressed_rate=regressed_rate(d.parent_score, [s1, s2], "maximize"),
             child_state=NodeState("c" * 40, "k" * 40, f"sessions/{d.edge}.json"),
@@ -126,7 +129,7 @@ def window_cost(tree: treemod.Tree, out: Path, window: int, mode: str, runner) -
     tree = copy.deepcopy(tree)
     saved = mcts.select_breakdowns
     if mode == "before":
-        path = out / treemod.LIVE_NAME
+        path = out / LIVE_NAME
         persist = functools.partial(treemod.save, path=path)
         mcts.select_breakdowns = old_select_breakdowns
     else:

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from helpers_explore import explore, make_root  # noqa: E402
 
-from sftree.search import steplog  # noqa: E402
+from sftree.records import steplog  # noqa: E402
 from sftree.search import tree as treemod  # noqa: E402
 
 MODELS = {

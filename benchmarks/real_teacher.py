@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from sftree.config import load_config, task_config  # noqa: E402
-from sftree.search import steplog  # noqa: E402
+from sftree.records import steplog  # noqa: E402
 from sftree.search.edge import EdgeContext, run_edge  # noqa: E402
 from sftree.teacher.llm_server import LaunchSpec  # noqa: E402
 

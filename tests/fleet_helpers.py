@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from sftree.search import steplog
+from sftree.records import steplog
 from sftree.search import tree as treemod
 from sftree.teacher.fleet import Worker
 

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from sftree.config import REPO_ROOT, load_config, task_config
-from sftree.search import steplog
+from sftree.records import steplog
 
 EXAMPLES = REPO_ROOT / "examples"
 

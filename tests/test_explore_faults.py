@@ -7,7 +7,7 @@ from helpers_explore import explore, load_final, make_root, write_config
 from tree_rules import check_paths
 
 from sftree.dataset import paths
-from sftree.search import steplog
+from sftree.records import steplog
 from sftree.search import tree as treemod
 
 

@@ -2,7 +2,8 @@
 
 from helpers_explore import edges_by, explore, load_final, make_root, write_config
 
-from sftree.search import scoring, steplog
+from sftree.records import steplog
+from sftree.search import scoring
 
 
 def test_layer1_fallback_token_and_depth_leaves(tmp_path):

@@ -13,7 +13,7 @@ import yaml
 from helpers_explore import explore, load_final, make_root, write_config
 
 from sftree import cli
-from sftree.search import steplog
+from sftree.records import steplog
 
 SCRIPT = [
     {"match": {"edge": "e1", "turn": 2}, "fault": "context_overflow"},

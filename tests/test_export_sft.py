@@ -30,8 +30,8 @@ from sftree.dataset.export import (
 from sftree.dataset.paths import select_paths
 from sftree.errors import InputError
 from sftree.fileio import write_json_atomic
+from sftree.records.steplog import read_steps
 from sftree.search.explore import record_backend
-from sftree.search.steplog import read_steps
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "workflow/schemas/sft_record.schema.json").read_text())
 

@@ -13,7 +13,7 @@ from runtime_helpers import opencode_binary
 
 from sftree import cli
 from sftree.dataset.export import exclusion, normalize_message
-from sftree.search import steplog
+from sftree.records import steplog
 
 OPENCODE, WHY = opencode_binary()
 NEEDS_OPENCODE = [

@@ -94,7 +94,7 @@ def test_demo_trees_survive_a_hung_and_a_killed_worker_behind_the_router(tmp_pat
 
 
 def _answered(trees):
-    from sftree.search import steplog
+    from sftree.records import steplog
 
     for d, t in trees:
         for e in t.edges:

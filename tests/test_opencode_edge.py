@@ -15,7 +15,7 @@ import pytest
 from helpers_explore import explore_cmd
 from runtime_helpers import config, example_task, make_root, opencode_binary, read_steps
 
-from sftree.search import steplog
+from sftree.records import steplog
 from sftree.search.edge import EdgeContext, run_edge
 
 OPENCODE, WHY = opencode_binary()
@@ -364,7 +364,8 @@ print(ok, direct, os.path.exists({ctx.task_cfg["coral_task"] + "/eval/grader.py"
 
 def test_compaction_when_allowed_is_detected_and_marked(tmp_path):
     """With autocompaction allowed and a tiny context limit OpenCode compacts; the turn is marked as such."""
-    from sftree.agents.base import StepRecorder, TurnRun
+    from sftree.agents.base import TurnRun
+    from sftree.records.steplog import StepRecorder
     from sftree.runtime.sandbox import UIDS
     from sftree.search.edge import open_world
 

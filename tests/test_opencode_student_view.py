@@ -18,7 +18,7 @@ import pytest
 from helpers_explore import explore_cmd
 from runtime_helpers import config, make_root, opencode_binary
 
-from sftree.search import steplog
+from sftree.records import steplog
 
 OPENCODE, WHY = opencode_binary()
 pytestmark = [

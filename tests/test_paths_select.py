@@ -11,7 +11,7 @@ from scipy.stats import percentileofscore
 
 from sftree.dataset.paths import select_paths
 from sftree.errors import InputError
-from sftree.search.scoring import percentile_rank
+from sftree.records.scores import percentile_rank
 
 
 def make_tree(direction, spec, root_score=1.0):

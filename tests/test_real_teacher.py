@@ -18,7 +18,7 @@ from test_workflow_demo import REPO, SCHEMA, rules_run, snakemake
 
 from sftree.agents.nativetools import TOOL_NAMES, TOOL_SCHEMAS
 from sftree.agents.prompts import nudge_prompt
-from sftree.search import steplog
+from sftree.records import steplog
 from sftree.search import tree as treemod
 from sftree.teacher.llm_server import LaunchSpec
 

@@ -140,7 +140,7 @@ def test_a_vanished_or_changed_snapshot_stops_explore_naming_the_path(linked, ca
 def test_unchanged_snapshot_read_by_others_is_fine(linked):
     """Reading the snapshot (another tree seeded from it, a copy of the whole run) changes nothing checked."""
     tmp_path, snaps, root, src, cfg, out = linked
-    from sftree.roots.snapshots import verify_root
+    from sftree.records.root import verify_root
     from sftree.runtime.store import TreeStore
 
     _wait_for_the_clock()

@@ -199,7 +199,7 @@ def test_task_folder_layout_short_hash_and_field_match(tmp_path):
 
 
 def test_hardlink_mode_is_self_contained_and_never_touches_the_input(tmp_path):
-    from sftree.roots.snapshots import verify_root
+    from sftree.records.root import verify_root
     from sftree.runtime.store import TreeStore
 
     snaps = tmp_path / "t"
@@ -230,8 +230,8 @@ def test_default_symlinks_roots_and_explore_never_writes_through(tmp_path):
     metadata.json is a new file that records the snapshot's fingerprints, and seeding a tree, forking it and
     committing an edit leave the snapshot byte for byte as it was. A tree seeds from it exactly as from a
     hard-linked or copied root."""
+    from sftree.records.root import verify_root
     from sftree.roots.select_roots import Linker
-    from sftree.roots.snapshots import verify_root
     from sftree.runtime.store import TreeStore
 
     snaps = tmp_path / "t"

@@ -40,13 +40,6 @@ def test_fill_missing_earlier_then_later():
         st.fill_missing([None, None])
 
 
-def test_orient():
-    assert st.orient([1.0, None, -2.0], "minimize") == [-1.0, None, 2.0]
-    assert st.orient([1.0], "maximize") == [1.0]
-    with pytest.raises(ValueError):
-        st.orient([1.0], "max")
-
-
 def test_gain_split_boundaries_are_inclusive_upward():
     # S0 = 0 (first value), S_inf = mean of last 2 = 10: c = 0, 0.5, 0.9, 1 -> early, middle, late, late
     split = st.split_stages([0, 5, 9, 10, 10, 10, 10, 10, 10, 10], window=1)

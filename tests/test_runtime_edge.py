@@ -8,7 +8,8 @@ import subprocess
 import pytest
 from runtime_helpers import config, example_task, grade_dir, make_root, read_steps
 
-from sftree.search.edge import EdgeContext, best_score, regressed_rate, run_edge
+from sftree.records.scores import regressed_rate
+from sftree.search.edge import EdgeContext, run_edge
 
 FAULTS = [
     {"match": {"edge": "e3", "turn": "1"}, "fault": "no_eval"},
@@ -174,16 +175,6 @@ def test_step_limit_fails_the_turn(tmp_path):
         ctx.close()
     assert [t.ended for t in r.turns] == ["step_limit", "step_limit"] and [t.steps for t in r.turns] == [2, 2]
     assert r.score is None and r.regressed_rate == 1.0
-
-
-def test_regressed_rate_and_best_score_by_hand():
-    assert regressed_rate(2.0, [2.5, 2.4], "maximize") == 0.5  # turn 2 worse than turn 1
-    assert regressed_rate(2.0, [1.9, 2.4], "maximize") == 0.5
-    assert regressed_rate(2.0, [2.0, 2.0], "maximize") == 0.0  # equal is not worse
-    assert regressed_rate(10.0, [9.0, 9.5], "minimize") == 0.5  # 9.5 > 9.0 is worse when minimizing
-    assert regressed_rate(None, [1.0, None], "maximize") == 0.5
-    assert regressed_rate(None, [None, 3.0], "minimize") == 0.5
-    assert best_score([3.0, None, 1.0], "minimize") == 1.0 and best_score([None, None], "maximize") is None
 
 
 def test_parallel_forks_of_one_node_are_isolated(cp, tmp_path):

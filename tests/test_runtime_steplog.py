@@ -1,4 +1,4 @@
-"""Step records store each message once (sftree.search.steplog): exact rebuild, unchanged export, clear errors."""
+"""Step records store each message once (sftree.records.steplog): exact rebuild, unchanged export, clear errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from test_export_sft import paths_file
 
 from sftree.dataset.export import export_task
 from sftree.errors import InputError
-from sftree.search import steplog
+from sftree.records import steplog
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 

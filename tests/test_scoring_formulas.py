@@ -1,26 +1,11 @@
 """search/scoring.py against hand-computed numbers: ties, minimize, missing scores, a single node."""
 
-import math
-
 import pytest
 from scipy.stats import percentileofscore
 
 from sftree.search import scoring as s
 
 approx = pytest.approx
-
-
-def test_oriented_and_better():
-    assert s.oriented(2.5, "maximize") == 2.5
-    assert s.oriented(2.5, "minimize") == -2.5
-    assert s.oriented(None, "minimize") is None
-    assert s.oriented(math.nan, "maximize") is None
-    assert s.better(3, 2, "maximize") and not s.better(2, 3, "maximize")
-    assert s.better(2, 3, "minimize") and not s.better(2, 2, "minimize")
-    assert s.better(0.0, None, "maximize") and not s.better(None, 0.0, "maximize")
-    assert not s.better(None, None, "maximize")
-    with pytest.raises(ValueError):
-        s.oriented(1.0, "up")
 
 
 def test_percentile_rank_ties_and_single():
@@ -47,12 +32,6 @@ def test_score_rank_minimize_and_best_rank():
     assert s.score_rank(7.0, [5.0, 3.0, 7.0], "minimize") == approx(0.5 / 3)
     assert s.score_rank(None, [5.0, None, 7.0], "minimize") == approx(0.5 / 3)
     assert s.best_rank(2.0, [2.0, 2.0, 1.0, 3.0], "maximize") == approx(2 / 4)
-
-
-def test_best_of():
-    assert s.best_of([1.0, None, 3.0, 2.0], "maximize") == 3.0
-    assert s.best_of([1.0, None, 3.0, 2.0], "minimize") == 1.0
-    assert s.best_of([None, None], "maximize") is None
 
 
 def test_process_q_t_select():
@@ -94,12 +73,6 @@ def test_knowledge_and_stability():
     assert [s.knowledge_score(True, True), s.knowledge_score(True, False)] == [1.0, 0.8]
     assert [s.knowledge_score(False, True), s.knowledge_score(False, False)] == [0.6, 0.4]
     assert s.regression_stability(0.5) == 0.5
-    assert s.regressed_rate([2.0, 1.5], 1.8, "maximize") == 0.5
-    assert s.regressed_rate([2.0, 1.5], 1.8, "minimize") == 0.5  # turn 1 worse than 1.8, turn 2 better
-    assert s.regressed_rate([None, 2.0], 1.0, "maximize") == 0.5
-    assert s.regressed_rate([1.8, 1.8], 1.8, "maximize") == 0.0
-    assert s.regressed_rate([None, None], 1.0, "maximize") == 1.0
-    assert s.regressed_rate([1.0], None, "maximize") == 0.0
 
 
 def test_soft_and_breakdown():

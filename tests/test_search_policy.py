@@ -1,5 +1,7 @@
 """ask/tell/stop rules of search/mcts.py on EdgeResult values built by hand (no runtime): the algorithm itself."""
 
+from dataclasses import replace
+
 import pytest
 from tree_rules import check_tree
 
@@ -15,7 +17,7 @@ def result(
     eid, s1, s2, *, calls=10, errors=0, tokens=1000, knowledge=True, parent=None, direction="maximize"
 ):
     """An EdgeResult as run_edge reports it: per-turn scores, tool calls, context length."""
-    from sftree.search.edge import best_score, regressed_rate
+    from sftree.records.scores import best_of, regressed_rate
 
     turns = [
         TurnResult(i + 1, s, "improved" if s is not None else None, None, 3, calls // 2 if i == 0 else calls - calls // 2,
@@ -24,7 +26,7 @@ def result(
         for i, s in enumerate((s1, s2))
     ]  # fmt: skip
     return EdgeResult(
-        edge_id=eid, turns=turns, score=best_score([s1, s2], direction), valid=s1 is not None and s2 is not None,
+        edge_id=eid, turns=turns, score=best_of([s1, s2], direction), valid=s1 is not None and s2 is not None,
         steps=6, tool_calls=calls, tool_errors=errors, tool_error_rate=errors / calls if calls else 0.0,
         tokens=tokens, knowledge=knowledge, regressed_rate=regressed_rate(parent, [s1, s2], direction),
         child_state=NodeState(f"c-{eid}", f"k-{eid}", f"sessions/{eid}.json"), transcript=f"edges/{eid}/steps.jsonl",
@@ -326,7 +328,8 @@ def test_teacher_down_is_not_recorded_and_raises():
     def run(d):
         r = result(d.edge, 1.5, 2.0, parent=d.parent_score)
         if d.edge == "e3":
-            r.turns[1].ended, r.error = "teacher_error", "connection refused"
+            turns = [r.turns[0], replace(r.turns[1], ended="teacher_error")]
+            r = replace(r, turns=turns, error="connection refused")
         return r
 
     with pytest.raises(TeacherUnavailable):
@@ -372,7 +375,7 @@ def test_edge_without_state_is_pruned_even_when_exempt():
     assert retry.exempt
     d = mcts.begin(tree, retry)
     r = result(d.edge, None, None, parent=1.0)
-    r.child_state, r.error = None, "GitError: worktree add failed"
+    r = replace(r, child_state=None, error="GitError: worktree add failed")
     e = mcts.tell(tree, d, r)
     assert e.pruned and e.prune_reason == "edge_error" and e.child is None and e.error.startswith("GitError")
     assert tree.node("n0").failed_expansions == 2

@@ -322,8 +322,8 @@ def test_a_tree_whose_requests_stall_and_are_cut_finishes_with_each_step_once(tm
     import yaml
     from helpers_explore import explore, load_final, make_root, write_config
 
+    from sftree.records import steplog
     from sftree.report.html import teacher_section
-    from sftree.search import steplog
 
     root = make_root(tmp_path)
     script = [{"match": {"edge": "e2"}, "fault": "stall", "count": 1, "hang_s": 20},

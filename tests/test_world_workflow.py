@@ -98,7 +98,7 @@ def test_corals_example_runs_through_the_workflow(tmp_path, task):
     assert turns and any(t["eval_number"] is not None for t in turns), turns
     graded = [t for t in turns if t["eval_number"] is not None]
     assert all(t["score"] is not None or t["feedback"] for t in graded)
-    from sftree.search.steplog import read_steps
+    from sftree.records.steplog import read_steps
 
     steps = read_steps(trees[0].parent / "edges" / tree["edges"][0]["id"] / "steps.jsonl")
     system = steps[0]["request"]["messages"][0]["content"]

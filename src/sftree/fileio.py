@@ -147,3 +147,21 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
         raise InputError(f"cannot read {what} {path}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{what} {path} is not valid JSON: {exc}") from None
+
+
+def read_json_object(path: str | os.PathLike, what: str) -> dict:
+    """Read a JSON object; InputError naming the path on any failure."""
+    from sftree.errors import InputError
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.loads(fh.read())
+    except FileNotFoundError:
+        raise InputError(f"{what} not found: {path}") from None
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{what} {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{what} {path} must hold a JSON object, not {type(data).__name__}")
+    return data

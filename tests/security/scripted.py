@@ -154,7 +154,7 @@ class Scripted:
         )
 
     def steps(self, edge_id: str) -> list[dict]:
-        from sftree.search import steplog
+        from sftree.records import steplog
 
         return steplog.read_steps(self.tree_dir / "edges" / edge_id / "steps.jsonl")
 

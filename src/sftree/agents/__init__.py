@@ -6,10 +6,10 @@ OpenCode CLI behind a recording proxy, agents/opencode.py and docs/opencode.md) 
 
 from __future__ import annotations
 
-from sftree.agents.base import AgentBackend, StepRecorder, ToolOutcome, TurnOutcome, TurnRun
+from sftree.agents.base import AgentBackend, ToolOutcome, TurnOutcome, TurnRun
 from sftree.errors import InputError
 
-__all__ = ["AgentBackend", "StepRecorder", "ToolOutcome", "TurnOutcome", "TurnRun", "make_agent"]
+__all__ = ["AgentBackend", "ToolOutcome", "TurnOutcome", "TurnRun", "make_agent"]
 
 
 def make_agent(config: dict, *, teacher, task_cfg: dict | None = None, world=None) -> AgentBackend:

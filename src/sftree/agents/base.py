@@ -1,14 +1,13 @@
-"""The agent backend interface and the records every backend produces (step records: docs/architecture.md)."""
+"""The agent backend interface. Every backend records its model calls through the `StepRecorder` it is handed
+(`sftree.records.steplog`, the one writer of step records: docs/architecture.md)."""
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from sftree.search.steplog import StepWriter
+from sftree.records.steplog import StepRecorder
 
 
 @dataclass
@@ -74,26 +73,3 @@ class AgentBackend(ABC):
 
     def close(self) -> None:  # noqa: B027 - most backends hold nothing; overriding is optional
         """Release what the backend holds for the whole tree (servers, sockets); called by EdgeContext.close."""
-
-
-class StepRecorder:
-    """Appends step records to `edges/<edge>/steps.jsonl` (one line per model call, each message stored once in
-    `messages.jsonl`: `sftree.search.steplog`); thread-safe."""
-
-    def __init__(self, path: Path, edge_id: str):
-        self.path = Path(path)
-        self.edge_id = edge_id
-        self._writer = StepWriter(self.path)
-        self._lock = threading.Lock()
-        self.latency_s = 0.0
-        self.records = 0
-
-    def write(self, record: dict) -> None:
-        with self._lock:
-            self._writer.write({"edge": self.edge_id, **record})
-            self.latency_s += float(record.get("latency_s") or 0.0)
-            self.records += 1
-
-    def close(self) -> None:
-        with self._lock:
-            self._writer.close()

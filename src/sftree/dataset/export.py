@@ -55,8 +55,11 @@ from sftree.dataset.student import Student, StudentStats, load_student, measure
 from sftree.errors import InputError
 from sftree.fileio import AtomicLines, iter_jsonl, read_json, write_json_atomic, write_text_atomic
 from sftree.progress import Progress
-from sftree.search import steplog
-from sftree.search.scoring import oriented
+from sftree.records import steplog
+from sftree.records.paths import read_paths
+from sftree.records.root import meta_path, read_root_meta
+from sftree.records.scores import oriented
+from sftree.records.tree import final_path, read_tree
 
 log = logging.getLogger("sftree.dataset.export")
 
@@ -354,16 +357,16 @@ class TreeContext:
     @classmethod
     def load(cls, paths_file: str | Path) -> TreeContext:
         paths_file = Path(paths_file)
-        doc = read_json(paths_file, "selected paths file")
-        if not isinstance(doc, dict) or not isinstance(doc.get("paths"), list):
-            raise InputError(f"selected paths file {paths_file}: no `paths` list")
+        doc = read_paths(paths_file)
         tree_dir = paths_file.parent
-        tree = read_json(tree_dir / "tree.json", "tree file")
+        tree = read_tree(
+            final_path(tree_dir), check=False
+        )  # reads the fields it uses, whatever else is there
         root = doc.get("root") or tree.get("root") or tree_dir.name
-        meta_file = tree_dir.parent.parent / "roots" / root / "metadata.json"
+        meta_file = meta_path(tree_dir.parent.parent / "roots" / root)
         stage = tree.get("stage")
         if meta_file.is_file():
-            stage = read_json(meta_file, "root metadata").get("stage", stage)
+            stage = read_root_meta(meta_file.parent).get("stage", stage)
         else:
             log.warning("%s: root metadata %s not found; stage unknown", paths_file, meta_file)
         edges = {e["id"]: e for e in tree.get("edges", [])}
@@ -373,7 +376,7 @@ class TreeContext:
         return self.tree_dir / self._transcript_rel(edge_id)
 
     def _transcript_rel(self, edge_id: str) -> str:
-        return (self.edges.get(edge_id) or {}).get("transcript") or f"edges/{edge_id}/steps.jsonl"
+        return (self.edges.get(edge_id) or {}).get("transcript") or steplog.edge_steps(edge_id)
 
     def transcript_name(self, edge_id: str) -> str:
         """The transcript relative to the results folder (<task>/trees/<root>/edges/...): a record names no

@@ -1,6 +1,6 @@
 """Section 3: rank a tree's root-to-leaf paths by PathScore and keep the top k (`sftree select-paths`).
 
-A candidate is the path to a normal leaf (`tree.normal_leaf`, the same predicate the search's stop rule counts,
+A candidate is the path to a normal leaf (`records.tree.normal_leaf`, the same predicate the search's stop rule counts,
 seed 1.8/1.9/3.1: token or depth limit reached, or no room left with a valid path, i.e. no edge on it that was
 kept only by the depth-2 exemption or the layer-1 fallback after failing; path validity is re-derived here from
 the edges' `failed` flags) whose logical nodes all have a numeric score and whose edges all have `cleanliness`
@@ -27,18 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from sftree.errors import InputError
-from sftree.fileio import read_json, write_json_atomic
-from sftree.search.scoring import percentile_rank
-from sftree.search.tree import normal_leaf, validate_tree
+from sftree.records.paths import PATHS_VERSION, write_paths
+from sftree.records.scores import best_of, oriented, percentile_rank
+from sftree.records.tree import normal_leaf, read_tree
 
 log = logging.getLogger("sftree.dataset.paths")
 
 W_MAX_RANK, W_AVG_RANK, W_CLEAN, W_KNOW = 0.35, 0.25, 0.20, 0.20
-PATHS_VERSION = 1
-
-
-def orient(score: float, direction: str) -> float:
-    return -score if direction == "minimize" else score
 
 
 def path_score(
@@ -182,9 +177,9 @@ def candidate_paths(tree: dict, source: str = "tree.json") -> tuple[list[Candida
 def score_paths(candidates: list[Candidate], direction: str, top_k: int) -> list[PathRecord]:
     """The seven fields of 3.4 for each candidate, sorted by PathScore (tie-break above), top k selected."""
     avg_scores = [sum(c.scores) / len(c.scores) for c in candidates]
-    max_scores = [max(c.scores, key=lambda s: orient(s, direction)) for c in candidates]
-    o_avg = [orient(s, direction) for s in avg_scores]
-    o_max = [orient(s, direction) for s in max_scores]
+    max_scores = [best_of(c.scores, direction) for c in candidates]
+    o_avg = [oriented(s, direction) for s in avg_scores]
+    o_max = [oriented(s, direction) for s in max_scores]
     records = []
     for i, c in enumerate(candidates):
         avg_rank = percentile_rank(o_avg[i], o_avg)
@@ -254,15 +249,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    tree = read_json(args.tree, "tree file")
-    # a wrong-typed field would otherwise read as "no paths" and exit 0: fail naming the field instead
-    validate_tree(tree, f"tree file {args.tree}")
+    # checked: a wrong-typed field would otherwise read as "no paths" and exit 0; fail naming the field instead
+    tree = read_tree(args.tree, source=f"tree file {args.tree}")
     if tree.get("status") not in (None, "finished"):
         log.warning(
             "%s: tree status is %r, not finished; ranking what is there", args.tree, tree.get("status")
         )
     doc = select_paths(tree, args.top_k, source=str(args.tree))
-    write_json_atomic(Path(args.out), doc)
+    write_paths(Path(args.out), doc)
     c = doc["counts"]
     best = doc["paths"][0]["path_score"] if doc["paths"] else None
     log.info(

@@ -17,7 +17,9 @@ import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sftree.fileio import read_json
+from sftree.records.paths import paths_path, read_paths
+from sftree.records.root import META_NAME, read_root_meta
+from sftree.records.tree import FINAL_NAME, read_tree
 
 
 @dataclass
@@ -92,8 +94,8 @@ def skipped_counts(task_dir: Path, stage_rows: list[dict]) -> tuple[int, int, in
     """(snapshots, failed evals, pending) of one task from its stages.tsv rows and a chosen root's metadata."""
     failed = sum(1 for r in stage_rows if not _truthy(r.get("eval_ok")))
     pending = None
-    for meta_file in sorted(task_dir.glob("roots/*/metadata.json")):
-        pending = read_json(meta_file, "root metadata").get("snapshots_pending")
+    for meta_file in sorted(task_dir.glob(f"roots/*/{META_NAME}")):
+        pending = read_root_meta(meta_file.parent).snapshots_pending
         break
     return len(stage_rows), failed, pending
 
@@ -108,12 +110,12 @@ def read_task(task_dir: Path) -> TaskTrust:
     out = TaskTrust(task_dir.name)
     out.snapshots, out.failed_evals, out.pending = skipped_counts(task_dir, rows)
     chosen = {r.get("snapshot") for r in rows if _truthy(r.get("selected"))}
-    for tf in sorted(task_dir.glob("trees/*/tree.json")):
+    for tf in sorted(task_dir.glob(f"trees/*/{FINAL_NAME}")):
         if rows and tf.parent.name not in chosen:
             continue  # a tree left over from an earlier config
-        pf = tf.parent / "paths.json"
-        paths_doc = read_json(pf, "paths file") if pf.is_file() else None
-        out.roots.append(root_trust(task_dir.name, tf.parent.name, read_json(tf, "tree file"), paths_doc))
+        pf = paths_path(tf.parent)
+        paths_doc = read_paths(pf) if pf.is_file() else None
+        out.roots.append(root_trust(task_dir.name, tf.parent.name, read_tree(tf, check=False), paths_doc))
     return out
 
 

@@ -31,7 +31,9 @@ from sftree.dataset.provenance import RootTrust, root_trust, skipped_counts
 from sftree.errors import InputError
 from sftree.fileio import iter_jsonl, read_json, write_text_atomic
 from sftree.progress import Progress
-from sftree.search.scoring import oriented
+from sftree.records.paths import paths_path, read_paths
+from sftree.records.scores import best_of, oriented
+from sftree.records.tree import FINAL_NAME, read_tree
 
 log = logging.getLogger("sftree.report.html")
 
@@ -122,18 +124,18 @@ def collect(results: Path) -> list[TaskView]:
     }
     tree_files = [
         f
-        for f in sorted(results.glob("*/trees/*/tree.json"))
+        for f in sorted(results.glob(f"*/trees/*/{FINAL_NAME}"))
         if f.parents[2].name not in chosen or f.parent.name in chosen[f.parents[2].name]
     ]
     progress = Progress("report trees", total=len(tree_files), logger=log)
     for tf in tree_files:
         task = tf.parent.parent.parent.name
-        pf = tf.parent / "paths.json"
+        pf = paths_path(tf.parent)
         view = TreeView(
             task,
             tf.parent.name,
-            read_json(tf, "tree file"),
-            read_json(pf, "paths file") if pf.is_file() else None,
+            read_tree(tf, check=False),
+            read_paths(pf) if pf.is_file() else None,
             tf.parent,
         )
         tasks.setdefault(task, TaskView(task)).trees.append(view)
@@ -527,7 +529,7 @@ def tree_section(view: TreeView, uid: str) -> str:
     root = next((n for n in nodes if n.get("parent") is None), {})
     best = [n.get("score") for n in nodes if n.get("parent") is not None and n.get("score") is not None]
     direction = t.get("direction", "maximize")
-    best_score = max(best, key=lambda s: oriented(s, direction)) if best else None
+    best_score = best_of(best, direction)
     paths = (view.paths or {}).get("paths", [])
     nsel = sum(1 for p in paths if p.get("selected"))
     trust = tree_trust(view)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import logging
 import os
 import shutil
@@ -37,19 +36,17 @@ from typing import NamedTuple
 
 from sftree.errors import InputError
 from sftree.fileio import write_text_atomic
-from sftree.roots import stages as st
-from sftree.roots.snapshots import (
+from sftree.records.root import (
+    META_NAME,
     ROOT_LINKS,
-    Scan,
-    Snapshot,
     check_files,
-    default_jobs,
-    gc_paused,
     link_fingerprints,
-    load_json_object,
-    resolve_task_dir,
-    scan,
+    read_root_meta,
+    write_root_meta,
 )
+from sftree.records.scores import oriented
+from sftree.roots import stages as st
+from sftree.roots.snapshots import Scan, Snapshot, default_jobs, gc_paused, resolve_task_dir, scan
 from sftree.runtime import remove
 
 log = logging.getLogger(__name__)
@@ -142,7 +139,7 @@ def select(result: Scan, direction: str, num_roots: int, window: int) -> Selecti
             f"task {result.task!r}: none of the {len(snaps)} candidate snapshots in {result.directory} has a "
             "numeric score (every attempt score is null or missing)"
         ) from None
-    split = st.split_stages(st.orient(filled, direction), window)
+    split = st.split_stages([oriented(s, direction) for s in filled], window)
     # A root must have eval_ok and a score of its own: explore starts from the root's score.
     eligible = [s.eval_ok and s.score is not None for s in snaps]
     chosen = st.choose(split.stages, eligible, num_roots)
@@ -260,7 +257,7 @@ def _link_entries(src: str, dst: str) -> dict:
     os.mkdir(dst)
     source = os.path.abspath(src)  # absolute: the root may be moved or read from another working directory
     with os.scandir(source) as it:
-        names = sorted(e.name for e in it if e.name != "metadata.json")
+        names = sorted(e.name for e in it if e.name != META_NAME)
     for name in names:
         os.symlink(os.path.join(source, name), os.path.join(dst, name))
     return {"source": source, "entries": link_fingerprints(source, names)}
@@ -282,14 +279,6 @@ def _copy_tree(src: str, dst: str, linker: Linker) -> None:
     shutil.copystat(src, dst)
 
 
-def _write_new(path: Path, meta: dict) -> Path:
-    """metadata.json as a new file: a hard-linked or copied one is unlinked first, so the input's stays untouched."""
-    path.unlink(missing_ok=True)
-    with open(path, "x", encoding="utf-8") as fh:
-        fh.write(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
-    return path
-
-
 def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None) -> Path:
     """Copy the chosen folders into a new temporary folder beside `out` and return it."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -302,7 +291,7 @@ def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None
         written: list[Path] = []
         for r in sel.chosen:
             dst = tmp / r.snap.name
-            meta = load_json_object(os.path.join(r.snap.path, "metadata.json"), "metadata.json")
+            meta = read_root_meta(r.snap.path, META_NAME).to_dict()
             meta.pop(ROOT_LINKS, None)  # only this command writes it, for the root it makes
             if link == "symlink":
                 meta[ROOT_LINKS] = _link_entries(r.snap.path, str(dst))
@@ -317,7 +306,7 @@ def build_roots(sel: Selection, out: Path, link: str, pending: int | None = None
             )
             if pending is not None:  # the task's pending snapshots skipped, for the report and dataset card
                 meta["snapshots_pending"] = pending
-            written.append(_write_new(dst / "metadata.json", meta))
+            written.append(write_root_meta(dst, meta))
         # One journal commit for all of them, not one per file: the folder is temporary until swap_in renames it
         # into place, so its files need no rename of their own, only to be on disk before that rename.
         for path in written:

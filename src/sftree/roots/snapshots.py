@@ -17,20 +17,20 @@ import logging
 import math
 import os
 import re
-import stat
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
 
 from sftree.errors import InputError
+from sftree.fileio import read_json_object
 from sftree.progress import Progress
+from sftree.records.root import MAX_REPORTED
 
 log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"^eval-(\d+)-(.+)-([0-9a-fA-F]{6,64})$")
 MIN_PREFIX = 6  # shortest hash prefix accepted when matching attempt files
-MAX_REPORTED = 25  # problems listed in one error message
 PARALLEL_MIN = 4000  # folders below which a process pool costs more than it saves
 
 
@@ -56,166 +56,6 @@ class Scan:
     snapshots: list[Snapshot]  # candidates, sorted by global index
     pending: list[str] = field(default_factory=list)  # names of skipped pending snapshots
     non_finite: list[str] = field(default_factory=list)  # names whose score was NaN/inf (treated as missing)
-
-
-def unsupported_files(folder: str | os.PathLike, limit: int = MAX_REPORTED) -> list[str]:
-    """Entries under `folder` a root cannot hold, each `path: why`: FIFOs, sockets and devices (copying one
-    blocks or fails; git cannot store one), and names that are not UTF-8 (git, JSON transcripts and the agent's
-    tools all need text names). Listed bytes-safe, so the check itself cannot fail.
-
-    Links are not followed, except the top-level ones of `folder` that lead to a folder: a root made with
-    `--link symlink` refers to its snapshot's `code/` and `shared/` that way, and explore reads through them
-    (`git --work-tree ROOT/code add`). The file type comes from the directory listing (d_type), so a folder of
-    100k attempt files costs a listing, not 100k stat calls."""
-    problems: list[str] = []
-    top = os.fsencode(folder)
-    stack = [top]
-    while stack:
-        here = stack.pop()
-        try:
-            it = os.scandir(here)
-        except OSError as exc:
-            problems.append(f"{_shown(here)}: cannot be read ({exc.strerror})")
-            continue
-        with it:
-            for entry in it:
-                if not _is_utf8(entry.name):
-                    problems.append(f"{_shown(entry.path)}: file name is not UTF-8")
-                    continue  # a non-UTF-8 folder is reported once, not walked
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
-                        continue
-                    if entry.is_file(follow_symlinks=False):
-                        continue
-                    if entry.is_symlink():
-                        if here is top and entry.is_dir():  # the root's own link to its snapshot's folder
-                            stack.append(entry.path)
-                        continue
-                    mode = entry.stat(follow_symlinks=False).st_mode
-                except OSError as exc:
-                    problems.append(f"{_shown(entry.path)}: cannot be read ({exc.strerror})")
-                    continue
-                kind = (
-                    "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-                    else "a device" if stat.S_ISBLK(mode) or stat.S_ISCHR(mode) else None
-                )  # fmt: skip
-                if kind:
-                    problems.append(f"{_shown(entry.path)}: {kind}, not a file or folder")
-                if len(problems) >= limit:
-                    return problems
-    return problems[:limit]
-
-
-def _shown(path: bytes) -> str:
-    return os.fsdecode(path).encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _is_utf8(name: bytes) -> bool:
-    try:
-        name.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def check_files(folder: str | os.PathLike, what: str) -> None:
-    """Raise InputError naming every entry of `folder` that `unsupported_files` refuses."""
-    problems = unsupported_files(folder)
-    if problems:
-        raise InputError(
-            f"{what} {os.fsdecode(folder)} holds entries sftree cannot explore: " + "; ".join(problems)
-        )
-
-
-# --- roots that refer to their snapshot (`select-roots --link symlink`) -------------------------------------
-
-# The root's metadata.json field: {"source": the snapshot folder, "entries": {path: fingerprint}}.
-ROOT_LINKS = "root_links"
-
-
-def _fingerprint(st: os.stat_result) -> str:
-    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
-
-
-def link_fingerprints(snapshot: str, names: list[str]) -> dict[str, str]:
-    """Device, inode, size and mtime of each linked entry of `snapshot` and, for a folder, of each entry directly
-    in it (not followed). A snapshot that was deleted and rebuilt, or had a file or folder added, removed or
-    replaced at those two levels, no longer matches; a few dozen stat calls, not a walk of the attempt files."""
-    out: dict[str, str] = {}
-    for name in names:
-        path = os.path.join(snapshot, name)
-        st = os.lstat(path)
-        out[name] = _fingerprint(st)
-        if stat.S_ISDIR(st.st_mode):
-            with os.scandir(path) as it:
-                for entry in it:
-                    out[f"{name}/{entry.name}"] = _fingerprint(entry.stat(follow_symlinks=False))
-    return out
-
-
-def verify_root(root_dir: str | os.PathLike) -> None:
-    """A root whose entries link to its snapshot must still find that snapshot as select-roots saw it.
-
-    Checks every top-level link of the root (it must lead somewhere) and, when metadata.json records
-    `root_links`, that each recorded entry is still the link select-roots made and that the snapshot's entries
-    have the recorded fingerprints. Raises one InputError naming the paths. A self-contained root (hard links
-    or copies) has nothing to check."""
-    root = os.fspath(root_dir)
-    meta_path = os.path.join(root, "metadata.json")
-    problems: list[str] = []
-    try:
-        with os.scandir(root) as it:
-            links = sorted(e.name for e in it if e.is_symlink())
-    except OSError as exc:
-        raise InputError(f"cannot list root {root}: {exc.strerror or exc}") from None
-    for name in links:
-        path = os.path.join(root, name)
-        if not os.path.exists(path):
-            problems.append(f"{path} -> {os.readlink(path)}: the snapshot entry it refers to is gone")
-    record = load_json_object(meta_path, "root metadata").get(ROOT_LINKS)
-    source = None
-    if record is not None:
-        source, entries = _root_links(record, meta_path)
-        names = sorted(n for n in entries if "/" not in n)
-        for name in names:
-            path, want = os.path.join(root, name), os.path.join(source, name)
-            try:
-                target = os.readlink(path)
-            except OSError:
-                target = None
-            if target != want:
-                problems.append(f"{path}: not the link to {want} that select-roots made")
-        try:
-            now = link_fingerprints(source, names)
-        except OSError as exc:
-            problems.append(f"{exc.filename or source}: {exc.strerror or exc}")
-        else:
-            changed = sorted(k for k in entries.keys() | now.keys() if entries.get(k) != now.get(k))
-            for rel in changed[:MAX_REPORTED]:
-                what = "added" if rel not in entries else "gone" if rel not in now else "changed"
-                problems.append(f"{os.path.join(source, rel)}: {what} since select-roots")
-            if len(changed) > MAX_REPORTED:
-                problems.append(f"... and {len(changed) - MAX_REPORTED} more")
-    if problems:
-        where = f"its snapshot {source}" if source else "its snapshot"
-        raise InputError(
-            f"root {root} refers to {where}, which is gone or changed since select-roots: "
-            + "; ".join(problems)
-            + ". Roots made with --link symlink need the Student run to stay in place, unchanged, while its "
-            "trees are explored: rerun select-roots, or make self-contained roots with --link hardlink or copy"
-        )
-
-
-def _root_links(record, meta_path: str) -> tuple[str, dict[str, str]]:
-    if not isinstance(record, dict):
-        raise InputError(f"{meta_path}: `{ROOT_LINKS}` must be an object, not {type(record).__name__}")
-    source, entries = record.get("source"), record.get("entries")
-    if not isinstance(source, str) or not os.path.isabs(source):
-        raise InputError(f"{meta_path}: `{ROOT_LINKS}.source` must be an absolute path, not {source!r}")
-    if not isinstance(entries, dict) or not all(isinstance(v, str) for v in entries.values()):
-        raise InputError(f"{meta_path}: `{ROOT_LINKS}.entries` must map paths to fingerprint strings")
-    return source, entries
 
 
 def parse_name(name: str) -> tuple[int, str, str] | None:
@@ -253,22 +93,6 @@ def resolve_task_dir(snapshots: str | os.PathLike, task: str | None = None) -> t
     if task:
         raise InputError(f"task {task!r}: no eval-* snapshot folders in {root} (nor in {root / task})")
     raise InputError(f"no eval-* snapshot folders in {root}")
-
-
-def load_json_object(path: str, what: str) -> dict:
-    """Read a JSON object; InputError naming the path on any failure."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.loads(fh.read())
-    except FileNotFoundError:
-        raise InputError(f"{what} not found: {path}") from None
-    except OSError as exc:
-        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"{what} {path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{what} {path} must hold a JSON object, not {type(data).__name__}")
-    return data
 
 
 _CHUNK = 1 << 16
@@ -349,7 +173,7 @@ def find_attempt(snapshot_path: str, commit_hash: str) -> tuple[str, dict]:
     if record is not None:
         return exact, record
     try:
-        return exact, load_json_object(exact, "attempt record")
+        return exact, read_json_object(exact, "attempt record")
     except InputError:
         if os.path.exists(exact):
             raise
@@ -368,11 +192,11 @@ def find_attempt(snapshot_path: str, commit_hash: str) -> tuple[str, dict]:
     for name in names:  # by file name: a short hash on either side
         if same(name[: -len(".json")]):
             path = os.path.join(attempts, name)
-            return path, load_json_object(path, "attempt record")
+            return path, read_json_object(path, "attempt record")
     for name in names:  # by the commit_hash field inside the files
         path = os.path.join(attempts, name)
         try:
-            record = load_json_object(path, "attempt record")
+            record = read_json_object(path, "attempt record")
         except InputError:
             continue  # another commit's broken record is not this snapshot's problem
         if isinstance(record.get("commit_hash"), str) and same(record["commit_hash"]):
@@ -406,7 +230,7 @@ def read_snapshot(
     meta_path = f"{path}/metadata.json"
     meta = _quick_json_object(meta_path)
     if meta is None:
-        meta = load_json_object(meta_path, "metadata.json")
+        meta = read_json_object(meta_path, "metadata.json")
     eval_ok = meta.get("eval_ok", _MISSING)
     if eval_ok is _MISSING:
         return None, False

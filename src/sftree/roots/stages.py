@@ -25,14 +25,6 @@ STAGE_RATIO = {"early": 1, "middle": 3, "late": 2}
 EARLY_BELOW, LATE_FROM = 0.5, 0.9
 
 
-def orient(scores: Sequence[float | None], direction: str) -> list[float | None]:
-    """Make larger better: minimize scores are negated (None stays None)."""
-    if direction not in ("maximize", "minimize"):
-        raise ValueError(f"direction must be maximize or minimize, not {direction!r}")
-    sign = 1.0 if direction == "maximize" else -1.0
-    return [None if s is None else sign * s for s in scores]
-
-
 def fill_missing(scores: Sequence[float | None]) -> list[float]:
     """score_for_stage: own score, else the nearest earlier numeric score, else the nearest later one.
 

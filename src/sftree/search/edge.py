@@ -3,7 +3,7 @@
 `run_edge` is what the search calls; it is blocking and safe to run from several threads at once (each edge has
 its own worktree, knowledge index, coral socket and session copy). The soft-score formulas live in
 `search/scoring.py`; this module reports the raw ingredients (`EdgeResult`) and the regressed rate, which needs the
-turn sequence:
+turn sequence (`records.scores.regressed_rate`, the one definition):
 
     regressed_rate = share of the two turns whose score is worse than the score the turn started from
                      (turn 1: the parent's score; turn 2: turn 1's score), on oriented scores
@@ -21,11 +21,15 @@ import json
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sftree.fileio import read_json, write_json_atomic, write_text_atomic
+from sftree.errors import InputError
+from sftree.fileio import write_json_atomic, write_text_atomic
+from sftree.records.root import read_root_meta
+from sftree.records.scores import best_of, regressed_rate
+from sftree.records.steplog import StepRecorder, edge_steps
 from sftree.runtime import diskquota
 from sftree.runtime.coral import CoralRuntime, CoralServer
 from sftree.runtime.edgebox import EdgeBox, own_socket_dir
@@ -33,100 +37,12 @@ from sftree.runtime.folderreader import Quota
 from sftree.runtime.objects import flatten
 from sftree.runtime.store import TreeStore
 from sftree.runtime.workspace import NodeState, write_world
+from sftree.search.result import EdgeResult, TurnResult
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class TurnResult:
-    """One rollout turn (ends at the first `coral eval`, or fails)."""
-
-    turn: int
-    score: float | None  # raw score of the turn's eval; None = no numeric score
-    eval_status: str | None  # improved|baseline|regressed|crashed|timeout|nothing_to_commit; None = no eval
-    commit: str | None  # the evaluated commit
-    steps: int  # model calls
-    tool_calls: int
-    tool_errors: int
-    knowledge: bool  # the turn read or wrote shared knowledge (DESIGN.md)
-    tokens: int  # context length after the turn's last step (prompt + completion tokens)
-    # eval | step_limit | timeout | no_eval | teacher_error | context_overflow | edge_error | tampered
-    ended: str
-    feedback: str = ""
-    eval_number: int | None = None  # Coral's #N
-    error: str | None = None
-    compacted: bool = (
-        False  # the session was compacted during the turn (the path's real context was replaced)
-    )
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class EdgeResult:
-    """Everything the search needs about one edge; field names match tree.json's edge entries."""
-
-    edge_id: str
-    turns: list[TurnResult]
-    score: float | None  # raw score of the best numeric turn (by direction), None if no turn had one
-    valid: bool  # both turns got a numeric score
-    steps: int
-    tool_calls: int
-    tool_errors: int
-    tool_error_rate: float
-    tokens: int  # session context length after the last step
-    knowledge: bool  # both turns had a knowledge action
-    regressed_rate: float
-    child_state: NodeState | None  # state after turn 2 (also when a turn failed); None if the fork failed
-    transcript: str  # edges/<id>/steps.jsonl, relative to the tree dir
-    code_diff: str
-    knowledge_diff: str
-    error: str | None  # why the edge failed, if it did (teacher unreachable, workspace error, ...)
-    wall_s: float
-    evals: int = 0  # `coral eval` calls that produced an eval number (for the child's eval_count)
-    framework_s: float = 0.0  # wall time minus model latency and grader time (benchmarks)
-    teacher_s: float = 0.0
-    grader_s: float = 0.0
-    tampered: str | None = (
-        None  # a request broke the session's chain (agents/chain.py): no child, never trained
-    )
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["child_state"] = self.child_state.to_dict() if self.child_state else None
-        return d
-
-
 # ---- pure functions ----------------------------------------------------------------------------------------
-def orient(score: float | None, direction: str) -> float | None:
-    if score is None:
-        return None
-    return -score if direction == "minimize" else score
-
-
-def best_score(scores: list[float | None], direction: str) -> float | None:
-    nums = [s for s in scores if s is not None]
-    if not nums:
-        return None
-    return max(nums, key=lambda s: orient(s, direction))
-
-
-def regressed_rate(parent_score: float | None, turn_scores: list[float | None], direction: str) -> float:
-    """Share of turns that ended worse than they started (see module docstring)."""
-    if not turn_scores:
-        return 1.0
-    start = parent_score
-    regressed = 0
-    for s in turn_scores:
-        if s is None:
-            regressed += 1
-        elif start is not None and orient(s, direction) < orient(start, direction):
-            regressed += 1
-        start = s
-    return regressed / len(turn_scores)
-
-
 def tool_error_rate(calls: int, errors: int) -> float:
     return errors / calls if calls else 0.0
 
@@ -265,8 +181,8 @@ def root_context(store: TreeStore, state: NodeState, root_dir: Path):
     from sftree.world.root import root_context as from_files
 
     try:
-        meta = read_json(root_dir / "metadata.json", "root metadata")
-    except Exception:  # noqa: BLE001 - explore's preflight reports a bad metadata.json
+        meta = read_root_meta(root_dir).to_dict()
+    except InputError:  # explore's preflight reports a bad metadata.json
         meta = {}
     db = store.knowledge
     files = flatten(db, db.commit_tree(state.knowledge_commit))
@@ -276,7 +192,7 @@ def root_context(store: TreeStore, state: NodeState, root_dir: Path):
         if p.startswith(("attempts/", "heartbeat/")) and mode != "120000"
     )
     blobs = dict(zip(wanted, (data for _k, data in db.read_many([files[p][1] for p in wanted])), strict=True))
-    return from_files(meta if isinstance(meta, dict) else {}, blobs)
+    return from_files(meta, blobs)
 
 
 # ---- the edge ----------------------------------------------------------------------------------------------
@@ -336,7 +252,7 @@ def probe_agent(ctx: EdgeContext) -> None:
 
 
 def _probe(ctx: EdgeContext) -> None:
-    from sftree.agents.base import StepRecorder, TurnRun
+    from sftree.agents.base import TurnRun
     from sftree.runtime.sandbox import UIDS
 
     uid = UIDS.acquire() if ctx.mode == "bwrap" else None
@@ -393,14 +309,14 @@ def run_edge(
     Coral's counts (the eval number, the agent's best, the plateau) come from the node's counters
     (`NodeState.counters`; the root's from its attempt records); `eval_count` is kept for callers that pass it.
     """
-    from sftree.agents.base import StepRecorder, TurnRun
+    from sftree.agents.base import TurnRun
     from sftree.agents.prompts import turn_record
     from sftree.runtime.sandbox import UIDS
 
     t0 = time.monotonic()
     edge_dir = ctx.tree_dir / "edges" / edge_id
     edge_dir.mkdir(parents=True, exist_ok=True)
-    transcript = edge_dir / "steps.jsonl"
+    transcript = ctx.tree_dir / edge_steps(edge_id)
     session_rel = f"sessions/{edge_id}.json"
     turns: list[TurnResult] = []
     error: str | None = None
@@ -546,7 +462,7 @@ def run_edge(
     result = EdgeResult(
         edge_id=edge_id,
         turns=turns,
-        score=best_score(scores, ctx.direction),
+        score=best_of(scores, ctx.direction),
         valid=all(s is not None for s in scores),
         steps=sum(t.steps for t in turns),
         tool_calls=calls,

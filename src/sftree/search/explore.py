@@ -19,9 +19,11 @@ from sftree.config import load_config, task_config
 from sftree.errors import InputError
 from sftree.fileio import read_json
 from sftree.progress import ConsoleLines, tree_line
-from sftree.roots.snapshots import check_files, verify_root
+from sftree.records.root import check_files, read_root_meta, verify_root
+from sftree.records.scores import best_of
+from sftree.records.tree import final_path
 from sftree.runtime import remove, tempdirs
-from sftree.search import mcts, scoring
+from sftree.search import mcts
 from sftree.search import tree as treemod
 
 log = logging.getLogger(__name__)
@@ -57,10 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def read_root(root_dir: Path, config: dict) -> dict:
     """Task, direction, raw score and eval count of a root snapshot (metadata.json, annotated by select-roots)."""
-    meta_path = root_dir / "metadata.json"
-    meta = read_json(meta_path, "root metadata")
-    if not isinstance(meta, dict):
-        raise InputError(f"{meta_path}: expected a JSON object")
+    meta = read_root_meta(root_dir)
+    meta_path = meta.path
     task = meta.get("task") or (root_dir.parent.parent.name if root_dir.parent.name == "roots" else None)
     if not task:
         raise InputError(f"{meta_path}: no `task` field, and the path is not results/<task>/roots/<snapshot>")
@@ -154,7 +154,7 @@ class BestSoFar:
             self.seen, self.best = 0, None
         new = [n.score for n in nodes[self.seen :]]
         if new:
-            self.best = scoring.best_of([self.best, *new], tree.direction)
+            self.best = best_of([self.best, *new], tree.direction)
         self.seen = len(nodes)
         return self.best
 
@@ -290,7 +290,7 @@ def preflight(args: argparse.Namespace) -> tuple[dict, Path, Path, dict]:
 def run(args: argparse.Namespace) -> int:
     config, root_dir, out, info = preflight(args)
     params = treemod.SearchParams.from_config(config["search"])
-    live, final = treemod.LiveTree(out), out / treemod.FINAL_NAME
+    live, final = treemod.LiveTree(out), final_path(out)
     stream = _progress_stream(getattr(args, "progress_fd", None))  # a bad fd fails before anything is made
     console = ConsoleLines(stream)
     # the topmost folder this run creates (None: out exists): removed if the run fails before its first save
@@ -328,7 +328,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _explore(out: Path, root_dir: Path, config: dict, info: dict, params, console: ConsoleLines) -> int:
-    live, final = treemod.LiveTree(out), out / treemod.FINAL_NAME
+    live, final = treemod.LiveTree(out), final_path(out)
     tree = _resume(live, out, root_dir.name, info["task"], params) if live.exists() else None
     if tree is None:
         final.unlink(missing_ok=True)

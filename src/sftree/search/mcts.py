@@ -21,10 +21,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from sftree.errors import TeacherUnavailable
+from sftree.records.scores import best_of
 from sftree.search import scoring
+from sftree.search.result import EdgeResult
 from sftree.search.tree import Edge, Node, Tree, is_good_leaf, now_iso
 
 log = logging.getLogger(__name__)
@@ -238,11 +239,11 @@ def begin(tree: Tree, exp: Expansion) -> Dispatch:
     return d
 
 
-def fail_reason(result: Any, threshold: float) -> str | None:
+def fail_reason(result: EdgeResult, threshold: float) -> str | None:
     """Why the edge fails the hard-prune test (1.5), or None: no numeric score on a turn, or too many tool errors."""
-    if getattr(result, "tampered", None):
+    if result.tampered:
         return "tampered"  # its session broke the chain (agents/chain.py): never kept, never continued
-    if getattr(result, "child_state", None) is None:
+    if result.child_state is None:
         return "edge_error"  # the fork or the runtime broke: there is no state to attach
     if not result.valid:
         return "no_score"
@@ -251,11 +252,7 @@ def fail_reason(result: Any, threshold: float) -> str | None:
     return None
 
 
-def _turn_dict(t: Any) -> dict:
-    return t.to_dict() if hasattr(t, "to_dict") else dict(t)
-
-
-def tell(tree: Tree, d: Dispatch, result: Any) -> Edge:
+def tell(tree: Tree, d: Dispatch, result: EdgeResult) -> Edge:
     """Apply one finished edge to the tree: attach its child or prune it, then update the parent's status."""
     p = tree.params
     tree.in_flight = [x for x in tree.in_flight if x["edge"] != d.edge]
@@ -271,7 +268,7 @@ def tell(tree: Tree, d: Dispatch, result: Any) -> Edge:
         select=d.select,
         failed=reason is not None,
         fail_reason=reason,
-        turns=[_turn_dict(t) for t in result.turns],
+        turns=[t.to_dict() for t in result.turns],
         score=result.score,
         steps=result.steps,
         tool_calls=result.tool_calls,
@@ -313,11 +310,10 @@ def tell(tree: Tree, d: Dispatch, result: Any) -> Edge:
     return edge
 
 
-def _make_child(tree: Tree, parent: Node, edge: Edge, result: Any, failed: bool) -> Node:
+def _make_child(tree: Tree, parent: Node, edge: Edge, result: EdgeResult, failed: bool) -> Node:
     p = tree.params
-    state = result.child_state
-    state = state.to_dict() if hasattr(state, "to_dict") else (dict(state) if state else None)
-    evals = getattr(result, "evals", None)
+    state = result.child_state.to_dict() if result.child_state is not None else None
+    evals = result.evals
     child = tree.add_node(
         Node(
             id=tree.new_node_id(),
@@ -325,7 +321,7 @@ def _make_child(tree: Tree, parent: Node, edge: Edge, result: Any, failed: bool)
             edge=edge.id,
             depth=parent.depth + 1,
             score=result.score,
-            path_best_score=scoring.best_of([parent.path_best_score, result.score], tree.direction),
+            path_best_score=best_of([parent.path_best_score, result.score], tree.direction),
             max_token_total=int(result.tokens),
             path_valid=parent.path_valid and not failed,
             state=state,
@@ -388,7 +384,7 @@ def finish(tree: Tree, reason: str | None) -> None:
 
 # --- the loop -----------------------------------------------------------------------------------------
 
-RunEdge = Callable[[Dispatch], Any]
+RunEdge = Callable[[Dispatch], EdgeResult]
 
 
 @dataclass
@@ -400,7 +396,7 @@ class LoopStats:
 
     def line(self, tree: Tree) -> str:
         c = tree.counters()
-        best = self.best = scoring.best_of(
+        best = self.best = best_of(
             [self.best, *(n.score for n in tree.nodes[self._scanned :])], tree.direction
         )
         self._scanned = len(tree.nodes)
@@ -412,8 +408,8 @@ class LoopStats:
         )
 
 
-def _edge_tokens(result: Any) -> int:
-    return sum(int(getattr(t, "tokens", 0) or 0) for t in result.turns)
+def _edge_tokens(result: EdgeResult) -> int:
+    return sum(int(t.tokens or 0) for t in result.turns)
 
 
 def run_search(tree: Tree, run_edge: RunEdge, persist: Callable[[Tree], None]) -> Tree:
@@ -485,9 +481,9 @@ def run_search(tree: Tree, run_edge: RunEdge, persist: Callable[[Tree], None]) -
     return tree
 
 
-def _teacher_down(result: Any) -> bool:
+def _teacher_down(result: EdgeResult) -> bool:
     """The Teacher could not be reached past its retries: not a property of the node, so not recorded."""
-    return any(getattr(t, "ended", None) == "teacher_error" for t in result.turns)
+    return any(t.ended == "teacher_error" for t in result.turns)
 
 
 __all__ = [

@@ -1,18 +1,17 @@
 """Pure formulas of the token-aware MCTS (seed section 1.3 and 1.7): ranks, Q, T, Select and the soft score.
 
-Scores are *raw* in tree.json; every comparison or ranking first orients them (`oriented`): maximize tasks
-keep the value, minimize tasks negate it, so "larger is better" everywhere below. `None` means "no numeric
-score" and ranks below every number.
+Scores are *raw* in tree.json; every comparison or ranking first orients them (`records.scores.oriented`, the
+one definition every stage shares): "larger is better" everywhere below. `None` means "no numeric score" and
+ranks below every number.
 """
 
 from __future__ import annotations
 
 import bisect
-import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-MAXIMIZE, MINIMIZE = "maximize", "minimize"
+from sftree.records.scores import better, oriented, percentile_rank
 
 # Q weights (1.3) and soft-score weights (1.7).
 W_SCORE_RANK, W_BEST_RANK, W_PROCESS = 0.40, 0.30, 0.30
@@ -20,55 +19,6 @@ W_OUTCOME, W_CLEAN, W_KNOWLEDGE, W_STABILITY = 0.30, 0.20, 0.20, 0.30
 OUTCOME_IMPROVED, OUTCOME_NOT_IMPROVED = 1.0, 0.7
 CLEAN_REFERENCE_RATE = 0.30  # the error rate at which cleanliness has fallen to 0.3 (the prune threshold)
 CLEAN_FLOOR = 0.3
-
-
-def _numeric(x: float | None) -> bool:
-    return x is not None and not (isinstance(x, float) and math.isnan(x))
-
-
-def oriented(score: float | None, direction: str) -> float | None:
-    """The score in "larger is better" form: negated for minimize tasks; None stays None."""
-    if not _numeric(score):
-        return None
-    if direction == MAXIMIZE:
-        return float(score)
-    if direction == MINIMIZE:
-        return -float(score)
-    raise ValueError(f"direction must be {MAXIMIZE!r} or {MINIMIZE!r}, not {direction!r}")
-
-
-def better(a: float | None, b: float | None, direction: str) -> bool:
-    """True when raw score `a` is strictly better than raw score `b`. A number beats None; None beats nothing."""
-    oa, ob = oriented(a, direction), oriented(b, direction)
-    if oa is None:
-        return False
-    return ob is None or oa > ob
-
-
-def best_of(scores: Iterable[float | None], direction: str) -> float | None:
-    """The best raw score of a sequence (None when none is numeric)."""
-    best = None
-    for s in scores:
-        if _numeric(s) and (best is None or better(s, best, direction)):
-            best = s
-    return best
-
-
-def percentile_rank(value: float | None, values: Sequence[float | None]) -> float:
-    """(number strictly worse + 0.5 * number equal, itself included) / n over already-oriented values.
-
-    `values` must contain `value`. None ranks below every number and ties with other Nones. Equals
-    `scipy.stats.percentileofscore(values, value, kind="mean") / 100` when all values are numeric.
-    """
-    n = len(values)
-    if n == 0:
-        raise ValueError("percentile_rank of an empty set")
-    if value is None:
-        worse, equal = 0, sum(1 for v in values if v is None)
-    else:
-        worse = sum(1 for v in values if v is None or v < value)
-        equal = sum(1 for v in values if v is not None and v == value)
-    return (worse + 0.5 * equal) / n
 
 
 def rank_table(values: Sequence[float | None]) -> Callable[[float | None], float]:
@@ -158,20 +108,6 @@ def knowledge_score(is_improved: bool, has_knowledge: bool) -> float:
     if is_improved:
         return 1.0 if has_knowledge else 0.8
     return 0.6 if has_knowledge else 0.4
-
-
-def regressed_rate(turn_scores: Sequence[float | None], parent_score: float | None, direction: str) -> float:
-    """Share of turns whose score is worse than the score the turn started from (turn 1: the parent's,
-    later turns: the previous turn's). A turn without a numeric score counts as regressed; a turn whose
-    start had no score is not regressed when it has one."""
-    if not turn_scores:
-        return 0.0
-    regressed, start = 0, parent_score
-    for s in turn_scores:
-        if not _numeric(s) or better(start, s, direction):
-            regressed += 1
-        start = s
-    return regressed / len(turn_scores)
 
 
 def regression_stability(regressed_rate_: float) -> float:

@@ -5,25 +5,13 @@ validation. No policy lives here; `search/mcts.py` decides what to expand and ho
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import logging
-import os
 import uuid
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
-from sftree.config import SCHEMA_DIR
 from sftree.errors import InputError
-from sftree.fileio import read_json, write_json_atomic
-
-log = logging.getLogger(__name__)
-
-VERSION = 1
-TREE_SCHEMA = SCHEMA_DIR / "tree.schema.json"
-LIVE_NAME, FINAL_NAME = "tree.live.json", "tree.json"
+from sftree.records.tree import VERSION, LiveFiles, normal_leaf, read_tree, validate_tree, write_tree
 
 NODE_STATUSES = ("active", "expanded", "leaf", "closed")
 LEAF_REASONS = ("token_limit", "depth_limit", "no_room", "tree_stopped")
@@ -277,91 +265,9 @@ class Tree:
         return tree
 
 
-# Leaf reasons that are normal whatever the path (1.8: the node exists, so every edge on its path passed hard
-# prune or was kept by the layer-1 fallback / depth-2 exemption) and those that need a valid path (1.9 item 3).
-LIMIT_REASONS = ("token_limit", "depth_limit")
-NO_ROOM_REASONS = ("no_room", "tree_stopped")
-
-
-def normal_leaf(leaf_reason: str | None, path_valid: bool, depth: int) -> bool:
-    """The one definition of a normal leaf (seed 1.8, 1.9, 3.1), used by the stop rule and by path selection.
-
-    Normal: the token or depth limit was reached, or the node had no room left (two failed expansions, or the
-    tree stopped before it could grow) and its path is valid (no edge on root..node was kept only by the
-    depth-2 exemption or the layer-1 fallback after failing). **Choice**: the root is never a leaf of a path
-    (a root-to-leaf path needs at least one logical edge).
-    """
-    if depth < 1 or leaf_reason is None:
-        return False
-    if leaf_reason in LIMIT_REASONS:
-        return True
-    return leaf_reason in NO_ROOM_REASONS and path_valid
-
-
 def is_good_leaf(node: Node) -> bool:
     """A node that counts toward `target_good_leaves` (1.9 `good_leaf_count`): a normal leaf."""
     return node.status == "leaf" and normal_leaf(node.leaf_reason, node.path_valid, node.depth)
-
-
-# --- validation ----------------------------------------------------------------------------------------
-
-_schema_cache: dict | None = None
-
-
-def tree_schema() -> dict:
-    global _schema_cache
-    if _schema_cache is None:
-        with open(TREE_SCHEMA, encoding="utf-8") as fh:
-            _schema_cache = json.load(fh)
-    return _schema_cache
-
-
-def validate_tree(obj: Any, source: str = "tree") -> None:
-    """JSON Schema plus the links a schema cannot express; raises InputError naming the file and field."""
-    validator = jsonschema.Draft202012Validator(tree_schema())
-    errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.path))
-    if errors:
-        lines = [f"{'.'.join(str(p) for p in e.path) or '<top>'}: {e.message}" for e in errors[:10]]
-        raise InputError(f"{source} is not a valid tree (schema):\n  " + "\n  ".join(lines))
-    problems = _link_problems(obj)
-    if problems:
-        raise InputError(f"{source} is not a valid tree:\n  " + "\n  ".join(problems[:10]))
-
-
-def _link_problems(obj: dict) -> list[str]:
-    out: list[str] = []
-    nodes = {n["id"]: n for n in obj["nodes"]}
-    edges = {e["id"]: e for e in obj["edges"]}
-    if len(nodes) != len(obj["nodes"]):
-        out.append("nodes: duplicate node id")
-    if len(edges) != len(obj["edges"]):
-        out.append("edges: duplicate edge id")
-    for i, n in enumerate(obj["nodes"]):
-        where = f"nodes[{i}] ({n['id']})"
-        if n["parent"] is None:
-            if n["depth"] != 0 or n["edge"] is not None:
-                out.append(f"{where}: a node without parent must be the root at depth 0")
-            continue
-        parent = nodes.get(n["parent"])
-        if parent is None:
-            out.append(f"{where}.parent: unknown node {n['parent']}")
-        elif n["depth"] != parent["depth"] + 1:
-            out.append(f"{where}.depth: {n['depth']} is not parent depth + 1")
-        e = edges.get(n["edge"])
-        if e is None or e["child"] != n["id"] or e["parent"] != n["parent"]:
-            out.append(f"{where}.edge: {n['edge']} does not link {n['parent']} -> {n['id']}")
-    roots = [n for n in obj["nodes"] if n["parent"] is None]
-    if len(roots) != 1:
-        out.append(f"nodes: expected exactly one root, found {len(roots)}")
-    for i, e in enumerate(obj["edges"]):
-        where = f"edges[{i}] ({e['id']})"
-        if e["parent"] not in nodes:
-            out.append(f"{where}.parent: unknown node {e['parent']}")
-        if e["child"] is not None and e["child"] not in nodes:
-            out.append(f"{where}.child: unknown node {e['child']}")
-        if e["child"] is None and not e["pruned"]:
-            out.append(f"{where}: an edge that made no node must be pruned")
-    return out
 
 
 # --- files ---------------------------------------------------------------------------------------------
@@ -370,16 +276,15 @@ def _link_problems(obj: dict) -> list[str]:
 def save(tree: Tree, path: str | Path) -> None:
     """Write atomically (readers and a rerun see the old or the new tree, never half of one)."""
     tree.updated_at = now_iso()
-    write_json_atomic(path, tree.to_dict())
+    write_tree(path, tree.to_dict())
 
 
 def load(path: str | Path) -> Tree:
-    return Tree.from_dict(read_json(path, "tree file"), source=str(path))
+    return Tree.from_dict(read_tree(path, check=False), source=str(path))  # from_dict checks it
 
 
 # --- the live tree: a snapshot plus an append-only log ---------------------------------------------------
 
-LOG_NAME = "tree.log.jsonl"
 SNAPSHOT_MIN = 64  # log lines before a snapshot is due (at least; see LiveTree)
 _HEADER = ("status", "stop_reason", "next_edge", "in_flight", "updated_at", "teacher")
 
@@ -406,46 +311,44 @@ class LiveTree:
     """
 
     def __init__(self, out_dir: str | Path, snapshot_min: int = SNAPSHOT_MIN):
-        self.dir = Path(out_dir)
-        self.snapshot_path, self.log_path = self.dir / LIVE_NAME, self.dir / LOG_NAME
+        self.files = LiveFiles(out_dir)
+        self.dir, self.snapshot_path, self.log_path = (
+            self.files.dir,
+            self.files.snapshot_path,
+            self.files.log_path,
+        )
         self.snapshot_min = snapshot_min
-        self._log = None
         self._gen: str | None = None
         self._lines = 0
 
     def exists(self) -> bool:
-        return self.snapshot_path.exists()
+        return self.files.exists()
 
     def save(self, tree: Tree) -> None:
         tree.updated_at = now_iso()
-        if self._log is None or self._lines >= max(self.snapshot_min, len(tree.edges)):
+        if not self.files.log_open or self._lines >= max(self.snapshot_min, len(tree.edges)):
             self.snapshot(tree)
             return
         entry: dict[str, Any] = {"gen": self._gen, "tree": {k: getattr(tree, k) for k in _HEADER}}
         entry["tree"]["params"] = asdict(tree.params)
         entry["nodes"], entry["edges"] = _changed(tree.nodes), _changed(tree.edges)
-        self._log.write(json.dumps(entry, ensure_ascii=False) + "\n")
-        self._log.flush()
-        os.fsync(self._log.fileno())
+        self.files.append(entry)
         self._lines += 1
 
     def snapshot(self, tree: Tree) -> None:
         self._gen = uuid.uuid4().hex
-        write_json_atomic(self.snapshot_path, {**tree.to_dict(), "log_gen": self._gen})
-        if self._log is not None:
-            self._log.close()
-        self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 - held open between saves
+        self.files.write_snapshot({**tree.to_dict(), "log_gen": self._gen})
         self._lines = 0
         for obj in (*tree.nodes, *tree.edges):
             object.__setattr__(obj, "_saved", True)
 
     def load(self) -> Tree:
         """The tree as of the last save: the snapshot with the log replayed, validated as a whole."""
-        snap = read_json(self.snapshot_path, "tree file")
+        snap = self.files.read_snapshot()
         tree = Tree.from_dict(snap, source=str(self.snapshot_path))
         gen = snap.get("log_gen") if isinstance(snap, dict) else None
         replayed = 0
-        for lineno, entry in self._log_entries():
+        for lineno, entry in self.files.log_entries():
             if gen is None or entry.get("gen") != gen:
                 continue  # written before this snapshot (already in it)
             try:
@@ -457,33 +360,12 @@ class LiveTree:
             validate_tree(tree.to_dict(), f"{self.snapshot_path} + {replayed} line(s) of {self.log_path}")
         return tree
 
-    def _log_entries(self):
-        if not self.log_path.exists():
-            return
-        data = self.log_path.read_bytes()
-        lines = data.split(b"\n")
-        torn = lines.pop()  # after the last newline: empty, or a line cut by a kill
-        for lineno, raw in enumerate(lines, 1):
-            try:
-                entry = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise InputError(f"{self.log_path} line {lineno}: not valid JSON ({exc})") from None
-            if not isinstance(entry, dict):
-                raise InputError(f"{self.log_path} line {lineno}: not a JSON object")
-            yield lineno, entry
-        if torn.strip():
-            log.warning("%s: ignoring a torn last line (the save it held never completed)", self.log_path)
-
     def close(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        self.files.close()
 
     def remove(self) -> None:
         """Drop the live state (the tree was written out as tree.json)."""
-        self.close()
-        self.snapshot_path.unlink(missing_ok=True)
-        self.log_path.unlink(missing_ok=True)
+        self.files.remove()
 
 
 def _apply(tree: Tree, entry: dict) -> None:

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sftree.errors import InputError
+from sftree.records.root import read_root_meta
 from sftree.world.counters import CoralCounters
 
 
@@ -80,12 +80,7 @@ def read_root_context(root_dir: str | Path, agent_id: str | None = None) -> Root
     from sftree.runtime.folderreader import Quota, walk
 
     root_dir = Path(root_dir)
-    try:
-        meta = json.loads((root_dir / "metadata.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"{root_dir / 'metadata.json'}: root metadata cannot be read: {exc}") from None
-    if not isinstance(meta, dict):
-        raise InputError(f"{root_dir / 'metadata.json'}: expected a JSON object")
+    meta = read_root_meta(root_dir).to_dict()
     files = {}
     shared = Path(os.path.realpath(root_dir / "shared"))  # (select-roots' own top-level link, if any)
     for dfd, rel, entry in walk(shared, Quota(files=10_000_000, depth=2)):

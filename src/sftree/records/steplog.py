@@ -26,9 +26,14 @@ from sftree.errors import InputError
 from sftree.fileio import iter_jsonl
 
 ENCODING = 1
-STORE_NAME = "messages.jsonl"
+STEPS_NAME, STORE_NAME = "steps.jsonl", "messages.jsonl"
 # Earlier lines tried as the base of a request (an interleaved title or compaction call shares little).
 _LOOKBACK = 8
+
+
+def edge_steps(edge_id: str) -> str:
+    """An edge's step records, relative to its tree folder (tree.json edge `transcript`)."""
+    return f"edges/{edge_id}/{STEPS_NAME}"
 
 
 def value_id(value: Any) -> str:
@@ -102,6 +107,29 @@ class StepWriter:
             for fh in (self._store, self._steps):
                 if not fh.closed:
                     fh.close()
+
+
+class StepRecorder:
+    """One edge's step records, as every agent backend writes them: `StepWriter` with the edge id stamped on each
+    record and the model latency summed (for the edge's timing); thread-safe."""
+
+    def __init__(self, path: Path, edge_id: str):
+        self.path = Path(path)
+        self.edge_id = edge_id
+        self._writer = StepWriter(self.path)
+        self._lock = threading.Lock()
+        self.latency_s = 0.0
+        self.records = 0
+
+    def write(self, record: dict) -> None:
+        with self._lock:
+            self._writer.write({"edge": self.edge_id, **record})
+            self.latency_s += float(record.get("latency_s") or 0.0)
+            self.records += 1
+
+    def close(self) -> None:
+        with self._lock:
+            self._writer.close()
 
 
 def _load_store(path: Path) -> dict[str, Any]:

@@ -1,0 +1,73 @@
+"""What one finished edge reports to the search (`search/edge.py:run_edge` -> `search/mcts.py:tell`): a frozen,
+typed record, so the policy reads named fields and never guesses at a shape (as TreeQuest's `Trial` crosses
+ask/tell). Field names match tree.json's edge entries and their `turns`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sftree.runtime.workspace import NodeState
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """One rollout turn (ends at the first `coral eval`, or fails)."""
+
+    turn: int
+    score: float | None  # raw score of the turn's eval; None = no numeric score
+    eval_status: str | None  # improved|baseline|regressed|crashed|timeout|nothing_to_commit; None = no eval
+    commit: str | None  # the evaluated commit
+    steps: int  # model calls
+    tool_calls: int
+    tool_errors: int
+    knowledge: bool  # the turn read or wrote shared knowledge (DESIGN.md)
+    tokens: int  # context length after the turn's last step (prompt + completion tokens)
+    # eval | step_limit | timeout | no_eval | teacher_error | context_overflow | edge_error | tampered
+    ended: str
+    feedback: str = ""
+    eval_number: int | None = None  # Coral's #N
+    error: str | None = None
+    compacted: bool = (
+        False  # the session was compacted during the turn (the path's real context was replaced)
+    )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class EdgeResult:
+    """Everything the search needs about one edge; field names match tree.json's edge entries."""
+
+    edge_id: str
+    turns: list[TurnResult]
+    score: float | None  # raw score of the best numeric turn (by direction), None if no turn had one
+    valid: bool  # both turns got a numeric score
+    steps: int
+    tool_calls: int
+    tool_errors: int
+    tool_error_rate: float
+    tokens: int  # session context length after the last step
+    knowledge: bool  # both turns had a knowledge action
+    regressed_rate: float
+    child_state: NodeState | None  # state after turn 2 (also when a turn failed); None if the fork failed
+    transcript: str  # edges/<id>/steps.jsonl, relative to the tree dir
+    code_diff: str
+    knowledge_diff: str
+    error: str | None  # why the edge failed, if it did (teacher unreachable, workspace error, ...)
+    wall_s: float
+    evals: int = 0  # `coral eval` calls that produced an eval number (for the child's eval_count)
+    framework_s: float = 0.0  # wall time minus model latency and grader time (benchmarks)
+    teacher_s: float = 0.0
+    grader_s: float = 0.0
+    tampered: str | None = (
+        None  # a request broke the session's chain (agents/chain.py): no child, never trained
+    )
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["child_state"] = self.child_state.to_dict() if self.child_state else None
+        return d

@@ -1,0 +1,144 @@
+"""Each record that crosses a stage (sftree.records): what its one writer writes, its one reader reads back equal;
+a bad file is an InputError naming the file and the field (or line) that is wrong."""
+
+import json
+
+import pytest
+
+from sftree.errors import InputError
+from sftree.records import paths as paths_rec
+from sftree.records import root as root_rec
+from sftree.records import steplog
+from sftree.records import tree as tree_rec
+from sftree.search import tree as treemod
+
+ROOT_FIELDS = {
+    "eval_count": 41, "agent_id": "agent-2", "commit_hash": "ab12cd34", "eval_ok": True, "note": "ünïcode",
+    "score": 2.31, "stage": "middle", "selection_reason": "quota", "task": "circle_packing",
+    "direction": "maximize", "snapshots_pending": 3,
+}  # fmt: skip
+
+
+def test_root_metadata_round_trip_and_bytes(tmp_path):
+    path = root_rec.write_root_meta(tmp_path, ROOT_FIELDS)
+    assert path == tmp_path / "metadata.json"
+    # 2-space JSON, non-ASCII kept, one newline: the bytes select-roots has always written
+    assert path.read_text(encoding="utf-8") == json.dumps(ROOT_FIELDS, indent=2, ensure_ascii=False) + "\n"
+    meta = root_rec.read_root_meta(tmp_path)
+    assert meta.to_dict() == ROOT_FIELDS and list(meta.to_dict()) == list(ROOT_FIELDS)
+    assert (meta.task, meta.direction, meta.score, meta.eval_count, meta.stage, meta.snapshots_pending) == (
+        "circle_packing", "maximize", 2.31, 41, "middle", 3)  # fmt: skip
+    with pytest.raises(TypeError):
+        meta.fields["score"] = 0.0  # the record read is read-only
+
+
+def test_root_metadata_is_a_new_file_not_the_snapshots(tmp_path):
+    snap, root = tmp_path / "snap", tmp_path / "root"
+    snap.mkdir()
+    root.mkdir()
+    root_rec.write_root_meta(snap, {"eval_count": 1})
+    (root / "metadata.json").hardlink_to(snap / "metadata.json")
+    root_rec.write_root_meta(root, {"eval_count": 1, "stage": "late"})
+    assert root_rec.read_root_meta(snap).to_dict() == {"eval_count": 1}
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [("{not json", "is not valid JSON"), ("[1, 2]", "must hold a JSON object, not list")],
+)
+def test_bad_root_metadata_names_the_file(tmp_path, text, needle):
+    (tmp_path / "metadata.json").write_text(text)
+    with pytest.raises(InputError, match=needle) as err:
+        root_rec.read_root_meta(tmp_path)
+    assert str(tmp_path / "metadata.json") in str(err.value)
+    with pytest.raises(InputError, match="root metadata not found"):
+        root_rec.read_root_meta(tmp_path / "missing")
+
+
+@pytest.mark.parametrize(
+    ("links", "field"),
+    [
+        ([], "`root_links` must be an object"),
+        ({"source": "relative/snap", "entries": {}}, "`root_links.source` must be an absolute path"),
+        ({"source": "/abs/snap", "entries": {"code": 1}}, "`root_links.entries` must map paths"),
+    ],
+)
+def test_bad_root_links_name_the_file_and_field(tmp_path, links, field):
+    root_rec.write_root_meta(tmp_path, {"root_links": links})
+    with pytest.raises(InputError, match=field) as err:
+        root_rec.read_root_meta(tmp_path).links()
+    assert str(tmp_path / "metadata.json") in str(err.value)
+    with pytest.raises(InputError, match=field):
+        root_rec.verify_root(tmp_path)  # what explore's preflight runs
+    root_rec.write_root_meta(
+        tmp_path, {"root_links": {"source": "/abs/snap", "entries": {"code": "1:2:3:4"}}}
+    )
+    assert root_rec.read_root_meta(tmp_path).links() == ("/abs/snap", {"code": "1:2:3:4"})
+
+
+def _tree_doc() -> dict:
+    t = treemod.Tree.new("t", "eval-000001-agent-1-abc", "minimize", treemod.SearchParams(), 1.5,
+                         {"code_commit": "c0", "knowledge_commit": "k0", "session": None}, 10)  # fmt: skip
+    return t.to_dict()
+
+
+def test_tree_round_trip_and_schema_check(tmp_path):
+    doc = _tree_doc()
+    path = tree_rec.final_path(tmp_path)
+    tree_rec.write_tree(path, doc)
+    assert tree_rec.read_tree(path) == doc
+    assert treemod.load(path).to_dict() == doc
+    bad = json.loads(json.dumps(doc))
+    bad["nodes"][0]["depth"] = "zero"
+    tree_rec.write_tree(path, bad)
+    with pytest.raises(InputError) as err:
+        tree_rec.read_tree(path)
+    assert str(path) in str(err.value) and "nodes.0.depth" in str(err.value)
+    assert tree_rec.read_tree(path, check=False) == bad  # a reader that takes whatever is there
+
+
+def test_live_files_round_trip_and_a_bad_line_names_file_and_line(tmp_path):
+    live = tree_rec.LiveFiles(tmp_path)
+    live.write_snapshot({**_tree_doc(), "log_gen": "g1"})
+    entries = [{"gen": "g1", "n": i} for i in range(3)]
+    for e in entries:
+        live.append(e)
+    live.close()
+    assert live.read_snapshot()["log_gen"] == "g1"
+    assert [e for _n, e in live.log_entries()] == entries
+    with open(live.log_path, "a", encoding="utf-8") as fh:
+        fh.write("[1]\n")
+    with pytest.raises(InputError, match=r"tree\.log\.jsonl line 4: not a JSON object"):
+        list(live.log_entries())
+    live.remove()
+    assert not live.exists() and not live.log_path.exists()
+
+
+def test_steps_round_trip(tmp_path):
+    path = tmp_path / steplog.edge_steps("e1")
+    rec = steplog.StepRecorder(path, "e1")
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    records = [
+        {"turn": 1, "step": 1, "kind": "agent", "request": {"model": "m", "messages": msgs},
+         "response": {"role": "assistant", "content": "a"}, "latency_s": 0.5},
+        {"turn": 1, "step": 2, "kind": "agent",
+         "request": {"model": "m", "messages": [*msgs, {"role": "assistant", "content": "a"}]},
+         "response": None, "error": "boom", "latency_s": 0.25},
+    ]  # fmt: skip
+    for r in records:
+        rec.write(r)
+    rec.close()
+    assert steplog.read_steps(path) == [{"edge": "e1", **r} for r in records]
+    assert rec.latency_s == 0.75 and rec.records == 2
+
+
+def test_paths_round_trip_and_missing_list_named(tmp_path):
+    doc = {"version": paths_rec.PATHS_VERSION, "task": "t", "root": "r", "paths": [{"rank": 1, "leaf": "n3"}],
+           "excluded": []}  # fmt: skip
+    path = paths_rec.paths_path(tmp_path)
+    paths_rec.write_paths(path, doc)
+    assert paths_rec.read_paths(path) == doc
+    path.write_text(json.dumps({"version": 1}))
+    with pytest.raises(InputError, match=r"paths\.json: no `paths` list") as err:
+        paths_rec.read_paths(path)
+    assert str(path) in str(err.value)
