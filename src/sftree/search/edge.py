@@ -293,6 +293,28 @@ def first_prompt(ctx: EdgeContext, messages: list[dict], last: dict | None, coun
     return w.restart_prompt(counters)
 
 
+@dataclass
+class _Session:
+    """What one edge's session came to: its turns, and why it stopped early (if it did)."""
+
+    turns: list[TurnResult] = field(default_factory=list)
+    last: dict | None = None  # the host's record of the last turn (the next turn's prompt is built from it)
+    child: NodeState | None = None
+    error: str | None = None
+    overflow: str | None = None  # why the session could not go on (context_overflow), if it could not
+    tampered: str | None = None
+    messages: list[dict] = field(default_factory=list)  # the session as the agent left it
+
+    def unrun_ending(self) -> str:
+        """How a turn that never ran is recorded: after a Teacher outage it is one; after a broken workspace it
+        is not (the search treats only the first as a reason to stop)."""
+        if self.tampered:
+            return "tampered"
+        if any(t.ended == "teacher_error" for t in self.turns):
+            return "teacher_error"
+        return "context_overflow" if self.overflow else ("edge_error" if self.error else "no_eval")
+
+
 def run_edge(
     ctx: EdgeContext,
     parent: NodeState,
@@ -309,31 +331,19 @@ def run_edge(
     Coral's counts (the eval number, the agent's best, the plateau) come from the node's counters
     (`NodeState.counters`; the root's from its attempt records); `eval_count` is kept for callers that pass it.
     """
-    from sftree.agents.base import TurnRun
-    from sftree.agents.prompts import turn_record
     from sftree.runtime.sandbox import UIDS
 
     t0 = time.monotonic()
     edge_dir = ctx.tree_dir / "edges" / edge_id
     edge_dir.mkdir(parents=True, exist_ok=True)
     transcript = ctx.tree_dir / edge_steps(edge_id)
-    session_rel = f"sessions/{edge_id}.json"
-    turns: list[TurnResult] = []
-    error: str | None = None
-    overflow: str | None = None  # why the session could not go on (context_overflow), if it could not
-    child: NodeState | None = None
-    tampered: str | None = None
-    ws = None
-    server = None
-    runtime = None
+    session = _Session()
+    ws = server = runtime = None
     uid = UIDS.acquire() if ctx.mode == "bwrap" else None
     recorder = StepRecorder(transcript, edge_id)
     try:
         probe_agent(ctx)  # OpenCode's pristine session, once per tree (explore asks for it before any edge)
-        ws, runtime, server, box = open_world(ctx, parent, edge_id, uid)
-        instructions = ctx.world.instructions()
-        messages = list(ws.session)
-        last = ws.last_turn  # the host's record of the parent's last turn (never text from the session)
+        ws, runtime, server, box = open_world(ctx, parent, edge_id, uid)  # fork
         headers = {
             "X-Sftree-Tree": ctx.tree_name,
             "X-Sftree-Edge": edge_id,
@@ -341,70 +351,11 @@ def run_edge(
             "X-Sftree-Attempt": str(attempt),
             "X-Sftree-Session": parent.session or "fresh",
         }
-        for turn in range(1, _TURNS + 1):
-            prompt = first_prompt(ctx, messages, last, runtime.counters)
-            run = TurnRun(
-                workspace=ws,
-                box=box,
-                coral=runtime,
-                messages=messages,
-                prompt=prompt,
-                turn=turn,
-                headers={**headers, "X-Sftree-Turn": str(turn)},
-                recorder=recorder,
-                agent_cfg=ctx.agent_cfg,
-                task_cfg=ctx.task_cfg,
-                instructions=instructions,
-                context_used=turns[-1].tokens if turns else 0,
-                final=turn == _TURNS,
-            )
-            runtime.open_turn()
-            outcome = ctx.agent.run_turn(run)
-            ev = outcome.eval
-            if ev is not None and ev.commit and outcome.ended != "tampered":
-                # The turn's end state is what its eval graded, whatever ran after it (DESIGN.md).
-                restored = ws.restore(ev.commit, (ev.record or {}).get("shared_state_hash"))
-                if restored:
-                    log.warning("edge %s turn %d: %s changed after the eval, put back", edge_id, turn,
-                                " and ".join(restored))  # fmt: skip
-            turns.append(
-                TurnResult(
-                    turn=turn,
-                    score=ev.score if ev else None,
-                    eval_status=ev.status if ev else None,
-                    commit=ev.commit if ev else None,
-                    steps=outcome.steps,
-                    tool_calls=outcome.tool_calls,
-                    tool_errors=outcome.tool_errors,
-                    knowledge=outcome.knowledge,
-                    tokens=outcome.tokens,
-                    ended=outcome.ended,
-                    feedback=ev.feedback if ev else (outcome.error or ""),
-                    eval_number=ev.number if ev else None,
-                    error=outcome.error,
-                    compacted=bool(getattr(outcome, "compacted", False)),
-                )
-            )
-            if outcome.ended == "tampered":
-                tampered = outcome.error or "tampered"
-                break  # the session is not the one the Teacher and the host made: nothing of it goes on
-            last = turn_record(ev, outcome.ended)
-            ws.commit_knowledge(f"sftree: {edge_id} turn {turn}")
-            if outcome.ended == "teacher_error":
-                error = outcome.error
-                break  # the Teacher is down past the retry budget: a third request would fail too
-            if outcome.ended == "context_overflow":
-                overflow = outcome.error
-                break  # the session is full: the next turn could not send a single request
-        if tampered is None:
-            write_json_atomic(edge_dir / LAST_TURN, last)  # before the session: a fork needs both
-            write_json_atomic(ctx.tree_dir / session_rel, messages, indent=None)
-            child = ws.state(session_rel, counters=runtime.counters.to_dict())
-        else:
-            error = f"tampered: {tampered}"
+        _run_turns(ctx, session, ws, box, runtime, recorder, headers, edge_id)
+        _persist_session(ctx, session, ws, runtime, edge_dir, edge_id)
     except Exception as exc:  # noqa: BLE001 - an edge never takes the search down; the error is recorded
         log.exception("edge %s failed", edge_id)
-        error = f"{type(exc).__name__}: {exc}"
+        session.error = f"{type(exc).__name__}: {exc}"
     finally:
         recorder.close()
         if server is not None:
@@ -413,53 +364,145 @@ def run_edge(
             ctx.agent.end_edge(edge_id)
         except Exception:  # noqa: BLE001 - releasing must not turn a finished edge into a failed one
             log.exception("edge %s: releasing the agent's per-edge holdings failed", edge_id)
-    while len(turns) < _TURNS:
-        turns.append(
-            TurnResult(
-                turn=len(turns) + 1,
-                score=None,
-                eval_status=None,
-                commit=None,
-                steps=0,
-                tool_calls=0,
-                tool_errors=0,
-                knowledge=False,
-                tokens=0,
-                # not run: after a Teacher outage it is one; after a broken workspace it is not (the search
-                # treats only the first as a reason to stop)
-                ended=(
-                    "tampered"
-                    if tampered
-                    else "teacher_error"
-                    if any(t.ended == "teacher_error" for t in turns)
-                    else ("context_overflow" if overflow else ("edge_error" if error else "no_eval"))
-                ),
-                error=error or overflow,
-            )
-        )
-    code_diff = edge_dir / "code.diff"
-    knowledge_diff = edge_dir / "knowledge.diff"
+    while len(session.turns) < _TURNS:
+        session.turns.append(_unrun_turn(len(session.turns) + 1, session))
     try:
-        if child is not None:
-            write_text_atomic(code_diff, ctx.store.diff("code", parent.code_commit, child.code_commit))
-            write_text_atomic(
-                knowledge_diff, ctx.store.diff("knowledge", parent.knowledge_commit, child.knowledge_commit)
-            )
-        else:
-            write_text_atomic(code_diff, "")
-            write_text_atomic(knowledge_diff, "")
+        _write_diffs(ctx, parent, session.child, edge_dir)
     finally:
         if ws is not None and not ctx.keep_workspaces:
             ws.close()
         UIDS.release(uid)
+    result = _measure(ctx, session, edge_id, parent_score, transcript, edge_dir, recorder, runtime, t0)
+    log.info(
+        "edge %s: score=%s valid=%s steps=%d tool_errors=%d/%d tokens=%d %.1fs%s",
+        edge_id,
+        result.score,
+        result.valid,
+        result.steps,
+        result.tool_errors,
+        result.tool_calls,
+        result.tokens,
+        result.wall_s,
+        f" error={session.error}" if session.error else "",
+    )
+    return result
+
+
+def _run_turns(ctx: EdgeContext, session: _Session, ws, box, runtime, recorder, headers: dict, edge_id: str):
+    """The edge's turns in one session, each ending in the host's grading; stops early when the session cannot
+    go on (forged, the Teacher down, the context full)."""
+    from sftree.agents.base import TurnRun
+    from sftree.agents.prompts import turn_record
+
+    instructions = ctx.world.instructions()
+    messages = session.messages = list(ws.session)  # the agent adds to it as the session goes on
+    session.last = ws.last_turn  # the host's record of the parent's last turn (never text from the session)
+    for turn in range(1, _TURNS + 1):
+        run = TurnRun(
+            workspace=ws,
+            box=box,
+            coral=runtime,
+            messages=messages,
+            prompt=first_prompt(ctx, messages, session.last, runtime.counters),
+            turn=turn,
+            headers={**headers, "X-Sftree-Turn": str(turn)},
+            recorder=recorder,
+            agent_cfg=ctx.agent_cfg,
+            task_cfg=ctx.task_cfg,
+            instructions=instructions,
+            context_used=session.turns[-1].tokens if session.turns else 0,
+            final=turn == _TURNS,
+        )
+        runtime.open_turn()
+        outcome = ctx.agent.run_turn(run)
+        ev = outcome.eval
+        if ev is not None and ev.commit and outcome.ended != "tampered":
+            # The turn's end state is what its eval graded, whatever ran after it (DESIGN.md).
+            restored = ws.restore(ev.commit, (ev.record or {}).get("shared_state_hash"))
+            if restored:
+                log.warning("edge %s turn %d: %s changed after the eval, put back", edge_id, turn,
+                            " and ".join(restored))  # fmt: skip
+        session.turns.append(_turn_result(turn, outcome))
+        if outcome.ended == "tampered":
+            session.tampered = outcome.error or "tampered"
+            return  # the session is not the one the Teacher and the host made: nothing of it goes on
+        session.last = turn_record(ev, outcome.ended)
+        ws.commit_knowledge(f"sftree: {edge_id} turn {turn}")
+        if outcome.ended == "teacher_error":
+            session.error = outcome.error
+            return  # the Teacher is down past the retry budget: a third request would fail too
+        if outcome.ended == "context_overflow":
+            session.overflow = outcome.error
+            return  # the session is full: the next turn could not send a single request
+
+
+def _turn_result(turn: int, outcome) -> TurnResult:
+    ev = outcome.eval
+    return TurnResult(
+        turn=turn,
+        score=ev.score if ev else None,
+        eval_status=ev.status if ev else None,
+        commit=ev.commit if ev else None,
+        steps=outcome.steps,
+        tool_calls=outcome.tool_calls,
+        tool_errors=outcome.tool_errors,
+        knowledge=outcome.knowledge,
+        tokens=outcome.tokens,
+        ended=outcome.ended,
+        feedback=ev.feedback if ev else (outcome.error or ""),
+        eval_number=ev.number if ev else None,
+        error=outcome.error,
+        compacted=bool(getattr(outcome, "compacted", False)),
+    )
+
+
+def _unrun_turn(turn: int, session: _Session) -> TurnResult:
+    return TurnResult(
+        turn=turn,
+        score=None,
+        eval_status=None,
+        commit=None,
+        steps=0,
+        tool_calls=0,
+        tool_errors=0,
+        knowledge=False,
+        tokens=0,
+        ended=session.unrun_ending(),
+        error=session.error or session.overflow,
+    )
+
+
+def _persist_session(ctx: EdgeContext, session: _Session, ws, runtime, edge_dir: Path, edge_id: str) -> None:
+    """Save the session and its last turn's record, and make the child's state; a forged session makes none."""
+    if session.tampered is not None:
+        session.error = f"tampered: {session.tampered}"
+        return
+    session_rel = f"sessions/{edge_id}.json"
+    write_json_atomic(edge_dir / LAST_TURN, session.last)  # before the session: a fork needs both
+    write_json_atomic(ctx.tree_dir / session_rel, session.messages, indent=None)
+    session.child = ws.state(session_rel, counters=runtime.counters.to_dict())
+
+
+def _write_diffs(ctx: EdgeContext, parent: NodeState, child: NodeState | None, edge_dir: Path) -> None:
+    """The edge's code and knowledge diffs against its parent (empty for an edge that made no child)."""
+    for kind, parent_commit, child_commit in (
+        ("code", parent.code_commit, child.code_commit if child else None),
+        ("knowledge", parent.knowledge_commit, child.knowledge_commit if child else None),
+    ):
+        text = ctx.store.diff(kind, parent_commit, child_commit) if child is not None else ""
+        write_text_atomic(edge_dir / f"{kind}.diff", text)
+
+
+def _measure(ctx, session: _Session, edge_id, parent_score, transcript, edge_dir, recorder, runtime, t0):
+    """The edge's measurements (section 1.4's raw ingredients) from its turns."""
+    turns = session.turns
     scores = [t.score for t in turns]
     calls = sum(t.tool_calls for t in turns)
     errors = sum(t.tool_errors for t in turns)
     wall = time.monotonic() - t0
     teacher_s = recorder.latency_s
     grader_s = runtime.grader_s if runtime is not None else 0.0
-    last_tokens = next((t.tokens for t in reversed(turns) if t.steps), 0)
-    result = EdgeResult(
+    return EdgeResult(
         edge_id=edge_id,
         turns=turns,
         score=best_of(scores, ctx.direction),
@@ -468,31 +511,18 @@ def run_edge(
         tool_calls=calls,
         tool_errors=errors,
         tool_error_rate=tool_error_rate(calls, errors),
-        tokens=last_tokens,
+        tokens=next((t.tokens for t in reversed(turns) if t.steps), 0),
         knowledge=all(t.knowledge for t in turns),
         regressed_rate=regressed_rate(parent_score, scores, ctx.direction),
-        child_state=child,
+        child_state=session.child,
         transcript=str(transcript.relative_to(ctx.tree_dir)),
-        code_diff=str(code_diff.relative_to(ctx.tree_dir)),
-        knowledge_diff=str(knowledge_diff.relative_to(ctx.tree_dir)),
-        error=error,
+        code_diff=str((edge_dir / "code.diff").relative_to(ctx.tree_dir)),
+        knowledge_diff=str((edge_dir / "knowledge.diff").relative_to(ctx.tree_dir)),
+        error=session.error,
         wall_s=wall,
         evals=sum(1 for t in turns if t.eval_number is not None),
         framework_s=max(0.0, wall - teacher_s - grader_s),
         teacher_s=teacher_s,
         grader_s=grader_s,
-        tampered=tampered,
+        tampered=session.tampered,
     )
-    log.info(
-        "edge %s: score=%s valid=%s steps=%d tool_errors=%d/%d tokens=%d %.1fs%s",
-        edge_id,
-        result.score,
-        result.valid,
-        result.steps,
-        errors,
-        calls,
-        result.tokens,
-        wall,
-        f" error={error}" if error else "",
-    )
-    return result
