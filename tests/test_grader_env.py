@@ -171,7 +171,8 @@ def test_failed_build_is_not_reused(tmp_path):
 
 def test_import_coral_never_touches_grader_venv(tmp_path):
     """import-coral reads a run whose task used a packaged grader: its .coral/private/grader_venv (here a FIFO that
-    would block a reader, a Python that leaves a mark when run, a link loop) is never read or executed."""
+    would block a reader, a Python that leaves a mark when run, a link loop, links out of the run to a FIFO and to
+    a marked file) is never read or executed."""
     from helpers_coralrun import build_run, simple_specs
 
     from sftree.roots.import_coral import run_import
@@ -186,9 +187,17 @@ def test_import_coral_never_touches_grader_venv(tmp_path):
         (venv / "bin" / name).chmod(0o755)
     os.mkfifo(venv / "pyvenv.cfg")
     (venv / "loop").symlink_to(venv / "loop")
+    outside = tmp_path / "outside"  # links out of the run: a FIFO (a reader blocks) and a file with a mark
+    outside.mkdir()
+    os.mkfifo(outside / "fifo")
+    (outside / "secret.txt").write_text("CANARY-grader-venv-outside\n")
+    (venv / "lib").symlink_to(outside)
+    (venv / "bin" / "activate").symlink_to(outside / "fifo")
     result = run_import(built.run, tmp_path / "snaps" / "demo")
     assert sum(result.actions.values()) >= 4 and not mark.exists()
+    written = [p for p in (tmp_path / "snaps").rglob("*") if p.is_file() and not p.is_symlink()]
     assert not any("grader_venv" in str(p) for p in (tmp_path / "snaps").rglob("*"))
+    assert not any(b"CANARY-grader-venv-outside" in p.read_bytes() for p in written)
 
 
 def _site_listing(python: str) -> list[str]:
