@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sftree.world.grader_env import find_uv
+
 REPO = Path(__file__).resolve().parents[1]
 CORAL_SRC = Path(os.environ.get("CORAL_SRC", REPO.parent / "shared" / "coral"))
 VENV = REPO / ".venv-coral"
@@ -92,10 +94,12 @@ def coral_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def example_task(name: str, dest: Path, overrides: dict) -> Path:
-    """A writable copy of Coral's example task `name` (examples/<name>: task.yaml, eval/, seed/) with the keys of
-    `overrides` merged into its task.yaml (nested dicts merged, other values replaced); the task folder."""
-    shutil.copytree(CORAL_SRC / "examples" / name, dest)
+def example_task(name: str | Path, dest: Path, overrides: dict) -> Path:
+    """A writable copy of Coral's example task `name` (examples/<name>: task.yaml, eval/, seed/), or of the task
+    folder `name` when it is a Path, with the keys of `overrides` merged into its task.yaml (nested dicts merged,
+    other values replaced); the task folder."""
+    src = name if isinstance(name, Path) else CORAL_SRC / "examples" / name
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     for p in [dest, *dest.rglob("*")]:
         p.chmod(p.stat().st_mode | 0o200)  # the copy in ../shared is read-only
 
@@ -125,7 +129,7 @@ QUIET_AGENTS = {
 
 
 class CoralRun:
-    """`coral start` of a copy of Coral's example task with scripted agents, in the background.
+    """`coral start` of a copy of Coral's example task (or of a task folder) with scripted agents, in the background.
 
         with CoralRun(base, "circle_packing", plan) as run:
             run.wait(lambda records: ...)      # poll .coral/public/attempts until the predicate holds
@@ -137,7 +141,7 @@ class CoralRun:
     their own process group, which is killed on exit whatever happened."""
 
     def __init__(
-        self, base: Path, task: str, plan: dict, grader_timeout: int = 120, extra: dict | None = None
+        self, base: Path, task: str | Path, plan: dict, grader_timeout: int = 120, extra: dict | None = None
     ):
         self.base = Path(base)
         self.home = self.base / "home"
@@ -167,7 +171,11 @@ class CoralRun:
         self.log = self.base / "coral-start.log"
 
     def env(self) -> dict[str, str]:
-        return coral_env(self.home, PYTHONPATH=str(AGENTS_DIR))
+        env = coral_env(self.home, PYTHONPATH=str(AGENTS_DIR))
+        uv = find_uv()  # Coral's setup_grader_env runs `uv` from PATH (a packaged grader's task)
+        if uv:
+            env["PATH"] = f"{env['PATH']}{os.pathsep}{Path(uv).parent}"
+        return env
 
     def __enter__(self) -> CoralRun:
         with open(self.log, "wb") as log:

@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from coral_helpers import coral_config, coral_python
+from coral_helpers import coral_config, coral_python, grading_worlds, install_for
 from helpers_examples import EXAMPLES
 
 from sftree.runtime.sandbox import bwrap_works
@@ -16,18 +16,11 @@ from sftree.world.grading import grade as world_grade
 from sftree.world.task import load_coral_task
 
 SANDBOX = "bwrap" if bwrap_works() else "none"
-KINDS = [pytest.param(None, id="stand-in")]
-if coral_python():
-    KINDS.append(pytest.param("coral", id="coral", marks=pytest.mark.coral))
 
 
-@pytest.fixture(params=KINDS)
+@pytest.fixture(params=grading_worlds())
 def install(request):
-    if request.param is None:
-        return None
-    from sftree.world.locate import locate
-
-    return locate(coral_config())
+    return install_for(request.param)
 
 
 def grade(task, tmp_path, source=None, install=None):
@@ -38,8 +31,6 @@ def grade(task, tmp_path, source=None, install=None):
     else:
         (code / "solution.py").write_text(textwrap.dedent(source))
     spec = load_coral_task(EXAMPLES / task, task)
-    if spec.entrypoint and install is not None and not (Path(install.root) / "pyproject.toml").is_file():
-        pytest.skip("packaged grader: Coral's setup_grader_env needs a Coral installed from its source tree")
     r = world_grade(spec, code, commit="e" * 40, install=install, sandbox=SANDBOX)
     return r, {"score": r.score, "feedback": r.feedback}
 
@@ -138,3 +129,20 @@ def test_starting_code_scores_and_constants_matter(tmp_path, install):
     )
     _, better = grade("tsp", tmp_path, src, install)
     assert better["score"] < tsp["score"] - 20
+
+
+@pytest.mark.coral
+@pytest.mark.skipif(not coral_python() or SANDBOX != "bwrap", reason="needs the real Coral and bubblewrap")
+def test_coral_python_through_a_linked_folder_grades(tmp_path):
+    """`coral.python` given through a linked folder (a venv reached by a symlink, as a worktree's .venv-coral):
+    the sandbox shows the resolved folders only, so the interpreter it runs must be named by its resolved folder."""
+    from sftree.world.locate import locate
+
+    link = tmp_path / "linked-venv"
+    link.symlink_to(Path(coral_python()).parent.resolve().parent)
+    inst = locate(coral_config(python=str(link / "bin" / "python")))
+    spec = load_coral_task(EXAMPLES / "circle_packing", "circle_packing")
+    r = world_grade(
+        spec, EXAMPLES / "circle_packing" / "seed", commit="e" * 40, install=inst, sandbox=SANDBOX
+    )
+    assert r.status == "scored", r.feedback

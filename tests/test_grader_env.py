@@ -1,8 +1,9 @@
 """Packaged Coral graders (task.yaml `grader.entrypoint` + `grader.setup`, sftree.world.grader_env): the task loads,
 its grader venv is built once and reused (cache outside results/, keyed by the grader section and files), graded
 code cannot see the venv or the grader package, and a bad entrypoint or setup is one line naming the task folder,
-the field and the cause (`sftree grader-env`, the workflow's preflight). With the stand-in; with the real Coral
-where it is a source install (Coral's setup_grader_env installs Coral editable from its source root)."""
+the field and the cause (`sftree grader-env`, the workflow's preflight). With the stand-in, and with the real Coral
+where it is installed (scripts/install_coral.sh: editable, from a source root, which Coral's setup_grader_env
+installs into each grader venv)."""
 
 import os
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from coral_helpers import coral_config, coral_python
+from coral_helpers import coral_python, grading_worlds, install_for
 
 from sftree.errors import InputError
 from sftree.runtime.sandbox import bwrap_works
@@ -45,36 +46,9 @@ print(len(seen) + 10 * (sys.executable.find("grader_venv") >= 0))
 """
 
 
-def _coral_source_install():
-    py = coral_python()
-    if not py:
-        return None
-    from sftree.world.locate import locate
-
-    inst = locate(coral_config())
-    return inst if (Path(inst.root) / "pyproject.toml").is_file() else None
-
-
-KINDS = [pytest.param(None, id="stand-in")]
-KINDS.append(
-    pytest.param(
-        "coral",
-        id="coral",
-        marks=[
-            pytest.mark.coral,
-            pytest.mark.skipif(
-                _coral_source_install() is None,
-                reason="no real Coral installed from its source tree (Coral's setup_grader_env installs Coral "
-                "editable from the folder holding the coral package; .venv-coral is a non-editable install)",
-            ),
-        ],
-    )
-)
-
-
-@pytest.fixture(params=KINDS)
+@pytest.fixture(params=grading_worlds())
 def install(request):
-    return None if request.param is None else _coral_source_install()
+    return install_for(request.param)
 
 
 def make_task(base: Path, setup=None, entry="mygrader.grader:Grader") -> Path:
@@ -197,7 +171,8 @@ def test_failed_build_is_not_reused(tmp_path):
 
 def test_import_coral_never_touches_grader_venv(tmp_path):
     """import-coral reads a run whose task used a packaged grader: its .coral/private/grader_venv (here a FIFO that
-    would block a reader, a Python that leaves a mark when run, a link loop) is never read or executed."""
+    would block a reader, a Python that leaves a mark when run, a link loop, links out of the run to a FIFO and to
+    a marked file) is never read or executed."""
     from helpers_coralrun import build_run, simple_specs
 
     from sftree.roots.import_coral import run_import
@@ -212,6 +187,37 @@ def test_import_coral_never_touches_grader_venv(tmp_path):
         (venv / "bin" / name).chmod(0o755)
     os.mkfifo(venv / "pyvenv.cfg")
     (venv / "loop").symlink_to(venv / "loop")
+    outside = tmp_path / "outside"  # links out of the run: a FIFO (a reader blocks) and a file with a mark
+    outside.mkdir()
+    os.mkfifo(outside / "fifo")
+    (outside / "secret.txt").write_text("CANARY-grader-venv-outside\n")
+    (venv / "lib").symlink_to(outside)
+    (venv / "bin" / "activate").symlink_to(outside / "fifo")
     result = run_import(built.run, tmp_path / "snaps" / "demo")
     assert sum(result.actions.values()) >= 4 and not mark.exists()
+    written = [p for p in (tmp_path / "snaps").rglob("*") if p.is_file() and not p.is_symlink()]
     assert not any("grader_venv" in str(p) for p in (tmp_path / "snaps").rglob("*"))
+    assert not any(b"CANARY-grader-venv-outside" in p.read_bytes() for p in written)
+
+
+def _site_listing(python: str) -> list[str]:
+    out = subprocess.run(
+        [python, "-c", "import site, os; print('\\n'.join(sorted(os.listdir(site.getsitepackages()[0]))))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.split()
+
+
+@pytest.mark.coral
+def test_building_leaves_corals_own_environment_alone(tmp_path):
+    """Coral's setup_grader_env installs into the grader venv only (VIRTUAL_ENV): nothing sftree passes to it (an
+    interpreter choice for `uv venv`) may send `uv pip install` into the interpreter Coral itself runs on."""
+    if coral_python() is None:
+        pytest.skip("the real Coral is not installed")
+    install = install_for("coral")
+    before = _site_listing(install.python)
+    venv = grader_env.preflight(spec_for(make_task(tmp_path), tmp_path / "cache"), install)
+    assert _site_listing(install.python) == before
+    assert any(n.startswith("mygrader") for n in _site_listing(str(venv.python)))

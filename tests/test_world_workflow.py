@@ -1,6 +1,9 @@
 """Coral's own example tasks through the whole workflow, unchanged (`coral_task: ../shared/coral/examples/<task>`),
 in the real Coral's world: a small Student run of the task's seed, then select_roots, explore (teacher-sim, each
-eval graded by the task's own TaskGrader through the installed Coral), select_paths, export and report."""
+eval graded by the task's own TaskGrader through the installed Coral), select_paths, export and report. Also a task
+in Coral's packaged form (examples/tsp: `grader.entrypoint` + `grader.setup` installing its grader package from the
+task folder), whose evals are graded again by Coral's own daemon (`_grade_one`) in a `coral start` run of the same
+task: the same scores."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from coral_helpers import CORAL_SRC, coral_python, needs_coral
+from coral_helpers import CORAL_SRC, CoralRun, coral_python, coral_run, needs_coral
 
 from sftree.runtime.sandbox import bwrap_works
 
@@ -32,11 +35,24 @@ TASKS = {
         "student": "claude/claude-opus-4-6",
     },  # its agents.model, for Coral's opencode runtime
 }
+PACKAGED = {
+    "tsp": {
+        "source": REPO / "examples" / "tsp",  # sftree's example in Coral's packaged form
+        "scores": [895.0, 890.0, 880.0, 870.0, 860.0, 850.0, 845.0, 845.0],
+        "reads": [],
+        "student": "openai/gpt-5",  # task.yaml names no model: Coral's default for opencode
+    }
+}
+TASKS.update(PACKAGED)
+
+
+def task_dir(task: str) -> Path:
+    return TASKS[task].get("source") or CORAL_SRC / "examples" / task
 
 
 def student_run(out: Path, task: str) -> None:
     """Eight snapshots of one agent's run on the task's seed code (the shape `sftree import-coral` makes)."""
-    seed = CORAL_SRC / "examples" / task / "seed"
+    seed = task_dir(task) / "seed"
     attempts = []
     for i, score in enumerate(TASKS[task]["scores"], 1):
         sha = hashlib.sha1(f"{task}{i}".encode()).hexdigest()
@@ -68,10 +84,8 @@ def test_corals_example_runs_through_the_workflow(tmp_path, task):
     cfg.update(
         snapshots=str(tmp_path / "snaps"),
         results=str(tmp_path / "results"),
-        tasks={
-            task: {"coral_task": str(CORAL_SRC / "examples" / task), "graded_can_read": TASKS[task]["reads"]}
-        },
-        coral={"mode": "coral", "python": coral_python()},
+        tasks={task: {"coral_task": str(task_dir(task)), "graded_can_read": TASKS[task]["reads"]}},
+        coral={"mode": "coral", "python": coral_python(), "grader_venv_cache": str(tmp_path / "venvs")},
     )
     cfg["select_roots"] = {"num_roots": 1}
     cfg["agent"] = {**cfg["agent"], "sandbox": "auto" if bwrap_works() else "none"}
@@ -93,7 +107,8 @@ def test_corals_example_runs_through_the_workflow(tmp_path, task):
     trees = list((tmp_path / "results" / task / "trees").glob("*/tree.json"))
     assert len(trees) == 1
     tree = json.loads(trees[0].read_text())
-    assert tree["direction"] == ("minimize" if task == "kernel_builder" else "maximize")
+    task_yaml = yaml.safe_load((task_dir(task) / "task.yaml").read_text())
+    assert tree["direction"] == task_yaml["grader"].get("direction", "maximize")
     turns = [t for e in tree["edges"] for t in e["turns"]]
     assert turns and any(t["eval_number"] is not None for t in turns), turns
     graded = [t for t in turns if t["eval_number"] is not None]
@@ -102,8 +117,49 @@ def test_corals_example_runs_through_the_workflow(tmp_path, task):
 
     steps = read_steps(trees[0].parent / "edges" / tree["edges"][0]["id"] / "steps.jsonl")
     system = steps[0]["request"]["messages"][0]["content"]
-    title = yaml.safe_load((CORAL_SRC / "examples" / task / "task.yaml").read_text())["task"]["name"]
+    title = task_yaml["task"]["name"]
     assert f"# Task: {title}" in system and "## Tips" in system  # Coral's CORAL.md, rendered by Coral
     # the real OpenCode (the default backend), its system prompt built for the Student's model id
     assert tree["backend"] == "opencode" and f"The exact model ID is {TASKS[task]['student']}" in system
     assert (tmp_path / "results" / "sft.jsonl").exists() and (tmp_path / "results" / "report.html").exists()
+    if task in PACKAGED:
+        # each eval's score is what Coral's own grader daemon gives the same commit
+        code_git = trees[0].parent / "store" / "code.git"
+        mine = {t["commit"]: t["score"] for t in graded}
+        assert mine and all(v is not None for v in mine.values()), graded
+        theirs = corals_scores(tmp_path / "coral", task_dir(task), code_git, sorted(mine))
+        print(f"scores: sftree {mine}, Coral's daemon {theirs}")
+        assert theirs == mine
+
+
+# Run in Coral's interpreter: Coral's daemon grading each commit as a pending attempt of agent-1.
+GRADE_ONE = """
+import json, sys
+from pathlib import Path
+from coral.config import CoralConfig
+from coral.grader.daemon import _grade_one
+from coral.types import Attempt
+coral_dir = Path(sys.argv[1])
+config_path = coral_dir / "config.yaml"
+config = CoralConfig.from_yaml(config_path)
+out = {}
+for c in json.loads(sys.argv[2]):
+    a = Attempt(commit_hash=c, agent_id="agent-1", title="t", score=None, status="pending", parent_hash=None,
+                timestamp="2026-05-01T10:00:00+00:00")
+    out[c] = _grade_one(a, config_path, coral_dir, config).score
+print(json.dumps(out))
+"""
+
+
+def corals_scores(base: Path, task: Path, code_git: Path, commits: list[str]) -> dict[str, float | None]:
+    """The scores Coral's daemon gives `commits` (of sftree's code store) in a `coral start` run of `task`: Coral
+    builds the run (its repo, its grader venv with `grader.setup`) before the agents start; stopped then, the
+    commits are made visible to its repo (git alternates) and graded one by one with `_grade_one`."""
+    with CoralRun(base, task, {"agent-1": []}) as run:
+        pids = run.run_dir / ".coral" / "public" / "agent.pids"
+        run.wait(lambda _: pids.is_file(), timeout=600, what="Coral's grader venv and its agent")
+        run.stop()
+    alternates = run.run_dir / "repo" / ".git" / "objects" / "info" / "alternates"
+    alternates.write_text(f"{code_git / 'objects'}\n")
+    out = coral_run(GRADE_ONE, str(run.run_dir / ".coral"), json.dumps(commits), cwd=str(base), timeout=600)
+    return json.loads(out.strip().splitlines()[-1])

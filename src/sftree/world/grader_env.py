@@ -41,12 +41,20 @@ SETUP_TIMEOUT_S = 1800
 
 # Run in Coral's interpreter: Coral's own builder, its log lines (and a failing command's output) to stderr.
 _CORAL_BUILD = r"""
-import json, logging, sys
+import json, logging, subprocess, sys
 from pathlib import Path
 logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(message)s")
 from coral.config import GraderConfig
 from coral.workspace.grader_env import setup_grader_env
 a = json.loads(sys.argv[1])
+# The venv on the interpreter Coral runs on (Coral's own `uv venv` takes the first Python uv finds); Coral keeps
+# an existing venv. Not UV_PYTHON: `uv pip install` would follow it into Coral's own environment.
+venv = Path(a["coral_dir"]) / "private" / "grader_venv"
+made = subprocess.run(["uv", "venv", "--python", sys._base_executable, str(venv)], capture_output=True, text=True)
+sys.stderr.write(made.stdout + made.stderr)
+if made.returncode:
+    print(json.dumps({"error": f"`uv venv` failed (exit {made.returncode})"}))
+    sys.exit(3)
 try:
     setup_grader_env(Path(a["coral_dir"]), GraderConfig(entrypoint=a["entrypoint"], setup=a["setup"]),
                      Path(a["task_dir"]))
@@ -314,9 +322,7 @@ def _build_with_coral(spec: TaskSpec, install: CoralInstall, venv: Path, uv: str
         "setup": list(spec.setup),
         "task_dir": str(spec.task_dir),
     }
-    # `uv venv` picks the interpreter Coral runs on (not whatever is first on PATH): the grader worker then
-    # runs on a Python the sandbox already shows.
-    env = _env(uv, {"UV_PYTHON": install.python})
+    env = _env(uv)
     try:
         proc = subprocess.run(
             [install.python, "-c", _CORAL_BUILD, json.dumps(arg)],

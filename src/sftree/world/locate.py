@@ -74,6 +74,9 @@ def _probe_env() -> dict:
 
 
 def _install(python: str, info: dict, found_by: str) -> CoralInstall:
+    # Its folder resolved, the file itself not (a venv's bin/python links out of the venv): a sandbox shows the
+    # resolved roots only, where a path through a linked folder (a venv reached by a symlink) does not exist.
+    python = str(Path(python).parent.resolve() / Path(python).name)
     exe = Path(info["executable"]).resolve()
     roots = {str(Path(info["prefix"]).resolve()), str(Path(info["base_prefix"]).resolve())}
     roots.add(str(exe.parent.parent))
