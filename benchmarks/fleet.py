@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from schedule import record_calls  # noqa: E402
 
-from sftree.config import load_config, task_config  # noqa: E402
+from sftree.config import load_config  # noqa: E402
 from sftree.runtime.workspace import NodeState  # noqa: E402
 from sftree.search import mcts  # noqa: E402
 from sftree.search import tree as treemod  # noqa: E402
@@ -52,6 +52,7 @@ from sftree.search.edge import EdgeContext, run_edge  # noqa: E402
 from sftree.teacher import kvcache  # noqa: E402
 from sftree.teacher.fleet import start_fleet  # noqa: E402
 from sftree.teacher.llm_server import LaunchSpec  # noqa: E402
+from sftree.world.task import task_config  # noqa: E402
 
 TASKS = ("circle_packing", "tsp")
 

@@ -113,8 +113,9 @@ def part1(sizes: list[int], reps: int, tree_edges: int) -> None:
 def part2(latencies: list[float], edges: int, sandbox: str) -> None:
     import logging
 
-    from sftree.config import load_config, task_config
+    from sftree.config import load_config
     from sftree.search.edge import EdgeContext, run_edge
+    from sftree.world.task import task_config
 
     logging.disable(logging.WARNING)
     print(f"\nframework time per edge (native agent, sandbox {sandbox}, teacher-sim, circle_packing grader)")

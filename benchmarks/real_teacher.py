@@ -23,10 +23,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from sftree.config import load_config, task_config  # noqa: E402
+from sftree.config import load_config  # noqa: E402
 from sftree.records import steplog  # noqa: E402
 from sftree.search.edge import EdgeContext, run_edge  # noqa: E402
 from sftree.teacher.llm_server import LaunchSpec  # noqa: E402
+from sftree.world.task import task_config  # noqa: E402
 
 
 def grow(cfg: dict, tmp: Path, per_level: int) -> list[dict]:

@@ -48,12 +48,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from sftree.agents.native import assistant_message  # noqa: E402
-from sftree.config import load_config, task_config  # noqa: E402
+from sftree.config import load_config  # noqa: E402
 from sftree.runtime.workspace import NodeState  # noqa: E402
 from sftree.search import mcts  # noqa: E402
 from sftree.search import tree as treemod  # noqa: E402
 from sftree.search.edge import EdgeContext, run_edge  # noqa: E402
 from sftree.teacher import kvcache  # noqa: E402
+from sftree.world.task import task_config  # noqa: E402
 
 TASK = "circle_packing"
 

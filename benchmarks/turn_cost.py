@@ -37,8 +37,8 @@ sys.path.insert(0, str(_TREE / "tests"))
 
 from runtime_helpers import config, example_task, make_root  # noqa: E402
 
-from sftree.runtime import coral as coral_runtime  # noqa: E402
 from sftree.search.edge import EdgeContext, run_edge  # noqa: E402
+from sftree.world import coral_command as coral_runtime  # noqa: E402
 
 GRADING: list[float] = []
 

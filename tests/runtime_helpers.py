@@ -6,8 +6,9 @@ import json
 import shutil
 from pathlib import Path
 
-from sftree.config import REPO_ROOT, load_config, task_config
+from sftree.config import REPO_ROOT, load_config
 from sftree.records import steplog
+from sftree.world.task import task_config
 
 EXAMPLES = REPO_ROOT / "examples"
 

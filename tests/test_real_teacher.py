@@ -17,10 +17,10 @@ from helpers_explore import explore, make_root
 from test_workflow_demo import REPO, SCHEMA, rules_run, snakemake
 
 from sftree.agents.nativetools import TOOL_NAMES, TOOL_SCHEMAS
-from sftree.agents.prompts import nudge_prompt
 from sftree.records import steplog
 from sftree.search import tree as treemod
 from sftree.teacher.llm_server import LaunchSpec
+from sftree.world.standin import nudge_prompt
 
 MISSING = LaunchSpec.from_config({}).missing()
 pytestmark = [

@@ -15,12 +15,12 @@ import pytest
 from runtime_helpers import TOY_GRADER, make_task
 
 from sftree.agents.nativetools import ToolContext, execute
-from sftree.runtime import coral as coralmod
-from sftree.runtime.coral import parse_grader_output
 from sftree.runtime.objects import git_env
 from sftree.runtime.sandbox import UIDS, bwrap_works
 from sftree.runtime.store import TreeStore
 from sftree.search.edge import EdgeContext, open_world, root_context
+from sftree.world import coral_command as coralmod
+from sftree.world.coral_command import parse_grader_output
 from sftree.world.task import load_task
 from sftree.world.world import World
 

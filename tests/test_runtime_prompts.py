@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from sftree.agents.prompts import nudge_prompt, render
+from sftree.agents.prompts import render
 from sftree.config import REPO_ROOT
 from sftree.search.edge import first_prompt
 from sftree.world.counters import CoralCounters
+from sftree.world.standin import nudge_prompt
 from sftree.world.task import load_coral_task
 from sftree.world.world import World
 

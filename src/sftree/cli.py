@@ -43,7 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "serve a deterministic OpenAI-compatible stand-in for SGLang",
     ),
     "coral": (
-        "sftree.runtime.coral",
+        "sftree.world.coral_command",
         "the coral command inside an agent workspace (eval, log, show, notes, skills)",
     ),
 }

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import yaml
@@ -88,31 +87,3 @@ def deep_merge(base: dict, extra: dict) -> dict:
         else:
             out[key] = copy.deepcopy(value)
     return out
-
-
-def task_config(config: dict, task: str) -> dict[str, Any]:
-    """One task's settings with `task_dir` made absolute.
-
-    A relative `task_dir` is taken from the working directory when it exists there, else from the repository
-    (so the bundled examples are found when Snakemake runs with `--directory` elsewhere).
-    """
-    try:
-        entry = dict(config["tasks"][task])
-    except KeyError:
-        raise InputError(f"task {task!r} is not listed under `tasks` in the config") from None
-    for key in ("task_dir", "coral_task"):
-        if entry.get(key):
-            p = Path(entry[key])
-            if not p.is_absolute():
-                p = p.resolve() if p.exists() else (REPO_ROOT / p).resolve()
-            entry[key] = str(p)
-    entry["name"] = task
-    entry.setdefault("coral", dict(config.get("coral") or {}))  # the Teacher's world (sftree.world)
-    entry.setdefault("run_dir", (config.get("agent") or {}).get("run_dir"))
-    if entry.get("coral_task"):
-        # A Coral task folder (sftree.world.task): its task.yaml decides the direction (the runtime grades it
-        # with its own TaskGrader, sftree.world.grading).
-        from sftree.world.task import load_task
-
-        entry["direction"] = load_task(entry, task).direction
-    return entry

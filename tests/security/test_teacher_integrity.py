@@ -180,10 +180,10 @@ def test_a_turns_end_state_is_what_its_eval_graded(scripted, agent):
 
 
 def regrade(s, commit: str) -> float | None:
-    """The host's grading of `commit` again, as `coral eval` grades it (runtime/coral.py), outside any edge."""
+    """The host's grading of `commit` again, as `coral eval` grades it (world/coral_command.py), outside any edge."""
     from types import SimpleNamespace
 
-    from sftree.runtime.coral import CoralRuntime
+    from sftree.world.coral_command import CoralRuntime
 
     runtime = CoralRuntime(
         SimpleNamespace(store=s.ctx.store), s.ctx.world, s.task_cfg, None, sandbox=s.ctx.mode

@@ -62,7 +62,7 @@ for _task in CORAL_TASKS:
 
 def task_direction(task):
     """maximize | minimize: a Coral task folder's task.yaml (grader.direction), else the entry's `direction`."""
-    from sftree.config import task_config
+    from sftree.world.task import task_config
 
     return task_config(config, task)["direction"]
 

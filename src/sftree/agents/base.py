@@ -27,7 +27,7 @@ class TurnRun:
 
     workspace: Any  # sftree.runtime.workspace.EdgeWorkspace
     box: Any  # sftree.runtime.edgebox.EdgeBox: where the edge's commands run
-    coral: Any  # sftree.runtime.coral.CoralRuntime (its `evals` grows when the agent runs `coral eval`)
+    coral: Any  # sftree.world.coral_command.CoralRuntime (its `evals` grows when the agent runs `coral eval`)
     messages: list[dict]
     prompt: str  # the user message that opens the turn
     turn: int
@@ -48,7 +48,7 @@ class TurnOutcome:
     tool_errors: int = 0
     knowledge: bool = False
     tokens: int = 0  # prompt + completion tokens of the turn's last step
-    eval: Any = None  # sftree.runtime.coral.EvalResult of the turn's first `coral eval`, if any
+    eval: Any = None  # sftree.world.coral_command.EvalResult of the turn's first `coral eval`, if any
     error: str | None = None
     compacted: bool = False  # the backend compacted the session: its real context was replaced (OpenCode)
 

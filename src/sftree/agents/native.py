@@ -21,9 +21,10 @@ from pathlib import Path
 
 from sftree.agents.base import AgentBackend, ToolOutcome, TurnOutcome, TurnRun
 from sftree.agents.nativetools import TOOL_SCHEMAS, TOOLBOX, ToolContext, execute
-from sftree.agents.prompts import nudge_prompt, render
+from sftree.agents.prompts import render
 from sftree.runtime.sandbox import CORAL_MOUNT, resolve_mode
 from sftree.teacher.client import BadReply, ContextOverflow, TeacherError
+from sftree.world.standin import nudge_prompt
 
 log = logging.getLogger(__name__)
 

@@ -55,13 +55,12 @@ from pathlib import Path
 from sftree.agents.base import AgentBackend, TurnOutcome, TurnRun
 from sftree.agents.chain import Pristine, SessionChain, split
 from sftree.agents.knowledge import is_knowledge_action as is_knowledge  # one decision for both backends
-from sftree.agents.prompts import nudge_prompt
 from sftree.agents.proxy import ProxyLimits, RecordingProxy
 from sftree.errors import InputError
 from sftree.runtime.edgebox import CHECK_EVERY
 from sftree.runtime.procs import kill_group
 from sftree.runtime.sandbox import give_to, resolve_mode, wait_gone
-from sftree.world.standin import DEFAULT_OPENCODE_MODEL
+from sftree.world.standin import DEFAULT_OPENCODE_MODEL, nudge_prompt
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The Teacher's prompts that are sftree's own: the native agent's system prompt and the nudge.
+"""The Teacher's prompts that are sftree's own: the native agent's system prompt and the turn record.
 
 Coral's prompts (the start prompt, AGENTS.md, the turn and restart prompts) come from the tree's World
 (`sftree.world.world.World`), which `search/edge.py` asks directly. The one template of sftree's own is `system.md`
@@ -31,16 +31,6 @@ def render(name: str, overrides: dict | None = None, **values) -> str:
     return string.Template(load_template(name, overrides)).safe_substitute(
         {k: ("" if v is None else str(v)) for k, v in values.items()}
     )
-
-
-def nudge_prompt() -> str:
-    """The model stopped talking without `coral eval`, mid-turn: sftree's own short reminder (world/texts/nudge.md),
-    the same in both worlds. Coral has no such message (it restarts a stopped agent with its restart prompt, which
-    is what the next turn opens with: `World.restart_prompt`); a reminder that differs from every turn's opening
-    prompt keeps a nudge from reading as a new turn (teacher-sim tells them apart by it)."""
-    from sftree.world import standin
-
-    return standin.text("nudge").strip()
 
 
 def turn_record(ev, ended: str) -> dict:

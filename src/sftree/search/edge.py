@@ -31,13 +31,13 @@ from sftree.records.root import read_root_meta
 from sftree.records.scores import best_of, regressed_rate
 from sftree.records.steplog import StepRecorder, edge_steps
 from sftree.runtime import diskquota
-from sftree.runtime.coral import CoralRuntime, CoralServer
 from sftree.runtime.edgebox import EdgeBox, own_socket_dir
 from sftree.runtime.folderreader import Quota
 from sftree.runtime.objects import flatten
 from sftree.runtime.store import TreeStore
 from sftree.runtime.workspace import NodeState, write_world
 from sftree.search.result import EdgeResult, TurnResult
+from sftree.world.coral_command import CoralRuntime, CoralServer
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from sftree.config import load_config, task_config
+from sftree.config import load_config
 from sftree.errors import InputError
 from sftree.fileio import read_json
 from sftree.progress import ConsoleLines, tree_line
@@ -25,6 +25,7 @@ from sftree.records.tree import final_path
 from sftree.runtime import remove, tempdirs
 from sftree.search import mcts
 from sftree.search import tree as treemod
+from sftree.world.task import task_config
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from sftree.config import load_config, task_config
+    from sftree.config import load_config
     from sftree.errors import InputError
     from sftree.world import grader_env
     from sftree.world.locate import locate
-    from sftree.world.task import load_task
+    from sftree.world.task import load_task, task_config
 
     config = load_config(args.config)
     if args.task not in (config.get("tasks") or {}):

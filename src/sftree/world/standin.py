@@ -277,3 +277,11 @@ def parse_eval(argv: list[str]) -> dict:
     except _Refused as exc:
         return {"stdout": "", "stderr": f"\nerror: {exc}\n\n{p.format_usage()}", "rc": 2, "args": None}
     return {"stdout": "", "stderr": "", "rc": 0, "args": vars(args)}
+
+
+def nudge_prompt() -> str:
+    """The model stopped talking without `coral eval`, mid-turn: sftree's own short reminder (world/texts/nudge.md),
+    the same in both worlds. Coral has no such message (it restarts a stopped agent with its restart prompt, which
+    is what the next turn opens with: `World.restart_prompt`); a reminder that differs from every turn's opening
+    prompt keeps a nudge from reading as a new turn (teacher-sim tells them apart by it)."""
+    return text("nudge").strip()

@@ -7,7 +7,7 @@
         grader_timeout: 60             # optional: overrides task.yaml's grader.timeout
       legacy:
         direction: maximize            # the older form, kept for configs that have it: task_dir with task.md and
-        task_dir: my_task              # a grader command printing {"score", "feedback"} (runtime/coral.py)
+        task_dir: my_task              # a grader command printing {"score", "feedback"} (world/coral_command.py)
         grader: python3 {task_dir}/grader.py {code_dir}
 
 `load_task(entry, name)` -> `TaskSpec`: name, direction, timeout, args, description, tips and the raw task.yaml
@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from sftree.config import REPO_ROOT
 from sftree.errors import InputError
 
 DIRECTIONS = ("maximize", "minimize")
@@ -175,3 +176,30 @@ def load_task(entry: dict, name: str) -> TaskSpec:
             "grader": {"direction": entry.get("direction", "maximize")},
         },
     )
+
+
+def task_config(config: dict, task: str) -> dict[str, Any]:
+    """One config.yaml task entry with `task_dir`/`coral_task` made absolute and, for a Coral task folder, the
+    direction its task.yaml gives.
+
+    A relative `task_dir` is taken from the working directory when it exists there, else from the repository
+    (so the bundled examples are found when Snakemake runs with `--directory` elsewhere).
+    """
+    try:
+        entry = dict(config["tasks"][task])
+    except KeyError:
+        raise InputError(f"task {task!r} is not listed under `tasks` in the config") from None
+    for key in ("task_dir", "coral_task"):
+        if entry.get(key):
+            p = Path(entry[key])
+            if not p.is_absolute():
+                p = p.resolve() if p.exists() else (REPO_ROOT / p).resolve()
+            entry[key] = str(p)
+    entry["name"] = task
+    entry.setdefault("coral", dict(config.get("coral") or {}))  # the Teacher's world (sftree.world)
+    entry.setdefault("run_dir", (config.get("agent") or {}).get("run_dir"))
+    if entry.get("coral_task"):
+        # A Coral task folder: its task.yaml decides the direction (the runtime grades it with its own
+        # TaskGrader, sftree.world.grading).
+        entry["direction"] = load_task(entry, task).direction
+    return entry

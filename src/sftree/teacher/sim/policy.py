@@ -95,7 +95,7 @@ def _call(name: str, args: dict | str, idx: int) -> dict:
 
 
 def _is_turn_start(messages: list[dict], i: int) -> bool:
-    """A user message opens a turn unless it is sftree's nudge (`sftree.agents.prompts.nudge_prompt`, after a
+    """A user message opens a turn unless it is sftree's nudge (`sftree.world.standin.nudge_prompt`, after a
     text-only reply), which continues the turn. (Coral's prompts that open a turn - the manager's `## Eval #N
     Results`, its restart prompt, the runtime's start and resume prompts - have no common mark.)"""
     m = messages[i]
@@ -114,9 +114,9 @@ def _plain(content) -> str:
 
 @functools.cache
 def _nudge_text() -> str:
-    from sftree.agents.prompts import nudge_prompt
+    from sftree.world.standin import nudge_prompt
 
-    return nudge_prompt().strip()
+    return nudge_prompt()
 
 
 def _turn_view(messages: list[dict]):
