@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers_explore import explore_cmd, make_root, write_config
+from helpers.explore import explore_cmd, make_root, write_config
 
 from sftree import cli
 

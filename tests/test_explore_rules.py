@@ -1,6 +1,6 @@
 """Trees grown by `sftree explore` against teacher-sim with scripted faults aimed at each rule of section 1."""
 
-from helpers_explore import edges_by, explore, load_final, make_root, write_config
+from helpers.explore import edges_by, explore, load_final, make_root, write_config
 
 from sftree.records import steplog
 from sftree.search import scoring

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from helpers_export import ROOT, llamafactory_alternates, make_results
+from helpers.export import ROOT, llamafactory_alternates, make_results
 
 from sftree.dataset.export import (
     ExportStats,

@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from helpers_explore import explore, make_root
+from helpers.explore import explore, make_root
 from test_workflow_demo import REPO, SCHEMA, rules_run, snakemake
 
 from sftree.agents.nativetools import TOOL_NAMES, TOOL_SCHEMAS

@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from helpers_export import ROOT, make_results
+from helpers.export import ROOT, make_results
 
 from sftree.dataset.export import export_task, merge
 from sftree.dataset.paths import select_paths

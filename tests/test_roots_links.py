@@ -9,8 +9,8 @@ import subprocess
 import time
 
 import pytest
-from helpers_explore import EXAMPLES, explore, explore_args, write_config
-from helpers_roots import make_run, tree_digest
+from helpers.explore import EXAMPLES, explore, explore_args, write_config
+from helpers.roots import make_run, tree_digest
 from test_bad_input import fails
 
 from sftree import cli

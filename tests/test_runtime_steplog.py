@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers_export import make_results
+from helpers.export import make_results
 from test_export_sft import paths_file
 
 from sftree.dataset.export import export_task

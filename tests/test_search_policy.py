@@ -3,7 +3,7 @@
 from dataclasses import replace
 
 import pytest
-from tree_rules import check_tree
+from helpers.tree_rules import check_tree
 
 from sftree.runtime.workspace import NodeState
 from sftree.search import mcts
@@ -420,7 +420,7 @@ def test_select_order_treats_float_noise_as_a_tie():
 
 
 def test_rule_checker_catches_each_broken_rule():
-    """tests/tree_rules.py must be able to fail: break one rule at a time in a tree that passes it."""
+    """tests/helpers/tree_rules.py must be able to fail: break one rule at a time in a tree that passes it."""
     tree = new_tree(max_depth=2, parallel_width=1)
     run_tree(tree, lambda d: result(d.edge, 1.5, 2.0, errors=1, parent=d.parent_score))
     good = tree.to_dict()

@@ -18,8 +18,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from helpers_export import llamafactory_alternates
-from tree_rules import check_paths, check_tree
+from helpers.export import llamafactory_alternates
+from helpers.tree_rules import check_paths, check_tree
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "workflow/schemas/sft_record.schema.json").read_text())
@@ -67,7 +67,7 @@ def test_demo_workflow_end_to_end(tmp_path, example_snapshots_dir):
         scores = [p["path_score"] for p in doc["paths"]]
         assert scores == sorted(scores, reverse=True)
         tree = json.loads(t.read_text())
-        assert check_tree(tree) + check_paths(tree, doc) == []  # sections 1 and 3, re-derived (tree_rules.py)
+        assert check_tree(tree) + check_paths(tree, doc) == []  # sections 1 and 3, re-derived (helpers/tree_rules.py)
         selected += sum(p["selected"] for p in doc["paths"])
 
     # sft.jsonl: schema-valid records, tool calls paired, no duplicate steps, metadata from the roots

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from coral_helpers import CORAL_SRC, coral_config, coral_python
+from helpers.coral import CORAL_SRC, coral_config, coral_python
 
 from sftree.world.counters import CoralCounters, advance
 from sftree.world.root import read_root_context

@@ -11,8 +11,8 @@ import shlex
 import unicodedata
 
 import pytest
-from coral_helpers import coral_config, coral_python
-from scripted import Scripted, bash
+from helpers.coral import coral_config, coral_python
+from helpers.scripted import Scripted, bash
 
 from sftree.runtime.sandbox import bwrap_works
 from sftree.world.counters import CoralCounters, advance
