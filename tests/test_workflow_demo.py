@@ -67,7 +67,7 @@ def test_demo_workflow_end_to_end(tmp_path, example_snapshots_dir):
         scores = [p["path_score"] for p in doc["paths"]]
         assert scores == sorted(scores, reverse=True)
         tree = json.loads(t.read_text())
-        assert check_tree(tree) + check_paths(tree, doc) == []  # sections 1 and 3, re-derived (helpers/tree_rules.py)
+        assert check_tree(tree) + check_paths(tree, doc) == []  # sections 1 and 3, re-derived (tree_rules)
         selected += sum(p["selected"] for p in doc["paths"])
 
     # sft.jsonl: schema-valid records, tool calls paired, no duplicate steps, metadata from the roots
