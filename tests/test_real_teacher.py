@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 import yaml
 from helpers.explore import explore, make_root
-from test_workflow_demo import REPO, SCHEMA, rules_run, snakemake
+from helpers.workflow import REPO, SCHEMA, rules_run, snakemake
 
 from sftree.agents.nativetools import TOOL_NAMES, TOOL_SCHEMAS
 from sftree.agents.prompts import nudge_prompt

@@ -11,8 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers.export import ROOT, make_results
-from test_report_html import run_report
+from helpers.export import ROOT, make_results, run_report
 
 from sftree.dataset.export import export_task, merge, stats_path
 from sftree.dataset.paths import select_paths

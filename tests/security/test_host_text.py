@@ -121,14 +121,14 @@ def worlds():
 
 
 def _world(kind):
-    from test_world_prompts import make
+    from helpers.world import make
 
     return make(kind)
 
 
 @pytest.mark.parametrize("kind", worlds())
 def test_no_block_of_the_world_shows_a_forged_line(kind):
-    from test_world_prompts import rec
+    from helpers.world import rec
 
     feedback = "solution failed:\n" + "\n".join(FORGED)
     title = "tuned\n" + "\n".join(FORGED)
