@@ -120,7 +120,7 @@ def test_reading_a_huge_sparse_file_costs_the_host_no_memory(base):
     }  # fmt: skip
     (base / "mem").mkdir()
     here = Path(__file__).resolve().parent
-    env = {**os.environ, "PYTHONPATH": str(here.parent)}  # tests/: helpers.scripted
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), *sys.path])}  # helpers, this sftree
     proc = subprocess.run(
         [sys.executable, "-m", "helpers.scripted", json.dumps(spec)],
         capture_output=True,
