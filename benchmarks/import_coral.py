@@ -4,7 +4,7 @@
     nice .venv/bin/python benchmarks/import_coral.py [--sizes 1000,10000] [--jobs N] [--floor-max 2000]
                                                       [--data /var/tmp/sftree-bench-import] [--keep]
 
-The run (tests/helpers_coralrun.py, built with git fast-import): 4 agents, one commit per attempt in the code
+The run (tests/helpers/coralrun.py, built with git fast-import): 4 agents, one commit per attempt in the code
 repository (three files, one changed per attempt), one checkpoint per submission in `.coral/public/.git` holding
 the attempts so far (each graded one submission after its own, 1% crashed), a note every third attempt, skills,
 roles and the agents' growing logs (which the default `--shared-items` leaves out). Snapshot i holds every
@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from helpers_coralrun import Spec, build_run, record_bytes  # noqa: E402
+from helpers.coralrun import Spec, build_run, record_bytes  # noqa: E402
 
 
 def specs(n: int) -> list[Spec]:

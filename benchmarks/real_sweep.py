@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "tests"))
 
-from helpers_explore import explore, make_root  # noqa: E402
+from helpers.explore import explore, make_root  # noqa: E402
 
 from sftree.records import steplog  # noqa: E402
 from sftree.search import tree as treemod  # noqa: E402

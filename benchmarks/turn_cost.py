@@ -35,7 +35,7 @@ _TREE = Path(sys.argv[sys.argv.index("--tree") + 1]) if "--tree" in sys.argv els
 sys.path.insert(0, str(_TREE / "src"))
 sys.path.insert(0, str(_TREE / "tests"))
 
-from runtime_helpers import config, example_task, make_root  # noqa: E402
+from helpers.runtime import config, example_task, make_root  # noqa: E402
 
 from sftree.search.edge import EdgeContext, run_edge  # noqa: E402
 from sftree.world import coral_command as coral_runtime  # noqa: E402

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the pinned public Coral (../shared/coral, or $CORAL_SRC) into its own virtual environment .venv-coral,
 # as a user's machine has its own Coral beside sftree (idempotent). Tests that compare sftree with the real
-# Coral, or make a real Coral run (`coral start`), use it (tests/coral_helpers.py); nothing else of sftree needs it.
+# Coral, or make a real Coral run (`coral start`), use it (tests/helpers/coral.py); nothing else of sftree needs it.
 #   coral     editable (SETUPTOOLS_SCM_PRETEND_VERSION=0.0.0 pip install -e --no-deps, no build isolation, the
 #             build deps pinned below, editables for its editable wheel) from a copy kept in the venv
 #             ($venv/coral-src): Coral's setup_grader_env installs Coral into a task's grader venv from the folder

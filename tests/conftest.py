@@ -1,4 +1,4 @@
-"""Shared fixtures. Test helpers live in tests/helpers_*.py (importable: pytest puts tests/ on sys.path)."""
+"""Shared fixtures. Test helpers live in the tests/helpers/ package (`from helpers.x import y`; tests/ is on sys.path)."""
 
 import os
 import sys
@@ -14,7 +14,7 @@ _BIN = os.path.dirname(sys.executable)
 if os.path.isfile(os.path.join(_BIN, "sftree")):
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
-from helpers_examples import example_snapshots  # noqa: E402
+from helpers.examples import example_snapshots  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -14,20 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers_explore import explore_cmd, make_root, write_config
+from helpers.cli import fails
+from helpers.explore import explore_cmd, make_root, write_config
 
 from sftree import cli
-
-
-def fails(capsys, argv: list[str], *needles: str) -> str:
-    """Run the CLI in-process: exit 2, one stderr line holding every needle, no traceback."""
-    capsys.readouterr()
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err and len(err.splitlines()) == 1, err
-    for n in needles:
-        assert n in err, err
-    return err
 
 
 def snapshot_of(path: Path) -> dict[str, bytes | str]:

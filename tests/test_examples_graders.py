@@ -8,8 +8,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from coral_helpers import coral_config, coral_python, grading_worlds, install_for
-from helpers_examples import EXAMPLES
+from helpers.coral import coral_config, coral_python, grading_worlds, install_for
+from helpers.examples import EXAMPLES
 
 from sftree.runtime.sandbox import bwrap_works
 from sftree.world.grading import grade as world_grade

@@ -5,7 +5,7 @@ import re
 import subprocess
 import sys
 
-from helpers_examples import EXAMPLES, SCRIPT
+from helpers.examples import EXAMPLES, SCRIPT
 
 NAME = re.compile(r"^eval-(\d{6})-(agent-[1-4])-([0-9a-f]{12})$")
 ATTEMPT_KEYS = {"commit_hash", "agent_id", "title", "score", "status", "parent_hash", "timestamp", "feedback"}

@@ -1,10 +1,10 @@
 """Branches of the search that only a misbehaving Teacher reaches, grown by `sftree explore` against teacher-sim
 fault scripts: a broken workspace (`edge_error`) on exempt edges and a root direction lost after two tries, the
 Teacher down past its retries, a turn cut by `turn_timeout`, a root snapshot without a score. Every finished tree
-also passes the rule checker (helpers_explore.load_final -> tests/tree_rules.py)."""
+also passes the rule checker (helpers.explore.load_final -> tests/helpers/tree_rules.py)."""
 
-from helpers_explore import explore, load_final, make_root, write_config
-from tree_rules import check_paths
+from helpers.explore import explore, load_final, make_root, write_config
+from helpers.tree_rules import check_paths
 
 from sftree.dataset import paths
 from sftree.records import steplog

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from helpers_explore import explore, make_root, write_config
+from helpers.explore import explore, make_root, write_config
 
 
 def test_explore_log_has_info_lines_in_process_and_the_root_level_is_restored(tmp_path):

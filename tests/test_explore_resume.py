@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import asdict
 
-from helpers_explore import explore, explore_cmd, load_final, make_root, write_config
+from helpers.explore import explore, explore_cmd, load_final, make_root, write_config
 
 from sftree.search.tree import LiveTree
 from sftree.teacher.sim.server import make_server

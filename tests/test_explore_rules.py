@@ -1,6 +1,6 @@
 """Trees grown by `sftree explore` against teacher-sim with scripted faults aimed at each rule of section 1."""
 
-from helpers_explore import edges_by, explore, load_final, make_root, write_config
+from helpers.explore import edges_by, explore, load_final, make_root, write_config
 
 from sftree.records import steplog
 from sftree.search import scoring
@@ -147,7 +147,7 @@ def test_bad_root_is_a_clear_error(tmp_path, capsys):
 
 
 def test_tree_killed_after_finishing_is_written_without_teacher(tmp_path):
-    from test_search_policy import result
+    from helpers.mcts import result
 
     from sftree.search import mcts
     from sftree.search import tree as treemod

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers_examples import example_snapshots
+from helpers.examples import example_snapshots
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import yaml
-from helpers_explore import explore, load_final, make_root, write_config
+from helpers.explore import explore, load_final, make_root, write_config
 
 from sftree import cli
 from sftree.records import steplog

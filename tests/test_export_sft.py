@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from helpers_export import ROOT, llamafactory_alternates, make_results
+from helpers.export import ROOT, llamafactory_alternates, make_results, paths_file
 
 from sftree.dataset.export import (
     ExportStats,
@@ -27,19 +27,11 @@ from sftree.dataset.export import (
     tree_coral,
     turn_boundaries,
 )
-from sftree.dataset.paths import select_paths
 from sftree.errors import InputError
-from sftree.fileio import write_json_atomic
 from sftree.records.steplog import read_steps
 from sftree.search.explore import record_backend
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "workflow/schemas/sft_record.schema.json").read_text())
-
-
-def paths_file(tree_dir: Path, top_k: int = 6) -> Path:
-    doc = select_paths(json.loads((tree_dir / "tree.json").read_text()), top_k=top_k)
-    write_json_atomic(tree_dir / "paths.json", doc)
-    return tree_dir / "paths.json"
 
 
 def check_record(rec):

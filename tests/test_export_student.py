@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers_export import make_results
+from helpers.export import make_results
 
 from sftree.dataset.export import ExportStats, MergeStats, dataset_card, export_task, merge, stats_path
 from sftree.dataset.paths import select_paths

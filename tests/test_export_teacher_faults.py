@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers_explore import explore, load_final, make_root, write_config
-from runtime_helpers import opencode_binary
+from helpers.explore import explore, load_final, make_root, write_config
+from helpers.runtime import opencode_binary
 
 from sftree import cli
 from sftree.dataset.export import exclusion, normalize_message

@@ -15,7 +15,7 @@ import signal
 import time
 
 import pytest
-from fleet_helpers import (
+from helpers.fleet import (
     check_nothing_lost_or_redone,
     demo_config,
     hit_while_answering,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from coral_helpers import coral_python, grading_worlds, install_for
+from helpers.coral import coral_python, grading_worlds, install_for
 
 from sftree.errors import InputError
 from sftree.runtime.sandbox import bwrap_works
@@ -173,7 +173,7 @@ def test_import_coral_never_touches_grader_venv(tmp_path):
     """import-coral reads a run whose task used a packaged grader: its .coral/private/grader_venv (here a FIFO that
     would block a reader, a Python that leaves a mark when run, a link loop, links out of the run to a FIFO and to
     a marked file) is never read or executed."""
-    from helpers_coralrun import build_run, simple_specs
+    from helpers.coralrun import build_run, simple_specs
 
     from sftree.roots.import_coral import run_import
 

@@ -1,4 +1,4 @@
-"""`sftree import-coral` on synthetic Coral-shaped runs (tests/helpers_coralrun.py; no Coral needed).
+"""`sftree import-coral` on synthetic Coral-shaped runs (tests/helpers/coralrun.py; no Coral needed).
 
 The real Coral run is tests/test_import_coral_real.py; hostile runs are tests/security/test_import_coral_hostile.py.
 """
@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers_coralrun import Spec, build_run, git, record_bytes, simple_specs
+from helpers.coralrun import Spec, build_run, git, record_bytes, simple_specs
 
 from sftree.roots import import_coral as ic
 from sftree.roots.import_coral import run_import

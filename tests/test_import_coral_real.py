@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from coral_helpers import REPO, CoralRun, coral, coral_python, needs_coral
-from helpers_coralrun import git
+from helpers.coral import REPO, CoralRun, coral, coral_python, needs_coral
+from helpers.coralrun import git
 
 from sftree.roots.import_coral import REPORT_JSON, run_import
 from sftree.roots.snapshots import scan

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 import yaml
-from helpers_coralrun import build_run, record_bytes, simple_specs
-from helpers_examples import REPO
+from helpers.coralrun import build_run, record_bytes, simple_specs
+from helpers.examples import REPO
 
 
 def snakemake(workdir, *args, timeout=300):

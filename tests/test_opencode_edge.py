@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers_explore import explore_cmd
-from runtime_helpers import config, example_task, make_root, opencode_binary, read_steps
+from helpers.explore import explore_cmd
+from helpers.runtime import config, example_task, make_root, opencode_binary, read_steps
 
 from sftree.records import steplog
 from sftree.search.edge import EdgeContext, run_edge

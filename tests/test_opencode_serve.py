@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from runtime_helpers import opencode_binary
+from helpers.runtime import opencode_binary
 
 from sftree.agents.opencode import DENIED, DRIVER, ENV_FLAGS, OpenCodeAgent, _Driver, opencode_config
 from sftree.agents.proxy import RecordingProxy

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers_explore import explore_cmd
-from runtime_helpers import config, make_root, opencode_binary
+from helpers.explore import explore_cmd
+from helpers.runtime import config, make_root, opencode_binary
 
 from sftree.records import steplog
 

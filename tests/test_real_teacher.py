@@ -13,8 +13,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from helpers_explore import explore, make_root
-from test_workflow_demo import REPO, SCHEMA, rules_run, snakemake
+from helpers.explore import explore, make_root
+from helpers.workflow import REPO, SCHEMA, rules_run, snakemake
 
 from sftree.agents.nativetools import TOOL_NAMES, TOOL_SCHEMAS
 from sftree.records import steplog

@@ -5,10 +5,8 @@ from __future__ import annotations
 import html
 import json
 import re
-import subprocess
-import sys
 
-from helpers_export import ROOT, make_results
+from helpers.export import ROOT, make_results, run_report
 
 from sftree.dataset.export import export_task, merge
 from sftree.dataset.paths import select_paths
@@ -54,17 +52,6 @@ def build(tmp_path):
     write_jsonl_atomic(base / "circle_packing" / "sft.jsonl", records)
     merge([str(base / "circle_packing" / "sft.jsonl")], str(base / "sft.jsonl"), None, None)
     return base
-
-
-def run_report(base, out) -> str:
-    """`sftree report` as a user runs it; the page it wrote."""
-    res = subprocess.run(
-        [sys.executable, "-m", "sftree", "report", "--results", str(base), "--out", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    assert res.returncode == 0, res.stderr
-    return out.read_text()
 
 
 def test_report_cli(tmp_path):

@@ -1,6 +1,6 @@
 """Whether to trust the data: per root and selected path the signed gain over the root (paths ending below it
 flagged), exact-duplicate targets and `export.dedupe`, skipped snapshots and the sandbox mode, in both the
-dataset card and the report. Numbers are hand-computed from helpers_export's tree (root score 1.0, leaves n2 = 3.0
+dataset card and the report. Numbers are hand-computed from helpers.export's tree (root score 1.0, leaves n2 = 3.0
 and n3 = 1.5)."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers_export import ROOT, make_results
-from test_report_html import run_report
+from helpers.export import ROOT, make_results, run_report
 
 from sftree.dataset.export import export_task, merge, stats_path
 from sftree.dataset.paths import select_paths
@@ -95,7 +94,7 @@ def test_card_shows_gains_duplicates_and_skipped(tmp_path):
     card_file = tmp_path / "card.md"
     stats = merge(files, str(tmp_path / "sft.jsonl"), None, str(card_file), results=str(base))
     card = card_file.read_text()
-    # per task: 3 distinct targets among 11 records (helpers_export repeats its calls; its malformed step is
+    # per task: 3 distinct targets among 11 records (helpers.export repeats its calls; its malformed step is
     # never trained); both tasks alike -> 19
     assert (stats.records, stats.duplicates, stats.dropped) == (22, 19, 0)
     assert (
@@ -171,7 +170,7 @@ def test_report_and_card_count_untrained_steps_and_flag_the_backend(tmp_path):
     assert "Unknown: no export stats file" in card and "No export stats for:" not in card
     base = tmp_path / "again" / "results"
     page = run_report_after(build(base, with_stats=True), base, tmp_path / "again")
-    # helpers_export: one malformed step per task (e2 turn 2 step 1)
+    # helpers.export: one malformed step per task (e2 turn 2 step 1)
     assert (
         "Ill-formed steps never trained (kept in the history of later records): 2 (truncated 0, "
         "text_tool_call 0, malformed_arguments 2, normalised 0). Steps skipped: none." in page

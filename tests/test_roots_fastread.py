@@ -4,7 +4,7 @@ long run is thinned without losing the chosen roots or the stage bands."""
 import re
 
 import pytest
-from helpers_roots import commit_of, make_run
+from helpers.roots import commit_of, make_run
 
 from sftree.errors import InputError
 from sftree.roots import select_roots, snapshots

@@ -9,9 +9,9 @@ import subprocess
 import time
 
 import pytest
-from helpers_explore import EXAMPLES, explore, explore_args, write_config
-from helpers_roots import make_run, tree_digest
-from test_bad_input import fails
+from helpers.cli import fails
+from helpers.explore import EXAMPLES, explore, explore_args, write_config
+from helpers.roots import make_run, tree_digest
 
 from sftree import cli
 

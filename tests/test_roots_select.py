@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers_roots import MISSING, commit_of, make_run, read_table, tree_digest
+from helpers.roots import MISSING, commit_of, make_run, read_table, tree_digest
 
 from sftree.cli import main
 

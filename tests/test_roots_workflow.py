@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 import yaml
-from helpers_examples import REPO, task_config
-from helpers_roots import read_table
+from helpers.examples import REPO, task_config
+from helpers.roots import read_table
 
 
 def snakemake(workdir, *args):

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from runtime_helpers import TOY_GRADER, make_task
+from helpers.runtime import TOY_GRADER, make_task
 
 from sftree.agents.nativetools import ToolContext, execute
 from sftree.runtime.objects import git_env

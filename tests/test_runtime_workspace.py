@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from runtime_helpers import make_root
+from helpers.runtime import make_root
 
 from sftree.errors import InputError
 from sftree.runtime import checkout, folderreader

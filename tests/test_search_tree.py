@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from test_search_policy import grow_root, new_tree
+from helpers.mcts import grow_root, new_tree
 
 from sftree.errors import InputError
 from sftree.search import tree as treemod

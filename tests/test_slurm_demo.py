@@ -17,7 +17,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from slurm_helpers import (
+from helpers.slurm import (
     REPO,
     jobcomp_records,
     require_cluster,

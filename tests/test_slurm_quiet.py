@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 import yaml
-from helpers_examples import task_config
-from slurm_helpers import REPO, require_cluster, run_id_from_log, snakemake_env, squeue_jobs
+from helpers.examples import task_config
+from helpers.slurm import REPO, require_cluster, run_id_from_log, snakemake_env, squeue_jobs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -8,7 +8,7 @@ import subprocess
 import time
 
 import pytest
-from slurm_helpers import REPO, require_cluster, slurm_config
+from helpers.slurm import REPO, require_cluster, slurm_config
 
 START = REPO / "scripts" / "slurm" / "start.sh"
 STOP = REPO / "scripts" / "slurm" / "stop.sh"

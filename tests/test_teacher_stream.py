@@ -320,7 +320,7 @@ def test_a_tree_whose_requests_stall_and_are_cut_finishes_with_each_step_once(tm
     sent again, the tree finishes, every turn's steps are recorded once (1..n), and tree.json `teacher`, the
     explore log and the report's Teacher line say what happened."""
     import yaml
-    from helpers_explore import explore, load_final, make_root, write_config
+    from helpers.explore import explore, load_final, make_root, write_config
 
     from sftree.records import steplog
     from sftree.report.html import teacher_section

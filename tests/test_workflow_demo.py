@@ -11,29 +11,16 @@ import json
 import os
 import re
 import shutil
-import subprocess
 from collections import Counter
-from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
-from helpers_export import llamafactory_alternates
-from tree_rules import check_paths, check_tree
+from helpers.export import llamafactory_alternates
+from helpers.tree_rules import check_paths, check_tree
+from helpers.workflow import REPO, SCHEMA, rules_run, snakemake
 
-REPO = Path(__file__).resolve().parents[1]
-SCHEMA = json.loads((REPO / "workflow/schemas/sft_record.schema.json").read_text())
 AFTER_PATHS = {"select_paths", "export_sft", "merge_sft", "report", "all"}
-
-
-def snakemake(workdir: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = ["snakemake", "--cores", "2", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)]
-    cmd += ["--configfile", str(workdir / "config.yaml"), *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=workdir)
-
-
-def rules_run(res: subprocess.CompletedProcess) -> Counter:
-    return Counter(re.findall(r"Finished jobid: \d+ \(Rule: (\w+)\)", res.stdout + res.stderr))
 
 
 @pytest.mark.slow
@@ -67,7 +54,7 @@ def test_demo_workflow_end_to_end(tmp_path, example_snapshots_dir):
         scores = [p["path_score"] for p in doc["paths"]]
         assert scores == sorted(scores, reverse=True)
         tree = json.loads(t.read_text())
-        assert check_tree(tree) + check_paths(tree, doc) == []  # sections 1 and 3, re-derived (tree_rules.py)
+        assert check_tree(tree) + check_paths(tree, doc) == []  # sections 1 and 3, re-derived (tree_rules)
         selected += sum(p["selected"] for p in doc["paths"])
 
     # sft.jsonl: schema-valid records, tool calls paired, no duplicate steps, metadata from the roots

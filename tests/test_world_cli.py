@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from coral_helpers import coral_python, needs_coral
+from helpers.coral import coral_python, needs_coral
 
 from sftree.world import standin_cli
 
@@ -153,7 +153,7 @@ def test_cli_command_runs_the_worlds_cli(run_dir, tmp_path, kind):
         pytest.skip("the real Coral is not installed (scripts/install_coral.sh)")
     install = None
     if kind == "coral":
-        from coral_helpers import coral_config
+        from helpers.coral import coral_config
 
         from sftree.world.locate import locate
 

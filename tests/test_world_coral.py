@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from coral_helpers import CORAL_SRC, coral_config, coral_python, coral_run, needs_coral
+from helpers.coral import CORAL_SRC, coral_config, coral_python, coral_run, needs_coral
 
 from sftree.world.counters import CoralCounters, advance, daemon_status
 from sftree.world.task import load_coral_task

@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from coral_helpers import CORAL_SRC, coral_python, coral_run, grading_worlds, install_for
+from helpers.coral import CORAL_SRC, coral_python, coral_run, grading_worlds, install_for
 
 from sftree.runtime.sandbox import bwrap_works
 from sftree.world import grading

@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import random
 import re
-from pathlib import Path
 
 import pytest
-from coral_helpers import CORAL_SRC, coral_config, coral_python
+from helpers.coral import CORAL_SRC, coral_python
+from helpers.world import TASK, make, rec
 
 from sftree.world.counters import CoralCounters, advance
 from sftree.world.root import read_root_context
-from sftree.world.task import load_coral_task, load_task
+from sftree.world.task import load_task
 from sftree.world.text import one_line, quoted, safe_attempt
-from sftree.world.world import World
-
-REPO = Path(__file__).resolve().parents[1]
-TASK = REPO / "examples" / "circle_packing"
 
 
 def worlds():
@@ -25,33 +21,6 @@ def worlds():
     if coral_python():
         out.append(pytest.param("coral", id="coral", marks=pytest.mark.coral))
     return out
-
-
-def make(kind, task_dir=TASK, agents=1):
-    install = None
-    if kind == "coral":
-        from sftree.world.locate import locate
-
-        install = locate(coral_config())
-    return World(
-        load_coral_task(task_dir, "circle_packing"), agent_id="agent-1", agents=agents, install=install
-    )
-
-
-def rec(i, score, title="t", feedback="", cls=None):
-    r = {
-        "commit_hash": f"{i:03d}" + "f" * 37,
-        "agent_id": "agent-1",
-        "title": title,
-        "score": score,
-        "status": "improved",
-        "parent_hash": None,
-        "timestamp": f"2026-01-01T00:00:{i:02d}+00:00",
-        "feedback": feedback,
-    }
-    if cls:
-        r["metadata"] = {"budget_class": cls}
-    return r
 
 
 HOST_LINE = re.compile(r"^(## Eval #\d+ Results|Score: |- Score: |Commit: |Status: |CORAL Eval|=====)")

@@ -7,17 +7,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from coral_helpers import coral_config, coral_python, needs_coral
+from helpers.coral import coral_config, coral_python, needs_coral
+from helpers.scripted import EVAL, Scripted, bash, edit_solution, make_base
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "security"))
-
-from scripted import EVAL, Scripted, bash, edit_solution, make_base  # noqa: E402
-
-from sftree.runtime.sandbox import bwrap_works  # noqa: E402
+from sftree.runtime.sandbox import bwrap_works
 
 pytestmark = [
     needs_coral,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from coral_helpers import CORAL_SRC, CoralRun, coral_python, coral_run, needs_coral
+from helpers.coral import CORAL_SRC, CoralRun, coral_python, coral_run, needs_coral
 
 from sftree.runtime.sandbox import bwrap_works
 

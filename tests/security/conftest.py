@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from scripted import Scripted, make_base  # noqa: E402
+from helpers.scripted import Scripted, make_base
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ turn's prompt comes from the host's eval records, not from text the agent printe
 
 from __future__ import annotations
 
-from scripted import EVAL, GRADER, bash
+from helpers.scripted import EVAL, GRADER, bash
 
 from sftree.config import REPO_ROOT
 

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from coral_helpers import grading_worlds, install_for
+from helpers.coral import grading_worlds, install_for
 
 from sftree.config import REPO_ROOT
 from sftree.runtime import diskquota

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from runtime_helpers import grade_dir
-from scripted import EVAL, bash, edit_solution
+from helpers.runtime import grade_dir
+from helpers.scripted import EVAL, bash, edit_solution
 
 from sftree.runtime import tempdirs
 from sftree.runtime.objects import flatten
@@ -120,9 +120,9 @@ def test_reading_a_huge_sparse_file_costs_the_host_no_memory(base):
     }  # fmt: skip
     (base / "mem").mkdir()
     here = Path(__file__).resolve().parent
-    env = {**os.environ, "PYTHONPATH": f"{here}:{here.parent}"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), *sys.path])}  # helpers, this sftree
     proc = subprocess.run(
-        [sys.executable, str(here / "scripted.py"), json.dumps(spec)],
+        [sys.executable, "-m", "helpers.scripted", json.dumps(spec)],
         capture_output=True,
         text=True,
         env=env,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from scripted import EVAL, bash, edit_solution
+from helpers.scripted import EVAL, bash, edit_solution
 
 
 def test_agent_git_config_and_hooks_never_run_on_the_host(scripted, base):

@@ -11,8 +11,8 @@ import shlex
 import unicodedata
 
 import pytest
-from coral_helpers import coral_config, coral_python
-from scripted import Scripted, bash
+from helpers.coral import coral_config, coral_python
+from helpers.scripted import Scripted, bash
 
 from sftree.runtime.sandbox import bwrap_works
 from sftree.world.counters import CoralCounters, advance
@@ -121,14 +121,14 @@ def worlds():
 
 
 def _world(kind):
-    from test_world_prompts import make
+    from helpers.world import make
 
     return make(kind)
 
 
 @pytest.mark.parametrize("kind", worlds())
 def test_no_block_of_the_world_shows_a_forged_line(kind):
-    from test_world_prompts import rec
+    from helpers.world import rec
 
     feedback = "solution failed:\n" + "\n".join(FORGED)
     title = "tuned\n" + "\n".join(FORGED)

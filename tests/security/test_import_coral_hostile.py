@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from helpers_coralrun import Spec, build_run, git, record_bytes, simple_specs  # noqa: E402
+from helpers.coralrun import Spec, build_run, git, record_bytes, simple_specs  # noqa: E402
 
 from sftree.roots.import_coral import run_import  # noqa: E402
 

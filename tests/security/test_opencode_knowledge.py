@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import shutil
 
+import helpers.scripted as scripted_mod
 import pytest
-import scripted as scripted_mod
-from runtime_helpers import opencode_binary
-from scripted import Scripted, bash, edit_solution, make_base
+from helpers.runtime import opencode_binary
+from helpers.scripted import Scripted, bash, edit_solution, make_base
 
 OPENCODE, WHY = opencode_binary()
 

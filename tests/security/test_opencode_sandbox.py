@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from runtime_helpers import opencode_binary
-from scripted import EVAL, bash, edit_solution
+from helpers.runtime import opencode_binary
+from helpers.scripted import EVAL, bash, edit_solution
 
 from sftree.config import REPO_ROOT
 from sftree.runtime.folderreader import Quota
@@ -201,7 +201,7 @@ def test_opencode_sandbox_dies_with_its_parent(base):
     import time
     from types import SimpleNamespace
 
-    from runtime_helpers import make_root
+    from helpers.runtime import make_root
 
     from sftree.agents.opencode import OpenCodeAgent, _Edge
     from sftree.runtime.edgebox import EdgeBox

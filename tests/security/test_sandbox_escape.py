@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from scripted import EVAL, bash
+from helpers.scripted import EVAL, bash
 
 from sftree.config import REPO_ROOT
 from sftree.errors import InputError
@@ -45,7 +45,7 @@ def test_output_is_capped_while_reading(base):
     }
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), *sys.path]))
     proc = subprocess.run(
-        [sys.executable, str(HERE / "scripted.py"), json.dumps(spec)],
+        [sys.executable, "-m", "helpers.scripted", json.dumps(spec)],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from scripted import EVAL, GRADER, TASK_DIR, bash, edit_solution
+from helpers.scripted import EVAL, GRADER, TASK_DIR, bash, edit_solution
 
 from sftree.runtime.objects import git
 

@@ -14,8 +14,8 @@ grading:
 from __future__ import annotations
 
 import pytest
-from runtime_helpers import opencode_binary
-from scripted import EVAL, bash, edit_solution
+from helpers.runtime import opencode_binary
+from helpers.scripted import EVAL, bash, edit_solution
 
 OPENCODE, WHY = opencode_binary()
 OC = {"backend": "opencode", "max_steps_per_turn": 8, "turn_timeout": 240}
@@ -210,7 +210,7 @@ def test_every_turns_graded_commit_regrades_to_its_recorded_score(scripted, worl
     commit its edge's last eval graded."""
     extra = {}
     if world:
-        from coral_helpers import coral_config, coral_python
+        from helpers.coral import coral_config, coral_python
 
         if coral_python() is None:
             pytest.skip("the real Coral is not installed (scripts/install_coral.sh)")

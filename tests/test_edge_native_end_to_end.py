@@ -6,7 +6,7 @@ import json
 import subprocess
 
 import pytest
-from runtime_helpers import config, example_task, grade_dir, make_root, read_steps
+from helpers.runtime import config, example_task, grade_dir, make_root, read_steps
 
 from sftree.records.scores import regressed_rate
 from sftree.search.edge import EdgeContext, run_edge

@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers_export import make_results
-from test_export_sft import paths_file
+from helpers.export import make_results, paths_file
 
 from sftree.dataset.export import export_task
 from sftree.errors import InputError

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import yaml
-from tree_rules import check_paths, check_tree
 
+from helpers.tree_rules import check_paths, check_tree
 from sftree import cli
 from sftree.config import REPO_ROOT
 from sftree.dataset.paths import select_paths
@@ -71,7 +71,7 @@ def explore_cmd(root: Path, out: Path, config: Path) -> list[str]:
 
 def load_final(out: Path) -> treemod.Tree:
     """tree.json, validated against the schema and the link checks, and checked against the rules of sections 1
-    and 3 by the independent checker (tests/tree_rules.py)."""
+    and 3 by the independent checker (tests/helpers/tree_rules.py)."""
     tree = treemod.load(out / "tree.json")
     obj = tree.to_dict()
     problems = check_tree(obj) + check_paths(obj, select_paths(obj))

@@ -7,7 +7,7 @@ import json
 import random
 
 import pytest
-from test_search_policy import new_tree, result
+from helpers.mcts import new_tree, result
 
 from sftree.errors import InputError
 from sftree.search import mcts

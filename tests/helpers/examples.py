@@ -1,6 +1,6 @@
 """Generate the example Student run once per test session and share it (read-only) between tests.
 
-    from helpers_examples import example_snapshots
+    from helpers.examples import example_snapshots
     snaps = example_snapshots(tmp_path_factory, count=40)   # -> Path with circle_packing/ and tsp/ inside
 
 The folders are made by the real `scripts/make_example_snapshots.py` (real graders) and cached per
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "make_example_snapshots.py"
 EXAMPLES = REPO / "examples"
 TASKS = ("circle_packing", "tsp")

@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from tree_rules import check_paths, check_tree
+from helpers.tree_rules import check_paths, check_tree
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "workflow/schemas/sft_record.schema.json").read_text())

@@ -1,4 +1,4 @@
-"""Shared helpers for the tests of the Teacher runtime (tests/test_runtime_*.py)."""
+"""Shared helpers for the tests of the Teacher runtime: a root, a task, a config, graded dirs, step records."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The real Coral for tests: `.venv-coral` made by scripts/install_coral.sh from ../shared/coral.
 
-from coral_helpers import coral_python, coral_run, needs_coral
+from helpers.coral import coral_python, coral_run, needs_coral
 pytestmark = needs_coral          # skipped, with the reason, where Coral is not installed
 out = coral_run("from coral.template.coral_md import generate_coral_md; ...")   # stdout of a script in Coral's Python
 
@@ -26,10 +26,10 @@ import yaml
 
 from sftree.world.grader_env import find_uv
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CORAL_SRC = Path(os.environ.get("CORAL_SRC", REPO.parent / "shared" / "coral"))
 VENV = REPO / ".venv-coral"
-AGENTS_DIR = Path(__file__).resolve().parent / "coral_agents"
+AGENTS_DIR = Path(__file__).resolve().parents[1] / "coral_agents"
 
 
 @functools.cache

@@ -16,7 +16,7 @@ from sftree.records import steplog
 from sftree.search import tree as treemod
 from sftree.teacher.fleet import Worker
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BACKGROUND_KINDS = {"stall", "cut", "worker_down", "connection", "http", "stream_error"}
 
 

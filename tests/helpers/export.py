@@ -3,13 +3,18 @@
 The layout follows docs/architecture.md: results/<task>/roots/<root>/metadata.json and
 results/<task>/trees/<root>/{tree.json,edges/<edge>/steps.jsonl}. Sessions grow like a real agent's: each step's
 request is the previous request + the previous response + its tool results, and a forked edge starts from its
-parent's final messages.
+parent's final messages. `paths_file` runs section 3 on such a tree; `run_report` runs `sftree report` on it.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
+
+from sftree.dataset.paths import select_paths
+from sftree.fileio import write_json_atomic
 
 # Two tools whose parameter schemas differ, as real ones do (Arrow must not merge their keys).
 TOOLS = [
@@ -236,3 +241,20 @@ def llamafactory_alternates(messages):
         aligned.append("function" if calls else m["role"])
     odd, even = ("user", "observation"), ("assistant", "function")
     return len(aligned) % 2 == 0 and all(r in (odd if i % 2 == 0 else even) for i, r in enumerate(aligned))
+
+
+def paths_file(tree_dir: Path, top_k: int = 6) -> Path:
+    doc = select_paths(json.loads((tree_dir / "tree.json").read_text()), top_k=top_k)
+    write_json_atomic(tree_dir / "paths.json", doc)
+    return tree_dir / "paths.json"
+
+
+def run_report(base, out) -> str:
+    """`sftree report` as a user runs it; the page it wrote."""
+    res = subprocess.run(
+        [sys.executable, "-m", "sftree", "report", "--results", str(base), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    return out.read_text()

@@ -20,8 +20,7 @@ import threading
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
-from runtime_helpers import config, example_task, make_root
-
+from helpers.runtime import config, example_task, make_root
 from sftree.config import REPO_ROOT
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
 

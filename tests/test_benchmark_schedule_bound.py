@@ -2,7 +2,7 @@
 
 import sys
 
-from test_search_policy import new_tree, step
+from helpers.mcts import new_tree, step
 
 from sftree.config import REPO_ROOT
 from sftree.search import mcts
