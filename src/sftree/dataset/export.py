@@ -51,7 +51,8 @@ from typing import Any
 import jsonschema
 
 from sftree.config import SCHEMA_DIR
-from sftree.dataset.student import Student, StudentStats, load_student, measure
+from sftree.dataset.merged import merged_record, runs
+from sftree.dataset.student import Measure, Student, StudentStats, load_student, measure
 from sftree.errors import InputError
 from sftree.fileio import AtomicLines, iter_jsonl, read_json, write_json_atomic, write_text_atomic
 from sftree.progress import Progress
@@ -61,6 +62,8 @@ from sftree.search.scoring import oriented
 log = logging.getLogger("sftree.dataset.export")
 
 EXPORTED_KINDS = ("agent", "nudge")
+# Record forms (`export.granularity`; docs/outputs.md): one per step, one per selected path, one per run of steps.
+GRANULARITIES = ("step", "path", "merged")
 PATH_FIELDS = (
     "avg_cleanliness",
     "avg_knowledge",
@@ -644,12 +647,12 @@ def export_tree(
             return None
         return rec
 
-    def emit(rec: dict) -> Iterator[dict]:
+    def emit(rec: dict, measured: Measure | None = None) -> Iterator[dict]:
         backend = rec["metadata"]["backend"]
         if refuse_native and backend != OPENCODE:
             stats.refused[backend] += 1
             return
-        if student is not None and not under_student(rec, student, stats):
+        if student is not None and not under_student(rec, student, stats, measured):
             return
         stats.records += 1
         stats.backends[backend] += 1
@@ -709,27 +712,44 @@ def export_tree(
     for path in selected:
         for e in path["edges"]:
             ranks_of[e].append(path["rank"])
-    done: set[str] = set()
-    for path in selected:
-        meta = _path_meta(ctx, path) | {"granularity": "step"}
-        for edge_id in path["edges"]:
-            if edge_id in done:
-                continue
-            done.add(edge_id)
-            for step in steps_of(edge_id):
-                if _answered(step) and exclusion(step):
-                    continue  # counted by steps_of; its message opens the next step's prompt
-                rec = build(step, meta | {"path_ranks": ranks_of[edge_id]}, edge_id)
-                if rec is not None:
-                    yield from emit(rec)
-            cache.pop(edge_id, None)  # an edge's steps are needed once in step granularity
+
+    def step_records() -> Iterator[dict]:
+        done: set[str] = set()
+        for path in selected:
+            meta = _path_meta(ctx, path) | {"granularity": "step"}
+            for edge_id in path["edges"]:
+                if edge_id in done:
+                    continue
+                done.add(edge_id)
+                for step in steps_of(edge_id):
+                    if _answered(step) and exclusion(step):
+                        continue  # counted by steps_of; its message opens the next step's prompt
+                    rec = build(step, meta | {"path_ranks": ranks_of[edge_id]}, edge_id)
+                    if rec is not None:
+                        yield rec
+                cache.pop(edge_id, None)  # an edge's steps are needed once in step granularity
+
+    if granularity != "merged":
+        for rec in step_records():
+            yield from emit(rec)
+        return
+    # merged granularity: runs of consecutive steps of one session, each run one record (dataset/merged.py)
+    for run in runs(step_records(), student):
+        rec = merged_record(run)
+        problem = schema_problem(rec, valid_messages)
+        if problem:
+            stats.skipped["invalid_record"] += 1
+            log.warning("%s: skipping record %s: %s", ctx.paths_file, rec["metadata"]["id"], problem)
+            continue
+        yield from emit(rec, run.measure() if student is not None else None)
 
 
-def under_student(rec: dict, student: Student, stats: ExportStats) -> bool:
+def under_student(rec: dict, student: Student, stats: ExportStats, measured: Measure | None = None) -> bool:
     """Render the record with the Student's template and count its tokens (`metadata.student_tokens`); False when
     it is longer than `max_length` (**rule**: dropped whole and counted, never cut: a cut step record loses its
-    context or its answer). A template that leaves out what the record trains raises StudentError."""
-    m = measure(student, rec)
+    context or its answer). A template that leaves out what the record trains raises StudentError. `measured`: the
+    figures already taken (a merged record, measured step by step in `merged.runs`)."""
+    m = measured or measure(student, rec)
     why = stats.student.count(m)
     if why:
         log.info(
@@ -1339,7 +1359,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--paths", nargs="*", default=None, help="paths.json files of one task's trees")
     parser.add_argument("--merge", nargs="*", default=None, help="per-task sft.jsonl files to merge")
     parser.add_argument("--out", required=True, help="JSONL to write")
-    parser.add_argument("--granularity", choices=("step", "path"), default="step")
+    parser.add_argument("--granularity", choices=GRANULARITIES, default="step")
     parser.add_argument("--dataset-info", help="merge mode: LLaMA-Factory dataset_info.json to write")
     parser.add_argument("--card", help="merge mode: dataset card (Markdown) to write")
     parser.add_argument(

@@ -292,6 +292,52 @@ def trained_text(
     return prompt, whole[len(prompt) :]
 
 
+def ids(student: Student, text: str) -> list[int]:
+    """The token ids of rendered text (it already holds the template's special tokens)."""
+    return student.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class Turn:
+    """One trained assistant message under the Student: the token ids of its context rendered with the generation
+    prompt and of context + message; its trained tokens are `whole[start:]`, where `start` is where the two first
+    differ (TRL's rule: the completion starts where the tokenized prompt and prompt + completion diverge)."""
+
+    prompt: list[int]
+    whole: list[int]
+
+    @property
+    def start(self) -> int:
+        return common_prefix_length(self.prompt, self.whole)
+
+    @property
+    def trained(self) -> int:
+        return len(self.whole) - self.start
+
+
+def render_turn(student: Student, before: list[dict], message: dict, tools: list, rid: str) -> Turn:
+    """Render one trained assistant `message` after `before`; a StudentError naming the template and the record
+    when the rendering leaves out what is trained."""
+    prompt, text = trained_text(student, before, message, tools, rid)
+    gap = missing(text, message)
+    if gap:
+        raise StudentError(
+            f"chat template {student.template_name} leaves out {gap} of the message record {rid} trains "
+            f"(rendered completion: {text[:200]!r}); a template that drops what is trained is refused: set "
+            "export.student.chat_template to one that renders it"
+        )
+    return Turn(ids(student, prompt), ids(student, prompt + text))
+
+
 def measure(student: Student, rec: dict) -> Measure:
     """Render one record (step: `prompt` + `completion`; path: `messages`, every assistant turn trained) and count
     its tokens; a StudentError naming the template and the record when the rendering leaves out what is trained."""
@@ -302,18 +348,7 @@ def measure(student: Student, rec: dict) -> Measure:
     else:
         msgs = rec["messages"]
         trained_at = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
-    trained = 0
-    for i in trained_at:
-        prompt, text = trained_text(student, msgs[:i], msgs[i], tools, rid)
-        gap = missing(text, msgs[i])
-        if gap:
-            raise StudentError(
-                f"chat template {student.template_name} leaves out {gap} of the message record {rid} trains "
-                f"(rendered completion: {text[:200]!r}); a template that drops what is trained is refused: set "
-                "export.student.chat_template to one that renders it"
-            )
-        whole = student.count(prompt + text)
-        trained += whole - student.count(prompt)
+    trained = sum(render_turn(student, msgs[:i], msgs[i], tools, rid).trained for i in trained_at)
     processed = student.count(student.render(msgs, tools, generation=False))
     return Measure(processed, trained)
 
