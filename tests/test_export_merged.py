@@ -12,7 +12,7 @@ import pytest
 from helpers_export import make_results, write_edge
 from test_export_student import QWEN, model, paths_of, student
 
-from sftree.dataset.export import export_task, schema_problem
+from sftree.dataset.export import ExportStats, MergeStats, dataset_card, export_task, schema_problem
 from sftree.dataset.trainer_labels import token_labels, trained_indices
 
 REPO = Path(__file__).parents[1]
@@ -63,6 +63,14 @@ def test_merged_processes_a_fraction_of_the_step_forms_tokens(faulty):
     assert m.trained == s.trained > 0
     # measured: 1895 of 5462 tokens on this fixture (3 records of 11 steps)
     assert m.processed < 0.4 * s.processed
+    assert (
+        m.as_steps == s.processed == s.as_steps
+    )  # what the step form would cost, counted by the merged export
+    card = dataset_card(
+        [], "sft.jsonl", merged=MergeStats(export=ExportStats(granularity="merged", student=m))
+    )
+    assert f"would cost {s.processed} tokens processed" in card
+    assert f"process {m.processed / s.processed:.1%} of that" in card
 
 
 def long_session(tmp_path: Path, steps: int) -> Path:

@@ -923,6 +923,9 @@ class MergeStats:
     boundary_records: int = 0  # written records holding at least one
     export: ExportStats | None = None  # the per-task export stats, summed (None when no input had any)
     missing_stats: list = field(default_factory=list)  # inputs without a stats file
+    # merged-form records left out of the LLaMA-Factory copy: its converter would train every assistant turn of
+    # them, the context's too (they train through `tokenized_path`: docs/outputs.md)
+    llamafactory_left_out: int = 0
 
 
 def _trust_lines(trust: list) -> list[str]:
@@ -1026,7 +1029,7 @@ def _untrained_lines(merged: MergeStats | None, history_excluded: int, step: boo
         "written here, `metadata.history_excluded`).",
         "",
     ]
-    if not step:
+    if export.granularity == "path":
         lines += [
             f"Path records cut before their path's first ill-formed step: {export.paths_cut} "
             "(`metadata.cut`; every assistant turn of a path record is trained).",
@@ -1083,6 +1086,15 @@ def _student_lines(merged: MergeStats | None) -> list[str]:
         f"Records: {st.records}; tokens processed {st.processed}; tokens trained {st.trained}; processed per "
         f"trained token: {ratio}. Longest record: {st.longest} tokens.",
         "",
+    ]
+    if st.as_steps and st.as_steps != st.processed:
+        lines += [
+            f"As step records (one per trained message, each with its whole context) the same trained tokens would "
+            f"cost {st.as_steps} tokens processed ({st.as_steps / st.trained:.1f} per trained token): the records "
+            f"written process {st.processed / st.as_steps:.1%} of that.",
+            "",
+        ]
+    lines += [
         f"Records dropped: {_counts(st.dropped)}"
         + (
             f" (`{DROP_TOO_LONG}`: the whole rendered record is longer than `max_length`; dropped, never cut, so "
@@ -1139,13 +1151,24 @@ def dataset_card(
         malformed += m.get("malformed_arguments", 0)
         paths.setdefault((task, root, m.get("path_rank")), m)
     step = granularities.get("step", 0) > 0
-    form = (
-        "Each line is `{prompt, completion, tools, metadata}` (TRL's conversational prompt-completion form): "
-        "`completion` is the one assistant message the record trains, `prompt` every message before it."
-        if step
-        else "Each line is `{messages, tools, metadata}`: the whole session of a selected path, every assistant "
-        "turn trained."
-    )
+    merged_form = not step and granularities.get("merged", 0) > 0
+    if step:
+        form = (
+            "Each line is `{prompt, completion, tools, metadata}` (TRL's conversational prompt-completion form): "
+            "`completion` is the one assistant message the record trains, `prompt` every message before it."
+        )
+    elif merged_form:
+        form = (
+            "Each line is `{messages, tools, metadata}`: a run of consecutive steps of one session; only the "
+            "assistant messages at `metadata.trained` are trained (each one step's completion, once, in the "
+            "context it saw); every other message is context. Train it with the marked tokens "
+            '(`sftree.dataset.trainer_labels.token_labels`: docs/outputs.md, "Training").'
+        )
+    else:
+        form = (
+            "Each line is `{messages, tools, metadata}`: the whole session of a selected path, every assistant "
+            "turn trained."
+        )
     lines = [
         "# sftree SFT dataset",
         "",
@@ -1234,6 +1257,36 @@ def dataset_card(
             'objects and are kept as `{"_raw": ...}`.',
         ]
     trl_cols = '"prompt", "completion", "tools"' if step else '"messages", "tools"'
+    if merged_form:
+        lines += [
+            "",
+            "## Loading",
+            "",
+            "TRL (`datasets>=4.7`): the trained tokens marked with the Student's own tokenizer, as a pre-tokenized "
+            "dataset whose `completion_mask` TRL turns into labels:",
+            "",
+            "```python",
+            "from datasets import load_dataset",
+            "from transformers import AutoTokenizer",
+            "from trl import SFTConfig, SFTTrainer",
+            "from sftree.dataset.trainer_labels import token_labels  # standard library only: or copy the file",
+            "",
+            'tok = AutoTokenizer.from_pretrained("Qwen/Qwen3-8B")',
+            f'ds = load_dataset("json", data_files="{sft_name}", split="train")',
+            "ds = ds.map(lambda r: token_labels(r, tok), remove_columns=ds.column_names)",
+            'trainer = SFTTrainer(model="Qwen/Qwen3-8B", processing_class=tok, train_dataset=ds, '
+            "args=SFTConfig(completion_only_loss=True))",
+            "trainer.train()",
+            "```",
+            "",
+            "LLaMA-Factory: the same rows with `labels` saved by `datasets` (`save_to_disk`) and read with "
+            "`tokenized_path` (its `openai` converter would train every assistant turn of a record, the context's "
+            "too); docs/outputs.md.",
+            "",
+            "See `docs/outputs.md` for every field of `metadata`.",
+            "",
+        ]
+        return "\n".join(lines)
     lines += [
         "",
         "## Loading",
@@ -1313,7 +1366,9 @@ def merge(
                 n = turn_boundaries(rec)
                 stats.boundaries += n
                 stats.boundary_records += n > 0
-                if lf:
+                if lf and (rec.get("metadata") or {}).get("granularity") == "merged":
+                    stats.llamafactory_left_out += 1
+                elif lf:
                     lf.write(llamafactory_record(rec))
                 metadata.append(rec.get("metadata") or {})
                 progress.update()
@@ -1327,6 +1382,7 @@ def merge(
             "dropped": stats.dropped,
             "turn_boundaries": stats.boundaries,
             "turn_boundary_records": stats.boundary_records,
+            "llamafactory_left_out": stats.llamafactory_left_out,
             "missing_stats": list(stats.missing_stats),
         }
     }

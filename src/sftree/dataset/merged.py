@@ -48,7 +48,11 @@ class Run:
     turns: list[Turn] = field(default_factory=list)  # under the Student only
 
     def measure(self) -> Measure:
-        return Measure(len(self.turns[-1].whole), sum(t.trained for t in self.turns))
+        return Measure(
+            len(self.turns[-1].whole),
+            sum(t.trained for t in self.turns),
+            sum(len(t.whole) for t in self.turns),
+        )
 
 
 def merged_record(run: Run) -> dict:

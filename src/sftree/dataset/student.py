@@ -83,6 +83,7 @@ class Measure:
 
     processed: int
     trained: int
+    as_steps: int = 0  # tokens the step form processes for the same trained messages (one record per step)
 
 
 # --- loading --------------------------------------------------------------------------------------------
@@ -350,7 +351,7 @@ def measure(student: Student, rec: dict) -> Measure:
         trained_at = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
     trained = sum(render_turn(student, msgs[:i], msgs[i], tools, rid).trained for i in trained_at)
     processed = student.count(student.render(msgs, tools, generation=False))
-    return Measure(processed, trained)
+    return Measure(processed, trained, processed if "prompt" in rec else 0)
 
 
 # Length distribution buckets, as fractions of max_length (the last: over it, dropped).
@@ -387,6 +388,9 @@ class StudentStats:
     longest: int = 0  # the longest record measured, written or not
     lengths: dict | None = None  # records measured by length_bucket (dropped ones in `>100%`)
     dropped: dict | None = None  # records left out, by reason
+    as_steps: int = (
+        0  # tokens the step form would process for the records written (merged: the sum over steps)
+    )
 
     def __post_init__(self) -> None:
         self.lengths = {k: int((self.lengths or {}).get(k, 0)) for k in bucket_names()}
@@ -406,6 +410,7 @@ class StudentStats:
         self.records += 1
         self.processed += m.processed
         self.trained += m.trained
+        self.as_steps += m.as_steps
         return None
 
     def to_dict(self) -> dict:
@@ -417,6 +422,7 @@ class StudentStats:
             "tokens_processed": self.processed,
             "tokens_trained": self.trained,
             "longest": self.longest,
+            "tokens_processed_as_steps": self.as_steps,
             "lengths": dict(self.lengths),
             "dropped": dict(sorted(self.dropped.items())),
         }
@@ -433,6 +439,7 @@ class StudentStats:
             int(d.get("longest") or 0),
             d.get("lengths"),
             d.get("dropped"),
+            int(d.get("tokens_processed_as_steps") or 0),
         )
 
     def add(self, other: StudentStats) -> None:
@@ -445,6 +452,7 @@ class StudentStats:
         self.processed += other.processed
         self.trained += other.trained
         self.longest = max(self.longest, other.longest)
+        self.as_steps += other.as_steps
         for k, v in other.lengths.items():
             self.lengths[k] = self.lengths.get(k, 0) + v
         for k, v in other.dropped.items():

@@ -67,3 +67,15 @@ def token_labels(record: dict, tokenizer: Any) -> dict:
         for i in range(_common_prefix_length(prompt, whole), len(whole)):
             mask[i] = 1
     return {"input_ids": full, "completion_mask": mask}
+
+
+IGNORE_INDEX = -100  # the label of a token left out of the loss (transformers, TRL, LLaMA-Factory)
+
+
+def label_row(record: dict, tokenizer: Any) -> dict:
+    """`token_labels` as a trainer's tokenized row: `input_ids`, `attention_mask`, `labels` (IGNORE_INDEX off the
+    trained tokens): what LLaMA-Factory reads from its `tokenized_path`."""
+    out = token_labels(record, tokenizer)
+    ids = out["input_ids"]
+    labels = [t if m else IGNORE_INDEX for t, m in zip(ids, out["completion_mask"], strict=True)]
+    return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels}
