@@ -1,6 +1,6 @@
 """Selected paths -> SFT JSONL (`sftree export-sft`), and the merged dataset with its card.
 
-Per task: `--paths P1 P2 ... --out results/<task>/sft.jsonl --granularity step|path [--refuse-native]`; the
+Per task: `--paths P1 P2 ... --out results/<task>/sft.jsonl --granularity step|path|merged [--refuse-native]`; the
 counts of the export (records, steps left out and why) go to `results/<task>/sft.stats.json` beside it.
 Merge: `--merge T1.jsonl T2.jsonl --out results/sft.jsonl --dataset-info results/dataset_info.json
 --card results/dataset_card.md --llamafactory-out results/sft_llamafactory.jsonl [--results DIR] [--dedupe]`;
@@ -17,6 +17,9 @@ against that schema before it is written:
   all of them in `path_ranks`).
 - path granularity: `{messages, tools, metadata}`, one record per selected path: the last such step of its last
   edge (its request already holds the whole session since the root), plus its response and tool results.
+- merged granularity: `{messages, tools, metadata}`, one record per run of consecutive step records of one session,
+  the run's completions listed in `metadata.trained` (dataset/merged.py): the step form's trained messages, each
+  once in the same context, without repeating the session for every step.
 - **Only well-formed steps are trained** (`exclusion`): a reply cut at `max_tokens` (`finish_reason: length`), a
   tool call whose arguments the model did not send as a JSON object, or a reply that normalisation changed (a tool
   call written as text, a legacy `function_call`, a repaired character) is never a completion. It stays in the
