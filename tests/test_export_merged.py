@@ -167,3 +167,24 @@ def test_config_accepts_the_merged_form():
         load_config(REPO / "config.yaml", {"export": {"granularity": "merged"}})["export"]["granularity"]
         == "merged"
     )
+
+
+def test_cli_and_merge_write_the_merged_form(faulty, tmp_path):
+    import subprocess
+    import sys
+
+    from sftree.dataset.export import merge
+
+    out = tmp_path / "results" / "circle_packing" / "sft.jsonl"
+    exe = [sys.executable, "-m", "sftree", "export-sft", "--paths", str(faulty), "--out", str(out)]
+    res = subprocess.run([*exe, "--granularity", "merged"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    assert records and {r["metadata"]["granularity"] for r in records} == {"merged"}
+    card, lf = tmp_path / "card.md", tmp_path / "sft_llamafactory.jsonl"
+    stats = merge([str(out)], str(tmp_path / "sft.jsonl"), None, str(card), str(lf))
+    # LLaMA-Factory's converter would train the context's assistant turns too: not in its copy, counted
+    assert stats.llamafactory_left_out == len(records) and lf.read_text() == ""
+    text = card.read_text()
+    assert "only the assistant messages at `metadata.trained` are trained" in text and "token_labels" in text
+    assert stats.duplicates == 0  # a run's key is all its trained messages, not its last one alone

@@ -821,15 +821,22 @@ def record_messages(rec: dict) -> list[dict]:
 
 
 def target_key(rec: dict) -> str:
-    """The trained message (the last assistant message) as canonical JSON, tool-call ids left out: two records
-    with the same key teach the same answer."""
-    last = next((m for m in reversed(record_messages(rec)) if m.get("role") == "assistant"), {})
+    """The trained message (the last assistant message; a merged record: its trained messages) as canonical JSON,
+    tool-call ids left out: two records with the same key teach the same answer."""
+    msgs = record_messages(rec)
+    meta = rec.get("metadata") or {}
+    if meta.get("granularity") == "merged":  # a run: all its trained messages
+        return json.dumps([_target(msgs[k]) for k in meta["trained"]], sort_keys=True, ensure_ascii=False)
+    last = next((m for m in reversed(msgs) if m.get("role") == "assistant"), {})
+    return json.dumps(_target(last), sort_keys=True, ensure_ascii=False)
+
+
+def _target(m: dict) -> dict:
     calls = [
         {"name": tc["function"]["name"], "arguments": tc["function"]["arguments"]}
-        for tc in last.get("tool_calls", [])
+        for tc in m.get("tool_calls") or []
     ]
-    body = {k: last.get(k) for k in ("content", "reasoning_content")} | {"tool_calls": calls}
-    return json.dumps(body, sort_keys=True, ensure_ascii=False)
+    return {k: m.get(k) for k in ("content", "reasoning_content")} | {"tool_calls": calls}
 
 
 def _lf_assistant(m: dict) -> dict:
