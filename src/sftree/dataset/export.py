@@ -1,6 +1,6 @@
 """Selected paths -> SFT JSONL (`sftree export-sft`), and the merged dataset with its card.
 
-Per task: `--paths P1 P2 ... --out results/<task>/sft.jsonl --granularity step|path [--refuse-native]`; the
+Per task: `--paths P1 P2 ... --out results/<task>/sft.jsonl --granularity step|path|merged [--refuse-native]`; the
 counts of the export (records, steps left out and why) go to `results/<task>/sft.stats.json` beside it.
 Merge: `--merge T1.jsonl T2.jsonl --out results/sft.jsonl --dataset-info results/dataset_info.json
 --card results/dataset_card.md --llamafactory-out results/sft_llamafactory.jsonl [--results DIR] [--dedupe]`;
@@ -17,6 +17,9 @@ against that schema before it is written:
   all of them in `path_ranks`).
 - path granularity: `{messages, tools, metadata}`, one record per selected path: the last such step of its last
   edge (its request already holds the whole session since the root), plus its response and tool results.
+- merged granularity: `{messages, tools, metadata}`, one record per run of consecutive step records of one session,
+  the run's completions listed in `metadata.trained` (dataset/merged.py): the step form's trained messages, each
+  once in the same context, without repeating the session for every step.
 - **Only well-formed steps are trained** (`exclusion`): a reply cut at `max_tokens` (`finish_reason: length`), a
   tool call whose arguments the model did not send as a JSON object, or a reply that normalisation changed (a tool
   call written as text, a legacy `function_call`, a repaired character) is never a completion. It stays in the
@@ -51,7 +54,8 @@ from typing import Any
 import jsonschema
 
 from sftree.config import SCHEMA_DIR
-from sftree.dataset.student import Student, StudentStats, load_student, measure
+from sftree.dataset.merged import merged_record, runs
+from sftree.dataset.student import Measure, Student, StudentStats, load_student, measure
 from sftree.errors import InputError
 from sftree.fileio import AtomicLines, iter_jsonl, read_json, write_json_atomic, write_text_atomic
 from sftree.progress import Progress
@@ -64,6 +68,8 @@ from sftree.records.tree import final_path, read_tree
 log = logging.getLogger("sftree.dataset.export")
 
 EXPORTED_KINDS = ("agent", "nudge")
+# Record forms (`export.granularity`; docs/outputs.md): one per step, one per selected path, one per run of steps.
+GRANULARITIES = ("step", "path", "merged")
 PATH_FIELDS = (
     "avg_cleanliness",
     "avg_knowledge",
@@ -647,12 +653,12 @@ def export_tree(
             return None
         return rec
 
-    def emit(rec: dict) -> Iterator[dict]:
+    def emit(rec: dict, measured: Measure | None = None) -> Iterator[dict]:
         backend = rec["metadata"]["backend"]
         if refuse_native and backend != OPENCODE:
             stats.refused[backend] += 1
             return
-        if student is not None and not under_student(rec, student, stats):
+        if student is not None and not under_student(rec, student, stats, measured):
             return
         stats.records += 1
         stats.backends[backend] += 1
@@ -712,27 +718,44 @@ def export_tree(
     for path in selected:
         for e in path["edges"]:
             ranks_of[e].append(path["rank"])
-    done: set[str] = set()
-    for path in selected:
-        meta = _path_meta(ctx, path) | {"granularity": "step"}
-        for edge_id in path["edges"]:
-            if edge_id in done:
-                continue
-            done.add(edge_id)
-            for step in steps_of(edge_id):
-                if _answered(step) and exclusion(step):
-                    continue  # counted by steps_of; its message opens the next step's prompt
-                rec = build(step, meta | {"path_ranks": ranks_of[edge_id]}, edge_id)
-                if rec is not None:
-                    yield from emit(rec)
-            cache.pop(edge_id, None)  # an edge's steps are needed once in step granularity
+
+    def step_records() -> Iterator[dict]:
+        done: set[str] = set()
+        for path in selected:
+            meta = _path_meta(ctx, path) | {"granularity": "step"}
+            for edge_id in path["edges"]:
+                if edge_id in done:
+                    continue
+                done.add(edge_id)
+                for step in steps_of(edge_id):
+                    if _answered(step) and exclusion(step):
+                        continue  # counted by steps_of; its message opens the next step's prompt
+                    rec = build(step, meta | {"path_ranks": ranks_of[edge_id]}, edge_id)
+                    if rec is not None:
+                        yield rec
+                cache.pop(edge_id, None)  # an edge's steps are needed once in step granularity
+
+    if granularity != "merged":
+        for rec in step_records():
+            yield from emit(rec)
+        return
+    # merged granularity: runs of consecutive steps of one session, each run one record (dataset/merged.py)
+    for run in runs(step_records(), student):
+        rec = merged_record(run)
+        problem = schema_problem(rec, valid_messages)
+        if problem:
+            stats.skipped["invalid_record"] += 1
+            log.warning("%s: skipping record %s: %s", ctx.paths_file, rec["metadata"]["id"], problem)
+            continue
+        yield from emit(rec, run.measure() if student is not None else None)
 
 
-def under_student(rec: dict, student: Student, stats: ExportStats) -> bool:
+def under_student(rec: dict, student: Student, stats: ExportStats, measured: Measure | None = None) -> bool:
     """Render the record with the Student's template and count its tokens (`metadata.student_tokens`); False when
     it is longer than `max_length` (**rule**: dropped whole and counted, never cut: a cut step record loses its
-    context or its answer). A template that leaves out what the record trains raises StudentError."""
-    m = measure(student, rec)
+    context or its answer). A template that leaves out what the record trains raises StudentError. `measured`: the
+    figures already taken (a merged record, measured step by step in `merged.runs`)."""
+    m = measured or measure(student, rec)
     why = stats.student.count(m)
     if why:
         log.info(
@@ -801,15 +824,22 @@ def record_messages(rec: dict) -> list[dict]:
 
 
 def target_key(rec: dict) -> str:
-    """The trained message (the last assistant message) as canonical JSON, tool-call ids left out: two records
-    with the same key teach the same answer."""
-    last = next((m for m in reversed(record_messages(rec)) if m.get("role") == "assistant"), {})
+    """The trained message (the last assistant message; a merged record: its trained messages) as canonical JSON,
+    tool-call ids left out: two records with the same key teach the same answer."""
+    msgs = record_messages(rec)
+    meta = rec.get("metadata") or {}
+    if meta.get("granularity") == "merged":  # a run: all its trained messages
+        return json.dumps([_target(msgs[k]) for k in meta["trained"]], sort_keys=True, ensure_ascii=False)
+    last = next((m for m in reversed(msgs) if m.get("role") == "assistant"), {})
+    return json.dumps(_target(last), sort_keys=True, ensure_ascii=False)
+
+
+def _target(m: dict) -> dict:
     calls = [
         {"name": tc["function"]["name"], "arguments": tc["function"]["arguments"]}
-        for tc in last.get("tool_calls", [])
+        for tc in m.get("tool_calls") or []
     ]
-    body = {k: last.get(k) for k in ("content", "reasoning_content")} | {"tool_calls": calls}
-    return json.dumps(body, sort_keys=True, ensure_ascii=False)
+    return {k: m.get(k) for k in ("content", "reasoning_content")} | {"tool_calls": calls}
 
 
 def _lf_assistant(m: dict) -> dict:
@@ -906,6 +936,9 @@ class MergeStats:
     boundary_records: int = 0  # written records holding at least one
     export: ExportStats | None = None  # the per-task export stats, summed (None when no input had any)
     missing_stats: list = field(default_factory=list)  # inputs without a stats file
+    # merged-form records left out of the LLaMA-Factory copy: its converter would train every assistant turn of
+    # them, the context's too (they train through `tokenized_path`: docs/outputs.md)
+    llamafactory_left_out: int = 0
 
 
 def _trust_lines(trust: list) -> list[str]:
@@ -1009,7 +1042,7 @@ def _untrained_lines(merged: MergeStats | None, history_excluded: int, step: boo
         "written here, `metadata.history_excluded`).",
         "",
     ]
-    if not step:
+    if export.granularity == "path":
         lines += [
             f"Path records cut before their path's first ill-formed step: {export.paths_cut} "
             "(`metadata.cut`; every assistant turn of a path record is trained).",
@@ -1066,6 +1099,15 @@ def _student_lines(merged: MergeStats | None) -> list[str]:
         f"Records: {st.records}; tokens processed {st.processed}; tokens trained {st.trained}; processed per "
         f"trained token: {ratio}. Longest record: {st.longest} tokens.",
         "",
+    ]
+    if st.as_steps and st.as_steps != st.processed:
+        lines += [
+            f"As step records (one per trained message, each with its whole context) the same trained tokens would "
+            f"cost {st.as_steps} tokens processed ({st.as_steps / st.trained:.1f} per trained token): the records "
+            f"written process {st.processed / st.as_steps:.1%} of that.",
+            "",
+        ]
+    lines += [
         f"Records dropped: {_counts(st.dropped)}"
         + (
             f" (`{DROP_TOO_LONG}`: the whole rendered record is longer than `max_length`; dropped, never cut, so "
@@ -1122,13 +1164,24 @@ def dataset_card(
         malformed += m.get("malformed_arguments", 0)
         paths.setdefault((task, root, m.get("path_rank")), m)
     step = granularities.get("step", 0) > 0
-    form = (
-        "Each line is `{prompt, completion, tools, metadata}` (TRL's conversational prompt-completion form): "
-        "`completion` is the one assistant message the record trains, `prompt` every message before it."
-        if step
-        else "Each line is `{messages, tools, metadata}`: the whole session of a selected path, every assistant "
-        "turn trained."
-    )
+    merged_form = not step and granularities.get("merged", 0) > 0
+    if step:
+        form = (
+            "Each line is `{prompt, completion, tools, metadata}` (TRL's conversational prompt-completion form): "
+            "`completion` is the one assistant message the record trains, `prompt` every message before it."
+        )
+    elif merged_form:
+        form = (
+            "Each line is `{messages, tools, metadata}`: a run of consecutive steps of one session; only the "
+            "assistant messages at `metadata.trained` are trained (each one step's completion, once, in the "
+            "context it saw); every other message is context. Train it with the marked tokens "
+            '(`sftree.dataset.trainer_labels.token_labels`: docs/outputs.md, "Training").'
+        )
+    else:
+        form = (
+            "Each line is `{messages, tools, metadata}`: the whole session of a selected path, every assistant "
+            "turn trained."
+        )
     lines = [
         "# sftree SFT dataset",
         "",
@@ -1217,6 +1270,36 @@ def dataset_card(
             'objects and are kept as `{"_raw": ...}`.',
         ]
     trl_cols = '"prompt", "completion", "tools"' if step else '"messages", "tools"'
+    if merged_form:
+        lines += [
+            "",
+            "## Loading",
+            "",
+            "TRL (`datasets>=4.7`): the trained tokens marked with the Student's own tokenizer, as a pre-tokenized "
+            "dataset whose `completion_mask` TRL turns into labels:",
+            "",
+            "```python",
+            "from datasets import load_dataset",
+            "from transformers import AutoTokenizer",
+            "from trl import SFTConfig, SFTTrainer",
+            "from sftree.dataset.trainer_labels import token_labels  # standard library only: or copy the file",
+            "",
+            'tok = AutoTokenizer.from_pretrained("Qwen/Qwen3-8B")',
+            f'ds = load_dataset("json", data_files="{sft_name}", split="train")',
+            "ds = ds.map(lambda r: token_labels(r, tok), remove_columns=ds.column_names)",
+            'trainer = SFTTrainer(model="Qwen/Qwen3-8B", processing_class=tok, train_dataset=ds, '
+            "args=SFTConfig(completion_only_loss=True))",
+            "trainer.train()",
+            "```",
+            "",
+            "LLaMA-Factory: the same rows with `labels` saved by `datasets` (`save_to_disk`) and read with "
+            "`tokenized_path` (its `openai` converter would train every assistant turn of a record, the context's "
+            "too); docs/outputs.md.",
+            "",
+            "See `docs/outputs.md` for every field of `metadata`.",
+            "",
+        ]
+        return "\n".join(lines)
     lines += [
         "",
         "## Loading",
@@ -1296,7 +1379,9 @@ def merge(
                 n = turn_boundaries(rec)
                 stats.boundaries += n
                 stats.boundary_records += n > 0
-                if lf:
+                if lf and (rec.get("metadata") or {}).get("granularity") == "merged":
+                    stats.llamafactory_left_out += 1
+                elif lf:
                     lf.write(llamafactory_record(rec))
                 metadata.append(rec.get("metadata") or {})
                 progress.update()
@@ -1310,6 +1395,7 @@ def merge(
             "dropped": stats.dropped,
             "turn_boundaries": stats.boundaries,
             "turn_boundary_records": stats.boundary_records,
+            "llamafactory_left_out": stats.llamafactory_left_out,
             "missing_stats": list(stats.missing_stats),
         }
     }
@@ -1342,7 +1428,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--paths", nargs="*", default=None, help="paths.json files of one task's trees")
     parser.add_argument("--merge", nargs="*", default=None, help="per-task sft.jsonl files to merge")
     parser.add_argument("--out", required=True, help="JSONL to write")
-    parser.add_argument("--granularity", choices=("step", "path"), default="step")
+    parser.add_argument("--granularity", choices=GRANULARITIES, default="step")
     parser.add_argument("--dataset-info", help="merge mode: LLaMA-Factory dataset_info.json to write")
     parser.add_argument("--card", help="merge mode: dataset card (Markdown) to write")
     parser.add_argument(

@@ -83,6 +83,7 @@ class Measure:
 
     processed: int
     trained: int
+    as_steps: int = 0  # tokens the step form processes for the same trained messages (one record per step)
 
 
 # --- loading --------------------------------------------------------------------------------------------
@@ -292,6 +293,52 @@ def trained_text(
     return prompt, whole[len(prompt) :]
 
 
+def ids(student: Student, text: str) -> list[int]:
+    """The token ids of rendered text (it already holds the template's special tokens)."""
+    return student.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class Turn:
+    """One trained assistant message under the Student: the token ids of its context rendered with the generation
+    prompt and of context + message; its trained tokens are `whole[start:]`, where `start` is where the two first
+    differ (TRL's rule: the completion starts where the tokenized prompt and prompt + completion diverge)."""
+
+    prompt: list[int]
+    whole: list[int]
+
+    @property
+    def start(self) -> int:
+        return common_prefix_length(self.prompt, self.whole)
+
+    @property
+    def trained(self) -> int:
+        return len(self.whole) - self.start
+
+
+def render_turn(student: Student, before: list[dict], message: dict, tools: list, rid: str) -> Turn:
+    """Render one trained assistant `message` after `before`; a StudentError naming the template and the record
+    when the rendering leaves out what is trained."""
+    prompt, text = trained_text(student, before, message, tools, rid)
+    gap = missing(text, message)
+    if gap:
+        raise StudentError(
+            f"chat template {student.template_name} leaves out {gap} of the message record {rid} trains "
+            f"(rendered completion: {text[:200]!r}); a template that drops what is trained is refused: set "
+            "export.student.chat_template to one that renders it"
+        )
+    return Turn(ids(student, prompt), ids(student, prompt + text))
+
+
 def measure(student: Student, rec: dict) -> Measure:
     """Render one record (step: `prompt` + `completion`; path: `messages`, every assistant turn trained) and count
     its tokens; a StudentError naming the template and the record when the rendering leaves out what is trained."""
@@ -302,20 +349,9 @@ def measure(student: Student, rec: dict) -> Measure:
     else:
         msgs = rec["messages"]
         trained_at = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
-    trained = 0
-    for i in trained_at:
-        prompt, text = trained_text(student, msgs[:i], msgs[i], tools, rid)
-        gap = missing(text, msgs[i])
-        if gap:
-            raise StudentError(
-                f"chat template {student.template_name} leaves out {gap} of the message record {rid} trains "
-                f"(rendered completion: {text[:200]!r}); a template that drops what is trained is refused: set "
-                "export.student.chat_template to one that renders it"
-            )
-        whole = student.count(prompt + text)
-        trained += whole - student.count(prompt)
+    trained = sum(render_turn(student, msgs[:i], msgs[i], tools, rid).trained for i in trained_at)
     processed = student.count(student.render(msgs, tools, generation=False))
-    return Measure(processed, trained)
+    return Measure(processed, trained, processed if "prompt" in rec else 0)
 
 
 # Length distribution buckets, as fractions of max_length (the last: over it, dropped).
@@ -352,6 +388,9 @@ class StudentStats:
     longest: int = 0  # the longest record measured, written or not
     lengths: dict | None = None  # records measured by length_bucket (dropped ones in `>100%`)
     dropped: dict | None = None  # records left out, by reason
+    as_steps: int = (
+        0  # tokens the step form would process for the records written (merged: the sum over steps)
+    )
 
     def __post_init__(self) -> None:
         self.lengths = {k: int((self.lengths or {}).get(k, 0)) for k in bucket_names()}
@@ -371,6 +410,7 @@ class StudentStats:
         self.records += 1
         self.processed += m.processed
         self.trained += m.trained
+        self.as_steps += m.as_steps
         return None
 
     def to_dict(self) -> dict:
@@ -382,6 +422,7 @@ class StudentStats:
             "tokens_processed": self.processed,
             "tokens_trained": self.trained,
             "longest": self.longest,
+            "tokens_processed_as_steps": self.as_steps,
             "lengths": dict(self.lengths),
             "dropped": dict(sorted(self.dropped.items())),
         }
@@ -398,6 +439,7 @@ class StudentStats:
             int(d.get("longest") or 0),
             d.get("lengths"),
             d.get("dropped"),
+            int(d.get("tokens_processed_as_steps") or 0),
         )
 
     def add(self, other: StudentStats) -> None:
@@ -410,6 +452,7 @@ class StudentStats:
         self.processed += other.processed
         self.trained += other.trained
         self.longest = max(self.longest, other.longest)
+        self.as_steps += other.as_steps
         for k, v in other.lengths.items():
             self.lengths[k] = self.lengths.get(k, 0) + v
         for k, v in other.dropped.items():

