@@ -58,7 +58,7 @@ def figures(paths_files: list[str], st) -> dict:
 
 def long_session(base: Path, steps: int, context: tuple[list, list]) -> str:
     """A tree of one path whose one edge is a session of `steps` model calls (helpers_export's layout)."""
-    from helpers_export import make_results
+    from helpers.export import make_results
 
     system, tools = context
     tree = make_results(base, faults={}, reasoning=False)
@@ -109,7 +109,7 @@ def opencode_context(results: Path) -> tuple[list, list]:
         rec = next(iter_records(sft))
         system = [m for m in rec["prompt"] if m["role"] == "system"]
         return system, rec["tools"]
-    from helpers_export import TOOLS
+    from helpers.export import TOOLS
 
     return [{"role": "system", "content": "You are a Coral agent."}], TOOLS
 

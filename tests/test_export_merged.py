@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers_export import make_results, write_edge
+from helpers.export import make_results, write_edge
 from test_export_student import QWEN, model, paths_of, student
 
 from sftree.dataset.export import ExportStats, MergeStats, dataset_card, export_task, schema_problem

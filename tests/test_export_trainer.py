@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers_export import make_results
+from helpers.export import make_results
 from test_export_student import QWEN, SMOL, model, paths_of
 
 from sftree.dataset.export import export_task
