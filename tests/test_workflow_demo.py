@@ -11,6 +11,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from collections import Counter
 
 import jsonschema
@@ -19,12 +21,16 @@ import yaml
 from helpers.export import llamafactory_alternates
 from helpers.tree_rules import check_paths, check_tree
 from helpers.workflow import REPO, SCHEMA, rules_run, snakemake
+from test_export_merged import trained_messages
+from test_export_student import QWEN, SMOL, model
 
 AFTER_PATHS = {"select_paths", "export_sft", "merge_sft", "report", "all"}
 
 
-@pytest.mark.slow
-def test_demo_workflow_end_to_end(tmp_path, example_snapshots_dir):
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory, example_snapshots_dir):
+    """The demo run once (its first `snakemake`): (the working folder, the snapshots, the result)."""
+    tmp_path = tmp_path_factory.mktemp("demo")
     config = yaml.safe_load((REPO / "examples/demo.yaml").read_text())
     del config["example_run"]  # the session's simulated run stands in for the demo's example_run rule
     snaps = tmp_path / "snapshots"
@@ -35,7 +41,62 @@ def test_demo_workflow_end_to_end(tmp_path, example_snapshots_dir):
     config["select_roots"]["num_roots"] = 1
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
 
-    res = snakemake(tmp_path)
+    return tmp_path, snaps, snakemake(tmp_path)
+
+
+@pytest.mark.slow
+def test_demo_export_under_the_student(demo, tmp_path):
+    """The demo's selected paths exported under a Student (Qwen2.5-Coder's GGUF: a template that renders tools):
+    the card gives the Student's figures; the merged form trains each trained message of the step form exactly
+    once, at a fraction of its tokens; SmolLM2's own template (it drops tool calls) is refused before a record is
+    written."""
+    qwen, smol = model(QWEN), model(SMOL)  # skip with the reason where install_llm_server.sh did not run
+    work, _, res = demo
+    assert res.returncode == 0, res.stderr[-4000:]
+    exported, figures = {}, {}
+    for form in ("step", "merged"):
+        outs = []
+        for task in ("circle_packing", "tsp"):
+            out = tmp_path / form / task / "sft.jsonl"
+            paths = sorted(str(p) for p in (work / "results" / task / "trees").glob("*/paths.json"))
+            argv = ["export-sft", "--paths", *paths, "--out", str(out), "--granularity", form]
+            done = sftree(*argv, "--student", str(qwen), "--student-max-length", "100000")
+            assert done.returncode == 0, done.stderr[-3000:]
+            outs.append(str(out))
+        card = tmp_path / form / "dataset_card.md"
+        done = sftree("export-sft", "--merge", *outs, "--out", str(tmp_path / form / "sft.jsonl"),
+                      "--card", str(card))  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        exported[form] = [json.loads(x) for x in (tmp_path / form / "sft.jsonl").read_text().splitlines()]
+        figures[form] = json.loads((tmp_path / form / "sft.stats.json").read_text())["student"]
+        assert (
+            f"Records: {figures[form]['records']}; tokens processed {figures[form]['tokens_processed']}"
+            in (card.read_text())
+        )
+    step, merged = trained_messages(exported["step"]), trained_messages(exported["merged"])
+    assert step == merged and set(merged.values()) == {1} and len(exported["merged"]) < len(exported["step"])
+    assert figures["merged"]["tokens_trained"] == figures["step"]["tokens_trained"] > 0
+    assert figures["merged"]["tokens_processed"] < figures["step"]["tokens_processed"] / 2
+
+    out = tmp_path / "smol" / "sft.jsonl"
+    paths = sorted(str(p) for p in (work / "results" / "tsp" / "trees").glob("*/paths.json"))
+    done = sftree("export-sft", "--paths", *paths, "--out", str(out), "--student", str(smol),
+                  "--student-max-length", "100000")  # fmt: skip
+    assert done.returncode != 0 and "chat_template leaves out the tool call" in done.stderr, done.stderr[
+        -2000:
+    ]
+    assert not out.parent.exists() or not list(out.parent.iterdir())
+
+
+def sftree(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sftree", *argv], capture_output=True, text=True, timeout=900
+    )
+
+
+@pytest.mark.slow
+def test_demo_workflow_end_to_end(demo):
+    tmp_path, snaps, res = demo
     assert res.returncode == 0, res.stderr[-4000:]
     results = tmp_path / "results"
     ran = rules_run(res)
