@@ -26,7 +26,7 @@ ALLOWED = {
     ("metadata.json", "roots/import_coral.py"),
     ("metadata.json", "roots/snapshots.py"),
     # a label in messages (`source=`), not a path
-    ("tree.json", "dataset/paths.py"),
+    ("tree.json", "dataset/select_paths.py"),
 }
 
 

@@ -8,8 +8,9 @@ import re
 
 from helpers.export import ROOT, make_results, run_report
 
-from sftree.dataset.export import export_task, merge
-from sftree.dataset.paths import select_paths
+from sftree.dataset.export import export_task
+from sftree.dataset.merge import merge
+from sftree.dataset.select_paths import select_paths
 from sftree.fileio import write_json_atomic, write_jsonl_atomic
 from sftree.report.html import color_scale
 

@@ -36,6 +36,6 @@ rule merge_sft:
         dedupe="--dedupe" if config["export"]["dedupe"] else "",
         results=lambda wc, output: os.path.dirname(output.sft),
     shell:
-        "sftree export-sft --merge {input.sft} --out {output.sft} --dataset-info {output.info}"
+        "sftree merge-sft {input.sft} --out {output.sft} --dataset-info {output.info}"
         " --card {output.card} --llamafactory-out {output.llamafactory}"
         " --results {params.results} {params.dedupe} > {log} 2>&1"

@@ -6,7 +6,7 @@ Everything is inline (SVG, CSS, a few lines of JS), so the file opens in any bro
 - per tree: a drawing with nodes by depth, coloured by score, failed and pruned attempts drawn as red crosses,
   selected paths highlighted; hovering a node shows its score and tokens, clicking shows the full breakdown
   (Select breakdown of each dispatch from that node, the edge that made it); then the ranked paths table;
-- whether to trust it (`sftree.dataset.provenance`): per task the snapshots skipped (pending, failed evals) and the
+- whether to trust it (`sftree.records.trust`): per task the snapshots skipped (pending, failed evals) and the
   sandbox mode; per root and path the root score, leaf score and signed gain, paths ending below their root flagged;
 - dataset statistics from `sft.jsonl` (records by task and stage, tokens, tools called in trained responses,
   exact-duplicate targets, records by agent backend with those not made by OpenCode flagged, the Coral world) and
@@ -26,14 +26,14 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sftree.dataset.export import EXCLUSION_REASONS, OPENCODE, record_messages, stats_path, target_key
-from sftree.dataset.provenance import RootTrust, root_trust, skipped_counts
 from sftree.errors import InputError
 from sftree.fileio import iter_jsonl, read_json, write_text_atomic
 from sftree.progress import Progress
 from sftree.records.paths import paths_path, read_paths
-from sftree.records.scores import best_of, oriented
+from sftree.records.scores import best_of, oriented, signed_gain
+from sftree.records.sft import EXCLUSION_REASONS, OPENCODE, record_messages, stats_path, target_key
 from sftree.records.tree import FINAL_NAME, read_tree
+from sftree.records.trust import RootTrust, root_trust, skipped_counts
 
 log = logging.getLogger("sftree.report.html")
 
@@ -511,8 +511,6 @@ def tree_trust(view: TreeView) -> RootTrust:
 
 def _path_gain(trust: RootTrust, view: TreeView, path: dict) -> tuple[float | None, float | None]:
     """(leaf score, signed gain over the root) of any candidate path, selected or not."""
-    from sftree.dataset.export import signed_gain
-
     leaf = next((n for n in view.tree.get("nodes", []) if n.get("id") == path["leaf"]), {})
     return leaf.get("score"), signed_gain(trust.root_score, leaf.get("score"), trust.direction)
 
