@@ -19,6 +19,7 @@ OWNERS = {
     "steps.jsonl": "records/steplog.py",
     "messages.jsonl": "records/steplog.py",
     "paths.json": "records/paths.py",
+    "sft.jsonl": "records/sft.py",
 }
 ALLOWED = {
     # The Student run's snapshot folders (stage 1's input, not a record between sftree's stages): import-coral

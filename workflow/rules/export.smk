@@ -25,6 +25,7 @@ rule merge_sft:
     output:
         sft=f"{RESULTS}/sft.jsonl",
         stats=f"{RESULTS}/sft.stats.json",
+        figures=f"{RESULTS}/sft.figures.json",
         info=f"{RESULTS}/dataset_info.json",
         llamafactory=f"{RESULTS}/sft_llamafactory.jsonl",
         card=report(f"{RESULTS}/dataset_card.md", category="Dataset"),

@@ -1,20 +1,17 @@
 """The dataset card (`dataset_card.md`): counts by task, stage and root, tokens, whether to trust the data (gains,
 snapshots skipped, sandbox, backend, Coral), the steps never trained and why, the Student's figures, how the
-LLaMA-Factory copy differs, how to load. Written by `merge-sft` (dataset/merge.py)."""
+LLaMA-Factory copy differs, how to load. Written by `merge-sft` (dataset/merge.py) from the figures it counted
+(dataset/figures.py), the same the report shows."""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from sftree.dataset.figures import DatasetFigures, figures_of
 from sftree.dataset.llamafactory import DATASET_NAME
 from sftree.dataset.stats import ExportStats, MergeStats
 from sftree.dataset.student import DROP_TOO_LONG
-from sftree.records.scores import signed_gain
 from sftree.records.sft import EXCLUSION_REASONS, OPENCODE
-
-
-def _gain(meta: dict) -> float | None:
-    return signed_gain(meta.get("root_score"), meta.get("max_score"), meta.get("direction"))
 
 
 def _fmt(x: float | None, nd: int = 4) -> str:
@@ -202,6 +199,22 @@ def _student_lines(merged: MergeStats | None) -> list[str]:
     return lines
 
 
+STEP_FORM = (
+    "Each line is `{prompt, completion, tools, metadata}` (TRL's conversational prompt-completion form): "
+    "`completion` is the one assistant message the record trains, `prompt` every message before it."
+)
+MERGED_FORM = (
+    "Each line is `{messages, tools, metadata}`: a run of consecutive steps of one session; only the "
+    "assistant messages at `metadata.trained` are trained (each one step's completion, once, in the "
+    "context it saw); every other message is context. Train it with the marked tokens "
+    '(`sftree.dataset.trainer_labels.token_labels`: docs/outputs.md, "Training").'
+)
+PATH_FORM = (
+    "Each line is `{messages, tools, metadata}`: the whole session of a selected path, every assistant "
+    "turn trained."
+)
+
+
 def dataset_card(
     records: list[dict],
     sft_name: str,
@@ -210,99 +223,98 @@ def dataset_card(
     merged: MergeStats | None = None,
     dedupe: bool = False,
 ) -> str:
+    """The card of records in memory (`card_text` of their figures)."""
+    return card_text(figures_of(records), sft_name, lf_name, trust, merged, dedupe)
+
+
+def card_text(
+    fig: DatasetFigures,
+    sft_name: str,
+    lf_name: str | None = None,
+    trust: list | None = None,
+    merged: MergeStats | None = None,
+    dedupe: bool = False,
+) -> str:
     """Markdown card: counts by task/stage/root, tokens, trust (gains, skipped snapshots, sandbox, backend, Coral),
     the steps never trained and why, how the LLaMA-Factory copy differs, how to load."""
-    by_task: Counter[str] = Counter()
-    by_stage: Counter[tuple[str, str]] = Counter()
-    roots: dict[tuple[str, str], dict] = {}
-    paths: dict[tuple[str, str, int], dict] = {}
-    tokens = Counter()
-    granularities = Counter()
-    malformed = history_excluded = 0
-    sandboxes: Counter[str] = Counter()
-    backends: Counter[str] = Counter()
-    corals: Counter[str] = Counter()
-    for r in records:
-        m = r["metadata"]
-        sandboxes[str(m.get("sandbox") or "unknown")] += 1
-        backends[str(m.get("backend") or "unknown")] += 1
-        corals[str(m.get("coral") or "stand-in")] += 1
-        history_excluded += m.get("history_excluded", 0)
-        task, root, stage = m.get("task"), m.get("root"), m.get("stage") or "unknown"
-        by_task[task] += 1
-        by_stage[(task, stage)] += 1
-        row = roots.setdefault((task, root), {"stage": stage, "records": 0, "tokens": 0, "completion": 0})
-        row["records"] += 1
-        u = m.get("usage") or {}
-        row["tokens"] += u.get("total_tokens", 0)
-        row["completion"] += u.get("completion_tokens", 0)
-        for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
-            tokens[k] += u.get(k, 0)
-        granularities[m.get("granularity")] += 1
-        malformed += m.get("malformed_arguments", 0)
-        paths.setdefault((task, root, m.get("path_rank")), m)
-    step = granularities.get("step", 0) > 0
-    merged_form = not step and granularities.get("merged", 0) > 0
-    if step:
-        form = (
-            "Each line is `{prompt, completion, tools, metadata}` (TRL's conversational prompt-completion form): "
-            "`completion` is the one assistant message the record trains, `prompt` every message before it."
-        )
-    elif merged_form:
-        form = (
-            "Each line is `{messages, tools, metadata}`: a run of consecutive steps of one session; only the "
-            "assistant messages at `metadata.trained` are trained (each one step's completion, once, in the "
-            "context it saw); every other message is context. Train it with the marked tokens "
-            '(`sftree.dataset.trainer_labels.token_labels`: docs/outputs.md, "Training").'
-        )
-    else:
-        form = (
-            "Each line is `{messages, tools, metadata}`: the whole session of a selected path, every assistant "
-            "turn trained."
-        )
-    lines = [
+    step = fig.granularities.get("step", 0) > 0
+    merged_form = not step and fig.granularities.get("merged", 0) > 0
+    lines = _header_lines(fig, sft_name, STEP_FORM if step else MERGED_FORM if merged_form else PATH_FORM)
+    lines += _backend_lines(fig.backends, fig.corals, merged.export if merged else None)
+    lines += _sandbox_lines(fig.sandboxes)
+    if merged is not None:
+        lines += _duplicate_lines(merged, dedupe)
+    if trust:
+        lines += _trust_lines(trust)
+    lines += _untrained_lines(merged, fig.history_excluded, step)
+    lines += _student_lines(merged)
+    lines += _count_lines(fig)
+    lines += _gain_lines(fig)
+    if fig.malformed:
+        lines += [
+            "",
+            f"{fig.malformed} tool-call arguments in the records' history (never in a trained message) were not "
+            'JSON objects and are kept as `{"_raw": ...}`.',
+        ]
+    if merged_form:
+        return "\n".join(lines + _merged_loading_lines(sft_name))
+    return "\n".join(lines + _loading_lines(sft_name, lf_name, step, merged))
+
+
+def _header_lines(fig: DatasetFigures, sft_name: str, form: str) -> list[str]:
+    tasks = {task for task, _ in fig.by_task_stage}
+    kinds = ", ".join(f"{v} {k}" for k, v in fig.granularities.items()) or "none"
+    return [
         "# sftree SFT dataset",
         "",
-        f"`{sft_name}`: {len(records)} records ({', '.join(f'{v} {k}' for k, v in granularities.items()) or 'none'}) "
-        f"from {len(paths)} selected root-to-leaf paths of {len(roots)} trees, {len(by_task)} tasks. {form} "
+        f"`{sft_name}`: {fig.records} records ({kinds}) "
+        f"from {len(fig.paths)} selected root-to-leaf paths of {len(fig.roots)} trees, {len(tasks)} tasks. {form} "
         "OpenAI chat messages: assistant `tool_calls` with `arguments` as JSON objects, tool results as "
         "`role: tool` messages with `tool_call_id` and `name`, `reasoning_content` kept when the Teacher produced "
         "it.",
         "",
     ]
-    lines += _backend_lines(backends, corals, merged.export if merged else None)
-    if sandboxes:
-        note = ", ".join(f"{k}: {v} records" for k, v in sorted(sandboxes.items()))
-        unsafe = (
-            " **Some records were made WITHOUT a sandbox** (`agent.sandbox: none`): their scores come from "
-            "code that ran unconfined."
-            if "none" in sandboxes
-            else ""
-        )
-        lines += [f"Sandbox (docs/security.md): {note}.{unsafe}", ""]
-    if merged is not None:
-        lines += [
-            f"Exact-duplicate targets (same trained message, tool-call ids aside, as an earlier record): "
-            f"{merged.duplicates}; "
-            + (
-                f"dropped ({merged.dropped}, `export.dedupe: true`)."
-                if dedupe
-                else "kept (set `export.dedupe: true` to drop them)."
-            ),
-            "",
-        ]
-    if trust:
-        lines += _trust_lines(trust)
-    lines += _untrained_lines(merged, history_excluded, step)
-    lines += _student_lines(merged)
-    lines += [
+
+
+def _sandbox_lines(sandboxes: Counter) -> list[str]:
+    if not sandboxes:
+        return []
+    note = ", ".join(f"{k}: {v} records" for k, v in sorted(sandboxes.items()))
+    unsafe = (
+        " **Some records were made WITHOUT a sandbox** (`agent.sandbox: none`): their scores come from "
+        "code that ran unconfined."
+        if "none" in sandboxes
+        else ""
+    )
+    return [f"Sandbox (docs/security.md): {note}.{unsafe}", ""]
+
+
+def _duplicate_lines(merged: MergeStats, dedupe: bool) -> list[str]:
+    return [
+        f"Exact-duplicate targets (same trained message, tool-call ids aside, as an earlier record): "
+        f"{merged.duplicates}; "
+        + (
+            f"dropped ({merged.dropped}, `export.dedupe: true`)."
+            if dedupe
+            else "kept (set `export.dedupe: true` to drop them)."
+        ),
+        "",
+    ]
+
+
+def _count_lines(fig: DatasetFigures) -> list[str]:
+    """Card sections: records by task and stage, by root; tokens."""
+    by_task: Counter = Counter()
+    for (task, _), n in fig.by_task_stage.items():
+        by_task[task] += n
+    lines = [
         "## Records by task and stage",
         "",
         "| task | early | middle | late | unknown | total |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for task in sorted(by_task):
-        cells = [str(by_stage[(task, s)]) for s in ("early", "middle", "late", "unknown")]
+        cells = [str(fig.by_task_stage[(task, s)]) for s in ("early", "middle", "late", "unknown")]
         lines.append(f"| {task} | {' | '.join(cells)} | {by_task[task]} |")
     lines += [
         "",
@@ -311,17 +323,24 @@ def dataset_card(
         "| task | root | stage | records | tokens (prompt+completion) | completion tokens |",
         "|---|---|---|---:|---:|---:|",
     ]
-    for (task, root), row in sorted(roots.items()):
+    for (task, root), row in sorted(fig.roots.items()):
         lines.append(
             f"| {task} | {root} | {row['stage']} | {row['records']} | {row['tokens']} | {row['completion']} |"
         )
-    lines += [
+    tokens = fig.tokens
+    return lines + [
         "",
         "## Tokens",
         "",
         f"Prompt tokens {tokens['prompt_tokens']}, completion tokens {tokens['completion_tokens']}, "
         f"total {tokens['total_tokens']} (the Teacher server's `usage` of each exported model call).",
         "",
+    ]
+
+
+def _gain_lines(fig: DatasetFigures) -> list[str]:
+    """Card section: per task the best-node gains of the selected paths."""
+    lines = [
         "## Best-node gains of the selected paths",
         "",
         "Gain here = the path's best node score (not its leaf's, as above) minus its root's (Student) score, "
@@ -331,54 +350,55 @@ def dataset_card(
         "|---|---:|---:|---:|---:|---:|",
     ]
     by_task_paths: dict[str, list[dict]] = defaultdict(list)
-    for (task, _, _), m in paths.items():
-        by_task_paths[task].append(m)
+    for (task, _, _), p in fig.paths.items():
+        by_task_paths[task].append(p)
     for task in sorted(by_task_paths):
-        ms = by_task_paths[task]
-        gains = [g for g in (_gain(m) for m in ms) if g is not None]
-        ps = [m["path_score"] for m in ms if m.get("path_score") is not None]
+        ps = by_task_paths[task]
+        gains = [p["gain"] for p in ps if p["gain"] is not None]
+        scores = [p["path_score"] for p in ps if p["path_score"] is not None]
         lines.append(
-            f"| {task} | {len(ms)} | {sum(g > 0 for g in gains)} | {_fmt(sum(gains) / len(gains) if gains else None)}"
-            f" | {_fmt(max(gains) if gains else None)} | {_fmt(sum(ps) / len(ps) if ps else None)} |"
+            f"| {task} | {len(ps)} | {sum(g > 0 for g in gains)} | {_fmt(sum(gains) / len(gains) if gains else None)}"
+            f" | {_fmt(max(gains) if gains else None)} | {_fmt(sum(scores) / len(scores) if scores else None)} |"
         )
-    if malformed:
-        lines += [
-            "",
-            f"{malformed} tool-call arguments in the records' history (never in a trained message) were not JSON "
-            'objects and are kept as `{"_raw": ...}`.',
-        ]
+    return lines
+
+
+def _merged_loading_lines(sft_name: str) -> list[str]:
+    """Card: how to train the merged form (its trained tokens marked by the Student's tokenizer)."""
+    return [
+        "",
+        "## Loading",
+        "",
+        "TRL (`datasets>=4.7`): the trained tokens marked with the Student's own tokenizer, as a pre-tokenized "
+        "dataset whose `completion_mask` TRL turns into labels:",
+        "",
+        "```python",
+        "from datasets import load_dataset",
+        "from transformers import AutoTokenizer",
+        "from trl import SFTConfig, SFTTrainer",
+        "from sftree.dataset.trainer_labels import token_labels  # standard library only: or copy the file",
+        "",
+        'tok = AutoTokenizer.from_pretrained("Qwen/Qwen3-8B")',
+        f'ds = load_dataset("json", data_files="{sft_name}", split="train")',
+        "ds = ds.map(lambda r: token_labels(r, tok), remove_columns=ds.column_names)",
+        'trainer = SFTTrainer(model="Qwen/Qwen3-8B", processing_class=tok, train_dataset=ds, '
+        "args=SFTConfig(completion_only_loss=True))",
+        "trainer.train()",
+        "```",
+        "",
+        "LLaMA-Factory: the same rows with `labels` saved by `datasets` (`save_to_disk`) and read with "
+        "`tokenized_path` (its `openai` converter would train every assistant turn of a record, the context's "
+        "too); docs/outputs.md.",
+        "",
+        "See `docs/outputs.md` for every field of `metadata`.",
+        "",
+    ]
+
+
+def _loading_lines(sft_name: str, lf_name: str | None, step: bool, merged: MergeStats | None) -> list[str]:
+    """Card: how to train the step or path form with TRL and with LLaMA-Factory."""
     trl_cols = '"prompt", "completion", "tools"' if step else '"messages", "tools"'
-    if merged_form:
-        lines += [
-            "",
-            "## Loading",
-            "",
-            "TRL (`datasets>=4.7`): the trained tokens marked with the Student's own tokenizer, as a pre-tokenized "
-            "dataset whose `completion_mask` TRL turns into labels:",
-            "",
-            "```python",
-            "from datasets import load_dataset",
-            "from transformers import AutoTokenizer",
-            "from trl import SFTConfig, SFTTrainer",
-            "from sftree.dataset.trainer_labels import token_labels  # standard library only: or copy the file",
-            "",
-            'tok = AutoTokenizer.from_pretrained("Qwen/Qwen3-8B")',
-            f'ds = load_dataset("json", data_files="{sft_name}", split="train")',
-            "ds = ds.map(lambda r: token_labels(r, tok), remove_columns=ds.column_names)",
-            'trainer = SFTTrainer(model="Qwen/Qwen3-8B", processing_class=tok, train_dataset=ds, '
-            "args=SFTConfig(completion_only_loss=True))",
-            "trainer.train()",
-            "```",
-            "",
-            "LLaMA-Factory: the same rows with `labels` saved by `datasets` (`save_to_disk`) and read with "
-            "`tokenized_path` (its `openai` converter would train every assistant turn of a record, the context's "
-            "too); docs/outputs.md.",
-            "",
-            "See `docs/outputs.md` for every field of `metadata`.",
-            "",
-        ]
-        return "\n".join(lines)
-    lines += [
+    return [
         "",
         "## Loading",
         "",
@@ -407,4 +427,3 @@ def dataset_card(
         "See `docs/outputs.md` for every field of `metadata`.",
         "",
     ]
-    return "\n".join(lines)

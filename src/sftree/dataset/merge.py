@@ -14,7 +14,8 @@ import contextlib
 import logging
 from pathlib import Path
 
-from sftree.dataset.card import dataset_card
+from sftree.dataset.card import card_text
+from sftree.dataset.figures import DatasetFigures
 from sftree.dataset.llamafactory import dataset_info, llamafactory_record, turn_boundaries
 from sftree.dataset.stats import ExportStats, MergeStats
 from sftree.errors import InputError
@@ -27,6 +28,7 @@ from sftree.records.sft import (
     record_writer,
     stats_path,
     target_key,
+    write_figures,
     write_stats,
 )
 from sftree.records.trust import read_results
@@ -46,21 +48,54 @@ def merge(
     """Concatenate per-task files (streaming), write the LLaMA-Factory copy, dataset_info.json and the card.
 
     Exact-duplicate targets (`target_key`) are counted; with `dedupe` all but the first are left out. The inputs'
-    stats files (`stats_path`) are summed into the merged one beside `out`, with the merge's own counts.
+    stats files (`stats_path`) are summed into the merged one beside `out`, with the merge's own counts; the
+    figures of the records written (dataset/figures.py) go beside it too, for the card and the report.
     """
-    metadata: list[dict] = []  # the card needs only these, not the messages
     stats = MergeStats()
+    stats.export = _summed_stats(inputs, stats.missing_stats)
+    figures = _write_records(inputs, out, llamafactory, dedupe, stats)
+    write_stats(out, _stats_doc(stats, len(inputs)))
+    write_figures(out, figures.to_dict())
+    if info:
+        write_json_atomic(info, dataset_info(llamafactory or out, info))
+    if card:
+        trust = read_results(Path(results), figures.tasks or None) if results else None
+        lf_name = Path(llamafactory).name if llamafactory else None
+        write_text_atomic(card, card_text(figures, Path(out).name, lf_name, trust, stats, dedupe))
+    log.info(
+        "merged %d records from %d files -> %s; %d exact-duplicate targets (%d dropped)",
+        stats.records,
+        len(inputs),
+        out,
+        stats.duplicates,
+        stats.dropped,
+    )
+    return stats
+
+
+def _summed_stats(inputs: list[str], missing: list) -> ExportStats | None:
+    """The inputs' export stats summed (None when none has a stats file); inputs without one go to `missing`."""
+    total = None
     for f in inputs:
         sp = stats_path(f)
         if not sp.is_file():
-            stats.missing_stats.append(str(f))
+            missing.append(str(f))
             log.warning("%s: no export stats file %s; its left-out steps are not counted", f, sp)
             continue
         one = ExportStats.from_dict(read_stats(sp), str(sp))
-        if stats.export is None:
-            stats.export = one
+        if total is None:
+            total = one
         else:
-            stats.export.add(one)
+            total.add(one)
+    return total
+
+
+def _write_records(
+    inputs: list[str], out: str, llamafactory: str | None, dedupe: bool, stats: MergeStats
+) -> DatasetFigures:
+    """Stream the inputs into `out` (and the LLaMA-Factory copy), counting into `stats`; the written records'
+    figures."""
+    figures = DatasetFigures()
     seen: set[str] = set()
     with contextlib.ExitStack() as stack:
         main = stack.enter_context(record_writer(out))
@@ -69,7 +104,8 @@ def merge(
         for f in inputs:
             for rec in iter_records(f):
                 key = target_key(rec)
-                if key in seen:
+                duplicate = key in seen
+                if duplicate:
                     stats.duplicates += 1
                     if dedupe:
                         stats.dropped += 1
@@ -83,13 +119,18 @@ def merge(
                     stats.llamafactory_left_out += 1
                 elif lf:
                     lf.write(llamafactory_record(rec))
-                metadata.append(rec.get("metadata") or {})
+                figures.add(rec, duplicate)
                 progress.update()
         progress.finish(files=len(inputs))
     stats.records = main.count
-    doc = (stats.export.to_dict() if stats.export else {"version": STATS_VERSION}) | {
+    return figures
+
+
+def _stats_doc(stats: MergeStats, inputs: int) -> dict:
+    """The merged stats file: the inputs' stats summed, plus the merge's own counts."""
+    return (stats.export.to_dict() if stats.export else {"version": STATS_VERSION}) | {
         "merge": {
-            "inputs": len(inputs),
+            "inputs": inputs,
             "records": stats.records,
             "duplicates": stats.duplicates,
             "dropped": stats.dropped,
@@ -99,26 +140,6 @@ def merge(
             "missing_stats": list(stats.missing_stats),
         }
     }
-    write_stats(out, doc)
-    if info:
-        write_json_atomic(info, dataset_info(llamafactory or out, info))
-    if card:
-        tasks = list(dict.fromkeys(m.get("task") for m in metadata if m.get("task")))
-        trust = read_results(Path(results), tasks or None) if results else None
-        lf_name = Path(llamafactory).name if llamafactory else None
-        text = dataset_card(
-            [{"metadata": m} for m in metadata], Path(out).name, lf_name, trust, stats, dedupe
-        )
-        write_text_atomic(card, text)
-    log.info(
-        "merged %d records from %d files -> %s; %d exact-duplicate targets (%d dropped)",
-        stats.records,
-        len(inputs),
-        out,
-        stats.duplicates,
-        stats.dropped,
-    )
-    return stats
 
 
 # --- CLI ------------------------------------------------------------------------------------------------

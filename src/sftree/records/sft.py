@@ -22,6 +22,7 @@ from sftree.fileio import AtomicLines, iter_jsonl, read_json, write_json_atomic
 SFT_NAME = "sft.jsonl"  # the merged file in the results folder (per task: results/<task>/sft.jsonl)
 RECORD_SCHEMA = SCHEMA_DIR / "sft_record.schema.json"
 STATS_VERSION = 1
+FIGURES_VERSION = 1
 # Why a step is never a trained completion (`dataset.messages.exclusion`), in the order the reasons are tested and
 # reported: the keys of the stats' `excluded`.
 EXCLUSION_REASONS = ("truncated", "text_tool_call", "malformed_arguments", "normalised")
@@ -159,4 +160,28 @@ def read_stats(path: str | Path, check: bool = True) -> dict | None:
         return doc if isinstance(doc, dict) else None
     if not isinstance(doc, dict) or doc.get("version") != STATS_VERSION:
         raise InputError(f"{path}: not an export stats file of version {STATS_VERSION}")
+    return doc
+
+
+# --- the figures file -----------------------------------------------------------------------------------
+
+
+def figures_path(out: str | Path) -> Path:
+    """Where the figures of a merged SFT file are written (dataset/figures.py): `sft.jsonl` -> `sft.figures.json`."""
+    out = Path(out)
+    return out.with_name(out.name.removesuffix(".jsonl") + ".figures.json")
+
+
+def write_figures(out: str | Path, doc: dict) -> None:
+    write_json_atomic(figures_path(out), doc)
+
+
+def read_figures(out: str | Path) -> dict | None:
+    """The figures of the merged SFT file `out`, as written; None when there are none."""
+    path = figures_path(out)
+    if not path.is_file():
+        return None
+    doc = read_json(path, "dataset figures file")
+    if not isinstance(doc, dict) or doc.get("version") != FIGURES_VERSION:
+        raise InputError(f"{path}: not a dataset figures file of version {FIGURES_VERSION}")
     return doc
