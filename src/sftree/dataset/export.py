@@ -258,6 +258,7 @@ def export_tree(
     refuse_native: bool = False,
     student: Student | None = None,
 ) -> Iterator[dict]:
+    """The records of one tree's selected paths, in the given form, counted into `stats` as they go."""
     selected = sorted((p for p in ctx.doc["paths"] if p.get("selected")), key=lambda p: p["rank"])
     stats.paths += len(selected)
     # A tampered edge has no child, so no path runs through it; counted for the card all the same.
@@ -265,34 +266,53 @@ def export_tree(
     task = ctx.doc.get("task") or ctx.tree.get("task")
     if task and task not in stats.tasks:
         stats.tasks.append(task)
-    cache: dict[str, list[dict]] = {}
-    excluded: set[str] = set()  # message keys of this tree's ill-formed replies (for history_excluded)
-    counted: set[str] = set()  # edges whose ill-formed steps are counted (each edge once)
-    valid_messages: set[str] = set()  # messages found valid against the schema in this tree
+    tree = _TreeExport(ctx, stats, refuse_native, student)
+    if granularity == "path":
+        yield from tree.path_records(selected)
+    elif granularity == "merged":
+        yield from tree.merged_records(selected)
+    else:
+        for rec in tree.step_records(selected):
+            yield from tree.emit(rec)
 
-    def steps_of(edge_id: str) -> list[dict]:
-        if edge_id not in cache:
-            cache[edge_id] = _exported_steps(ctx, edge_id)
-            if edge_id not in counted:
-                counted.add(edge_id)
-                for s in cache[edge_id]:
+
+class _TreeExport:
+    """One tree's export: the steps of its edges (each read once, its ill-formed steps counted once), the records
+    built from them and checked against the schema, and what is emitted."""
+
+    def __init__(self, ctx: TreeContext, stats: ExportStats, refuse_native: bool, student: Student | None):
+        self.ctx, self.stats, self.refuse_native, self.student = ctx, stats, refuse_native, student
+        self.cache: dict[str, list[dict]] = {}
+        self.excluded: set[str] = (
+            set()
+        )  # message keys of this tree's ill-formed replies (for history_excluded)
+        self.counted: set[str] = set()  # edges whose ill-formed steps are counted (each edge once)
+        self.valid_messages: set[str] = set()  # messages found valid against the schema in this tree
+
+    def steps_of(self, edge_id: str) -> list[dict]:
+        if edge_id not in self.cache:
+            self.cache[edge_id] = _exported_steps(self.ctx, edge_id)
+            if edge_id not in self.counted:
+                self.counted.add(edge_id)
+                for s in self.cache[edge_id]:
                     why = exclusion(s) if _answered(s) else None
                     if why:
-                        stats.excluded[why] += 1
-                        excluded.add(message_key(s["response"]))
+                        self.stats.excluded[why] += 1
+                        self.excluded.add(message_key(s["response"]))
                         log.info(
                             "%s: step %s/%s of %s is %s: kept in the history, never trained",
-                            ctx.paths_file,
+                            self.ctx.paths_file,
                             s.get("turn"),
                             s.get("step"),
                             edge_id,
                             why,
                         )
-        return cache[edge_id]
+        return self.cache[edge_id]
 
-    def build(step: dict, meta: dict, edge_id: str) -> dict | None:
+    def build(self, step: dict, meta: dict, edge_id: str) -> dict | None:
+        ctx, stats = self.ctx, self.stats
         meta = dict(meta, edge=edge_id, transcript=ctx.transcript_name(edge_id))
-        rec, why = build_record(step, meta, excluded)
+        rec, why = build_record(step, meta, self.excluded)
         if rec is None:
             stats.skipped[_skip_kind(why)] += 1
             log.warning(
@@ -309,108 +329,109 @@ def export_tree(
         )
         if meta.get("granularity") == "path":
             rec["metadata"]["cut"] = meta.get("cut")
-        problem = schema_problem(rec, valid_messages)
-        if problem:
-            stats.skipped["invalid_record"] += 1
-            log.warning("%s: skipping record %s: %s", ctx.paths_file, rec["metadata"]["id"], problem)
-            return None
-        return rec
+        return rec if self.valid(rec) else None
 
-    def emit(rec: dict, measured: Measure | None = None) -> Iterator[dict]:
+    def valid(self, rec: dict) -> bool:
+        """Whether the record meets the schema; counted and logged when it does not."""
+        problem = schema_problem(rec, self.valid_messages)
+        if problem:
+            self.stats.skipped["invalid_record"] += 1
+            log.warning("%s: skipping record %s: %s", self.ctx.paths_file, rec["metadata"]["id"], problem)
+        return not problem
+
+    def emit(self, rec: dict, measured: Measure | None = None) -> Iterator[dict]:
+        stats = self.stats
         backend = rec["metadata"]["backend"]
-        if refuse_native and backend != OPENCODE:
+        if self.refuse_native and backend != OPENCODE:
             stats.refused[backend] += 1
             return
-        if student is not None and not under_student(rec, student, stats, measured):
+        if self.student is not None and not under_student(rec, self.student, stats, measured):
             return
         stats.records += 1
         stats.backends[backend] += 1
         stats.malformed_arguments += rec["metadata"]["malformed_arguments"]
         yield rec
 
-    if granularity == "path":
-        # A path record trains every assistant turn: it ends before the path's first ill-formed step. Two paths
-        # cut at the same step make one record (its path_ranks lists both).
+    def path_records(self, selected: list[dict]) -> Iterator[dict]:
+        """A path record trains every assistant turn: it ends before the path's first ill-formed step. Two paths
+        cut at the same step make one record (its path_ranks lists both)."""
         out: dict[tuple, dict] = {}
         for path in selected:
-            meta = _path_meta(ctx, path) | {"granularity": "path", "path_ranks": [path["rank"]], "cut": None}
-            chain = [(e, s) for e in path["edges"] for s in steps_of(e) if _answered(s)]
-            bad = next((i for i, (_, s) in enumerate(chain) if exclusion(s)), None)
-            if bad is None:
-                last_edge = path["edges"][-1]
-                # the last model call that answered (a failed request at the end holds nothing to learn)
-                pick = next(((e, s) for e, s in reversed(chain) if e == last_edge), None)
-                if pick is None:
-                    stats.skipped["no_steps"] += 1
-                    log.warning(
-                        "%s: path %d has no exportable step in %s", ctx.paths_file, path["rank"], last_edge
-                    )
-                    continue
-            else:
-                e, s = chain[bad]
-                meta["cut"] = {
-                    "edge": e,
-                    "turn": s.get("turn"),
-                    "step": s.get("step"),
-                    "reason": exclusion(s),
-                }
-                stats.paths_cut += 1
-                if bad == 0:
-                    stats.skipped["no_wellformed_prefix"] += 1
-                    log.warning(
-                        "%s: path %d starts with an ill-formed step (%s): no record",
-                        ctx.paths_file,
-                        path["rank"],
-                        meta["cut"]["reason"],
-                    )
-                    continue
-                pick = chain[bad - 1]
+            meta = _path_meta(self.ctx, path) | {
+                "granularity": "path",
+                "path_ranks": [path["rank"]],
+                "cut": None,
+            }
+            pick = self.path_pick(path, meta)
+            if pick is None:
+                continue
             key = (pick[0], pick[1].get("turn"), pick[1].get("step"))
             if key in out:
                 out[key]["metadata"]["path_ranks"].append(path["rank"])
                 continue
-            rec = build(pick[1], meta, pick[0])
+            rec = self.build(pick[1], meta, pick[0])
             if rec is not None:
                 out[key] = rec
         for rec in out.values():
-            yield from emit(rec)
-        return
+            yield from self.emit(rec)
 
-    # step granularity: each edge once, under the best-ranked selected path holding it
-    ranks_of: dict[str, list[int]] = defaultdict(list)
-    for path in selected:
-        for e in path["edges"]:
-            ranks_of[e].append(path["rank"])
+    def path_pick(self, path: dict, meta: dict) -> tuple[str, dict] | None:
+        """(edge, step) whose request + response is the path's record: its last answered step, or the one before
+        its first ill-formed step (`meta["cut"]` says where and why); None when there is none."""
+        ctx, stats = self.ctx, self.stats
+        chain = [(e, s) for e in path["edges"] for s in self.steps_of(e) if _answered(s)]
+        bad = next((i for i, (_, s) in enumerate(chain) if exclusion(s)), None)
+        if bad is None:
+            last_edge = path["edges"][-1]
+            # the last model call that answered (a failed request at the end holds nothing to learn)
+            pick = next(((e, s) for e, s in reversed(chain) if e == last_edge), None)
+            if pick is None:
+                stats.skipped["no_steps"] += 1
+                log.warning(
+                    "%s: path %d has no exportable step in %s", ctx.paths_file, path["rank"], last_edge
+                )
+            return pick
+        e, s = chain[bad]
+        meta["cut"] = {"edge": e, "turn": s.get("turn"), "step": s.get("step"), "reason": exclusion(s)}
+        stats.paths_cut += 1
+        if bad == 0:
+            stats.skipped["no_wellformed_prefix"] += 1
+            log.warning(
+                "%s: path %d starts with an ill-formed step (%s): no record",
+                ctx.paths_file,
+                path["rank"],
+                meta["cut"]["reason"],
+            )
+            return None
+        return chain[bad - 1]
 
-    def step_records() -> Iterator[dict]:
+    def step_records(self, selected: list[dict]) -> Iterator[dict]:
+        """Step granularity: each edge once, under the best-ranked selected path holding it (not yet emitted)."""
+        ranks_of: dict[str, list[int]] = defaultdict(list)
+        for path in selected:
+            for e in path["edges"]:
+                ranks_of[e].append(path["rank"])
         done: set[str] = set()
         for path in selected:
-            meta = _path_meta(ctx, path) | {"granularity": "step"}
+            meta = _path_meta(self.ctx, path) | {"granularity": "step"}
             for edge_id in path["edges"]:
                 if edge_id in done:
                     continue
                 done.add(edge_id)
-                for step in steps_of(edge_id):
+                for step in self.steps_of(edge_id):
                     if _answered(step) and exclusion(step):
                         continue  # counted by steps_of; its message opens the next step's prompt
-                    rec = build(step, meta | {"path_ranks": ranks_of[edge_id]}, edge_id)
+                    rec = self.build(step, meta | {"path_ranks": ranks_of[edge_id]}, edge_id)
                     if rec is not None:
                         yield rec
-                cache.pop(edge_id, None)  # an edge's steps are needed once in step granularity
+                self.cache.pop(edge_id, None)  # an edge's steps are needed once in step granularity
 
-    if granularity != "merged":
-        for rec in step_records():
-            yield from emit(rec)
-        return
-    # merged granularity: runs of consecutive steps of one session, each run one record (dataset/merged.py)
-    for run in runs(step_records(), student):
-        rec = merged_record(run)
-        problem = schema_problem(rec, valid_messages)
-        if problem:
-            stats.skipped["invalid_record"] += 1
-            log.warning("%s: skipping record %s: %s", ctx.paths_file, rec["metadata"]["id"], problem)
-            continue
-        yield from emit(rec, run.measure() if student is not None else None)
+    def merged_records(self, selected: list[dict]) -> Iterator[dict]:
+        """Merged granularity: runs of consecutive steps of one session, each run one record (dataset/merged.py)."""
+        for run in runs(self.step_records(selected), self.student):
+            rec = merged_record(run)
+            if self.valid(rec):
+                yield from self.emit(rec, run.measure() if self.student is not None else None)
 
 
 def under_student(rec: dict, student: Student, stats: ExportStats, measured: Measure | None = None) -> bool:
