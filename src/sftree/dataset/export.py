@@ -517,7 +517,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--student needs --student-max-length (export.student.max_length)")
         student = load_student(args.student, args.student_max_length, args.student_chat_template)
     stats = ExportStats()
-    # A StudentError raised on any record leaves nothing written (AtomicLines renames only on success).
+    # A StudentError raised on any record leaves nothing written (the writer renames only on success).
     with record_writer(args.out) as out:
         for rec in iter_task_records(args.paths, args.granularity, stats, args.refuse_native, student):
             out.write(rec)
