@@ -22,10 +22,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sftree.dataset.export import export_task, iter_records
-from sftree.dataset.paths import select_paths
+from sftree.dataset.export import export_task
+from sftree.dataset.select_paths import select_paths
 from sftree.dataset.student import load_student
 from sftree.fileio import write_json_atomic
+from sftree.records.sft import iter_records
 
 REPO = Path(__file__).parents[1]
 sys.path.insert(0, str(REPO / "tests"))

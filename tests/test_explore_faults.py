@@ -6,7 +6,7 @@ also passes the rule checker (helpers.explore.load_final -> tests/helpers/tree_r
 from helpers.explore import explore, load_final, make_root, write_config
 from helpers.tree_rules import check_paths
 
-from sftree.dataset import paths
+from sftree.dataset import select_paths as paths
 from sftree.records import steplog
 from sftree.search import tree as treemod
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from helpers.export import make_results
 
-from sftree.dataset.export import THINK_WORDS, record_messages, turn_boundaries
-from sftree.dataset.paths import select_paths
+from sftree.dataset.llamafactory import THINK_WORDS, turn_boundaries
+from sftree.dataset.select_paths import select_paths
 from sftree.fileio import write_json_atomic
+from sftree.records.sft import record_messages
 
 REPO = Path(__file__).parents[1]
 PROBES = Path(__file__).parent / "consumers"
@@ -30,10 +31,8 @@ def venv_python(name: str) -> str:
     return str(py)
 
 
-def sftree(*args: str) -> None:
-    res = subprocess.run(
-        [sys.executable, "-m", "sftree", "export-sft", *args], capture_output=True, text=True
-    )
+def sftree(command: str, *args: str) -> None:
+    res = subprocess.run([sys.executable, "-m", "sftree", command, *args], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 
 
@@ -45,10 +44,18 @@ def export(base: Path, granularity: str) -> Path:
         doc = select_paths(json.loads((tree_dir / "tree.json").read_text()), top_k=6)
         write_json_atomic(tree_dir / "paths.json", doc)
         out = base / task / "sft.jsonl"
-        sftree("--paths", str(tree_dir / "paths.json"), "--out", str(out), "--granularity", granularity)
+        sftree(
+            "export-sft",
+            "--paths",
+            str(tree_dir / "paths.json"),
+            "--out",
+            str(out),
+            "--granularity",
+            granularity,
+        )
         files.append(str(out))
     sftree(
-        "--merge",
+        "merge-sft",
         *files,
         "--out",
         str(base / "sft.jsonl"),

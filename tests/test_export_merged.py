@@ -12,8 +12,11 @@ import pytest
 from helpers.export import make_results, write_edge
 from test_export_student import QWEN, model, paths_of, student
 
-from sftree.dataset.export import ExportStats, MergeStats, dataset_card, export_task, schema_problem
+from sftree.dataset.card import dataset_card
+from sftree.dataset.export import export_task
+from sftree.dataset.stats import ExportStats, MergeStats
 from sftree.dataset.trainer_labels import token_labels, trained_indices
+from sftree.records.sft import schema_problem
 
 REPO = Path(__file__).parents[1]
 
@@ -173,7 +176,7 @@ def test_cli_and_merge_write_the_merged_form(faulty, tmp_path):
     import subprocess
     import sys
 
-    from sftree.dataset.export import merge
+    from sftree.dataset.merge import merge
 
     out = tmp_path / "results" / "circle_packing" / "sft.jsonl"
     exe = [sys.executable, "-m", "sftree", "export-sft", "--paths", str(faulty), "--out", str(out)]

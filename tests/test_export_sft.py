@@ -12,22 +12,12 @@ import jsonschema
 import pytest
 from helpers.export import ROOT, llamafactory_alternates, make_results, paths_file
 
-from sftree.dataset.export import (
-    ExportStats,
-    exclusion,
-    export_task,
-    llamafactory_record,
-    name_tool_messages,
-    normalize_message,
-    parse_arguments,
-    record_messages,
-    schema_problem,
-    stats_path,
-    tree_backend,
-    tree_coral,
-    turn_boundaries,
-)
+from sftree.dataset.export import export_task, tree_backend, tree_coral
+from sftree.dataset.llamafactory import llamafactory_record, turn_boundaries
+from sftree.dataset.messages import exclusion, name_tool_messages, normalize_message, parse_arguments
+from sftree.dataset.stats import ExportStats
 from sftree.errors import InputError
+from sftree.records.sft import record_messages, schema_problem, stats_path
 from sftree.records.steplog import read_steps
 from sftree.search.explore import record_backend
 
@@ -178,6 +168,7 @@ def test_cli_export_and_merge(tmp_path):
     t1 = make_results(base, "circle_packing", "maximize", "middle")
     t2 = make_results(base, "tsp", "minimize", "late")
     exe = [sys.executable, "-m", "sftree", "export-sft"]
+    merge = [sys.executable, "-m", "sftree", "merge-sft"]
     for task, tdir in (("circle_packing", t1), ("tsp", t2)):
         pf = paths_file(tdir)
         res = subprocess.run(
@@ -188,9 +179,8 @@ def test_cli_export_and_merge(tmp_path):
         assert res.returncode == 0, res.stderr
     inputs = [str(base / t / "sft.jsonl") for t in ("circle_packing", "tsp")]
     res = subprocess.run(
-        exe
+        merge
         + [
-            "--merge",
             *inputs,
             "--out",
             str(base / "sft.jsonl"),

@@ -14,9 +14,13 @@ from pathlib import Path
 import pytest
 from helpers.export import make_results
 
-from sftree.dataset.export import ExportStats, MergeStats, dataset_card, export_task, merge, stats_path
-from sftree.dataset.paths import select_paths
+from sftree.dataset.card import dataset_card
+from sftree.dataset.export import export_task
+from sftree.dataset.merge import merge
+from sftree.dataset.select_paths import select_paths
+from sftree.dataset.stats import ExportStats, MergeStats
 from sftree.fileio import write_json_atomic
+from sftree.records.sft import stats_path
 
 REPO = Path(__file__).parents[1]
 SMOL, QWEN = "SmolLM2-135M-Instruct.Q4_1.gguf", "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf"

@@ -12,7 +12,7 @@ from helpers.explore import explore, load_final, make_root, write_config
 from helpers.runtime import opencode_binary
 
 from sftree import cli
-from sftree.dataset.export import exclusion, normalize_message
+from sftree.dataset.messages import exclusion, normalize_message
 from sftree.records import steplog
 
 OPENCODE, WHY = opencode_binary()
@@ -124,7 +124,7 @@ def test_ill_formed_steps_are_history_never_completions(tmp_path, backend):
     # the card counts them (and flags the native backend, only it)
     res = tmp_path / "results"
     card = res / "dataset_card.md"
-    args = ["export-sft", "--merge", str(sft), "--out", str(res / "sft.jsonl"), "--card", str(card)]
+    args = ["merge-sft", str(sft), "--out", str(res / "sft.jsonl"), "--card", str(card)]
     assert cli.main(args) == 0
     text = card.read_text()
     assert (

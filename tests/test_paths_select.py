@@ -9,7 +9,7 @@ import sys
 import pytest
 from scipy.stats import percentileofscore
 
-from sftree.dataset.paths import select_paths
+from sftree.dataset.select_paths import select_paths
 from sftree.errors import InputError
 from sftree.records.scores import percentile_rank
 

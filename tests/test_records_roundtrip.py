@@ -8,6 +8,7 @@ import pytest
 from sftree.errors import InputError
 from sftree.records import paths as paths_rec
 from sftree.records import root as root_rec
+from sftree.records import sft as sft_rec
 from sftree.records import steplog
 from sftree.records import tree as tree_rec
 from sftree.search import tree as treemod
@@ -142,3 +143,52 @@ def test_paths_round_trip_and_missing_list_named(tmp_path):
     with pytest.raises(InputError, match=r"paths\.json: no `paths` list") as err:
         paths_rec.read_paths(path)
     assert str(path) in str(err.value)
+
+
+STEP_RECORD = {
+    "prompt": [{"role": "user", "content": "Improve the packing: ünïcode"}],
+    "completion": [{"role": "assistant", "content": "Done."}],
+    "tools": [],
+    "metadata": {"id": "circle_packing/r/e1/t1s1", "task": "circle_packing", "granularity": "step"},
+}
+
+
+def test_sft_records_stats_and_figures_round_trip(tmp_path):
+    out = tmp_path / "sft.jsonl"
+    with sft_rec.record_writer(out) as w:
+        w.write(STEP_RECORD)
+        w.write(STEP_RECORD)
+    assert (
+        list(sft_rec.iter_records(out)) == [STEP_RECORD, STEP_RECORD] and sft_rec.merged_path(tmp_path) == out
+    )
+    stats = {"version": sft_rec.STATS_VERSION, "records": 2, "excluded": {"truncated": 1}}
+    sft_rec.write_stats(out, stats)
+    assert (
+        sft_rec.stats_path(out) == tmp_path / "sft.stats.json"
+        and sft_rec.read_stats(sft_rec.stats_path(out)) == stats
+    )
+    assert sft_rec.read_figures(out) is None  # before the merge wrote any
+    figures = {
+        "version": sft_rec.FIGURES_VERSION,
+        "records": 2,
+        "by_task_stage": [["circle_packing", "middle", 2]],
+    }
+    sft_rec.write_figures(out, figures)
+    assert sft_rec.read_figures(out) == figures and sft_rec.figures_path(out) == tmp_path / "sft.figures.json"
+    # the same trained message (tool-call ids aside) is the same target
+    assert sft_rec.target_key(STEP_RECORD) == sft_rec.target_key(json.loads(json.dumps(STEP_RECORD)))
+
+
+def test_bad_sft_files_name_the_file(tmp_path):
+    out = tmp_path / "sft.jsonl"
+    out.write_text(json.dumps(STEP_RECORD) + "\n{not json\n")
+    with pytest.raises(InputError, match="line 2") as err:
+        list(sft_rec.iter_records(out))
+    assert str(out) in str(err.value)
+    sft_rec.stats_path(out).write_text(json.dumps({"version": 99}))
+    with pytest.raises(InputError, match="not an export stats file of version 1"):
+        sft_rec.read_stats(sft_rec.stats_path(out))
+    sft_rec.figures_path(out).write_text("[]")
+    with pytest.raises(InputError, match="not a dataset figures file"):
+        sft_rec.read_figures(out)
+    assert sft_rec.schema_problem({"metadata": {}}) is not None  # neither form: the schema says so

@@ -19,6 +19,7 @@ OWNERS = {
     "steps.jsonl": "records/steplog.py",
     "messages.jsonl": "records/steplog.py",
     "paths.json": "records/paths.py",
+    "sft.jsonl": "records/sft.py",
 }
 ALLOWED = {
     # The Student run's snapshot folders (stage 1's input, not a record between sftree's stages): import-coral
@@ -26,7 +27,7 @@ ALLOWED = {
     ("metadata.json", "roots/import_coral.py"),
     ("metadata.json", "roots/snapshots.py"),
     # a label in messages (`source=`), not a path
-    ("tree.json", "dataset/paths.py"),
+    ("tree.json", "dataset/select_paths.py"),
 }
 
 

@@ -23,12 +23,7 @@ FLOORS = [
 STAGES = FLOORS[1]
 FLOOR = {pkg: i for i, floor in enumerate(FLOORS) for pkg in floor}
 # Left in place, with the reason.
-ALLOWED: dict[tuple[str, str], str] = {
-    (
-        "report",
-        "dataset",
-    ): "the report recomputes the card's figures (to go: it is to read what the card wrote)",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _imports(path: Path) -> set[str]:

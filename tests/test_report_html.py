@@ -8,8 +8,9 @@ import re
 
 from helpers.export import ROOT, make_results, run_report
 
-from sftree.dataset.export import export_task, merge
-from sftree.dataset.paths import select_paths
+from sftree.dataset.export import export_task
+from sftree.dataset.merge import merge
+from sftree.dataset.select_paths import select_paths
 from sftree.fileio import write_json_atomic, write_jsonl_atomic
 from sftree.report.html import color_scale
 
@@ -97,3 +98,16 @@ def test_report_without_sft_or_paths(tmp_path):
     out = tmp_path / "r.html"
     page = run_report(base, out)
     assert "No sft.jsonl yet" in page and "No paths.json yet" in page
+
+
+def test_report_reads_the_figures_the_merge_wrote_not_the_records(tmp_path):
+    """The card's figures are counted once, at merge (`sft.figures.json`); the report shows those, so it cannot
+    disagree with the card and never reads the records again: the page is the same with the records gone."""
+    base = build(tmp_path)
+    before = run_report(base, tmp_path / "a.html")
+    (base / "sft.jsonl").unlink()
+    assert run_report(base, tmp_path / "b.html") == before
+    figures = json.loads((base / "sft.figures.json").read_text())
+    assert (
+        figures["records"] == 11 and f"{figures['records']} records, {figures['messages']} messages" in before
+    )

@@ -13,10 +13,12 @@ import sys
 import pytest
 from helpers.export import ROOT, make_results, run_report
 
-from sftree.dataset.export import export_task, merge, stats_path
-from sftree.dataset.paths import select_paths
-from sftree.dataset.provenance import read_task, root_trust
+from sftree.dataset.export import export_task
+from sftree.dataset.merge import merge
+from sftree.dataset.select_paths import select_paths
 from sftree.fileio import write_json_atomic, write_jsonl_atomic
+from sftree.records.sft import stats_path
+from sftree.records.trust import read_task, root_trust
 
 HEADER = "snapshot\tglobal_index\teval_ok\tscore\tscore_for_stage\tsmooth_score\tstage\tselected"
 
@@ -152,7 +154,7 @@ def test_cli_merge_dedupe_flag(tmp_path):
     files = build(base)
     out = tmp_path / "sft.jsonl"
     res = subprocess.run(
-        [sys.executable, "-m", "sftree", "export-sft", "--merge", *files, "--out", str(out)]
+        [sys.executable, "-m", "sftree", "merge-sft", *files, "--out", str(out)]
         + ["--card", str(tmp_path / "card.md"), "--results", str(base), "--dedupe"],
         capture_output=True,
         text=True,

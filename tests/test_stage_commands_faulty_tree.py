@@ -69,7 +69,7 @@ def test_faulty_tree_exports_cleanly(tmp_path, example_snapshots_dir):
         "export-sft", "--paths", str(tree_dir / "paths.json"), "--out", str(res / "sft.jsonl"), cwd=tmp_path
     )
     sftree(
-        "export-sft", "--merge", str(res / "sft.jsonl"), "--out", str(tmp_path / "results" / "sft.jsonl"),
+        "merge-sft", str(res / "sft.jsonl"), "--out", str(tmp_path / "results" / "sft.jsonl"),
         "--dataset-info", str(tmp_path / "results" / "dataset_info.json"), cwd=tmp_path,
     )  # fmt: skip
     sftree(

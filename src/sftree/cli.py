@@ -33,10 +33,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "section 1: grow the token-aware MCTS tree of Teacher sessions from one root",
     ),
     "select-paths": (
-        "sftree.dataset.paths",
+        "sftree.dataset.select_paths",
         "section 3: rank a tree's root-to-leaf paths by PathScore, keep the top k",
     ),
-    "export-sft": ("sftree.dataset.export", "write selected paths as messages+tools JSONL"),
+    "export-sft": ("sftree.dataset.export", "write one task's selected paths as SFT JSONL"),
+    "merge-sft": (
+        "sftree.dataset.merge",
+        "merge the tasks' SFT files: the dataset, its LLaMA-Factory copy and card",
+    ),
     "report": ("sftree.report.html", "write the self-contained HTML report"),
     "teacher-sim": (
         "sftree.teacher.sim.server",

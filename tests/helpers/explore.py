@@ -12,7 +12,7 @@ import yaml
 from helpers.tree_rules import check_paths, check_tree
 from sftree import cli
 from sftree.config import REPO_ROOT
-from sftree.dataset.paths import select_paths
+from sftree.dataset.select_paths import select_paths
 from sftree.search import tree as treemod
 
 EXAMPLES = REPO_ROOT / "examples"

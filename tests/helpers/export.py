@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sftree.dataset.paths import select_paths
+from sftree.dataset.select_paths import select_paths
 from sftree.fileio import write_json_atomic
 
 # Two tools whose parameter schemas differ, as real ones do (Arrow must not merge their keys).

@@ -1,7 +1,7 @@
 """An independent checker of section 1 and 3 on a finished tree.json (and its paths.json).
 
 It re-derives every rule from the tree's own records with its own arithmetic (no call into search/mcts.py or
-dataset/paths.py), so a test that grows a tree can assert `check_tree(obj) == []`:
+dataset/select_paths.py), so a test that grows a tree can assert `check_tree(obj) == []`:
 
 - root first (1.2, 1.6, 1.10 steps 2 and 5): every root edge was dispatched before any deeper edge; each
   direction's first try comes before every fallback; a fallback follows a failed first try only; fallbacks and

@@ -95,7 +95,7 @@ def test_auto_refuses_to_run_unconfined_when_bwrap_does_not_work(tmp_path, monke
 
 
 def test_unconfined_data_is_labelled(tmp_path):
-    from sftree.dataset.export import dataset_card
+    from sftree.dataset.card import dataset_card
 
     card = dataset_card([{"metadata": {"task": "t", "root": "r", "sandbox": "none"}}], "sft.jsonl")
     assert "WITHOUT a sandbox" in card

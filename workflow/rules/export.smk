@@ -25,6 +25,7 @@ rule merge_sft:
     output:
         sft=f"{RESULTS}/sft.jsonl",
         stats=f"{RESULTS}/sft.stats.json",
+        figures=f"{RESULTS}/sft.figures.json",
         info=f"{RESULTS}/dataset_info.json",
         llamafactory=f"{RESULTS}/sft_llamafactory.jsonl",
         card=report(f"{RESULTS}/dataset_card.md", category="Dataset"),
@@ -36,6 +37,6 @@ rule merge_sft:
         dedupe="--dedupe" if config["export"]["dedupe"] else "",
         results=lambda wc, output: os.path.dirname(output.sft),
     shell:
-        "sftree export-sft --merge {input.sft} --out {output.sft} --dataset-info {output.info}"
+        "sftree merge-sft {input.sft} --out {output.sft} --dataset-info {output.info}"
         " --card {output.card} --llamafactory-out {output.llamafactory}"
         " --results {params.results} {params.dedupe} > {log} 2>&1"

@@ -2,8 +2,8 @@ rule report:
     input:
         tables=expand(f"{RESULTS}/{{task}}/stages.tsv", task=TASKS),
         paths=all_paths_files,
-        sft=f"{RESULTS}/sft.jsonl",
         stats=f"{RESULTS}/sft.stats.json",
+        figures=f"{RESULTS}/sft.figures.json",
     output:
         html=report(f"{RESULTS}/report.html", category="Report"),
     log:

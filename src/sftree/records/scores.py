@@ -76,3 +76,12 @@ def percentile_rank(value: float | None, values: Sequence[float | None]) -> floa
         worse = sum(1 for v in values if v is None or v < value)
         equal = sum(1 for v in values if v is not None and v == value)
     return (worse + 0.5 * equal) / n
+
+
+def signed_gain(root: float | None, score: float | None, direction: str | None) -> float | None:
+    """score - root oriented so that positive is better (a minimize task gains when its score drops); None when
+    either is not a number or the direction is unknown."""
+    if direction not in (MAXIMIZE, MINIMIZE):
+        return None
+    a, b = oriented(score, direction), oriented(root, direction)
+    return None if a is None or b is None else a - b

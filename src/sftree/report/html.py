@@ -6,11 +6,12 @@ Everything is inline (SVG, CSS, a few lines of JS), so the file opens in any bro
 - per tree: a drawing with nodes by depth, coloured by score, failed and pruned attempts drawn as red crosses,
   selected paths highlighted; hovering a node shows its score and tokens, clicking shows the full breakdown
   (Select breakdown of each dispatch from that node, the edge that made it); then the ranked paths table;
-- whether to trust it (`sftree.dataset.provenance`): per task the snapshots skipped (pending, failed evals) and the
+- whether to trust it (`sftree.records.trust`): per task the snapshots skipped (pending, failed evals) and the
   sandbox mode; per root and path the root score, leaf score and signed gain, paths ending below their root flagged;
-- dataset statistics from `sft.jsonl` (records by task and stage, tokens, tools called in trained responses,
-  exact-duplicate targets, records by agent backend with those not made by OpenCode flagged, the Coral world) and
-  from `sft.stats.json` (the ill-formed steps never trained, by reason; steps skipped).
+- dataset statistics as the merge counted them for the card (`sft.figures.json`: records by task and stage, tokens,
+  tools called in trained responses, exact-duplicate targets, records by agent backend with those not made by
+  OpenCode flagged, the Coral world) and from `sft.stats.json` (the ill-formed steps never trained, by reason;
+  steps skipped). The report reads records only through `sftree.records`, and no stage's code.
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sftree.dataset.export import EXCLUSION_REASONS, OPENCODE, record_messages, stats_path, target_key
-from sftree.dataset.provenance import RootTrust, root_trust, skipped_counts
 from sftree.errors import InputError
-from sftree.fileio import iter_jsonl, read_json, write_text_atomic
+from sftree.fileio import write_text_atomic
 from sftree.progress import Progress
 from sftree.records.paths import paths_path, read_paths
-from sftree.records.scores import best_of, oriented
+from sftree.records.scores import best_of, oriented, signed_gain
+from sftree.records.sft import EXCLUSION_REASONS, OPENCODE, merged_path, read_figures, read_stats, stats_path
 from sftree.records.tree import FINAL_NAME, read_tree
+from sftree.records.trust import RootTrust, root_trust, skipped_counts
 
 log = logging.getLogger("sftree.report.html")
 
@@ -144,58 +145,27 @@ def collect(results: Path) -> list[TaskView]:
     return [tasks[k] for k in sorted(tasks)]
 
 
-def dataset_stats(sft: Path) -> dict | None:
-    if not sft.is_file():
+def dataset_stats(results: Path) -> dict | None:
+    """The dataset's figures as the merge counted them (`sft.figures.json`, the card's own: dataset/figures.py),
+    with the merged export stats (`sft.stats.json`); None before the merge. The records are not read again."""
+    sft = merged_path(results)
+    doc = read_figures(sft)
+    if doc is None:
         return None
-    by_task_stage: Counter = Counter()
-    by_root: Counter = Counter()
-    tools: Counter = Counter()
-    tokens: Counter = Counter()
-    backends: Counter = Counter()
-    corals: Counter = Counter()
-    n = msgs = malformed = 0
-    targets: set[str] = set()
-    for rec in iter_jsonl(sft, "SFT file"):
-        m = rec.get("metadata", {})
-        n += 1
-        backends[str(m.get("backend") or "unknown")] += 1
-        corals[str(m.get("coral") or "stand-in")] += 1
-        messages = record_messages(rec)
-        msgs += len(messages)
-        targets.add(target_key(rec))
-        by_task_stage[(m.get("task"), m.get("stage") or "unknown")] += 1
-        by_root[(m.get("task"), m.get("root"))] += 1
-        malformed += m.get("malformed_arguments", 0)
-        for k, v in (m.get("usage") or {}).items():
-            tokens[k] += v
-        trained = [x for x in messages if x.get("role") == "assistant"][-1:]
-        for x in trained:
-            for tc in x.get("tool_calls", []):
-                tools[tc["function"]["name"]] += 1
+    stats = read_stats(stats_path(sft), check=False) if stats_path(sft).is_file() else None
     return {
-        "records": n,
-        "messages": msgs,
-        "by_task_stage": by_task_stage,
-        "by_root": by_root,
-        "tools": tools,
-        "tokens": tokens,
-        "malformed": malformed,
-        "duplicates": n - len(targets),
-        "backends": backends,
-        "corals": corals,
-        "export": _export_stats(stats_path(sft)),
+        "records": doc["records"],
+        "messages": doc["messages"],
+        "by_task_stage": Counter({(t, s): n for t, s, n in doc["by_task_stage"]}),
+        "by_root": Counter({(t, r): row["records"] for t, r, row in doc["roots"]}),
+        "tools": Counter(doc["tools"]),
+        "tokens": Counter(doc["tokens"]),
+        "malformed": doc["malformed"],
+        "duplicates": doc["duplicates"],
+        "backends": doc["backends"],
+        "corals": doc["corals"],
+        "export": stats,
     }
-
-
-def _export_stats(path: Path) -> dict | None:
-    """The merged export stats (`sft.stats.json`: steps never trained, skipped, refused), None when absent."""
-    if not path.is_file():
-        return None
-    doc = read_json(path, "export stats file")
-    return doc if isinstance(doc, dict) else None
-
-
-# --- SVG ------------------------------------------------------------------------------------------------
 
 
 def _truthy(x: object) -> bool:
@@ -511,8 +481,6 @@ def tree_trust(view: TreeView) -> RootTrust:
 
 def _path_gain(trust: RootTrust, view: TreeView, path: dict) -> tuple[float | None, float | None]:
     """(leaf score, signed gain over the root) of any candidate path, selected or not."""
-    from sftree.dataset.export import signed_gain
-
     leaf = next((n for n in view.tree.get("nodes", []) if n.get("id") == path["leaf"]), {})
     return leaf.get("score"), signed_gain(trust.root_score, leaf.get("score"), trust.direction)
 
@@ -797,7 +765,7 @@ def _untrained_html(export: dict | None) -> str:
 
 def render(results: Path) -> str:
     tasks = collect(results)
-    stats = dataset_stats(results / "sft.jsonl")
+    stats = dataset_stats(results)
     n_trees = sum(len(t.trees) for t in tasks)
     n_nodes = sum(max(len(v.tree.get("nodes", [])) - 1, 0) for t in tasks for v in t.trees)
     n_sel = sum(

@@ -1,9 +1,10 @@
 """What says whether to trust the data: per root and selected path the score gain, snapshots skipped, sandbox mode.
 
-Shared by the dataset card (`dataset/export.py`) and the report (`report/html.py`). Pure functions over already-read
-documents, plus `read_task` at the edge that reads one task's results folder.
+Shared by the dataset card (`dataset/card.py`, through `dataset/merge.py`) and the report (`report/html.py`): what
+the records say about trust, so both say the same. Pure functions over already-read documents, plus `read_task`
+at the edge that reads one task's results folder through the records' own readers.
 
-- gain = leaf score - root score, oriented so that positive is better (`export.signed_gain`); a selected path
+- gain = leaf score - root score, oriented so that positive is better (`records.scores.signed_gain`); a selected path
   whose gain is negative ends below its root and is flagged.
 - pending snapshots (no `eval_ok`: the grader never wrote back) are skipped by select_roots, which writes their
   number into each chosen root's `metadata.json` (`snapshots_pending`); failed evals (`eval_ok` false) are rows
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from sftree.records.paths import paths_path, read_paths
 from sftree.records.root import META_NAME, read_root_meta
+from sftree.records.scores import signed_gain
 from sftree.records.tree import FINAL_NAME, read_tree
 
 
@@ -67,8 +69,6 @@ class TaskTrust:
 
 
 def root_trust(task: str, root: str, tree: dict, paths_doc: dict | None) -> RootTrust:
-    from sftree.dataset.export import signed_gain  # export imports this module for the card
-
     doc = paths_doc or {}
     direction = doc.get("direction") or tree.get("direction")
     nodes = {n.get("id"): n for n in tree.get("nodes", [])}

@@ -31,7 +31,7 @@ from sftree.records.paths import PATHS_VERSION, write_paths
 from sftree.records.scores import best_of, oriented, percentile_rank
 from sftree.records.tree import normal_leaf, read_tree
 
-log = logging.getLogger("sftree.dataset.paths")
+log = logging.getLogger("sftree.dataset.select_paths")
 
 W_MAX_RANK, W_AVG_RANK, W_CLEAN, W_KNOW = 0.35, 0.25, 0.20, 0.20
 

@@ -1,0 +1,107 @@
+"""The figures of the merged dataset that the card and the report show, counted once: at merge, as each record is
+written (`DatasetFigures.add`). The card renders them (dataset/card.py); the merge saves them beside the merged
+file (`sft.figures.json`: `records.sft.write_figures`), and the report reads that file instead of reading the
+records again.
+
+Only `metadata` and the trained message of each record are looked at, so the merge holds the figures, never the
+records, in memory.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from sftree.records.scores import signed_gain
+from sftree.records.sft import FIGURES_VERSION, record_messages, target_key
+
+
+def _gain(meta: dict) -> float | None:
+    """The path's best node score minus its root's, oriented so that positive is better."""
+    return signed_gain(meta.get("root_score"), meta.get("max_score"), meta.get("direction"))
+
+
+@dataclass
+class DatasetFigures:
+    records: int = 0
+    messages: int = 0  # every message of every record (prompt + completion, or messages)
+    duplicates: int = 0  # records whose trained message equals an earlier record's (`target_key`)
+    malformed: int = 0  # tool-call arguments kept as {"_raw": ...} (`metadata.malformed_arguments`)
+    history_excluded: int = 0  # ill-formed replies repeated in prompts (`metadata.history_excluded`)
+    granularities: Counter = field(default_factory=Counter)  # in the order first seen
+    sandboxes: Counter = field(default_factory=Counter)
+    backends: Counter = field(default_factory=Counter)
+    corals: Counter = field(default_factory=Counter)
+    tokens: Counter = field(default_factory=Counter)  # the Teacher server's `usage`, summed
+    tools: Counter = field(default_factory=Counter)  # tool calls in each record's last assistant message
+    by_task_stage: Counter = field(default_factory=Counter)  # (task, stage) -> records
+    roots: dict = field(default_factory=dict)  # (task, root) -> {stage, records, tokens, completion}
+    paths: dict = field(default_factory=dict)  # (task, root, path rank) -> {gain, path_score}, first record's
+
+    def add(self, rec: dict, duplicate: bool = False) -> None:
+        """Count one written record; `duplicate`: its target equals an earlier written record's."""
+        m = rec.get("metadata") or {}
+        self.records += 1
+        self.duplicates += duplicate
+        messages = record_messages(rec)
+        self.messages += len(messages)
+        for x in [x for x in messages if x.get("role") == "assistant"][-1:]:
+            for tc in x.get("tool_calls", []):
+                self.tools[tc["function"]["name"]] += 1
+        self.sandboxes[str(m.get("sandbox") or "unknown")] += 1
+        self.backends[str(m.get("backend") or "unknown")] += 1
+        self.corals[str(m.get("coral") or "stand-in")] += 1
+        self.history_excluded += m.get("history_excluded", 0)
+        self.malformed += m.get("malformed_arguments", 0)
+        self.granularities[m.get("granularity")] += 1
+        task, root, stage = m.get("task"), m.get("root"), m.get("stage") or "unknown"
+        self.by_task_stage[(task, stage)] += 1
+        row = self.roots.setdefault(
+            (task, root), {"stage": stage, "records": 0, "tokens": 0, "completion": 0}
+        )
+        row["records"] += 1
+        usage = m.get("usage") or {}
+        row["tokens"] += usage.get("total_tokens", 0)
+        row["completion"] += usage.get("completion_tokens", 0)
+        for k, v in usage.items():
+            self.tokens[k] += v
+        if (task, root, m.get("path_rank")) not in self.paths:
+            self.paths[(task, root, m.get("path_rank"))] = {
+                "gain": _gain(m),
+                "path_score": m.get("path_score"),
+            }
+
+    @property
+    def tasks(self) -> list:
+        """The tasks in the order their first record came."""
+        return list(dict.fromkeys(task for task, _ in self.roots if task))
+
+    def to_dict(self) -> dict:
+        return {
+            "version": FIGURES_VERSION,
+            "records": self.records,
+            "messages": self.messages,
+            "duplicates": self.duplicates,
+            "malformed": self.malformed,
+            "history_excluded": self.history_excluded,
+            "granularities": [[k, v] for k, v in self.granularities.items()],
+            "sandboxes": dict(self.sandboxes),
+            "backends": dict(self.backends),
+            "corals": dict(self.corals),
+            "tokens": dict(self.tokens),
+            "tools": dict(self.tools),
+            "by_task_stage": [[t, s, n] for (t, s), n in self.by_task_stage.items()],
+            "roots": [[t, r, row] for (t, r), row in self.roots.items()],
+            "paths": [[t, r, k, p] for (t, r, k), p in self.paths.items()],
+        }
+
+
+def figures_of(records: list[dict]) -> DatasetFigures:
+    """The figures of records already in memory (tests, and a card made without a merge)."""
+    out = DatasetFigures()
+    seen: set[str] = set()
+    for rec in records:
+        key = target_key(rec) if record_messages(rec) else None  # a card test may give metadata alone
+        out.add(rec, duplicate=key is not None and key in seen)
+        seen.add(key)
+    return out

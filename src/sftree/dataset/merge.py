@@ -1,0 +1,181 @@
+"""All tasks' SFT files -> the dataset (`sftree merge-sft`, the `merge_sft` rule).
+
+`sftree merge-sft T1.jsonl T2.jsonl --out results/sft.jsonl [--dataset-info results/dataset_info.json]
+[--card results/dataset_card.md] [--llamafactory-out results/sft_llamafactory.jsonl] [--results DIR] [--dedupe]`:
+concatenates the per-task files (streaming), writes the LLaMA-Factory copy (dataset/llamafactory.py), its
+`dataset_info.json` entry and the card (dataset/card.py), and sums the per-task stats files into
+`results/sft.stats.json` (the card and the report read them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+from pathlib import Path
+
+from sftree.dataset.card import card_text
+from sftree.dataset.figures import DatasetFigures
+from sftree.dataset.llamafactory import dataset_info, llamafactory_record, turn_boundaries
+from sftree.dataset.stats import ExportStats, MergeStats
+from sftree.errors import InputError
+from sftree.fileio import write_json_atomic, write_text_atomic
+from sftree.progress import Progress
+from sftree.records.sft import (
+    STATS_VERSION,
+    iter_records,
+    read_stats,
+    record_writer,
+    stats_path,
+    target_key,
+    write_figures,
+    write_stats,
+)
+from sftree.records.trust import read_results
+
+log = logging.getLogger("sftree.dataset.merge")
+
+
+def merge(
+    inputs: list[str],
+    out: str,
+    info: str | None,
+    card: str | None,
+    llamafactory: str | None = None,
+    dedupe: bool = False,
+    results: str | None = None,
+) -> MergeStats:
+    """Concatenate per-task files (streaming), write the LLaMA-Factory copy, dataset_info.json and the card.
+
+    Exact-duplicate targets (`target_key`) are counted; with `dedupe` all but the first are left out. The inputs'
+    stats files (`stats_path`) are summed into the merged one beside `out`, with the merge's own counts; the
+    figures of the records written (dataset/figures.py) go beside it too, for the card and the report.
+    """
+    stats = MergeStats()
+    stats.export = _summed_stats(inputs, stats.missing_stats)
+    figures = _write_records(inputs, out, llamafactory, dedupe, stats)
+    write_stats(out, _stats_doc(stats, len(inputs)))
+    write_figures(out, figures.to_dict())
+    if info:
+        write_json_atomic(info, dataset_info(llamafactory or out, info))
+    if card:
+        trust = read_results(Path(results), figures.tasks or None) if results else None
+        lf_name = Path(llamafactory).name if llamafactory else None
+        write_text_atomic(card, card_text(figures, Path(out).name, lf_name, trust, stats, dedupe))
+    log.info(
+        "merged %d records from %d files -> %s; %d exact-duplicate targets (%d dropped)",
+        stats.records,
+        len(inputs),
+        out,
+        stats.duplicates,
+        stats.dropped,
+    )
+    return stats
+
+
+def _summed_stats(inputs: list[str], missing: list) -> ExportStats | None:
+    """The inputs' export stats summed (None when none has a stats file); inputs without one go to `missing`."""
+    total = None
+    for f in inputs:
+        sp = stats_path(f)
+        if not sp.is_file():
+            missing.append(str(f))
+            log.warning("%s: no export stats file %s; its left-out steps are not counted", f, sp)
+            continue
+        one = ExportStats.from_dict(read_stats(sp), str(sp))
+        if total is None:
+            total = one
+        else:
+            total.add(one)
+    return total
+
+
+def _write_records(
+    inputs: list[str], out: str, llamafactory: str | None, dedupe: bool, stats: MergeStats
+) -> DatasetFigures:
+    """Stream the inputs into `out` (and the LLaMA-Factory copy), counting into `stats`; the written records'
+    figures."""
+    figures = DatasetFigures()
+    seen: set[str] = set()
+    with contextlib.ExitStack() as stack:
+        main = stack.enter_context(record_writer(out))
+        lf = stack.enter_context(record_writer(llamafactory)) if llamafactory else None
+        progress = Progress("merge-sft records", logger=log)
+        for f in inputs:
+            for rec in iter_records(f):
+                key = target_key(rec)
+                duplicate = key in seen
+                if duplicate:
+                    stats.duplicates += 1
+                    if dedupe:
+                        stats.dropped += 1
+                        continue
+                seen.add(key)
+                main.write(rec)
+                n = turn_boundaries(rec)
+                stats.boundaries += n
+                stats.boundary_records += n > 0
+                if lf and (rec.get("metadata") or {}).get("granularity") == "merged":
+                    stats.llamafactory_left_out += 1
+                elif lf:
+                    lf.write(llamafactory_record(rec))
+                figures.add(rec, duplicate)
+                progress.update()
+        progress.finish(files=len(inputs))
+    stats.records = main.count
+    return figures
+
+
+def _stats_doc(stats: MergeStats, inputs: int) -> dict:
+    """The merged stats file: the inputs' stats summed, plus the merge's own counts."""
+    return (stats.export.to_dict() if stats.export else {"version": STATS_VERSION}) | {
+        "merge": {
+            "inputs": inputs,
+            "records": stats.records,
+            "duplicates": stats.duplicates,
+            "dropped": stats.dropped,
+            "turn_boundaries": stats.boundaries,
+            "turn_boundary_records": stats.boundary_records,
+            "llamafactory_left_out": stats.llamafactory_left_out,
+            "missing_stats": list(stats.missing_stats),
+        }
+    }
+
+
+# --- CLI ------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("inputs", nargs="+", help="per-task sft.jsonl files to merge")
+    parser.add_argument("--out", required=True, help="the merged JSONL to write")
+    parser.add_argument("--dataset-info", help="LLaMA-Factory dataset_info.json to write")
+    parser.add_argument("--card", help="dataset card (Markdown) to write")
+    parser.add_argument(
+        "--llamafactory-out",
+        help="the records reshaped for LLaMA-Factory (dataset_info points here)",
+    )
+    parser.add_argument(
+        "--dedupe",
+        action="store_true",
+        help="leave out records whose target duplicates an earlier one",
+    )
+    parser.add_argument(
+        "--results",
+        help="the results folder, for the card's gains, skipped snapshots and sandbox",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    missing = [f for f in args.inputs if not Path(f).is_file()]
+    if missing:
+        raise InputError(f"SFT files to merge not found: {', '.join(missing)}")
+    merge(
+        args.inputs,
+        args.out,
+        args.dataset_info,
+        args.card,
+        args.llamafactory_out,
+        dedupe=args.dedupe,
+        results=args.results,
+    )
+    return 0
