@@ -64,7 +64,7 @@ def test_demo_export_under_the_student(demo, tmp_path):
             assert done.returncode == 0, done.stderr[-3000:]
             outs.append(str(out))
         card = tmp_path / form / "dataset_card.md"
-        done = sftree("export-sft", "--merge", *outs, "--out", str(tmp_path / form / "sft.jsonl"),
+        done = sftree("merge-sft", *outs, "--out", str(tmp_path / form / "sft.jsonl"),
                       "--card", str(card))  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         exported[form] = [json.loads(x) for x in (tmp_path / form / "sft.jsonl").read_text().splitlines()]
