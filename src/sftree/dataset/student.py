@@ -17,6 +17,7 @@ or the reasoning the record trains.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -298,15 +299,6 @@ def ids(student: Student, text: str) -> list[int]:
     return student.tokenizer.encode(text, add_special_tokens=False).ids
 
 
-def common_prefix_length(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 @dataclass
 class Turn:
     """One trained assistant message under the Student: the token ids of its context rendered with the generation
@@ -318,7 +310,7 @@ class Turn:
 
     @property
     def start(self) -> int:
-        return common_prefix_length(self.prompt, self.whole)
+        return len(os.path.commonprefix([self.prompt, self.whole]))
 
     @property
     def trained(self) -> int:

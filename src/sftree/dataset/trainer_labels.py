@@ -17,6 +17,7 @@ there when `export.student` names this Student; without it, only the messages we
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 
@@ -29,15 +30,6 @@ def trained_indices(record: dict) -> tuple[list[dict], list[int]]:
     if meta.get("granularity") == "merged":
         return messages, list(meta["trained"])
     return messages, [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-
-
-def _common_prefix_length(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def token_labels(record: dict, tokenizer: Any) -> dict:
@@ -64,7 +56,7 @@ def token_labels(record: dict, tokenizer: Any) -> dict:
                 "messages follow, so it would be trained in a context it was not in; export with export.student "
                 "set to this Student (the merged form is then cut there) or use the step form"
             )
-        for i in range(_common_prefix_length(prompt, whole), len(whole)):
+        for i in range(len(os.path.commonprefix([prompt, whole])), len(whole)):
             mask[i] = 1
     return {"input_ids": full, "completion_mask": mask}
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -40,15 +41,6 @@ def value_id(value: Any) -> str:
     """Content address of a JSON value: equal text (key order included), equal id."""
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
-
-
-def _common_prefix(a: list[str], b: list[str]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class StepWriter:
@@ -82,7 +74,7 @@ class StepWriter:
                 base, keep = None, 0
                 for i in range(len(self._lines) - 1, max(-1, len(self._lines) - 1 - _LOOKBACK), -1):
                     prev = self._lines[i]
-                    n = _common_prefix(prev, ids) if prev is not None else 0
+                    n = len(os.path.commonprefix([prev, ids])) if prev is not None else 0
                     if n > keep:
                         base, keep = i, n
                 req["messages"] = {"base": base, "keep": keep, "add": ids[keep:]}
