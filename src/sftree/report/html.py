@@ -33,7 +33,7 @@ from sftree.progress import Progress
 from sftree.records.paths import paths_path, read_paths
 from sftree.records.scores import best_of, oriented, signed_gain
 from sftree.records.sft import EXCLUSION_REASONS, OPENCODE, merged_path, read_figures, read_stats, stats_path
-from sftree.records.tree import FINAL_NAME, read_tree
+from sftree.records.tree import FINAL_NAME, Tree, read_tree_doc
 from sftree.records.trust import RootTrust, root_trust, skipped_counts
 
 log = logging.getLogger("sftree.report.html")
@@ -135,7 +135,7 @@ def collect(results: Path) -> list[TaskView]:
         view = TreeView(
             task,
             tf.parent.name,
-            read_tree(tf, check=False),
+            read_tree_doc(tf, check=False),
             read_paths(pf) if pf.is_file() else None,
             tf.parent,
         )
@@ -476,7 +476,7 @@ def _table(headers: list[str], rows: list[list[object]], left: int = 1, row_clas
 
 
 def tree_trust(view: TreeView) -> RootTrust:
-    return root_trust(view.task, view.root, view.tree, view.paths)
+    return root_trust(view.task, view.root, Tree.from_doc(view.tree), view.paths)
 
 
 def _path_gain(trust: RootTrust, view: TreeView, path: dict) -> tuple[float | None, float | None]:

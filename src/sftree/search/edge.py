@@ -30,6 +30,7 @@ from sftree.fileio import write_json_atomic, write_text_atomic
 from sftree.records.root import read_root_meta
 from sftree.records.scores import best_of, regressed_rate
 from sftree.records.steplog import StepRecorder, edge_steps
+from sftree.records.tree import TurnEnd
 from sftree.runtime import diskquota
 from sftree.runtime.edgebox import EdgeBox, own_socket_dir
 from sftree.runtime.folderreader import Quota
@@ -305,7 +306,7 @@ class _Session:
     tampered: str | None = None
     messages: list[dict] = field(default_factory=list)  # the session as the agent left it
 
-    def unrun_ending(self) -> str:
+    def unrun_ending(self) -> TurnEnd:
         """How a turn that never ran is recorded: after a Teacher outage it is one; after a broken workspace it
         is not (the search treats only the first as a reason to stop)."""
         if self.tampered:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 
 from sftree.errors import TeacherUnavailable
 from sftree.records.scores import best_of
+from sftree.records.tree import PruneReason, StopReason
 from sftree.search import scoring
 from sftree.search.result import EdgeResult
 from sftree.search.tree import Edge, Node, Tree, is_good_leaf, now_iso
@@ -239,7 +240,7 @@ def begin(tree: Tree, exp: Expansion) -> Dispatch:
     return d
 
 
-def fail_reason(result: EdgeResult, threshold: float) -> str | None:
+def fail_reason(result: EdgeResult, threshold: float) -> PruneReason | None:
     """Why the edge fails the hard-prune test (1.5), or None: no numeric score on a turn, or too many tool errors."""
     if result.tampered:
         return "tampered"  # its session broke the chain (agents/chain.py): never kept, never continued
@@ -355,7 +356,7 @@ def has_candidates(tree: Tree) -> bool:
     return any(capacity(tree, n, running.get(n.id, [])) > 0 for n in tree.nodes)
 
 
-def stop_reason(tree: Tree) -> str | None:
+def stop_reason(tree: Tree) -> StopReason | None:
     """The stop rules of 1.9, in the seed's order; an empty frontier counts only when nothing is running."""
     p = tree.params
     c = tree.counters()
@@ -368,7 +369,7 @@ def stop_reason(tree: Tree) -> str | None:
     return None
 
 
-def finish(tree: Tree, reason: str | None) -> None:
+def finish(tree: Tree, reason: StopReason | None) -> None:
     """Close the tree: childless nodes that could still grow become tree_stopped leaves (valid path) or closed."""
     for n in tree.nodes:
         if n.status != "active":

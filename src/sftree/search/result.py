@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from sftree.records.tree import TurnEnd
+
 if TYPE_CHECKING:
     from sftree.runtime.workspace import NodeState
 
@@ -25,8 +27,7 @@ class TurnResult:
     tool_errors: int
     knowledge: bool  # the turn read or wrote shared knowledge (DESIGN.md)
     tokens: int  # context length after the turn's last step (prompt + completion tokens)
-    # eval | step_limit | timeout | no_eval | teacher_error | context_overflow | edge_error | tampered
-    ended: str
+    ended: TurnEnd  # records.tree.TURN_ENDS
     feedback: str = ""
     eval_number: int | None = None  # Coral's #N
     error: str | None = None

@@ -11,11 +11,19 @@ from pathlib import Path
 from typing import Any
 
 from sftree.errors import InputError
-from sftree.records.tree import VERSION, LiveFiles, normal_leaf, read_tree, validate_tree, write_tree
-
-NODE_STATUSES = ("active", "expanded", "leaf", "closed")
-LEAF_REASONS = ("token_limit", "depth_limit", "no_room", "tree_stopped")
-STOP_REASONS = ("good_leaves", "edge_budget", "frontier_empty")
+from sftree.records.tree import (
+    VERSION,
+    LeafReason,
+    LiveFiles,
+    NodeStatus,
+    PruneReason,
+    StopReason,
+    TreeStatus,
+    normal_leaf,
+    read_tree_doc,
+    validate_tree,
+    write_tree,
+)
 
 
 def now_iso() -> str:
@@ -67,8 +75,8 @@ class Node(_Tracked):
     max_token_total: int  # session context length (root: 0, a fresh session)
     valid_children: int = 0
     failed_expansions: int = 0
-    status: str = "active"
-    leaf_reason: str | None = None
+    status: NodeStatus = "active"
+    leaf_reason: LeafReason | None = None
     path_valid: bool = True  # no failed (exempt-kept) edge on root..this node
     state: dict | None = None  # NodeState as a dict: code_commit, knowledge_commit, session
     eval_count: int | None = None
@@ -85,9 +93,9 @@ class Edge(_Tracked):
     select: dict
     child: str | None = None
     pruned: bool = False
-    prune_reason: str | None = None
+    prune_reason: PruneReason | None = None
     failed: bool = False  # failed the hard-prune test (kept anyway when exempt)
-    fail_reason: str | None = None
+    fail_reason: PruneReason | None = None
     turns: list[dict] = field(default_factory=list)
     score: float | None = None
     steps: int = 0
@@ -119,8 +127,8 @@ class Tree:
     params: SearchParams
     nodes: list[Node] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
-    status: str = "running"
-    stop_reason: str | None = None
+    status: TreeStatus = "running"
+    stop_reason: StopReason | None = None
     next_edge: int = 1  # edge ids are never reused, so a resumed run leaves a gap for a discarded edge
     in_flight: list[dict] = field(default_factory=list)  # dispatches started but not finished (persisted)
     created_at: str = field(default_factory=now_iso)
@@ -280,7 +288,7 @@ def save(tree: Tree, path: str | Path) -> None:
 
 
 def load(path: str | Path) -> Tree:
-    return Tree.from_dict(read_tree(path, check=False), source=str(path))  # from_dict checks it
+    return Tree.from_dict(read_tree_doc(path, check=False), source=str(path))  # from_dict checks it
 
 
 # --- the live tree: a snapshot plus an append-only log ---------------------------------------------------
