@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import IO, Any, Literal, get_args
 
 import jsonschema
 
@@ -86,6 +86,8 @@ def read_tree_doc(path: str | os.PathLike[str], source: str | None = None, check
     doc = upgrade(read_json(path, "tree file"), where)
     if check:
         validate_tree(doc, where)
+    if not isinstance(doc, dict):
+        raise InputError(f"{where}: a tree file holds a JSON object")
     return doc
 
 
@@ -98,10 +100,6 @@ def upgrade(doc: Any, source: str = "tree") -> Any:
 
 
 # --- the typed tree (what readers get) ----------------------------------------------------------------------
-
-
-def _ints(d: Mapping[str, Any], *names: str) -> dict[str, int]:
-    return {k: d.get(k, 0) for k in names}
 
 
 @dataclass(frozen=True)
@@ -130,8 +128,11 @@ class Turn:
             score=d.get("score"),
             eval_status=d.get("eval_status"),
             commit=d.get("commit"),
-            **_ints(d, "steps", "tool_calls", "tool_errors", "tokens"),
+            steps=d.get("steps", 0),
+            tool_calls=d.get("tool_calls", 0),
+            tool_errors=d.get("tool_errors", 0),
             knowledge=d.get("knowledge", False),
+            tokens=d.get("tokens", 0),
             ended=d.get("ended"),
             feedback=d.get("feedback", ""),
             eval_number=d.get("eval_number"),
@@ -169,7 +170,9 @@ class Node:
             depth=d.get("depth", 0),
             score=d.get("score"),
             path_best_score=d.get("path_best_score"),
-            **_ints(d, "max_token_total", "valid_children", "failed_expansions"),
+            max_token_total=d.get("max_token_total", 0),
+            valid_children=d.get("valid_children", 0),
+            failed_expansions=d.get("failed_expansions", 0),
             status=d.get("status"),
             leaf_reason=d.get("leaf_reason"),
             path_valid=d.get("path_valid", True),
@@ -226,20 +229,34 @@ class Edge:
             depth=d.get("depth", 0),
             attempt=d.get("attempt", 1),
             slot=d.get("slot"),
-            **{k: d.get(k, False) for k in ("exempt", "pruned", "failed", "knowledge")},
+            exempt=d.get("exempt", False),
+            pruned=d.get("pruned", False),
             prune_reason=d.get("prune_reason"),
+            failed=d.get("failed", False),
             fail_reason=d.get("fail_reason"),
             turns=tuple(Turn.from_doc(t) for t in d.get("turns") or ()),
-            **_ints(d, "steps", "tool_calls", "tool_errors", "tokens"),
+            score=d.get("score"),
+            steps=d.get("steps", 0),
+            tool_calls=d.get("tool_calls", 0),
+            tool_errors=d.get("tool_errors", 0),
             tool_error_rate=d.get("tool_error_rate", 0.0),
-            **{k: d.get(k) for k in _EDGE_OPTIONAL},
+            tokens=d.get("tokens", 0),
+            knowledge=d.get("knowledge", False),
+            regressed_rate=d.get("regressed_rate"),
+            outcome=d.get("outcome"),
+            cleanliness=d.get("cleanliness"),
+            knowledge_score=d.get("knowledge_score"),
+            regression_stability=d.get("regression_stability"),
+            soft=d.get("soft"),
+            transcript=d.get("transcript"),
+            code_diff=d.get("code_diff"),
+            knowledge_diff=d.get("knowledge_diff"),
+            error=d.get("error"),
+            select=d.get("select"),
+            started_at=d.get("started_at"),
+            finished_at=d.get("finished_at"),
+            wall_s=d.get("wall_s"),
         )
-
-
-_EDGE_OPTIONAL = (
-    "score", "regressed_rate", "outcome", "cleanliness", "knowledge_score", "regression_stability", "soft",
-    "transcript", "code_diff", "knowledge_diff", "error", "select", "started_at", "finished_at", "wall_s",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -283,8 +300,18 @@ class Tree:
             direction=doc.get("direction"),
             nodes=nodes,
             edges=edges,
+            params=doc.get("params"),
+            status=doc.get("status"),
+            stop_reason=doc.get("stop_reason"),
+            counters=doc.get("counters"),
+            next_edge=doc.get("next_edge"),
             in_flight=tuple(doc.get("in_flight") or ()),
-            **{k: doc.get(k) for k in _TREE_OPTIONAL},
+            created_at=doc.get("created_at"),
+            updated_at=doc.get("updated_at"),
+            sandbox=doc.get("sandbox"),
+            teacher=doc.get("teacher"),
+            backend=doc.get("backend"),
+            coral=doc.get("coral"),
         )
 
     def node(self, node_id: str | None) -> Node | None:
@@ -303,12 +330,6 @@ def _items(doc: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
     if not isinstance(items, list) or not all(isinstance(x, dict) for x in items):
         raise TypeError(f"`{key}` is not a list of objects")
     return items
-
-
-_TREE_OPTIONAL = (
-    "params", "status", "stop_reason", "counters", "next_edge", "created_at", "updated_at", "sandbox", "teacher",
-    "backend", "coral",
-)  # fmt: skip
 
 
 # Leaf reasons that are normal whatever the path (1.8: the node exists, so every edge on its path passed hard
@@ -337,15 +358,15 @@ class LiveFiles:
     how the log is replayed is `search.tree.LiveTree`'s). A torn last log line (kill -9 mid-write) is the save that
     never happened and is skipped; a bad line elsewhere is an InputError naming file and line."""
 
-    def __init__(self, out_dir: str | os.PathLike):
+    def __init__(self, out_dir: str | os.PathLike[str]):
         self.dir = Path(out_dir)
         self.snapshot_path, self.log_path = self.dir / LIVE_NAME, self.dir / LOG_NAME
-        self._log = None
+        self._log: IO[str] | None = None
 
     def exists(self) -> bool:
         return self.snapshot_path.exists()
 
-    def write_snapshot(self, doc: dict) -> None:
+    def write_snapshot(self, doc: Mapping[str, Any]) -> None:
         """The snapshot (atomic), then an empty log for the lines after it."""
         write_json_atomic(self.snapshot_path, doc)
         if self._log is not None:
@@ -356,8 +377,10 @@ class LiveFiles:
     def log_open(self) -> bool:
         return self._log is not None
 
-    def append(self, entry: dict) -> None:
+    def append(self, entry: Mapping[str, Any]) -> None:
         """One log line, flushed and fsynced (a save is on disk when this returns)."""
+        if self._log is None:
+            raise RuntimeError(f"{self.log_path}: a log line before the snapshot it follows")
         self._log.write(json.dumps(entry, ensure_ascii=False) + "\n")
         self._log.flush()
         os.fsync(self._log.fileno())
@@ -365,7 +388,7 @@ class LiveFiles:
     def read_snapshot(self) -> Any:
         return read_json(self.snapshot_path, "tree file")
 
-    def log_entries(self) -> Iterator[tuple[int, dict]]:
+    def log_entries(self) -> Iterator[tuple[int, JSONObject]]:
         """(line number, entry) of each complete log line."""
         if not self.log_path.exists():
             return
@@ -396,10 +419,10 @@ class LiveFiles:
 
 # --- validation ----------------------------------------------------------------------------------------
 
-_schema_cache: dict | None = None
+_schema_cache: JSONObject | None = None
 
 
-def tree_schema() -> dict:
+def tree_schema() -> JSONObject:
     global _schema_cache
     if _schema_cache is None:
         with open(TREE_SCHEMA, encoding="utf-8") as fh:
@@ -419,7 +442,7 @@ def validate_tree(obj: Any, source: str = "tree") -> None:
         raise InputError(f"{source} is not a valid tree:\n  " + "\n  ".join(problems[:10]))
 
 
-def _link_problems(obj: dict) -> list[str]:
+def _link_problems(obj: JSONObject) -> list[str]:
     out: list[str] = []
     nodes = {n["id"]: n for n in obj["nodes"]}
     edges = {e["id"]: e for e in obj["edges"]}

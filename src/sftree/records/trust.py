@@ -92,7 +92,7 @@ def _truthy(x: object) -> bool:
     return str(x).strip().lower() in ("true", "1", "yes")
 
 
-def skipped_counts(task_dir: Path, stage_rows: list[dict]) -> tuple[int, int, int | None]:
+def skipped_counts(task_dir: Path, stage_rows: list[dict[str, str]]) -> tuple[int, int, int | None]:
     """(snapshots, failed evals, pending) of one task from its stages.tsv rows and a chosen root's metadata."""
     failed = sum(1 for r in stage_rows if not _truthy(r.get("eval_ok")))
     pending = None
@@ -104,7 +104,7 @@ def skipped_counts(task_dir: Path, stage_rows: list[dict]) -> tuple[int, int, in
 
 def read_task(task_dir: Path) -> TaskTrust:
     """One task's trust summary from `results/<task>/` (stages.tsv, the chosen roots' tree.json and paths.json)."""
-    rows: list[dict] = []
+    rows: list[dict[str, str]] = []
     tsv = task_dir / "stages.tsv"
     if tsv.is_file():
         with open(tsv, encoding="utf-8", newline="") as fh:
