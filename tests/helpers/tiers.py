@@ -5,7 +5,8 @@ tests marked so in their own file.
   llama-server, sglang-router, the trainer venv) is slow whatever its own time.
 - MEASURED: tests (or whole files) measured at 2 s or more each, set-up and tear-down included (`pytest
   --durations=0` on 2 shared cores); a test that pays a module fixture (tests/test_edge_native_end_to_end.py's
-  tree store and edge) makes the next one pay it when it leaves, so such a file leaves whole;
+  tree store and edge; the Student's tokenizer in tests/test_export_student.py) makes the next one pay it when it
+  leaves, so such a file leaves whole;
   an entry names a file, `file::test` (all its parameters) or one parametrised id. A test renamed or removed
   fails tests/test_conventions_fast_tier.py until its entry follows it.
 """
@@ -90,7 +91,7 @@ MEASURED: tuple[str, ...] = (
     "tests/test_export_sft.py::test_path_records",
     "tests/test_export_sft.py::test_schema_check_with_seen_messages_matches_the_full_check",
     "tests/test_export_sft.py::test_step_records",
-    "tests/test_export_student.py::test_gguf_tokenizer_matches_the_models_own_ids",
+    "tests/test_export_student.py",
     "tests/test_export_teacher_faults.py",
     "tests/test_grader_env.py::test_built_once_reused_rebuilt_on_change",
     "tests/test_grader_env.py::test_failed_build_is_not_reused",
