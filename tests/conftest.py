@@ -1,4 +1,5 @@
-"""Shared fixtures. Test helpers live in the tests/helpers/ package (`from helpers.x import y`; tests/ is on sys.path)."""
+"""Shared fixtures, and the fast tier. Test helpers live in the tests/helpers/ package (`from helpers.x import y`;
+tests/ is on sys.path)."""
 
 import os
 import sys
@@ -15,6 +16,18 @@ if os.path.isfile(os.path.join(_BIN, "sftree")):
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
 from helpers.examples import example_snapshots  # noqa: E402
+from helpers.tiers import SLOW_MARKERS, is_measured_slow  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """The fast tier is `-m "not slow"` (README, docs/architecture.md "Tests"): a test is slow when it is marked
+    so, when it needs one of the installs or services the other markers name, or when it is in the measured list
+    (tests/helpers/tiers.py)."""
+    for item in items:
+        if "slow" in item.keywords:
+            continue
+        if any(m in item.keywords for m in SLOW_MARKERS) or is_measured_slow(item.nodeid):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ from sftree.dataset.llamafactory import THINK_WORDS, turn_boundaries
 from sftree.dataset.select_paths import select_paths
 from sftree.fileio import write_json_atomic
 from sftree.records.sft import record_messages
+from sftree.records.tree import Tree
 
 REPO = Path(__file__).parents[1]
 PROBES = Path(__file__).parent / "consumers"
@@ -41,7 +42,7 @@ def export(base: Path, granularity: str) -> Path:
     files = []
     for task, direction in (("circle_packing", "maximize"), ("tsp", "minimize")):
         tree_dir = make_results(base, task, direction, "middle")
-        doc = select_paths(json.loads((tree_dir / "tree.json").read_text()), top_k=6)
+        doc = select_paths(Tree.from_doc(json.loads((tree_dir / "tree.json").read_text())), top_k=6)
         write_json_atomic(tree_dir / "paths.json", doc)
         out = base / task / "sft.jsonl"
         sftree(

@@ -19,6 +19,7 @@ from sftree.dataset.stats import ExportStats
 from sftree.errors import InputError
 from sftree.records.sft import record_messages, schema_problem, stats_path
 from sftree.records.steplog import read_steps
+from sftree.records.tree import Tree
 from sftree.search.explore import record_backend
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "workflow/schemas/sft_record.schema.json").read_text())
@@ -358,10 +359,11 @@ def test_backend_and_coral_in_metadata_and_refuse_native(tmp_path):
     assert len(records) == 11 and stats.backends == {"opencode": 11} and not stats.refused
     assert {r["metadata"]["coral"] for r in records} == {"stand-in"}
     # an old tree without the field: unknown, refused too (it cannot be shown to be OpenCode's)
+    old = {"nodes": [], "edges": []}
     assert (
-        tree_backend({}) == "unknown"
-        and tree_coral({}) == "stand-in"
-        and tree_coral({"coral": {}}) == "stand-in"
+        tree_backend(Tree.from_doc(old)) == "unknown"
+        and tree_coral(Tree.from_doc(old)) == "stand-in"
+        and tree_coral(Tree.from_doc({**old, "coral": {}})) == "stand-in"
     )
 
 

@@ -21,6 +21,7 @@ from sftree.dataset.select_paths import select_paths
 from sftree.dataset.stats import ExportStats, MergeStats
 from sftree.fileio import write_json_atomic
 from sftree.records.sft import stats_path
+from sftree.records.tree import Tree
 
 REPO = Path(__file__).parents[1]
 SMOL, QWEN = "SmolLM2-135M-Instruct.Q4_1.gguf", "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf"
@@ -45,7 +46,7 @@ def student(name: str, max_length: int = 100_000, template: str | None = None):
 
 
 def paths_of(tree_dir: Path) -> Path:
-    doc = select_paths(json.loads((tree_dir / "tree.json").read_text()), top_k=6)
+    doc = select_paths(Tree.from_doc(json.loads((tree_dir / "tree.json").read_text())), top_k=6)
     write_json_atomic(tree_dir / "paths.json", doc)
     return tree_dir / "paths.json"
 

@@ -12,6 +12,12 @@ from scipy.stats import percentileofscore
 from sftree.dataset.select_paths import select_paths
 from sftree.errors import InputError
 from sftree.records.scores import percentile_rank
+from sftree.records.tree import Tree
+
+
+def select(doc: dict, **kw):
+    """select-paths over a tree document (its typed form, as `read_tree` gives it)."""
+    return select_paths(Tree.from_doc(doc), **kw)
 
 
 def make_tree(direction, spec, root_score=1.0):
@@ -89,7 +95,7 @@ def by_leaf(doc):
 
 
 def test_maximize_hand_computed():
-    doc = select_paths(make_tree("maximize", SPEC), top_k=2)
+    doc = select(make_tree("maximize", SPEC), top_k=2)
     assert [p["leaf"] for p in doc["paths"]] == ["n3", "n4", "n5"]
     p = by_leaf(doc)
     # n4: nodes n1,n4 -> avg 2.25, max 2.5; cleanliness (1+.55)/2; knowledge 1
@@ -115,7 +121,7 @@ def test_maximize_hand_computed():
 
 
 def test_minimize_orients_scores_and_reports_best_raw():
-    doc = select_paths(make_tree("minimize", SPEC), top_k=6)
+    doc = select(make_tree("minimize", SPEC), top_k=6)
     p = by_leaf(doc)
     # best (lowest) node score is the path's max_score for a minimize task
     assert p["n4"]["max_score"] == 2.0 and p["n5"]["max_score"] == 1.0 and p["n3"]["max_score"] == 3.0
@@ -137,7 +143,7 @@ def test_ties_share_mid_rank_and_break_deterministically():
         ("n1", "n0", 2.0, 1.0, 1.0, "no_room"),
         ("n3", "n0", 1.0, 1.0, 1.0, "no_room"),
     ]
-    doc = select_paths(make_tree("maximize", spec), top_k=6)
+    doc = select(make_tree("maximize", spec), top_k=6)
     assert [p["leaf"] for p in doc["paths"]] == ["n1", "n2", "n3"]
     p = by_leaf(doc)
     assert p["n1"]["avg_score_rank"] == pytest.approx(2 / 3) == p["n2"]["max_score_rank"]
@@ -154,7 +160,7 @@ def test_max_rank_weighs_more_than_avg_rank():
         ("n5", "n0", 2.0, 1.0, 1.0, None),
         ("n6", "n5", 2.0, 1.0, 1.0, "depth_limit"),
     ]
-    doc = select_paths(make_tree("maximize", spec))
+    doc = select(make_tree("maximize", spec))
     p = by_leaf(doc)
     assert p["n2"]["max_score_rank"] == pytest.approx(5 / 6) and p["n2"]["avg_score_rank"] == pytest.approx(
         0.5
@@ -173,7 +179,7 @@ def test_equal_path_score_is_broken_by_max_score():
         ("n3", "n0", 2.0, 1.0, 1.0, "no_room"),
         ("n4", "n0", 1.0, 1.0, 1.0, "no_room"),
     ]
-    doc = select_paths(make_tree("maximize", spec), top_k=1)
+    doc = select(make_tree("maximize", spec), top_k=1)
     p = by_leaf(doc)
     assert p["n1"]["path_score"] == pytest.approx(0.775) and p["n2"]["path_score"] == pytest.approx(0.775)
     assert [p["leaf"] for p in doc["paths"]] == ["n2", "n1", "n3", "n4"]
@@ -182,10 +188,10 @@ def test_equal_path_score_is_broken_by_max_score():
 
 def test_leaf_without_reason_and_bare_root():
     spec = [("n1", "n0", 2.0, 1.0, 1.0, None)]  # childless but not a normal leaf
-    doc = select_paths(make_tree("maximize", spec))
+    doc = select(make_tree("maximize", spec))
     assert doc["paths"] == [] and doc["excluded"][0]["leaf"] == "n1"
     bare = make_tree("maximize", [])
-    assert select_paths(bare)["paths"] == []
+    assert select(bare)["paths"] == []
 
 
 def test_mid_rank_matches_scipy_mean_kind():
@@ -198,11 +204,11 @@ def test_mid_rank_matches_scipy_mean_kind():
 def test_bad_tree_is_input_error():
     tree = make_tree("sideways", SPEC)
     with pytest.raises(InputError, match="direction"):
-        select_paths(tree)
+        select(tree)
     tree = make_tree("maximize", SPEC)
     tree["nodes"][4]["parent"] = "n99"
     with pytest.raises(InputError, match="n99"):
-        select_paths(tree)
+        select(tree)
 
 
 def test_cli_writes_paths_json(tmp_path):
@@ -245,7 +251,7 @@ def test_candidates_are_exactly_the_normal_leaves():
     tree = make_tree("maximize", spec)
     for e in tree["edges"]:
         e["failed"] = e["id"] in ("e1", "e5")
-    doc = select_paths(tree)
+    doc = select(tree)
     assert sorted(p["leaf"] for p in doc["paths"]) == ["n2", "n4", "n5", "n6"]
     assert doc["excluded"] == [{"leaf": "n3", "reason": "not a normal leaf: no_room below failed edge e1"}]
     # max scores 2.5, 1.5, 1.1, 1.3 -> ranks .875, .625, .125, .375; avg 2.25, 1.5, 1.1, 1.3 -> the same ranks
@@ -264,7 +270,7 @@ def test_path_metrics_use_full_precision():
         ("n3", "n0", 2.0, 0.7 + 1e-7, 1.0, "no_room"),
         ("n4", "n0", 2.0, 0.7 + 2e-7, 1.0, "no_room"),
     ]
-    doc = select_paths(make_tree("maximize", spec))
+    doc = select(make_tree("maximize", spec))
     p = by_leaf(doc)
     assert p["n2"]["avg_cleanliness"] == (c1 + c2) / 2
     assert p["n4"]["path_score"] - p["n3"]["path_score"] == pytest.approx(2e-8, rel=1e-3)

@@ -4,7 +4,8 @@ The commands are read from the README itself (its ```bash blocks and the inline 
 program), so a README edit that adds or changes a command fails here until a test runs it:
 - the demo command and the rerun-one-stage commands run in a copy of the checkout (slow test below);
 - the test command is the one `.ci/run` runs (CI is where it runs as written: a test cannot run the whole
-  suite inside itself);
+  suite inside itself); the fast tier's command is run as written, collecting only, by
+  tests/test_conventions_fast_tier.py (which checks what it selects);
 - the few that need what no test machine has (a GPU with SGLang, a production run) are listed in OUTSIDE;
   the fast test fails as soon as the README's commands and these lists drift apart.
 """
@@ -19,10 +20,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.tiers import FAST_COMMAND
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = "bash scripts/setup.sh && .venv/bin/snakemake --cores 2 --configfile examples/demo.yaml"
 TESTS = "bash scripts/setup.sh && .venv/bin/python -m pytest -q"
+FAST = FAST_COMMAND  # collected as written by tests/test_conventions_fast_tier.py
 RERUN_STAGE = [
     ".venv/bin/snakemake --cores 2 --configfile examples/demo.yaml --forcerun select_paths",
     ".venv/bin/snakemake results/tsp/sft.jsonl --cores 2 --configfile examples/demo.yaml",
@@ -49,7 +52,7 @@ def readme_commands(text: str) -> list[str]:
 
 def test_readme_commands_are_all_run_or_listed():
     commands = readme_commands((REPO / "README.md").read_text())
-    assert sorted(set(commands)) == sorted({DEMO, TESTS, *RERUN_STAGE, *OUTSIDE}), commands
+    assert sorted(set(commands)) == sorted({DEMO, TESTS, FAST, *RERUN_STAGE, *OUTSIDE}), commands
 
 
 def test_readme_has_exactly_the_two_setup_commands_and_ci_runs_the_test_one():
@@ -57,7 +60,7 @@ def test_readme_has_exactly_the_two_setup_commands_and_ci_runs_the_test_one():
     setup = text[
         text.index("## Set-up on a fresh machine") : text.index("\n## ", text.index("## Set-up") + 5)
     ]
-    assert readme_commands(setup) == [DEMO, TESTS]
+    assert readme_commands(setup) == [DEMO, TESTS, FAST]
     ci = [ln.strip() for ln in (REPO / ".ci" / "run").read_text().splitlines()]
     assert TESTS in ci, ".ci/run must run the README's test command as written"
 

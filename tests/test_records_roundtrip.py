@@ -87,7 +87,8 @@ def test_tree_round_trip_and_schema_check(tmp_path):
     doc = _tree_doc()
     path = tree_rec.final_path(tmp_path)
     tree_rec.write_tree(path, doc)
-    assert tree_rec.read_tree(path) == doc
+    assert tree_rec.read_tree_doc(path) == doc
+    assert tree_rec.read_tree(path) == tree_rec.Tree.from_doc(doc)  # the typed form readers get
     assert treemod.load(path).to_dict() == doc
     bad = json.loads(json.dumps(doc))
     bad["nodes"][0]["depth"] = "zero"
@@ -95,7 +96,8 @@ def test_tree_round_trip_and_schema_check(tmp_path):
     with pytest.raises(InputError) as err:
         tree_rec.read_tree(path)
     assert str(path) in str(err.value) and "nodes.0.depth" in str(err.value)
-    assert tree_rec.read_tree(path, check=False) == bad  # a reader that takes whatever is there
+    assert tree_rec.read_tree_doc(path, check=False) == bad  # a reader that takes whatever is there
+    assert tree_rec.read_tree(path, check=False).root_node.depth == "zero"
 
 
 def test_live_files_round_trip_and_a_bad_line_names_file_and_line(tmp_path):

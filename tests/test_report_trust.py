@@ -18,6 +18,7 @@ from sftree.dataset.merge import merge
 from sftree.dataset.select_paths import select_paths
 from sftree.fileio import write_json_atomic, write_jsonl_atomic
 from sftree.records.sft import stats_path
+from sftree.records.tree import Tree
 from sftree.records.trust import read_task, root_trust
 
 HEADER = "snapshot\tglobal_index\teval_ok\tscore\tscore_for_stage\tsmooth_score\tstage\tselected"
@@ -40,7 +41,7 @@ def build(base, sandbox="bwrap", with_stats=False):
                 for i in range(1, 9)
             ]
             (base / task / "stages.tsv").write_text("\n".join(rows) + "\n")
-        write_json_atomic(tree_dir / "paths.json", select_paths(tree))
+        write_json_atomic(tree_dir / "paths.json", select_paths(Tree.from_doc(tree)))
         records, stats = export_task([tree_dir / "paths.json"], "step")
         write_jsonl_atomic(base / task / "sft.jsonl", records)
         if with_stats:
@@ -82,12 +83,12 @@ def test_gain_tie_and_missing_scores():
     paths = {
         "paths": [{"rank": 1, "leaf": "n1", "selected": True}, {"rank": 2, "leaf": "n2", "selected": True}]
     }
-    r = root_trust("t", "r", tree, paths)
+    r = root_trust("t", "r", Tree.from_doc(tree), paths)
     assert [(p.gain, p.below_root) for p in r.paths] == [(0.0, False), (None, False)]
     assert r.best_gain == 0.0 and r.sandbox == "unknown" and r.root_score == 2.0
     # the root's score unknown: no gain at all, nothing flagged
     tree["nodes"][0]["score"] = None
-    assert [p.gain for p in root_trust("t", "r", tree, paths).paths] == [None, None]
+    assert [p.gain for p in root_trust("t", "r", Tree.from_doc(tree), paths).paths] == [None, None]
 
 
 def test_card_shows_gains_duplicates_and_skipped(tmp_path):

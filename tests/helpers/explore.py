@@ -13,6 +13,7 @@ from helpers.tree_rules import check_paths, check_tree
 from sftree import cli
 from sftree.config import REPO_ROOT
 from sftree.dataset.select_paths import select_paths
+from sftree.records.tree import Tree
 from sftree.search import tree as treemod
 
 EXAMPLES = REPO_ROOT / "examples"
@@ -74,7 +75,7 @@ def load_final(out: Path) -> treemod.Tree:
     and 3 by the independent checker (tests/helpers/tree_rules.py)."""
     tree = treemod.load(out / "tree.json")
     obj = tree.to_dict()
-    problems = check_tree(obj) + check_paths(obj, select_paths(obj))
+    problems = check_tree(obj) + check_paths(obj, select_paths(Tree.from_doc(obj)))
     assert problems == [], f"{out / 'tree.json'} breaks the rules:\n" + "\n".join(problems)
     return tree
 

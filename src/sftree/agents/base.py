@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sftree.records.steplog import StepRecorder
+from sftree.records.tree import TurnEnd
 
 
 @dataclass
@@ -42,7 +43,7 @@ class TurnRun:
 
 @dataclass
 class TurnOutcome:
-    ended: str  # eval | step_limit | timeout | no_eval | teacher_error | context_overflow | tampered
+    ended: TurnEnd  # records.tree.TURN_ENDS (a backend ends a turn with edge_error when its session breaks)
     steps: int = 0
     tool_calls: int = 0
     tool_errors: int = 0

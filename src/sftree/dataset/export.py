@@ -66,7 +66,7 @@ from sftree.records.paths import read_paths
 from sftree.records.root import meta_path, read_root_meta
 from sftree.records.scores import signed_gain
 from sftree.records.sft import OPENCODE, record_writer, schema_problem, write_stats
-from sftree.records.tree import final_path, read_tree
+from sftree.records.tree import Edge, Tree, final_path, read_tree
 
 log = logging.getLogger("sftree.dataset.export")
 
@@ -84,15 +84,15 @@ PATH_FIELDS = (
 )
 
 
-def tree_backend(tree: dict) -> str:
+def tree_backend(tree: Tree) -> str:
     """The agent backend that made the tree's steps (tree.json `backend`: native | opencode | mixed)."""
-    return str(tree.get("backend") or "unknown")
+    return str(tree.backend or "unknown")
 
 
-def tree_coral(tree: dict) -> str:
+def tree_coral(tree: Tree) -> str:
     """Whether the Teacher's world was the installed Coral: tree.json `coral.mode` (or a plain string `coral`);
     trees that do not say are from before sftree drove an installed Coral: `stand-in`."""
-    coral = tree.get("coral")
+    coral = tree.coral
     mode = coral.get("mode") if isinstance(coral, dict) else coral
     return str(mode) if isinstance(mode, str) and mode else "stand-in"
 
@@ -116,9 +116,9 @@ class TreeContext:
     paths_file: Path
     doc: dict
     tree_dir: Path
-    tree: dict
+    tree: Tree
     stage: str | None
-    edges: dict[str, dict] = field(default_factory=dict)
+    edges: dict[str, Edge] = field(default_factory=dict)
 
     @classmethod
     def load(cls, paths_file: str | Path) -> TreeContext:
@@ -128,21 +128,22 @@ class TreeContext:
         tree = read_tree(
             final_path(tree_dir), check=False
         )  # reads the fields it uses, whatever else is there
-        root = doc.get("root") or tree.get("root") or tree_dir.name
+        root = doc.get("root") or tree.root or tree_dir.name
         meta_file = meta_path(tree_dir.parent.parent / "roots" / root)
-        stage = tree.get("stage")
+        stage: str | None = None
         if meta_file.is_file():
             stage = read_root_meta(meta_file.parent).get("stage", stage)
         else:
             log.warning("%s: root metadata %s not found; stage unknown", paths_file, meta_file)
-        edges = {e["id"]: e for e in tree.get("edges", [])}
+        edges = {e.id: e for e in tree.edges}
         return cls(paths_file, doc, tree_dir, tree, stage, edges)
 
     def transcript(self, edge_id: str) -> Path:
         return self.tree_dir / self._transcript_rel(edge_id)
 
     def _transcript_rel(self, edge_id: str) -> str:
-        return (self.edges.get(edge_id) or {}).get("transcript") or steplog.edge_steps(edge_id)
+        edge = self.edges.get(edge_id)
+        return (edge.transcript if edge else None) or steplog.edge_steps(edge_id)
 
     def transcript_name(self, edge_id: str) -> str:
         """The transcript relative to the results folder (<task>/trees/<root>/edges/...): a record names no
@@ -215,12 +216,12 @@ def build_record(
 def _path_meta(ctx: TreeContext, path: dict) -> dict:
     doc = ctx.doc
     meta = {
-        "task": doc.get("task") or ctx.tree.get("task"),
-        "root": doc.get("root") or ctx.tree.get("root"),
+        "task": doc.get("task") or ctx.tree.task,
+        "root": doc.get("root") or ctx.tree.root,
         "stage": ctx.stage,
-        "direction": doc.get("direction") or ctx.tree.get("direction"),
+        "direction": doc.get("direction") or ctx.tree.direction,
         "root_score": doc.get("root_score"),
-        "sandbox": ctx.tree.get("sandbox"),
+        "sandbox": ctx.tree.sandbox,
         "backend": tree_backend(ctx.tree),
         "coral": tree_coral(ctx.tree),
         "path_rank": path["rank"],
@@ -230,8 +231,8 @@ def _path_meta(ctx: TreeContext, path: dict) -> dict:
         "path_edges": path["edges"],
     }
     meta.update({k: path.get(k) for k in PATH_FIELDS})
-    leaf = next((n for n in ctx.tree.get("nodes", []) if n.get("id") == path["leaf"]), {})
-    meta["leaf_score"] = leaf.get("score")
+    leaf = ctx.tree.node(path["leaf"])
+    meta["leaf_score"] = leaf.score if leaf else None
     meta["gain"] = signed_gain(meta["root_score"], meta["leaf_score"], meta["direction"])
     return meta
 
@@ -262,8 +263,8 @@ def export_tree(
     selected = sorted((p for p in ctx.doc["paths"] if p.get("selected")), key=lambda p: p["rank"])
     stats.paths += len(selected)
     # A tampered edge has no child, so no path runs through it; counted for the card all the same.
-    stats.tampered += sum(1 for e in ctx.tree.get("edges") or [] if e.get("fail_reason") == "tampered")
-    task = ctx.doc.get("task") or ctx.tree.get("task")
+    stats.tampered += sum(1 for e in ctx.tree.edges if e.fail_reason == "tampered")
+    task = ctx.doc.get("task") or ctx.tree.task
     if task and task not in stats.tasks:
         stats.tasks.append(task)
     tree = _TreeExport(ctx, stats, refuse_native, student)

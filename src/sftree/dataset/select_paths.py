@@ -29,7 +29,7 @@ from typing import Any
 from sftree.errors import InputError
 from sftree.records.paths import PATHS_VERSION, write_paths
 from sftree.records.scores import best_of, oriented, percentile_rank
-from sftree.records.tree import normal_leaf, read_tree
+from sftree.records.tree import DIRECTIONS, Edge, LeafReason, Node, Tree, normal_leaf, read_tree
 
 log = logging.getLogger("sftree.dataset.select_paths")
 
@@ -57,7 +57,7 @@ def _num(x: Any) -> float | None:
 @dataclass
 class Candidate:
     leaf: str
-    leaf_reason: str
+    leaf_reason: LeafReason
     nodes: list[str]
     edges: list[str]
     scores: list[float]  # raw node scores, root excluded
@@ -70,7 +70,7 @@ class PathRecord:
     rank: int
     selected: bool
     leaf: str
-    leaf_reason: str
+    leaf_reason: LeafReason
     nodes: list[str]
     edges: list[str]
     avg_cleanliness: float
@@ -87,72 +87,69 @@ def _node_number(node_id: str) -> tuple[int, str]:
     return (int(m.group(1)) if m else 1 << 30, node_id)
 
 
-def _index_tree(tree: dict, source: str) -> tuple[dict[str, dict], dict[str, dict], str]:
-    try:
-        nodes = {n["id"]: n for n in tree["nodes"]}
-        edges = {e["id"]: e for e in tree["edges"]}
-    except (KeyError, TypeError) as exc:
-        raise InputError(f"{source}: tree has no usable `nodes`/`edges` lists ({exc})") from None
-    roots = [n["id"] for n in nodes.values() if n.get("parent") is None]
+def _index_tree(tree: Tree, source: str) -> tuple[dict[str, Node], dict[str, Edge], str]:
+    nodes = {n.id: n for n in tree.nodes}
+    edges = {e.id: e for e in tree.edges}
+    roots = [n.id for n in nodes.values() if n.parent is None]
     if len(roots) != 1:
         raise InputError(f"{source}: expected exactly one root node (parent null), found {roots}")
     return nodes, edges, roots[0]
 
 
-def _edge_into(node: dict, edges: dict[str, dict], child_edge: dict[str, dict], source: str) -> dict:
-    eid = node.get("edge")
-    edge = edges.get(eid) if eid else child_edge.get(node["id"])
+def _edge_into(node: Node, edges: dict[str, Edge], child_edge: dict[str, Edge], source: str) -> Edge:
+    eid = node.edge
+    edge = edges.get(eid) if eid else child_edge.get(node.id)
     if edge is None:
-        raise InputError(f"{source}: node {node['id']} has no edge leading into it")
+        raise InputError(f"{source}: node {node.id} has no edge leading into it")
     return edge
 
 
-def candidate_paths(tree: dict, source: str = "tree.json") -> tuple[list[Candidate], list[dict]]:
+def _chain(node: Node, nodes: dict[str, Node], root: str, source: str) -> list[Node]:
+    """The logical nodes root (excluded)..node."""
+    chain: list[Node] = []
+    cur = node
+    while cur.id != root:
+        chain.append(cur)
+        parent = cur.parent
+        if parent not in nodes:
+            raise InputError(f"{source}: node {cur.id} has unknown parent {parent!r}")
+        if len(chain) > len(nodes):
+            raise InputError(f"{source}: parent links of node {node.id} form a cycle")
+        cur = nodes[parent]
+    chain.reverse()
+    return chain
+
+
+def candidate_paths(tree: Tree, source: str = "tree.json") -> tuple[list[Candidate], list[dict[str, str]]]:
     """Every path to a normal leaf with all four metrics computable, and the excluded leaves with why."""
     nodes, edges, root = _index_tree(tree, source)
-    child_edge = {e["child"]: e for e in edges.values() if e.get("child")}
-    has_child = {n.get("parent") for n in nodes.values()}
+    child_edge = {e.child: e for e in edges.values() if e.child}
+    has_child = {n.parent for n in nodes.values()}
     candidates: list[Candidate] = []
-    excluded: list[dict] = []
+    excluded: list[dict[str, str]] = []
     for nid in sorted(nodes, key=_node_number):
         node = nodes[nid]
         if nid == root or nid in has_child:
             continue
-        if not node.get("leaf_reason"):
-            excluded.append(
-                {"leaf": nid, "reason": f"not a normally ended leaf (status {node.get('status')})"}
-            )
+        if not node.leaf_reason:
+            excluded.append({"leaf": nid, "reason": f"not a normally ended leaf (status {node.status})"})
             continue
-        chain: list[dict] = []
-        cur = node
-        while cur["id"] != root:
-            chain.append(cur)
-            parent = cur.get("parent")
-            if parent not in nodes:
-                raise InputError(f"{source}: node {cur['id']} has unknown parent {parent!r}")
-            if len(chain) > len(nodes):
-                raise InputError(f"{source}: parent links of node {nid} form a cycle")
-            cur = nodes[parent]
-        chain.reverse()
+        chain = _chain(node, nodes, root, source)
         path_edges = [_edge_into(n, edges, child_edge, source) for n in chain]
-        failed = [e["id"] for e in path_edges if e.get("failed")]
+        failed = [e.id for e in path_edges if e.failed]
         not_normal = []
-        if not normal_leaf(node["leaf_reason"], not failed, len(chain)):
+        if not normal_leaf(node.leaf_reason, not failed, len(chain)):
             why = f"below failed edge {', '.join(failed)}" if failed else "is not a leaf reason"
-            not_normal = [f"not a normal leaf: {node['leaf_reason']} {why}"]
-        scores = [_num(n.get("score")) for n in chain]
-        clean = [_num(e.get("cleanliness")) for e in path_edges]
-        know = [_num(e.get("knowledge_score")) for e in path_edges]
+            not_normal = [f"not a normal leaf: {node.leaf_reason} {why}"]
+        scores = [_num(n.score) for n in chain]
+        clean = [_num(e.cleanliness) for e in path_edges]
+        know = [_num(e.knowledge_score) for e in path_edges]
         missing = (
             not_normal
-            + [f"missing score on {n['id']}" for n, s in zip(chain, scores, strict=True) if s is None]
+            + [f"missing score on {n.id}" for n, s in zip(chain, scores, strict=True) if s is None]
+            + [f"missing cleanliness on {e.id}" for e, c in zip(path_edges, clean, strict=True) if c is None]
             + [
-                f"missing cleanliness on {e['id']}"
-                for e, c in zip(path_edges, clean, strict=True)
-                if c is None
-            ]
-            + [
-                f"missing knowledge_score on {e['id']}"
+                f"missing knowledge_score on {e.id}"
                 for e, k in zip(path_edges, know, strict=True)
                 if k is None
             ]
@@ -163,9 +160,9 @@ def candidate_paths(tree: dict, source: str = "tree.json") -> tuple[list[Candida
         candidates.append(
             Candidate(
                 leaf=nid,
-                leaf_reason=node["leaf_reason"],
-                nodes=[n["id"] for n in chain],
-                edges=[e["id"] for e in path_edges],
+                leaf_reason=node.leaf_reason,
+                nodes=[n.id for n in chain],
+                edges=[e.id for e in path_edges],
                 scores=scores,
                 cleanliness=clean,
                 knowledge=know,
@@ -214,12 +211,12 @@ def score_paths(candidates: list[Candidate], direction: str, top_k: int) -> list
     return ranked
 
 
-def select_paths(tree: dict, top_k: int = 6, source: str = "tree.json") -> dict:
+def select_paths(tree: Tree, top_k: int = 6, source: str = "tree.json") -> dict[str, Any]:
     """The paths.json document for one tree (see docs/architecture.md)."""
     if top_k < 1:
         raise InputError(f"--top-k must be at least 1, got {top_k}")
-    direction = tree.get("direction")
-    if direction not in ("maximize", "minimize"):
+    direction = tree.direction
+    if direction not in DIRECTIONS:
         raise InputError(f"{source}: `direction` must be maximize or minimize, got {direction!r}")
     candidates, excluded = candidate_paths(tree, source)
     records = score_paths(candidates, direction, top_k)
@@ -227,10 +224,10 @@ def select_paths(tree: dict, top_k: int = 6, source: str = "tree.json") -> dict:
     paths = [asdict(r) for r in records]
     return {
         "version": PATHS_VERSION,
-        "task": tree.get("task"),
-        "root": tree.get("root"),
+        "task": tree.task,
+        "root": tree.root,
         "direction": direction,
-        "root_score": _num(nodes[root].get("score")),
+        "root_score": _num(nodes[root].score),
         "top_k": top_k,
         "counts": {
             "candidates": len(records),
@@ -251,10 +248,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # checked: a wrong-typed field would otherwise read as "no paths" and exit 0; fail naming the field instead
     tree = read_tree(args.tree, source=f"tree file {args.tree}")
-    if tree.get("status") not in (None, "finished"):
-        log.warning(
-            "%s: tree status is %r, not finished; ranking what is there", args.tree, tree.get("status")
-        )
+    if tree.status not in (None, "finished"):
+        log.warning("%s: tree status is %r, not finished; ranking what is there", args.tree, tree.status)
     doc = select_paths(tree, args.top_k, source=str(args.tree))
     write_paths(Path(args.out), doc)
     c = doc["counts"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from sftree.errors import InputError
 from sftree.fileio import read_json, write_json_atomic
@@ -17,17 +18,17 @@ PATHS_NAME = "paths.json"
 PATHS_VERSION = 1
 
 
-def paths_path(tree_dir: str | os.PathLike) -> Path:
+def paths_path(tree_dir: str | os.PathLike[str]) -> Path:
     """TREEDIR/paths.json."""
     return Path(tree_dir) / PATHS_NAME
 
 
-def write_paths(path: str | os.PathLike, doc: dict) -> None:
+def write_paths(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
     """Write atomically (2-space JSON), so a reader never sees half a file."""
     write_json_atomic(path, doc)
 
 
-def read_paths(path: str | os.PathLike) -> dict:
+def read_paths(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A paths document; InputError naming the file when it is not JSON or has no `paths` list."""
     doc = read_json(path, "selected paths file")
     if not isinstance(doc, dict) or not isinstance(doc.get("paths"), list):

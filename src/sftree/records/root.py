@@ -89,22 +89,22 @@ class RootMeta:
             raise InputError(f"{where}: `{ROOT_LINKS}.entries` must map paths to fingerprint strings")
         return source, entries
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """A new dict of every field (what a writer extends)."""
         return dict(self.fields)
 
 
-def meta_path(folder: str | os.PathLike) -> Path:
+def meta_path(folder: str | os.PathLike[str]) -> Path:
     return Path(folder) / META_NAME
 
 
-def read_root_meta(folder: str | os.PathLike, what: str = "root metadata") -> RootMeta:
+def read_root_meta(folder: str | os.PathLike[str], what: str = "root metadata") -> RootMeta:
     """`folder`/metadata.json, a JSON object; InputError naming the file otherwise."""
     path = meta_path(folder)
     return RootMeta(path, MappingProxyType(read_json_object(path, what)))
 
 
-def write_root_meta(folder: str | os.PathLike, fields: Mapping[str, Any]) -> Path:
+def write_root_meta(folder: str | os.PathLike[str], fields: Mapping[str, Any]) -> Path:
     """metadata.json as a new file (2-space JSON, one newline): a hard-linked or copied one is unlinked first, so
     the snapshot's own file stays untouched. Not fsynced: select-roots syncs the whole new folder at once."""
     path = meta_path(folder)
@@ -117,7 +117,7 @@ def write_root_meta(folder: str | os.PathLike, fields: Mapping[str, Any]) -> Pat
 # --- the files a root may hold -------------------------------------------------------------------------------
 
 
-def unsupported_files(folder: str | os.PathLike, limit: int = MAX_REPORTED) -> list[str]:
+def unsupported_files(folder: str | os.PathLike[str], limit: int = MAX_REPORTED) -> list[str]:
     """Entries under `folder` a root cannot hold, each `path: why`: FIFOs, sockets and devices (copying one
     blocks or fails; git cannot store one), and names that are not UTF-8 (git, JSON transcripts and the agent's
     tools all need text names). Listed bytes-safe, so the check itself cannot fail.
@@ -178,7 +178,7 @@ def _is_utf8(name: bytes) -> bool:
     return True
 
 
-def check_files(folder: str | os.PathLike, what: str) -> None:
+def check_files(folder: str | os.PathLike[str], what: str) -> None:
     """Raise InputError naming every entry of `folder` that `unsupported_files` refuses."""
     problems = unsupported_files(folder)
     if problems:
@@ -210,7 +210,7 @@ def link_fingerprints(snapshot: str, names: list[str]) -> dict[str, str]:
     return out
 
 
-def verify_root(root_dir: str | os.PathLike) -> None:
+def verify_root(root_dir: str | os.PathLike[str]) -> None:
     """A root whose entries link to its snapshot must still find that snapshot as select-roots saw it.
 
     Checks every top-level link of the root (it must lead somewhere) and, when metadata.json records
@@ -228,10 +228,10 @@ def verify_root(root_dir: str | os.PathLike) -> None:
         path = os.path.join(root, name)
         if not os.path.exists(path):
             problems.append(f"{path} -> {os.readlink(path)}: the snapshot entry it refers to is gone")
-    links = read_root_meta(root).links()
+    recorded = read_root_meta(root).links()
     source = None
-    if links is not None:
-        source, entries = links
+    if recorded is not None:
+        source, entries = recorded
         names = sorted(n for n in entries if "/" not in n)
         for name in names:
             path, want = os.path.join(root, name), os.path.join(source, name)

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import TypeGuard
 
 MAXIMIZE, MINIMIZE = "maximize", "minimize"
 
 
-def _numeric(x: float | None) -> bool:
+def _numeric(x: float | None) -> TypeGuard[float]:
     return x is not None and not (isinstance(x, float) and math.isnan(x))
 
 

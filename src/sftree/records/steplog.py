@@ -63,7 +63,7 @@ class StepWriter:
             self._store.write(json.dumps({"id": vid, "value": value}, ensure_ascii=False) + "\n")
         return vid
 
-    def _encode(self, record: dict) -> tuple[dict, list[str] | None]:
+    def _encode(self, record: dict[str, Any]) -> tuple[dict[str, Any], list[str] | None]:
         out = dict(record)
         ids = None
         req = record.get("request")
@@ -86,7 +86,7 @@ class StepWriter:
         out["enc"] = ENCODING
         return out, ids
 
-    def write(self, record: dict) -> None:
+    def write(self, record: dict[str, Any]) -> None:
         with self._lock:
             enc, ids = self._encode(record)
             self._store.flush()
@@ -113,7 +113,7 @@ class StepRecorder:
         self.latency_s = 0.0
         self.records = 0
 
-    def write(self, record: dict) -> None:
+    def write(self, record: dict[str, Any]) -> None:
         with self._lock:
             self._writer.write({"edge": self.edge_id, **record})
             self.latency_s += float(record.get("latency_s") or 0.0)
@@ -135,7 +135,7 @@ def _load_store(path: Path) -> dict[str, Any]:
     return store
 
 
-def read_steps(path: str | Path) -> list[dict]:
+def read_steps(path: str | Path) -> list[dict[str, Any]]:
     """The step records of one edge with their requests rebuilt; InputError names the file, record and field."""
     path = Path(path)
     store: dict[str, Any] | None = None
@@ -172,7 +172,9 @@ def _deref(ref: Any, store: dict[str, Any], where: str) -> Any:
         raise InputError(f"{where}: {ref['$ref']} is not in {STORE_NAME}") from None
 
 
-def _decode(rec: dict, store: dict[str, Any], lines: list, where: str) -> tuple[dict, list | None]:
+def _decode(
+    rec: dict[str, Any], store: dict[str, Any], lines: list[list[Any] | None], where: str
+) -> tuple[dict[str, Any], list[Any] | None]:
     rec = dict(rec)
     del rec["enc"]
     msgs = None
@@ -184,11 +186,12 @@ def _decode(rec: dict, store: dict[str, Any], lines: list, where: str) -> tuple[
             base, keep, add = m.get("base"), m.get("keep"), m.get("add")
             if not isinstance(keep, int) or keep < 0 or not isinstance(add, list):
                 raise InputError(f"{where}: request.messages needs integer `keep` and list `add`")
-            prefix: list = []
+            prefix: list[Any] = []
             if keep:
-                if not isinstance(base, int) or not 0 <= base < len(lines) or lines[base] is None:
+                earlier = lines[base] if isinstance(base, int) and 0 <= base < len(lines) else None
+                if earlier is None:
                     raise InputError(f"{where}: request.messages.base {base!r} is not an earlier record")
-                prefix = lines[base][:keep]
+                prefix = earlier[:keep]
                 if len(prefix) != keep:
                     raise InputError(
                         f"{where}: request.messages.keep {keep} exceeds record {base}'s messages"

@@ -5,9 +5,13 @@ report read them. Only this module opens them.
     tree.live.json   while running: a snapshot of the tree, atomic, with the log generation it starts (`log_gen`)
     tree.log.jsonl   while running: one fsynced line per save after that snapshot
 
-The documents are plain JSON objects here; `search/tree.py` turns them into its state (`Tree.to_dict`/`from_dict`)
-and decides what a live save writes. `validate_tree` is the one check of a tree document: the schema plus the
-links between nodes and edges a schema cannot express.
+Readers get a frozen, typed `Tree` (`read_tree`; `Tree.from_doc` for a document already in memory); the words a
+tree is written in (turn ends, prune, leaf and stop reasons, statuses) are defined once here, as `Literal`s with
+their tuples, and tests/test_records_tree_vocabulary.py checks tree.schema.json's enums against them. The writer
+takes a plain JSON object: `search/tree.py` holds the search's own mutable state (`Tree.to_dict`/`from_dict`) and
+decides what a live save writes. `validate_tree` is the one check of a tree document: the schema plus the links
+between nodes and edges a schema cannot express; `upgrade` is the one place an older document is brought to
+`VERSION`.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Literal, get_args
 
 import jsonschema
 
@@ -32,29 +37,305 @@ TREE_SCHEMA = SCHEMA_DIR / "tree.schema.json"
 FINAL_NAME, LIVE_NAME, LOG_NAME = "tree.json", "tree.live.json", "tree.log.jsonl"
 
 
-def final_path(tree_dir: str | os.PathLike) -> Path:
+# --- the vocabularies (each defined once; the schema's enums are checked against them) -----------------------
+
+Direction = Literal["maximize", "minimize"]
+TreeStatus = Literal["running", "finished"]
+StopReason = Literal["good_leaves", "edge_budget", "frontier_empty"]
+NodeStatus = Literal["active", "expanded", "leaf", "closed"]
+LeafReason = Literal["token_limit", "depth_limit", "no_room", "tree_stopped"]
+# why an edge failed the hard-prune test (`fail_reason`) or was pruned (`prune_reason`): the same words
+PruneReason = Literal["no_score", "tool_error_rate", "edge_error", "teacher_error", "tampered"]
+# how a turn ended: a backend's own ends, and `edge_error` (the fork, the runtime or the backend's session broke)
+TurnEnd = Literal[
+    "eval", "step_limit", "timeout", "no_eval", "teacher_error", "context_overflow", "edge_error", "tampered"
+]
+
+DIRECTIONS: tuple[Direction, ...] = get_args(Direction)
+TREE_STATUSES: tuple[TreeStatus, ...] = get_args(TreeStatus)
+STOP_REASONS: tuple[StopReason, ...] = get_args(StopReason)
+NODE_STATUSES: tuple[NodeStatus, ...] = get_args(NodeStatus)
+LEAF_REASONS: tuple[LeafReason, ...] = get_args(LeafReason)
+PRUNE_REASONS: tuple[PruneReason, ...] = get_args(PruneReason)
+TURN_ENDS: tuple[TurnEnd, ...] = get_args(TurnEnd)
+
+JSONObject = dict[str, Any]
+
+
+def final_path(tree_dir: str | os.PathLike[str]) -> Path:
     """TREEDIR/tree.json."""
     return Path(tree_dir) / FINAL_NAME
 
 
-def write_tree(path: str | os.PathLike, doc: dict) -> None:
+def write_tree(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
     """Write atomically (readers and a rerun see the old or the new tree, never half of one)."""
     write_json_atomic(path, doc)
 
 
-def read_tree(path: str | os.PathLike, source: str | None = None, check: bool = True) -> dict:
-    """A tree document, checked (`validate_tree`; errors name `source`, default the path) unless `check` is False
-    (a reader that wants whatever is there, such as the report over a half-made results folder)."""
-    doc = read_json(path, "tree file")
+def read_tree(path: str | os.PathLike[str], source: str | None = None, check: bool = True) -> Tree:
+    """The typed tree of a file, upgraded to `VERSION` and checked (`validate_tree`; errors name `source`, default
+    the path) unless `check` is False (a reader that wants whatever is there, such as the report over a half-made
+    results folder: a field that is missing reads as its default)."""
+    return Tree.from_doc(read_tree_doc(path, source, check), str(path) if source is None else source)
+
+
+def read_tree_doc(path: str | os.PathLike[str], source: str | None = None, check: bool = True) -> JSONObject:
+    """The tree document itself, upgraded and checked as `read_tree` does (the search rebuilds its own mutable
+    state from it: `search.tree.Tree.from_dict`)."""
+    where = str(path) if source is None else source
+    doc = upgrade(read_json(path, "tree file"), where)
     if check:
-        validate_tree(doc, str(path) if source is None else source)
+        validate_tree(doc, where)
+    if not isinstance(doc, dict):
+        raise InputError(f"{where}: a tree file holds a JSON object")
     return doc
+
+
+def upgrade(doc: Any, source: str = "tree") -> Any:
+    """An older tree document brought to `VERSION` (the one place that knows the older shapes). Version 1 is the
+    first and only one, so there is nothing to upgrade yet; a document from a newer sftree is refused."""
+    if isinstance(doc, dict) and isinstance(doc.get("version"), int) and doc["version"] > VERSION:
+        raise InputError(f"{source}: tree version {doc['version']} is newer than this sftree's ({VERSION})")
+    return doc
+
+
+# --- the typed tree (what readers get) ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One rollout turn of an edge (tree.json `edges[].turns[]`; search/result.py's `TurnResult` writes it)."""
+
+    turn: int
+    score: float | None
+    eval_status: str | None = None  # Coral's: improved|baseline|regressed|crashed|timeout|nothing_to_commit
+    commit: str | None = None
+    steps: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    knowledge: bool = False
+    tokens: int = 0
+    ended: TurnEnd | None = None
+    feedback: str = ""
+    eval_number: int | None = None
+    error: str | None = None
+    compacted: bool = False
+
+    @classmethod
+    def from_doc(cls, d: Mapping[str, Any]) -> Turn:
+        return cls(
+            turn=d.get("turn", 0),
+            score=d.get("score"),
+            eval_status=d.get("eval_status"),
+            commit=d.get("commit"),
+            steps=d.get("steps", 0),
+            tool_calls=d.get("tool_calls", 0),
+            tool_errors=d.get("tool_errors", 0),
+            knowledge=d.get("knowledge", False),
+            tokens=d.get("tokens", 0),
+            ended=d.get("ended"),
+            feedback=d.get("feedback", ""),
+            eval_number=d.get("eval_number"),
+            error=d.get("error"),
+            compacted=d.get("compacted", False),
+        )
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node of the tree (tree.json `nodes[]`). `state` is the fork point as written (code and knowledge commits,
+    the session file, the host's Coral counters)."""
+
+    id: str
+    parent: str | None
+    edge: str | None
+    depth: int
+    score: float | None = None
+    path_best_score: float | None = None
+    max_token_total: int = 0
+    valid_children: int = 0
+    failed_expansions: int = 0
+    status: NodeStatus | None = None
+    leaf_reason: LeafReason | None = None
+    path_valid: bool = True
+    state: JSONObject | None = None
+    eval_count: int | None = None
+
+    @classmethod
+    def from_doc(cls, d: Mapping[str, Any]) -> Node:
+        return cls(
+            id=d["id"],
+            parent=d.get("parent"),
+            edge=d.get("edge"),
+            depth=d.get("depth", 0),
+            score=d.get("score"),
+            path_best_score=d.get("path_best_score"),
+            max_token_total=d.get("max_token_total", 0),
+            valid_children=d.get("valid_children", 0),
+            failed_expansions=d.get("failed_expansions", 0),
+            status=d.get("status"),
+            leaf_reason=d.get("leaf_reason"),
+            path_valid=d.get("path_valid", True),
+            state=d.get("state"),
+            eval_count=d.get("eval_count"),
+        )
+
+
+@dataclass(frozen=True)
+class Edge:
+    """An edge (tree.json `edges[]`): one dispatch from `parent`, its turns, its measures and, when it made one,
+    its `child`. The soft-score parts are None for an edge that made no node."""
+
+    id: str
+    parent: str
+    child: str | None
+    depth: int = 0
+    attempt: int = 1
+    slot: int | None = None
+    exempt: bool = False
+    pruned: bool = False
+    prune_reason: PruneReason | None = None
+    failed: bool = False
+    fail_reason: PruneReason | None = None
+    turns: tuple[Turn, ...] = ()
+    score: float | None = None
+    steps: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_error_rate: float = 0.0
+    tokens: int = 0
+    knowledge: bool = False
+    regressed_rate: float | None = None
+    outcome: float | None = None
+    cleanliness: float | None = None
+    knowledge_score: float | None = None
+    regression_stability: float | None = None
+    soft: float | None = None
+    transcript: str | None = None
+    code_diff: str | None = None
+    knowledge_diff: str | None = None
+    error: str | None = None
+    select: JSONObject | None = None  # the Select breakdown logged when the edge was dispatched
+    started_at: str | None = None
+    finished_at: str | None = None
+    wall_s: float | None = None
+
+    @classmethod
+    def from_doc(cls, d: Mapping[str, Any]) -> Edge:
+        return cls(
+            id=d["id"],
+            parent=d.get("parent", ""),
+            child=d.get("child"),
+            depth=d.get("depth", 0),
+            attempt=d.get("attempt", 1),
+            slot=d.get("slot"),
+            exempt=d.get("exempt", False),
+            pruned=d.get("pruned", False),
+            prune_reason=d.get("prune_reason"),
+            failed=d.get("failed", False),
+            fail_reason=d.get("fail_reason"),
+            turns=tuple(Turn.from_doc(t) for t in d.get("turns") or ()),
+            score=d.get("score"),
+            steps=d.get("steps", 0),
+            tool_calls=d.get("tool_calls", 0),
+            tool_errors=d.get("tool_errors", 0),
+            tool_error_rate=d.get("tool_error_rate", 0.0),
+            tokens=d.get("tokens", 0),
+            knowledge=d.get("knowledge", False),
+            regressed_rate=d.get("regressed_rate"),
+            outcome=d.get("outcome"),
+            cleanliness=d.get("cleanliness"),
+            knowledge_score=d.get("knowledge_score"),
+            regression_stability=d.get("regression_stability"),
+            soft=d.get("soft"),
+            transcript=d.get("transcript"),
+            code_diff=d.get("code_diff"),
+            knowledge_diff=d.get("knowledge_diff"),
+            error=d.get("error"),
+            select=d.get("select"),
+            started_at=d.get("started_at"),
+            finished_at=d.get("finished_at"),
+            wall_s=d.get("wall_s"),
+        )
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A finished (or, read unchecked, a partial) tree as its readers see it: select-paths, export, the report
+    and the trust figures. Open-ended records (`params`, `counters`, `teacher`, `coral`, `in_flight`) stay the
+    JSON objects they are written as."""
+
+    version: int
+    task: str | None
+    root: str | None
+    direction: Direction | None
+    nodes: tuple[Node, ...]
+    edges: tuple[Edge, ...]
+    params: JSONObject | None = None
+    status: TreeStatus | None = None
+    stop_reason: StopReason | None = None
+    counters: JSONObject | None = None
+    next_edge: int | None = None
+    in_flight: tuple[JSONObject, ...] = ()
+    created_at: str | None = None
+    updated_at: str | None = None
+    sandbox: str | None = None
+    teacher: JSONObject | None = None
+    backend: str | None = None
+    coral: JSONObject | None = None
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any], source: str = "tree") -> Tree:
+        """The typed form of a tree document (checked or not: a missing field reads as its default; the node
+        and edge lists and their ids must be there)."""
+        try:
+            nodes = tuple(Node.from_doc(n) for n in _items(doc, "nodes"))
+            edges = tuple(Edge.from_doc(e) for e in _items(doc, "edges"))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise InputError(f"{source}: tree has no usable `nodes`/`edges` lists ({exc})") from None
+        return cls(
+            version=doc.get("version", VERSION),
+            task=doc.get("task"),
+            root=doc.get("root"),
+            direction=doc.get("direction"),
+            nodes=nodes,
+            edges=edges,
+            params=doc.get("params"),
+            status=doc.get("status"),
+            stop_reason=doc.get("stop_reason"),
+            counters=doc.get("counters"),
+            next_edge=doc.get("next_edge"),
+            in_flight=tuple(doc.get("in_flight") or ()),
+            created_at=doc.get("created_at"),
+            updated_at=doc.get("updated_at"),
+            sandbox=doc.get("sandbox"),
+            teacher=doc.get("teacher"),
+            backend=doc.get("backend"),
+            coral=doc.get("coral"),
+        )
+
+    def node(self, node_id: str | None) -> Node | None:
+        """The node with this id, or None."""
+        return next((n for n in self.nodes if n.id == node_id), None)
+
+    @property
+    def root_node(self) -> Node | None:
+        """The node without a parent (the first one, in a tree read unchecked)."""
+        return next((n for n in self.nodes if n.parent is None), None)
+
+
+def _items(doc: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    """A list of objects (absent: none, as in a partial tree read unchecked)."""
+    items = doc.get(key, [])
+    if not isinstance(items, list) or not all(isinstance(x, dict) for x in items):
+        raise TypeError(f"`{key}` is not a list of objects")
+    return items
 
 
 # Leaf reasons that are normal whatever the path (1.8: the node exists, so every edge on its path passed hard
 # prune or was kept by the layer-1 fallback / depth-2 exemption) and those that need a valid path (1.9 item 3).
-LIMIT_REASONS = ("token_limit", "depth_limit")
-NO_ROOM_REASONS = ("no_room", "tree_stopped")
+LIMIT_REASONS: tuple[LeafReason, ...] = ("token_limit", "depth_limit")
+NO_ROOM_REASONS: tuple[LeafReason, ...] = ("no_room", "tree_stopped")
 
 
 def normal_leaf(leaf_reason: str | None, path_valid: bool, depth: int) -> bool:
@@ -77,15 +358,15 @@ class LiveFiles:
     how the log is replayed is `search.tree.LiveTree`'s). A torn last log line (kill -9 mid-write) is the save that
     never happened and is skipped; a bad line elsewhere is an InputError naming file and line."""
 
-    def __init__(self, out_dir: str | os.PathLike):
+    def __init__(self, out_dir: str | os.PathLike[str]):
         self.dir = Path(out_dir)
         self.snapshot_path, self.log_path = self.dir / LIVE_NAME, self.dir / LOG_NAME
-        self._log = None
+        self._log: IO[str] | None = None
 
     def exists(self) -> bool:
         return self.snapshot_path.exists()
 
-    def write_snapshot(self, doc: dict) -> None:
+    def write_snapshot(self, doc: Mapping[str, Any]) -> None:
         """The snapshot (atomic), then an empty log for the lines after it."""
         write_json_atomic(self.snapshot_path, doc)
         if self._log is not None:
@@ -96,8 +377,10 @@ class LiveFiles:
     def log_open(self) -> bool:
         return self._log is not None
 
-    def append(self, entry: dict) -> None:
+    def append(self, entry: Mapping[str, Any]) -> None:
         """One log line, flushed and fsynced (a save is on disk when this returns)."""
+        if self._log is None:
+            raise RuntimeError(f"{self.log_path}: a log line before the snapshot it follows")
         self._log.write(json.dumps(entry, ensure_ascii=False) + "\n")
         self._log.flush()
         os.fsync(self._log.fileno())
@@ -105,7 +388,7 @@ class LiveFiles:
     def read_snapshot(self) -> Any:
         return read_json(self.snapshot_path, "tree file")
 
-    def log_entries(self) -> Iterator[tuple[int, dict]]:
+    def log_entries(self) -> Iterator[tuple[int, JSONObject]]:
         """(line number, entry) of each complete log line."""
         if not self.log_path.exists():
             return
@@ -136,10 +419,10 @@ class LiveFiles:
 
 # --- validation ----------------------------------------------------------------------------------------
 
-_schema_cache: dict | None = None
+_schema_cache: JSONObject | None = None
 
 
-def tree_schema() -> dict:
+def tree_schema() -> JSONObject:
     global _schema_cache
     if _schema_cache is None:
         with open(TREE_SCHEMA, encoding="utf-8") as fh:
@@ -159,7 +442,7 @@ def validate_tree(obj: Any, source: str = "tree") -> None:
         raise InputError(f"{source} is not a valid tree:\n  " + "\n  ".join(problems[:10]))
 
 
-def _link_problems(obj: dict) -> list[str]:
+def _link_problems(obj: JSONObject) -> list[str]:
     out: list[str] = []
     nodes = {n["id"]: n for n in obj["nodes"]}
     edges = {e["id"]: e for e in obj["edges"]}

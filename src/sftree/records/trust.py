@@ -17,11 +17,12 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sftree.records.paths import paths_path, read_paths
 from sftree.records.root import META_NAME, read_root_meta
 from sftree.records.scores import signed_gain
-from sftree.records.tree import FINAL_NAME, read_tree
+from sftree.records.tree import FINAL_NAME, Tree, read_tree
 
 
 @dataclass
@@ -68,18 +69,19 @@ class TaskTrust:
         return sorted({r.sandbox for r in self.roots})
 
 
-def root_trust(task: str, root: str, tree: dict, paths_doc: dict | None) -> RootTrust:
+def root_trust(task: str, root: str, tree: Tree, paths_doc: dict[str, Any] | None) -> RootTrust:
     doc = paths_doc or {}
-    direction = doc.get("direction") or tree.get("direction")
-    nodes = {n.get("id"): n for n in tree.get("nodes", [])}
-    root_node = next((n for n in tree.get("nodes", []) if n.get("parent") is None), {})
-    root_score = doc.get("root_score", root_node.get("score"))
-    sandbox = tree.get("sandbox")
+    direction = doc.get("direction") or tree.direction
+    nodes = {n.id: n for n in tree.nodes}
+    root_node = tree.root_node
+    root_score = doc.get("root_score", root_node.score if root_node else None)
+    sandbox: Any = tree.sandbox
     if isinstance(sandbox, dict):  # a mode plus details: the mode is what the reader needs
         sandbox = sandbox.get("mode")
     out = RootTrust(task, root, direction, root_score, str(sandbox) if sandbox else "unknown")
     for p in sorted((p for p in doc.get("paths", []) if p.get("selected")), key=lambda p: p["rank"]):
-        leaf_score = (nodes.get(p["leaf"]) or {}).get("score")
+        leaf = nodes.get(p["leaf"])
+        leaf_score = leaf.score if leaf else None
         out.paths.append(
             PathTrust(p["rank"], p["leaf"], leaf_score, signed_gain(root_score, leaf_score, direction))
         )
@@ -90,7 +92,7 @@ def _truthy(x: object) -> bool:
     return str(x).strip().lower() in ("true", "1", "yes")
 
 
-def skipped_counts(task_dir: Path, stage_rows: list[dict]) -> tuple[int, int, int | None]:
+def skipped_counts(task_dir: Path, stage_rows: list[dict[str, str]]) -> tuple[int, int, int | None]:
     """(snapshots, failed evals, pending) of one task from its stages.tsv rows and a chosen root's metadata."""
     failed = sum(1 for r in stage_rows if not _truthy(r.get("eval_ok")))
     pending = None
@@ -102,7 +104,7 @@ def skipped_counts(task_dir: Path, stage_rows: list[dict]) -> tuple[int, int, in
 
 def read_task(task_dir: Path) -> TaskTrust:
     """One task's trust summary from `results/<task>/` (stages.tsv, the chosen roots' tree.json and paths.json)."""
-    rows: list[dict] = []
+    rows: list[dict[str, str]] = []
     tsv = task_dir / "stages.tsv"
     if tsv.is_file():
         with open(tsv, encoding="utf-8", newline="") as fh:

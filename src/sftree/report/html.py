@@ -33,7 +33,7 @@ from sftree.progress import Progress
 from sftree.records.paths import paths_path, read_paths
 from sftree.records.scores import best_of, oriented, signed_gain
 from sftree.records.sft import EXCLUSION_REASONS, OPENCODE, merged_path, read_figures, read_stats, stats_path
-from sftree.records.tree import FINAL_NAME, read_tree
+from sftree.records.tree import FINAL_NAME, Edge, Tree, read_tree
 from sftree.records.trust import RootTrust, root_trust, skipped_counts
 
 log = logging.getLogger("sftree.report.html")
@@ -102,7 +102,7 @@ def read_stages(path: Path) -> list[dict]:
 class TreeView:
     task: str
     root: str
-    tree: dict
+    tree: Tree
     paths: dict | None
     tree_dir: Path
 
@@ -250,10 +250,10 @@ def _num_key(s: str) -> tuple[int, str]:
 def tree_svg(view: TreeView, uid: str) -> str:
     """Nodes by depth (rows), leaves spread left to right, parents centred over their children."""
     tree = view.tree
-    direction = tree.get("direction", "maximize")
-    nodes = {n["id"]: n for n in tree.get("nodes", [])}
-    edges = tree.get("edges", [])
-    root = next((n for n in nodes.values() if n.get("parent") is None), None)
+    direction = tree.direction or "maximize"
+    nodes = {n.id: n for n in tree.nodes}
+    edges = tree.edges
+    root = next((n for n in nodes.values() if n.parent is None), None)
     if root is None:
         return "<p>Tree has no root node.</p>"
     selected_edges: set[str] = set()
@@ -263,15 +263,15 @@ def tree_svg(view: TreeView, uid: str) -> str:
             selected_edges.update(p["edges"])
             selected_nodes.update(p["nodes"])
     # children of a node: its edges (a failed attempt is a child slot without a node)
-    kids: dict[str, list[dict]] = defaultdict(list)
+    kids: dict[str, list[Edge]] = defaultdict(list)
     for e in edges:
-        kids[e.get("parent")].append(e)
+        kids[e.parent].append(e)
     for v in kids.values():
-        v.sort(key=lambda e: _num_key(e["id"]))
+        v.sort(key=lambda e: _num_key(e.id))
     dispatches: dict[str, list[dict]] = defaultdict(list)
     for e in edges:
-        if isinstance(e.get("select"), dict):
-            dispatches[e["select"].get("node", e.get("parent"))].append({"edge": e["id"], **e["select"]})
+        if isinstance(e.select, dict):
+            dispatches[e.select.get("node", e.parent)].append({"edge": e.id, **e.select})
 
     pos: dict[str, tuple[float, int]] = {}  # node id or "x:<edge>" -> (slot x, depth)
     slot = [0]
@@ -279,11 +279,11 @@ def tree_svg(view: TreeView, uid: str) -> str:
     def place(nid: str, depth: int) -> float:
         xs = []
         for e in kids.get(nid, []):
-            child = e.get("child")
+            child = e.child
             if child and child in nodes:
                 xs.append(place(child, depth + 1))
             else:
-                pos["x:" + e["id"]] = (slot[0], depth + 1)
+                pos["x:" + e.id] = (slot[0], depth + 1)
                 xs.append(slot[0])
                 slot[0] += 1
         if not xs:
@@ -294,8 +294,8 @@ def tree_svg(view: TreeView, uid: str) -> str:
         pos[nid] = (x, depth)
         return x
 
-    place(root["id"], 0)
-    scores = [oriented(n.get("score"), direction) for n in nodes.values()]
+    place(root.id, 0)
+    scores = [oriented(n.score, direction) for n in nodes.values()]
     numeric = [s for s in scores if s is not None]
     lo, hi = (min(numeric), max(numeric)) if numeric else (0.0, 1.0)
     max_depth = max(d for _, d in pos.values())
@@ -309,19 +309,19 @@ def tree_svg(view: TreeView, uid: str) -> str:
 
     out = [f'<svg class="tree" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">']
     for e in edges:
-        if e.get("parent") not in pos:
+        if e.parent not in pos:
             continue
-        px, py = xy(e["parent"])
-        child = e.get("child")
+        px, py = xy(e.parent)
+        child = e.child
         tip = (
-            f"edge {e['id']} attempt {e.get('attempt')}: score {fmt(e.get('score'))}, soft {fmt(e.get('soft'))}, "
-            f"tool error rate {fmt(e.get('tool_error_rate'))}, tokens {e.get('tokens')}"
+            f"edge {e.id} attempt {e.attempt}: score {fmt(e.score)}, soft {fmt(e.soft)}, "
+            f"tool error rate {fmt(e.tool_error_rate)}, tokens {e.tokens}"
         )
         if child and child in nodes:
             cx, cy = xy(child)
-            sel = e["id"] in selected_edges
+            sel = e.id in selected_edges
             # kept although a turn failed (fallback retry at depth 1, exemption at depth 2): dashed
-            kept_failed = e.get("pruned") or any(t.get("score") is None for t in e.get("turns") or [])
+            kept_failed = e.pruned or any(t.score is None for t in e.turns)
             if kept_failed:
                 tip += "; a turn had no numeric score (kept: fallback/exemption)"
             dash = ' stroke-dasharray="6 4"' if kept_failed else ""
@@ -332,65 +332,62 @@ def tree_svg(view: TreeView, uid: str) -> str:
                 f"<title>{esc(tip)}</title></line>"
             )
         else:
-            cx, cy = xy("x:" + e["id"])
-            reason = e.get("prune_reason") or "failed"
+            cx, cy = xy("x:" + e.id)
+            reason = e.prune_reason or "failed"
             out.append(
                 f'<line x1="{px:.1f}" y1="{py:.1f}" x2="{cx:.1f}" y2="{cy:.1f}" stroke="{FAILED}" stroke-width="1.2" '
                 f'stroke-dasharray="4 3"/><g class="fail"><title>{esc(tip + f"; pruned: {reason}")}</title>'
                 f'<path d="M{cx - 6:.1f},{cy - 6:.1f}L{cx + 6:.1f},{cy + 6:.1f}M{cx + 6:.1f},{cy - 6:.1f}L{cx - 6:.1f},{cy + 6:.1f}" '
                 f'stroke="{FAILED}" stroke-width="2.5"/></g>'
             )
-    edge_by_id = {e["id"]: e for e in edges}
+    edge_by_id = {e.id: e for e in edges}
     for nid, n in sorted(nodes.items(), key=lambda kv: _num_key(kv[0])):
         if nid not in pos:
             continue
         x, y = xy(nid)
-        s = oriented(n.get("score"), direction)
+        s = oriented(n.score, direction)
         t = None if s is None else (0.5 if hi == lo else (s - lo) / (hi - lo))
-        into = edge_by_id.get(n.get("edge") or "") or next((e for e in edges if e.get("child") == nid), None)
-        info = {
+        into = edge_by_id.get(n.edge or "") or next((e for e in edges if e.child == nid), None)
+        info: dict[str, object] = {
             "node": nid,
-            "depth": n.get("depth"),
-            "score": n.get("score"),
-            "path_best_score": n.get("path_best_score"),
-            "tokens (max_token_total)": n.get("max_token_total"),
-            "status": n.get("status"),
-            "leaf_reason": n.get("leaf_reason"),
-            "valid_children": n.get("valid_children"),
-            "failed_expansions": n.get("failed_expansions"),
+            "depth": n.depth,
+            "score": n.score,
+            "path_best_score": n.path_best_score,
+            "tokens (max_token_total)": n.max_token_total,
+            "status": n.status,
+            "leaf_reason": n.leaf_reason,
+            "valid_children": n.valid_children,
+            "failed_expansions": n.failed_expansions,
             "on selected path": nid in selected_nodes,
         }
         if into:
             info["made by edge"] = {
-                k: into.get(k)
-                for k in (
-                    "id",
-                    "attempt",
-                    "exempt",
-                    "steps",
-                    "tool_error_rate",
-                    "outcome",
-                    "cleanliness",
-                    "knowledge_score",
-                    "regression_stability",
-                    "soft",
-                    "wall_s",
-                )
+                "id": into.id,
+                "attempt": into.attempt,
+                "exempt": into.exempt,
+                "steps": into.steps,
+                "tool_error_rate": into.tool_error_rate,
+                "outcome": into.outcome,
+                "cleanliness": into.cleanliness,
+                "knowledge_score": into.knowledge_score,
+                "regression_stability": into.regression_stability,
+                "soft": into.soft,
+                "wall_s": into.wall_s,
             }
-            if into.get("select"):
-                info["parent's Select when this edge was dispatched"] = into["select"]
+            if into.select:
+                info["parent's Select when this edge was dispatched"] = into.select
         if dispatches.get(nid):
             info["Select breakdown of dispatches from this node"] = dispatches[nid]
-        tip = f"{nid}: score {fmt(n.get('score'))}, tokens {n.get('max_token_total')}"
+        tip = f"{nid}: score {fmt(n.score)}, tokens {n.max_token_total}"
         if dispatches.get(nid):
             last = dispatches[nid][-1]
             tip += (
                 f"\nSelect {fmt(last.get('select'))} = Q {fmt(last.get('Q'))} + alpha x T (T {fmt(last.get('T'))}; "
                 f"score_rank {fmt(last.get('score_rank'))}, best_rank {fmt(last.get('best_rank'))}, process {fmt(last.get('process'))})"
             )
-        if n.get("leaf_reason"):
-            tip += f"\nleaf: {n['leaf_reason']}"
-        r = 11 if nid == root["id"] else 9
+        if n.leaf_reason:
+            tip += f"\nleaf: {n.leaf_reason}"
+        r = 11 if nid == root.id else 9
         stroke = SELECTED if nid in selected_nodes else "#111827"
         out.append(
             f'<g class="node" tabindex="0" data-tree="{esc(uid)}" data-info="{esc(json.dumps(info))}">'
@@ -399,7 +396,7 @@ def tree_svg(view: TreeView, uid: str) -> str:
             f'stroke-width="{3 if nid in selected_nodes else 1.2}"/>'
             + (
                 f'<rect x="{x - 3:.1f}" y="{y + r + 2:.1f}" width="6" height="6" fill="#111827"/>'
-                if n.get("leaf_reason")
+                if n.leaf_reason
                 else ""
             )
             + f'<text x="{x:.1f}" y="{y - r - 4:.1f}" text-anchor="middle" class="nid">{esc(nid)}</text></g>'
@@ -481,22 +478,21 @@ def tree_trust(view: TreeView) -> RootTrust:
 
 def _path_gain(trust: RootTrust, view: TreeView, path: dict) -> tuple[float | None, float | None]:
     """(leaf score, signed gain over the root) of any candidate path, selected or not."""
-    leaf = next((n for n in view.tree.get("nodes", []) if n.get("id") == path["leaf"]), {})
-    return leaf.get("score"), signed_gain(trust.root_score, leaf.get("score"), trust.direction)
+    leaf = view.tree.node(path["leaf"])
+    score = leaf.score if leaf else None
+    return score, signed_gain(trust.root_score, score, trust.direction)
 
 
 def tree_section(view: TreeView, uid: str) -> str:
     t = view.tree
-    c = t.get("counters") or {}
-    nodes = t.get("nodes", [])
-    edges = t.get("edges", [])
-    failed = sum(1 for e in edges if not e.get("child"))
-    kept = sum(
-        1 for e in edges if e.get("child") and any(x.get("score") is None for x in e.get("turns") or [])
-    )
-    root = next((n for n in nodes if n.get("parent") is None), {})
-    best = [n.get("score") for n in nodes if n.get("parent") is not None and n.get("score") is not None]
-    direction = t.get("direction", "maximize")
+    c = t.counters or {}
+    nodes = t.nodes
+    edges = t.edges
+    failed = sum(1 for e in edges if not e.child)
+    kept = sum(1 for e in edges if e.child and any(x.score is None for x in e.turns))
+    root = t.root_node
+    best = [n.score for n in nodes if n.parent is not None and n.score is not None]
+    direction = t.direction or "maximize"
     best_score = best_of(best, direction)
     paths = (view.paths or {}).get("paths", [])
     nsel = sum(1 for p in paths if p.get("selected"))
@@ -507,8 +503,8 @@ def tree_section(view: TreeView, uid: str) -> str:
     summary = (
         f"{esc(view.root)}: {len(nodes) - 1} nodes, {len(edges)} edges ({failed} failed attempt(s) without a node, "
         f"{kept} kept despite a failed turn), "
-        f"root score {fmt(root.get('score'))}, best {fmt(best_score)}, {nsel}/{len(paths)} paths selected{below}, "
-        f"sandbox {esc(trust.sandbox)}, stop: {esc(t.get('stop_reason'))}"
+        f"root score {fmt(root.score if root else None)}, best {fmt(best_score)}, {nsel}/{len(paths)} paths selected{below}, "
+        f"sandbox {esc(trust.sandbox)}, stop: {esc(t.stop_reason)}"
     )
     parts = [f'<details open><summary>{summary}</summary><div class="card">', tree_svg(view, uid)]
     if paths:
@@ -578,7 +574,7 @@ def tree_section(view: TreeView, uid: str) -> str:
     counters = ", ".join(f"{k} {v}" for k, v in c.items())
     if counters:
         parts.append(f'<p class="muted">Counters: {esc(counters)}</p>')
-    parts.append(teacher_section(t.get("teacher")))
+    parts.append(teacher_section(t.teacher))
     parts.append("</div></details>")
     return "".join(parts)
 
@@ -621,7 +617,7 @@ def teacher_section(teacher: dict | None) -> str:
 
 
 def task_section(task: TaskView) -> str:
-    direction = next((v.tree.get("direction") for v in task.trees), None)
+    direction = next((v.tree.direction for v in task.trees), None)
     parts = [f'<h2 id="task-{esc(task.name)}">Task {esc(task.name)}</h2>']
     if task.stages:
         counts = Counter(r.get("stage") for r in task.stages)
@@ -650,7 +646,7 @@ def task_section(task: TaskView) -> str:
                     r.get("stage"),
                     r.get("selection_reason"),
                     _float(r.get("score")),
-                    len(v.tree.get("nodes", [])) - 1 if v else "-",
+                    len(v.tree.nodes) - 1 if v else "-",
                     sum(p.get("selected", False) for p in paths),
                     paths[0]["path_score"] if paths else None,
                     trust.best_gain if trust else None,
@@ -767,7 +763,7 @@ def render(results: Path) -> str:
     tasks = collect(results)
     stats = dataset_stats(results)
     n_trees = sum(len(t.trees) for t in tasks)
-    n_nodes = sum(max(len(v.tree.get("nodes", [])) - 1, 0) for t in tasks for v in t.trees)
+    n_nodes = sum(max(len(v.tree.nodes) - 1, 0) for t in tasks for v in t.trees)
     n_sel = sum(
         p.get("selected", False) for t in tasks for v in t.trees for p in (v.paths or {}).get("paths", [])
     )
@@ -775,7 +771,7 @@ def render(results: Path) -> str:
         " · ".join(f'<a href="#task-{esc(t.name)}">{esc(t.name)}</a>' for t in tasks)
         + ' · <a href="#dataset">dataset</a>'
     )
-    unconfined = [v.root for t in tasks for v in t.trees if v.tree.get("sandbox") == "none"]
+    unconfined = [v.root for t in tasks for v in t.trees if v.tree.sandbox == "none"]
     warn = (
         [f'<p class="warn"><b>{len(unconfined)} tree(s) were made WITHOUT a sandbox</b> (agent.sandbox: none): '
          "the Teacher's commands and the graded code ran unconfined, so their scores are not protected "

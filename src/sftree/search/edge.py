@@ -30,6 +30,7 @@ from sftree.fileio import write_json_atomic, write_text_atomic
 from sftree.records.root import read_root_meta
 from sftree.records.scores import best_of, regressed_rate
 from sftree.records.steplog import StepRecorder, edge_steps
+from sftree.records.tree import TurnEnd
 from sftree.runtime import diskquota
 from sftree.runtime.edgebox import EdgeBox, own_socket_dir
 from sftree.runtime.folderreader import Quota
@@ -57,9 +58,9 @@ class EdgeContext:
     root_state: NodeState
     teacher: Any  # sftree.teacher.client.TeacherClient
     agent: Any  # sftree.agents.AgentBackend
-    task_cfg: dict
+    task_cfg: dict[str, Any]
     direction: str
-    agent_cfg: dict
+    agent_cfg: dict[str, Any]
     tree_name: str
     world: Any = (
         None  # sftree.world.World: Coral's texts, CLI and counting (the installed Coral or stand-ins)
@@ -72,7 +73,7 @@ class EdgeContext:
     grade_quota: Any = None  # sftree.runtime.diskquota.DiskQuota: what one grading may write
     hidden: list[Path] = field(default_factory=list)
     keep_workspaces: bool = False
-    _closers: list = field(default_factory=list)
+    _closers: list[Any] = field(default_factory=list)
     _probe_lock: threading.Lock = field(default_factory=threading.Lock)
     _probed: bool = False
 
@@ -88,7 +89,7 @@ class EdgeContext:
 
     @classmethod
     def create(
-        cls, tree_dir, root_dir, config: dict, task_cfg: dict, *, wait_ready: bool = True
+        cls, tree_dir, root_dir, config: dict[str, Any], task_cfg: dict[str, Any], *, wait_ready: bool = True
     ) -> EdgeContext:
         """Seed (or reopen) the store, open the Teacher's world, start teacher-sim (`teacher.sim`) or
         llama-server (`teacher.launch`), wait."""
@@ -278,7 +279,9 @@ def _probe(ctx: EdgeContext) -> None:
         UIDS.release(uid)
 
 
-def first_prompt(ctx: EdgeContext, messages: list[dict], last: dict | None, counters) -> str:
+def first_prompt(
+    ctx: EdgeContext, messages: list[dict[str, Any]], last: dict[str, Any] | None, counters
+) -> str:
     """The prompt that opens a turn: a fresh session's start prompt; after a turn whose first eval was graded,
     Coral's manager's header and heartbeats (from the counters as they were before that eval); after a turn
     without one, Coral's restart prompt. Built from the host's records alone (`last_turn`), never the session."""
@@ -298,14 +301,16 @@ class _Session:
     """What one edge's session came to: its turns, and why it stopped early (if it did)."""
 
     turns: list[TurnResult] = field(default_factory=list)
-    last: dict | None = None  # the host's record of the last turn (the next turn's prompt is built from it)
+    last: dict[str, Any] | None = (
+        None  # the host's record of the last turn (the next turn's prompt is built from it)
+    )
     child: NodeState | None = None
     error: str | None = None
     overflow: str | None = None  # why the session could not go on (context_overflow), if it could not
     tampered: str | None = None
-    messages: list[dict] = field(default_factory=list)  # the session as the agent left it
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the session as the agent left it
 
-    def unrun_ending(self) -> str:
+    def unrun_ending(self) -> TurnEnd:
         """How a turn that never ran is recorded: after a Teacher outage it is one; after a broken workspace it
         is not (the search treats only the first as a reason to stop)."""
         if self.tampered:
@@ -388,7 +393,9 @@ def run_edge(
     return result
 
 
-def _run_turns(ctx: EdgeContext, session: _Session, ws, box, runtime, recorder, headers: dict, edge_id: str):
+def _run_turns(
+    ctx: EdgeContext, session: _Session, ws, box, runtime, recorder, headers: dict[str, Any], edge_id: str
+):
     """The edge's turns in one session, each ending in the host's grading; stops early when the session cannot
     go on (forged, the Teacher down, the context full)."""
     from sftree.agents.base import TurnRun

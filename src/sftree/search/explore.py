@@ -14,6 +14,7 @@ import logging
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from sftree.config import load_config
 from sftree.errors import InputError
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def read_root(root_dir: Path, config: dict) -> dict:
+def read_root(root_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
     """Task, direction, raw score and eval count of a root snapshot (metadata.json, annotated by select-roots)."""
     meta = read_root_meta(root_dir)
     meta_path = meta.path
@@ -185,7 +186,13 @@ def record_backend(previous: str | None, current: str | None) -> str | None:
 
 
 def _grow(
-    tree, live: treemod.LiveTree, root_dir: Path, config: dict, info: dict, params, console
+    tree,
+    live: treemod.LiveTree,
+    root_dir: Path,
+    config: dict[str, Any],
+    info: dict[str, Any],
+    params,
+    console,
 ) -> treemod.Tree:
     """Create or continue the tree with the edge runtime until a stop rule holds."""
     from sftree.runtime.workspace import NodeState
@@ -264,7 +271,7 @@ def check_out(out: Path, flag: str = "--out") -> None:
             return
 
 
-def preflight(args: argparse.Namespace) -> tuple[dict, Path, Path, dict]:
+def preflight(args: argparse.Namespace) -> tuple[dict[str, Any], Path, Path, dict]:
     """Everything that can be checked before the first write: config, root, out, prompt templates, teacher-sim
     options. A bad input fails here, so it leaves no output folder behind."""
     config = load_config(args.config)
@@ -328,7 +335,9 @@ def run(args: argparse.Namespace) -> int:
             stream.close()
 
 
-def _explore(out: Path, root_dir: Path, config: dict, info: dict, params, console: ConsoleLines) -> int:
+def _explore(
+    out: Path, root_dir: Path, config: dict[str, Any], info: dict[str, Any], params, console: ConsoleLines
+) -> int:
     live, final = treemod.LiveTree(out), final_path(out)
     tree = _resume(live, out, root_dir.name, info["task"], params) if live.exists() else None
     if tree is None:

@@ -21,9 +21,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from sftree.errors import TeacherUnavailable
 from sftree.records.scores import best_of
+from sftree.records.tree import PruneReason, StopReason
 from sftree.search import scoring
 from sftree.search.result import EdgeResult
 from sftree.search.tree import Edge, Node, Tree, is_good_leaf, now_iso
@@ -42,7 +44,7 @@ class Expansion:
         int  # root: 1 = first try of the direction, 2 = its fallback; else the n-th expansion of the node
     )
     exempt: bool  # kept even when it fails the hard-prune test (layer-1 fallback, depth-2 edges)
-    select: dict  # the Select breakdown: node, score_rank, best_rank, process, Q, T, select
+    select: dict[str, Any]  # the Select breakdown: node, score_rank, best_rank, process, Q, T, select
 
 
 @dataclass(frozen=True)
@@ -55,25 +57,25 @@ class Dispatch:
     slot: int | None
     attempt: int
     exempt: bool
-    select: dict
+    select: dict[str, Any]
     parent_score: float | None
-    parent_state: dict | None
+    parent_state: dict[str, Any] | None
     parent_eval_count: int | None
     started_at: str
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> Dispatch:
+    def from_dict(cls, d: dict[str, Any]) -> Dispatch:
         return cls(**d)
 
 
 # --- capacity: what a node may still take -------------------------------------------------------------
 
 
-def _in_flight_by_node(tree: Tree) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {}
+def _in_flight_by_node(tree: Tree) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
     for d in tree.in_flight:
         out.setdefault(d["node"], []).append(d)
     return out
@@ -89,7 +91,7 @@ def _root_tries(tree: Tree) -> dict[int, list[Edge]]:
     return out
 
 
-def _root_open_slots(tree: Tree, running: list[dict]) -> list[tuple[int, int]]:
+def _root_open_slots(tree: Tree, running: list[dict[str, Any]]) -> list[tuple[int, int]]:
     """(slot, next attempt) of every root direction that has no child yet, nothing running, and a try left.
 
     First tries come before fallbacks (each in slot order): the root's directions start together (1.10 step 2),
@@ -132,7 +134,7 @@ def can_grow(tree: Tree, node: Node) -> bool:
     return node.valid_children < p.max_children and node.failed_expansions < p.max_failed_expansions
 
 
-def capacity(tree: Tree, node: Node, running: list[dict]) -> int:
+def capacity(tree: Tree, node: Node, running: list[dict[str, Any]]) -> int:
     """How many more expansions `node` may take now, in-flight ones counted against its child limit."""
     if node.status != "active" or not can_grow(tree, node):
         return 0
@@ -239,7 +241,7 @@ def begin(tree: Tree, exp: Expansion) -> Dispatch:
     return d
 
 
-def fail_reason(result: EdgeResult, threshold: float) -> str | None:
+def fail_reason(result: EdgeResult, threshold: float) -> PruneReason | None:
     """Why the edge fails the hard-prune test (1.5), or None: no numeric score on a turn, or too many tool errors."""
     if result.tampered:
         return "tampered"  # its session broke the chain (agents/chain.py): never kept, never continued
@@ -355,7 +357,7 @@ def has_candidates(tree: Tree) -> bool:
     return any(capacity(tree, n, running.get(n.id, [])) > 0 for n in tree.nodes)
 
 
-def stop_reason(tree: Tree) -> str | None:
+def stop_reason(tree: Tree) -> StopReason | None:
     """The stop rules of 1.9, in the seed's order; an empty frontier counts only when nothing is running."""
     p = tree.params
     c = tree.counters()
@@ -368,7 +370,7 @@ def stop_reason(tree: Tree) -> str | None:
     return None
 
 
-def finish(tree: Tree, reason: str | None) -> None:
+def finish(tree: Tree, reason: StopReason | None) -> None:
     """Close the tree: childless nodes that could still grow become tree_stopped leaves (valid path) or closed."""
     for n in tree.nodes:
         if n.status != "active":
@@ -424,7 +426,7 @@ def run_search(tree: Tree, run_edge: RunEdge, persist: Callable[[Tree], None]) -
     stats = LoopStats(time.monotonic())
     stop = stop_reason(tree)
     fatal: BaseException | None = None
-    running: dict[Future, Dispatch] = {}
+    running: dict[Future[Any], Dispatch] = {}
     with ThreadPoolExecutor(max_workers=width, thread_name_prefix="edge") as pool:
         while True:
             may_refill = p.schedule == "async" or not running

@@ -6,7 +6,9 @@ ask/tell). Field names match tree.json's edge entries and their `turns`.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from sftree.records.tree import TurnEnd
 
 if TYPE_CHECKING:
     from sftree.runtime.workspace import NodeState
@@ -25,8 +27,7 @@ class TurnResult:
     tool_errors: int
     knowledge: bool  # the turn read or wrote shared knowledge (DESIGN.md)
     tokens: int  # context length after the turn's last step (prompt + completion tokens)
-    # eval | step_limit | timeout | no_eval | teacher_error | context_overflow | edge_error | tampered
-    ended: str
+    ended: TurnEnd  # records.tree.TURN_ENDS
     feedback: str = ""
     eval_number: int | None = None  # Coral's #N
     error: str | None = None
@@ -34,7 +35,7 @@ class TurnResult:
         False  # the session was compacted during the turn (the path's real context was replaced)
     )
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -67,7 +68,7 @@ class EdgeResult:
         None  # a request broke the session's chain (agents/chain.py): no child, never trained
     )
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["child_state"] = self.child_state.to_dict() if self.child_state else None
         return d

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from sftree.records.scores import better, oriented, percentile_rank
 
@@ -126,7 +127,7 @@ class SoftBreakdown:
     regression_stability: float
     soft: float
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

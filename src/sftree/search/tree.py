@@ -11,11 +11,19 @@ from pathlib import Path
 from typing import Any
 
 from sftree.errors import InputError
-from sftree.records.tree import VERSION, LiveFiles, normal_leaf, read_tree, validate_tree, write_tree
-
-NODE_STATUSES = ("active", "expanded", "leaf", "closed")
-LEAF_REASONS = ("token_limit", "depth_limit", "no_room", "tree_stopped")
-STOP_REASONS = ("good_leaves", "edge_budget", "frontier_empty")
+from sftree.records.tree import (
+    VERSION,
+    LeafReason,
+    LiveFiles,
+    NodeStatus,
+    PruneReason,
+    StopReason,
+    TreeStatus,
+    normal_leaf,
+    read_tree_doc,
+    validate_tree,
+    write_tree,
+)
 
 
 def now_iso() -> str:
@@ -41,7 +49,7 @@ class SearchParams:
     keep_workspaces: bool = False
 
     @classmethod
-    def from_config(cls, search_cfg: dict) -> SearchParams:
+    def from_config(cls, search_cfg: dict[str, Any]) -> SearchParams:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in (search_cfg or {}).items() if k in names})
 
@@ -67,10 +75,10 @@ class Node(_Tracked):
     max_token_total: int  # session context length (root: 0, a fresh session)
     valid_children: int = 0
     failed_expansions: int = 0
-    status: str = "active"
-    leaf_reason: str | None = None
+    status: NodeStatus = "active"
+    leaf_reason: LeafReason | None = None
     path_valid: bool = True  # no failed (exempt-kept) edge on root..this node
-    state: dict | None = None  # NodeState as a dict: code_commit, knowledge_commit, session
+    state: dict[str, Any] | None = None  # NodeState as a dict: code_commit, knowledge_commit, session
     eval_count: int | None = None
 
 
@@ -82,13 +90,13 @@ class Edge(_Tracked):
     attempt: int
     slot: int | None
     exempt: bool
-    select: dict
+    select: dict[str, Any]
     child: str | None = None
     pruned: bool = False
-    prune_reason: str | None = None
+    prune_reason: PruneReason | None = None
     failed: bool = False  # failed the hard-prune test (kept anyway when exempt)
-    fail_reason: str | None = None
-    turns: list[dict] = field(default_factory=list)
+    fail_reason: PruneReason | None = None
+    turns: list[dict[str, Any]] = field(default_factory=list)
     score: float | None = None
     steps: int = 0
     tool_calls: int = 0
@@ -119,17 +127,21 @@ class Tree:
     params: SearchParams
     nodes: list[Node] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
-    status: str = "running"
-    stop_reason: str | None = None
+    status: TreeStatus = "running"
+    stop_reason: StopReason | None = None
     next_edge: int = 1  # edge ids are never reused, so a resumed run leaves a gap for a discarded edge
-    in_flight: list[dict] = field(default_factory=list)  # dispatches started but not finished (persisted)
+    in_flight: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # dispatches started but not finished (persisted)
     created_at: str = field(default_factory=now_iso)
     updated_at: str | None = None
     version: int = VERSION
     sandbox: str | None = None  # how the agent and graded code were confined: bwrap | none (docs/security.md)
-    teacher: dict | None = None  # the Teacher client's counters and incidents (TeacherClient.report)
+    teacher: dict[str, Any] | None = (
+        None  # the Teacher client's counters and incidents (TeacherClient.report)
+    )
     backend: str | None = None  # the agent backend that made the edges: native | opencode | mixed (resumed)
-    coral: dict | None = (
+    coral: dict[str, Any] | None = (
         None  # the Teacher's world: {"mode": coral | stand-in, ...} (sftree.world.World.describe)
     )
     _index: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
@@ -214,7 +226,7 @@ class Tree:
 
     # --- serialization -----------------------------------------------------------------------------
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "version": self.version,
             "task": self.task,
@@ -237,7 +249,7 @@ class Tree:
         }
 
     @classmethod
-    def from_dict(cls, obj: dict, source: str = "tree") -> Tree:
+    def from_dict(cls, obj: dict[str, Any], source: str = "tree") -> Tree:
         validate_tree(obj, source)
         tree = cls(
             task=obj["task"],
@@ -280,7 +292,7 @@ def save(tree: Tree, path: str | Path) -> None:
 
 
 def load(path: str | Path) -> Tree:
-    return Tree.from_dict(read_tree(path, check=False), source=str(path))  # from_dict checks it
+    return Tree.from_dict(read_tree_doc(path, check=False), source=str(path))  # from_dict checks it
 
 
 # --- the live tree: a snapshot plus an append-only log ---------------------------------------------------
@@ -289,7 +301,7 @@ SNAPSHOT_MIN = 64  # log lines before a snapshot is due (at least; see LiveTree)
 _HEADER = ("status", "stop_reason", "next_edge", "in_flight", "updated_at", "teacher")
 
 
-def _changed(items: list) -> list:
+def _changed(items: list[Any]) -> list[Any]:
     out = []
     for obj in items:
         if not obj.__dict__.get("_saved"):
@@ -368,7 +380,7 @@ class LiveTree:
         self.files.remove()
 
 
-def _apply(tree: Tree, entry: dict) -> None:
+def _apply(tree: Tree, entry: dict[str, Any]) -> None:
     head = entry["tree"]
     for k in _HEADER:
         if k in head or k != "teacher":  # lines written before `teacher` existed lack it
