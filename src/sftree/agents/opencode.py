@@ -571,6 +571,7 @@ class OpenCodeAgent(AgentBackend):
             outage_timeout=float(getattr(teacher, "outage_timeout", 600)),
             student_model=split_model(self.student_model)[1],
             limits=ProxyLimits.from_config(agent_cfg),
+            tool_choice=getattr(teacher, "tool_choice", None),
         ).start(unix=self.sandbox == "bwrap")
         atexit.register(self.proxy.stop)  # also when a tree is killed before EdgeContext.close runs
 

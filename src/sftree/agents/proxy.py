@@ -350,12 +350,16 @@ class RecordingProxy:
         outage_timeout: float = 600.0,
         student_model: str | None = None,
         limits: ProxyLimits | None = None,
+        tool_choice: str | None = None,
     ):
         self.upstream = upstream.rstrip("/")
         self.api_key = api_key
         self.timeout, self.retries, self.backoff_max = timeout, retries, backoff_max
         self.outage_timeout = float(outage_timeout or 0)
         self.extra_body = dict(extra_body or {})  # e.g. chat_template_kwargs: sent on, not recorded
+        # `teacher.tool_choice` (`required`): set on every agent request that offers tools, as the native client
+        # does; `auto`/None: OpenCode's own choice goes on as sent. Not recorded (the Student is not sent it).
+        self.tool_choice = tool_choice if tool_choice not in (None, "auto") else None
         # The Teacher's real model name: OpenCode asks for the Student's model id (docs/opencode.md), which the
         # record keeps; the request goes on for this one.
         self.model = model
@@ -719,6 +723,8 @@ def _handler_for(proxy: RecordingProxy, tcp: bool = True):
             stream = bool(body.get("stream"))
             turn = ch.turn
             sent_on = dict(proxy.extra_body)
+            if proxy.tool_choice and body.get("tools") and classify(body) == "agent":
+                sent_on.setdefault("tool_choice", proxy.tool_choice)  # extra_body keeps the last word
             if proxy.model and body.get("model") not in (None, proxy.model):
                 sent_on["model"] = proxy.model
             if sent_on:
