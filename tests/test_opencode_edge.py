@@ -205,9 +205,10 @@ def test_nudge_then_teacher_down(tree):
     assert "coral eval" in nudge["response"]["tool_calls"][0]["function"]["arguments"]
     assert [t.ended for t in e4.turns] == ["eval", "teacher_error"] and not e4.valid
     # The nudged model submits at once, before any edit: Coral's "Nothing to commit" (no score).
-    assert e4.turns[0].eval_status == "nothing_to_commit" and e4.error == "HTTP 500"
+    assert e4.turns[0].eval_status == "nothing_to_commit" and e4.error.startswith("HTTP 500: ")
     failed = [s for s in read_steps(ctx.tree_dir, "e4") if s["turn"] == 2]
-    assert failed and failed[-1]["response"] is None and failed[-1]["error"] == "HTTP 500"
+    # The server's own words follow the status (a context overflow says so: agents/turn_end.py)
+    assert failed and failed[-1]["response"] is None and failed[-1]["error"].startswith("HTTP 500: ")
 
 
 def test_an_edge_that_stops_after_turn_one_gives_back_its_uid_and_proxy_key(tree):

@@ -56,6 +56,7 @@ from sftree.agents.base import AgentBackend, TurnOutcome, TurnRun
 from sftree.agents.chain import Pristine, SessionChain, split
 from sftree.agents.knowledge import is_knowledge_action as is_knowledge  # one decision for both backends
 from sftree.agents.proxy import ProxyLimits, RecordingProxy
+from sftree.agents.turn_end import TEACHER_DOWN, cut_call, refine
 from sftree.errors import InputError
 from sftree.runtime.edgebox import CHECK_EVERY
 from sftree.runtime.procs import kill_group
@@ -904,6 +905,10 @@ class OpenCodeAgent(AgentBackend):
                 if acc.steps >= max_steps:
                     stop = "step_limit"
                     break
+                if self._cut_call_seen(ch):  # see agents/turn_end.py: ends the turn before the cost grows
+                    acc.errors.append("a reply was cut at max_tokens inside a tool call")
+                    stop = "malformed_call"
+                    break
                 if time.monotonic() >= deadline:
                     stop = "timeout"
                     break
@@ -1018,6 +1023,7 @@ class OpenCodeAgent(AgentBackend):
             out.eval = run.coral.evals[evals_before]
         elif out.ended == "eval":
             out.ended = "no_eval"
+        out.ended = refine(out.ended, records, out.error)  # why a turn without an eval ended (turn_end.py)
         records = enrich_records(records, acc, acc.eval_call)
         compaction = any(r["kind"] == "compaction" or r.get("compacted") for r in records)
         out.compacted = compaction
@@ -1053,7 +1059,7 @@ class OpenCodeAgent(AgentBackend):
         if out.ended == "tampered":  # nothing of this session is kept for a child
             self.end_edge(run.workspace.edge_id)
             return out
-        if run.final or out.ended == "teacher_error":  # the edge's last turn: its node keeps the session
+        if run.final or out.ended in TEACHER_DOWN:  # the edge's last turn: its node keeps the session
             self._save(run, st)
         if run.final:
             self.end_edge(run.workspace.edge_id)
@@ -1090,6 +1096,15 @@ class OpenCodeAgent(AgentBackend):
         if st is not None:
             self._kill(st)
         self.proxy.drop(edge_id)
+
+    @staticmethod
+    def _cut_call_seen(ch) -> bool:
+        """The newest model call of the run was cut at `max_tokens` inside a tool call: the turn ends there
+        (`malformed_call`), or OpenCode would resend the cut arguments, as its `invalid` call and in the tool
+        result, in every later request of the session (docs/real_teacher.md, "A call cut at max_tokens")."""
+        with ch.lock:
+            last = ch.records[-1] if ch.records else None
+        return last is not None and last.get("kind") == "agent" and cut_call(last)
 
     @staticmethod
     def _counted_tools(acc: TurnEvents) -> list[ToolEvent]:

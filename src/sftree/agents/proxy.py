@@ -741,7 +741,11 @@ def _handler_for(proxy: RecordingProxy, tcp: bool = True):
                 return self._reply(502, {"error": {"message": f"teacher unreachable: {exc}"}})
             if resp.status_code != 200:
                 data = resp.content
-                self._record(ch, body, turn, failed, time.monotonic() - t0, f"HTTP {resp.status_code}")
+                # The server's own words (bounded): a context overflow says so (agents/turn_end.py)
+                said = _safe_raw(data.decode("utf-8", "replace"), 300)
+                self._record(
+                    ch, body, turn, failed, time.monotonic() - t0, f"HTTP {resp.status_code}: {said}"
+                )
                 ch.teacher_failures += 1
                 self.send_response(resp.status_code)
                 self.send_header("Content-Type", resp.headers.get("Content-Type", "application/json"))

@@ -263,6 +263,9 @@ def export_tree(
     stats.paths += len(selected)
     # A tampered edge has no child, so no path runs through it; counted for the card all the same.
     stats.tampered += sum(1 for e in ctx.tree.get("edges") or [] if e.get("fail_reason") == "tampered")
+    stats.turn_ends.update(
+        t.get("ended") or "unknown" for e in ctx.tree.get("edges") or [] for t in e.get("turns") or []
+    )
     task = ctx.doc.get("task") or ctx.tree.get("task")
     if task and task not in stats.tasks:
         stats.tasks.append(task)

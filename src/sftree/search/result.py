@@ -25,7 +25,8 @@ class TurnResult:
     tool_errors: int
     knowledge: bool  # the turn read or wrote shared knowledge (DESIGN.md)
     tokens: int  # context length after the turn's last step (prompt + completion tokens)
-    # eval | step_limit | timeout | no_eval | teacher_error | context_overflow | edge_error | tampered
+    # eval | step_limit | timeout | no_eval | no_tool_call | malformed_call | unknown_tool | teacher_error |
+    # teacher_stalled | context_overflow | edge_error | tampered (agents/turn_end.py)
     ended: str
     feedback: str = ""
     eval_number: int | None = None  # Coral's #N
