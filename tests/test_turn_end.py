@@ -37,7 +37,7 @@ READ = ("read", json.dumps({"filePath": "solution.py"}))
     [
         ([step(content="I will now improve it."), step(content="Done.", kind="nudge")], "no_eval", "no_tool_call"),
         ([step([READ]), step([("edit", '{"filePath": "solution.py", "oldString": "x')], finish="length")],
-         "malformed_call", "malformed_call"),
+         "cut_call", "cut_call"),
         ([step([READ]), step([("edit", "{filePath: solution.py}")])], "step_limit", "malformed_call"),
         ([step([READ]), step([("circle_packing", "{}")])], "no_eval", "unknown_tool"),
         ([step([("circle_packing", "{}")]), step([READ])], "step_limit", "step_limit"),  # the last call counts

@@ -907,7 +907,7 @@ class OpenCodeAgent(AgentBackend):
                     break
                 if self._cut_call_seen(ch):  # see agents/turn_end.py: ends the turn before the cost grows
                     acc.errors.append("a reply was cut at max_tokens inside a tool call")
-                    stop = "malformed_call"
+                    stop = "cut_call"
                     break
                 if time.monotonic() >= deadline:
                     stop = "timeout"
@@ -1100,7 +1100,7 @@ class OpenCodeAgent(AgentBackend):
     @staticmethod
     def _cut_call_seen(ch) -> bool:
         """The newest model call of the run was cut at `max_tokens` inside a tool call: the turn ends there
-        (`malformed_call`), or OpenCode would resend the cut arguments, as its `invalid` call and in the tool
+        (`cut_call`), or OpenCode would resend the cut arguments, as its `invalid` call and in the tool
         result, in every later request of the session (docs/real_teacher.md, "A call cut at max_tokens")."""
         with ch.lock:
             last = ch.records[-1] if ch.records else None

@@ -6,9 +6,10 @@ A turn's backend first says how it stopped (`step_limit`, `no_eval`: the model w
 recorded them (pure: records in, a reason out):
 
 - `no_tool_call`: no reply of the turn carried a tool call (text only, or calls written as text OpenCode never ran);
-- `malformed_call`: the turn's last call could not run as sent: its arguments are not a JSON object, or the reply
-  was cut at `max_tokens` inside it (OpenCode resends such a call as its own `invalid` tool, the broken arguments
-  twice in every later request: the backend ends the turn at once, `cut_call`);
+- `cut_call`: a reply was cut at `max_tokens` inside a tool call. OpenCode resends such a call as its own `invalid`
+  tool, the cut arguments twice (the call and the tool result) in every later request, so the backend ends the
+  turn at that reply, before another step pays for them (docs/real_teacher.md, "A call cut at max_tokens");
+- `malformed_call`: the turn's last call could not run as sent: its arguments are not a JSON object;
 - `unknown_tool`: the turn's last call names a tool the request did not offer;
 - `no_eval` / `step_limit`: the calls ran, and no `coral eval` came (the model stopped, or the steps ran out);
 - `context_overflow`: the server refused a request past its context (its 400 says so);
@@ -22,7 +23,7 @@ import json
 import re
 
 # Refined only from these: the others (eval, timeout, tampered, edge_error) already say why.
-REFINED = ("no_eval", "step_limit")
+REFINED = ("no_eval", "step_limit", "cut_call")
 TEACHER_DOWN = ("teacher_error", "teacher_stalled")  # search/edge.py, mcts.py: the Teacher, not the node
 _OVERFLOW = re.compile(r"context|too (?:long|many tokens)|exceeds? (?:the )?(?:available|maximum)", re.I)
 _STALL = re.compile(r"timed? ?out|timeout|stream cut|stall", re.I)
@@ -56,9 +57,11 @@ def cut_call(record: dict) -> bool:
 
 
 def call_fault(record: dict) -> str | None:
-    """`malformed_call` | `unknown_tool` | None for one model call's reply."""
+    """`cut_call` | `malformed_call` | `unknown_tool` | None for one model call's reply."""
     calls = [c for c in (record.get("response") or {}).get("tool_calls") or [] if isinstance(c, dict)]
-    if cut_call(record) or any(not _args_ok(c) for c in calls):
+    if cut_call(record):
+        return "cut_call"
+    if any(not _args_ok(c) for c in calls):
         return "malformed_call"
     names = offered(record)
     if names and any((c.get("function") or {}).get("name") not in names for c in calls):

@@ -25,7 +25,7 @@ class TurnResult:
     tool_errors: int
     knowledge: bool  # the turn read or wrote shared knowledge (DESIGN.md)
     tokens: int  # context length after the turn's last step (prompt + completion tokens)
-    # eval | step_limit | timeout | no_eval | no_tool_call | malformed_call | unknown_tool | teacher_error |
+    # eval | step_limit | timeout | no_eval | no_tool_call | cut_call | malformed_call | unknown_tool | teacher_error |
     # teacher_stalled | context_overflow | edge_error | tampered (agents/turn_end.py)
     ended: str
     feedback: str = ""
