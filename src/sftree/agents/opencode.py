@@ -56,7 +56,7 @@ from sftree.agents.base import AgentBackend, TurnOutcome, TurnRun
 from sftree.agents.chain import Pristine, SessionChain, split
 from sftree.agents.knowledge import is_knowledge_action as is_knowledge  # one decision for both backends
 from sftree.agents.proxy import ProxyLimits, RecordingProxy
-from sftree.agents.turn_end import TEACHER_DOWN, cut_call, refine
+from sftree.agents.turn_end import TEACHER_DOWN, refine
 from sftree.errors import InputError
 from sftree.runtime.edgebox import CHECK_EVERY
 from sftree.runtime.procs import kill_group
@@ -873,6 +873,7 @@ class OpenCodeAgent(AgentBackend):
         if ch.chain is not None:
             ch.chain.expect_prompt(prompt)  # the one user message the session's next request may add
         ch.stopped = False  # the Teacher is reached during a run only: between two, requests get 503
+        ch.cut_call = False
         d.send(
             {"op": "turn", "session": st.session_id, "title": run.workspace.edge_id,
              "model": self.student_model, "text": prompt}
@@ -905,7 +906,7 @@ class OpenCodeAgent(AgentBackend):
                 if acc.steps >= max_steps:
                     stop = "step_limit"
                     break
-                if self._cut_call_seen(ch):  # see agents/turn_end.py: ends the turn before the cost grows
+                if ch.cut_call:  # the proxy stopped the channel at a call cut at max_tokens (turn_end.py)
                     acc.errors.append("a reply was cut at max_tokens inside a tool call")
                     stop = "cut_call"
                     break
@@ -1096,15 +1097,6 @@ class OpenCodeAgent(AgentBackend):
         if st is not None:
             self._kill(st)
         self.proxy.drop(edge_id)
-
-    @staticmethod
-    def _cut_call_seen(ch) -> bool:
-        """The newest model call of the run was cut at `max_tokens` inside a tool call: the turn ends there
-        (`cut_call`), or OpenCode would resend the cut arguments, as its `invalid` call and in the tool
-        result, in every later request of the session (docs/real_teacher.md, "A call cut at max_tokens")."""
-        with ch.lock:
-            last = ch.records[-1] if ch.records else None
-        return last is not None and last.get("kind") == "agent" and cut_call(last)
 
     @staticmethod
     def _counted_tools(acc: TurnEvents) -> list[ToolEvent]:

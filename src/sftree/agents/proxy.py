@@ -55,6 +55,7 @@ import requests
 
 from sftree.agents.chain import ChainBreak, SessionChain
 from sftree.agents.chain import text_of as _text  # a message's content as text
+from sftree.agents.turn_end import cut_call
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
 from sftree.teacher.client import RetryBudget, no_worker_answer, refused
 from sftree.teacher.response import MalformedResponse, normalize
@@ -296,6 +297,9 @@ class Channel:
     # refused and `tampered` says why (the backend ends the edge).
     chain: SessionChain | None = None
     tampered: str | None = None
+    # A reply of this run was cut at max_tokens inside a tool call (agents/turn_end.py): the channel stopped as
+    # the reply was recorded, before OpenCode saw its end, so no later request pays for the cut arguments.
+    cut_call: bool = False
     probe: bool = (
         False  # the host's own fresh session: its request is recorded and answered here, never sent on
     )
@@ -859,6 +863,8 @@ def _handler_for(proxy: RecordingProxy, tcp: bool = True):
                 if ch.chain is not None and tampered is None and rec["kind"] == "agent":
                     cut = bool(rec.get("error")) or rec["finish_reason"] == "length"
                     ch.chain.answered(rec["response"], cut)
+                if rec["kind"] == "agent" and cut_call(rec) and not ch.probe:
+                    ch.cut_call = ch.stopped = True  # the turn ends here (agents/turn_end.py)
                 ch.records.append(rec)
 
     return Handler
