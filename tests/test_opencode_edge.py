@@ -437,7 +437,7 @@ def test_real_server_reply_shapes_through_opencode(tmp_path):
     first2 = next(s for s in recs if s["turn"] == 2 and s["kind"] in ("agent", "nudge"))
     assert first2["notes"] == ["truncated_tool_call", "lone_surrogate_replaced"], first2
     assert first2["response"]["reasoning_content"] and first2["response"]["content"].endswith("\ufffd")
-    assert first2["finish_reason"] == "length" and len(first2["tool_results"]) == 1
+    assert first2["finish_reason"] == "length" and first2["response"].get("tool_calls"), first2
     # A call cut at max_tokens ends the turn at that reply (agents/turn_end.py): the proxy stopped the channel before
     # OpenCode saw the reply's end, so no later request of the turn carries the cut arguments.
     assert r.turns[1].ended == "cut_call", r.turns[1]
