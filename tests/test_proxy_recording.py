@@ -163,6 +163,7 @@ def shaped_reply(proxy, url, shape: str, stream: bool):
 
     edge = f"s-{shape}"
     ch = proxy.channel(edge, {"X-Sftree-Edge": edge})
+    ch.stopped = ch.cut_call = False  # a new run, as the backend opens one (a cut call stopped the last)
     body = {"model": "teacher-sim", "messages": MESSAGES, "tools": TOOLS, "stream": stream}
     got = post(proxy, edge, body).content
     (rec,) = ch.take()
