@@ -51,7 +51,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tree", required=True, type=Path)
     args = ap.parse_args()
-    tree = json.loads((args.tree / "tree.json").read_text())
+    done = args.tree / "tree.json"
+    tree = json.loads((done if done.exists() else args.tree / "tree.live.json").read_text())
+    listed = {
+        e["id"] for e in tree["edges"]
+    }  # a stopped tree: the edges it ran so far, from their transcripts
+    tree["edges"] += [{"id": p.name} for p in sorted((args.tree / "edges").iterdir()) if p.name not in listed]
     timings = server_timings(args.tree / "llama-server.log")
     steps = []
     for e in tree["edges"]:
