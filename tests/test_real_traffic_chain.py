@@ -249,3 +249,28 @@ def test_the_recorded_sessions_are_real_opencode_traffic(tmp_path):
                 assert s["usage"]["prompt_tokens"] > 0 and not s["usage"].get("estimated")
                 calls += len(s["response"].get("tool_calls") or [])
     assert calls >= 1
+
+
+def test_the_replay_server_answers_only_the_recorded_requests(tmp_path):
+    """tests/helpers/replay_server.py: a recorded request gets the recorded reply (streamed as llama-server does);
+    any other (here the same request with its system prompt changed, then one the recording never had) gets 400 and
+    is kept as a miss: a replayed run cannot drift from the recording unnoticed."""
+    import requests
+    from helpers.replay_server import ReplayServer
+
+    folder = next(f for f in SESSIONS if meta(f).get("replay"))
+    runs = runs_of(load_steps(folder, tmp_path))
+    first = runs[0].steps[0]
+    rs = ReplayServer([(runs, Pristine.of(first["request"]))]).start()
+    try:
+        url = f"{rs.base_url}/chat/completions"
+        forged = forge_system(copy.deepcopy(first["request"]), 0)
+        bad = requests.post(url, json={**forged, "stream": True}, timeout=30)
+        assert bad.status_code == 400 and "not a recorded request" in bad.text and len(rs.misses) == 1
+        ok = requests.post(url, json={**first["request"], "stream": True}, timeout=30)
+        assert ok.status_code == 200 and ok.text.rstrip().endswith("data: [DONE]")
+        assert json.dumps(first["response"]["tool_calls"][0]["function"]["name"]) in ok.text
+        again = requests.post(url, json={**first["request"], "stream": True}, timeout=30)
+        assert again.status_code == 400 and len(rs.misses) == 2 and rs.served == 1
+    finally:
+        rs.stop()
