@@ -71,11 +71,14 @@ def test_ill_formed_steps_are_history_never_completions(tmp_path, backend):
             why = s["response"] is not None and exclusion(s)
             if why:
                 bad[(e, s["turn"], s["step"])] = (why, s)
+    # With OpenCode a reply cut inside a call ends its turn there (agents/turn_end.py `cut_call`): e2 turn 2's cut
+    # call is its last step, and the cut text planned after it never comes.
+    cut_ends_turn = backend == "opencode"
     assert sorted(why for why, _ in bad.values()) == [
         "malformed_arguments",
         "text_tool_call",
         "truncated",
-        "truncated",
+        *([] if cut_ends_turn else ["truncated"]),
     ]
     reasons = {k[:2]: why for k, (why, _) in bad.items()}
     assert reasons[("e1", 2)] == "malformed_arguments" and reasons[("e2", 1)] in (
@@ -83,7 +86,14 @@ def test_ill_formed_steps_are_history_never_completions(tmp_path, backend):
         "truncated",
     )
     cut_text = [s for why, s in bad.values() if why == "truncated" and not s["response"].get("tool_calls")]
-    assert len(cut_text) == 1 and cut_text[0]["finish_reason"] == "length" and cut_text[0]["kind"] == "agent"
+    if cut_ends_turn:
+        assert not cut_text and [t["ended"] for t in tree.edges[1].turns][1] == "cut_call", tree.edges[
+            1
+        ].turns
+    else:
+        assert (
+            len(cut_text) == 1 and cut_text[0]["finish_reason"] == "length" and cut_text[0]["kind"] == "agent"
+        )
 
     paths = out / "paths.json"
     assert cli.main(["select-paths", "--tree", str(out / "tree.json"), "--out", str(paths)]) == 0
@@ -102,6 +112,8 @@ def test_ill_formed_steps_are_history_never_completions(tmp_path, backend):
         # the next model call of the session resent it: there it is history, exactly as sent (OpenCode resends a
         # call it could not run as its own `invalid` call under the same id: what the Student's OpenCode sends too)
         ids = {c["id"] for c in s["response"].get("tool_calls") or []}
+        if cut_ends_turn and ids and s["finish_reason"] == "length":
+            continue  # the edge's last step: its turn ended at it, and no later request of the edge exists
         if backend == "native" or not ids:
             later = [r for r in records if sent in r["prompt"]]
         else:
@@ -119,7 +131,8 @@ def test_ill_formed_steps_are_history_never_completions(tmp_path, backend):
         if s["kind"] in ("agent", "nudge") and s["response"] is not None
     ) - len(bad)
     stats = json.loads((sft.parent / "sft.stats.json").read_text())
-    assert stats["excluded"] == {"truncated": 2, "text_tool_call": 1, "malformed_arguments": 1}
+    cut = 1 if cut_ends_turn else 2
+    assert stats["excluded"] == {"truncated": cut, "text_tool_call": 1, "malformed_arguments": 1}
 
     # the card counts them (and flags the native backend, only it)
     res = tmp_path / "results"
@@ -128,7 +141,7 @@ def test_ill_formed_steps_are_history_never_completions(tmp_path, backend):
     assert cli.main(args) == 0
     text = card.read_text()
     assert (
-        "4 ill-formed steps on the selected paths are never a trained completion: truncated 2, "
+        f"{2 + cut} ill-formed steps on the selected paths are never a trained completion: truncated {cut}, "
         "text_tool_call 1, malformed_arguments 1, normalised 0." in text
     )
     flagged = f"**{len(records)} records were NOT made by OpenCode**"
