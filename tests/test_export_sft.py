@@ -467,3 +467,17 @@ def test_schema_check_with_seen_messages_matches_the_full_check(tree_dir):
     for r in broken:
         assert schema_problem(r) and schema_problem(r, seen), r["prompt"][:4]
     assert schema_problem(broken[0], seen).startswith("prompt.1.role: 'developer' is not one of")
+
+
+def test_the_turns_of_an_exported_tree_are_counted_by_how_they_ended(tree_dir):
+    """sft.stats.json `turn_ends` (agents/turn_end.py's reasons), summed at merge, for the card."""
+    tree = json.loads((tree_dir / "tree.json").read_text())
+    tree["edges"][0]["turns"] = [{"turn": 1, "score": 1.5, "ended": "eval"},
+                                 {"turn": 2, "score": None, "ended": "no_tool_call"}]  # fmt: skip
+    tree["edges"][1]["turns"] = [{"turn": 1, "score": None, "ended": "cut_call"}]
+    (tree_dir / "tree.json").write_text(json.dumps(tree))
+    _records, stats = export_task([paths_file(tree_dir)], "step")
+    assert stats.turn_ends == {"eval": 1, "no_tool_call": 1, "cut_call": 1}
+    again = ExportStats.from_dict(stats.to_dict())
+    again.add(stats)
+    assert again.turn_ends == {"eval": 2, "no_tool_call": 2, "cut_call": 2}

@@ -205,9 +205,10 @@ def test_nudge_then_teacher_down(tree):
     assert "coral eval" in nudge["response"]["tool_calls"][0]["function"]["arguments"]
     assert [t.ended for t in e4.turns] == ["eval", "teacher_error"] and not e4.valid
     # The nudged model submits at once, before any edit: Coral's "Nothing to commit" (no score).
-    assert e4.turns[0].eval_status == "nothing_to_commit" and e4.error == "HTTP 500"
+    assert e4.turns[0].eval_status == "nothing_to_commit" and e4.error.startswith("HTTP 500: ")
     failed = [s for s in read_steps(ctx.tree_dir, "e4") if s["turn"] == 2]
-    assert failed and failed[-1]["response"] is None and failed[-1]["error"] == "HTTP 500"
+    # The server's own words follow the status (a context overflow says so: agents/turn_end.py)
+    assert failed and failed[-1]["response"] is None and failed[-1]["error"].startswith("HTTP 500: ")
 
 
 def test_an_edge_that_stops_after_turn_one_gives_back_its_uid_and_proxy_key(tree):
@@ -436,7 +437,11 @@ def test_real_server_reply_shapes_through_opencode(tmp_path):
     first2 = next(s for s in recs if s["turn"] == 2 and s["kind"] in ("agent", "nudge"))
     assert first2["notes"] == ["truncated_tool_call", "lone_surrogate_replaced"], first2
     assert first2["response"]["reasoning_content"] and first2["response"]["content"].endswith("\ufffd")
-    assert first2["finish_reason"] == "length" and first2["tool_results"][0]["error"] is True
-    later = [s for s in recs if s["turn"] == 2 and s["step"] > first2["step"] and s["kind"] == "agent"]
-    assert later and any("\ufffd" in json.dumps(s["request"]["messages"], ensure_ascii=False) for s in later)
+    assert first2["finish_reason"] == "length" and first2["response"].get("tool_calls"), first2
+    # A call cut at max_tokens ends the turn at that reply (agents/turn_end.py): the proxy stopped the channel before
+    # OpenCode saw the reply's end, so no later request of the turn carries the cut arguments.
+    assert r.turns[1].ended == "cut_call", r.turns[1]
+    assert not [
+        s for s in recs if s["turn"] == 2 and s["step"] > first2["step"] and s["kind"] in ("agent", "nudge")
+    ]
     assert all(s["usage"]["prompt_tokens"] > 0 for s in recs if s.get("response"))

@@ -163,6 +163,7 @@ def shaped_reply(proxy, url, shape: str, stream: bool):
 
     edge = f"s-{shape}"
     ch = proxy.channel(edge, {"X-Sftree-Edge": edge})
+    ch.stopped = ch.cut_call = False  # a new run, as the backend opens one (a cut call stopped the last)
     body = {"model": "teacher-sim", "messages": MESSAGES, "tools": TOOLS, "stream": stream}
     got = post(proxy, edge, body).content
     (rec,) = ch.take()
@@ -308,6 +309,71 @@ def test_the_steps_and_bytes_of_a_turn_are_capped_at_the_proxy():
         big = {**body, "messages": MESSAGES + [{"role": "user", "content": "x" * (1 << 20)}]}
         assert post(proxy, "e1", big).status_code == 503 and ch.over_limit.startswith("byte_limit")
         assert len(ch.take()) == 1 and state.requests == seen + 1
+    finally:
+        proxy.stop()
+        stop()
+
+
+def test_the_proxy_applies_teacher_tool_choice_to_agent_requests():
+    """`teacher.tool_choice: required` with the OpenCode backend: set on each agent request that offers tools (what
+    OpenCode itself sent is replaced), never on a title request, never recorded; `extra_body` keeps the last word."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    seen = []
+
+    class Upstream(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            data = json.dumps({"choices": [{"message": {"role": "assistant", "content": "ok"},
+                                            "finish_reason": "stop"}],
+                               "usage": {"prompt_tokens": 3, "completion_tokens": 1}}).encode()  # fmt: skip
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    up = HTTPServer(("127.0.0.1", 0), Upstream)
+    threading.Thread(target=up.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{up.server_address[1]}/v1"
+    proxy = RecordingProxy(base, retries=0, tool_choice="required").start()
+    auto = RecordingProxy(base, retries=0, tool_choice="auto", extra_body={"top_k": 5}).start()
+    try:
+        ch = proxy.channel("t1")
+        body = {"model": "m", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "auto"}
+        assert post(proxy, "t1", body).status_code == 200
+        title = [{"role": "system", "content": "You are a title generator. Write a title."}, MESSAGES[1]]
+        assert post(proxy, "t1", {"model": "m", "messages": title}).status_code == 200
+        auto.channel("t2")
+        assert post(auto, "t2", {"model": "m", "messages": MESSAGES, "tools": TOOLS}).status_code == 200
+        assert seen[0]["tool_choice"] == "required"
+        assert "tool_choice" not in seen[1] and "tool_choice" not in seen[2] and seen[2]["top_k"] == 5
+        assert "tool_choice" not in json.dumps([r["request"] for r in ch.take()])
+    finally:
+        proxy.stop()
+        auto.stop()
+        up.shutdown()
+
+
+def test_a_reply_cut_inside_a_tool_call_stops_the_channel_as_it_is_recorded():
+    """agents/turn_end.py `cut_call`: the proxy stops the channel when it records a reply cut at max_tokens inside a
+    call, so OpenCode's next request (its `invalid` call carrying the cut arguments) never reaches the Teacher."""
+    url, stop = start_teacher_sim(
+        port=0, seed=1, script=[{"match": {"edge": "cut"}, "fault": "length_mid_call"}]
+    )
+    proxy = RecordingProxy(url, retries=0).start()
+    try:
+        ch = proxy.channel("cut", {"X-Sftree-Edge": "cut"})
+        resp = post(proxy, "cut", {"model": "m", "messages": MESSAGES, "tools": TOOLS, "stream": True})
+        assert resp.status_code == 200 and resp.text.rstrip().endswith("[DONE]")
+        assert ch.cut_call and ch.stopped
+        assert post(proxy, "cut", {"model": "m", "messages": MESSAGES, "tools": TOOLS}).status_code == 503
+        (rec,) = ch.take()
+        assert rec["finish_reason"] == "length" and rec["response"]["tool_calls"]
     finally:
         proxy.stop()
         stop()

@@ -217,3 +217,18 @@ def test_config_schema_takes_the_stream_keys_and_the_qwen_example(tmp_path):
         p.write_text(yaml.safe_dump(cfg))
         with pytest.raises(InputError):
             load_config(p)
+
+
+def test_constrain_is_refused_with_the_opencode_backend_and_the_real_opencode_overlay_loads():
+    """`teacher.constrain` is the native client's: with `agent.backend: opencode` it would be silently ignored (the
+    proxy passes OpenCode's requests on), so the config refuses it, naming the field (docs/real_teacher.md)."""
+    with pytest.raises(
+        InputError, match="teacher.constrain: 'tool_call_required' is applied by the native agent"
+    ):
+        load_config(REPO_ROOT / "examples/real.yaml", {"agent": {"backend": "opencode"}})
+    assert load_config(REPO_ROOT / "examples/real.yaml")["teacher"]["constrain"] == "tool_call_required"
+    cfg = load_config(REPO_ROOT / "examples/real_opencode.yaml")
+    assert cfg["agent"]["backend"] == "opencode" and cfg["teacher"]["constrain"] == "none"
+    launch = LaunchSpec.from_config(cfg["teacher"]["launch"])
+    assert launch.chat_template_file.name == "Qwen2.5-fenced-json-calls.jinja"
+    assert (REPO_ROOT / "scripts/templates" / launch.chat_template_file.name).exists()

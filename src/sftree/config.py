@@ -50,7 +50,21 @@ def validate_config(config: dict, source: str = "config") -> dict:
         if len(lines) == 1:
             raise InputError(f"invalid configuration: {lines[0]}")
         raise InputError("invalid configuration:\n  " + "\n  ".join(lines))
+    _check_backend_settings(config, source)
     return config
+
+
+def _check_backend_settings(config: dict, source: str) -> None:
+    """Settings one agent backend cannot honour are refused, not silently ignored: the OpenCode backend's requests
+    are OpenCode's, passed on by the recording proxy, and a `response_format` grammar would turn every reply into
+    JSON text OpenCode never runs as a call (docs/real_teacher.md); `tool_choice` the proxy does apply."""
+    agent, teacher = config.get("agent") or {}, config.get("teacher") or {}
+    if agent.get("backend", "opencode") == "opencode" and (teacher.get("constrain") or "none") != "none":
+        raise InputError(
+            f"invalid configuration: {source}: teacher.constrain: {teacher['constrain']!r} is applied by the native "
+            "agent only (agent.backend: native); with agent.backend opencode set it to none (the proxy applies "
+            "teacher.tool_choice, extra_body and the chat template's call form instead: docs/real_teacher.md)"
+        )
 
 
 def _message(err: jsonschema.ValidationError) -> str:

@@ -56,6 +56,7 @@ from sftree.agents.base import AgentBackend, TurnOutcome, TurnRun
 from sftree.agents.chain import Pristine, SessionChain, split
 from sftree.agents.knowledge import is_knowledge_action as is_knowledge  # one decision for both backends
 from sftree.agents.proxy import ProxyLimits, RecordingProxy
+from sftree.agents.turn_end import TEACHER_DOWN, refine
 from sftree.errors import InputError
 from sftree.runtime.edgebox import CHECK_EVERY
 from sftree.runtime.procs import kill_group
@@ -571,6 +572,7 @@ class OpenCodeAgent(AgentBackend):
             outage_timeout=float(getattr(teacher, "outage_timeout", 600)),
             student_model=split_model(self.student_model)[1],
             limits=ProxyLimits.from_config(agent_cfg),
+            tool_choice=getattr(teacher, "tool_choice", None),
         ).start(unix=self.sandbox == "bwrap")
         atexit.register(self.proxy.stop)  # also when a tree is killed before EdgeContext.close runs
 
@@ -871,6 +873,7 @@ class OpenCodeAgent(AgentBackend):
         if ch.chain is not None:
             ch.chain.expect_prompt(prompt)  # the one user message the session's next request may add
         ch.stopped = False  # the Teacher is reached during a run only: between two, requests get 503
+        ch.cut_call = False
         d.send(
             {"op": "turn", "session": st.session_id, "title": run.workspace.edge_id,
              "model": self.student_model, "text": prompt}
@@ -902,6 +905,10 @@ class OpenCodeAgent(AgentBackend):
                     break
                 if acc.steps >= max_steps:
                     stop = "step_limit"
+                    break
+                if ch.cut_call:  # the proxy stopped the channel at a call cut at max_tokens (turn_end.py)
+                    acc.errors.append("a reply was cut at max_tokens inside a tool call")
+                    stop = "cut_call"
                     break
                 if time.monotonic() >= deadline:
                     stop = "timeout"
@@ -1017,6 +1024,7 @@ class OpenCodeAgent(AgentBackend):
             out.eval = run.coral.evals[evals_before]
         elif out.ended == "eval":
             out.ended = "no_eval"
+        out.ended = refine(out.ended, records, out.error)  # why a turn without an eval ended (turn_end.py)
         records = enrich_records(records, acc, acc.eval_call)
         compaction = any(r["kind"] == "compaction" or r.get("compacted") for r in records)
         out.compacted = compaction
@@ -1052,7 +1060,7 @@ class OpenCodeAgent(AgentBackend):
         if out.ended == "tampered":  # nothing of this session is kept for a child
             self.end_edge(run.workspace.edge_id)
             return out
-        if run.final or out.ended == "teacher_error":  # the edge's last turn: its node keeps the session
+        if run.final or out.ended in TEACHER_DOWN:  # the edge's last turn: its node keeps the session
             self._save(run, st)
         if run.final:
             self.end_edge(run.workspace.edge_id)

@@ -55,6 +55,7 @@ import requests
 
 from sftree.agents.chain import ChainBreak, SessionChain
 from sftree.agents.chain import text_of as _text  # a message's content as text
+from sftree.agents.turn_end import cut_call
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
 from sftree.teacher.client import RetryBudget, no_worker_answer, refused
 from sftree.teacher.response import MalformedResponse, normalize
@@ -296,6 +297,9 @@ class Channel:
     # refused and `tampered` says why (the backend ends the edge).
     chain: SessionChain | None = None
     tampered: str | None = None
+    # A reply of this run was cut at max_tokens inside a tool call (agents/turn_end.py): the channel stopped as
+    # the reply was recorded, before OpenCode saw its end, so no later request pays for the cut arguments.
+    cut_call: bool = False
     probe: bool = (
         False  # the host's own fresh session: its request is recorded and answered here, never sent on
     )
@@ -350,12 +354,16 @@ class RecordingProxy:
         outage_timeout: float = 600.0,
         student_model: str | None = None,
         limits: ProxyLimits | None = None,
+        tool_choice: str | None = None,
     ):
         self.upstream = upstream.rstrip("/")
         self.api_key = api_key
         self.timeout, self.retries, self.backoff_max = timeout, retries, backoff_max
         self.outage_timeout = float(outage_timeout or 0)
         self.extra_body = dict(extra_body or {})  # e.g. chat_template_kwargs: sent on, not recorded
+        # `teacher.tool_choice` (`required`): set on every agent request that offers tools, as the native client
+        # does; `auto`/None: OpenCode's own choice goes on as sent. Not recorded (the Student is not sent it).
+        self.tool_choice = tool_choice if tool_choice not in (None, "auto") else None
         # The Teacher's real model name: OpenCode asks for the Student's model id (docs/opencode.md), which the
         # record keeps; the request goes on for this one.
         self.model = model
@@ -719,6 +727,8 @@ def _handler_for(proxy: RecordingProxy, tcp: bool = True):
             stream = bool(body.get("stream"))
             turn = ch.turn
             sent_on = dict(proxy.extra_body)
+            if proxy.tool_choice and body.get("tools") and classify(body) == "agent":
+                sent_on.setdefault("tool_choice", proxy.tool_choice)  # extra_body keeps the last word
             if proxy.model and body.get("model") not in (None, proxy.model):
                 sent_on["model"] = proxy.model
             if sent_on:
@@ -735,7 +745,11 @@ def _handler_for(proxy: RecordingProxy, tcp: bool = True):
                 return self._reply(502, {"error": {"message": f"teacher unreachable: {exc}"}})
             if resp.status_code != 200:
                 data = resp.content
-                self._record(ch, body, turn, failed, time.monotonic() - t0, f"HTTP {resp.status_code}")
+                # The server's own words (bounded): a context overflow says so (agents/turn_end.py)
+                said = _safe_raw(data.decode("utf-8", "replace"), 300)
+                self._record(
+                    ch, body, turn, failed, time.monotonic() - t0, f"HTTP {resp.status_code}: {said}"
+                )
                 ch.teacher_failures += 1
                 self.send_response(resp.status_code)
                 self.send_header("Content-Type", resp.headers.get("Content-Type", "application/json"))
@@ -849,6 +863,8 @@ def _handler_for(proxy: RecordingProxy, tcp: bool = True):
                 if ch.chain is not None and tampered is None and rec["kind"] == "agent":
                     cut = bool(rec.get("error")) or rec["finish_reason"] == "length"
                     ch.chain.answered(rec["response"], cut)
+                if rec["kind"] == "agent" and cut_call(rec) and not ch.probe:
+                    ch.cut_call = ch.stopped = True  # the turn ends here (agents/turn_end.py)
                 ch.records.append(rec)
 
     return Handler

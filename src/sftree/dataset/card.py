@@ -131,6 +131,8 @@ def _untrained_lines(merged: MergeStats | None, history_excluded: int, step: boo
         f"Edges ended as `tampered` (a request that was not the extension of its session: docs/security.md, "
         f'"Trained records"): {export.tampered}; kept in their transcripts with the difference, never trained.',
         "",
+        f'Turns by how they ended (docs/real_teacher.md, "End reasons"): {_counts(dict(sorted(export.turn_ends.items())))}.',
+        "",
     ]
     if merged and merged.missing_stats:
         lines += [f"No export stats for: {', '.join(merged.missing_stats)} (not counted above).", ""]

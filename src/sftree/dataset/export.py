@@ -264,6 +264,7 @@ def export_tree(
     stats.paths += len(selected)
     # A tampered edge has no child, so no path runs through it; counted for the card all the same.
     stats.tampered += sum(1 for e in ctx.tree.edges if e.fail_reason == "tampered")
+    stats.turn_ends.update(t.ended or "unknown" for e in ctx.tree.edges for t in e.turns)
     task = ctx.doc.get("task") or ctx.tree.task
     if task and task not in stats.tasks:
         stats.tasks.append(task)

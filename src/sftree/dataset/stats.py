@@ -26,6 +26,9 @@ class ExportStats:
     backends: Counter = field(default_factory=Counter)  # records written, by backend
     malformed_arguments: int = 0
     tampered: int = 0  # edges of the exported trees that ended `tampered` (agents/chain.py): never trained
+    turn_ends: Counter = field(
+        default_factory=Counter
+    )  # turns of the exported trees, by `ended` (turn_end.py)
     granularity: str | None = None
     refuse_native: bool = False
     tasks: list = field(default_factory=list)
@@ -47,6 +50,7 @@ class ExportStats:
             "backends": dict(sorted(self.backends.items())),
             "malformed_arguments": self.malformed_arguments,
             "tampered": self.tampered,
+            "turn_ends": dict(sorted(self.turn_ends.items())),
             "student": self.student.to_dict() if self.student else None,
         }
 
@@ -64,6 +68,7 @@ class ExportStats:
             backends=Counter(d.get("backends") or {}),
             malformed_arguments=int(d.get("malformed_arguments") or 0),
             tampered=int(d.get("tampered") or 0),
+            turn_ends=Counter(d.get("turn_ends") or {}),
             granularity=d.get("granularity"),
             refuse_native=bool(d.get("refuse_native")),
             tasks=list(d.get("tasks") or []),
@@ -81,6 +86,7 @@ class ExportStats:
             (self.excluded, other.excluded),
             (self.refused, other.refused),
             (self.backends, other.backends),
+            (self.turn_ends, other.turn_ends),
         ):
             mine.update(theirs)
         self.tasks += [t for t in other.tasks if t not in self.tasks]

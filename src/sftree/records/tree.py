@@ -47,8 +47,21 @@ LeafReason = Literal["token_limit", "depth_limit", "no_room", "tree_stopped"]
 # why an edge failed the hard-prune test (`fail_reason`) or was pruned (`prune_reason`): the same words
 PruneReason = Literal["no_score", "tool_error_rate", "edge_error", "teacher_error", "tampered"]
 # how a turn ended: a backend's own ends, and `edge_error` (the fork, the runtime or the backend's session broke)
+# (agents/turn_end.py refines a turn without an eval from its model calls: no_tool_call .. teacher_stalled)
 TurnEnd = Literal[
-    "eval", "step_limit", "timeout", "no_eval", "teacher_error", "context_overflow", "edge_error", "tampered"
+    "eval",
+    "step_limit",
+    "timeout",
+    "no_eval",
+    "no_tool_call",
+    "cut_call",
+    "malformed_call",
+    "unknown_tool",
+    "teacher_error",
+    "teacher_stalled",
+    "context_overflow",
+    "edge_error",
+    "tampered",
 ]
 
 DIRECTIONS: tuple[Direction, ...] = get_args(Direction)

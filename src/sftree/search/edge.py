@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sftree.agents.turn_end import TEACHER_DOWN
 from sftree.errors import InputError
 from sftree.fileio import write_json_atomic, write_text_atomic
 from sftree.records.root import read_root_meta
@@ -315,7 +316,7 @@ class _Session:
         is not (the search treats only the first as a reason to stop)."""
         if self.tampered:
             return "tampered"
-        if any(t.ended == "teacher_error" for t in self.turns):
+        if any(t.ended in TEACHER_DOWN for t in self.turns):
             return "teacher_error"
         return "context_overflow" if self.overflow else ("edge_error" if self.error else "no_eval")
 
@@ -435,7 +436,7 @@ def _run_turns(
             return  # the session is not the one the Teacher and the host made: nothing of it goes on
         session.last = turn_record(ev, outcome.ended)
         ws.commit_knowledge(f"sftree: {edge_id} turn {turn}")
-        if outcome.ended == "teacher_error":
+        if outcome.ended in TEACHER_DOWN:  # teacher_error, teacher_stalled (agents/turn_end.py)
             session.error = outcome.error
             return  # the Teacher is down past the retry budget: a third request would fail too
         if outcome.ended == "context_overflow":

@@ -23,6 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sftree.agents.turn_end import TEACHER_DOWN
 from sftree.errors import TeacherUnavailable
 from sftree.records.scores import best_of
 from sftree.records.tree import PruneReason, StopReason
@@ -485,7 +486,7 @@ def run_search(tree: Tree, run_edge: RunEdge, persist: Callable[[Tree], None]) -
 
 def _teacher_down(result: EdgeResult) -> bool:
     """The Teacher could not be reached past its retries: not a property of the node, so not recorded."""
-    return any(t.ended == "teacher_error" for t in result.turns)
+    return any(t.ended in TEACHER_DOWN for t in result.turns)
 
 
 __all__ = [

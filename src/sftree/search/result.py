@@ -27,7 +27,7 @@ class TurnResult:
     tool_errors: int
     knowledge: bool  # the turn read or wrote shared knowledge (DESIGN.md)
     tokens: int  # context length after the turn's last step (prompt + completion tokens)
-    ended: TurnEnd  # records.tree.TURN_ENDS
+    ended: TurnEnd  # records.tree.TURN_ENDS (agents/turn_end.py)
     feedback: str = ""
     eval_number: int | None = None  # Coral's #N
     error: str | None = None
