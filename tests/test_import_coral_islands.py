@@ -181,3 +181,36 @@ def test_an_attempt_pending_when_imported_then_a_grader_error_loses_its_snapshot
     assert any("1 snapshot(s) removed" in n for n in result.notes)
     state = json.loads((out / ic.STATE_DIR / "state.json").read_text())["items"]
     assert built.commits[1] not in state
+
+
+def test_select_roots_over_all_islands_by_default_or_per_island(tmp_path):
+    """Section 2 runs over every island's snapshots in the global order by default; `--per-island` splits
+    --num-roots over the islands and selects each from its own snapshots, so each island is represented."""
+    specs = []
+    for i in range(24):  # island 1 is small: over all islands together, it gets fewer roots than its share
+        island = "1" if i % 6 == 5 else "0"
+        score = 0.1 + 0.03 * i if island == "0" else 0.01 + 0.001 * i
+        specs.append(
+            Spec(f"agent-{island}", {"v.py": f"{i}\n".encode()}, "improved", round(score, 6), island=island)
+        )
+    built = build_run(tmp_path / "run", specs)
+    out = tmp_path / "snaps" / "demo"
+    run_import(built.run, out)
+    from sftree.roots.select_roots import select, select_per_island
+
+    s = scan(out, "demo")
+    assert {x.island for x in s.snapshots} == {"0", "1"}
+    together = select(s, "maximize", 6, 3).chosen
+    per = select_per_island(s, "maximize", 6, 3)
+    assert [r.snap.island for r in per.chosen].count("0") == 3 and len(per.chosen) == 6
+    assert [r.snap.island for r in together].count("1") < 3 and len(together) == 6
+    assert [r.snap.global_index for r in per.rows] == sorted(x.global_index for x in s.snapshots)
+    cli = subprocess.run(
+        ["sftree", "select-roots", "--snapshots", str(out), "--out", str(tmp_path / "roots"), "--table",
+         str(tmp_path / "stages.tsv"), "--direction", "maximize", "--num-roots", "6", "--smooth-window", "3",
+         "--per-island"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    roots = [json.loads((p / "metadata.json").read_text()) for p in (tmp_path / "roots").iterdir()]
+    assert sorted(m["island_id"] for m in roots) == ["0", "0", "0", "1", "1", "1"]
