@@ -21,7 +21,7 @@ from sftree.teacher.llm_server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "profiles" / "slurm" / "teacher.sbatch"
-MISSING = router_missing()
+MISSING = router_missing("sglang-router")
 pytestmark = [pytest.mark.router, pytest.mark.skipif(MISSING is not None, reason=str(MISSING))]
 
 
