@@ -3,7 +3,9 @@
     sftree import-coral RUN_DIR --out all_snapshots/<task> [--task NAME] [--direction maximize|minimize]
                         [--shared-items attempts,notes,...] [--max-file-bytes N] [--strict]
 
-One snapshot folder per attempt record of the run, in the global order the attempts were submitted:
+One snapshot folder per `real` attempt record of the run (a `tune` or `grader_error` one is no score of the run:
+counted by class in the report, no snapshot), over every island of a multi-island run (each snapshot's
+`island_id`, its knowledge its own island's checkpoint), in the global order the attempts were submitted:
 
     OUT/eval-<index>-<agent id>-<commit[:12]>/
       code/           the tree of the attempt's commit in the run's code repository
