@@ -122,7 +122,9 @@ def test_a_router_answer_names_the_fleet_in_the_log(tmp_path):
             c.wait_ready()
             assert c.fleet is not None
             (line,) = [m for m in seen if m.startswith("teacher ready")]
-            assert "router (smg or sglang-router), 2 of 2 workers healthy" in line and "models: unknown" in line
+            assert (
+                "router (smg or sglang-router), 2 of 2 workers healthy" in line and "models: unknown" in line
+            )
             fleet.workers[1].signal(signal.SIGKILL)
             deadline = time.monotonic() + 30
             while not c.stats["worker_events"] and time.monotonic() < deadline:
