@@ -30,7 +30,7 @@ from helpers.fleet import (
 
 from sftree.teacher.fleet import router_missing, start_fleet
 
-MISSING = router_missing()
+MISSING = router_missing("sglang-router")
 pytestmark = [
     pytest.mark.router,
     pytest.mark.slow,
@@ -50,7 +50,7 @@ def test_demo_trees_survive_a_hung_and_a_killed_worker_behind_the_router(tmp_pat
         "latency_ms_per_token": 12,
         "chunk_ms": 20,
     }  # replies take a while and stream: there is time to hit one
-    with start_fleet(3, tmp_path / "fleet", kind="teacher-sim", sim=sim) as fleet:
+    with start_fleet(3, tmp_path / "fleet", kind="teacher-sim", sim=sim, router="sglang-router") as fleet:
         demo_config(tmp_path, example_snapshots_dir, fleet.base_url, TEACHER)
         results = tmp_path / "results"
         proc = start_workflow(tmp_path, tmp_path / "snakemake.log")
@@ -109,7 +109,7 @@ def test_a_router_answer_names_the_fleet_in_the_log(tmp_path):
 
     from sftree.teacher.client import TeacherClient
 
-    with start_fleet(2, tmp_path / "fleet", kind="teacher-sim") as fleet:
+    with start_fleet(2, tmp_path / "fleet", kind="teacher-sim", router="sglang-router") as fleet:
         c = TeacherClient(fleet.base_url, health_timeout=30, fleet_poll=0.5)
         logger = logging.getLogger("sftree.teacher.client")
         seen = []
@@ -122,7 +122,9 @@ def test_a_router_answer_names_the_fleet_in_the_log(tmp_path):
             c.wait_ready()
             assert c.fleet is not None
             (line,) = [m for m in seen if m.startswith("teacher ready")]
-            assert "sglang-router, 2 of 2 workers healthy" in line and "models: unknown" in line
+            assert (
+                "router (smg or sglang-router), 2 of 2 workers healthy" in line and "models: unknown" in line
+            )
             fleet.workers[1].signal(signal.SIGKILL)
             deadline = time.monotonic() + 30
             while not c.stats["worker_events"] and time.monotonic() < deadline:

@@ -1,6 +1,7 @@
 """profiles/slurm/teacher.sbatch, the cluster recipe of docs/serving.md, run as a plain script on localhost (the
 batch script of a one-node job): two teacher-sim processes stand in for `sglang.launch_server` (its
-SFTREE_TEACHER_WORKER_CMD) and the real sglang-router is the router. It writes the config overlay the workflow
+SFTREE_TEACHER_WORKER_CMD, serving the name the overlay gives) and the real router is the router: smg (the
+script's default, `smg launch --routing-key-override`) and sglang-router. It writes the config overlay the workflow
 takes, the Teacher answers through it, and SIGTERM (scancel) removes the overlay and stops every process."""
 
 from __future__ import annotations
@@ -16,13 +17,17 @@ import pytest
 import yaml
 
 from sftree.teacher.client import TeacherClient
-from sftree.teacher.fleet import ROUTER_BIN, router_missing
+from sftree.teacher.fleet import ROUTER_BIN, SMG_BIN, router_missing
 from sftree.teacher.llm_server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "profiles" / "slurm" / "teacher.sbatch"
-MISSING = router_missing()
-pytestmark = [pytest.mark.router, pytest.mark.skipif(MISSING is not None, reason=str(MISSING))]
+pytestmark = [pytest.mark.router]
+ROUTER_CMDS = {"smg": f"{SMG_BIN} launch --routing-key-override", "sglang-router": f"{ROUTER_BIN} launch"}
+ROUTER_PARAMS = [
+    pytest.param(r, marks=pytest.mark.skipif(router_missing(r) is not None, reason=str(router_missing(r))))
+    for r in ROUTER_CMDS
+]
 
 
 def test_sbatch_script_syntax():
@@ -43,15 +48,16 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_teacher_sbatch_serves_two_workers_behind_the_router_and_stops_on_sigterm(tmp_path):
+@pytest.mark.parametrize("router", ROUTER_PARAMS)
+def test_teacher_sbatch_serves_two_workers_behind_the_router_and_stops_on_sigterm(tmp_path, router):
     url_file = tmp_path / "teacher_url.yaml"
     wport, rport = free_port(), free_port()
     while rport in (wport, wport + 1):
         rport = free_port()
     env = {
         **os.environ,
-        "SFTREE_TEACHER_WORKER_CMD": f"{sys.executable} -m sftree.cli teacher-sim --port {{port}}",
-        "SFTREE_TEACHER_ROUTER": f"{ROUTER_BIN} launch",
+        "SFTREE_TEACHER_WORKER_CMD": f"{sys.executable} -m sftree.cli teacher-sim --port {{port}} --model teacher",
+        "SFTREE_TEACHER_ROUTER": ROUTER_CMDS[router],
         "SFTREE_TEACHER_ROUTER_ARGS": f"--prometheus-port {free_port()} --log-level warn",
         "SFTREE_TEACHER_HOSTS": "127.0.0.1",
         "SFTREE_TEACHER_WORKERS_PER_NODE": "2",

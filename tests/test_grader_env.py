@@ -221,3 +221,44 @@ def test_building_leaves_corals_own_environment_alone(tmp_path):
     venv = grader_env.preflight(spec_for(make_task(tmp_path), tmp_path / "cache"), install)
     assert _site_listing(install.python) == before
     assert any(n.startswith("mygrader") for n in _site_listing(str(venv.python)))
+
+
+@pytest.mark.coral
+@pytest.mark.skipif(not coral_python(), reason="needs the real Coral (scripts/install_coral.sh)")
+def test_a_non_editable_coral_is_told_the_cause_and_the_fix(tmp_path, monkeypatch):
+    """A plain `pip install coral`: the package lies in a site-packages folder, which Coral's setup_grader_env
+    cannot install editable into the grader venv. sftree says so, and the fix, before building; without that
+    check the real Coral fails with uv's own words, which name neither."""
+    import shutil
+    import sysconfig  # noqa: F401 - the real Coral's interpreter is asked below
+
+    from sftree.world.locate import locate
+
+    real = install_for("coral")
+    site = tmp_path / "site-packages"  # the package as a wheel install leaves it: no pyproject.toml beside it
+    shutil.copytree(real.package, site / "coral", ignore=shutil.ignore_patterns("__pycache__"))
+    deps = subprocess.run(
+        [real.python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    venv = tmp_path / "venv"
+    subprocess.run([real.python, "-m", "venv", "--without-pip", str(venv)], check=True)
+    vsite = next(venv.glob("lib/python*/site-packages"))
+    (vsite / "plain_coral.pth").write_text(f"{site}\n{deps}\n")  # the copy first, then Coral's dependencies
+    plain = locate({"mode": "coral", "python": str(venv / "bin" / "python")})
+    assert Path(plain.package) == site / "coral"
+    spec = spec_for(make_task(tmp_path), tmp_path / "cache")
+    with pytest.raises(InputError) as err:
+        grader_env.preflight(spec, plain, tmp_path / "setup.log")
+    text = str(err.value)
+    assert (
+        "not an editable install" in text and "pip install -e" in text and "scripts/install_coral.sh" in text
+    )
+    assert "\n" not in text
+    # what the check spares the user: the real Coral's own failure
+    monkeypatch.setattr(grader_env, "not_buildable", lambda install: None)
+    spec = spec_for(make_task(tmp_path / "again"), tmp_path / "cache2")
+    with pytest.raises(InputError):
+        grader_env.preflight(spec, plain, tmp_path / "coral-setup.log")
+    assert "does not appear to be a Python project" in (tmp_path / "coral-setup.log").read_text()
+    assert grader_env.not_buildable(real) is None  # the editable Coral of scripts/install_coral.sh builds

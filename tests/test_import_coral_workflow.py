@@ -90,3 +90,35 @@ def test_coral_run_config_errors_are_clear(tmp_path, extra, message):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     proc = snakemake(tmp_path, "-n")
     assert proc.returncode != 0 and message in proc.stdout + proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_multi_island_run_is_imported_and_selected_per_island(tmp_path):
+    """The rule follows every island's attempts folder; select_roots.per_island gives each island its roots."""
+    from helpers.coralrun import Spec
+
+    specs = []
+    for i in range(12):
+        island = "1" if i % 4 == 3 else "0"
+        budget = "tune" if i == 5 else "real"
+        specs.append(Spec(f"agent-{island}", {"v.py": f"{i}\n".encode()}, "improved", 0.1 + 0.01 * i,
+                          title=f"attempt {i}", budget=budget, island=island))  # fmt: skip
+    built = build_run(tmp_path / "run", specs)
+    write_config(tmp_path, built.run, select_roots={"num_roots": 4, "per_island": True})
+    proc = snakemake(tmp_path, "results/synth/stages.tsv")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (tmp_path / "results/synth/logs/import_coral.log").read_text()
+    assert "12 attempt records -> 11 snapshots" in log and "left out (no score of the run): 1 tune" in log
+    roots = tmp_path / "results/synth/roots"
+    islands = sorted(json.loads((p / "metadata.json").read_text())["island_id"] for p in roots.glob("eval-*"))
+    assert islands == ["0", "0", "1", "1"]
+    # a record of island 1 is rewritten (as Coral writes one: a temporary file, then a rename): the import reruns
+    again = snakemake(tmp_path, "results/synth/stages.tsv", "-n")
+    assert "Nothing to be done" in again.stdout + again.stderr
+    rec = built.records[3]
+    path = built.run / ".coral/islands/1/attempts" / f"{rec['commit_hash']}.json"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(record_bytes(dict(rec, feedback="regraded")))
+    os.replace(tmp, path)
+    later = snakemake(tmp_path, "results/synth/stages.tsv", "-n")
+    assert "import_coral" in later.stdout + later.stderr

@@ -11,7 +11,8 @@ reached is kept in `.opencode/scripted_state.json`, which Coral's .gitignore kee
      "sleep": 6,                            the program sleeps that long (3600: it is never graded)
      "note": "text",                        written to .opencode/notes/<agent>-<k>.md (Coral's shared notes)
      "wait_graded": 7,                      first wait until that many attempts are graded (all agents)
-     "no_wait": true}                       `coral eval --no-wait`
+     "no_wait": true,                       `coral eval --no-wait`
+     "tune": true}                          `coral eval --tune` (a dev-split eval: budget class tune)
 
 After the last step the agent idles (Coral restarts an agent that exits) until it is stopped.
 """
@@ -86,6 +87,7 @@ def main() -> int:
             notes = Path(".opencode/notes")
             (notes / f"{args.agent}-{done + 1:02d}.md").write_text(step["note"] + "\n")
         cmd = ["coral", "eval", "-m", step["message"]] + (["--no-wait"] if step.get("no_wait") else [])
+        cmd += ["--tune"] if step.get("tune") else []
         # The agents take turns: two submissions at once can leave the second's checkpoint with nothing to
         # commit, and Coral then records no shared_state_hash for it (real Coral behaviour, which the importer
         # reports as a problem); the tests count exactly one checkpoint per submission.

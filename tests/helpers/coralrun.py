@@ -12,6 +12,13 @@ content), without Coral installed:
                                                notes, skills, roles, logs, eval_count, ...
     run/repo/.git                              the code: one branch per agent, one commit per attempt
 
+A multi-island run (a spec with `island`, as upstream Coral's `hub/_island.py` lays it out): each island's hub is
+`run/.coral/islands/<id>/` (attempts/, eval_count, its own checkpoint repository .git, notes, skills, ...) in place
+of `.coral/public`; the code repository is the run's one `repo/`. Records carry what upstream's writers put in
+`metadata`: `island_id` at submission (`hooks/post_commit.py` `submit_eval`), `budget_class` `tune` at submission
+of a `coral eval --tune`, and the final class the grader daemon stamps (`grader/daemon.py` `_grade_one`: `real`,
+`tune`, or `grader_error` when the grader timed out or raised).
+
 As in Coral, attempt i is checkpointed, then its pending record written; it is graded (its record rewritten)
 before the submission of attempt i + `graded_after`, unless it stays pending.
 """
@@ -50,6 +57,8 @@ class Spec:
     graded_after: int = 1
     title: str = ""
     shared_state: bool = True  # False: the record has no shared_state_hash (an older Coral)
+    budget: str | None = "real"  # the budget class; None: a Coral before budget classes (no metadata at all)
+    island: str | None = None  # the island's id in a multi-island run
 
 
 @dataclass
@@ -97,8 +106,15 @@ def record(spec: Spec, commit: str, parent: str | None, stamp: str, ssh: str | N
     }
     if ssh is not None:
         d["shared_state_hash"] = ssh
-    if graded:
-        d["metadata"] = {"budget_class": "real"}
+    meta: dict = {}
+    if spec.budget == "tune":  # submit_eval(tune=True) marks the pending record
+        meta["budget_class"] = "tune"
+    if spec.island is not None:
+        meta["island_id"] = spec.island
+    if graded and spec.budget is not None:  # the daemon carries the pending metadata and stamps the class
+        meta["budget_class"] = spec.budget
+    if meta:
+        d["metadata"] = meta
     return d
 
 
@@ -149,11 +165,34 @@ def build_run(
         parents.append(last.get(s.agent, by_mark[":1"]))
         last[s.agent] = c
     git("update-ref", "HEAD", by_mark[":1"], cwd=repo)
-    # --- the checkpoint repository, one commit per submission, through an interactive fast-import
-    git("init", "-q", str(public))
+    # --- one hub per island (or .coral/public): its checkpoint repository, records and eval counter
+    stamps = [(T0 + timedelta(seconds=step_s * i)).isoformat() for i in range(len(specs))]
+    checkpoints: list = [None] * len(specs)
+    out: list = [None] * len(specs)
+    islands = list(dict.fromkeys(s.island for s in specs))
+    if islands != [None] and None in islands:
+        raise ValueError("a multi-island run gives every attempt an island")
+    for island in islands:
+        hub = public if island is None else run / ".coral" / "islands" / island
+        idx = [i for i, s in enumerate(specs) if s.island == island]
+        got = _hub(
+            hub, [specs[i] for i in idx], [commits[i] for i in idx], [parents[i] for i in idx], idx, stamps
+        )
+        for i, (ck, rec) in zip(idx, got, strict=True):
+            checkpoints[i], out[i] = ck, rec
+    if islands != [None]:  # the manager's folder stays; the islands are the hubs
+        (public / "attempts").rmdir()
+    return Built(run, commits, checkpoints, out, stamps)
+
+
+def _hub(hub: Path, specs: list[Spec], commits, parents, order: list[int], stamps) -> list[tuple[str, dict]]:
+    """A hub's checkpoint repository (one commit per submission, through an interactive fast-import), final
+    records and eval_count; (checkpoint, record) per spec. `order`: each spec's place in the whole run."""
+    (hub / "attempts").mkdir(parents=True, exist_ok=True)
+    git("init", "-q", str(hub))
     proc = subprocess.Popen(
         ["git", "fast-import", "--quiet", "--done"],
-        cwd=public,
+        cwd=hub,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=GIT_ENV,
@@ -165,14 +204,13 @@ def build_run(
         proc.stdin.flush()
         return proc.stdout.readline().decode().strip()
 
-    stamps = [(T0 + timedelta(seconds=step_s * i)).isoformat() for i in range(len(specs))]
     init = commit(1, "init: shared state tracking", [_m(".gitignore", b"coral.lock\n")], 1700000000)
     assert len(init) in (40, 64), init
     checkpoints: list[str] = []
     finals: list[dict] = []
     pendings: list[dict] = []
     graded_at = [i + s.graded_after if s.status != "pending" else None for i, s in enumerate(specs)]
-    written: set[int] = set()  # final records already in the public folder
+    written: set[int] = set()  # final records already in the hub
     graded_count = 0
     for i, s in enumerate(specs):
         changes = []
@@ -185,24 +223,25 @@ def build_run(
                 graded_count += 1
         changes.append(_m("eval_count", str(graded_count).encode()))
         changes += [_m(p, v) for p, v in s.public.items()]
-        ssh = commit(i + 2, f"checkpoint: {s.agent} - {s.title or i}", changes, 1700000000 + 10 * i)
+        when = 1700000000 + 10 * order[i]
+        ssh = commit(i + 2, f"checkpoint: {s.agent} - {s.title or order[i]}", changes, when)
         checkpoints.append(ssh)
         ssh_rec = ssh if s.shared_state else None
-        pendings.append(record(s, commits[i], parents[i], stamps[i], ssh_rec, final=False))
-        finals.append(record(s, commits[i], parents[i], stamps[i], ssh_rec, final=True))
+        pendings.append(record(s, commits[i], parents[i], stamps[order[i]], ssh_rec, final=False))
+        finals.append(record(s, commits[i], parents[i], stamps[order[i]], ssh_rec, final=True))
     proc.stdin.write(b"done\n")
     proc.stdin.close()
     if proc.wait() != 0:
         raise RuntimeError("git fast-import failed on the checkpoint repository")
     proc.stdout.close()
-    git("update-ref", "HEAD", "refs/heads/master", cwd=public, check=False)
+    git("update-ref", "HEAD", "refs/heads/master", cwd=hub, check=False)
     out = []
-    for s, fin, pen in zip(specs, finals, pendings, strict=True):
+    for s, fin, pen, ssh in zip(specs, finals, pendings, checkpoints, strict=True):
         rec = fin if s.status != "pending" else pen
-        (public / "attempts" / f"{rec['commit_hash']}.json").write_bytes(record_bytes(rec))
-        out.append(rec)
-    (public / "eval_count").write_text(str(sum(1 for s in specs if s.status != "pending")))
-    return Built(run, commits, checkpoints, out, stamps)
+        (hub / "attempts" / f"{rec['commit_hash']}.json").write_bytes(record_bytes(rec))
+        out.append((ssh, rec))
+    (hub / "eval_count").write_text(str(sum(1 for s in specs if s.status != "pending")))
+    return out
 
 
 def simple_specs(n: int, agents: int = 2, pending_tail: int = 1) -> list[Spec]:

@@ -60,6 +60,19 @@ for _task in CORAL_TASKS:
         )
 
 
+def coral_attempt_dirs(task):
+    """The attempts folders of a task's Coral run: each island's (`.coral/islands/<id>/attempts`, a multi-island
+    run) or `.coral/public/attempts`; a record added or graded changes its folder's mtime.
+    """
+    coral = os.path.join(config["tasks"][task]["coral_run"], ".coral")
+    islands = os.path.join(coral, "islands")
+    if os.path.isdir(islands):
+        found = sorted(glob.glob(os.path.join(islands, "*", "attempts")))
+        if found:
+            return found
+    return [os.path.join(coral, "public", "attempts")]
+
+
 def task_direction(task):
     """maximize | minimize: a Coral task folder's task.yaml (grader.direction), else the entry's `direction`."""
     from sftree.world.task import task_config

@@ -1,14 +1,12 @@
 # A task with `coral_run: RUN_DIR` starts from a standard Coral run folder (what `coral start` made):
 # `sftree import-coral` writes its eval-* snapshots into <snapshots>/<task> before select_roots reads them
-# (docs/import_coral.md). The run's attempts folder is the input: a record added or graded changes its mtime, so
-# the next `snakemake` imports again, incrementally (finished snapshots are kept, new ones added, pending ones
+# (docs/import_coral.md). The run's attempts folder (each island's, in a multi-island run) is the input: a record
+# added or graded changes its mtime, so the next `snakemake` imports again, incrementally (finished snapshots are kept, new ones added, pending ones
 # that were graded rebuilt). The declared output is the import's report; the snapshots it keeps beside it are
 # not outputs, so Snakemake never deletes them before a rerun.
 rule import_coral:
     input:
-        attempts=lambda wc: os.path.join(
-            config["tasks"][wc.task]["coral_run"], ".coral", "public", "attempts"
-        ),
+        attempts=lambda wc: coral_attempt_dirs(wc.task),
     output:
         report=os.path.join(config["snapshots"], "{task}", "import-coral.json"),
     log:

@@ -21,6 +21,7 @@ checkpoint select_roots:
         num_roots=config["select_roots"]["num_roots"],
         smooth_window=config["select_roots"]["smooth_window"],
         link=config["select_roots"]["link"],
+        per_island="--per-island" if config["select_roots"]["per_island"] else "",
     # One console line per job instead of Snakemake's listing of every input metadata.json.
     message:
         "select_roots {wildcards.task}: snapshots {params.snapshots} -> {output.roots}, {output.table}"
@@ -28,4 +29,4 @@ checkpoint select_roots:
         "sftree select-roots --snapshots {params.snapshots} --out {output.roots}"
         " --table {output.table} --plot {output.plot} --task {wildcards.task}"
         " --direction {params.direction} --num-roots {params.num_roots}"
-        " --smooth-window {params.smooth_window} --link {params.link} > {log} 2>&1"
+        " --smooth-window {params.smooth_window} --link {params.link} {params.per_island} > {log} 2>&1"

@@ -57,6 +57,7 @@ from sftree.agents.chain import ChainBreak, SessionChain
 from sftree.agents.chain import text_of as _text  # a message's content as text
 from sftree.agents.turn_end import cut_call
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
+from sftree.teacher.affinity import routing_headers
 from sftree.teacher.client import RetryBudget, no_worker_answer, refused
 from sftree.teacher.response import MalformedResponse, normalize
 from sftree.teacher.stream import StreamAssembler  # one assembler for the proxy and the client
@@ -588,6 +589,7 @@ def _handler_for(proxy: RecordingProxy, tcp: bool = True):
             if ch is not None:
                 out.update(ch.headers)
                 out["X-Sftree-Turn"] = str(ch.turn)
+                out.update(routing_headers(out))  # behind smg: the session stays on one worker
             return out
 
         def _reply(self, status: int, obj) -> None:

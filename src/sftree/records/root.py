@@ -62,6 +62,11 @@ class RootMeta:
         return self.fields.get("commit_hash")
 
     @property
+    def island_id(self) -> Any:
+        """The Coral island of the snapshot (a multi-island run's `import-coral`); absent otherwise."""
+        return self.fields.get("island_id")
+
+    @property
     def stage(self) -> Any:
         return self.fields.get("stage")
 

@@ -10,6 +10,13 @@
       repo/.git                          the run's code repository; the agents' worktrees (agents/<id>) share
                                          its objects, so every attempt's commit is in it
 
+A multi-island run (upstream Coral's `hub/_island.py` `island_root`: `.coral/islands/` exists) has one hub per
+island instead of `.coral/public/`: `.coral/islands/<island id>/` with its own attempts/, notes/, skills/,
+eval_count and checkpoint repository `.git`; the code repository is the run's one `repo/`. Each hub is read as
+`.coral/public/` is, and each record knows its island. A record's `metadata.budget_class` (Coral's
+`get_budget_class`: `real` when missing or unknown, `tune`, `grader_error`) is read too: only `real` attempts
+are the run's scores.
+
 Agents write into `.coral/public` (it is linked into their worktrees) and into the repositories, so every read
 here is bounded and never follows a symlink: each path is opened one component at a time from the run folder
 with O_NOFOLLOW (`runtime/safefs.py`), regular files only (a FIFO or device is refused on its fstat, before any
@@ -39,8 +46,21 @@ MAX_RECORD = 8 << 20  # bytes of one attempt record (its feedback can be long)
 MAX_SMALL = 1 << 20  # config.yaml, eval_count, manager.pid
 MAX_JSON_DEPTH = 100  # arrays and objects in one record (Coral's records nest 3 deep)
 RECORD_NAME = re.compile(r"^([0-9a-f]{40}|[0-9a-f]{64})\.json$")
-ATTEMPTS = ".coral/public/attempts"
-CHECKPOINT_OBJECTS = ".coral/public/.git/objects"
+PUBLIC = ".coral/public"
+ISLANDS = ".coral/islands"
+ATTEMPTS = f"{PUBLIC}/attempts"
+CHECKPOINT_OBJECTS = f"{PUBLIC}/.git/objects"
+ISLAND_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}$")
+REAL, TUNE, GRADER_ERROR = "real", "tune", "grader_error"
+BUDGET_CLASSES = (REAL, TUNE, GRADER_ERROR)
+
+
+def budget_class(obj: dict) -> str:
+    """Coral's `get_budget_class` (coral/types.py) of a record: its `metadata.budget_class` when that is one of
+    the three classes, else `real` (runs written before budget classes existed are all real)."""
+    meta = obj.get("metadata")
+    cls = meta.get("budget_class") if isinstance(meta, dict) else None
+    return cls if cls in BUDGET_CLASSES else REAL
 
 
 @dataclass
@@ -56,6 +76,14 @@ class Record:
     when: datetime
     shared_state_hash: str | None
     data: bytes  # the file's bytes, written as they are into the snapshot
+    budget_class: str = REAL
+    island: str | None = None  # the island's id in a multi-island run; None: the one hub .coral/public
+
+    @property
+    def key(self) -> str:
+        """What names the attempt in the import's state: its commit, and its island where there are islands
+        (an island's records are its own: a commit id seen in two islands is two attempts)."""
+        return self.commit if self.island is None else f"{self.island}/{self.commit}"
 
     @property
     def pending(self) -> bool:
@@ -85,20 +113,42 @@ class Problem:
 
 
 @dataclass
+class Hub:
+    """One hub of the run: `.coral/public` (island None), or `.coral/islands/<island>` of a multi-island run."""
+
+    island: str | None
+    rel: str  # relative to the run folder
+    eval_count: int | None
+    checkpoint_objects: str  # absolute, checked
+    checkpoint_refused: dict[str, str] = field(default_factory=dict)  # loose objects git is never asked for
+
+
+@dataclass
 class CoralRun:
     run_dir: Path  # real path
     task_name: str | None
     direction: str | None
-    eval_count: int | None
     in_progress: bool
     code_repo: str  # relative to run_dir: the repository holding the attempts' commits
     code_objects: str  # absolute, checked
-    checkpoint_objects: str  # absolute, checked
+    hubs: list[Hub]
     records: list[Record] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     code_refused: dict[str, str] = field(default_factory=dict)  # loose objects git is never asked for
-    checkpoint_refused: dict[str, str] = field(default_factory=dict)
+    config: dict = field(
+        default_factory=dict
+    )  # .coral/config.yaml as read (the run's expanded configuration)
+
+    @property
+    def islands(self) -> bool:
+        return self.hubs[0].island is not None
+
+    @property
+    def eval_count(self) -> int | None:
+        """The run's eval counter: the one hub's, or the sum of the islands' (None when one is unknown)."""
+        counts = [h.eval_count for h in self.hubs]
+        return None if None in counts else sum(counts)
 
 
 def read_small(root: Path, rel: str, limit: int) -> bytes:
@@ -164,7 +214,7 @@ def _brief(value) -> str:
     return text if len(text) <= 100 else f"{text[:80]}... ({len(text)} characters)"
 
 
-def parse_record(file: str, data: bytes, name_commit: str) -> Record:
+def parse_record(file: str, data: bytes, name_commit: str, island: str | None = None) -> Record:
     """A Record from a record file's bytes; ValueError with the reason (field and value) if unusable."""
     try:
         obj = json_loads(data, max_bytes=MAX_RECORD, max_depth=MAX_JSON_DEPTH)
@@ -206,33 +256,38 @@ def parse_record(file: str, data: bytes, name_commit: str) -> Record:
         raise ValueError(f"shared_state_hash must be a commit hash or null, not {_brief(ssh)}")
     if status == "pending" and score is not None:
         raise ValueError("status is pending but the record has a score")
-    return Record(file, commit, agent.strip(), status, score, stamp, when, ssh, data)
+    return Record(
+        file, commit, agent.strip(), status, score, stamp, when, ssh, data, budget_class(obj), island
+    )
 
 
-def read_records(run: Path) -> tuple[list[Record], list[Problem]]:
-    """Every `*.json` record in `.coral/public/attempts/` (Coral's temporary `.*.json.tmp` files skipped)."""
+def read_records(
+    run: Path, hub: str = PUBLIC, island: str | None = None
+) -> tuple[list[Record], list[Problem]]:
+    """Every `*.json` record in `<hub>/attempts/` (Coral's temporary `.*.json.tmp` files skipped)."""
     records: list[Record] = []
     problems: list[Problem] = []
+    attempts = f"{hub}/attempts"
     with contextlib.ExitStack() as stack:
         try:
-            dfd = stack.enter_context(safefs.open_dir(run, ATTEMPTS))
+            dfd = stack.enter_context(safefs.open_dir(run, attempts))
         except safefs.UnsafePath as exc:
             raise InputError(f"{exc}; sftree does not follow links in a Coral run") from None
         except FileNotFoundError:
-            raise InputError(f"no attempt records: {run / ATTEMPTS} does not exist") from None
+            raise InputError(f"no attempt records: {run / attempts} does not exist") from None
         except OSError as exc:
-            raise InputError(f"cannot read {run / ATTEMPTS}: {exc.strerror or exc}") from None
+            raise InputError(f"cannot read {run / attempts}: {exc.strerror or exc}") from None
         with os.scandir(dfd) as it:
             names = sorted(e.name for e in it if e.name.endswith(".json") and not e.name.startswith("."))
         for name in names:
-            rel = f"{ATTEMPTS}/{name}"
+            rel = f"{attempts}/{name}"
             m = RECORD_NAME.match(name)
             if not m:
                 problems.append(Problem(rel, "not named <commit hash>.json as Coral names attempt records"))
                 continue
             try:
                 data = _read_at(dfd, name, MAX_RECORD, rel)
-                records.append(parse_record(rel, data, m[1]))
+                records.append(parse_record(rel, data, m[1], island))
             except (safefs.UnsafePath, ValueError) as exc:
                 problems.append(Problem(rel, str(exc).removeprefix(f"{rel} "), commit=m[1]))
             except OSError as exc:
@@ -240,7 +295,7 @@ def read_records(run: Path) -> tuple[list[Record], list[Problem]]:
     return records, problems
 
 
-def _config(run: Path, notes: list[str]) -> tuple[str | None, str | None]:
+def _config(run: Path, notes: list[str]) -> tuple[str | None, str | None, dict]:
     import yaml
 
     rel = ".coral/config.yaml"
@@ -248,7 +303,7 @@ def _config(run: Path, notes: list[str]) -> tuple[str | None, str | None]:
         doc = yaml_load(read_small(run, rel, MAX_SMALL).decode("utf-8"))
     except FileNotFoundError:
         notes.append(f"{rel} not found: the task's name and direction are unknown")
-        return None, None
+        return None, None, {}
     except LimitError as exc:
         raise InputError(f"{run / rel}: {exc}") from None
     except (OSError, ValueError, UnicodeDecodeError, yaml.YAMLError) as exc:
@@ -261,7 +316,8 @@ def _config(run: Path, notes: list[str]) -> tuple[str | None, str | None]:
         raise InputError(
             f"{run / rel}: grader.direction must be maximize or minimize, not {_value(direction)}"
         )
-    return (shown(name)[:200] if isinstance(name, str) else None), direction  # for the report only
+    name = shown(name)[:200] if isinstance(name, str) else None  # for the report only
+    return name, direction, doc if isinstance(doc, dict) else {}
 
 
 def _value(value) -> str:
@@ -288,15 +344,43 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def read_run(path: str | os.PathLike) -> CoralRun:
-    """Everything `import-coral` needs from a run folder. InputError when the run cannot be read at all (no
-    `.coral/`, no attempts folder, no code or checkpoint repository); per-record problems are collected."""
-    run = find_run(path)
-    notes: list[str] = []
-    task_name, direction = _config(run, notes)
-    code_repo = _code_repo(run)
-    code = check_objects_dir(run, f"{code_repo}/objects", "the run's code repository objects")
-    ck = run / ".coral/public/.git"
+def _hubs(run: Path) -> list[tuple[str | None, str]]:
+    """(island id, hub folder) of each hub: the islands of `.coral/islands/` (upstream Coral's `island_root`:
+    when that folder exists, `.coral/public` is not the run's hub), sorted by id; else `.coral/public`."""
+    islands = run / ISLANDS
+    if not os.path.lexists(islands):
+        return [(None, PUBLIC)]
+    try:
+        with safefs.open_dir(run, ISLANDS) as dfd, os.scandir(dfd) as it:
+            entries = sorted((e.name, e.is_dir(follow_symlinks=False), e.is_symlink()) for e in it)
+    except safefs.UnsafePath as exc:
+        raise InputError(f"{exc}; sftree does not follow links in a Coral run") from None
+    except OSError as exc:
+        raise InputError(f"cannot read {islands}: {exc.strerror or exc}") from None
+    hubs = []
+    for name, is_dir, is_link in entries:
+        if is_link:
+            raise InputError(
+                f"{islands / shown(name)} is a symlink; sftree does not follow links in a Coral run"
+            )
+        if not is_dir:
+            continue
+        if not ISLAND_NAME.match(name):
+            raise InputError(
+                f"{islands}: {shown(name)!r} is not an island id Coral makes (a plain folder name)"
+            )
+        hubs.append((name, f"{ISLANDS}/{name}"))
+    if not hubs:
+        raise InputError(f"no attempt records: {islands} holds no island folder")
+    return hubs
+
+
+def _read_hub(run: Path, island: str | None, rel: str, notes: list[str]) -> tuple[Hub, list, list] | None:
+    """A hub's checkpoint repository and records; None for an island that never had an attempt."""
+    ck = run / rel / ".git"
+    if island is not None and not os.path.lexists(run / rel / "attempts") and not os.path.lexists(ck):
+        notes.append(f"island {island} ({rel}) holds no attempts")
+        return None
     if ck.is_symlink() or ck.is_file():
         raise InputError(f"{ck} is a symlink or a file, not the checkpoint repository folder Coral makes")
     if not ck.is_dir():
@@ -304,10 +388,32 @@ def read_run(path: str | os.PathLike) -> CoralRun:
             f"no checkpoint repository {ck}: this Coral records no shared state per attempt "
             "(coral/hub/checkpoint.py), so the knowledge each attempt saw is unknown"
         )
-    checkpoint = check_objects_dir(run, CHECKPOINT_OBJECTS, "the checkpoint repository objects")
-    records, problems = read_records(run)
-    eval_count = _small_int(run, ".coral/public/eval_count")
-    pid = _small_int(run, ".coral/public/manager.pid")
+    checkpoint = check_objects_dir(run, f"{rel}/.git/objects", "the checkpoint repository objects")
+    records, problems = read_records(run, rel, island)
+    hub = Hub(island, rel, _small_int(run, f"{rel}/eval_count"), checkpoint.path, checkpoint.refused)
+    return hub, records, problems
+
+
+def read_run(path: str | os.PathLike) -> CoralRun:
+    """Everything `import-coral` needs from a run folder. InputError when the run cannot be read at all (no
+    `.coral/`, no attempts folder, no code or checkpoint repository); per-record problems are collected."""
+    run = find_run(path)
+    notes: list[str] = []
+    task_name, direction, config = _config(run, notes)
+    code_repo = _code_repo(run)
+    code = check_objects_dir(run, f"{code_repo}/objects", "the run's code repository objects")
+    hubs: list[Hub] = []
+    records: list[Record] = []
+    problems: list[Problem] = []
+    for island, rel in _hubs(run):
+        got = _read_hub(run, island, rel, notes)
+        if got is not None:
+            hubs.append(got[0])
+            records += got[1]
+            problems += got[2]
+    if not hubs:
+        raise InputError(f"no attempt records: no island of {run / ISLANDS} has an attempts folder")
+    pid = _small_int(run, f"{PUBLIC}/manager.pid")
     in_progress = pid is not None and pid > 0 and _alive(pid)
     if in_progress:
         notes.append(
@@ -318,14 +424,13 @@ def read_run(path: str | os.PathLike) -> CoralRun:
         run,
         task_name,
         direction,
-        eval_count,
         in_progress,
         code_repo,
         code.path,
-        checkpoint.path,
+        hubs,
         records,
         problems,
         notes,
         code.refused,
-        checkpoint.refused,
+        config,
     )

@@ -3,7 +3,9 @@
     sftree import-coral RUN_DIR --out all_snapshots/<task> [--task NAME] [--direction maximize|minimize]
                         [--shared-items attempts,notes,...] [--max-file-bytes N] [--strict]
 
-One snapshot folder per attempt record of the run, in the global order the attempts were submitted:
+One snapshot folder per `real` attempt record of the run (a `tune` or `grader_error` one is no score of the run:
+counted by class in the report, no snapshot), over every island of a multi-island run (each snapshot's
+`island_id`, its knowledge its own island's checkpoint), in the global order the attempts were submitted:
 
     OUT/eval-<index>-<agent id>-<commit[:12]>/
       code/           the tree of the attempt's commit in the run's code repository
@@ -47,7 +49,7 @@ from sftree.errors import InputError
 from sftree.fileio import write_bytes_atomic, write_json_atomic
 from sftree.progress import Progress
 from sftree.roots import gitobjects as go
-from sftree.roots.coral_run import CoralRun, Problem, Record, read_run
+from sftree.roots.coral_run import BUDGET_CLASSES, REAL, CoralRun, Problem, Record, read_run
 from sftree.runtime import safefs
 
 log = logging.getLogger(__name__)
@@ -113,6 +115,8 @@ def metadata(
     if eval_count is not None:
         meta["eval_count"] = eval_count
     meta |= {"agent_id": rec.agent_id, "commit_hash": rec.commit, "shared_state_hash": rec.shared_state_hash}
+    if rec.island is not None:  # a multi-island run: the island whose hub the attempt and its knowledge are
+        meta["island_id"] = rec.island
     if not rec.pending:  # section 2.1: no eval_ok until the grader wrote back
         meta["eval_ok"] = rec.eval_ok
     meta |= {
@@ -256,8 +260,14 @@ class Planner:
 
     CACHE_MAX = 256  # entries of a recipe worth keeping (skills/, notes/, code folders; not attempts/)
 
-    def __init__(self, code: go.ObjectReader, checkpoint: go.ObjectReader, store: Store, max_file: int):
-        self.code, self.checkpoint, self.store, self.max_file = code, checkpoint, store, max_file
+    def __init__(
+        self,
+        code: go.ObjectReader,
+        checkpoints: dict[str | None, go.ObjectReader],
+        store: Store,
+        max_file: int,
+    ):
+        self.code, self.checkpoints, self.store, self.max_file = code, checkpoints, store, max_file
         self.cache: dict[tuple[int, str], tuple[Recipe, int, int]] = {}  # (reader, tree) -> recipe, height, n
         self.entries = 0
 
@@ -363,13 +373,15 @@ class Planner:
                 "no shared_state_hash: the Coral that made this run records no checkpoint per attempt (or its "
                 "checkpoint failed), so the knowledge this attempt saw is unknown"
             )
+        checkpoint = self.checkpoints[rec.island]  # its own island's knowledge
         try:
-            shared_tree = self.checkpoint.commit_tree(rec.shared_state_hash)
-            top = self.checkpoint.tree(shared_tree, max_entries=MAX_ENTRIES)
+            shared_tree = checkpoint.commit_tree(rec.shared_state_hash)
+            top = checkpoint.tree(shared_tree, max_entries=MAX_ENTRIES)
         except go.ObjectError as exc:
             what = "is not in" if exc.missing else "cannot be read from"
+            hub = rec.file.rsplit("/attempts/", 1)[0]
             raise ContentError(
-                f"checkpoint {rec.shared_state_hash} {what} the checkpoint repository .coral/public/.git: {exc}"
+                f"checkpoint {rec.shared_state_hash} {what} the checkpoint repository {hub}/.git: {exc}"
             ) from None
         code = self.tree(self.code, code_tree, "code", 1)[0]
         own = f"{rec.commit}.json".encode()
@@ -383,7 +395,7 @@ class Planner:
             path = f"shared/{text}"
             if mode != go.MODE_TREE:
                 raise ContentError(f"{path}: not a folder in the checkpoint (Coral makes it a folder)")
-            sub = self.tree(self.checkpoint, eoid, path, 2, skip=own if text == "attempts" else None)[0]
+            sub = self.tree(checkpoint, eoid, path, 2, skip=own if text == "attempts" else None)[0]
             if text == "attempts":
                 sub = [*sub, ("l", own, self.store.ensure(blob_id(rec.data, fmt), False, lambda: rec.data))]
             shared.append(("d", name, sub))
@@ -459,9 +471,10 @@ class Output:
                     f"{self.out} already holds {name}, which import-coral did not make: give an --out of its own"
                 )
             m = re.match(r"^eval-(\d+)-", name)
-            commit = meta.get("commit_hash")
-            if m and isinstance(commit, str) and commit not in self.state:
-                self.state[commit] = {"index": int(m[1]), "name": name, "key": None, "meta": None}
+            commit, island = meta.get("commit_hash"), meta.get("island_id")
+            key = commit if island is None else f"{island}/{commit}"
+            if m and isinstance(commit, str) and key not in self.state:
+                self.state[key] = {"index": int(m[1]), "name": name, "key": None, "meta": None}
 
     def save(self, run: Path) -> None:
         write_json_atomic(
@@ -492,25 +505,29 @@ class Result:
     counts: dict
     actions: dict
     seconds: float
+    budget_classes: dict = field(default_factory=dict)  # records per class (only `real` become snapshots)
 
 
 def plan(
     run: CoralRun, output: Output, task: str, items: list[str], fmt: str
 ) -> tuple[list[Item], list[str]]:
-    """Give every record its global index (kept from earlier imports; new ones after them in submission
-    order), its eval_count (its place among the graded attempts) and the metadata its snapshot must have."""
+    """Give every `real` record its global index (kept from earlier imports; new ones after them in submission
+    order, over all islands), its eval_count (its place among its hub's graded attempts) and the metadata its
+    snapshot must have. `tune` and `grader_error` records are no scores of the run: they get no snapshot."""
     notes: list[str] = []
-    records = sorted(run.records, key=lambda r: (r.when, r.commit))
-    known = {c: s["index"] for c, s in output.state.items()}
+    records = sorted(
+        (r for r in run.records if r.budget_class == REAL), key=lambda r: (r.when, r.commit, r.island or "")
+    )
+    known = {k: s["index"] for k, s in output.state.items()}
     next_index = max(known.values(), default=0) + 1
-    latest_known = max((r.when for r in records if r.commit in known), default=None)
+    latest_known = max((r.when for r in records if r.key in known), default=None)
     late = 0
     index: dict[str, int] = {}
     for r in records:
-        if r.commit in known:
-            index[r.commit] = known[r.commit]
+        if r.key in known:
+            index[r.key] = known[r.key]
         else:
-            index[r.commit] = next_index
+            index[r.key] = next_index
             next_index += 1
             if latest_known is not None and r.when < latest_known:
                 late += 1
@@ -519,26 +536,47 @@ def plan(
             f"{late} attempt(s) appeared after later ones were imported: they are given the next free indices, "
             "not their place in the submission order (indices never change once given)"
         )
-    by_index = sorted(records, key=lambda r: index[r.commit])
-    rank, graded = {}, 0
-    for r in by_index:
-        if not r.pending:
-            graded += 1
-            rank[r.commit] = graded
-    if run.eval_count is not None and run.eval_count != graded:
-        notes.append(
-            f".coral/public/eval_count is {run.eval_count} but {graded} attempt record(s) are graded: each "
-            "snapshot's eval_count is its place among the graded records, in submission order"
-        )
+    by_index = sorted(records, key=lambda r: index[r.key])
+    notes += _eval_count_notes(run)
+    rank = _ranks(run, index)
     plan_items = []
     for r in by_index:
         rid = blob_id(r.data, fmt)
-        key = _digest([FORMAT, r.commit, r.shared_state_hash, rid, items])
-        meta = metadata(r, rank.get(r.commit), task, run.run_dir, items, rid)
-        plan_items.append(
-            Item(r, index[r.commit], folder_name(index[r.commit], r.agent_id, r.commit), key, meta)
-        )
+        key = _digest([FORMAT, r.commit, r.shared_state_hash, rid, items, *([r.island] if r.island else [])])
+        meta = metadata(r, rank.get(r.key), task, run.run_dir, items, rid)
+        plan_items.append(Item(r, index[r.key], folder_name(index[r.key], r.agent_id, r.commit), key, meta))
     return plan_items, notes
+
+
+def _ranks(run: CoralRun, index: dict[str, int]) -> dict[str, int]:
+    """Each `real` graded record's place among its hub's graded records, in submission order: the number the
+    hub's eval counter had after grading it. Coral's daemon counts every graded attempt, whatever its class, so
+    `tune` and `grader_error` ones take their place in time; a run of `real` ones only is taken in index order
+    (the submission order, but for records that appeared late)."""
+    if all(r.key in index for r in run.records):
+        order = sorted(run.records, key=lambda r: index[r.key])
+    else:
+        order = sorted(run.records, key=lambda r: (r.when, r.commit))
+    rank: dict[str, int] = {}
+    graded: dict[str | None, int] = {}
+    for r in order:
+        if not r.pending:
+            graded[r.island] = graded.get(r.island, 0) + 1
+            if r.budget_class == REAL:
+                rank[r.key] = graded[r.island]
+    return rank
+
+
+def _eval_count_notes(run: CoralRun) -> list[str]:
+    notes = []
+    for hub in run.hubs:
+        graded = sum(1 for r in run.records if r.island == hub.island and not r.pending)
+        if hub.eval_count is not None and hub.eval_count != graded:
+            notes.append(
+                f"{hub.rel}/eval_count is {hub.eval_count} but {graded} attempt record(s) are graded: each "
+                "snapshot's eval_count is its place among the graded records, in submission order"
+            )
+    return notes
 
 
 def run_import(
@@ -586,8 +624,7 @@ def _locked(
     problems = list(run.problems)
     notes = list(run.notes)
     fmt = _format(r.commit for r in run.records)
-    ck_fmt = _format(r.shared_state_hash for r in run.records if r.shared_state_hash)
-    if output.state and run.records and not (set(output.state) & {r.commit for r in run.records}):
+    if output.state and run.records and not (set(output.state) & {r.key for r in run.records}):
         raise InputError(
             f"{out} holds an import of another Coral run ({output.run}): none of its attempts is in "
             f"{run.run_dir}; give an --out of its own"
@@ -595,37 +632,32 @@ def _locked(
     plan_items, plan_notes = plan(run, output, task, items, fmt)
     notes += plan_notes
     for it in plan_items:
-        st = output.state.get(it.record.commit)
+        st = output.state.get(it.record.key)
         if it.name not in existing or st is None or st.get("name") != it.name:
             it.action = "new" if it.name not in existing else "rebuild"
         elif st.get("key") != it.key:
             it.action = "rebuild"
         elif st.get("meta") != hashlib.sha256(it.meta).hexdigest():
             it.action = "metadata"
-    gone = sorted(set(output.state) - {it.record.commit for it in plan_items})
+    gone = sorted(set(output.state) - {it.record.key for it in plan_items})
     if gone:
         notes.append(f"{len(gone)} snapshot(s) in {out} whose attempt record is no longer in the run: kept")
     tmp, trash = output.sdir / "tmp", output.sdir / "trash"
     _clear(tmp)
     _clear(trash)
+    notes += _drop_left_out(run, output, out)
     git_root = output.sdir / "git"
     todo = [it for it in plan_items if it.action in ("new", "rebuild")]
     store = Store(output.sdir / "blobs")
     readers: list[go.ObjectReader] = []
     try:
         if todo:
-            code_dir = go.host_git_dir(git_root / "code", [run.code_objects], fmt)
-            code = go.ObjectReader(code_dir, fmt, max_file, run.code_refused)
-            readers.append(code)
-            ck_dir = go.host_git_dir(git_root / "checkpoint", [run.checkpoint_objects], ck_fmt)
-            ck = go.ObjectReader(ck_dir, ck_fmt, max_file, run.checkpoint_refused)
-            readers.append(ck)
-            planner = Planner(code, ck, store, max_file)
+            planner = Planner(*_readers(run, git_root, fmt, max_file, readers), store, max_file)
             _build_all(todo, planner, store, items, fmt, out, tmp, trash, output, run.run_dir, task, jobs)
         for it in plan_items:
             if it.action == "metadata":
                 write_bytes_atomic(out / it.name / "metadata.json", it.meta)
-                output.state[it.record.commit]["meta"] = hashlib.sha256(it.meta).hexdigest()
+                output.state[it.record.key]["meta"] = hashlib.sha256(it.meta).hexdigest()
         if todo:
             os.sync()  # the folders were renamed into place: their files must be on disk before the state says so
         output.save(run.run_dir)
@@ -639,10 +671,52 @@ def _locked(
             problems.append(
                 Problem(it.record.file, it.problem, it.record.commit, it.record.agent_id, it.index)
             )
-    counts = _counts(plan_items, problems, out)
-    result = Result(plan_items, problems, notes, counts, _actions(plan_items, store), time.monotonic() - t0)
+    counts = _counts(plan_items, problems, out, sum(1 for r in run.records if r.budget_class != REAL))
+    classes = {c: sum(1 for r in run.records if r.budget_class == c) for c in BUDGET_CLASSES}
+    result = Result(
+        plan_items, problems, notes, counts, _actions(plan_items, store), time.monotonic() - t0, classes
+    )
     _report(result, run, out, task, items)
     return result
+
+
+def _readers(run: CoralRun, git_root: Path, fmt: str, max_file: int, readers: list):
+    """One object reader on the code repository and one on each hub's checkpoint repository (appended to
+    `readers`, which the caller closes): (code, {island: checkpoint})."""
+    code_dir = go.host_git_dir(git_root / "code", [run.code_objects], fmt)
+    code = go.ObjectReader(code_dir, fmt, max_file, run.code_refused)
+    readers.append(code)
+    checkpoints = {}
+    for n, hub in enumerate(run.hubs):
+        hashes = (r.shared_state_hash for r in run.records if r.shared_state_hash and r.island == hub.island)
+        ck_fmt = _format(hashes)
+        name = "checkpoint" if hub.island is None else f"checkpoint-{n}"
+        ck_dir = go.host_git_dir(git_root / name, [hub.checkpoint_objects], ck_fmt)
+        checkpoints[hub.island] = go.ObjectReader(ck_dir, ck_fmt, max_file, hub.checkpoint_refused)
+        readers.append(checkpoints[hub.island])
+    return code, checkpoints
+
+
+def _drop_left_out(run: CoralRun, output: Output, out: Path) -> list[str]:
+    """Remove the snapshot of an attempt imported while pending whose grading made it no score of the run
+    (`grader_error`: the grader timed out or raised): only `real` attempts are snapshots."""
+    dropped = 0
+    for r in run.records:
+        st = output.state.get(r.key)
+        if r.budget_class == REAL or st is None:
+            continue
+        name = st.get("name")
+        if name and os.path.lexists(out / name):
+            os.rename(out / name, output.sdir / "trash" / name)
+            safefs.remove_all(output.sdir / "trash" / name)
+        del output.state[r.key]
+        dropped += 1
+    if not dropped:
+        return []
+    return [
+        f"{dropped} snapshot(s) removed: their attempt, pending when imported, was graded as no score of the "
+        "run (budget_class grader_error or tune)"
+    ]
 
 
 def _format(hashes) -> str:
@@ -726,7 +800,7 @@ def _write(it, code, shared, store, tfd, out: Path, tmp: Path, trash: Path, outp
         raise
     final = out / it.name
     with lock:
-        old = (output.state.get(it.record.commit) or {}).get("name")
+        old = (output.state.get(it.record.key) or {}).get("name")
     if os.path.lexists(final):
         os.rename(final, trash / tname)
     os.rename(tmp / tname, final)
@@ -735,7 +809,7 @@ def _write(it, code, shared, store, tfd, out: Path, tmp: Path, trash: Path, outp
         os.rename(out / old, trash / old)
         safefs.remove_all(trash / old)
     with lock:
-        output.state[it.record.commit] = {
+        output.state[it.record.key] = {
             "index": it.index,
             "name": it.name,
             "key": it.key,
@@ -743,12 +817,12 @@ def _write(it, code, shared, store, tfd, out: Path, tmp: Path, trash: Path, outp
         }
 
 
-def _counts(plan_items: list[Item], problems: list[Problem], out: Path) -> dict:
+def _counts(plan_items: list[Item], problems: list[Problem], out: Path, left_out: int = 0) -> dict:
     """What the output holds after the import (the same for the same run, however many imports made it)."""
     present = _existing(out)
     made = [it for it in plan_items if it.name in present]
     return {
-        "records": len(plan_items) + sum(1 for p in problems if p.index is None),
+        "records": len(plan_items) + left_out + sum(1 for p in problems if p.index is None),
         "snapshots": len(present),
         "pending": sum(1 for it in made if it.record.pending),
         "eval_ok_true": sum(1 for it in made if not it.record.pending and it.record.eval_ok),
@@ -786,6 +860,7 @@ def _report(result: Result, run: CoralRun, out: Path, task: str, items: list[str
             "in_progress": run.in_progress,
             "code_repository": run.code_repo,
         },
+        "budget_classes": result.budget_classes,
         "shared_items": items,
         "counts": result.counts,
         "notes": result.notes,
@@ -800,15 +875,25 @@ def _report(result: Result, run: CoralRun, out: Path, task: str, items: list[str
             for p in result.problems
         ],
     }
-    reasons = {p.commit: p.reason for p in result.problems if p.commit}
+    if run.islands:
+        doc["coral"]["islands"] = [
+            {"island_id": h.island, "hub": h.rel, "eval_count": h.eval_count} for h in run.hubs
+        ]
+    reasons = {p.file: p.reason for p in result.problems if p.commit}
     present = _existing(out)
     rows = ["index\tsnapshot\tcommit_hash\tagent_id\tstatus\teval_ok\teval_count\tproblem"]
+    if run.islands:
+        rows[0] += "\tisland_id"
     for it in result.items:
         meta = json.loads(it.meta)
         ok = "" if "eval_ok" not in meta else str(meta["eval_ok"]).lower()
         row = [str(it.index), it.name if it.name in present else "", it.record.commit, it.record.agent_id]
-        row += [it.record.status, ok, str(meta.get("eval_count", "")), reasons.get(it.record.commit, "")]
-        rows.append("\t".join(map(_tsv, row)))
+        row += [it.record.status, ok, str(meta.get("eval_count", "")), reasons.get(it.record.file, "")]
+        rows.append("\t".join(map(_tsv, row + ([it.record.island] if run.islands else []))))
+    for r in sorted(run.records, key=lambda r: (r.when, r.commit)):
+        if r.budget_class != REAL:  # counted by class, no snapshot: not a score of the run
+            row = ["", "", r.commit, r.agent_id, r.status, "", "", f"left out: budget_class {r.budget_class}"]
+            rows.append("\t".join(map(_tsv, row + ([r.island] if run.islands else []))))
     for p in result.problems:
         if p.index is None:
             rows.append("\t".join(["", "", p.commit or "", "", "", "", "", _tsv(f"{p.file}: {p.reason}")]))
@@ -910,6 +995,12 @@ def run(args: argparse.Namespace) -> int:
         f"{a['up_to_date']} up to date, {a['links']} links, {a['new_blobs']} new blobs; "
         f"{c['problems']} problem(s); {result.seconds:.1f}s"
     )
+    left = {k: v for k, v in result.budget_classes.items() if k != REAL and v}
+    if left:
+        print(
+            "import-coral: left out (no score of the run): " + ", ".join(f"{v} {k}" for k, v in left.items()),
+            file=sys.stderr,
+        )
     if c["snapshots"] == 0:
         raise InputError(
             f"no snapshot could be made from {args.run_dir}: {c['problems']} problem(s), "

@@ -87,6 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(constant cost; the Student run must stay in place while trees are explored); hardlink (also auto) = "
         "a self-contained root, each file hard-linked, else reflinked, else copied; copy = full copies",
     )
+    parser.add_argument(
+        "--per-island",
+        action="store_true",
+        help="a multi-island Coral run: split --num-roots over the islands (metadata island_id) and apply "
+        "section 2 to each island's snapshots alone, so every island is represented (default: over all "
+        "islands together, in the global order)",
+    )
     parser.add_argument("--plot", help="write the stage plot (SVG) here")
     parser.add_argument("--task", help="task name (default: the snapshot folder's name)")
     parser.add_argument(
@@ -152,6 +159,33 @@ def select(result: Scan, direction: str, num_roots: int, window: int) -> Selecti
     return Selection(
         result.task, direction, split.method, split.s0, split.s_inf, rows, st.quotas(num_roots), window
     )
+
+
+def select_per_island(result: Scan, direction: str, num_roots: int, window: int) -> Selection:
+    """Section 2 applied to each island's snapshots alone (in their global order), `num_roots` split over the
+    islands as evenly as it goes (the first islands, by id, take the remainder); the rows merged back in global
+    order. A run without islands is selected as `select` does."""
+    groups: dict[str, list[Snapshot]] = {}
+    for s in result.snapshots:
+        groups.setdefault(s.island or "", []).append(s)
+    if len(groups) <= 1:
+        return select(result, direction, num_roots, window)
+    if num_roots < len(groups):
+        raise InputError(
+            f"task {result.task!r}: --per-island needs at least one root per island: {len(groups)} islands, "
+            f"--num-roots {num_roots}"
+        )
+    share, extra = divmod(num_roots, len(groups))
+    parts = []
+    for n, island in enumerate(sorted(groups)):
+        sub = Scan(f"{result.task} (island {island})", result.directory, groups[island])
+        parts.append(select(sub, direction, share + (n < extra), window))
+    rows = sorted((r for p in parts for r in p.rows), key=lambda r: r.snap.global_index)
+    quotas = {k: sum(p.quotas[k] for p in parts) for k in parts[0].quotas}
+    methods = {p.method for p in parts}
+    main = max(parts, key=lambda p: len(p.rows))
+    method = methods.pop() if len(methods) == 1 else "per-island"
+    return Selection(result.task, direction, method, main.s0, main.s_inf, rows, quotas, window)
 
 
 # --- outputs ----------------------------------------------------------------------------------------------
@@ -407,7 +441,8 @@ def _run(args: argparse.Namespace) -> int:
     task_dir, task = resolve_task_dir(args.snapshots, args.task)
     result = scan(task_dir, task, jobs=args.jobs or default_jobs())
     read_s = time.monotonic() - t0
-    sel = select(result, args.direction, args.num_roots, args.smooth_window)
+    choose = select_per_island if args.per_island else select
+    sel = choose(result, args.direction, args.num_roots, args.smooth_window)
     if result.non_finite:
         log.warning(
             "%s: %d non-finite score(s) treated as missing, e.g. %s",

@@ -47,6 +47,7 @@ class Snapshot:
     score: float | None  # raw score from the attempt record (None: missing, null or non-finite)
     status: str | None
     eval_count: int | None
+    island: str | None = None  # metadata island_id: the Coral island of a multi-island run
 
 
 @dataclass
@@ -247,6 +248,7 @@ def read_snapshot(
     else:
         score, non_finite = _score(value, attempt_path)
     eval_count = meta.get("eval_count")
+    island = meta.get("island_id")
     return (
         Snapshot(
             name,
@@ -258,6 +260,7 @@ def read_snapshot(
             score,
             attempt.get("status"),
             eval_count if type(eval_count) is int else None,
+            island if type(island) is str else None,
         ),
         non_finite,
     )
@@ -292,6 +295,7 @@ def _read_many(items: list[tuple[str, str, tuple | None]], fast: bool = True) ->
                 meta = loads(data)
                 eval_ok, commit = meta["eval_ok"], meta["commit_hash"]
                 agent, count = meta.get("agent_id"), meta.get("eval_count")
+                island = meta.get("island_id")
                 if (
                     len(data) < chunk
                     and (eval_ok is True or eval_ok is False)
@@ -301,6 +305,7 @@ def _read_many(items: list[tuple[str, str, tuple | None]], fast: bool = True) ->
                     and commit.strip() == commit
                     and (agent is None or type(agent) is str)
                     and (count is None or type(count) is int)
+                    and (island is None or type(island) is str)
                 ):
                     fd = open_(f"{path}/shared/attempts/{commit}.json", rdonly)
                     try:
@@ -326,6 +331,7 @@ def _read_many(items: list[tuple[str, str, tuple | None]], fast: bool = True) ->
                                 score,
                                 status,
                                 count,
+                                island,
                             )
                         )
                         continue

@@ -51,6 +51,7 @@ import requests
 import urllib3
 
 from sftree.errors import TeacherUnavailable
+from sftree.teacher.affinity import routing_headers
 from sftree.teacher.http import InFlight, TrackingAdapter, socket_of, tracking
 from sftree.teacher.response import MalformedResponse, Reply, is_context_overflow, normalize
 from sftree.teacher.router_watch import RouterWatcher, read_workers
@@ -410,6 +411,7 @@ class TeacherClient:
             h["Authorization"] = f"Bearer {self.api_key}"
         if extra:
             h.update({k: str(v) for k, v in extra.items()})
+            h.update(routing_headers(h))  # behind smg: the session's requests stay on one worker
         return h
 
     def _workers(self, session: requests.Session | None = None) -> dict[str, bool] | None:
@@ -443,7 +445,7 @@ class TeacherClient:
                         if workers is None or any(workers.values()):
                             self._ready(names, workers)
                             return
-                        last = f"sglang-router has no healthy worker yet ({len(workers)} known)"
+                        last = f"the router has no healthy worker yet ({len(workers)} known)"
                     else:
                         last = f"/v1/models answered HTTP {m.status_code}"
                 else:
@@ -465,7 +467,7 @@ class TeacherClient:
         # sglang-router lists one model `unknown` when its workers do not name theirs (llama-server): the
         # requests' `model` is passed on to the worker as it is, so nothing here depends on it
         log.info(
-            "teacher ready at %s: sglang-router, %d of %d workers healthy (%s); models: %s",
+            "teacher ready at %s: router (smg or sglang-router), %d of %d workers healthy (%s); models: %s",
             self.base_url, sum(workers.values()), len(workers),
             ", ".join(f"{u}{'' if ok else ' (unhealthy)'}" for u, ok in sorted(workers.items())),
             ", ".join(map(str, names)),

@@ -1,11 +1,14 @@
-"""A fleet of Teacher workers behind SGLang's router on localhost: the test bed of docs/serving.md.
+"""A fleet of Teacher workers behind a router on localhost: the test bed of docs/serving.md.
 
-    python -m sftree.teacher.fleet --workers 2 [--kind llama-server|teacher-sim] [--policy cache_aware]
-                                   [--port 8020] [--model PATH] [--log-dir DIR]
+    python -m sftree.teacher.fleet --workers 2 [--router smg|sglang-router] [--kind llama-server|teacher-sim]
+                                   [--policy cache_aware] [--port 8020] [--model PATH] [--log-dir DIR]
 
 starts N workers (llama-server with `teacher.launch`'s defaults, or `sftree teacher-sim` processes), each on
-its own free port of 127.0.0.1, and `sglang-router launch --worker-urls ... --policy P` in front of them (the
-binary `scripts/install_router.sh` links as `.tools/sglang-router`), prints the router's base URL for
+its own free port of 127.0.0.1, and the router in front of them: `smg launch --worker-urls ... --policy P
+--routing-key-override` by default (smg 1.13.0, the successor of sglang-router, `scripts/install_smg.sh` links it
+as `.tools/smg`; each Teacher session's requests carry `x-smg-routing-key`, teacher/affinity.py, so a session
+stays on one worker), or `sglang-router launch ...` (0.3.2, `scripts/install_router.sh`, `.tools/sglang-router`),
+which takes the same flags. It prints the router's base URL for
 `teacher.base_url`, and stops everything on Ctrl-C. Tests and `benchmarks/fleet.py` use `start_fleet`; every
 process is started in its own session and stopped by its PID (`Fleet.stop`), whatever happened.
 
@@ -16,7 +19,9 @@ open for 60 s after the worker is back and healthy - long enough for "no availab
 dies meanwhile. docs/serving.md gives the same flags for a cluster.
 llama-server workers run with `--metrics`: `/metrics` has each worker's prompt tokens processed and reused
 from its cache (`prompt_tokens_total`, `prompt_tokens_cached_total`) and tokens generated, which
-`Fleet.metrics` reads (benchmarks/fleet.py: the cache share per worker).
+`Fleet.metrics` reads (benchmarks/fleet.py: the cache share per worker). smg routes by model name: each
+llama-server worker serves its model as `served_name` (`--alias`, "default": `teacher.model`'s default), which
+sglang-router ignores.
 """
 
 from __future__ import annotations
@@ -38,6 +43,15 @@ from sftree.runtime.procs import stop_group
 from sftree.teacher.llm_server import LaunchSpec, free_port
 
 ROUTER_BIN = REPO_ROOT / ".tools" / "sglang-router" / "bin" / "sglang-router"
+SMG_BIN = REPO_ROOT / ".tools" / "smg" / "bin" / "smg"
+ROUTERS = {
+    "smg": (SMG_BIN, "scripts/install_smg.sh"),
+    "sglang-router": (ROUTER_BIN, "scripts/install_router.sh"),
+}
+DEFAULT_ROUTER = "smg"
+# smg: the session's routing key pins it to one worker (valid x-smg-routing-key first, else the request lineage);
+# its first request goes where the policy sends it
+SMG_FLAGS = ("--routing-key-override",)
 POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 # down after 2 failed checks of 2 s, checked every 2 s; back after one good check; an open circuit (10 failed
 # requests) lets a request through again after 2 s and closes on its success (router default: 60 s, 3)
@@ -46,17 +60,24 @@ HEALTH_FLAGS = ("--health-check-interval-secs", "2", "--health-failure-threshold
                 "--cb-timeout-duration-secs", "2", "--cb-success-threshold", "1")  # fmt: skip
 
 
-def router_missing(binary: Path = ROUTER_BIN) -> str | None:
+def router_missing(router: str = DEFAULT_ROUTER, binary: Path | None = None) -> str | None:
+    if router not in ROUTERS:
+        return f"router must be one of {', '.join(ROUTERS)}, not {router!r}"
+    binary = binary or ROUTERS[router][0]
     if not (binary.is_file() and os.access(binary, os.X_OK)):
-        return f"sglang-router not found at {binary} (run scripts/install_router.sh)"
+        return f"{router} not found at {binary} (run {ROUTERS[router][1]})"
     return None
 
 
-def router_command(port: int, worker_urls: list[str], policy: str, *, binary: Path = ROUTER_BIN,
-                   metrics_port: int | None = None, extra: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
-    """`sglang-router launch` for these workers (what docs/serving.md runs on a cluster, with its host/port)."""
-    cmd = [str(binary), "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *worker_urls,
-           "--policy", policy, *HEALTH_FLAGS, "--log-level", "warn"]  # fmt: skip
+def router_command(port: int, worker_urls: list[str], policy: str, *, router: str = DEFAULT_ROUTER,
+                   binary: Path | None = None, metrics_port: int | None = None,
+                   extra: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
+    """`smg launch` or `sglang-router launch` for these workers (what docs/serving.md runs on a cluster, with its
+    host/port)."""
+    cmd = [str(binary or ROUTERS[router][0]), "launch", "--host", "127.0.0.1", "--port", str(port),
+           "--worker-urls", *worker_urls, "--policy", policy, *HEALTH_FLAGS, "--log-level", "warn"]  # fmt: skip
+    if router == "smg":
+        cmd += SMG_FLAGS
     if (
         metrics_port is not None
     ):  # its Prometheus exporter wants a port of its own (two routers on one machine)
@@ -130,6 +151,7 @@ class Fleet:
     log_dir: Path
     router: subprocess.Popen | None = None
     metrics_port: int | None = None  # the router's Prometheus exporter
+    router_kind: str = DEFAULT_ROUTER
     started_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -156,10 +178,10 @@ class Fleet:
             if pred(view):
                 return view
             if self.router is not None and self.router.poll() is not None:
-                raise TeacherUnavailable(f"sglang-router exited with code {self.router.returncode} "
+                raise TeacherUnavailable(f"{self.router_kind} exited with code {self.router.returncode} "
                                          f"(log: {self.log_dir / 'router.log'})")  # fmt: skip
             if time.monotonic() >= deadline:
-                raise TeacherUnavailable(f"sglang-router at {self.url}: {what} not seen after {timeout:g}s "
+                raise TeacherUnavailable(f"{self.router_kind} at {self.url}: {what} not seen after {timeout:g}s "
                                          f"(workers: {view})")  # fmt: skip
             time.sleep(0.25)
 
@@ -207,10 +229,15 @@ class Fleet:
 
 
 def worker_command(
-    kind: str, port: int, *, spec: LaunchSpec | None = None, sim: dict | None = None
+    kind: str,
+    port: int,
+    *,
+    spec: LaunchSpec | None = None,
+    sim: dict | None = None,
+    served_name: str = "default",
 ) -> list[str]:
-    if kind == "llama-server":
-        return (spec or LaunchSpec()).command(port) + ["--metrics"]
+    if kind == "llama-server":  # the model named as the Teacher asks for it (smg routes by model name)
+        return (spec or LaunchSpec()).command(port) + ["--metrics", "--alias", served_name]
     if kind == "teacher-sim":
         cmd = [sys.executable, "-m", "sftree.cli", "teacher-sim", "--port", str(port)]
         for k, v in (sim or {}).items():
@@ -234,9 +261,10 @@ def _wait_healthy(w: Worker, timeout: float) -> None:
 
 def start_fleet(n: int, log_dir: Path, *, kind: str = "llama-server", policy: str = "cache_aware",
                 spec: LaunchSpec | None = None, sim: dict | None = None, router_port: int | None = None,
-                timeout: float = 180, router_extra: tuple[str, ...] = ()) -> Fleet:  # fmt: skip
+                timeout: float = 180, router_extra: tuple[str, ...] = (),
+                router: str = DEFAULT_ROUTER) -> Fleet:  # fmt: skip
     """Start n workers and the router; return once the router sees every worker healthy (stops all on error)."""
-    missing = router_missing()
+    missing = router_missing(router)
     if missing:
         raise InputError(missing)
     if kind == "llama-server":
@@ -254,8 +282,9 @@ def start_fleet(n: int, log_dir: Path, *, kind: str = "llama-server", policy: st
             Worker(i, kind, port, worker_command(kind, port, spec=spec, sim=sim), log_dir / f"worker{i}.log")
         )
     rport, mport = router_port or free_port(), free_port()
-    cmd = router_command(rport, [w.url for w in workers], policy, metrics_port=mport, extra=router_extra)
-    fleet = Fleet(workers, policy, rport, cmd, log_dir, metrics_port=mport)
+    cmd = router_command(rport, [w.url for w in workers], policy, router=router, metrics_port=mport,
+                         extra=router_extra)  # fmt: skip
+    fleet = Fleet(workers, policy, rport, cmd, log_dir, metrics_port=mport, router_kind=router)
     try:
         for w in workers:
             w.start()
@@ -276,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sftree.teacher.fleet", description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--kind", choices=["llama-server", "teacher-sim"], default="llama-server")
+    p.add_argument("--router", choices=list(ROUTERS), default=DEFAULT_ROUTER)
     p.add_argument("--policy", choices=POLICIES, default="cache_aware")
     p.add_argument("--port", type=int, default=None, help="the router's port (default: a free one)")
     p.add_argument("--model", default=None, help="GGUF for llama-server workers (default: teacher.launch's)")
@@ -284,12 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     spec = LaunchSpec.from_config({"model": args.model} if args.model else {})
     try:
         fleet = start_fleet(args.workers, Path(args.log_dir), kind=args.kind, policy=args.policy, spec=spec,
-                            router_port=args.port)  # fmt: skip
+                            router_port=args.port, router=args.router)  # fmt: skip
     except (InputError, TeacherUnavailable) as exc:
         print(f"fleet: error: {exc}", file=sys.stderr)
         return 2
     with fleet:
-        print(f"fleet: {args.workers} {args.kind} workers behind sglang-router ({args.policy}); "
+        print(f"fleet: {args.workers} {args.kind} workers behind {args.router} ({args.policy}); "
               f"teacher.base_url: {fleet.base_url}", flush=True)  # fmt: skip
         for w in fleet.workers:
             print(f"fleet:   worker {w.index}: {w.url} (pid {w.pid}, log {w.log_path})", flush=True)

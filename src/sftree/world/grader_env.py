@@ -293,6 +293,8 @@ def ensure(spec: TaskSpec, install: CoralInstall | None, log: str | os.PathLike 
             raise InputError(
                 f"{where}: no `uv` (Coral builds grader venvs with it): run scripts/setup.sh, or put uv on PATH"
             )
+        if install is not None and (why := not_buildable(install)):
+            raise InputError(f"{where}: {why}")
         with open(setup_log, "w", encoding="utf-8") as fh:
             fh.write(f"sftree: building the grader venv of {spec.task_dir} (key {key}) with {uv}\n")
             fh.flush()
@@ -313,6 +315,22 @@ def ensure(spec: TaskSpec, install: CoralInstall | None, log: str | os.PathLike 
         _copy_log(setup_log, log)
         _note(log, f"grader venv built: {venv} (key {key}, {secs:.1f} s)\n")
         return GraderVenv(venv, key, True, secs, _roots(venv))
+
+
+def not_buildable(install: CoralInstall) -> str | None:
+    """Why this Coral cannot build a packaged grader's venv, with the fix; None when it can. Coral's
+    `setup_grader_env` installs Coral itself into the venv with `uv pip install -e <the folder holding its
+    package>`: a plain `pip install` leaves that folder site-packages, no Python project, and the build fails
+    with uv's "... does not appear to be a Python project", which says nothing of the cause."""
+    root = Path(install.package).parent
+    if (root / "pyproject.toml").is_file() or (root / "setup.py").is_file():
+        return None
+    return (
+        f"the Coral at {install.package} is not an editable install, and Coral builds a packaged grader's venv "
+        f"by installing itself from the folder holding its package (`uv pip install -e {root}`), which is no "
+        "Python project (no pyproject.toml or setup.py). Fix: install Coral from a clone with `pip install -e "
+        "<clone>` (scripts/install_coral.sh does this), or set coral.python to the interpreter of such a Coral"
+    )
 
 
 def _build_with_coral(spec: TaskSpec, install: CoralInstall, venv: Path, uv: str, fh) -> None:

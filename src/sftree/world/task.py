@@ -24,6 +24,7 @@ import yaml
 
 from sftree.config import REPO_ROOT
 from sftree.errors import InputError
+from sftree.world import run_config
 
 DIRECTIONS = ("maximize", "minimize")
 
@@ -49,6 +50,8 @@ class TaskSpec:
     entrypoint: str = ""
     setup: tuple[str, ...] = ()
     venv_cache: str | None = None  # config `coral.grader_venv_cache` (None: the user cache dir)
+    # `coral_run`'s expanded .coral/config.yaml where it differs from task.yaml (world/run_config.py): one line each
+    run_config_differences: tuple[str, ...] = ()
 
     @property
     def minimize(self) -> bool:
@@ -90,6 +93,11 @@ def load_coral_task(task_dir: str | Path, name: str | None = None, overrides: di
     """Read a Coral task folder (task.yaml, eval/grader.py, seed/) without changing anything in it."""
     task_dir = Path(task_dir).resolve()
     data = read_task_yaml(task_dir)
+    diffs: list[str] = []
+    run_dir = (overrides or {}).get("coral_run")
+    if run_dir and (run_cfg := run_config.read(run_dir)) is not None:
+        data, diffs = run_config.merge(data, run_cfg)  # what the Student ran with wins
+        run_config.report(name or task_dir.name, task_dir, str(run_dir), diffs)
     where = task_dir / "task.yaml"
     title = _field(data, "task.name", str, where)
     description = _field(data, "task.description", str, where)
@@ -143,6 +151,7 @@ def load_coral_task(task_dir: str | Path, name: str | None = None, overrides: di
         entrypoint=entry,
         setup=tuple(setup),
         venv_cache=(overrides.get("coral") or {}).get("grader_venv_cache"),
+        run_config_differences=tuple(diffs),
     )
 
 
