@@ -5,18 +5,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sftree.teacher.fleet import router_command, router_missing
+import pytest
+
+from sftree.teacher.fleet import ROUTERS, router_command, router_missing
 
 
-def test_a_missing_router_is_named_with_its_install_script(tmp_path):
-    why = router_missing(tmp_path / "sglang-router")
-    assert why is not None and str(tmp_path / "sglang-router") in why and "install_router.sh" in why
+@pytest.mark.parametrize("router", sorted(ROUTERS))
+def test_a_missing_router_is_named_with_its_install_script(tmp_path, router):
+    why = router_missing(router, tmp_path / router)
+    assert why is not None and str(tmp_path / router) in why and ROUTERS[router][1] in why
 
 
-def test_router_command_names_its_workers_policy_and_metrics_port():
-    cmd = router_command(8000, ["http://127.0.0.1:1", "http://127.0.0.1:2"], "cache_aware",
-                         binary=Path("/x/sglang-router"), metrics_port=9100)  # fmt: skip
-    assert cmd[:2] == ["/x/sglang-router", "launch"]
+def test_an_unknown_router_is_refused_by_name():
+    assert "'nginx'" in (router_missing("nginx") or "")
+
+
+@pytest.mark.parametrize("router", sorted(ROUTERS))
+def test_router_command_names_its_workers_policy_and_metrics_port(router):
+    cmd = router_command(8000, ["http://127.0.0.1:1", "http://127.0.0.1:2"], "cache_aware", router=router,
+                         binary=Path(f"/x/{router}"), metrics_port=9100)  # fmt: skip
+    assert cmd[:2] == [f"/x/{router}", "launch"]
     i = cmd.index("--worker-urls")
     assert cmd[i + 1 : i + 3] == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
     assert (
