@@ -138,3 +138,54 @@ def test_the_fixture_tree_packs_its_paths_under_the_student(fixture_paths):
         and len(meta["paths"]) == len(records)
     )
     assert json.loads(json.dumps(line)) == line
+
+
+def test_export_and_merge_write_the_tree_form_and_the_card_gives_every_form(fixture_paths, tmp_path):
+    import argparse
+
+    from sftree.dataset import export
+    from sftree.dataset.merge import merge
+    from sftree.errors import InputError
+    from sftree.records.sft import stats_path
+
+    qwen = str(student(QWEN).source)
+    parser = argparse.ArgumentParser()
+    export.add_arguments(parser)
+    out, tree = tmp_path / "t" / "sft.jsonl", tmp_path / "t" / "sft.tree.jsonl"
+    argv = ["--paths", str(fixture_paths), "--out", str(out), "--granularity", "merged", "--student", qwen]
+    argv += ["--student-max-length", "100000", "--tree-out", str(tree)]  # the cap: test_parts_under_a_cap
+    assert export.run(parser.parse_args(argv)) == 0
+    lines = [json.loads(x) for x in tree.read_text().splitlines()]
+    assert len(lines) == 1 and line_problem(lines[0]) is None  # the fixture's two paths, sharing edge e1
+    one = json.loads(stats_path(tree).read_text())["tree"]
+    assert one["parts"] == len(lines) and one["tokens_processed"] == sum(len(x["input_ids"]) for x in lines)
+    assert one["tokens_unsplit"] == one["tokens_processed"] < one["path_tokens_processed"]
+    assert one["tokens_objective"] > one["tokens_trained"]  # e1's trained tokens weigh 2
+    card = tmp_path / "card.md"
+    stats = merge(
+        [str(out)],
+        str(tmp_path / "sft.jsonl"),
+        None,
+        str(card),
+        tree=([str(tree)], str(tmp_path / "sft.tree.jsonl")),
+    )
+    assert (tmp_path / "sft.tree.jsonl").read_text() == tree.read_text()
+    assert stats.tree.to_dict() == one
+    text = card.read_text()
+    assert "## Forms under the Student" in text
+    merged_student = json.loads(stats_path(out).read_text())["student"]
+    for form, processed, trained in (
+        ("step", merged_student["tokens_processed_as_steps"], merged_student["tokens_trained"]),
+        ("merged", merged_student["tokens_processed"], merged_student["tokens_trained"]),
+        ("path", one["path_tokens_processed"], one["tokens_trained"]),
+        ("tree", one["tokens_processed"], one["tokens_trained"]),
+    ):
+        assert f"| {form} | {processed} | {trained} | {processed / trained:.2f} |" in text
+    # the tree form processes fewer tokens per trained token than the merged form
+    assert (
+        one["tokens_processed"] / one["tokens_trained"]
+        < merged_student["tokens_processed"] / merged_student["tokens_trained"]
+    )
+    argv[argv.index("--student") : argv.index("--student") + 4] = []
+    with pytest.raises(InputError, match="needs --student"):
+        export.run(parser.parse_args(argv))

@@ -2,7 +2,8 @@
 a real model, on CPU, in float32 with eager attention (the attention that takes the 4D mask as given).
 
 Usage: python tree_probe.py CONFIG_JSON OUT_JSON, CONFIG = {"model_dir", "gguf", "template", "tree": JSONL,
-"paths": JSONL (the path form's records; each tree line's `metadata.paths[].id` names them)}. Per tree line: the
+"paths": JSONL (the path form's records; each tree line's `metadata.paths[].id` names them), "layers": N (the
+model's first N decoder layers, default 2)}. Per tree line: the
 weighted loss `tree_loss` of the line (one forward) and its gradients on the trained layers, and the path form's
 objective (each path a forward of its own, its trained tokens by `token_labels`, the sum of their losses) and its
 gradients; the same line under a plain causal mask (the 4D mask must matter); then one step of TRL's SFTTrainer with
@@ -26,8 +27,11 @@ from sftree.dataset.trainer_labels import token_labels  # PYTHONPATH=src: standa
 from sftree.dataset.tree_collator import TreeCollator, TreeLossMixin, collate, tree_loss  # torch only
 
 
-def trained_params(model) -> list:
-    """The last decoder layer and the final norm: the layers whose gradients are compared (and trained)."""
+def trained_params(model, layers: int) -> list:
+    """The model cut to its first `layers` decoder layers (the equality holds for any depth; CPU time is what the
+    whole model would cost), the last of them and the final norm trained: the gradients compared."""
+    model.model.layers = model.model.layers[:layers]
+    model.config.num_hidden_layers = layers
     for p in model.parameters():
         p.requires_grad_(False)
     params = [*model.model.layers[-1].parameters(), *model.model.norm.parameters()]
@@ -109,7 +113,7 @@ def main(cfg_file: str, out_file: str) -> None:
         cfg["model_dir"], gguf_file=cfg["gguf"], dtype=torch.float32, attn_implementation="eager"
     )
     model.eval()  # no dropout: the two forms' forwards must be the same function
-    params = trained_params(model)
+    params = trained_params(model, cfg.get("layers", 2))
     note("model loaded")
     records = {}
     for line in open(cfg["paths"]):

@@ -202,8 +202,8 @@ def _student_lines(merged: MergeStats | None) -> list[str]:
 def forms_rows(merged: MergeStats | None) -> list[tuple[str, int, int]]:
     """(form, tokens processed, tokens trained) of each form the export measured under the Student: the step form
     (what the merged form's steps would cost), the form written, and the path and tree forms when the tree form
-    was written (`export.tree_packed`; path: every path's trained tokens, shared ones once per path; tree: each
-    trained token once)."""
+    was written (`export.tree_packed`). Tokens trained: each once (the path form's loss counts a token shared by
+    paths once per path: `TreeStats.objective`)."""
     st = merged.export.student if merged and merged.export else None
     rows = []
     if st is not None and st.trained:
@@ -214,7 +214,8 @@ def forms_rows(merged: MergeStats | None) -> list[tuple[str, int, int]]:
             rows.append((form, st.processed, st.trained))
     tree = merged.tree if merged else None
     if tree is not None and tree.trained:
-        rows += [("path", tree.path_processed, tree.objective), ("tree", tree.processed, tree.trained)]
+        # the path form's distinct trained tokens are the tree's (its loss counts them `objective` times)
+        rows += [("path", tree.path_processed, tree.trained), ("tree", tree.processed, tree.trained)]
     return rows
 
 
@@ -237,7 +238,8 @@ def forms_lines(merged: MergeStats | None) -> list[str]:
             f"Tree form (`sft.tree.jsonl`): {tree.paths} paths in {tree.parts} parts (`export.tree_max_tokens` "
             f"{tree.max_tokens}, longest {tree.longest}); unsplit, the trees would be {tree.unsplit} tokens, so the "
             f"parts repeat {tree.processed - tree.unsplit} for their ancestors; paths dropped: "
-            f"{_counts(tree.dropped)}. Its weights make each part's loss the path form's (docs/outputs.md).",
+            f"{_counts(tree.dropped)}. Its weights make each part's loss the path form's (docs/outputs.md): the "
+            f"{tree.trained} trained tokens weigh {tree.objective} in all, as often as the paths train them.",
         ]
     return lines + [""]
 
