@@ -138,8 +138,9 @@ def main(cfg_file: str, out_file: str) -> None:
             }
         )
         note(f"part {line['metadata']['part']}: path {loss_p:.6f} tree {loss_t:.6f}")
-    result["trl_first_loss"] = trl_step(model, tok, cfg["tree"])
-    note("TRL step")
+    if cfg.get("trl", True):
+        result["trl_first_loss"] = trl_step(model, tok, cfg["tree"])
+        note("TRL step")
     with open(out_file, "w") as f:
         json.dump(result, f)
 
