@@ -102,3 +102,25 @@ def test_tree_form_loss_and_gradients_equal_the_path_forms(tmp_path):
             assert abs(row["causal_loss"] - row["tree_loss"]) > 1e-3 * abs(row["tree_loss"]), row
     first = got["lines"][0]
     assert abs(got["trl_first_loss"] - first["path_loss"] / first["weight"]) <= 1e-3 * first["path_loss"]
+
+
+@pytest.mark.trainer
+def test_tree_collator_batches_and_trains_through_trl(tmp_path):
+    """A small Llama made in the trainer venv (random weights): two parts in one padded batch give the path form's
+    objective of four paths (two sharing a prefix, one a prefix of another, one alone), and TRL's SFTTrainer with
+    `TreeCollator` and `TreeLossMixin` logs the first part's loss over its weight."""
+    py = trainer_python()
+    out = tmp_path / "out.json"
+    env = probe_env(tmp_path) | {"PYTHONPATH": f"{REPO / 'src'}:{REPO / 'tests' / 'trainer'}"}
+    res = subprocess.run(
+        [str(py), str(REPO / "tests" / "trainer" / "tree_tiny.py"), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-4000:]
+    got = json.loads(out.read_text())
+    assert got["parts"] == 2
+    assert abs(got["tree_loss"] - got["path_objective"]) <= 1e-5 * abs(got["path_objective"]), got
+    assert abs(got["trl"] - got["first_mean"]) <= 1e-3 * got["first_mean"], got
