@@ -72,6 +72,10 @@ def test_tree_form_loss_and_gradients_equal_the_path_forms(tmp_path):
     assert stats.parts >= 2 and not stats.dropped and all(line_problem(x) is None for x in lines)
     assert stats.processed < stats.path_processed
     assert any(w > 1 for x in lines for w in x["loss_weight"])  # a token in the loss of two paths
+    # and the whole tree as one line: the two selected paths branch after e1 (a branch point predicts both)
+    whole, _ = pack_records(records, st, 10**6)
+    assert len(whole) == 1 and any(whole[0]["parent"].count(i) > 1 for i in range(len(whole[0]["parent"])))
+    lines += whole
     files = {"tree": tmp_path / "sft.tree.jsonl", "paths": tmp_path / "sft.path.jsonl"}
     files["tree"].write_text("".join(json.dumps(x) + "\n" for x in lines))
     files["paths"].write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -98,7 +102,8 @@ def test_tree_form_loss_and_gradients_equal_the_path_forms(tmp_path):
         assert row["weight"] == sum(tokens[p["id"]].n_trained for p in paths) > 0
         assert abs(row["tree_loss"] - row["path_loss"]) <= 1e-4 * abs(row["path_loss"]), row
         assert row["grad_rel_diff"] <= 1e-4 and row["grad_norm"] > 0, row
-        if len(paths) > 1:  # a branch: under a causal mask one branch would see the other
+        if any(line["parent"].count(i) > 1 for i in range(len(line["parent"]))):
+            # a branch: under a plain causal mask the second branch would see the first
             assert abs(row["causal_loss"] - row["tree_loss"]) > 1e-3 * abs(row["tree_loss"]), row
     first = got["lines"][0]
     assert abs(got["trl_first_loss"] - first["path_loss"] / first["weight"]) <= 1e-3 * first["path_loss"]
