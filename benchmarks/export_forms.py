@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""Tokens a trainer processes per trained token, step form against merged form, under a Student.
+"""Tokens a trainer processes per trained token, form by form (step, merged, path, tree), under a Student.
 
     PYTHONPATH=src python3 benchmarks/export_forms.py [--results results] [--student GGUF_OR_HF_FOLDER]
                                                       [--chat-template FILE] [--steps 120] [--json OUT]
 
-Exports every task's selected paths (`results/<task>/trees/*/paths.json`, e.g. the demo's) in both forms under the
+Exports every task's selected paths (`results/<task>/trees/*/paths.json`, e.g. the demo's) in each form under the
 Student (default: Qwen2.5-Coder-0.5B's GGUF from scripts/install_llm_server.sh --models-only) and prints records,
-tokens processed (whole rendered records), tokens trained and their ratio per form. Then the same for one long
-session made here: `--steps` model calls in two rollout turns, on OpenCode's own system prompt and tools (taken
-from the first record of the results, when there is one), each call reading a file of about 1.5 kB. Both forms
-train the same tokens (tests/test_export_merged.py); only what is processed differs.
+tokens processed (whole rendered records; the tree form: its lines), tokens trained and their ratio per form. Then
+the same for one long session made here: `--steps` model calls in two rollout turns, on OpenCode's own system
+prompt and tools (taken from the first record of the results, when there is one), each call reading a file of about
+1.5 kB. The step and merged forms train the same tokens (tests/test_export_merged.py); the path form's loss takes a
+shared edge once per path through it (`objective`: its trained tokens counted so; `trained`: each token once, the
+tree form's), the tree form each token once with that count as its weight. Then `simulated_sweep`: the four forms' figures, counted from the shape alone, on full
+trees of sessions (branching x depth edges of `steps` model calls each) on OpenCode's ~7k-token context.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 from sftree.dataset.export import export_task
 from sftree.dataset.select_paths import select_paths
 from sftree.dataset.student import load_student
+from sftree.dataset.tree_packed import pack_records
 from sftree.fileio import write_json_atomic
 from sftree.records.sft import iter_records
 
@@ -41,9 +45,9 @@ def default_student() -> str:
     return found[0]
 
 
-def figures(paths_files: list[str], st) -> dict:
+def figures(paths_files: list[str], st, cap: int = 10**7) -> dict:
     out = {}
-    for form in ("step", "merged"):
+    for form in ("step", "merged", "path"):
         records, stats = export_task(paths_files, form, student=st)
         s = stats.student
         out[form] = {
@@ -54,7 +58,61 @@ def figures(paths_files: list[str], st) -> dict:
             "longest": s.longest,
         }
     out["merged_fraction"] = round(out["merged"]["processed"] / out["step"]["processed"], 4)
+    records, _ = export_task(paths_files, "path", student=st)
+    lines, t = pack_records(records, st, cap)
+    path = out["path"]  # its loss counts a shared token once per path: each counted once, as the tree's
+    path.update(objective=path["trained"], trained=t.trained, ratio=round(path["processed"] / t.trained, 1))
+    out["tree"] = {
+        "records": len(lines),
+        "processed": t.processed,
+        "trained": t.trained,
+        "ratio": round(t.processed / t.trained, 1) if t.trained else None,
+        "longest": t.longest,
+        "objective": t.objective,
+        "unsplit": t.unsplit,
+    }
     return out
+
+
+def simulated(branching: int, depth: int, steps: int, system=7000, completion=60, result=400) -> dict:
+    """The four forms on a full tree of `branching`**`depth` selected paths, each edge a session continued from its
+    parent of `steps` model calls (`completion` trained tokens, then a tool result of `result` tokens), on a context
+    of `system` tokens; each form as the export writes it (step: each edge once; merged: a run per path's edges not
+    yet written, ending on its last trained message; path: every path whole; tree: each distinct prefix once)."""
+    per_step = completion + result
+    edge = steps * per_step
+    paths = [
+        tuple(divmod(i, branching**k)[0] % branching for k in range(depth)) for i in range(branching**depth)
+    ]
+    written: set = set()
+    step_p = merged_p = 0
+    for p in paths:
+        new = [k for k in range(depth) if p[: k + 1] not in written]
+        written.update(p[: k + 1] for k in new)
+        for k in new:
+            step_p += sum(system + k * edge + j * per_step + completion for j in range(steps))
+        if new:
+            merged_p += system + (depth * edge) - result
+    distinct = len(written)
+    trained = distinct * steps * completion
+    n = len(paths)
+    forms = {
+        "step": (step_p, trained),
+        "merged": (merged_p, trained),
+        "path": (n * (system + depth * edge), trained),  # its loss counts them n*depth*steps*completion times
+        "tree": (system + distinct * edge, trained),
+    }
+    return {f: {"processed": p, "trained": t, "ratio": round(p / t, 2)} for f, (p, t) in forms.items()}
+
+
+def simulated_sweep() -> list[dict]:
+    rows = []
+    for branching, depth in ((2, 2), (2, 3), (3, 2), (2, 4), (3, 3)):
+        for steps in (5, 20):
+            rows.append(
+                {"branching": branching, "depth": depth, "steps": steps} | simulated(branching, depth, steps)
+            )
+    return rows
 
 
 def long_session(base: Path, steps: int, context: tuple[list, list]) -> str:
@@ -132,6 +190,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         pf = long_session(Path(tmp) / "results", args.steps, opencode_context(results))
         report[f"long_session_{args.steps}_steps"] = figures([pf], st)
+    report["simulated"] = simulated_sweep()
     print(json.dumps(report, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

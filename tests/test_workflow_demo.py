@@ -182,3 +182,44 @@ def test_demo_workflow_end_to_end(demo):
     assert res.returncode == 0 and set(rules_run(res)) == {"select_roots"}, rules_run(res)
     res = snakemake(tmp_path, "-n")
     assert res.returncode == 0 and "Nothing to be done" in res.stdout + res.stderr, res.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_demo_tree_form(demo, tmp_path):
+    """The demo with `export.tree_packed: true` under a Student (Qwen2.5-Coder's GGUF) and the merged form: export_sft
+    and merge_sft rerun and write `sft.tree.jsonl` per task and merged, every line a well-formed tree in which no
+    prefix is processed twice, its weights the path form's trained tokens; the tree form processes fewer tokens per
+    trained token than the merged form, and the card gives every form's figures."""
+    from sftree.dataset.tree_packed import line_problem
+
+    qwen = model(QWEN)
+    work, _, res = demo
+    assert res.returncode == 0, res.stderr[-4000:]
+    copy = tmp_path / "demo"
+    shutil.copytree(work, copy, ignore=shutil.ignore_patterns(".snakemake"))
+    config = yaml.safe_load((copy / "config.yaml").read_text())
+    config["export"] |= {"tree_packed": True, "granularity": "merged"}
+    config["export"]["student"] = {"path": str(qwen), "max_length": 100000}
+    (copy / "config.yaml").write_text(yaml.safe_dump(config))
+    res = snakemake(copy)
+    assert res.returncode == 0, res.stderr[-4000:]
+    results = copy / "results"
+    lines = [json.loads(x) for x in (results / "sft.tree.jsonl").read_text().splitlines()]
+    per_task = [
+        x
+        for t in ("circle_packing", "tsp")
+        for x in (results / t / "sft.tree.jsonl").read_text().splitlines()
+    ]
+    assert lines and len(per_task) == len(lines)
+    assert all(line_problem(x) is None for x in lines)
+    tree = json.loads((results / "sft.tree.stats.json").read_text())["tree"]
+    student = json.loads((results / "sft.stats.json").read_text())["student"]
+    assert tree["tokens_objective"] == sum(sum(x["loss_weight"]) for x in lines) >= tree["tokens_trained"] > 0
+    tree_ratio = tree["tokens_processed"] / tree["tokens_trained"]
+    assert tree_ratio < student["tokens_processed"] / student["tokens_trained"]
+    card = (results / "dataset_card.md").read_text()
+    for form in ("step", "merged", "path", "tree"):
+        assert f"| {form} | " in card.split("## Forms under the Student")[1]
+    print(
+        f"demo tree form: {json.dumps(tree)}; merged {student['tokens_processed']}/{student['tokens_trained']}"
+    )

@@ -166,6 +166,26 @@ def config_args():
     return f"--config {EFFECTIVE_CONFIG}"
 
 
+TREE_PACKED = bool(config["export"].get("tree_packed"))
+
+
+def tree_outputs(folder):
+    """The tree form's file and stats in `folder` (`export.tree_packed`; none when it is off)."""
+    if not TREE_PACKED:
+        return {}
+    return {
+        "tree": f"{folder}/sft.tree.jsonl",
+        "tree_stats": f"{folder}/sft.tree.stats.json",
+    }
+
+
+def tree_args(output):
+    """export_sft's options for the tree form (empty when `export.tree_packed` is off)."""
+    if not TREE_PACKED:
+        return ""
+    return f"--tree-out {output.tree} --tree-max-tokens {int(config['export']['tree_max_tokens'])}"
+
+
 def student_args(student):
     """export_sft's options for `export.student` (empty when not set: the export is not measured)."""
     if not student:

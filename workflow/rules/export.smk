@@ -2,6 +2,7 @@ rule export_sft:
     input:
         paths=task_paths_files,
     output:
+        **tree_outputs(f"{RESULTS}/{{task}}"),
         sft=f"{RESULTS}/{{task}}/sft.jsonl",
         stats=f"{RESULTS}/{{task}}/sft.stats.json",
     log:
@@ -12,9 +13,10 @@ rule export_sft:
         granularity=config["export"]["granularity"],
         refuse="--refuse-native" if config["export"]["refuse_native"] else "",
         student=student_args(config["export"].get("student")),
+        tree=lambda wc, output: tree_args(output),
     shell:
         "sftree export-sft --paths {input.paths} --out {output.sft}"
-        " --granularity {params.granularity} {params.refuse} {params.student} > {log} 2>&1"
+        " --granularity {params.granularity} {params.refuse} {params.student} {params.tree} > {log} 2>&1"
 
 
 rule merge_sft:
@@ -22,7 +24,13 @@ rule merge_sft:
         sft=expand(f"{RESULTS}/{{task}}/sft.jsonl", task=TASKS),
         stats=expand(f"{RESULTS}/{{task}}/sft.stats.json", task=TASKS),
         paths=all_paths_files,
+        tree=(
+            expand(f"{RESULTS}/{{task}}/sft.tree.jsonl", task=TASKS)
+            if TREE_PACKED
+            else []
+        ),
     output:
+        **tree_outputs(RESULTS),
         sft=f"{RESULTS}/sft.jsonl",
         stats=f"{RESULTS}/sft.stats.json",
         figures=f"{RESULTS}/sft.figures.json",
@@ -36,7 +44,12 @@ rule merge_sft:
     params:
         dedupe="--dedupe" if config["export"]["dedupe"] else "",
         results=lambda wc, output: os.path.dirname(output.sft),
+        tree=lambda wc, input, output: (
+            f"--tree-inputs {' '.join(input.tree)} --tree-out {output.tree}"
+            if TREE_PACKED
+            else ""
+        ),
     shell:
         "sftree merge-sft {input.sft} --out {output.sft} --dataset-info {output.info}"
         " --card {output.card} --llamafactory-out {output.llamafactory}"
-        " --results {params.results} {params.dedupe} > {log} 2>&1"
+        " --results {params.results} {params.dedupe} {params.tree} > {log} 2>&1"

@@ -201,6 +201,51 @@ def _student_lines(merged: MergeStats | None) -> list[str]:
     return lines
 
 
+def forms_rows(merged: MergeStats | None) -> list[tuple[str, int, int]]:
+    """(form, tokens processed, tokens trained) of each form the export measured under the Student: the step form
+    (what the merged form's steps would cost), the form written, and the path and tree forms when the tree form
+    was written (`export.tree_packed`). Tokens trained: each once (the path form's loss counts a token shared by
+    paths once per path: `TreeStats.objective`)."""
+    st = merged.export.student if merged and merged.export else None
+    rows = []
+    if st is not None and st.trained:
+        form = merged.export.granularity or "step"
+        if form == "merged" and st.as_steps:
+            rows.append(("step", st.as_steps, st.trained))
+        if form != "path" or merged.tree is None:
+            rows.append((form, st.processed, st.trained))
+    tree = merged.tree if merged else None
+    if tree is not None and tree.trained:
+        # the path form's distinct trained tokens are the tree's (its loss counts them `objective` times)
+        rows += [("path", tree.path_processed, tree.trained), ("tree", tree.processed, tree.trained)]
+    return rows
+
+
+def forms_lines(merged: MergeStats | None) -> list[str]:
+    """Card section: tokens processed per trained token, form by form (docs/benchmarks.md)."""
+    rows = forms_rows(merged)
+    if len(rows) < 2:
+        return []
+    lines = [
+        "## Forms under the Student",
+        "",
+        "| form | tokens processed | tokens trained | processed per trained token |",
+        "|---|---:|---:|---:|",
+    ]
+    lines += [f"| {f} | {p} | {t} | {p / t:.2f} |" for f, p, t in rows]
+    tree = merged.tree
+    if tree is not None and tree.parts:
+        lines += [
+            "",
+            f"Tree form (`sft.tree.jsonl`): {tree.paths} paths in {tree.parts} parts (`export.tree_max_tokens` "
+            f"{tree.max_tokens}, longest {tree.longest}); unsplit, the trees would be {tree.unsplit} tokens, so the "
+            f"parts repeat {tree.processed - tree.unsplit} for their ancestors; paths dropped: "
+            f"{_counts(tree.dropped)}. Its weights make each part's loss the path form's (docs/outputs.md): the "
+            f"{tree.trained} trained tokens weigh {tree.objective} in all, as often as the paths train them.",
+        ]
+    return lines + [""]
+
+
 STEP_FORM = (
     "Each line is `{prompt, completion, tools, metadata}` (TRL's conversational prompt-completion form): "
     "`completion` is the one assistant message the record trains, `prompt` every message before it."
@@ -250,6 +295,7 @@ def card_text(
         lines += _trust_lines(trust)
     lines += _untrained_lines(merged, fig.history_excluded, step)
     lines += _student_lines(merged)
+    lines += forms_lines(merged)
     lines += _count_lines(fig)
     lines += _gain_lines(fig)
     if fig.malformed:

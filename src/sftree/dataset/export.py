@@ -59,6 +59,7 @@ from sftree.dataset.messages import (
 )
 from sftree.dataset.stats import ExportStats
 from sftree.dataset.student import Measure, Student, StudentStats, load_student, measure
+from sftree.dataset.tree_packed import pack_records
 from sftree.errors import InputError
 from sftree.progress import Progress
 from sftree.records import steplog
@@ -510,6 +511,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--student-chat-template", help="with --student: a Jinja file replacing its own template"
     )
+    parser.add_argument(
+        "--tree-out",
+        help="with --student: also write the tree form here (export.tree_packed; dataset/tree_packed.py)",
+    )
+    parser.add_argument(
+        "--tree-max-tokens",
+        type=int,
+        default=32768,
+        help="the tree form's cap on a part (export.tree_max_tokens)",
+    )
+
+
+def write_tree_form(args: argparse.Namespace, student: Student | None) -> None:
+    """The tree form (`--tree-out`): the path form's records, under the Student, packed as prefix trees; its
+    figures (`TreeStats`) beside it."""
+    if student is None:
+        raise InputError(
+            "--tree-out (export.tree_packed) needs --student (export.student): the tree is of tokens"
+        )
+    if args.tree_max_tokens < 1:
+        raise InputError(f"--tree-max-tokens (export.tree_max_tokens) {args.tree_max_tokens}: not positive")
+    records = iter_task_records(args.paths, "path", ExportStats(), args.refuse_native, student)
+    lines, tree_stats = pack_records(
+        records, student, args.tree_max_tokens
+    )  # one path's tokens held at a time
+    with record_writer(args.tree_out) as out:
+        for line in lines:
+            out.write(line)
+    write_stats(args.tree_out, {"version": 1, "tree": tree_stats.to_dict()})
+    log.info("tree form: %d paths in %d parts -> %s", tree_stats.paths, len(lines), args.tree_out)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -524,6 +555,8 @@ def run(args: argparse.Namespace) -> int:
         for rec in iter_task_records(args.paths, args.granularity, stats, args.refuse_native, student):
             out.write(rec)
     write_stats(args.out, stats.to_dict())
+    if args.tree_out:
+        write_tree_form(args, student)
     log.info(
         "%d records (%s) from %d selected paths in %d trees -> %s; ill-formed steps never trained %s; "
         "skipped %s; refused %s; malformed arguments in histories %d",

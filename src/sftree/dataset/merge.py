@@ -18,6 +18,7 @@ from sftree.dataset.card import card_text
 from sftree.dataset.figures import DatasetFigures
 from sftree.dataset.llamafactory import dataset_info, llamafactory_record, turn_boundaries
 from sftree.dataset.stats import ExportStats, MergeStats
+from sftree.dataset.tree_packed import merge_tree_files
 from sftree.errors import InputError
 from sftree.fileio import write_json_atomic, write_text_atomic
 from sftree.progress import Progress
@@ -44,14 +45,18 @@ def merge(
     llamafactory: str | None = None,
     dedupe: bool = False,
     results: str | None = None,
+    tree: tuple[list[str], str] | None = None,
 ) -> MergeStats:
     """Concatenate per-task files (streaming), write the LLaMA-Factory copy, dataset_info.json and the card.
 
     Exact-duplicate targets (`target_key`) are counted; with `dedupe` all but the first are left out. The inputs'
     stats files (`stats_path`) are summed into the merged one beside `out`, with the merge's own counts; the
-    figures of the records written (dataset/figures.py) go beside it too, for the card and the report.
+    figures of the records written (dataset/figures.py) go beside it too, for the card and the report. `tree`: (the
+    tasks' tree-form files, the merged one to write: dataset/tree_packed.py), its figures in the card.
     """
     stats = MergeStats()
+    if tree:
+        stats.tree = merge_tree_files(*tree)
     stats.export = _summed_stats(inputs, stats.missing_stats)
     figures = _write_records(inputs, out, llamafactory, dedupe, stats)
     write_stats(out, _stats_doc(stats, len(inputs)))
@@ -159,6 +164,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="leave out records whose target duplicates an earlier one",
     )
+    parser.add_argument("--tree-inputs", nargs="+", help="the tasks' tree-form files (export.tree_packed)")
+    parser.add_argument("--tree-out", help="with --tree-inputs: the merged tree-form file to write")
     parser.add_argument(
         "--results",
         help="the results folder, for the card's gains, skipped snapshots and sandbox",
@@ -166,7 +173,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    missing = [f for f in args.inputs if not Path(f).is_file()]
+    if bool(args.tree_inputs) != bool(args.tree_out):
+        raise InputError("--tree-inputs and --tree-out go together")
+    missing = [f for f in [*args.inputs, *(args.tree_inputs or [])] if not Path(f).is_file()]
     if missing:
         raise InputError(f"SFT files to merge not found: {', '.join(missing)}")
     merge(
@@ -177,5 +186,6 @@ def run(args: argparse.Namespace) -> int:
         args.llamafactory_out,
         dedupe=args.dedupe,
         results=args.results,
+        tree=(args.tree_inputs, args.tree_out) if args.tree_inputs else None,
     )
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from sftree.dataset.student import StudentStats
 from sftree.errors import InputError
@@ -112,3 +113,4 @@ class MergeStats:
     # merged-form records left out of the LLaMA-Factory copy: its converter would train every assistant turn of
     # them, the context's too (they train through `tokenized_path`: docs/outputs.md)
     llamafactory_left_out: int = 0
+    tree: Any = None  # the tree form's figures, summed (dataset.tree_packed.TreeStats; None: not written)

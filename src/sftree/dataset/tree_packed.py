@@ -1,0 +1,275 @@
+"""The tree form (`export.tree_packed`): the selected paths of one task packed as prefix trees of tokens, so that
+every prefix the paths share (OpenCode's system prompt and tools, the root session, the first edges) is processed
+once, with loss weights that make the objective exactly the path form's (docs/outputs.md, "The tree form").
+
+Each path is the path form's record (`export.granularity: path`: the whole session, every assistant turn trained),
+rendered and tokenized with the Student (`path_tokens`). The paths of a task are sorted by their token ids and
+inserted into a trie over token ids; the trie is written depth-first, one line per part:
+
+- `input_ids`: the trie's tokens in depth-first order (a parent always before its children);
+- `parent`: the index in the line of the token before it on its branch, -1 for a branch's first token;
+- `position_ids`: the token's position in its own path (its depth);
+- `loss_weight`: the number of the part's paths in which that token is trained (0: context only).
+
+**Sharing rule**: a trie node is shared by every path whose tokens up to it are the same ids, whatever each path
+trains; a token's prediction depends only on the ids before it on its branch, so its loss is the same in every
+path through it, and its weight counts the paths that train it. Hence no two tokens of a line have the same parent
+and the same id.
+
+**Objective**: the path form's, the sum over paths of the sum of each path's trained-token losses,
+`L = sum_p sum_{t trained in p} -log P(t | p before t)`; a line's `sum_i w_i * -log P(id_i | ancestors of i)` is
+exactly the `L` of the paths it holds (each token's loss taken from its parent's logits). Divided by `sum_i w_i`
+(the paths' trained tokens) it is the token-mean loss a trainer (TRL, transformers) takes over a batch holding
+those paths.
+
+**Parts** (`export.tree_max_tokens`): the paths, sorted by their ids, fill a part in that order until the next one
+would pass the cap (a path costs its tokens after the longest prefix it shares with the part's previous path), then
+open the next part; each part carries every ancestor its paths need. Neighbours in that order share the longest
+prefixes, so a cut loses only the prefix the next part repeats (the card and docs/benchmarks.md give the reuse). A
+path longer than the cap alone is dropped and counted (`too_long`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from sftree.dataset.student import Student, StudentError, ids, render_turn
+from sftree.dataset.trainer_labels import trained_indices
+
+DROP_TOO_LONG = "too_long"
+
+
+@dataclass(frozen=True)
+class PathTokens:
+    """One path under the Student: its token ids, which of them are trained, and where it comes from."""
+
+    ids: tuple[int, ...]
+    trained: tuple[bool, ...]
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def n_trained(self) -> int:
+        return sum(self.trained)
+
+
+def path_tokens(student: Student, rec: dict) -> PathTokens:
+    """The path record's token ids (the whole record rendered with the Student's template, as the path form is
+    rendered) and its trained tokens (each assistant turn's, by TRL's prompt-completion rule: `render_turn`). The
+    one place the tree form tokenizes: a template that renders a turn differently once later turns follow raises
+    StudentError (that turn's context would not be the one it is trained in)."""
+    messages, trained_at = trained_indices(rec)
+    tools = rec.get("tools") or []
+    rid = (rec.get("metadata") or {}).get("id", "?")
+    full = ids(student, student.render(messages, tools, generation=False))
+    mask = [False] * len(full)
+    for k in trained_at:
+        turn = render_turn(student, messages[:k], messages[k], tools, rid)
+        if full[: len(turn.whole)] != turn.whole:
+            raise StudentError(
+                f"chat template {student.template_name}: record {rid}: message {k} and its context render "
+                "differently once later messages follow; the tree form needs each path's turns as it trains them"
+            )
+        for i in range(turn.start, len(turn.whole)):
+            mask[i] = True
+    meta = rec.get("metadata") or {}
+    keep = ("id", "task", "root", "path_ranks", "path_edges", "leaf")
+    return PathTokens(tuple(full), tuple(mask), {k: meta.get(k) for k in keep})
+
+
+def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    return len(os.path.commonprefix([a, b]))
+
+
+def split_parts(paths: list[PathTokens], cap: int) -> tuple[list[list[PathTokens]], list[PathTokens]]:
+    """(the parts: the paths in sorted order, cut where the next path would take a part past `cap` tokens; the
+    paths longer than `cap` alone, left out). A sorted path shares its longest prefix with its predecessor, so
+    `len - common_prefix(previous)` is exactly what it adds to the part's trie."""
+    parts: list[list[PathTokens]] = []
+    too_long: list[PathTokens] = []
+    size = 0
+    for p in sorted(paths, key=lambda p: p.ids):
+        if len(p.ids) > cap:
+            too_long.append(p)
+            continue
+        cost = len(p.ids) - (common_prefix(parts[-1][-1].ids, p.ids) if parts else 0)
+        if not parts or size + cost > cap:
+            parts.append([p])
+            size = len(p.ids)
+        else:
+            parts[-1].append(p)
+            size += cost
+    return parts, too_long
+
+
+@dataclass
+class PackedTree:
+    """One part's trie, depth-first: `input_ids`, `parent`, `position_ids`, `loss_weight` (docs/outputs.md)."""
+
+    input_ids: list[int] = field(default_factory=list)
+    parent: list[int] = field(default_factory=list)
+    position_ids: list[int] = field(default_factory=list)
+    loss_weight: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, paths: Iterable[PathTokens]) -> PackedTree:
+        """The trie of `paths` (inserted in sorted order, so that creation order is a depth-first order)."""
+        tree = cls()
+        children: dict[tuple[int, int], int] = {}  # (parent index, token id) -> index
+        for p in sorted(paths, key=lambda p: p.ids):
+            at = -1
+            for depth, (tok, trained) in enumerate(zip(p.ids, p.trained, strict=True)):
+                node = children.get((at, tok))
+                if node is None:
+                    node = children[(at, tok)] = len(tree.input_ids)
+                    tree.input_ids.append(tok)
+                    tree.parent.append(at)
+                    tree.position_ids.append(depth)
+                    tree.loss_weight.append(0)
+                tree.loss_weight[node] += trained and depth > 0  # the first token is never predicted
+                at = node
+        return tree
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class TreeStats:
+    """The tree form's figures (`sft.tree.stats.json`, summed at merge; the card's forms table)."""
+
+    paths: int = 0  # path records packed
+    parts: int = 0  # lines written
+    processed: int = 0  # tokens of all lines: what a trainer processes
+    trained: int = 0  # tokens with a weight > 0 (each trained once)
+    objective: int = 0  # sum of weights: the path form's trained tokens
+    path_processed: int = 0  # tokens of the path records: what the path form processes
+    unsplit: int = 0  # tokens of each task's whole trie, as if no part were cut (the reuse lost to parts)
+    longest: int = 0  # the longest part
+    max_tokens: int = 0  # the cap (`export.tree_max_tokens`)
+    dropped: dict = field(default_factory=dict)  # paths left out, by reason
+
+    def to_dict(self) -> dict:
+        return {
+            "paths": self.paths,
+            "parts": self.parts,
+            "tokens_processed": self.processed,
+            "tokens_trained": self.trained,
+            "tokens_objective": self.objective,
+            "path_tokens_processed": self.path_processed,
+            "tokens_unsplit": self.unsplit,
+            "longest": self.longest,
+            "max_tokens": self.max_tokens,
+            "dropped": dict(sorted(self.dropped.items())),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TreeStats:
+        keys = ("paths", "parts", "tokens_processed", "tokens_trained", "tokens_objective")
+        keys += ("path_tokens_processed", "tokens_unsplit", "longest", "max_tokens")
+        return cls(
+            *(int(d.get(k) or 0) for k in keys), {k: int(v) for k, v in (d.get("dropped") or {}).items()}
+        )
+
+    def add(self, o: TreeStats) -> None:
+        for k in ("paths", "parts", "processed", "trained", "objective", "path_processed", "unsplit"):
+            setattr(self, k, getattr(self, k) + getattr(o, k))
+        self.longest, self.max_tokens = max(self.longest, o.longest), max(self.max_tokens, o.max_tokens)
+        for k, v in o.dropped.items():
+            self.dropped[k] = self.dropped.get(k, 0) + v
+
+
+def _part_meta(task: str | None, part: list[PathTokens], number: int, parts: int) -> dict:
+    roots = sorted({str(p.meta.get("root")) for p in part})
+    edges = sorted({f"{p.meta.get('root')}/{e}" for p in part for e in p.meta.get("path_edges") or []})
+    paths = [
+        {
+            "id": p.meta.get("id"),
+            "root": p.meta.get("root"),
+            "path_ranks": p.meta.get("path_ranks"),
+            "edges": p.meta.get("path_edges"),
+            "tokens": len(p.ids),
+            "trained": p.n_trained,
+        }
+        for p in part
+    ]
+    return {"task": task, "roots": roots, "paths": paths, "edges": edges, "part": number, "parts": parts}
+
+
+def pack_paths(paths: list[PathTokens], cap: int, task: str | None) -> tuple[list[dict], TreeStats]:
+    """The lines of one task's tree form and their figures."""
+    stats = TreeStats(paths=len(paths), max_tokens=cap)
+    stats.path_processed = sum(len(p.ids) for p in paths)
+    parts, too_long = split_parts(paths, cap)
+    if too_long:
+        stats.dropped[DROP_TOO_LONG] = len(too_long)
+    stats.unsplit = len(PackedTree.of(p for part in parts for p in part))
+    lines = []
+    for n, part in enumerate(parts, 1):
+        tree = PackedTree.of(part)
+        lines.append(
+            {
+                "input_ids": tree.input_ids,
+                "position_ids": tree.position_ids,
+                "parent": tree.parent,
+                "loss_weight": tree.loss_weight,
+                "metadata": _part_meta(task, part, n, len(parts)),
+            }
+        )
+        stats.parts += 1
+        stats.processed += len(tree)
+        stats.trained += sum(w > 0 for w in tree.loss_weight)
+        stats.objective += sum(tree.loss_weight)
+        stats.longest = max(stats.longest, len(tree))
+    return lines, stats
+
+
+def pack_records(records: Iterable[dict], student: Student, cap: int) -> tuple[list[dict], TreeStats]:
+    """One task's path records (the path form's) -> the tree form's lines and figures."""
+    paths = [path_tokens(student, r) for r in records]
+    return pack_paths(paths, cap, next((p.meta.get("task") for p in paths), None))
+
+
+def line_problem(line: dict) -> str | None:
+    """The first way a tree-form line breaks the format (docs/outputs.md), or None: the consumer's checks."""
+    keys = ("input_ids", "parent", "position_ids", "loss_weight")
+    if not isinstance(line, dict) or any(not isinstance(line.get(k), list) for k in keys):
+        return f"not an object with the lists {', '.join(keys)}"
+    n = len(line["input_ids"])
+    if any(len(line[k]) != n for k in keys):
+        return "lists of different lengths"
+    seen = set()
+    for i, (tok, par, pos, w) in enumerate(zip(*(line[k] for k in keys), strict=True)):
+        if not (isinstance(par, int) and -1 <= par < i):
+            return f"token {i}: parent {par!r} is not an earlier token or -1"
+        if pos != (0 if par < 0 else line["position_ids"][par] + 1):
+            return f"token {i}: position {pos!r} is not its parent's + 1"
+        if (par, tok) in seen:
+            return f"token {i}: a second child of {par} with id {tok} (a prefix processed twice)"
+        if not isinstance(w, int) or w < 0 or (par < 0 and w):
+            return f"token {i}: loss weight {w!r} (a branch's first token is never predicted)"
+        seen.add((par, tok))
+    return None
+
+
+# --- files ----------------------------------------------------------------------------------------------
+
+
+def merge_tree_files(inputs: list[str], out: str) -> TreeStats:
+    """Concatenate the tasks' tree-form files into `out` (each line checked: `line_problem`), their figures summed
+    beside it (`sft.tree.stats.json`)."""
+    from sftree.errors import InputError
+    from sftree.records.sft import iter_records, read_stats, record_writer, stats_path, write_stats
+
+    total = TreeStats()
+    with record_writer(out) as w:
+        for f in inputs:
+            for n, line in enumerate(iter_records(f), 1):
+                problem = line_problem(line)
+                if problem:
+                    raise InputError(f"tree-form file {f} line {n}: {problem}")
+                w.write(line)
+            total.add(TreeStats.from_dict(read_stats(stats_path(f)).get("tree") or {}))
+    write_stats(out, {"version": 1, "tree": total.to_dict()})
+    return total
