@@ -12,9 +12,11 @@ rule export_sft:
         granularity=config["export"]["granularity"],
         refuse="--refuse-native" if config["export"]["refuse_native"] else "",
         student=student_args(config["export"].get("student")),
+        text=f"--special-text {config['export']['special_text']}"
+        + (" --pretokenized" if config["export"]["pretokenized"] else ""),
     shell:
         "sftree export-sft --paths {input.paths} --out {output.sft}"
-        " --granularity {params.granularity} {params.refuse} {params.student} > {log} 2>&1"
+        " --granularity {params.granularity} {params.refuse} {params.student} {params.text} > {log} 2>&1"
 
 
 rule merge_sft:

@@ -111,11 +111,18 @@ class SpecialText:
     def find(self, text: str) -> list[str]:
         return self.pattern.findall(text) if self.pattern and text else []
 
-    def hits(self, rec: dict) -> Counter:
-        """(role, string) -> occurrences in the record's data (`data_strings`)."""
+    def hits(self, rec: dict, cache: dict | None = None) -> Counter:
+        """(role, string) -> occurrences in the record's data (`data_strings`). `cache`: what was found per string
+        (a session's messages repeat in every later record of it)."""
         out: Counter = Counter()
         for role, text in data_strings(rec):
-            for s in self.find(text):
+            if cache is None:
+                found = self.find(text)
+            else:
+                found = cache.get(text)
+                if found is None:
+                    found = cache[text] = self.find(text)
+            for s in found:
                 out[(role, s)] += 1
         return out
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from sftree.dataset.special_text import SpecialTextStats
 from sftree.dataset.student import StudentStats
 from sftree.errors import InputError
 from sftree.records.sft import EXCLUSION_REASONS, STATS_VERSION
@@ -30,6 +31,10 @@ class ExportStats:
     refuse_native: bool = False
     tasks: list = field(default_factory=list)
     student: StudentStats | None = None  # the figures under `export.student`; None: not measured
+    special_text: SpecialTextStats | None = (
+        None  # records holding control-token text (dataset/special_text.py)
+    )
+    pretokenized: bool = False  # records carry `input_ids` and `completion_mask` (dataset/pretokenize.py)
 
     def to_dict(self) -> dict:
         return {
@@ -48,6 +53,8 @@ class ExportStats:
             "malformed_arguments": self.malformed_arguments,
             "tampered": self.tampered,
             "student": self.student.to_dict() if self.student else None,
+            "special_text": self.special_text.to_dict() if self.special_text else None,
+            "pretokenized": self.pretokenized,
         }
 
     @classmethod
@@ -68,6 +75,8 @@ class ExportStats:
             refuse_native=bool(d.get("refuse_native")),
             tasks=list(d.get("tasks") or []),
             student=StudentStats.from_dict(d["student"]) if isinstance(d.get("student"), dict) else None,
+            special_text=SpecialTextStats.from_dict(d.get("special_text")),
+            pretokenized=bool(d.get("pretokenized")),
         )
 
     def add(self, other: ExportStats) -> None:
@@ -90,6 +99,11 @@ class ExportStats:
             )
         if self.student and other.student:
             self.student.add(other.student)
+        if self.special_text is None:
+            self.special_text = other.special_text
+        else:
+            self.special_text.add(other.special_text)
+        self.pretokenized = self.pretokenized and other.pretokenized
         self.granularity = self.granularity or other.granularity
         self.refuse_native = self.refuse_native or other.refuse_native
 
