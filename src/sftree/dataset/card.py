@@ -338,14 +338,23 @@ def _sandbox_lines(sandboxes: Counter) -> list[str]:
 
 
 def _duplicate_lines(merged: MergeStats, dedupe: bool) -> list[str]:
+    """Card: trained messages that an earlier record already trains (dataset/dedupe.py), and what was removed."""
+    if not dedupe:
+        done = "kept (set `export.dedupe: true` to remove them)."
+    else:
+        done = (
+            f"removed (`export.dedupe: true`): {merged.dropped} records left out (every trained message a "
+            f"duplicate), {merged.untrained} messages untrained inside kept merged records"
+            + (
+                f", {merged.kept_in_path_records} kept in path records (a path record trains every turn)"
+                if merged.kept_in_path_records
+                else ""
+            )
+            + "."
+        )
     return [
-        f"Exact-duplicate targets (same trained message, tool-call ids aside, as an earlier record): "
-        f"{merged.duplicates}; "
-        + (
-            f"dropped ({merged.dropped}, `export.dedupe: true`)."
-            if dedupe
-            else "kept (set `export.dedupe: true` to drop them)."
-        ),
+        "Duplicate trained messages (the same message, tool-call ids aside, as one an earlier record trains; "
+        f"counted per trained message in every form): {merged.duplicates}; {done}",
         "",
     ]
 

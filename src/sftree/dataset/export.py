@@ -35,7 +35,7 @@ against that schema before it is written:
 - `metadata.backend` (`native` or `opencode`, from tree.json) and `metadata.coral` (whether the Teacher's world
   was the installed Coral) say how each record was made. **Choice**: native records are flagged (metadata, card,
   report), not refused; `--refuse-native` (`export.refuse_native`) leaves out every record not made by OpenCode.
-- the LLaMA-Factory copy (`llamafactory.llamafactory_record`) and exact-duplicate targets (`records.sft.target_key`)
+- the LLaMA-Factory copy (`llamafactory.llamafactory_record`) and duplicate trained messages (dataset/dedupe.py)
   are made at merge.
 """
 

@@ -111,8 +111,12 @@ class ExportStats:
 @dataclass
 class MergeStats:
     records: int = 0  # written
-    duplicates: int = 0  # records whose trained message equals an earlier record's (target_key)
-    dropped: int = 0  # duplicates left out (export.dedupe)
+    duplicates: int = 0  # trained messages that an earlier record trains (dataset/dedupe.py)
+    dropped: int = 0  # records left out by export.dedupe (every trained message a duplicate)
+    untrained: int = 0  # duplicate messages untrained in kept merged records (export.dedupe)
+    kept_in_path_records: int = (
+        0  # duplicate messages in kept path records (export.dedupe cannot untrain them)
+    )
     boundaries: int = 0  # tool -> user boundaries in the written records (moved in the LLaMA-Factory copy)
     boundary_records: int = 0  # written records holding at least one
     export: ExportStats | None = None  # the per-task export stats, summed (None when no input had any)
