@@ -163,3 +163,18 @@ def test_modes_that_cannot_hold_are_refused(tree, student):
         export_task([pf], "step", pretokenized=True)
     with pytest.raises(InputError, match="keep"):
         export_task([pf], "step", student=student, special_text="keep", pretokenized=True)
+
+
+def test_the_card_names_the_one_tokenizer(tree, student):
+    import hashlib
+
+    records, stats = export_task([paths_of(tree)], "merged", student=student)
+    tok = stats.to_dict()["student"]["tokenizer"]
+    assert tok == {
+        "file": student.source,
+        "kind": "tokenizer.json",
+        "sha256": hashlib.sha256(student.tokenizer.to_str().encode()).hexdigest(),
+    }
+    card = dataset_card(records, "sft.jsonl", merged=MergeStats(records=len(records), export=stats))
+    assert f"Tokenizer of these figures: `{student.source}` (tokenizer.json, sha256" in card
+    assert "GGUF loader" not in card  # said for a GGUF Student only
