@@ -68,7 +68,9 @@ def quoted(docs: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", required=True, help="a run's results folder (sft.stats.json, sft.figures.json)")
+    ap.add_argument(
+        "--results", required=True, help="a run's results folder (sft.stats.json, sft.figures.json)"
+    )
     ap.add_argument("--write", action="store_true", help="copy the run's files and rewrite docs/outputs.md")
     args = ap.parse_args(argv)
     results = Path(args.results)
