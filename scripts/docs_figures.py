@@ -48,6 +48,16 @@ def block(stats: dict, figures: dict) -> str:
     return "\n".join(lines)
 
 
+def _local_names(path: Path) -> None:
+    """The Student's files by name only: the kept copy names no host path."""
+    doc = json.loads(path.read_text())
+    st = doc.get("student") or {}
+    for d, key in ((st, "source"), (st, "template"), (st.get("tokenizer") or {}, "file")):
+        if d.get(key):
+            d[key] = Path(str(d[key])).name
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
 def read(folder: Path) -> tuple[dict, dict]:
     return (
         json.loads((folder / "sft.stats.json").read_text()),
@@ -79,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         SOURCE.mkdir(parents=True, exist_ok=True)
         for name in ("sft.stats.json", "sft.figures.json"):
             shutil.copyfile(results / name, SOURCE / name)
+        _local_names(SOURCE / "sft.stats.json")
         DOCS.write_text(replace(DOCS.read_text(), text))
     print(text)
     return 0
