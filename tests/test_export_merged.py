@@ -190,4 +190,8 @@ def test_cli_and_merge_write_the_merged_form(faulty, tmp_path):
     assert stats.llamafactory_left_out == len(records) and lf.read_text() == ""
     text = card.read_text()
     assert "only the assistant messages at `metadata.trained` are trained" in text and "token_labels" in text
-    assert stats.duplicates == 0  # a run's key is all its trained messages, not its last one alone
+    # duplicates are counted per trained message, as in the step form of the same export
+    step = subprocess.run([*exe[:-2], "--out", str(tmp_path / "step.jsonl")], capture_output=True, text=True)
+    assert step.returncode == 0, step.stderr
+    step_stats = merge([str(tmp_path / "step.jsonl")], str(tmp_path / "sft_step.jsonl"), None, None)
+    assert stats.duplicates == step_stats.duplicates > 0

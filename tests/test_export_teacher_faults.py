@@ -92,7 +92,9 @@ def test_ill_formed_steps_are_history_never_completions(tmp_path, backend):
     assert cli.main(["select-paths", "--tree", str(out / "tree.json"), "--out", str(paths)]) == 0
     assert json.loads(paths.read_text())["paths"][0]["edges"] == ["e1", "e2"]
     sft = tmp_path / "results" / "circle_packing" / "sft.jsonl"
-    assert cli.main(["export-sft", "--paths", str(paths), "--out", str(sft)]) == 0
+    # `keep`: the text tool call stays in later prompts as sent, and its `<tool_call>` text is control-token text,
+    # which `drop` (the default, tests/test_export_special_text.py) would leave out with those prompts
+    assert cli.main(["export-sft", "--paths", str(paths), "--out", str(sft), "--special-text", "keep"]) == 0
     records = [json.loads(x) for x in sft.read_text().splitlines()]
     ids = {
         r["metadata"]["id"].rsplit("/", 2)[1] + "/" + r["metadata"]["id"].rsplit("/", 1)[1] for r in records

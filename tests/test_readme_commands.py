@@ -110,7 +110,7 @@ def test_readme_demo_and_rerun_commands_as_written(tmp_path):
 
     first = _sh(DEMO, work)
     out = first.stdout + first.stderr
-    for step in ("apt", "venv", "opencode"):
+    for step in ("apt", "venv", "student", "opencode"):
         assert re.search(rf"^setup: {step} done in [\d.]+ s$", out, re.M), out[-3000:]
     assert {"example_run", "select_roots", "explore", "export_sft", "report"} <= _rules_run(first)
     assert sorted(p.name for p in (work / "examples" / "all_snapshots").iterdir()) == [

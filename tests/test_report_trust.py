@@ -101,8 +101,8 @@ def test_card_shows_gains_duplicates_and_skipped(tmp_path):
     # never trained); both tasks alike -> 19
     assert (stats.records, stats.duplicates, stats.dropped) == (22, 19, 0)
     assert (
-        "Exact-duplicate targets (same trained message, tool-call ids aside, as an earlier record): 19; kept"
-        in card
+        "Duplicate trained messages (the same message, tool-call ids aside, as one an earlier record trains; "
+        "counted per trained message in every form): 19; kept" in card
     )
     assert "| circle_packing | 8 | 2 | 3 | bwrap |" in card and "| tsp | 0 | 0 | unknown | unknown |" in card
     assert f"| circle_packing | {ROOT} | bwrap | 1.0000 | 1 | n2 | 3.0000 | 2.0000 |  |" in card
@@ -123,7 +123,7 @@ def test_dedupe_keeps_the_first_of_each_target(tmp_path):
     assert (stats.records, stats.duplicates, stats.dropped) == (3, 19, 19)
     prefix = f"circle_packing/{ROOT}"
     assert kept == [f"{prefix}/e1/t1s1", f"{prefix}/e1/t1s2", f"{prefix}/e1/t2s1"]
-    assert "dropped (19, `export.dedupe: true`)" in (tmp_path / "card.md").read_text()
+    assert "removed (`export.dedupe: true`): 19 records left out" in (tmp_path / "card.md").read_text()
 
 
 @pytest.mark.parametrize("sandbox", ["bwrap", {"mode": "none", "why": "no bwrap on this machine"}])
@@ -144,7 +144,7 @@ def test_report_shows_trust(tmp_path, sandbox):
         '<td class="">1</td><td class="">1.5</td><td class="">-0.5</td><td class="">below root</td>' in page
     )
     assert re.search(
-        r"Exact-duplicate targets \(the trained message equals an earlier record.{0,10}s, tool-call ids "
+        r"Duplicate trained messages \(one an earlier record trains, tool-call ids "
         r"aside\): 19 ",
         page,
     )
@@ -161,7 +161,10 @@ def test_cli_merge_dedupe_flag(tmp_path):
         text=True,
     )
     assert res.returncode == 0, res.stderr
-    assert len(out.read_text().splitlines()) == 3 and "19 exact-duplicate targets (19 dropped)" in res.stderr
+    assert (
+        len(out.read_text().splitlines()) == 3
+        and "19 duplicate trained messages (19 records dropped)" in res.stderr
+    )
     assert "| circle_packing | 8 | 2 | 3 | bwrap |" in (tmp_path / "card.md").read_text()
 
 

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -39,9 +40,20 @@ def demo(tmp_path_factory, example_snapshots_dir):
     for task in config["tasks"].values():
         task["coral_task"] = str(REPO / task["coral_task"])
     config["select_roots"]["num_roots"] = 1
+    student = demo_student()
+    for key in ("path", "chat_template"):  # the checkout's, read from the working folder
+        config["export"]["student"][key] = str(student / Path(config["export"]["student"][key]).name)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
 
     return tmp_path, snaps, snakemake(tmp_path)
+
+
+def demo_student() -> Path:
+    """The demo's Student tokenizer (scripts/install_student.sh, which setup.sh runs)."""
+    folder = Path(os.environ.get("SFTREE_STUDENT_DIR") or REPO / ".tools" / "student")
+    if not (folder / "ggml-vocab-qwen2.gguf").is_file():
+        pytest.skip(f"the demo's Student tokenizer is absent from {folder}: run scripts/install_student.sh")
+    return folder
 
 
 @pytest.mark.slow
@@ -145,6 +157,12 @@ def test_demo_workflow_end_to_end(demo):
     assert len(lf) == len(records) and all(llamafactory_alternates(r["messages"]) for r in lf)
     card = (results / "dataset_card.md").read_text()
     assert f"{len(records)} records" in card
+    # the demo's card shows the Student's figures and names its tokenizer
+    st = json.loads((results / "sft.stats.json").read_text())["student"]
+    assert st["records"] == len(records) and st["tokens_trained"] > 0
+    assert f"Records: {st['records']}; tokens processed {st['tokens_processed']}" in card
+    assert "ggml-vocab-qwen2.gguf` (gguf, sha256 of the tokenizer as read: `" in card
+    assert all(r["metadata"]["student_tokens"]["total_tokens"] <= 32768 for r in records)
     # the card reads the trees: one gain row per selected path, the snapshots skipped, the sandbox
     row = r"^\| (circle_packing|tsp) \| eval-\S+ \| \S+ \| \S+ \| \d+ \| \S+ \| \S+ \| \S+ \| [^|]*\|$"
     assert len(re.findall(row, card, re.M)) == selected

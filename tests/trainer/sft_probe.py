@@ -1,10 +1,12 @@
 """Run inside the trainer venv (scripts/install_trainer.sh): TRL's SFTTrainer on sftree's exports, on CPU.
 
 Usage: python sft_probe.py CONFIG_JSON OUT_JSON, CONFIG = {"model_dir", "gguf", "template", "forms": {FORM: JSONL},
-"train": N, "steps": S, "lr": LR}. Per form: the dataset as the docs load it (step: TRL's conversational
-prompt-completion records; merged: `token_labels` rows with `completion_mask`), every prepared row's input_ids and
+"train": N, "steps": S, "lr": LR, "loaders": [{"model_dir", "gguf", "tokens"}]}. Per form: the dataset as the docs
+load it (step: TRL's conversational prompt-completion records; merged: `token_labels` rows with `completion_mask`;
+pretokenized: sftree's own `input_ids` and `completion_mask`), every prepared row's input_ids and
 the labels the collator gives the model; then S training steps on the first N records (one batch, repeated), run
-RUNS[FORM] times from the same weights (`"runs": {FORM: 1 or 2}`): the losses of each run.
+RUNS[FORM] times from the same weights (`"runs": {FORM: 0, 1 or 2}`): the losses of each run. `loaders`: which of
+sftree's added tokens transformers' GGUF loader splits (the known difference between the two tokenizers).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def dataset(form: str, path: str, tok):
     ds = load_dataset("json", data_files=path, split="train")
     if form == "step":  # TRL masks the completion itself
         return ds.select_columns(["prompt", "completion", "tools"])
+    if form == "pretokenized":  # sftree's own ids and mask (export.pretokenized): TRL reads them as they are
+        return ds.select_columns(["input_ids", "completion_mask"])
     return ds.map(lambda r: token_labels(r, tok), remove_columns=ds.column_names)
 
 
@@ -63,6 +67,17 @@ def trainer(model, tok, ds, cfg: dict, out: str) -> SFTTrainer:
     return SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
 
 
+def loaders(checks: list[dict]) -> list[dict]:
+    """How transformers' GGUF loader tokenizes each of sftree's added tokens (`{"model_dir", "gguf", "tokens"}`):
+    a token it does not keep whole is split, and every count that holds it differs from sftree's."""
+    out = []
+    for check in checks:
+        tok = AutoTokenizer.from_pretrained(check["model_dir"], gguf_file=check["gguf"])
+        ids = {t: tok(t, add_special_tokens=False)["input_ids"] for t in check["tokens"]}
+        out.append({"gguf": check["gguf"], "split": sorted(t for t, i in ids.items() if len(i) != 1)})
+    return out
+
+
 def main(cfg_file: str, out_file: str) -> None:
     cfg = json.loads(open(cfg_file).read())
     t0 = time.time()
@@ -88,7 +103,7 @@ def main(cfg_file: str, out_file: str) -> None:
                 rows.append({"input_ids": row["input_ids"], "labels": batch["labels"][0].tolist()})
             note(f"{form}: {len(rows)} rows prepared")
             losses = []
-            for _ in range(cfg["runs"][form]):  # two runs from the same weights: the same losses
+            for _ in range(cfg["runs"].get(form, 1)):  # two runs from the same weights: the same losses
                 torch.manual_seed(0)
                 model = last_layer_only(copy.deepcopy(base))
                 t = trainer(model, tok, ds.select(range(min(cfg["train"], len(ds)))), cfg, out)
@@ -96,6 +111,7 @@ def main(cfg_file: str, out_file: str) -> None:
                 losses.append([h["loss"] for h in t.state.log_history if "loss" in h])
                 note(f"{form}: trained {losses[-1]}")
         result[form] = {"rows": rows, "losses": losses}
+    result["loaders"] = loaders(cfg.get("loaders") or [])
     with open(out_file, "w") as f:
         json.dump(result, f)
 

@@ -14,9 +14,12 @@ rule export_sft:
         refuse="--refuse-native" if config["export"]["refuse_native"] else "",
         student=student_args(config["export"].get("student")),
         tree=lambda wc, output: tree_args(output),
+        text=f"--special-text {config['export']['special_text']}"
+        + (" --pretokenized" if config["export"]["pretokenized"] else ""),
     shell:
         "sftree export-sft --paths {input.paths} --out {output.sft}"
-        " --granularity {params.granularity} {params.refuse} {params.student} {params.tree} > {log} 2>&1"
+        " --granularity {params.granularity} {params.refuse} {params.student} {params.tree} {params.text}"
+        " > {log} 2>&1"
 
 
 rule merge_sft:

@@ -173,6 +173,7 @@ def _student_lines(merged: MergeStats | None) -> list[str]:
         "rendered with this template and the trained text checked to hold every tool call (name and arguments), "
         "the text and the reasoning it trains.",
         "",
+        *_tokenizer_lines(st.tokenizer or {}),
         f"Records: {st.records}; tokens processed {st.processed}; tokens trained {st.trained}; processed per "
         f"trained token: {ratio}. Longest record: {st.longest} tokens.",
         "",
@@ -246,6 +247,52 @@ def forms_lines(merged: MergeStats | None) -> list[str]:
     return lines + [""]
 
 
+def _tokenizer_lines(tok: dict) -> list[str]:
+    """Card: the one tokenizer the figures come from, and which loader gives the same tokens."""
+    line = (
+        f"Tokenizer of these figures: `{tok.get('file')}` ({tok.get('kind')}, sha256 of the tokenizer as read: "
+        f"`{tok.get('sha256')}`). The counts hold for this tokenizer only: train with the very same one."
+    )
+    if tok.get("kind") == "gguf":
+        line += (
+            " It was rebuilt from the GGUF's `tokenizer.ggml.*` with every control and user-defined token as one "
+            "token, as the model's own HF `tokenizer.json` has them. transformers' GGUF loader (`gguf_file=`) "
+            "does not keep the user-defined ones (`<tool_call>`, `</tool_call>`, ... become several tokens), so "
+            "its counts differ: load the Student's HF folder (`AutoTokenizer.from_pretrained(folder)`), or train "
+            "the pre-tokenized rows (`export.pretokenized`)."
+        )
+    return [line, ""]
+
+
+def _special_text_lines(merged: MergeStats | None) -> list[str]:
+    """Card section: records whose data holds control-token text (`export.special_text`)."""
+    sp = merged.export.special_text if merged and merged.export else None
+    if sp is None:
+        return []
+    source = (
+        "the Student's own special and added tokens"
+        if sp.source == "student"
+        else "no Student was set, so the control strings of the common chat families (ChatML/Qwen, Llama 3, Gemma, "
+        "Mistral, DeepSeek, Phi: `sftree.dataset.special_text.BUILTIN`)"
+    )
+    what = {
+        "drop": "dropped (`export.special_text: drop`), so no written record holds such text",
+        "split": "kept and tokenized with the data text as plain text (`export.special_text: split`, the "
+        "pre-tokenized `input_ids`): train those ids, never a re-rendering",
+        "keep": "**kept as they are** (`export.special_text: keep`): a trainer that renders and tokenizes them "
+        "turns that text into control tokens (turn boundaries and turns nobody wrote)",
+    }.get(sp.mode, f"handled by `{sp.mode}`")
+    return [
+        "## Control-token text in the data",
+        "",
+        f"Looked for: {source}, in every string the template renders from the data (system, user and tool "
+        "messages, tool-call arguments, tool schemas, the Teacher's own text). Records (merged form: steps) "
+        f"holding such text: {sp.records}, {what}. By role: {_counts(sp.roles)}; by string: "
+        f"{_counts(sp.strings)}.",
+        "",
+    ]
+
+
 STEP_FORM = (
     "Each line is `{prompt, completion, tools, metadata}` (TRL's conversational prompt-completion form): "
     "`completion` is the one assistant message the record trains, `prompt` every message before it."
@@ -296,6 +343,7 @@ def card_text(
     lines += _untrained_lines(merged, fig.history_excluded, step)
     lines += _student_lines(merged)
     lines += forms_lines(merged)
+    lines += _special_text_lines(merged)
     lines += _count_lines(fig)
     lines += _gain_lines(fig)
     if fig.malformed:
@@ -338,14 +386,23 @@ def _sandbox_lines(sandboxes: Counter) -> list[str]:
 
 
 def _duplicate_lines(merged: MergeStats, dedupe: bool) -> list[str]:
+    """Card: trained messages that an earlier record already trains (dataset/dedupe.py), and what was removed."""
+    if not dedupe:
+        done = "kept (set `export.dedupe: true` to remove them)."
+    else:
+        done = (
+            f"removed (`export.dedupe: true`): {merged.dropped} records left out (every trained message a "
+            f"duplicate), {merged.untrained} messages untrained inside kept merged records"
+            + (
+                f", {merged.kept_in_path_records} kept in path records (a path record trains every turn)"
+                if merged.kept_in_path_records
+                else ""
+            )
+            + "."
+        )
     return [
-        f"Exact-duplicate targets (same trained message, tool-call ids aside, as an earlier record): "
-        f"{merged.duplicates}; "
-        + (
-            f"dropped ({merged.dropped}, `export.dedupe: true`)."
-            if dedupe
-            else "kept (set `export.dedupe: true` to drop them)."
-        ),
+        "Duplicate trained messages (the same message, tool-call ids aside, as one an earlier record trains; "
+        f"counted per trained message in every form): {merged.duplicates}; {done}",
         "",
     ]
 

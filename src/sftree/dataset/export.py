@@ -35,13 +35,14 @@ against that schema before it is written:
 - `metadata.backend` (`native` or `opencode`, from tree.json) and `metadata.coral` (whether the Teacher's world
   was the installed Coral) say how each record was made. **Choice**: native records are flagged (metadata, card,
   report), not refused; `--refuse-native` (`export.refuse_native`) leaves out every record not made by OpenCode.
-- the LLaMA-Factory copy (`llamafactory.llamafactory_record`) and exact-duplicate targets (`records.sft.target_key`)
+- the LLaMA-Factory copy (`llamafactory.llamafactory_record`) and duplicate trained messages (dataset/dedupe.py)
   are made at merge.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -57,8 +58,10 @@ from sftree.dataset.messages import (
     pairing_problems,
     tool_message,
 )
+from sftree.dataset.pretokenize import pretokenize
+from sftree.dataset.special_text import MODES, SpecialText, SpecialTextStats, builtin_strings, student_strings
 from sftree.dataset.stats import ExportStats
-from sftree.dataset.student import Measure, Student, StudentStats, load_student, measure
+from sftree.dataset.student import Measure, Student, StudentError, StudentStats, load_student, measure
 from sftree.dataset.tree_packed import pack_records
 from sftree.errors import InputError
 from sftree.progress import Progress
@@ -259,6 +262,7 @@ def export_tree(
     stats: ExportStats,
     refuse_native: bool = False,
     student: Student | None = None,
+    text: TextRule | None = None,
 ) -> Iterator[dict]:
     """The records of one tree's selected paths, in the given form, counted into `stats` as they go."""
     selected = sorted((p for p in ctx.doc["paths"] if p.get("selected")), key=lambda p: p["rank"])
@@ -269,7 +273,7 @@ def export_tree(
     task = ctx.doc.get("task") or ctx.tree.task
     if task and task not in stats.tasks:
         stats.tasks.append(task)
-    tree = _TreeExport(ctx, stats, refuse_native, student)
+    tree = _TreeExport(ctx, stats, refuse_native, student, text or TextRule.of(student))
     if granularity == "path":
         yield from tree.path_records(selected)
     elif granularity == "merged":
@@ -283,8 +287,17 @@ class _TreeExport:
     """One tree's export: the steps of its edges (each read once, its ill-formed steps counted once), the records
     built from them and checked against the schema, and what is emitted."""
 
-    def __init__(self, ctx: TreeContext, stats: ExportStats, refuse_native: bool, student: Student | None):
+    def __init__(
+        self,
+        ctx: TreeContext,
+        stats: ExportStats,
+        refuse_native: bool,
+        student: Student | None,
+        text: TextRule,
+    ):
         self.ctx, self.stats, self.refuse_native, self.student = ctx, stats, refuse_native, student
+        self.text = text
+        self.scanned: dict[str, list[str]] = {}  # special strings found per string (a session repeats them)
         self.cache: dict[str, list[dict]] = {}
         self.excluded: set[str] = (
             set()
@@ -332,7 +345,25 @@ class _TreeExport:
         )
         if meta.get("granularity") == "path":
             rec["metadata"]["cut"] = meta.get("cut")
-        return rec if self.valid(rec) else None
+        return rec if self.valid(rec) and self.text_ok(rec) else None
+
+    def text_ok(self, rec: dict) -> bool:
+        """**Rule** (`export.special_text`): a record whose data holds a control-token string is counted by role
+        and string, and dropped (`drop`) or kept (`split`: tokenized as plain text; `keep`). A merged record is
+        checked step by step (each step record before the runs are made)."""
+        hits = self.text.special.hits(rec, self.scanned)
+        if not hits:
+            return True
+        self.stats.special_text.count(hits)
+        log.warning(
+            "%s: record %s holds control-token text %s (%s): %s",
+            self.ctx.paths_file,
+            rec["metadata"]["id"],
+            sorted({s for _, s in hits})[:5],
+            ", ".join(sorted({r for r, _ in hits})),
+            "dropped" if self.text.mode == "drop" else self.text.mode,
+        )
+        return self.text.mode != "drop"
 
     def valid(self, rec: dict) -> bool:
         """Whether the record meets the schema; counted and logged when it does not."""
@@ -350,6 +381,8 @@ class _TreeExport:
             return
         if self.student is not None and not under_student(rec, self.student, stats, measured):
             return
+        if self.text.pretokenized:
+            add_tokens(rec, self.student)
         stats.records += 1
         stats.backends[backend] += 1
         stats.malformed_arguments += rec["metadata"]["malformed_arguments"]
@@ -460,21 +493,69 @@ def under_student(rec: dict, student: Student, stats: ExportStats, measured: Mea
     return True
 
 
+def add_tokens(rec: dict, student: Student) -> None:
+    """`export.pretokenized`: the record's `input_ids` and `completion_mask` (dataset/pretokenize.py); its trained
+    tokens must be the ones counted in `metadata.student_tokens`."""
+    tokens = pretokenize(student, rec)
+    counted = rec["metadata"]["student_tokens"]
+    if (tokens.trained, len(tokens.input_ids)) != (counted["completion_tokens"], counted["total_tokens"]):
+        raise StudentError(
+            f"record {rec['metadata']['id']}: pre-tokenized {len(tokens.input_ids)} tokens, {tokens.trained} "
+            f"trained; counted {counted['total_tokens']}, {counted['completion_tokens']}"
+        )
+    rec.update(tokens.row())
+
+
+@dataclass(frozen=True)
+class TextRule:
+    """`export.special_text` and `export.pretokenized`, with the strings looked for (dataset/special_text.py)."""
+
+    special: SpecialText
+    mode: str = "drop"
+    pretokenized: bool = False
+
+    @classmethod
+    def of(cls, student: Student | None, mode: str = "drop", pretokenized: bool = False) -> TextRule:
+        if mode not in MODES:
+            raise InputError(f"export.special_text: {mode!r} is not one of {', '.join(MODES)}")
+        if pretokenized and student is None:
+            raise InputError("export.pretokenized needs export.student (the tokenizer of the ids)")
+        if mode == "split" and not pretokenized:
+            raise InputError(
+                "export.special_text: split tokenizes data text as plain text, which only a pre-tokenized output "
+                "can carry: set export.pretokenized: true (or use drop)"
+            )
+        if mode == "keep" and pretokenized:
+            raise InputError(
+                "export.pretokenized tokenizes data text as plain text: special_text keep cannot hold"
+            )
+        if student is not None:
+            return cls(SpecialText(student_strings(student.tokenizer), "student"), mode, pretokenized)
+        return cls(SpecialText(builtin_strings(), "builtin"), mode, pretokenized)
+
+
 def iter_task_records(
     paths_files: Iterable[str | Path],
     granularity: str,
     stats: ExportStats,
     refuse_native: bool = False,
     student: Student | None = None,
+    special_text: str = "drop",
+    pretokenized: bool = False,
 ) -> Iterator[dict]:
     """Records of all selected paths of one task's trees, one tree at a time (nothing else held in memory)."""
     paths_files = list(paths_files)
-    stats.granularity, stats.refuse_native = granularity, refuse_native
+    text = TextRule.of(student, special_text, pretokenized)
+    if student is not None and special_text == "split":
+        student = dataclasses.replace(student, plain_data=True)  # counted as the pre-tokenized rows hold it
+    stats.granularity, stats.refuse_native, stats.pretokenized = granularity, refuse_native, pretokenized
     if student is not None and stats.student is None:
         stats.student = StudentStats.of(student)
+    if stats.special_text is None:
+        stats.special_text = SpecialTextStats(special_text, text.special.source)
     progress = Progress("export-sft trees", total=len(paths_files), logger=log)
     for pf in paths_files:
-        yield from export_tree(TreeContext.load(pf), granularity, stats, refuse_native, student)
+        yield from export_tree(TreeContext.load(pf), granularity, stats, refuse_native, student, text)
         progress.update(records=stats.records)
     progress.finish(records=stats.records, paths=stats.paths)
 
@@ -484,9 +565,13 @@ def export_task(
     granularity: str,
     refuse_native: bool = False,
     student: Student | None = None,
+    special_text: str = "drop",
+    pretokenized: bool = False,
 ) -> tuple[list[dict], ExportStats]:
     stats = ExportStats()
-    records = list(iter_task_records(paths_files, granularity, stats, refuse_native, student))
+    records = list(
+        iter_task_records(paths_files, granularity, stats, refuse_native, student, special_text, pretokenized)
+    )
     return records, stats
 
 
@@ -512,6 +597,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--student-chat-template", help="with --student: a Jinja file replacing its own template"
     )
     parser.add_argument(
+        "--special-text",
+        choices=MODES,
+        default="drop",
+        help="a record whose data holds control-token text: drop it (default), split (tokenized as plain text, "
+        "with --pretokenized) or keep it (export.special_text)",
+    )
+    parser.add_argument(
+        "--pretokenized",
+        action="store_true",
+        help="with --student: each record gets input_ids and completion_mask (export.pretokenized)",
+    )
+    parser.add_argument(
         "--tree-out",
         help="with --student: also write the tree form here (export.tree_packed; dataset/tree_packed.py)",
     )
@@ -532,7 +629,11 @@ def write_tree_form(args: argparse.Namespace, student: Student | None) -> None:
         )
     if args.tree_max_tokens < 1:
         raise InputError(f"--tree-max-tokens (export.tree_max_tokens) {args.tree_max_tokens}: not positive")
-    records = iter_task_records(args.paths, "path", ExportStats(), args.refuse_native, student)
+    # the tree form is of ids, data text always tokenized as plain text (`pretokenize`): split needs no more
+    split = args.special_text == "split"
+    records = iter_task_records(
+        args.paths, "path", ExportStats(), args.refuse_native, student, args.special_text, split
+    )
     lines, tree_stats = pack_records(
         records, student, args.tree_max_tokens
     )  # one path's tokens held at a time
@@ -552,7 +653,16 @@ def run(args: argparse.Namespace) -> int:
     stats = ExportStats()
     # A StudentError raised on any record leaves nothing written (the writer renames only on success).
     with record_writer(args.out) as out:
-        for rec in iter_task_records(args.paths, args.granularity, stats, args.refuse_native, student):
+        records = iter_task_records(
+            args.paths,
+            args.granularity,
+            stats,
+            args.refuse_native,
+            student,
+            args.special_text,
+            args.pretokenized,
+        )
+        for rec in records:
             out.write(rec)
     write_stats(args.out, stats.to_dict())
     if args.tree_out:

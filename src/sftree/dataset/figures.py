@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from sftree.dataset.dedupe import Dedupe
 from sftree.records.scores import signed_gain
-from sftree.records.sft import FIGURES_VERSION, record_messages, target_key
+from sftree.records.sft import FIGURES_VERSION, record_messages
 
 
 def _gain(meta: dict) -> float | None:
@@ -25,7 +26,7 @@ def _gain(meta: dict) -> float | None:
 class DatasetFigures:
     records: int = 0
     messages: int = 0  # every message of every record (prompt + completion, or messages)
-    duplicates: int = 0  # records whose trained message equals an earlier record's (`target_key`)
+    duplicates: int = 0  # trained messages that an earlier written record trains (dataset/dedupe.py)
     malformed: int = 0  # tool-call arguments kept as {"_raw": ...} (`metadata.malformed_arguments`)
     history_excluded: int = 0  # ill-formed replies repeated in prompts (`metadata.history_excluded`)
     granularities: Counter = field(default_factory=Counter)  # in the order first seen
@@ -38,8 +39,8 @@ class DatasetFigures:
     roots: dict = field(default_factory=dict)  # (task, root) -> {stage, records, tokens, completion}
     paths: dict = field(default_factory=dict)  # (task, root, path rank) -> {gain, path_score}, first record's
 
-    def add(self, rec: dict, duplicate: bool = False) -> None:
-        """Count one written record; `duplicate`: its target equals an earlier written record's."""
+    def add(self, rec: dict, duplicate: int = 0) -> None:
+        """Count one written record; `duplicate`: how many of its trained messages an earlier record trains."""
         m = rec.get("metadata") or {}
         self.records += 1
         self.duplicates += duplicate
@@ -99,9 +100,9 @@ class DatasetFigures:
 def figures_of(records: list[dict]) -> DatasetFigures:
     """The figures of records already in memory (tests, and a card made without a merge)."""
     out = DatasetFigures()
-    seen: set[str] = set()
+    dedupe = Dedupe()
     for rec in records:
-        key = target_key(rec) if record_messages(rec) else None  # a card test may give metadata alone
-        out.add(rec, duplicate=key is not None and key in seen)
-        seen.add(key)
+        out.add(
+            rec, dedupe.check(rec)[1] if record_messages(rec) else 0
+        )  # a card test may give metadata alone
     return out

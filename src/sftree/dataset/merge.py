@@ -15,6 +15,7 @@ import logging
 from pathlib import Path
 
 from sftree.dataset.card import card_text
+from sftree.dataset.dedupe import Dedupe
 from sftree.dataset.figures import DatasetFigures
 from sftree.dataset.llamafactory import dataset_info, llamafactory_record, turn_boundaries
 from sftree.dataset.stats import ExportStats, MergeStats
@@ -28,7 +29,6 @@ from sftree.records.sft import (
     read_stats,
     record_writer,
     stats_path,
-    target_key,
     write_figures,
     write_stats,
 )
@@ -49,7 +49,7 @@ def merge(
 ) -> MergeStats:
     """Concatenate per-task files (streaming), write the LLaMA-Factory copy, dataset_info.json and the card.
 
-    Exact-duplicate targets (`target_key`) are counted; with `dedupe` all but the first are left out. The inputs'
+    Duplicate trained messages (dataset/dedupe.py) are counted; with `dedupe` they are removed. The inputs'
     stats files (`stats_path`) are summed into the merged one beside `out`, with the merge's own counts; the
     figures of the records written (dataset/figures.py) go beside it too, for the card and the report. `tree`: (the
     tasks' tree-form files, the merged one to write: dataset/tree_packed.py), its figures in the card.
@@ -68,7 +68,7 @@ def merge(
         lf_name = Path(llamafactory).name if llamafactory else None
         write_text_atomic(card, card_text(figures, Path(out).name, lf_name, trust, stats, dedupe))
     log.info(
-        "merged %d records from %d files -> %s; %d exact-duplicate targets (%d dropped)",
+        "merged %d records from %d files -> %s; %d duplicate trained messages (%d records dropped)",
         stats.records,
         len(inputs),
         out,
@@ -101,21 +101,16 @@ def _write_records(
     """Stream the inputs into `out` (and the LLaMA-Factory copy), counting into `stats`; the written records'
     figures."""
     figures = DatasetFigures()
-    seen: set[str] = set()
+    dedupe_ = Dedupe(drop=dedupe)
     with contextlib.ExitStack() as stack:
         main = stack.enter_context(record_writer(out))
         lf = stack.enter_context(record_writer(llamafactory)) if llamafactory else None
         progress = Progress("merge-sft records", logger=log)
         for f in inputs:
             for rec in iter_records(f):
-                key = target_key(rec)
-                duplicate = key in seen
-                if duplicate:
-                    stats.duplicates += 1
-                    if dedupe:
-                        stats.dropped += 1
-                        continue
-                seen.add(key)
+                rec, duplicate = dedupe_.check(rec)  # dataset/dedupe.py: per trained message
+                if rec is None:
+                    continue
                 main.write(rec)
                 n = turn_boundaries(rec)
                 stats.boundaries += n
@@ -128,6 +123,8 @@ def _write_records(
                 progress.update()
         progress.finish(files=len(inputs))
     stats.records = main.count
+    stats.duplicates, stats.dropped = dedupe_.duplicates, dedupe_.dropped
+    stats.untrained, stats.kept_in_path_records = dedupe_.untrained, dedupe_.kept_in_path_records
     return figures
 
 
@@ -139,6 +136,8 @@ def _stats_doc(stats: MergeStats, inputs: int) -> dict:
             "records": stats.records,
             "duplicates": stats.duplicates,
             "dropped": stats.dropped,
+            "untrained_duplicates": stats.untrained,
+            "duplicates_kept_in_path_records": stats.kept_in_path_records,
             "turn_boundaries": stats.boundaries,
             "turn_boundary_records": stats.boundary_records,
             "llamafactory_left_out": stats.llamafactory_left_out,
@@ -162,7 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dedupe",
         action="store_true",
-        help="leave out records whose target duplicates an earlier one",
+        help="leave out trained messages that an earlier record trains (dataset/dedupe.py)",
     )
     parser.add_argument("--tree-inputs", nargs="+", help="the tasks' tree-form files (export.tree_packed)")
     parser.add_argument("--tree-out", help="with --tree-inputs: the merged tree-form file to write")

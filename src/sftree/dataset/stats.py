@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from sftree.dataset.special_text import SpecialTextStats
 from sftree.dataset.student import StudentStats
 from sftree.errors import InputError
 from sftree.records.sft import EXCLUSION_REASONS, STATS_VERSION
@@ -34,6 +35,10 @@ class ExportStats:
     refuse_native: bool = False
     tasks: list = field(default_factory=list)
     student: StudentStats | None = None  # the figures under `export.student`; None: not measured
+    special_text: SpecialTextStats | None = (
+        None  # records holding control-token text (dataset/special_text.py)
+    )
+    pretokenized: bool = False  # records carry `input_ids` and `completion_mask` (dataset/pretokenize.py)
 
     def to_dict(self) -> dict:
         return {
@@ -53,6 +58,8 @@ class ExportStats:
             "tampered": self.tampered,
             "turn_ends": dict(sorted(self.turn_ends.items())),
             "student": self.student.to_dict() if self.student else None,
+            "special_text": self.special_text.to_dict() if self.special_text else None,
+            "pretokenized": self.pretokenized,
         }
 
     @classmethod
@@ -74,6 +81,8 @@ class ExportStats:
             refuse_native=bool(d.get("refuse_native")),
             tasks=list(d.get("tasks") or []),
             student=StudentStats.from_dict(d["student"]) if isinstance(d.get("student"), dict) else None,
+            special_text=SpecialTextStats.from_dict(d.get("special_text")),
+            pretokenized=bool(d.get("pretokenized")),
         )
 
     def add(self, other: ExportStats) -> None:
@@ -97,6 +106,11 @@ class ExportStats:
             )
         if self.student and other.student:
             self.student.add(other.student)
+        if self.special_text is None:
+            self.special_text = other.special_text
+        else:
+            self.special_text.add(other.special_text)
+        self.pretokenized = self.pretokenized and other.pretokenized
         self.granularity = self.granularity or other.granularity
         self.refuse_native = self.refuse_native or other.refuse_native
 
@@ -104,8 +118,12 @@ class ExportStats:
 @dataclass
 class MergeStats:
     records: int = 0  # written
-    duplicates: int = 0  # records whose trained message equals an earlier record's (target_key)
-    dropped: int = 0  # duplicates left out (export.dedupe)
+    duplicates: int = 0  # trained messages that an earlier record trains (dataset/dedupe.py)
+    dropped: int = 0  # records left out by export.dedupe (every trained message a duplicate)
+    untrained: int = 0  # duplicate messages untrained in kept merged records (export.dedupe)
+    kept_in_path_records: int = (
+        0  # duplicate messages in kept path records (export.dedupe cannot untrain them)
+    )
     boundaries: int = 0  # tool -> user boundaries in the written records (moved in the LLaMA-Factory copy)
     boundary_records: int = 0  # written records holding at least one
     export: ExportStats | None = None  # the per-task export stats, summed (None when no input had any)

@@ -16,6 +16,7 @@ or the reasoning the record trains.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -57,6 +58,13 @@ class Student:
     max_length: int
     bos_token: str = ""
     eos_token: str = ""
+    # `export.special_text: split`: data text tokenized as plain text (dataset/pretokenize.py), so the figures are
+    # those of the pre-tokenized rows; otherwise the rendered text is tokenized whole, as a trainer does
+    plain_data: bool = False
+    kind: str = (
+        ""  # where the tokenizer came from: `tokenizer.json` (an HF folder) or `gguf` (tokenizer.ggml.*)
+    )
+    tokenizer_sha256: str = ""  # of the tokenizer as sftree reads it (`tokenizers` JSON): names it exactly
 
     def render(self, messages: list[dict], tools: list | None, generation: bool) -> str:
         try:
@@ -76,6 +84,10 @@ class Student:
 
     def describe(self) -> dict:
         return {"source": self.source, "template": self.template_name, "max_length": self.max_length}
+
+    def tokenizer_info(self) -> dict:
+        """The tokenizer the figures come from: file, kind, hash (the card names it)."""
+        return {"file": self.source, "kind": self.kind, "sha256": self.tokenizer_sha256}
 
 
 @dataclass
@@ -114,7 +126,12 @@ def _load(path: str, max_length: int, chat_template: str | None) -> Student:
         template_name = chat_template
     if not isinstance(template, str) or not template.strip():
         raise StudentError(f"{template_name}: no chat template (set export.student.chat_template)")
-    return Student(path, template_name, compile_template(template, template_name), tok, max_length, bos, eos)
+    kind = "gguf" if p.suffix == ".gguf" else "tokenizer.json"
+    digest = hashlib.sha256(tok.to_str().encode("utf-8")).hexdigest()
+    compiled = compile_template(template, template_name)
+    return Student(
+        path, template_name, compiled, tok, max_length, bos, eos, kind=kind, tokenizer_sha256=digest
+    )
 
 
 def _from_folder(folder: Path) -> tuple:
@@ -328,6 +345,13 @@ def render_turn(student: Student, before: list[dict], message: dict, tools: list
             f"(rendered completion: {text[:200]!r}); a template that drops what is trained is refused: set "
             "export.student.chat_template to one that renders it"
         )
+    if student.plain_data:
+        from sftree.dataset.pretokenize import encode_messages
+
+        return Turn(
+            encode_messages(student, before, tools, generation=True),
+            encode_messages(student, [*before, message], tools, generation=False),
+        )
     return Turn(ids(student, prompt), ids(student, prompt + text))
 
 
@@ -342,7 +366,12 @@ def measure(student: Student, rec: dict) -> Measure:
         msgs = rec["messages"]
         trained_at = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
     trained = sum(render_turn(student, msgs[:i], msgs[i], tools, rid).trained for i in trained_at)
-    processed = student.count(student.render(msgs, tools, generation=False))
+    if student.plain_data:
+        from sftree.dataset.pretokenize import encode_messages
+
+        processed = len(encode_messages(student, msgs, tools, generation=False))
+    else:
+        processed = student.count(student.render(msgs, tools, generation=False))
     return Measure(processed, trained, processed if "prompt" in rec else 0)
 
 
@@ -383,6 +412,7 @@ class StudentStats:
     as_steps: int = (
         0  # tokens the step form would process for the records written (merged: the sum over steps)
     )
+    tokenizer: dict | None = None  # Student.tokenizer_info(): file, kind, sha256
 
     def __post_init__(self) -> None:
         self.lengths = {k: int((self.lengths or {}).get(k, 0)) for k in bucket_names()}
@@ -390,7 +420,9 @@ class StudentStats:
 
     @classmethod
     def of(cls, student: Student) -> StudentStats:
-        return cls(student.source, student.template_name, student.max_length)
+        return cls(
+            student.source, student.template_name, student.max_length, tokenizer=student.tokenizer_info()
+        )
 
     def count(self, m: Measure) -> str | None:
         """Count one measured record; the reason it is dropped, or None when it is kept."""
@@ -417,6 +449,7 @@ class StudentStats:
             "tokens_processed_as_steps": self.as_steps,
             "lengths": dict(self.lengths),
             "dropped": dict(sorted(self.dropped.items())),
+            "tokenizer": self.tokenizer,
         }
 
     @classmethod
@@ -432,10 +465,12 @@ class StudentStats:
             d.get("lengths"),
             d.get("dropped"),
             int(d.get("tokens_processed_as_steps") or 0),
+            d.get("tokenizer") if isinstance(d.get("tokenizer"), dict) else None,
         )
 
     def add(self, other: StudentStats) -> None:
-        if (self.source, self.template, self.max_length) != (other.source, other.template, other.max_length):
+        mine = (self.source, self.template, self.max_length, (self.tokenizer or {}).get("sha256"))
+        if mine != (other.source, other.template, other.max_length, (other.tokenizer or {}).get("sha256")):
             raise InputError(
                 f"export stats measured under different Students: {self.source} ({self.template}, "
                 f"max_length {self.max_length}) and {other.source} ({other.template}, max_length {other.max_length})"

@@ -35,8 +35,8 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from sftree.dataset.student import Student, StudentError, ids, render_turn
-from sftree.dataset.trainer_labels import trained_indices
+from sftree.dataset.pretokenize import pretokenize
+from sftree.dataset.student import Student
 
 DROP_TOO_LONG = "too_long"
 
@@ -55,27 +55,14 @@ class PathTokens:
 
 
 def path_tokens(student: Student, rec: dict) -> PathTokens:
-    """The path record's token ids (the whole record rendered with the Student's template, as the path form is
-    rendered) and its trained tokens (each assistant turn's, by TRL's prompt-completion rule: `render_turn`). The
-    one place the tree form tokenizes: a template that renders a turn differently once later turns follow raises
+    """The path record's token ids and trained tokens as the pre-tokenized form has them (`pretokenize`: the
+    Student's template, data text as plain text, each trained turn by TRL's prompt-completion rule). The one place
+    the tree form tokenizes: a template that renders a turn differently once later turns follow raises
     StudentError (that turn's context would not be the one it is trained in)."""
-    messages, trained_at = trained_indices(rec)
-    tools = rec.get("tools") or []
-    rid = (rec.get("metadata") or {}).get("id", "?")
-    full = ids(student, student.render(messages, tools, generation=False))
-    mask = [False] * len(full)
-    for k in trained_at:
-        turn = render_turn(student, messages[:k], messages[k], tools, rid)
-        if full[: len(turn.whole)] != turn.whole:
-            raise StudentError(
-                f"chat template {student.template_name}: record {rid}: message {k} and its context render "
-                "differently once later messages follow; the tree form needs each path's turns as it trains them"
-            )
-        for i in range(turn.start, len(turn.whole)):
-            mask[i] = True
+    tok = pretokenize(student, rec)
     meta = rec.get("metadata") or {}
     keep = ("id", "task", "root", "path_ranks", "path_edges", "leaf")
-    return PathTokens(tuple(full), tuple(mask), {k: meta.get(k) for k in keep})
+    return PathTokens(tuple(tok.input_ids), tuple(bool(m) for m in tok.mask), {k: meta.get(k) for k in keep})
 
 
 def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:

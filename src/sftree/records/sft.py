@@ -130,6 +130,24 @@ def target_key(rec: dict) -> str:
     return json.dumps(_target(last), sort_keys=True, ensure_ascii=False)
 
 
+def trained_positions(rec: dict) -> list[int]:
+    """The indices in `record_messages(rec)` of the messages the record trains: a step record's completion, a
+    merged record's `metadata.trained`, every assistant message of a path record."""
+    msgs = record_messages(rec)
+    meta = rec.get("metadata") or {}
+    if "prompt" in rec:
+        return [len(rec["prompt"])]
+    if meta.get("granularity") == "merged":
+        return list(meta["trained"])
+    return [i for i, m in enumerate(msgs) if m.get("role") == "assistant"]
+
+
+def message_target(m: dict) -> str:
+    """One trained message as canonical JSON (content, reasoning, tool names and arguments; tool-call ids aside):
+    the duplicate key of dataset/dedupe.py."""
+    return json.dumps(_target(m), sort_keys=True, ensure_ascii=False)
+
+
 def _target(m: dict) -> dict:
     calls = [
         {"name": tc["function"]["name"], "arguments": tc["function"]["arguments"]}

@@ -687,8 +687,8 @@ def dataset_section(stats: dict | None) -> str:
         f"({stats['messages'] / max(stats['records'], 1):.1f} per record). Tokens (server usage of the exported "
         f"model calls): prompt {stats['tokens']['prompt_tokens']}, completion {stats['tokens']['completion_tokens']}, "
         f"total {stats['tokens']['total_tokens']}. Malformed tool arguments kept raw: {stats['malformed']}. "
-        f"Exact-duplicate targets (the trained message equals an earlier record's, tool-call ids aside): "
-        f"{stats['duplicates']} (<code>export.dedupe: true</code> drops them).</p>",
+        f"Duplicate trained messages (one an earlier record trains, tool-call ids aside): "
+        f"{stats['duplicates']} (<code>export.dedupe: true</code> removes them).</p>",
         _provenance_html(stats),
         _untrained_html(stats.get("export")),
     ]
