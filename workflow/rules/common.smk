@@ -152,7 +152,7 @@ def effective_config_file():
     old = open(path).read() if os.path.exists(path) else None
     if old != text:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = path + ".tmp"
+        tmp = f"{path}.tmp"
         with open(tmp, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)
