@@ -187,10 +187,13 @@ def tree_args(output):
 
 
 def student_args(student):
-    """export_sft's options for `export.student` (empty when not set: the export is not measured)."""
+    """export_sft's options for `export.student` (empty when not set: the export is not measured). Relative paths
+    are taken from the repository root, as `teacher.launch`'s (a run in another `--directory` finds them)."""
     if not student:
         return ""
-    args = f"--student {shlex.quote(student['path'])} --student-max-length {int(student['max_length'])}"
+    path = os.path.join(workflow.basedir, student["path"])
+    args = f"--student {shlex.quote(path)} --student-max-length {int(student['max_length'])}"
     if student.get("chat_template"):
-        args += f" --student-chat-template {shlex.quote(student['chat_template'])}"
+        template = os.path.join(workflow.basedir, student["chat_template"])
+        args += f" --student-chat-template {shlex.quote(template)}"
     return args
