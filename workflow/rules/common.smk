@@ -188,7 +188,8 @@ def tree_args(output):
 
 def student_args(student):
     """export_sft's options for `export.student` (empty when not set: the export is not measured). Relative paths
-    are taken from the repository root, as `teacher.launch`'s (a run in another `--directory` finds them)."""
+    are taken from the repository root, as `teacher.launch`'s (a run in another `--directory` finds them).
+    """
     if not student:
         return ""
     path = os.path.join(workflow.basedir, student["path"])
