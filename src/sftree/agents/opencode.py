@@ -573,6 +573,7 @@ class OpenCodeAgent(AgentBackend):
             student_model=split_model(self.student_model)[1],
             limits=ProxyLimits.from_config(agent_cfg),
             tool_choice=getattr(teacher, "tool_choice", None),
+            policy=getattr(teacher, "policy", None),  # the native client's (teacher/transport.py)
         ).start(unix=self.sandbox == "bwrap")
         atexit.register(self.proxy.stop)  # also when a tree is killed before EdgeContext.close runs
 

@@ -9,11 +9,12 @@ to edges without waiting for the session id to appear in the event stream; the h
 record (`session_id`) so the two can be cross-checked.
 
 Each forwarded request carries the channel's `X-Sftree-*` headers, so `teacher-sim --script` can aim a fault at
-one edge as with the native agent. Transient Teacher failures (connection refused, 429, 5xx) are retried here
-with capped exponential backoff before a byte reaches OpenCode; a request that still fails is answered with
-the Teacher's status so OpenCode reports it. As in the native client, an answer that no worker is there
-(connection refused, sglang-router's 503 `no_available_workers`) is waited out for `outage_timeout` s instead
-of being counted against `retries`.
+one edge as with the native agent. Requests go to the Teacher through the native client's transport
+(teacher/transport.py), so transient failures (a connection that fails, 429, 5xx, a stall before the first
+chunk) are sent again under the same policy before a byte reaches OpenCode, and an answer that no worker is there
+is waited out for `outage_timeout` s; a request that still fails is answered with the Teacher's last status (502
+when there was none) so OpenCode reports it. A stream that stalls or breaks once relayed is cut (docs/failures.md,
+"The Teacher transport").
 
 Replies are passed on as sent, except that a lone UTF-16 surrogate is replaced by U+FFFD (`repair_json`: OpenCode
 would resend it in every later request, which no transcript can hold); they are recorded as the native client
@@ -35,6 +36,7 @@ body is read within a deadline. Past the turn's caps the channel is `over_limit`
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -46,21 +48,21 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
-
-import requests
 
 from sftree.agents.chain import ChainBreak, SessionChain
 from sftree.agents.chain import text_of as _text  # a message's content as text
 from sftree.agents.turn_end import cut_call
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
 from sftree.teacher.affinity import routing_headers
-from sftree.teacher.client import RetryBudget, no_worker_answer, refused
+from sftree.teacher.http import InFlight
 from sftree.teacher.response import MalformedResponse, normalize
 from sftree.teacher.stream import StreamAssembler  # one assembler for the proxy and the client
+from sftree.teacher.transport import Policy, TeacherError, Transient, Transport
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,6 @@ HOP_HEADERS = {
     "accept-encoding",
     "expect",
 }
-RETRY_STATUS = {429, 500, 502, 503, 504}
 # A request body larger than this is refused unread: far above any real context (1M tokens of JSON is a few
 # MB), and the proxy must not hold whatever a sandboxed process chooses to send.
 MAX_BODY = 64 << 20
@@ -346,21 +347,27 @@ class RecordingProxy:
         upstream: str,
         *,
         api_key: str | None = None,
-        timeout: float = 900.0,
-        retries: int = 8,
-        backoff_max: float = 60.0,
+        timeout: float | None = None,
+        retries: int | None = None,
+        backoff_max: float | None = None,
         extra_body: dict | None = None,
         model: str | None = None,
         host: str = "127.0.0.1",
-        outage_timeout: float = 600.0,
+        outage_timeout: float | None = None,
         student_model: str | None = None,
         limits: ProxyLimits | None = None,
         tool_choice: str | None = None,
+        policy: Policy | None = None,
     ):
         self.upstream = upstream.rstrip("/")
         self.api_key = api_key
-        self.timeout, self.retries, self.backoff_max = timeout, retries, backoff_max
-        self.outage_timeout = float(outage_timeout or 0)
+        # The native client's policy (`teacher.*`, its `policy`), or the schema's; the keywords override it.
+        given = {"request_timeout": timeout, "retries": retries, "backoff_max": backoff_max,
+                 "outage_timeout": outage_timeout}  # fmt: skip
+        base = asdict(policy) if policy is not None else {}
+        self.transport = Transport(
+            Policy.from_config({**base, **{k: v for k, v in given.items() if v is not None}})
+        )
         self.extra_body = dict(extra_body or {})  # e.g. chat_template_kwargs: sent on, not recorded
         # `teacher.tool_choice` (`required`): set on every agent request that offers tools, as the native client
         # does; `auto`/None: OpenCode's own choice goes on as sent. Not recorded (the Student is not sent it).
@@ -381,16 +388,8 @@ class RecordingProxy:
         self.server.daemon_threads = True
         self.host, self.port = host, self.server.server_address[1]
         self._threads: list[threading.Thread] = []
-        self._local = threading.local()  # one requests.Session per handler thread (not thread-safe)
         self.unix_server: socketserver.ThreadingUnixStreamServer | None = None
         self.unix_dir: Path | None = None
-
-    @property
-    def session(self) -> requests.Session:
-        s = getattr(self._local, "session", None)
-        if s is None:
-            s = self._local.session = requests.Session()
-        return s
 
     @property
     def unix_socket(self) -> Path | None:
@@ -523,350 +522,405 @@ class RecordingProxy:
                         "on this channel" if ch else "without a channel")  # fmt: skip
 
     # forwarding
-    def forward(self, method: str, path: str, headers: dict, body: bytes | None, stream: bool):
-        """requests.Response from the Teacher, retrying transient failures; raises after the budget. Answers that
-        no worker is there do not count against `retries` until they have lasted `outage_timeout` s."""
-        url = self.upstream + path
-        budget = RetryBudget(self.retries, self.outage_timeout, 0.5, self.backoff_max)
-        while True:
-            t_try = time.monotonic()
-            resp = err = None
-            try:
-                resp = self.session.request(
-                    method, url, headers=headers, data=body, stream=stream, timeout=(10, self.timeout)
-                )
-                if resp.status_code not in RETRY_STATUS:
-                    return resp
-                why = f"HTTP {resp.status_code}"
-                unavailable = resp.status_code == 503 and no_worker_answer(503, resp.text)
-            except requests.ConnectionError as exc:
-                err, why, unavailable = exc, f"connection: {exc}", refused(exc)
-            verdict, delay, waited = budget.spend(unavailable, t_try)
-            if verdict in ("outage_over", "exhausted"):
-                if err is not None:
-                    raise err
-                return resp
-            if verdict == "waiting":
-                log.warning("teacher %s: waiting for a Teacher worker: %.0f s of %g", why, waited,
-                            self.outage_timeout)  # fmt: skip
-            else:
-                log.warning("teacher %s (attempt %d/%d), retrying in %.1fs", why, budget.failures, self.retries,
-                            delay)  # fmt: skip
-            if resp is not None:
-                resp.close()
-            time.sleep(delay)
+    def forward(self, headers: dict, body: bytes | None, stream: bool, label: str) -> Upstream:
+        """The Teacher's answer to a chat completion, sent through the transport and so retried as the native
+        client's requests are (teacher/transport.py); TeacherError once it is given up. A streamed answer's first
+        bytes are read before the answer is returned, so a stall before them is retried too: after them,
+        OpenCode has seen the answer begin and only it can send the request again."""
+        url = self.upstream + "/chat/completions"
 
-
-def _handler_for(proxy: RecordingProxy, tcp: bool = True):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        # A streamed reply is many small writes: with Nagle's algorithm each waits for the client's delayed ACK
-        # (~40 ms a request on loopback). A Unix socket has no such algorithm.
-        disable_nagle_algorithm = tcp
-
-        def log_message(self, fmt, *args):  # the explore log has what matters
-            pass
-
-        def _channel(self) -> tuple[Channel | None, str | None]:
-            """The channel the request target names with that channel's own key, and the rest of the target."""
-            m = _CHANNEL.fullmatch(self.path)
-            ch = proxy.channels.get(m[1]) if m else None
-            # bytes: the target is any latin-1 text, which compare_digest takes only as bytes
-            if ch is None or not secrets.compare_digest(ch.key.encode(), m[2].encode("latin-1")):
-                return None, None
-            return ch, m[3] or ""
-
-        def _headers(self, ch: Channel | None) -> dict:
-            out = {
-                k: v
-                for k, v in self.headers.items()
-                if k.lower() not in HOP_HEADERS and not k.lower().startswith("x-sftree-")
-            }
-            out.pop("Authorization", None)
-            out.pop("authorization", None)
-            if proxy.api_key:
-                out["Authorization"] = f"Bearer {proxy.api_key}"
-            if ch is not None:
-                out.update(ch.headers)
-                out["X-Sftree-Turn"] = str(ch.turn)
-                out.update(routing_headers(out))  # behind smg: the session stays on one worker
-            return out
-
-        def _reply(self, status: int, obj) -> None:
-            send_json(self, status, obj)
-
-        def _refuse(self, ch: Channel | None, status: int, reason: str, message: str) -> None:
-            """Refused, counted; the body stays unread, so the connection is closed after the answer."""
-            proxy.count_refusal(ch, reason, f"{self.command} {self.path!r}")
-            self._close(status, message, retry=status == 429)
-
-        def _close(self, status: int, message: str, retry: bool = False) -> None:
-            self.close_connection = True
-            data = json.dumps({"error": {"message": message}}).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.send_header("Connection", "close")
-            if retry:
-                self.send_header("Retry-After", "1")
-            self.end_headers()
-            self.wfile.write(data)
-
-        def handle_expect_100(self) -> bool:
-            # `100 Continue` only once the request is admitted (`_chat`): no body is invited before.
-            return True
-
-        def __getattr__(self, name: str):
-            # Every method (PUT, DELETE, HEAD, OPTIONS, any name) is answered as GET and POST are: by `_serve`,
-            # which refuses all but the two routes, counted.
-            if name.startswith("do_"):
-                return self._serve
-            raise AttributeError(name)
-
-        def do_POST(self):
-            self._serve()
-
-        do_GET = do_POST
-
-        def _serve(self) -> None:
-            """The request line and headers are in; nothing of the body has been read."""
-            ch, rest = self._channel()
-            if ch is None:  # no edge's channel, or not its key: nothing reaches the Teacher unrecorded
-                return self._refuse(None, 403, "key", "unknown channel")
-            route = ROUTES.get((self.command, rest))
-            if route is None:  # e.g. `/v1/../../flush_cache`: the Teacher server's other endpoints
-                return self._refuse(ch, 403, "path", "only POST <channel>/v1/chat/completions is served")
-            if route == "models":  # the Student's id only: the Teacher's name reaches no prompt and no record
-                ids = [proxy.student_model] if proxy.student_model else []
-                data = [{"id": i, "object": "model", "created": 0, "owned_by": "sftree"} for i in ids]
-                return self._reply(200, {"object": "list", "data": data})
-            lengths = self.headers.get_all("Content-Length") or []
-            if (
-                self.headers.get("Transfer-Encoding")
-                or len(lengths) != 1
-                or not re.fullmatch(r"[0-9]+", lengths[0])
-            ):
-                return self._refuse(ch, 411, "body", "one Content-Length is required (no chunked bodies)")
-            if len(lengths[0]) > 18 or int(lengths[0]) > proxy.limits.max_body:
-                return self._refuse(ch, 413, "body", f"request body over {proxy.limits.max_body} bytes")
-            length = int(lengths[0])
-            if ch.stopped:
-                # The turn ended at `coral eval`; OpenCode is being stopped. Nothing of this reaches the Teacher.
-                return self._close(503, "turn ended (sftree interrupted the agent)")
-            refusal = proxy.admit(ch, length)
-            if refusal is not None:
-                return self._refuse(ch, *refusal)
-            try:
-                self._chat(ch, length)
-            finally:
-                proxy.release(ch, length)
-
-        def _read_body(self, length: int) -> tuple[bytes | None, str]:
-            """The body, read within `body_timeout` s in all (a byte now and then does not keep it going), or
-            (None, why)."""
-            deadline = time.monotonic() + proxy.limits.body_timeout
-            parts, got = [], 0
-            try:
-                while got < length:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return None, "slow"
-                    self.connection.settimeout(left)
-                    part = self.rfile.read1(min(length - got, 1 << 20))
-                    if not part:
-                        return None, "closed"
-                    parts.append(part)
-                    got += len(part)
-            except TimeoutError:
-                return None, "slow"
-            except OSError:
-                return None, "closed"
-            finally:
-                try:
-                    self.connection.settimeout(None)
-                except OSError:
-                    pass
-            return b"".join(parts), ""
-
-        def _chat(self, ch: Channel, length: int) -> None:
-            """An admitted chat completion: read, counted, sent on, relayed, recorded."""
-            if self.headers.get("Expect", "").lower() == "100-continue":
-                self.send_response_only(100)
-                self.end_headers()
-            raw, why = self._read_body(length)
-            if raw is None:
-                self.close_connection = True
-                if why == "slow":
-                    self._refuse(
-                        ch, 408, "slow", f"request body not received within {proxy.limits.body_timeout:g} s"
-                    )
-                return
-            try:
-                body = json.loads(raw)
-            except (ValueError, RecursionError):
-                body = None
-            if not isinstance(body, dict):
-                return self._refuse(ch, 400, "body", "the request body is not a JSON object")
-            if ch.tampered:
-                return self._reply(409, {"error": {"message": "session ended (tampered)"}})
-            if ch.probe:  # what a fresh session sends is all the host wants of it (agents/chain.py Pristine)
-                self._record(ch, body, ch.turn, {"response": None, "usage": None, "finish_reason": None}, 0.0,
-                             "probe")  # fmt: skip
-                return self._reply(400, {"error": {"message": "probe: no model behind this session"}})
-            refusal = proxy.count_step(ch, classify(body))
-            if refusal is not None:
-                return self._refuse(ch, *refusal)
-            if ch.chain is not None and classify(body) == "agent":
-                try:
-                    with ch.lock:
-                        ch.chain.check(body)
-                except ChainBreak as exc:  # never reaches the Teacher; kept with its diff, never trained
-                    ch.tampered = exc.reason
-                    self._record(ch, body, ch.turn, {"response": None, "usage": None, "finish_reason": None},
-                                 0.0, f"tampered: {exc.reason}", tampered=exc.diff)  # fmt: skip
-                    log.warning("edge %s: a request broke the session's chain: %s", ch.name, exc.reason)
-                    return self._reply(409, {"error": {"message": "session ended (tampered)"}})
-            stream = bool(body.get("stream"))
-            turn = ch.turn
-            sent_on = dict(proxy.extra_body)
-            if proxy.tool_choice and body.get("tools") and classify(body) == "agent":
-                sent_on.setdefault("tool_choice", proxy.tool_choice)  # extra_body keeps the last word
-            if proxy.model and body.get("model") not in (None, proxy.model):
-                sent_on["model"] = proxy.model
-            if sent_on:
-                raw = None  # not held beside its re-encoding
-                raw = json.dumps({**body, **sent_on}).encode()
-            path = "/chat/completions"
+        def attempt(n: int) -> Upstream:
             t0 = time.monotonic()
-            failed = {"response": None, "usage": None, "finish_reason": None}
+            entry = InFlight(t0, t0, label)
+            r = self.transport.send(url, body, headers, stream=stream, entry=entry)
+            self.transport.check_status(r, t0)
+            if not stream or r.status_code != 200:
+                return Upstream(r, entry)
+            rest = self.transport.chunks(r, entry)
             try:
-                resp = proxy.forward("POST", path, self._headers(ch), raw, stream)
-            except requests.RequestException as exc:
-                self._record(ch, body, turn, failed, time.monotonic() - t0, f"teacher unreachable: {exc}")
-                ch.teacher_failures += 1
-                return self._reply(502, {"error": {"message": f"teacher unreachable: {exc}"}})
-            if resp.status_code != 200:
-                data = resp.content
-                # The server's own words (bounded): a context overflow says so (agents/turn_end.py)
-                said = _safe_raw(data.decode("utf-8", "replace"), 300)
-                self._record(
-                    ch, body, turn, failed, time.monotonic() - t0, f"HTTP {resp.status_code}: {said}"
-                )
-                ch.teacher_failures += 1
-                self.send_response(resp.status_code)
-                self.send_header("Content-Type", resp.headers.get("Content-Type", "application/json"))
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-                return
-            if not stream:
-                data, repaired = repair_json(resp.content)
-                try:
-                    payload = json.loads(data)
-                except ValueError as exc:
-                    fields = dict(failed, error=f"malformed reply: reply is not JSON ({exc})")
-                    fields["raw_response"] = _safe_raw(data.decode("utf-8", "replace"))
-                else:
-                    fields = reply_fields(body, payload, message_from_completion(payload))
-                self._record(ch, body, turn, fields, time.monotonic() - t0, None, repaired)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-                return
-            # Streaming: relay each complete line at once (chunked encoding), assemble on the side.
-            asm = StreamAssembler()
-            self.send_response(200)
-            self.send_header("Content-Type", resp.headers.get("Content-Type", "text/event-stream"))
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Transfer-Encoding", "chunked")
+                first = next(rest, b"")
+            except Transient:
+                r.close()
+                raise
+            return Upstream(r, entry, first, rest)
+
+        return self.transport.run(attempt, url=url, label=label, log=log)
+
+
+@dataclass
+class Upstream:
+    """The Teacher's answer to one forwarded request: its response and, streamed, the bytes read so far (`first`)
+    and an iterator of the rest, read within the transport's stall limits."""
+
+    response: Any  # requests.Response (the transport's)
+    entry: InFlight
+    first: bytes = b""
+    rest: Iterator[bytes] = field(default_factory=lambda: iter(()))
+
+
+_FAILED = {
+    "response": None,
+    "usage": None,
+    "finish_reason": None,
+}  # the record fields of a step with no answer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """A connection to the proxy: `_serve` answers each request by its route (`_models`, `_chat`) or refuses it.
+    `proxy` is set per server (`_handler_for`)."""
+
+    protocol_version = "HTTP/1.1"
+    proxy: RecordingProxy
+
+    def log_message(self, fmt, *args):  # the explore log has what matters
+        pass
+
+    def _channel(self) -> tuple[Channel | None, str | None]:
+        """The channel the request target names with that channel's own key, and the rest of the target."""
+        m = _CHANNEL.fullmatch(self.path)
+        ch = self.proxy.channels.get(m[1]) if m else None
+        # bytes: the target is any latin-1 text, which compare_digest takes only as bytes
+        if ch is None or not secrets.compare_digest(ch.key.encode(), m[2].encode("latin-1")):
+            return None, None
+        return ch, m[3] or ""
+
+    def _headers(self, ch: Channel | None) -> dict:
+        out = {
+            k: v
+            for k, v in self.headers.items()
+            if k.lower() not in HOP_HEADERS and not k.lower().startswith("x-sftree-")
+        }
+        out.pop("Authorization", None)
+        out.pop("authorization", None)
+        if self.proxy.api_key:
+            out["Authorization"] = f"Bearer {self.proxy.api_key}"
+        if ch is not None:
+            out.update(ch.headers)
+            out["X-Sftree-Turn"] = str(ch.turn)
+            out.update(routing_headers(out))  # behind smg: the session stays on one worker
+        return out
+
+    def _reply(self, status: int, obj) -> None:
+        send_json(self, status, obj)
+
+    def _refuse(self, ch: Channel | None, status: int, reason: str, message: str) -> None:
+        """Refused, counted; the body stays unread, so the connection is closed after the answer."""
+        self.proxy.count_refusal(ch, reason, f"{self.command} {self.path!r}")
+        self._close(status, message, retry=status == 429)
+
+    def _close(self, status: int, message: str, retry: bool = False) -> None:
+        self.close_connection = True
+        data = json.dumps({"error": {"message": message}}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        if retry:
+            self.send_header("Retry-After", "1")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def handle_expect_100(self) -> bool:
+        # `100 Continue` only once the request is admitted (`_chat`): no body is invited before.
+        return True
+
+    def __getattr__(self, name: str):
+        # Every method (PUT, DELETE, HEAD, OPTIONS, any name) is answered as GET and POST are: by `_serve`,
+        # which refuses all but the two routes, counted.
+        if name.startswith("do_"):
+            return self._serve
+        raise AttributeError(name)
+
+    def do_POST(self):
+        self._serve()
+
+    do_GET = do_POST
+
+    def _serve(self) -> None:
+        """The request line and headers are in; nothing of the body has been read."""
+        ch, rest = self._channel()
+        if ch is None:  # no edge's channel, or not its key: nothing reaches the Teacher unrecorded
+            return self._refuse(None, 403, "key", "unknown channel")
+        route = ROUTES.get((self.command, rest))
+        if route is None:  # e.g. `/v1/../../flush_cache`: the Teacher server's other endpoints
+            return self._refuse(ch, 403, "path", "only POST <channel>/v1/chat/completions is served")
+        if route == "models":
+            return self._models()
+        length = self._length(ch)
+        if length is None:
+            return None
+        if ch.stopped:
+            # The turn ended at `coral eval`; OpenCode is being stopped. Nothing of this reaches the Teacher.
+            return self._close(503, "turn ended (sftree interrupted the agent)")
+        refusal = self.proxy.admit(ch, length)
+        if refusal is not None:
+            return self._refuse(ch, *refusal)
+        try:
+            self._chat(ch, length)
+        finally:
+            self.proxy.release(ch, length)
+
+    def _models(self) -> None:
+        """The Student's id only: the Teacher's name reaches no prompt and no record."""
+        ids = [self.proxy.student_model] if self.proxy.student_model else []
+        data = [{"id": i, "object": "model", "created": 0, "owned_by": "sftree"} for i in ids]
+        self._reply(200, {"object": "list", "data": data})
+
+    def _length(self, ch: Channel) -> int | None:
+        """The body's length as its one Content-Length says, within `max_body`; None when refused for it."""
+        lengths = self.headers.get_all("Content-Length") or []
+        if (
+            self.headers.get("Transfer-Encoding")
+            or len(lengths) != 1
+            or not re.fullmatch(r"[0-9]+", lengths[0])
+        ):
+            self._refuse(ch, 411, "body", "one Content-Length is required (no chunked bodies)")
+            return None
+        if len(lengths[0]) > 18 or int(lengths[0]) > self.proxy.limits.max_body:
+            self._refuse(ch, 413, "body", f"request body over {self.proxy.limits.max_body} bytes")
+            return None
+        return int(lengths[0])
+
+    def _read_body(self, length: int) -> tuple[bytes | None, str]:
+        """The body, read within `body_timeout` s in all (a byte now and then does not keep it going), or
+        (None, why)."""
+        deadline = time.monotonic() + self.proxy.limits.body_timeout
+        parts, got = [], 0
+        try:
+            while got < length:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None, "slow"
+                self.connection.settimeout(left)
+                part = self.rfile.read1(min(length - got, 1 << 20))
+                if not part:
+                    return None, "closed"
+                parts.append(part)
+                got += len(part)
+        except TimeoutError:
+            return None, "slow"
+        except OSError:
+            return None, "closed"
+        finally:
+            try:
+                self.connection.settimeout(None)
+            except OSError:
+                pass
+        return b"".join(parts), ""
+
+    def _chat(self, ch: Channel, length: int) -> None:
+        """An admitted chat completion: read, checked, sent on, relayed, recorded."""
+        raw, body = self._request(ch, length)
+        if body is None or not self._may_go_on(ch, body):
+            return
+        turn, t0, stream = ch.turn, time.monotonic(), bool(body.get("stream"))
+        raw = self._sent_on(body, raw)
+        try:
+            up = self.proxy.forward(self._headers(ch), raw, stream, f"{ch.name} turn {turn}")
+        except TeacherError as exc:
+            if exc.last is not None and exc.last.response is not None:  # the Teacher's own last answer
+                return self._pass_failure(ch, body, turn, t0, exc.last.response)
+            self._record(ch, body, turn, _FAILED, time.monotonic() - t0, f"teacher unreachable: {exc}")
+            ch.teacher_failures += 1
+            return self._reply(502, {"error": {"message": f"teacher unreachable: {exc}"}})
+        if up.response.status_code != 200:
+            return self._pass_failure(ch, body, turn, t0, up.response)
+        if not stream:
+            return self._pass_reply(ch, body, turn, t0, up.response)
+        return _Relay(self, ch, body, turn, t0).run(up)
+
+    def _request(self, ch: Channel, length: int) -> tuple[bytes | None, dict | None]:
+        """The request's bytes and its JSON object, or (None, None) when it was answered for being unreadable."""
+        if self.headers.get("Expect", "").lower() == "100-continue":
+            self.send_response_only(100)
             self.end_headers()
-            recorded = False
-            repaired = False
-            pending = b""
+        raw, why = self._read_body(length)
+        if raw is None:
+            self.close_connection = True
+            if why == "slow":
+                self._refuse(
+                    ch, 408, "slow", f"request body not received within {self.proxy.limits.body_timeout:g} s"
+                )
+            return None, None
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            body = None
+        if not isinstance(body, dict):
+            self._refuse(ch, 400, "body", "the request body is not a JSON object")
+            return None, None
+        return raw, body
 
-            def record(error: str | None = None) -> None:
-                nonlocal recorded
-                if not recorded:
-                    recorded = True
-                    asm.close()
-                    fields = reply_fields(body, asm.completion(), asm.message())
-                    self._record(ch, body, turn, fields, time.monotonic() - t0, error, repaired)
-
-            def send(data: bytes) -> None:
-                if data:
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-                    self.wfile.flush()
-
+    def _may_go_on(self, ch: Channel, body: dict) -> bool:
+        """Whether the request goes on to the Teacher; else it has been answered here (a tampered session, the
+        host's probe, the turn's step limit, a request that breaks the session's chain)."""
+        if ch.tampered:
+            self._reply(409, {"error": {"message": "session ended (tampered)"}})
+            return False
+        if ch.probe:  # what a fresh session sends is all the host wants of it (agents/chain.py Pristine)
+            self._record(ch, body, ch.turn, _FAILED, 0.0, "probe")
+            self._reply(400, {"error": {"message": "probe: no model behind this session"}})
+            return False
+        refusal = self.proxy.count_step(ch, classify(body))
+        if refusal is not None:
+            self._refuse(ch, *refusal)
+            return False
+        if ch.chain is not None and classify(body) == "agent":
             try:
-                for piece in resp.iter_content(chunk_size=None):
-                    if not piece:
-                        continue
-                    pending += piece
-                    head, sep, pending = pending.rpartition(b"\n")
-                    if not sep:  # no complete line yet (rpartition left it all in `pending`)
-                        continue
-                    lines = []
-                    for line in (head + sep).splitlines(keepends=True):
-                        line, fixed = repair_sse_line(line)
-                        repaired |= fixed
-                        lines.append(line)
-                    out = b"".join(lines)
-                    asm.feed(out)
-                    if b"[DONE]" in out:  # record before the client can see the end of the answer
-                        record()
-                    send(out)
-                if pending:
-                    out, fixed = repair_sse_line(pending)
-                    repaired |= fixed
-                    asm.feed(out)
-                    record()
-                    send(out)
-                record()
-                self.wfile.write(b"0\r\n\r\n")
-                self.wfile.flush()
-            except (OSError, requests.RequestException) as exc:  # OpenCode went away, or the Teacher broke
-                self.close_connection = True
-                record(f"stream cut: {type(exc).__name__}")
-            finally:
-                resp.close()
+                with ch.lock:
+                    ch.chain.check(body)
+            except ChainBreak as exc:  # never reaches the Teacher; kept with its diff, never trained
+                ch.tampered = exc.reason
+                self._record(ch, body, ch.turn, _FAILED, 0.0, f"tampered: {exc.reason}", tampered=exc.diff)
+                log.warning("edge %s: a request broke the session's chain: %s", ch.name, exc.reason)
+                self._reply(409, {"error": {"message": "session ended (tampered)"}})
+                return False
+        return True
 
-        def _record(self, ch, body, turn, fields, latency, error, repaired=False, tampered=None) -> None:
-            rec = {
-                "turn": turn,
-                "kind": classify(body),
-                "request": {
-                    "model": body.get("model"),
-                    "messages": body.get("messages") or [],
-                    "tools": body.get("tools") or [],
-                },
-                "response": fields["response"],
-                "tool_results": [],
-                "usage": fields["usage"],
-                "latency_s": round(latency, 4),
-                "finish_reason": fields["finish_reason"],
-                "session_id": self.headers.get("x-session-id"),
-            }
-            notes = list(fields.get("notes") or [])
-            if repaired:
-                notes.append("lone_surrogate_replaced")
-            if notes:
-                rec["notes"] = notes
-            if compacted(body):
-                rec["compacted"] = True
-            if error or fields.get("error"):
-                rec["error"] = error or fields["error"]
-            if fields.get("raw_response") is not None:
-                rec["raw_response"] = fields["raw_response"]
-            if tampered is not None:
-                rec["tampered"] = tampered
-            with ch.lock:
-                if ch.chain is not None and tampered is None and rec["kind"] == "agent":
-                    cut = bool(rec.get("error")) or rec["finish_reason"] == "length"
-                    ch.chain.answered(rec["response"], cut)
-                if rec["kind"] == "agent" and cut_call(rec) and not ch.probe:
-                    ch.cut_call = ch.stopped = True  # the turn ends here (agents/turn_end.py)
-                ch.records.append(rec)
+    def _sent_on(self, body: dict, raw: bytes) -> bytes:
+        """The bytes sent to the Teacher: as OpenCode sent them, or with the proxy's own settings (`extra_body`,
+        `tool_choice`, the Teacher's model name), which are not recorded."""
+        proxy, sent_on = self.proxy, dict(self.proxy.extra_body)
+        if proxy.tool_choice and body.get("tools") and classify(body) == "agent":
+            sent_on.setdefault("tool_choice", proxy.tool_choice)  # extra_body keeps the last word
+        if proxy.model and body.get("model") not in (None, proxy.model):
+            sent_on["model"] = proxy.model
+        return json.dumps({**body, **sent_on}).encode() if sent_on else raw
 
-    return Handler
+    def _pass_failure(self, ch: Channel, body: dict, turn: int, t0: float, resp) -> None:
+        """The Teacher's failure (a status that is not retried, or the last of a request given up), passed on."""
+        data = resp.content
+        # The server's own words (bounded): a context overflow says so (agents/turn_end.py)
+        said = _safe_raw(data.decode("utf-8", "replace"), 300)
+        self._record(ch, body, turn, _FAILED, time.monotonic() - t0, f"HTTP {resp.status_code}: {said}")
+        ch.teacher_failures += 1
+        self.send_response(resp.status_code)
+        self.send_header("Content-Type", resp.headers.get("Content-Type", "application/json"))
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _pass_reply(self, ch: Channel, body: dict, turn: int, t0: float, resp) -> None:
+        """A plain (not streamed) reply, recorded and passed on (lone surrogates repaired)."""
+        data, repaired = repair_json(resp.content)
+        try:
+            payload = json.loads(data)
+        except ValueError as exc:
+            fields = dict(_FAILED, error=f"malformed reply: reply is not JSON ({exc})")
+            fields["raw_response"] = _safe_raw(data.decode("utf-8", "replace"))
+        else:
+            fields = reply_fields(body, payload, message_from_completion(payload))
+        self._record(ch, body, turn, fields, time.monotonic() - t0, None, repaired)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _record(self, ch, body, turn, fields, latency, error, repaired=False, tampered=None) -> None:
+        rec = {
+            "turn": turn,
+            "kind": classify(body),
+            "request": {
+                "model": body.get("model"),
+                "messages": body.get("messages") or [],
+                "tools": body.get("tools") or [],
+            },
+            "response": fields["response"],
+            "tool_results": [],
+            "usage": fields["usage"],
+            "latency_s": round(latency, 4),
+            "finish_reason": fields["finish_reason"],
+            "session_id": self.headers.get("x-session-id"),
+        }
+        notes = list(fields.get("notes") or [])
+        if repaired:
+            notes.append("lone_surrogate_replaced")
+        if notes:
+            rec["notes"] = notes
+        if compacted(body):
+            rec["compacted"] = True
+        if error or fields.get("error"):
+            rec["error"] = error or fields["error"]
+        if fields.get("raw_response") is not None:
+            rec["raw_response"] = fields["raw_response"]
+        if tampered is not None:
+            rec["tampered"] = tampered
+        with ch.lock:
+            if ch.chain is not None and tampered is None and rec["kind"] == "agent":
+                cut = bool(rec.get("error")) or rec["finish_reason"] == "length"
+                ch.chain.answered(rec["response"], cut)
+            if rec["kind"] == "agent" and cut_call(rec) and not ch.probe:
+                ch.cut_call = ch.stopped = True  # the turn ends here (agents/turn_end.py)
+            ch.records.append(rec)
+
+
+class _Relay:
+    """A streamed reply relayed to OpenCode as it comes, each complete line at once (chunked encoding),
+    assembled on the side and recorded once: before OpenCode can see the answer's end, or when it breaks."""
+
+    def __init__(self, handler: _Handler, ch: Channel, body: dict, turn: int, t0: float):
+        self.h, self.ch, self.body, self.turn, self.t0 = handler, ch, body, turn, t0
+        self.asm = StreamAssembler()
+        self.recorded = self.repaired = False
+        self.pending = b""
+
+    def run(self, up: Upstream) -> None:
+        h = self.h
+        h.send_response(200)
+        h.send_header("Content-Type", up.response.headers.get("Content-Type", "text/event-stream"))
+        h.send_header("Cache-Control", "no-cache")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        try:
+            for piece in itertools.chain((up.first,), up.rest):
+                self._piece(piece)
+                up.entry.chunks = self.asm.chunks  # past the first chunk, the stall limit applies
+            if self.pending:  # a last line without its newline
+                self._lines(self.pending, last=True)
+            self.record()
+            h.wfile.write(b"0\r\n\r\n")
+            h.wfile.flush()
+        except (OSError, Transient) as exc:  # OpenCode went away, or the Teacher broke off or stalled
+            h.close_connection = True
+            why = f"{exc.kind}: {exc.detail}" if isinstance(exc, Transient) else type(exc).__name__
+            self.record(f"stream cut: {why}")
+        finally:
+            up.response.close()
+
+    def _piece(self, piece: bytes) -> None:
+        """Bytes from the Teacher: the complete lines among them are passed on, the rest waits for its end."""
+        if not piece:
+            return
+        self.pending += piece
+        head, sep, self.pending = self.pending.rpartition(b"\n")
+        if sep:  # else no complete line yet (rpartition left it all in `pending`)
+            self._lines(head + sep)
+
+    def _lines(self, data: bytes, last: bool = False) -> None:
+        lines = []
+        for line in data.splitlines(keepends=True):
+            line, fixed = repair_sse_line(line)
+            self.repaired |= fixed
+            lines.append(line)
+        out = b"".join(lines)
+        self.asm.feed(out)
+        if last or b"[DONE]" in out:  # record before the client can see the end of the answer
+            self.record()
+        self.h.wfile.write(b"%x\r\n%s\r\n" % (len(out), out))
+        self.h.wfile.flush()
+
+    def record(self, error: str | None = None) -> None:
+        if not self.recorded:
+            self.recorded = True
+            self.asm.close()
+            fields = reply_fields(self.body, self.asm.completion(), self.asm.message())
+            self.h._record(
+                self.ch, self.body, self.turn, fields, time.monotonic() - self.t0, error, self.repaired
+            )
+
+
+def _handler_for(proxy: RecordingProxy, tcp: bool = True) -> type[_Handler]:
+    """The handler class of one of the proxy's servers. A streamed reply is many small writes: with Nagle's
+    algorithm each waits for the client's delayed ACK (~40 ms a request on loopback); a Unix socket has none."""
+    return type("Handler", (_Handler,), {"proxy": proxy, "disable_nagle_algorithm": tcp})

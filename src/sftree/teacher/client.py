@@ -2,8 +2,9 @@
 
 - `wait_ready()` polls `/health` then `/v1/models` until `health_timeout`, and fails with a message naming the
   URL and how to start SGLang.
-- `chat()` retries connection errors, timeouts, 429 and 5xx (SGLang answers 503 when its queue is full) with
-  capped exponential backoff, under a semaphore of `max_concurrency` requests in flight.
+- `chat()` sends through the Teacher transport (`teacher/transport.py`, shared with the OpenCode backend's
+  recording proxy), which sends connection errors, timeouts, stalls, 429 and 5xx (SGLang answers 503 when its
+  queue is full) again with capped exponential backoff; under a semaphore of `max_concurrency` in flight.
 - An answer that there is nobody to answer - connection refused (a server or router restarting), or
   sglang-router's 503 `no_available_workers` (every worker unhealthy or its circuit open, e.g. one worker dead
   and the other just restarted) - does not count against `retries`: the request keeps being sent again, with
@@ -40,22 +41,29 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-
-import requests
-import urllib3
 
 from sftree.errors import TeacherUnavailable
 from sftree.teacher.affinity import routing_headers
-from sftree.teacher.http import InFlight, TrackingAdapter, socket_of, tracking
+from sftree.teacher.http import InFlight
 from sftree.teacher.response import MalformedResponse, Reply, is_context_overflow, normalize
 from sftree.teacher.router_watch import RouterWatcher, read_workers
 from sftree.teacher.stream import StreamAssembler
+from sftree.teacher.transport import (  # noqa: F401 - TeacherError, backoff_delay, no_worker_answer, refused:
+    Policy,  # the client's names for the transport's (tests, callers)
+    RequestFailed,
+    TeacherError,
+    Transient,
+    Transport,
+    backoff_delay,
+    no_worker_answer,
+    refused,
+    teacher_defaults,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +72,6 @@ SGLANG_HINT = (
     "--tool-call-parser <parser> --enable-cache-report`, or set `teacher.sim` / run `sftree teacher-sim` for a "
     "stand-in"
 )
-
-
-class TeacherError(TeacherUnavailable):
-    """A request failed past the retry budget or with a non-retryable status."""
 
 
 class ContextOverflow(Exception):
@@ -201,11 +205,6 @@ def serialize(body: dict) -> bytes:
     return json.dumps(body, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
-def backoff_delay(attempt: int, base: float, cap: float) -> float:
-    """Capped exponential backoff: base * 2**attempt, at most cap (no jitter: reruns stay reproducible)."""
-    return min(cap, base * (2**attempt))
-
-
 def _server_root(base_url: str) -> str:
     root = base_url.rstrip("/")
     return root[: -len("/v1")] if root.endswith("/v1") else root
@@ -219,85 +218,11 @@ def _now_iso() -> str:
 # once this long has passed without one (a live stream sends a chunk per token).
 FLEET_GRACE = 5.0
 MAX_INCIDENTS = 200  # kept in stats["incidents"] (tree.json `teacher`); the counters count them all
-
-
-class _Retry(Exception):
-    """One attempt failed in a way worth another: `kind` is connection | http | stall | cut | worker_down |
-    stream_error; `waited` the seconds this attempt took; `unavailable` when no connection could be made at all
-    (nothing listening: an outage, timed by `outage_timeout` instead of counted against `retries`)."""
-
-    def __init__(self, kind: str, detail: str, waited: float = 0.0, unavailable: bool = False):
-        super().__init__(detail)
-        self.kind, self.detail, self.waited, self.unavailable = kind, detail, waited, unavailable
-
-
-# sglang-router's error codes (HTTP 503) for a request it has no worker to send to: every worker unhealthy or
-# its circuit breaker open (`no_available_workers`), or none healthy (the others; prefill-decode pairs)
-NO_WORKER_CODES = ("no_available_workers", "no_healthy_workers", "no_available_pd_worker_pairs",
-                   "no_healthy_worker_pair")  # fmt: skip
-
-
-def no_worker_answer(status: int, text: str) -> bool:
-    """The server answered that no worker can take the request now (sglang-router's 503 no_available_workers):
-    the fleet is out of workers for a while, not failing."""
-    return status == 503 and any(code in (text or "") for code in NO_WORKER_CODES)
-
-
-def refused(exc: BaseException) -> bool:
-    """A request error that is a connection never made: refused (nothing listening at the URL: the server or
-    router is restarting) or not made in time. Not a connection that broke once made (that is a failed attempt)."""
-    seen = set()
-    todo = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, ConnectionRefusedError | urllib3.exceptions.NewConnectionError | requests.ConnectTimeout
-                      | urllib3.exceptions.ConnectTimeoutError):  # fmt: skip
-            return True
-        todo += [e.__cause__, e.__context__, getattr(e, "reason", None)]
-        todo += [a for a in getattr(e, "args", ()) if isinstance(a, BaseException)]
-    return False
-
-
-@dataclass
-class RetryBudget:
-    """What one request has spent (the client's and the OpenCode proxy's): failed attempts against `retries`,
-    and the current outage (answers that no worker is there), which is timed by `outage_timeout` instead
-    (`outage_timeout` 0: counted against `retries` too)."""
-
-    retries: int
-    outage_timeout: float
-    base: float
-    backoff_max: float
-    failures: int = 0
-    outage: float | None = None  # when the current spell of "no worker to answer" began (monotonic)
-    spell: int = 0  # attempts in that spell
-
-    def spend(self, unavailable: bool, t_try: float) -> tuple[str, float, float]:
-        """Account one failed attempt begun at `t_try`: (verdict, seconds to wait, seconds of outage so far).
-        verdict: `waiting` (no worker yet; not counted), `outage_over` (no worker for `outage_timeout` s: give
-        up), `retry`, or `exhausted` (`retries` + 1 failed attempts: give up)."""
-        if unavailable and self.outage_timeout > 0:
-            if self.outage is None:
-                self.outage = t_try
-            waited = time.monotonic() - self.outage
-            if waited >= self.outage_timeout:
-                return "outage_over", 0.0, waited
-            self.spell += 1
-            delay = min(
-                backoff_delay(self.spell - 1, self.base, self.backoff_max), self.outage_timeout - waited
-            )
-            return "waiting", delay, waited
-        self.outage, self.spell = None, 0  # a worker answered, if with a failure: the outage is over
-        self.failures += 1
-        if self.failures > self.retries:
-            return "exhausted", 0.0, 0.0
-        return "retry", backoff_delay(self.failures - 1, self.base, self.backoff_max), 0.0
+POLICY_KEYS = tuple(f.name for f in fields(Policy))
 
 
 class TeacherClient:
+    # `teacher.*` keys of the transport's policy (teacher/transport.py): None takes the schema's default
     def __init__(
         self,
         base_url: str,
@@ -306,10 +231,10 @@ class TeacherClient:
         api_key: str | None = None,
         temperature: float = 0.7,
         max_tokens: int = 4096,
-        request_timeout: float = 900,
-        retries: int = 8,
-        backoff_max: float = 60,
-        backoff_base: float = 0.5,
+        request_timeout: float | None = None,
+        retries: int | None = None,
+        backoff_max: float | None = None,
+        backoff_base: float | None = None,
         health_timeout: float = 600,
         max_concurrency: int = 64,
         extra_body: dict | None = None,
@@ -318,10 +243,11 @@ class TeacherClient:
         constrain: str = "none",
         seed: int | None = None,
         stream: bool = True,
-        first_chunk_timeout: float = 300,
-        stall_timeout: float = 60,
+        first_chunk_timeout: float | None = None,
+        stall_timeout: float | None = None,
         fleet_poll: float = 2,
-        outage_timeout: float = 600,
+        outage_timeout: float | None = None,
+        connect_timeout: float | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.root_url = _server_root(self.base_url)
@@ -329,10 +255,16 @@ class TeacherClient:
         self.api_key = api_key
         self.temperature = temperature
         self.max_tokens = max_tokens
-        self.request_timeout = request_timeout
-        self.retries = retries
-        self.backoff_max = backoff_max
-        self.backoff_base = backoff_base
+        self.policy = Policy.from_config({
+            "request_timeout": request_timeout, "retries": retries, "backoff_max": backoff_max,
+            "backoff_base": backoff_base, "first_chunk_timeout": first_chunk_timeout,
+            "stall_timeout": stall_timeout, "outage_timeout": outage_timeout, "connect_timeout": connect_timeout,
+        })  # fmt: skip
+        self.transport = Transport(self.policy)
+        p = self.policy  # read as the client's own settings (the OpenCode backend hands them to its proxy)
+        self.request_timeout, self.retries, self.backoff_max = p.request_timeout, p.retries, p.backoff_max
+        self.backoff_base, self.outage_timeout = p.backoff_base, p.outage_timeout
+        self.first_chunk_timeout, self.stall_timeout = p.first_chunk_timeout, p.stall_timeout
         self.health_timeout = health_timeout
         self.extra_body = dict(extra_body or {})
         self.context_tokens = context_tokens
@@ -344,14 +276,10 @@ class TeacherClient:
         self.constrain = constrain
         self.seed = seed
         self.stream = bool(stream)
-        self.first_chunk_timeout = float(first_chunk_timeout)
-        self.stall_timeout = float(stall_timeout)
         self.fleet_poll = float(fleet_poll or 0)
-        self.outage_timeout = float(outage_timeout or 0)
         self.fleet: RouterWatcher | None = None
         self._sem = threading.BoundedSemaphore(max_concurrency)
         self._warned_no_usage = False
-        self._local = threading.local()
         self._inflight: set[InFlight] = set()
         self._request_ids = 0
         self.stats_lock = threading.Lock()
@@ -371,39 +299,26 @@ class TeacherClient:
 
     @classmethod
     def from_config(cls, cfg: dict) -> TeacherClient:
-        key_env = cfg.get("api_key_env", "SFTREE_TEACHER_API_KEY")
+        """From the `teacher` section; a key it lacks takes the schema's default (transport.teacher_defaults)."""
+        cfg = {**teacher_defaults(), **cfg}
+        key_env = cfg["api_key_env"]
         return cls(
-            cfg.get("base_url", "http://127.0.0.1:30000/v1"),
-            cfg.get("model", "default"),
+            cfg["base_url"],
+            cfg["model"],
             api_key=os.environ.get(key_env) if key_env else None,
-            temperature=cfg.get("temperature", 0.7),
-            max_tokens=cfg.get("max_tokens", 4096),
-            request_timeout=cfg.get("request_timeout", 900),
-            retries=cfg.get("retries", 8),
-            backoff_max=cfg.get("backoff_max", 60),
-            backoff_base=cfg.get("backoff_base", 0.5),
-            health_timeout=cfg.get("health_timeout", 600),
-            max_concurrency=cfg.get("max_concurrency", 64),
-            extra_body=cfg.get("extra_body"),
-            context_tokens=cfg.get("context_tokens", 131072),
-            tool_choice=cfg.get("tool_choice", "auto"),
-            constrain=cfg.get("constrain") or "none",
-            seed=cfg.get("seed"),
-            stream=cfg.get("stream", True),
-            first_chunk_timeout=cfg.get("first_chunk_timeout", 300),
-            stall_timeout=cfg.get("stall_timeout", 60),
-            fleet_poll=cfg.get("fleet_poll", 2),
-            outage_timeout=cfg.get("outage_timeout", 600),
+            temperature=cfg["temperature"],
+            max_tokens=cfg["max_tokens"],
+            health_timeout=cfg["health_timeout"],
+            max_concurrency=cfg["max_concurrency"],
+            extra_body=cfg["extra_body"],
+            context_tokens=cfg["context_tokens"],
+            tool_choice=cfg["tool_choice"],
+            constrain=cfg["constrain"] or "none",
+            seed=cfg["seed"],
+            stream=cfg["stream"],
+            fleet_poll=cfg["fleet_poll"],
+            **{f: cfg[f] for f in POLICY_KEYS},
         )
-
-    # one Session per thread: requests.Session is not thread-safe, and keep-alive saves a handshake per step
-    def _session(self) -> requests.Session:
-        s = getattr(self._local, "session", None)
-        if s is None:
-            s = self._local.session = requests.Session()
-            for prefix in ("http://", "https://"):
-                s.mount(prefix, TrackingAdapter())
-        return s
 
     def _headers(self, extra: dict | None) -> dict:
         h = {"Content-Type": "application/json"}
@@ -414,11 +329,9 @@ class TeacherClient:
             h.update(routing_headers(h))  # behind smg: the session's requests stay on one worker
         return h
 
-    def _workers(self, session: requests.Session | None = None) -> dict[str, bool] | None:
+    def _workers(self) -> dict[str, bool] | None:
         """The router's worker list ({url: healthy}), or None when the server is no router (no `/workers`)."""
-        r = (session or self._session()).get(
-            f"{self.root_url}/workers", timeout=10, headers=self._headers(None)
-        )
+        r = self.transport.get(f"{self.root_url}/workers", headers=self._headers(None))
         if r.status_code != 200:
             return None
         try:
@@ -434,11 +347,9 @@ class TeacherClient:
         delay = 0.2
         while True:
             try:
-                r = self._session().get(f"{self.root_url}/health", timeout=10, headers=self._headers(None))
+                r = self.transport.get(f"{self.root_url}/health", headers=self._headers(None))
                 if r.status_code == 200:
-                    m = self._session().get(
-                        f"{self.base_url}/models", timeout=10, headers=self._headers(None)
-                    )
+                    m = self.transport.get(f"{self.base_url}/models", headers=self._headers(None))
                     if m.status_code == 200:
                         names = [d.get("id") for d in m.json().get("data", [])]
                         workers = self._workers()
@@ -450,7 +361,7 @@ class TeacherClient:
                         last = f"/v1/models answered HTTP {m.status_code}"
                 else:
                     last = f"/health answered HTTP {r.status_code}"
-            except (requests.RequestException, ValueError) as exc:
+            except (RequestFailed, ValueError) as exc:
                 last = f"{type(exc).__name__}"
             if time.monotonic() >= deadline:
                 raise TeacherUnavailable(
@@ -473,10 +384,8 @@ class TeacherClient:
             ", ".join(map(str, names)),
         )  # fmt: skip
         if self.fleet_poll > 0 and self.fleet is None:
-            session = requests.Session()  # the watcher's own: sessions are per thread
-            self.fleet = RouterWatcher(
-                lambda: self._workers(session), self.fleet_poll, self._worker_changed, workers
-            ).start()
+            # the watcher's thread has its own Session (the transport's are per thread)
+            self.fleet = RouterWatcher(self._workers, self.fleet_poll, self._worker_changed, workers).start()
 
     def close(self) -> None:
         """Stop the fleet watcher (if any)."""
@@ -552,91 +461,55 @@ class TeacherClient:
     def chat(
         self, messages: list[dict], tools: list[dict] | None = None, *, headers: dict | None = None
     ) -> Completion:
-        """One chat completion; raises TeacherError once the retry budget is spent."""
+        """One chat completion, sent again as the transport's policy says; raises TeacherError once it is given
+        up, ContextOverflow or TeacherError for a status that is not retried, BadReply for an unreadable 200."""
         body = self.request_body(messages, tools, headers)
         data = serialize(body)
         hdrs = self._headers(headers)
         url = f"{self.base_url}/chat/completions"
-        stream = bool(body.get("stream"))
+        post = self._post_stream if body.get("stream") else self._post
         label = _label(headers)
         with self.stats_lock:
             self._request_ids += 1
             rid = self._request_ids
-        last = ""
+
+        def failed(attempt: int, exc: Transient, waited: float, again: bool) -> None:
+            self._incident(rid, label, attempt, exc.kind, exc.detail, waited)
+            if again:
+                with self.stats_lock:
+                    self.stats["retries"] += 1
+
         with self._sem:
             t0 = time.monotonic()
-            budget = RetryBudget(self.retries, self.outage_timeout, self.backoff_base, self.backoff_max)
-            attempt, delay = 0, 0.0
-            while True:
-                if attempt:
-                    with self.stats_lock:
-                        self.stats["retries"] += 1
-                    if delay > 0:
-                        time.sleep(delay)
-                t_try = time.monotonic()
-                try:
-                    if stream:
-                        status, text, payload = self._post_stream(url, data, hdrs, label)
-                    else:
-                        status, text, payload = self._post(url, data, hdrs)
-                except _Retry as exc:
-                    last = f"{exc.kind}: {exc.detail}"
-                    self._incident(rid, label, attempt, exc.kind, exc.detail, time.monotonic() - t_try)
-                    # after a worker went down the router already places the request elsewhere: no backoff
-                    delay = self._failed(budget, url, label, last, t_try, exc.unavailable,
-                                         backoff=exc.kind != "worker_down",
-                                         line=f"teacher request {label}: {last[:300]}")  # fmt: skip
-                    attempt += 1
-                    continue
-                if status == 429 or status >= 500:
-                    last = f"HTTP {status}: {text[:200]}"
-                    self._incident(rid, label, attempt, "http", last, time.monotonic() - t_try)
-                    delay = self._failed(budget, url, label, last, t_try, no_worker_answer(status, text),
-                                         line=f"teacher answered {last}")  # fmt: skip
-                    attempt += 1
-                    continue
-                if status != 200:
-                    if is_context_overflow(status, text):
-                        raise ContextOverflow(f"HTTP {status}: {text[:300]}")
-                    raise TeacherError(f"Teacher at {url} answered HTTP {status}: {text[:500]}")
-                # a reply that is not a completion is the model's step failing, not the server: no retry
-                if payload is None:
-                    try:
-                        payload = json.loads(text)
-                    except ValueError as exc:
-                        raise BadReply(f"reply is not JSON ({exc})", _safe(text)) from None
-                names = {t["function"]["name"] for t in tools or [] if isinstance(t.get("function"), dict)}
-                try:
-                    reply = normalize(payload, names)
-                except MalformedResponse as exc:
-                    raise BadReply(str(exc), _safe(payload)) from None
-                if attempt:
-                    log.warning(
-                        "teacher request %s answered at attempt %d, %.1fs after it was first sent",
-                        label, attempt + 1, time.monotonic() - t0,
-                    )  # fmt: skip
-                return self._completion(payload, reply, time.monotonic() - t0, attempt + 1, body)
-
-    def _failed(self, b: RetryBudget, url: str, label: str, last: str, t_try: float, unavailable: bool, *,
-                backoff: bool = True, line: str) -> float:  # fmt: skip
-        """Account one failed attempt (RetryBudget.spend); the seconds to wait before the next, or TeacherError
-        when the request is given up."""
-        verdict, delay, waited = b.spend(unavailable, t_try)
-        if verdict == "outage_over":
-            raise TeacherError(
-                f"Teacher at {url} had no worker to answer for {waited:.0f}s (teacher.outage_timeout "
-                f"{self.outage_timeout:g}s); last error: {last}"
+            attempt, (status, text, payload) = self.transport.run(
+                lambda n: (n, post(url, data, hdrs, label)), url=url, label=label, log=log, on_failure=failed
             )
-        if verdict == "waiting":
-            log.warning(
-                "teacher request %s: waiting for a Teacher worker: %.0f s of %g (%s)",
-                label, waited, self.outage_timeout, last[:200],
-            )  # fmt: skip
-            return delay
-        log.warning("%s, attempt %d/%d", line, b.failures, self.retries + 1)
-        if verdict == "exhausted":
-            raise TeacherError(f"Teacher at {url} failed {self.retries + 1} times; last error: {last}")
-        return delay if backoff else 0.0
+            reply = self._read_answer(url, status, text, payload, tools)
+            if attempt:
+                log.warning(
+                    "teacher request %s answered at attempt %d, %.1fs after it was first sent",
+                    label, attempt + 1, time.monotonic() - t0,
+                )  # fmt: skip
+            return self._completion(reply[0], reply[1], time.monotonic() - t0, attempt + 1, body)
+
+    @staticmethod
+    def _read_answer(url: str, status: int, text: str, payload: dict | None, tools) -> tuple[dict, Reply]:
+        """The answer of the attempt that was not retried: (payload, normalised reply), or the error it is."""
+        if status != 200:
+            if is_context_overflow(status, text):
+                raise ContextOverflow(f"HTTP {status}: {text[:300]}")
+            raise TeacherError(f"Teacher at {url} answered HTTP {status}: {text[:500]}")
+        # a reply that is not a completion is the model's step failing, not the server: no retry
+        if payload is None:
+            try:
+                payload = json.loads(text)
+            except ValueError as exc:
+                raise BadReply(f"reply is not JSON ({exc})", _safe(text)) from None
+        names = {t["function"]["name"] for t in tools or [] if isinstance(t.get("function"), dict)}
+        try:
+            return payload, normalize(payload, names)
+        except MalformedResponse as exc:
+            raise BadReply(str(exc), _safe(payload)) from None
 
     def _incident(self, rid: int, label: str, attempt: int, kind: str, detail: str, waited: float) -> None:
         key = {"stall": "stalls", "cut": "cut_streams", "worker_down": "worker_down_aborts"}.get(kind)
@@ -650,97 +523,59 @@ class TeacherClient:
                      "waited_s": round(waited, 3), "detail": detail[:300]}
                 )  # fmt: skip
 
-    def _post(self, url: str, data: bytes, hdrs: dict) -> tuple[int, str, dict | None]:
-        try:
-            r = self._session().post(url, data=data, headers=hdrs, timeout=self.request_timeout)
-        except requests.RequestException as exc:
-            unavailable = refused(exc)
-            kind = "stall" if isinstance(exc, requests.Timeout) and not unavailable else "connection"
-            raise _Retry(kind, f"{type(exc).__name__}: {exc}", unavailable=unavailable) from None
+    def _post(self, url: str, data: bytes, hdrs: dict, label: str) -> tuple[int, str, dict | None]:
+        """One plain attempt: (status, body text, None); Transient for a failure worth another."""
+        t0 = time.monotonic()
+        r = self.transport.send(url, data, hdrs, stream=False)
+        self.transport.check_status(r, t0)
         return r.status_code, r.text, None
 
     def _post_stream(self, url: str, data: bytes, hdrs: dict, label: str) -> tuple[int, str, dict | None]:
-        """One streamed attempt: (status, body text, assembled completion or None). Raises _Retry when the server
-        stalls (no bytes within the limit), the stream ends early, or the fleet watcher abandons it."""
+        """One streamed attempt: (status, body text, assembled completion or None). Raises Transient when the
+        server stalls (no bytes within the limit), the stream ends early, or the fleet watcher abandons it."""
         t0 = time.monotonic()
-        total = t0 + self.request_timeout
-        first = min(self.first_chunk_timeout, self.request_timeout)
         entry = InFlight(t0, t0, label)
-        with self.stats_lock:
+        with self.stats_lock:  # seen by the fleet watcher while on the wire
             self._inflight.add(entry)
         r = None
-        asm = StreamAssembler()
         try:
-            tracking.entry = entry
-            try:
-                r = self._session().post(url, data=data, headers=hdrs, timeout=(10, first), stream=True)
-            except requests.RequestException as exc:
-                if entry.aborted:
-                    raise _Retry("worker_down", entry.aborted, time.monotonic() - t0) from None
-                if isinstance(exc, requests.Timeout) and not isinstance(exc, requests.ConnectTimeout):
-                    raise _Retry("stall", f"no reply within {first:g}s", time.monotonic() - t0) from None
-                raise _Retry(
-                    "connection",
-                    f"{type(exc).__name__}: {exc}",
-                    time.monotonic() - t0,
-                    unavailable=refused(exc),
-                ) from None
-            finally:
-                tracking.entry = None
+            r = self.transport.send(url, data, hdrs, stream=True, entry=entry)
+            self.transport.check_status(r, t0)
             if r.status_code != 200 or "text/event-stream" not in r.headers.get("Content-Type", ""):
                 return r.status_code, r.text, None  # an error status, or a server that ignored `stream`
-            entry.sock = entry.sock or socket_of(r)
-            if entry.aborted:  # abandoned while the headers came
-                entry.abort(entry.aborted)
-            while True:
-                now = time.monotonic()
-                limit = self.stall_timeout if asm.chunks else max(0.0, t0 + first - now)
-                limit = min(limit, max(0.0, total - now))
-                if limit <= 0:
-                    raise TimeoutError
-                if entry.sock is not None:
-                    entry.sock.settimeout(limit)
-                chunk = r.raw.read1(65536, decode_content=True)
-                if not chunk:
-                    break
-                entry.last = time.monotonic()
-                asm.feed(chunk)
-                entry.chunks = asm.chunks
-                if asm.done:
-                    break
-            asm.close()
-        except _Retry:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the socket's timeout, a reset, a shut-down socket
-            waited = time.monotonic() - t0
-            if entry.aborted:
-                raise _Retry("worker_down", entry.aborted, waited) from None
-            if _is_timeout(exc):
-                if time.monotonic() >= total - 0.01:
-                    why = f"reply not complete within request_timeout {self.request_timeout:g}s"
-                elif asm.chunks:
-                    why = f"no chunk for {self.stall_timeout:g}s after {asm.chunks} chunks"
-                else:
-                    why = f"no chunk within {first:g}s"
-                raise _Retry("stall", why, waited) from None
-            raise _Retry(
-                "cut", f"stream broke after {asm.chunks} chunks ({type(exc).__name__})", waited
-            ) from None
+            asm = self._assemble(r, entry)
         finally:
             with self.stats_lock:
                 self._inflight.discard(entry)
             if r is not None:
                 r.close()
-        waited = time.monotonic() - t0
+        return self._assembled(asm, entry)
+
+    def _assemble(self, r, entry: InFlight) -> StreamAssembler:
+        """The reply's chunks folded as they come, within the transport's stall limits."""
+        asm = StreamAssembler()
+        for chunk in self.transport.chunks(r, entry):
+            asm.feed(chunk)
+            entry.chunks = asm.chunks
+            if asm.done:
+                break
+        asm.close()
+        return asm
+
+    @staticmethod
+    def _assembled(asm: StreamAssembler, entry: InFlight) -> tuple[int, str, dict | None]:
+        """What a stream that ended came to: the completion, an error the server reported, or a failure worth
+        another attempt (Transient: abandoned, an error chunk, no finish)."""
+        waited = time.monotonic() - entry.started
         if entry.aborted and not asm.done:  # a reply that came in full before it was abandoned is kept
-            raise _Retry("worker_down", entry.aborted, waited)
+            raise Transient("worker_down", entry.aborted, waited)
         if asm.error is not None:
             text = json.dumps(asm.error, ensure_ascii=False)
             if is_context_overflow(400, text):
                 return 400, text, None
-            raise _Retry("stream_error", f"the stream reported an error: {text[:200]}", waited)
+            raise Transient("stream_error", f"the stream reported an error: {text[:200]}", waited)
         if not asm.done and asm.finish_reason is None:
-            raise _Retry("cut", f"stream ended after {asm.chunks} chunks without a finish", waited)
+            raise Transient("cut", f"stream ended after {asm.chunks} chunks without a finish", waited)
         if asm.chunks == 0:
             return 200, "", None  # nothing readable: BadReply (not JSON) below
         return 200, "", asm.completion(fill_ids=False)
@@ -801,24 +636,6 @@ def _label(headers: dict | None) -> str:
     if not edge:
         return "request"
     return f"{edge} turn {turn}" if turn else str(edge)
-
-
-def _is_timeout(exc: BaseException) -> bool:
-    """A read that timed out, however urllib3/requests wrapped the socket's timeout."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, TimeoutError | socket.timeout | requests.Timeout):
-            return True
-        name = type(exc).__name__
-        if "Timeout" in name:
-            return True
-        exc = (
-            exc.__cause__
-            or exc.__context__
-            or (exc.args[0] if exc.args and isinstance(exc.args[0], BaseException) else None)
-        )
-    return False
 
 
 def _safe(raw, cap: int = 4000) -> str:

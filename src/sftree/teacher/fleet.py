@@ -35,12 +35,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import requests
-
 from sftree.config import REPO_ROOT
 from sftree.errors import InputError, TeacherUnavailable
 from sftree.runtime.procs import stop_group
 from sftree.teacher.llm_server import LaunchSpec, free_port
+from sftree.teacher.transport import probe
 
 ROUTER_BIN = REPO_ROOT / ".tools" / "sglang-router" / "bin" / "sglang-router"
 SMG_BIN = REPO_ROOT / ".tools" / "smg" / "bin" / "smg"
@@ -116,18 +115,16 @@ class Worker:
             log.close()
 
     def healthy(self) -> bool:
-        try:
-            return requests.get(f"{self.url}/health", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
+        r = probe(f"{self.url}/health", timeout=2)
+        return r is not None and r.status_code == 200
 
     def answering(self) -> bool:
         """A request is being answered now: llama-server's `/slots` (a slot processing), teacher-sim's
         `/sim/stats` (a request in flight)."""
         path = "/slots" if self.kind == "llama-server" else "/sim/stats"
         try:
-            data = requests.get(f"{self.url}{path}", timeout=2).json()
-        except (requests.RequestException, ValueError):
+            data = _json(probe(f"{self.url}{path}", timeout=2))
+        except ValueError:
             return False
         if isinstance(data, dict):
             return bool(data.get("in_flight"))
@@ -140,6 +137,13 @@ class Worker:
     def stop(self, grace: float = 10) -> None:
         if self.proc is not None:
             stop_group(self.proc, grace)  # SIGCONT first: a stopped (SIGSTOP) worker cannot handle SIGTERM
+
+
+def _json(r):
+    """A probe's JSON body; ValueError when there was no answer or it is not JSON."""
+    if r is None:
+        raise ValueError("no answer")
+    return r.json()
 
 
 @dataclass
@@ -165,8 +169,8 @@ class Fleet:
     def router_view(self) -> dict[str, bool]:
         """The router's worker list, {url: healthy} ({} while it does not answer)."""
         try:
-            data = requests.get(f"{self.url}/workers", timeout=3).json()
-        except (requests.RequestException, ValueError):
+            data = _json(probe(f"{self.url}/workers", timeout=3))
+        except ValueError:
             return {}
         return {w["url"]: bool(w.get("is_healthy")) for w in data.get("workers", []) if isinstance(w, dict)}
 
@@ -187,10 +191,10 @@ class Fleet:
 
     def metrics(self, w: Worker) -> dict[str, float]:
         """llama-server's `/metrics` counters of one worker ({} when it does not answer)."""
-        try:
-            text = requests.get(f"{w.url}/metrics", timeout=5).text
-        except requests.RequestException:
+        r = probe(f"{w.url}/metrics", timeout=5)
+        if r is None:
             return {}
+        text = r.text
         out = {}
         for line in text.splitlines():
             if line.startswith("llamacpp:"):
@@ -203,10 +207,8 @@ class Fleet:
 
     def router_metrics(self) -> str:
         """The router's Prometheus text ('' when it does not answer)."""
-        try:
-            return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
-        except requests.RequestException:
-            return ""
+        r = probe(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5)
+        return "" if r is None else r.text
 
     def restart(self, w: Worker, timeout: float = 180) -> None:
         """Start a stopped worker again on its port (a requeued job) and wait until the router routes to it."""

@@ -1,6 +1,6 @@
-"""The Teacher client's wire: a streamed request in flight, and the urllib3 connection classes that hand each
-request's socket to it, so the client can abandon a request on a dead worker even while it waits for the reply's
-headers (teacher/client.py, "Behind sglang-router")."""
+"""The Teacher transport's wire (teacher/transport.py): a streamed request in flight, and the urllib3 connection
+classes that hand each request's socket to it, so the client can abandon a request on a dead worker even while it
+waits for the reply's headers (teacher/client.py, "Behind sglang-router")."""
 
 from __future__ import annotations
 

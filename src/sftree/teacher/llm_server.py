@@ -17,11 +17,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import requests
-
 from sftree.config import REPO_ROOT
 from sftree.errors import InputError, TeacherUnavailable
 from sftree.runtime.procs import stop_group
+from sftree.teacher.transport import probe
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +94,8 @@ def free_port() -> int:
 
 
 def _healthy(url: str) -> bool:
-    try:
-        return requests.get(f"{url}/health", timeout=5).status_code == 200
-    except requests.RequestException:
-        return False
+    r = probe(f"{url}/health", timeout=5)
+    return r is not None and r.status_code == 200
 
 
 def start_llm_server(spec: LaunchSpec) -> tuple[str, callable]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-import requests
+from sftree.teacher.transport import RequestFailed
 
 
 def read_workers(payload) -> dict[str, bool] | None:
@@ -40,7 +40,7 @@ class RouterWatcher:
         while not self._stop.wait(self.poll):
             try:
                 view = self.fetch()
-            except (requests.RequestException, ValueError):
+            except (RequestFailed, ValueError):
                 continue  # the router itself is unreachable: the requests' own timeouts and retries cover it
             if view is None:
                 continue
