@@ -714,7 +714,10 @@ class _Handler(BaseHTTPRequestHandler):
         if body is None or not self._may_go_on(ch, body):
             return
         turn, t0, stream = ch.turn, time.monotonic(), bool(body.get("stream"))
-        raw = self._sent_on(body, raw)
+        own = self._own_settings(body)
+        if own:
+            raw = None  # not held beside its re-encoding
+            raw = json.dumps({**body, **own}).encode()
         try:
             up = self.proxy.forward(self._headers(ch), raw, stream, f"{ch.name} turn {turn}")
         except TeacherError as exc:
@@ -777,15 +780,15 @@ class _Handler(BaseHTTPRequestHandler):
                 return False
         return True
 
-    def _sent_on(self, body: dict, raw: bytes) -> bytes:
-        """The bytes sent to the Teacher: as OpenCode sent them, or with the proxy's own settings (`extra_body`,
-        `tool_choice`, the Teacher's model name), which are not recorded."""
-        proxy, sent_on = self.proxy, dict(self.proxy.extra_body)
+    def _own_settings(self, body: dict) -> dict:
+        """The proxy's own settings the request goes on with (`extra_body`, `tool_choice`, the Teacher's model
+        name), not recorded; none: it goes on as OpenCode sent it, byte for byte."""
+        proxy, own = self.proxy, dict(self.proxy.extra_body)
         if proxy.tool_choice and body.get("tools") and classify(body) == "agent":
-            sent_on.setdefault("tool_choice", proxy.tool_choice)  # extra_body keeps the last word
+            own.setdefault("tool_choice", proxy.tool_choice)  # extra_body keeps the last word
         if proxy.model and body.get("model") not in (None, proxy.model):
-            sent_on["model"] = proxy.model
-        return json.dumps({**body, **sent_on}).encode() if sent_on else raw
+            own["model"] = proxy.model
+        return own
 
     def _pass_failure(self, ch: Channel, body: dict, turn: int, t0: float, resp) -> None:
         """The Teacher's failure (a status that is not retried, or the last of a request given up), passed on."""
