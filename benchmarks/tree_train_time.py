@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Wall time of one training step per form (step, merged, path, tree) on the small model, on CPU.
 
-    PYTHONPATH=src python3 benchmarks/tree_train_time.py [--results results] [--layers 30] [--json OUT]
+    PYTHONPATH=src .venv/bin/python benchmarks/tree_train_time.py [--results results] [--layers 30] [--repeat 2]
+                                                                  [--threads N] [--json OUT]
 
 Exports the selected paths of `--results` (default: the test fixture's tree, tests/helpers/export.py) in each form
 under SmolLM2-135M's tokenizer with Qwen2.5's template (as tests/test_tree_trainer.py), then, in the trainer venv
 (scripts/install_trainer.sh), one training step per form over all of that form's records: every record (step,
 merged, path: `token_labels` rows; tree: its lines through `tree_collator`) forward and backward one at a time on
 SmolLM2-135M (its first `--layers` decoder layers, float32, eager attention, every parameter trained), then one
-optimizer step; best of `--repeat`. The same trained tokens in every form: only what is processed differs.
+optimizer step (learning rate 0: every form meets the same weights); the forms take turns, best of `--repeat`
+each. Wall and CPU seconds per form and their ratios to the tree form's (a markdown table, docs/benchmarks.md).
+The path and tree forms train the same tokens; the step and merged forms may train a few more (the steps after an
+ill-formed one, which the path form cuts: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ def export_forms(results: str | None, out: Path) -> dict:
     from sftree.dataset.export import export_task
     from sftree.dataset.student import load_student
     from sftree.dataset.tree_packed import pack_records
+    from sftree.records.tree_packed import write_tree_lines
 
     smol, qwen = model(SMOL), model(QWEN)
     template = out / "qwen2.5.jinja"
@@ -52,19 +57,40 @@ def export_forms(results: str | None, out: Path) -> dict:
         (out / f"{form}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         if form == "path":
             lines, _ = pack_records(records, st, 10**6)
-            (out / "tree.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+            write_tree_lines(out / "tree.jsonl", lines)
     return {"model_dir": str(smol.parent), "gguf": smol.name, "template": str(template), "dir": str(out)}
 
 
-def inner(cfg: dict, layers: int, repeat: int) -> dict:
-    """In the trainer venv: one step per form (see the module)."""
+def step_loss(model, form: str, r: dict):
+    """The summed loss of one record (step, merged, path: its completion tokens; tree: `tree_loss`)."""
+    import torch
+
+    from sftree.dataset.tree_collator import collate, tree_loss
+
+    if form == "tree":
+        b = collate([r])
+        logits = model(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+        ).logits
+        return tree_loss(logits, b)
+    ids = torch.tensor([r["input_ids"]])
+    logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1)
+    mask = torch.tensor(r["completion_mask"][1:], dtype=torch.float32)
+    return -(logp.gather(-1, ids[0, 1:, None])[:, 0] * mask).sum()
+
+
+def inner(cfg: dict, layers: int, repeat: int, threads: int) -> dict:
+    """In the trainer venv: one step per form (see the module). The forms take turns within each repeat, so
+    that a change in the shared machine's load falls on all of them; CPU seconds (the process's, all threads)
+    beside the wall time, which other work on the machine stretches."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sftree.dataset.trainer_labels import token_labels
-    from sftree.dataset.tree_collator import collate, tree_loss
 
     torch.manual_seed(0)
+    if threads:
+        torch.set_num_threads(threads)
     tok = AutoTokenizer.from_pretrained(cfg["model_dir"], gguf_file=cfg["gguf"])
     tok.chat_template = open(cfg["template"]).read()
     model = AutoModelForCausalLM.from_pretrained(
@@ -73,49 +99,70 @@ def inner(cfg: dict, layers: int, repeat: int) -> dict:
     model.model.layers = model.model.layers[:layers]
     model.config.num_hidden_layers = layers
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the step's cost, weights unchanged between forms
-    out = {}
+    rows = {}
     for form in FORMS:
-        rows = [json.loads(x) for x in open(os.path.join(cfg["dir"], f"{form}.jsonl"))]
+        rows[form] = [json.loads(x) for x in open(os.path.join(cfg["dir"], f"{form}.jsonl"))]
         if form != "tree":
-            rows = [token_labels(r, tok) for r in rows]
-        tokens = sum(len(r["input_ids"]) for r in rows)
-        best = None
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            for r in rows:
-                if form == "tree":
-                    b = collate([r])
-                    logits = model(
-                        input_ids=b["input_ids"],
-                        attention_mask=b["attention_mask"],
-                        position_ids=b["position_ids"],
-                    ).logits
-                    loss = tree_loss(logits, b)
-                else:
-                    ids = torch.tensor([r["input_ids"]])
-                    logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1)
-                    mask = torch.tensor(r["completion_mask"][1:], dtype=torch.float32)
-                    loss = -(logp.gather(-1, ids[0, 1:, None])[:, 0] * mask).sum()
-                loss.backward()
+            rows[form] = [token_labels(r, tok) for r in rows[form]]
+    short = min(rows["step"], key=lambda r: len(r["input_ids"]))
+    step_loss(model, "step", short).backward()  # warm-up: first-call allocations timed in no form
+    opt.zero_grad()
+    best: dict = {}
+    for _ in range(repeat):
+        for form in FORMS:
+            t0, c0 = time.perf_counter(), time.process_time()
+            for r in rows[form]:
+                step_loss(model, form, r).backward()
             opt.step()
             opt.zero_grad()
-            took = time.perf_counter() - t0
-            best = took if best is None else min(best, took)
-        out[form] = {"records": len(rows), "tokens_processed": tokens, "seconds": round(best, 2)}
-        print(form, out[form], file=sys.stderr, flush=True)
+            took = (time.perf_counter() - t0, time.process_time() - c0)
+            # each the least of the repeats (wall and CPU apart: another process may stretch either)
+            best[form] = took if form not in best else tuple(map(min, best[form], took))
+            print(form, [round(x, 2) for x in took], file=sys.stderr, flush=True)
+    out = {}
+    for form in FORMS:
+        rs = rows[form]
+        # the terms of the step's loss: trained tokens (a token shared by paths once per path), the tree's weights
+        terms = sum(sum(r["loss_weight"] if form == "tree" else r["completion_mask"][1:]) for r in rs)
+        out[form] = {
+            "records": len(rs),
+            "tokens_processed": sum(len(r["input_ids"]) for r in rs),
+            "loss_tokens": int(terms),
+            "seconds": round(best[form][0], 2),
+            "cpu_seconds": round(best[form][1], 2),
+        }
     return out
+
+
+def table(forms: dict) -> str:
+    """The markdown table of docs/benchmarks.md: each form's figures and its ratios to the tree form's."""
+    tree = forms["tree"]
+    lines = [
+        "| form | records (tree: lines) | tokens processed | tokens in the loss | wall s | CPU s "
+        "| tokens / tree's | wall / tree's | CPU / tree's |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for form, f in forms.items():
+        lines.append(
+            f"| {form} | {f['records']} | {f['tokens_processed']:,} | {f['loss_tokens']:,} | {f['seconds']:.1f} "
+            f"| {f['cpu_seconds']:.1f} | {f['tokens_processed'] / tree['tokens_processed']:.2f} "
+            f"| {f['seconds'] / tree['seconds']:.2f} | {f['cpu_seconds'] / tree['cpu_seconds']:.2f} |"
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--results", help="a results folder (default: the test fixture's tree)")
     ap.add_argument("--layers", type=int, default=30, help="SmolLM2's first N decoder layers (30: all)")
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=2, help="steps per form, the best kept")
+    ap.add_argument("--threads", type=int, default=0, help="torch's threads (0: torch's default)")
     ap.add_argument("--json")
     ap.add_argument("--inner", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:
-        print(json.dumps(inner(json.loads(Path(args.inner).read_text()), args.layers, args.repeat)))
+        cfg = json.loads(Path(args.inner).read_text())
+        print(json.dumps(inner(cfg, args.layers, args.repeat, args.threads)))
         return
     cache = Path(os.environ.get("SFTREE_CACHE") or os.path.expanduser("~/.cache/sftree")) / "trainer"
     py = cache / "venv" / "bin" / "python"
@@ -126,11 +173,14 @@ def main() -> None:
         (Path(tmp) / "cfg.json").write_text(json.dumps(cfg))
         env = dict(os.environ, PYTHONPATH=str(REPO / "src"), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1")
         argv = [str(py), __file__, "--inner", str(Path(tmp) / "cfg.json"), "--layers", str(args.layers)]
-        res = subprocess.run([*argv, "--repeat", str(args.repeat)], env=env, capture_output=True, text=True)
+        argv += ["--repeat", str(args.repeat), "--threads", str(args.threads)]
+        res = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True)  # its progress on stderr
         if res.returncode:
-            sys.exit(res.stderr[-3000:])
-    report = {"layers": args.layers, "forms": json.loads(res.stdout.strip().splitlines()[-1])}
+            sys.exit(f"the trainer venv's step failed ({res.returncode})")
+    report = {"layers": args.layers, "repeat": args.repeat, "threads": args.threads}
+    report["forms"] = json.loads(res.stdout.strip().splitlines()[-1])
     print(json.dumps(report, indent=1))
+    print(table(report["forms"]))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
 

@@ -11,6 +11,7 @@ from sftree.records import root as root_rec
 from sftree.records import sft as sft_rec
 from sftree.records import steplog
 from sftree.records import tree as tree_rec
+from sftree.records import tree_packed as tree_form
 from sftree.search import tree as treemod
 
 ROOT_FIELDS = {
@@ -194,3 +195,55 @@ def test_bad_sft_files_name_the_file(tmp_path):
     with pytest.raises(InputError, match="not a dataset figures file"):
         sft_rec.read_figures(out)
     assert sft_rec.schema_problem({"metadata": {}}) is not None  # neither form: the schema says so
+
+
+# two paths 5 7 9 (9 trained) and 5 7 8 8 (both 8s trained) packed: 7 is a branch point, 9 and 8 its children
+TREE_LINE = tree_form.TreeLine(
+    (5, 7, 9, 8, 8), (0, 1, 2, 2, 3), (-1, 0, 1, 1, 3), (0, 0, 1, 1, 1), {"task": "t", "part": 1, "parts": 1}
+)
+
+
+def test_tree_form_lines_and_stats_round_trip(tmp_path):
+    out = tree_form.merged_tree_path(tmp_path)
+    assert out == tmp_path / "sft.tree.jsonl"
+    assert tree_form.write_tree_lines(out, [TREE_LINE, TREE_LINE]) == 2
+    assert list(tree_form.iter_tree_lines(out)) == [TREE_LINE, TREE_LINE]
+    # the fields in the documented order, one JSON object a line
+    first = out.read_text().splitlines()[0]
+    assert list(json.loads(first)) == ["input_ids", "position_ids", "parent", "loss_weight", "metadata"]
+    assert next(tree_form.iter_tree_lines(out)).metadata == TREE_LINE.metadata
+    assert (TREE_LINE.trained, TREE_LINE.objective, len(TREE_LINE)) == (3, 3, 5)
+    figures = {"paths": 2, "parts": 1, "tokens_processed": 5}
+    tree_form.write_tree_stats(out, figures)
+    assert tree_form.tree_stats_path(out) == tmp_path / "sft.tree.stats.json"
+    assert tree_form.read_tree_stats(out) == figures
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"parent": [-1, 0, 1, 1, 5]}, "token 4: parent 5 is not an earlier token"),
+        ({"position_ids": [0, 1, 2, 3, 3]}, "token 3: position 3 is not its parent's"),
+        ({"input_ids": [5, 7, 9, 9, 8]}, "token 3: a second child of 1 with id 9"),
+        ({"loss_weight": [1, 0, 1, 1, 1]}, "token 0: loss weight 1"),
+        ({"loss_weight": [0, 0, 1, 1]}, "lists of different lengths"),
+        ({"input_ids": [5, 7, 9, "8", 8]}, "token 3: id '8' is not a non-negative integer"),
+        ({"metadata": []}, "metadata is not an object"),
+        ({"parent": None}, "not an object with the lists"),
+    ],
+)
+def test_a_bad_tree_form_line_names_file_line_and_token(tmp_path, change, needle):
+    out = tmp_path / "sft.tree.jsonl"
+    good = json.dumps(TREE_LINE.to_dict())
+    out.write_text(good + "\n" + json.dumps(TREE_LINE.to_dict() | change) + "\n")
+    with pytest.raises(InputError, match=needle) as err:
+        list(tree_form.iter_tree_lines(out))
+    assert f"tree-form file {out} line 2" in str(err.value)
+
+
+def test_a_bad_tree_form_stats_file_is_named(tmp_path):
+    out = tmp_path / "sft.tree.jsonl"
+    tree_form.tree_stats_path(out).write_text(json.dumps({"version": 1, "records": 2}))
+    with pytest.raises(InputError, match="not a tree-form stats file of version 1") as err:
+        tree_form.read_tree_stats(out)
+    assert str(tmp_path / "sft.tree.stats.json") in str(err.value)

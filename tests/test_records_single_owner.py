@@ -20,6 +20,7 @@ OWNERS = {
     "messages.jsonl": "records/steplog.py",
     "paths.json": "records/paths.py",
     "sft.jsonl": "records/sft.py",
+    "sft.tree.jsonl": "records/tree_packed.py",
 }
 ALLOWED = {
     # The Student run's snapshot folders (stage 1's input, not a record between sftree's stages): import-coral

@@ -16,12 +16,12 @@ from sftree.dataset.export import export_task
 from sftree.dataset.tree_packed import (
     PackedTree,
     PathTokens,
-    line_problem,
     pack_paths,
     pack_records,
     path_tokens,
     split_parts,
 )
+from sftree.records.tree_packed import TreeLine, iter_tree_lines, line_problem, read_tree_stats
 
 
 def P(ids: str, trained: str, name: str = "p") -> PathTokens:
@@ -29,16 +29,16 @@ def P(ids: str, trained: str, name: str = "p") -> PathTokens:
     return PathTokens(tuple(int(c) for c in ids), tuple(c == "1" for c in trained), {"id": name})
 
 
-def branch_losses(line: dict, path: PathTokens) -> list[tuple[int, int]]:
+def branch_losses(line: TreeLine, path: PathTokens) -> list[tuple[int, int]]:
     """For each trained token of `path`: (the line's index of that token, its parent's index), walking the line."""
     out, at = [], -1
     for depth, tok in enumerate(path.ids):
         at = next(
             i
-            for i, (p, t) in enumerate(zip(line["parent"], line["input_ids"], strict=True))
+            for i, (p, t) in enumerate(zip(line.parent, line.input_ids, strict=True))
             if p == at and t == tok
         )
-        assert line["position_ids"][at] == depth
+        assert line.position_ids[at] == depth
         if path.trained[depth]:
             out.append(at)
     return out
@@ -64,7 +64,7 @@ def test_two_paths_sharing_edges_branch_once():
     assert tree.position_ids == [0, 1, 2, 3, 4, 5, 4, 5]
     assert tree.loss_weight == [0, 0, 0, 2, 0, 1, 1, 1]
     line = pack_paths([a, b], 100, "t")[0][0]
-    assert line_problem(line) is None
+    assert line_problem(line.to_dict()) is None
     assert branch_losses(line, a) == [3, 5] and branch_losses(line, b) == [3, 6, 7]
 
 
@@ -80,11 +80,11 @@ def test_a_token_trained_on_one_path_only_is_shared_with_its_weight():
 def test_no_two_tokens_share_a_parent_and_an_id():
     paths = [P("1213", "0101"), P("1214", "0011"), P("12", "01"), P("3", "0"), P("1213", "0101")]
     line = pack_paths(paths, 100, "t")[0][0]
-    assert line_problem(line) is None
-    assert Counter(zip(line["parent"], line["input_ids"], strict=True)).most_common(1)[0][1] == 1
+    assert line_problem(line.to_dict()) is None
+    assert Counter(zip(line.parent, line.input_ids, strict=True)).most_common(1)[0][1] == 1
     # the duplicate path is trained twice, as the path form trains its two records
-    assert sum(line["loss_weight"]) == sum(p.n_trained for p in paths)
-    bad = dict(line, parent=[-1, 0, 1, 2, 1, 0, -1][: len(line["parent"])])
+    assert line.objective == sum(p.n_trained for p in paths)
+    bad = line.to_dict() | {"parent": [-1, 0, 1, 2, 1, 0, -1][: len(line)]}
     assert line_problem(bad) is not None
 
 
@@ -100,10 +100,10 @@ def test_parts_under_a_cap_carry_their_ancestors():
     ]
     assert [p.ids for p in too_long] == [(9,) * 7]
     lines, stats = pack_paths(paths, 6, "t")
-    assert [len(x["input_ids"]) for x in lines] == [6, 4, 4]
-    assert [(x["metadata"]["part"], x["metadata"]["parts"]) for x in lines] == [(1, 3), (2, 3), (3, 3)]
-    assert lines[1]["input_ids"] == [1, 1, 2, 3] and lines[1]["loss_weight"] == [0, 0, 0, 1]
-    assert all(line_problem(x) is None for x in lines)
+    assert [len(x) for x in lines] == [6, 4, 4]
+    assert [(x.metadata["part"], x.metadata["parts"]) for x in lines] == [(1, 3), (2, 3), (3, 3)]
+    assert lines[1].input_ids == (1, 1, 2, 3) and lines[1].loss_weight == (0, 0, 0, 1)
+    assert all(line_problem(x.to_dict()) is None for x in lines)
     assert stats.objective == sum(p.n_trained for p in paths[:4]) == 6 and stats.dropped == {"too_long": 1}
     # the whole trie would be 4 + 2 + 1 + 4 = 11 tokens; the parts process 14 (1 1 2 again)
     assert (stats.unsplit, stats.processed, stats.longest, stats.parts) == (11, 14, 6, 3)
@@ -119,7 +119,7 @@ def test_the_fixture_tree_packs_its_paths_under_the_student(fixture_paths):
     records, _ = export_task([fixture_paths], "path", student=st)
     assert len(records) >= 2
     lines, stats = pack_records(records, st, 100_000)
-    assert len(lines) == 1 and line_problem(lines[0]) is None
+    assert len(lines) == 1 and line_problem(lines[0].to_dict()) is None
     line = lines[0]
     # every path is a branch of the line whose trained tokens are the path form's, weighted by the paths
     weight = Counter()
@@ -128,16 +128,16 @@ def test_the_fixture_tree_packs_its_paths_under_the_student(fixture_paths):
         assert p.n_trained == rec["metadata"]["student_tokens"]["completion_tokens"]
         for i in branch_losses(line, p):
             weight[i] += 1
-    assert {i: w for i, w in enumerate(line["loss_weight"]) if w} == dict(weight)
+    assert {i: w for i, w in enumerate(line.loss_weight) if w} == dict(weight)
     assert stats.path_processed == sum(r["metadata"]["student_tokens"]["total_tokens"] for r in records)
     assert stats.processed < stats.path_processed  # the paths share the session's start
-    meta = line["metadata"]
+    meta = line.metadata
     assert (
         meta["task"] == records[0]["metadata"]["task"]
         and meta["part"] == 1
         and len(meta["paths"]) == len(records)
     )
-    assert json.loads(json.dumps(line)) == line
+    assert TreeLine.from_dict(json.loads(json.dumps(line.to_dict()))) == line
 
 
 def test_export_and_merge_write_the_tree_form_and_the_card_gives_every_form(fixture_paths, tmp_path):
@@ -155,10 +155,10 @@ def test_export_and_merge_write_the_tree_form_and_the_card_gives_every_form(fixt
     argv = ["--paths", str(fixture_paths), "--out", str(out), "--granularity", "merged", "--student", qwen]
     argv += ["--student-max-length", "100000", "--tree-out", str(tree)]  # the cap: test_parts_under_a_cap
     assert export.run(parser.parse_args(argv)) == 0
-    lines = [json.loads(x) for x in tree.read_text().splitlines()]
-    assert len(lines) == 1 and line_problem(lines[0]) is None  # the fixture's two paths, sharing edge e1
-    one = json.loads(stats_path(tree).read_text())["tree"]
-    assert one["parts"] == len(lines) and one["tokens_processed"] == sum(len(x["input_ids"]) for x in lines)
+    lines = list(iter_tree_lines(tree))  # each line checked (`line_problem`)
+    assert len(lines) == 1  # the fixture's two paths, sharing edge e1
+    one = read_tree_stats(tree)
+    assert one["parts"] == len(lines) and one["tokens_processed"] == sum(len(x) for x in lines)
     assert one["tokens_unsplit"] == one["tokens_processed"] < one["path_tokens_processed"]
     assert one["tokens_objective"] > one["tokens_trained"]  # e1's trained tokens weigh 2
     card = tmp_path / "card.md"

@@ -42,7 +42,8 @@ def main(out_file: str) -> None:
     paths = [
         PathTokens(tuple(i), tuple(bool(x) for x in t), {"id": str(n)}) for n, (i, t) in enumerate(PATHS)
     ]
-    lines, _ = pack_paths(paths, 9, "t")  # two parts: the shared trie (9 tokens) and the lone path
+    parts, _ = pack_paths(paths, 9, "t")  # two parts: the shared trie (9 tokens) and the lone path
+    lines = [x.to_dict() for x in parts]  # as a dataset's rows
     want = 0.0
     for ids, trained in PATHS:
         x = torch.tensor([ids])

@@ -62,7 +62,7 @@ from sftree.dataset.pretokenize import pretokenize
 from sftree.dataset.special_text import MODES, SpecialText, SpecialTextStats, builtin_strings, student_strings
 from sftree.dataset.stats import ExportStats
 from sftree.dataset.student import Measure, Student, StudentError, StudentStats, load_student, measure
-from sftree.dataset.tree_packed import pack_records
+from sftree.dataset.tree_packed import pack_records, write_tree_file
 from sftree.errors import InputError
 from sftree.progress import Progress
 from sftree.records import steplog
@@ -637,10 +637,7 @@ def write_tree_form(args: argparse.Namespace, student: Student | None) -> None:
     lines, tree_stats = pack_records(
         records, student, args.tree_max_tokens
     )  # one path's tokens held at a time
-    with record_writer(args.tree_out) as out:
-        for line in lines:
-            out.write(line)
-    write_stats(args.tree_out, {"version": 1, "tree": tree_stats.to_dict()})
+    write_tree_file(args.tree_out, lines, tree_stats)
     log.info("tree form: %d paths in %d parts -> %s", tree_stats.paths, len(lines), args.tree_out)
 
 

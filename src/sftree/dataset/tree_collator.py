@@ -1,7 +1,8 @@
 """Train a Hugging Face causal LM on sftree's tree form (`sft.tree.jsonl`, docs/outputs.md "The tree form"). torch
 only: import it where the trainer runs, or copy this file.
 
-`collate(lines)` turns lines into a batch the model takes:
+`collate(lines)` turns lines (JSON objects, as a `datasets` row or `sftree.records.tree_packed.TreeLine.to_dict()`
+gives them; `records.tree_packed.iter_tree_lines` reads a file checking every line) into a batch the model takes:
 - `input_ids`, `position_ids` (each token's position in its own path), padded;
 - `attention_mask`: a 4D additive mask `(batch, 1, L, L)`, 0 where token i may attend to token j (j is i or one
   of its ancestors, by `parent`), the dtype's minimum elsewhere; transformers uses a 4D mask as given, with

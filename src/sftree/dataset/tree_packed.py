@@ -22,6 +22,9 @@ exactly the `L` of the paths it holds (each token's loss taken from its parent's
 (the paths' trained tokens) it is the token-mean loss a trainer (TRL, transformers) takes over a batch holding
 those paths.
 
+The line and its file are `records/tree_packed.py`'s (`TreeLine`, the writer, the reader, `line_problem`); this
+module counts what goes in them.
+
 **Parts** (`export.tree_max_tokens`): the paths, sorted by their ids, fill a part in that order until the next one
 would pass the cap (a path costs its tokens after the longest prefix it shares with the part's previous path), then
 open the next part; each part carries every ancestor its paths need. Neighbours in that order share the longest
@@ -37,6 +40,13 @@ from dataclasses import dataclass, field
 
 from sftree.dataset.pretokenize import pretokenize
 from sftree.dataset.student import Student
+from sftree.records.tree_packed import (
+    TreeLine,
+    iter_tree_lines,
+    read_tree_stats,
+    write_tree_lines,
+    write_tree_stats,
+)
 
 DROP_TOO_LONG = "too_long"
 
@@ -184,7 +194,7 @@ def _part_meta(task: str | None, part: list[PathTokens], number: int, parts: int
     return {"task": task, "roots": roots, "paths": paths, "edges": edges, "part": number, "parts": parts}
 
 
-def pack_paths(paths: list[PathTokens], cap: int, task: str | None) -> tuple[list[dict], TreeStats]:
+def pack_paths(paths: list[PathTokens], cap: int, task: str | None) -> tuple[list[TreeLine], TreeStats]:
     """The lines of one task's tree form and their figures."""
     stats = TreeStats(paths=len(paths), max_tokens=cap)
     stats.path_processed = sum(len(p.ids) for p in paths)
@@ -195,68 +205,42 @@ def pack_paths(paths: list[PathTokens], cap: int, task: str | None) -> tuple[lis
     lines = []
     for n, part in enumerate(parts, 1):
         tree = PackedTree.of(part)
-        lines.append(
-            {
-                "input_ids": tree.input_ids,
-                "position_ids": tree.position_ids,
-                "parent": tree.parent,
-                "loss_weight": tree.loss_weight,
-                "metadata": _part_meta(task, part, n, len(parts)),
-            }
+        line = TreeLine(
+            tuple(tree.input_ids),
+            tuple(tree.position_ids),
+            tuple(tree.parent),
+            tuple(tree.loss_weight),
+            _part_meta(task, part, n, len(parts)),
         )
+        lines.append(line)
         stats.parts += 1
-        stats.processed += len(tree)
-        stats.trained += sum(w > 0 for w in tree.loss_weight)
-        stats.objective += sum(tree.loss_weight)
-        stats.longest = max(stats.longest, len(tree))
+        stats.processed += len(line)
+        stats.trained += line.trained
+        stats.objective += line.objective
+        stats.longest = max(stats.longest, len(line))
     return lines, stats
 
 
-def pack_records(records: Iterable[dict], student: Student, cap: int) -> tuple[list[dict], TreeStats]:
+def pack_records(records: Iterable[dict], student: Student, cap: int) -> tuple[list[TreeLine], TreeStats]:
     """One task's path records (the path form's) -> the tree form's lines and figures."""
     paths = [path_tokens(student, r) for r in records]
     return pack_paths(paths, cap, next((p.meta.get("task") for p in paths), None))
 
 
-def line_problem(line: dict) -> str | None:
-    """The first way a tree-form line breaks the format (docs/outputs.md), or None: the consumer's checks."""
-    keys = ("input_ids", "parent", "position_ids", "loss_weight")
-    if not isinstance(line, dict) or any(not isinstance(line.get(k), list) for k in keys):
-        return f"not an object with the lists {', '.join(keys)}"
-    n = len(line["input_ids"])
-    if any(len(line[k]) != n for k in keys):
-        return "lists of different lengths"
-    seen = set()
-    for i, (tok, par, pos, w) in enumerate(zip(*(line[k] for k in keys), strict=True)):
-        if not (isinstance(par, int) and -1 <= par < i):
-            return f"token {i}: parent {par!r} is not an earlier token or -1"
-        if pos != (0 if par < 0 else line["position_ids"][par] + 1):
-            return f"token {i}: position {pos!r} is not its parent's + 1"
-        if (par, tok) in seen:
-            return f"token {i}: a second child of {par} with id {tok} (a prefix processed twice)"
-        if not isinstance(w, int) or w < 0 or (par < 0 and w):
-            return f"token {i}: loss weight {w!r} (a branch's first token is never predicted)"
-        seen.add((par, tok))
-    return None
-
-
 # --- files ----------------------------------------------------------------------------------------------
 
 
-def merge_tree_files(inputs: list[str], out: str) -> TreeStats:
-    """Concatenate the tasks' tree-form files into `out` (each line checked: `line_problem`), their figures summed
-    beside it (`sft.tree.stats.json`)."""
-    from sftree.errors import InputError
-    from sftree.records.sft import iter_records, read_stats, record_writer, stats_path, write_stats
+def write_tree_file(out: str, lines: Iterable[TreeLine], stats: TreeStats) -> None:
+    """One task's tree-form file and its figures beside it (`sft.tree.stats.json`)."""
+    write_tree_lines(out, lines)
+    write_tree_stats(out, stats.to_dict())
 
+
+def merge_tree_files(inputs: list[str], out: str) -> TreeStats:
+    """Concatenate the tasks' tree-form files into `out` (each line checked as it is read), their figures summed
+    beside it (`sft.tree.stats.json`)."""
     total = TreeStats()
-    with record_writer(out) as w:
-        for f in inputs:
-            for n, line in enumerate(iter_records(f), 1):
-                problem = line_problem(line)
-                if problem:
-                    raise InputError(f"tree-form file {f} line {n}: {problem}")
-                w.write(line)
-            total.add(TreeStats.from_dict(read_stats(stats_path(f)).get("tree") or {}))
-    write_stats(out, {"version": 1, "tree": total.to_dict()})
+    for f in inputs:
+        total.add(TreeStats.from_dict(read_tree_stats(f)))
+    write_tree_file(out, (line for f in inputs for line in iter_tree_lines(f)), total)
     return total

@@ -10,4 +10,6 @@ imports no stage.
     tree.py     `tree.json`, `tree.live.json` + `tree.log.jsonl` (explore -> select-paths, export, report)
     steplog.py  `edges/<edge>/steps.jsonl` + `messages.jsonl` (agents write, export reads)
     paths.py    `paths.json` (select-paths -> export, report)
+    sft.py      `sft.jsonl` + `sft.stats.json` + `sft.figures.json` (export -> merge -> trainers, report)
+    tree_packed.py  `sft.tree.jsonl` + `sft.tree.stats.json`, the tree form (export -> merge -> trainers)
 """
