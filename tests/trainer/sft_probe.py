@@ -58,6 +58,8 @@ def trainer(model, tok, ds, cfg: dict, out: str) -> SFTTrainer:
         seed=0,
         data_seed=0,
         use_cpu=True,
+        bf16=False,  # TRL's default on CPU autocasts to bfloat16, whose matmuls fall back to a slow loop without AMX
+        gradient_checkpointing=False,  # TRL's default recomputes the whole model in every backward
         dataloader_num_workers=0,
         completion_only_loss=True,
         max_length=None,  # never cut: the export already dropped what is too long

@@ -85,6 +85,8 @@ def trl_step(model, tok, tree_file: str) -> float:
             save_strategy="no",
             report_to=[],
             use_cpu=True,
+            bf16=False,  # TRL's default on CPU autocasts to bfloat16, whose matmuls fall back to a slow loop without AMX
+            gradient_checkpointing=False,  # TRL's default recomputes the whole model in every backward
             dataloader_num_workers=0,
             remove_unused_columns=False,  # the collator needs `parent` and `loss_weight`
             max_length=None,
