@@ -108,7 +108,7 @@ def test_sft_trainer_trains_exactly_the_exported_completions(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=1800,  # 5-15 min on 2 cores: three CPU training runs and two GGUF tokenizer conversions
+        timeout=900,  # about 2 min on 2 cores: three CPU training runs and two GGUF tokenizer conversions
     )
     assert res.returncode == 0, res.stderr[-4000:]
     print("\n".join(line for line in res.stderr.splitlines() if line[:8].strip().endswith("s")))  # timings
