@@ -1,22 +1,50 @@
-"""No function over 80 lines in the floors that hold the records and the search and dataset stages (issue 35):
-a longer one is several named steps run together."""
+"""No function in src/ of 80 lines or more (issue 35, then all of src/): a longer one is several named steps run
+together. Lines are counted as ast counts them, from the def line through the last line of the body."""
 
 import ast
 from pathlib import Path
 
-import pytest
-
 SRC = Path(__file__).resolve().parents[1] / "src" / "sftree"
-MAX_LINES = 80
+MAX_LINES = 80  # a function has fewer
+
+# Split elsewhere; to be removed. (path under src/sftree, function name)
+EXEMPT = {
+    ("agents/proxy.py", "_handler_for"),
+    ("agents/proxy.py", "_chat"),
+    ("teacher/client.py", "_post_stream"),
+}
 
 
-@pytest.mark.parametrize("folder", ["records", "search", "dataset"])
-def test_no_function_over_80_lines(folder):
-    long = []
-    for path in sorted((SRC / folder).rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+def _lengths() -> dict[tuple[str, str], list[tuple[int, int]]]:
+    """(path, name) -> [(def line, lines)] of every function and method in src/sftree."""
+    found: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                lines = node.end_lineno - node.lineno + 1
-                if lines > MAX_LINES:
-                    long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} ({lines} lines)")
+                found.setdefault((rel, node.name), []).append(
+                    (node.lineno, node.end_lineno - node.lineno + 1)
+                )
+    return found
+
+
+def test_no_function_of_80_lines_or_more_in_src():
+    long = [
+        f"{rel}:{line} {name} ({n} lines)"
+        for (rel, name), defs in sorted(_lengths().items())
+        if (rel, name) not in EXEMPT
+        for line, n in defs
+        if n >= MAX_LINES
+    ]
     assert long == []
+
+
+def test_every_exempt_function_is_still_long():
+    """An exemption goes once its function is split: one left behind would let the function grow back."""
+    found = _lengths()
+    stale = [
+        f"{rel} {name}"
+        for rel, name in sorted(EXEMPT)
+        if not any(n >= MAX_LINES for _, n in found.get((rel, name), []))
+    ]
+    assert stale == []

@@ -150,6 +150,26 @@ def _marker(shape: str, cx: float, cy: float, r: float, color: str, opacity: flo
     return f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="{r:.1f}" {a}/>'
 
 
+@dataclass(frozen=True)
+class _Frame:
+    """The plot area (pixels from the top left) and the data ranges it spans."""
+
+    left: int
+    top: int
+    pw: int
+    ph: int
+    x_lo: float
+    x_hi: float
+    y_lo: float
+    y_hi: float
+
+    def px(self, v: float) -> float:
+        return self.left + (v - self.x_lo) / (self.x_hi - self.x_lo) * self.pw
+
+    def py(self, v: float) -> float:
+        return self.top + (self.y_hi - v) / (self.y_hi - self.y_lo) * self.ph
+
+
 def svg_plot(
     series: Sequence[Series],
     *,
@@ -172,36 +192,9 @@ def svg_plot(
     left, right, top, bottom = 70, 170 if legend else 20, 36, 50
     pw, ph = width - left - right, height - top - bottom
     limit = 2 * pw if max_points is None else max_points
-    # min/max per series (C loops), not a float() per value: a series may hold 100k values.
-    xs = [float(v) for s in series if len(s.x) for v in (min(s.x), max(s.x))]
-    xs += [v for b in bands for v in (b.x0, b.x1)]
-    x_lo, x_hi = (min(xs), max(xs)) if xs else (0.0, 1.0)
-    if x_hi == x_lo:
-        x_lo, x_hi = x_lo - 0.5, x_hi + 0.5
-    drawn: list[list[tuple[float, float | None]]] = []
-    thinned = False
-    for s in series:
-        if len(s.x) != len(s.y):
-            raise ValueError(f"series {s.label!r}: {len(s.x)} x values but {len(s.y)} y values")
-        if s.thin and len(s.x) > limit:
-            thinned = True
-            drawn.append([(s.x[i], s.y[i]) for i in decimate(s.x, s.y, x_lo, x_hi, pw, s.kind == "line")])
-        else:
-            drawn.append(list(zip(s.x, s.y, strict=True)))
-    ys = [float(v) for pairs in drawn for _, v in pairs if v is not None and math.isfinite(v)]
-    y_lo, y_hi = (min(ys), max(ys)) if ys else (0.0, 1.0)
-    if y_hi == y_lo:
-        pad = abs(y_lo) * 0.05 or 0.5
-        y_lo, y_hi = y_lo - pad, y_hi + pad
-    pad = (y_hi - y_lo) * 0.05
-    y_lo, y_hi = y_lo - pad, y_hi + pad
-
-    def px(v: float) -> float:
-        return left + (v - x_lo) / (x_hi - x_lo) * pw
-
-    def py(v: float) -> float:
-        return top + (y_hi - v) / (y_hi - y_lo) * ph
-
+    x_lo, x_hi = _x_range(series, bands)
+    drawn, thinned = _drawn(series, x_lo, x_hi, pw, limit)
+    f = _Frame(left, top, pw, ph, x_lo, x_hi, *_y_range(drawn))
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
@@ -220,19 +213,76 @@ def svg_plot(
             f'<text x="{left + pw / 2:.1f}" y="32" text-anchor="middle" font-size="10" fill="#555">{esc(note)}</text>'
         )
     for b in bands:
-        x0, x1 = px(max(b.x0, x_lo)), px(min(b.x1, x_hi))
+        x0, x1 = f.px(max(b.x0, x_lo)), f.px(min(b.x1, x_hi))
         out.append(
             f'<rect x="{x0:.1f}" y="{top}" width="{max(0.0, x1 - x0):.1f}" height="{ph}" '
             f'fill="{b.color}" fill-opacity="{b.opacity}"/>'
         )
-    # Axes, grid and ticks.
-    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>')
-    for t in nice_ticks(x_lo, x_hi, 8):
-        x = px(t)
+    out += _axes(f, height, xlabel, ylabel)
+    # Data.
+    legend_rows: list[tuple[str, str, str]] = [(b.label, b.color, "band") for b in bands if b.label]
+    for n, (s, pairs) in enumerate(zip(series, drawn, strict=True)):
+        color = s.color or PALETTE[n % len(PALETTE)]
+        out += _series_svg(s, pairs, color, f)
+        if s.label:
+            legend_rows.append((s.label, color, s.kind if s.kind == "line" else s.marker))
+    if legend and legend_rows:
+        out += _legend(legend_rows, left + pw + 12, top)
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _x_range(series: Sequence[Series], bands: Sequence[Band]) -> tuple[float, float]:
+    """The x range of every series and band (widened by half a unit either side when it is one value)."""
+    # min/max per series (C loops), not a float() per value: a series may hold 100k values.
+    xs = [float(v) for s in series if len(s.x) for v in (min(s.x), max(s.x))]
+    xs += [v for b in bands for v in (b.x0, b.x1)]
+    x_lo, x_hi = (min(xs), max(xs)) if xs else (0.0, 1.0)
+    if x_hi == x_lo:
+        x_lo, x_hi = x_lo - 0.5, x_hi + 0.5
+    return x_lo, x_hi
+
+
+def _drawn(
+    series: Sequence[Series], x_lo: float, x_hi: float, pw: int, limit: int
+) -> tuple[list[list[tuple[float, float | None]]], bool]:
+    """Each series' (x, y) pairs to draw, decimated over the `pw` pixel columns when it has more than `limit`
+    values and may be thinned; and whether any was."""
+    drawn: list[list[tuple[float, float | None]]] = []
+    thinned = False
+    for s in series:
+        if len(s.x) != len(s.y):
+            raise ValueError(f"series {s.label!r}: {len(s.x)} x values but {len(s.y)} y values")
+        if s.thin and len(s.x) > limit:
+            thinned = True
+            drawn.append([(s.x[i], s.y[i]) for i in decimate(s.x, s.y, x_lo, x_hi, pw, s.kind == "line")])
+        else:
+            drawn.append(list(zip(s.x, s.y, strict=True)))
+    return drawn, thinned
+
+
+def _y_range(drawn: list[list[tuple[float, float | None]]]) -> tuple[float, float]:
+    """The finite y values' range, padded by 5% either side (a single value: by 5% of it, or 0.5)."""
+    ys = [float(v) for pairs in drawn for _, v in pairs if v is not None and math.isfinite(v)]
+    y_lo, y_hi = (min(ys), max(ys)) if ys else (0.0, 1.0)
+    if y_hi == y_lo:
+        pad = abs(y_lo) * 0.05 or 0.5
+        y_lo, y_hi = y_lo - pad, y_hi + pad
+    pad = (y_hi - y_lo) * 0.05
+    return y_lo - pad, y_hi + pad
+
+
+def _axes(f: _Frame, height: int, xlabel: str, ylabel: str) -> list[str]:
+    """The plot area's frame, the x ticks, the y ticks with their grid lines, the axis labels."""
+    esc = html.escape
+    left, top, pw, ph = f.left, f.top, f.pw, f.ph
+    out = [f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>']
+    for t in nice_ticks(f.x_lo, f.x_hi, 8):
+        x = f.px(t)
         out.append(f'<line x1="{x:.1f}" y1="{top + ph}" x2="{x:.1f}" y2="{top + ph + 4}" stroke="#444"/>')
         out.append(f'<text x="{x:.1f}" y="{top + ph + 16}" text-anchor="middle">{_fmt(t)}</text>')
-    for t in nice_ticks(y_lo, y_hi, 6):
-        y = py(t)
+    for t in nice_ticks(f.y_lo, f.y_hi, 6):
+        y = f.py(t)
         out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" stroke="#ddd"/>')
         out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
     if xlabel:
@@ -244,47 +294,51 @@ def svg_plot(
             f'<text x="16" y="{top + ph / 2:.1f}" text-anchor="middle" '
             f'transform="rotate(-90 16 {top + ph / 2:.1f})">{esc(ylabel)}</text>'
         )
-    # Data.
-    legend_rows: list[tuple[str, str, str]] = [(b.label, b.color, "band") for b in bands if b.label]
-    for n, (s, pairs) in enumerate(zip(series, drawn, strict=True)):
-        color = s.color or PALETTE[n % len(PALETTE)]
-        if s.kind == "line":
-            runs, run = [], []
-            for x, y in pairs:
-                if y is None or not math.isfinite(y):
-                    if run:
-                        runs.append(run)
-                    run = []
-                else:
-                    run.append(f"{px(x):.1f},{py(y):.1f}")
-            if run:
-                runs.append(run)
-            dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
-            for r in runs:
-                out.append(
-                    f'<polyline points="{" ".join(r)}" fill="none" stroke="{color}" '
-                    f'stroke-width="{s.width}" stroke-opacity="{s.opacity}"{dash}/>'
-                )
-        else:
-            for x, y in pairs:
-                if y is not None and math.isfinite(y):
-                    out.append(_marker(s.marker, px(x), py(y), s.size, color, s.opacity))
-        if s.label:
-            legend_rows.append((s.label, color, s.kind if s.kind == "line" else s.marker))
-    if legend and legend_rows:
-        lx = left + pw + 12
-        for i, (label, color, kind) in enumerate(legend_rows):
-            y = top + 10 + i * 18
-            if kind == "band":
-                out.append(
-                    f'<rect x="{lx}" y="{y - 6}" width="16" height="12" fill="{color}" fill-opacity="0.25"/>'
-                )
-            elif kind == "line":
-                out.append(
-                    f'<line x1="{lx}" y1="{y}" x2="{lx + 16}" y2="{y}" stroke="{color}" stroke-width="2"/>'
-                )
+    return out
+
+
+def _series_svg(s: Series, pairs: list[tuple[float, float | None]], color: str, f: _Frame) -> list[str]:
+    """A line (one polyline per run of finite values: it breaks at a gap) or its points' markers."""
+    out = []
+    if s.kind == "line":
+        runs, run = [], []
+        for x, y in pairs:
+            if y is None or not math.isfinite(y):
+                if run:
+                    runs.append(run)
+                run = []
             else:
-                out.append(_marker(kind, lx + 8, y, 4, color, 1.0))
-            out.append(f'<text x="{lx + 22}" y="{y + 4}">{esc(label)}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+                run.append(f"{f.px(x):.1f},{f.py(y):.1f}")
+        if run:
+            runs.append(run)
+        dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
+        for r in runs:
+            out.append(
+                f'<polyline points="{" ".join(r)}" fill="none" stroke="{color}" '
+                f'stroke-width="{s.width}" stroke-opacity="{s.opacity}"{dash}/>'
+            )
+    else:
+        for x, y in pairs:
+            if y is not None and math.isfinite(y):
+                out.append(_marker(s.marker, f.px(x), f.py(y), s.size, color, s.opacity))
+    return out
+
+
+def _legend(rows: list[tuple[str, str, str]], lx: int, top: int) -> list[str]:
+    """One legend row per band and labelled series (label, colour, band | line | marker), from (lx, top)."""
+    esc = html.escape
+    out = []
+    for i, (label, color, kind) in enumerate(rows):
+        y = top + 10 + i * 18
+        if kind == "band":
+            out.append(
+                f'<rect x="{lx}" y="{y - 6}" width="16" height="12" fill="{color}" fill-opacity="0.25"/>'
+            )
+        elif kind == "line":
+            out.append(
+                f'<line x1="{lx}" y1="{y}" x2="{lx + 16}" y2="{y}" stroke="{color}" stroke-width="2"/>'
+            )
+        else:
+            out.append(_marker(kind, lx + 8, y, 4, color, 1.0))
+        out.append(f'<text x="{lx + 22}" y="{y + 4}">{esc(label)}</text>')
+    return out

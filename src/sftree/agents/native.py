@@ -125,13 +125,8 @@ class NativeAgent(AgentBackend):
         max_steps = int(self.cfg.get("max_steps_per_turn", 40))
         deadline = ctx.deadline
         nudges_left = int(self.cfg.get("nudges", 2))
-        overrides = self.cfg.get("prompts") or {}
         out = TurnOutcome(ended="step_limit")
-        messages = run.messages
-        if not messages:  # a fresh session: the system prompt, carrying AGENTS.md as OpenCode does
-            text = run.instructions.strip()
-            messages.append({"role": "system", "content": render("system", overrides, agents_md=text)})
-        messages.append({"role": "user", "content": run.prompt})
+        messages = self._open_turn(run)
         kind = "agent"
         evals_before = len(run.coral.evals)
         used = int(run.context_used or 0)  # the session's context so far (usage of its last step)
@@ -168,50 +163,8 @@ class NativeAgent(AgentBackend):
             msg = assistant_message(comp.message)
             messages.append(msg)
             out.tokens = used = comp.usage.prompt_tokens + comp.usage.completion_tokens
-            results = []
-            turn_done = False
-            for call in msg.get("tool_calls", []):
-                name, call_id = call["function"]["name"], call["id"]
-                if turn_done:
-                    res = ToolOutcome(NOT_RUN)
-                elif time.monotonic() >= deadline:
-                    res = ToolOutcome(NOT_RUN_TIMEOUT)
-                elif comp.truncated_calls:
-                    res = ToolOutcome(TRUNCATED, error=True)
-                    out.tool_calls += 1
-                    out.tool_errors += 1
-                else:
-                    res = execute(name, call["function"]["arguments"], ctx)
-                    out.tool_calls += 1
-                    out.tool_errors += int(res.error)
-                    out.knowledge = out.knowledge or res.knowledge
-                    if len(run.coral.evals) > evals_before:
-                        out.eval = run.coral.evals[evals_before]
-                        turn_done = True
-                messages.append({"role": "tool", "tool_call_id": call_id, "content": res.content})
-                results.append(
-                    {
-                        "tool_call_id": call_id,
-                        "name": name,
-                        "content": res.content,
-                        "error": res.error,
-                        "knowledge": res.knowledge,
-                    }
-                )
-            record = {
-                "turn": run.turn,
-                "step": out.steps,
-                "kind": kind,
-                "request": request,
-                "response": msg,
-                "tool_results": results,
-                "usage": comp.usage.to_dict(),
-                "latency_s": round(comp.latency_s, 4),
-                "finish_reason": comp.finish_reason,
-            }
-            if comp.notes:
-                record["notes"] = list(comp.notes)
-            run.recorder.write(record)
+            results, turn_done = self._run_calls(run, ctx, comp, msg, out, evals_before)
+            run.recorder.write(self._step_record(run, out.steps, kind, request, msg, results, comp))
             kind = "agent"
             if turn_done:
                 out.ended = "eval"
@@ -227,3 +180,72 @@ class NativeAgent(AgentBackend):
                 messages.append({"role": "user", "content": nudge_prompt()})
                 kind = "nudge"
         return out
+
+    def _open_turn(self, run: TurnRun) -> list[dict]:
+        """The session with the turn's prompt added (a fresh one starts with the system prompt)."""
+        overrides = self.cfg.get("prompts") or {}
+        messages = run.messages
+        if not messages:  # a fresh session: the system prompt, carrying AGENTS.md as OpenCode does
+            text = run.instructions.strip()
+            messages.append({"role": "system", "content": render("system", overrides, agents_md=text)})
+        messages.append({"role": "user", "content": run.prompt})
+        return messages
+
+    @staticmethod
+    def _run_calls(
+        run: TurnRun, ctx: ToolContext, comp, msg: dict, out: TurnOutcome, evals_before: int
+    ) -> tuple[list[dict], bool]:
+        """Run the step's tool calls in order, each result added to the session and counted in `out`; once the
+        turn's `coral eval` ran (True returned with the results) or its time is up, the rest are not run."""
+        messages, deadline = run.messages, ctx.deadline
+        results = []
+        turn_done = False
+        for call in msg.get("tool_calls", []):
+            name, call_id = call["function"]["name"], call["id"]
+            if turn_done:
+                res = ToolOutcome(NOT_RUN)
+            elif time.monotonic() >= deadline:
+                res = ToolOutcome(NOT_RUN_TIMEOUT)
+            elif comp.truncated_calls:
+                res = ToolOutcome(TRUNCATED, error=True)
+                out.tool_calls += 1
+                out.tool_errors += 1
+            else:
+                res = execute(name, call["function"]["arguments"], ctx)
+                out.tool_calls += 1
+                out.tool_errors += int(res.error)
+                out.knowledge = out.knowledge or res.knowledge
+                if len(run.coral.evals) > evals_before:
+                    out.eval = run.coral.evals[evals_before]
+                    turn_done = True
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": res.content})
+            results.append(
+                {
+                    "tool_call_id": call_id,
+                    "name": name,
+                    "content": res.content,
+                    "error": res.error,
+                    "knowledge": res.knowledge,
+                }
+            )
+        return results, turn_done
+
+    @staticmethod
+    def _step_record(
+        run: TurnRun, step: int, kind: str, request: dict, msg: dict, results: list[dict], comp
+    ) -> dict:
+        """The step record of a model call and the tool calls it made (docs/architecture.md)."""
+        record = {
+            "turn": run.turn,
+            "step": step,
+            "kind": kind,
+            "request": request,
+            "response": msg,
+            "tool_results": results,
+            "usage": comp.usage.to_dict(),
+            "latency_s": round(comp.latency_s, 4),
+            "finish_reason": comp.finish_reason,
+        }
+        if comp.notes:
+            record["notes"] = list(comp.notes)
+        return record

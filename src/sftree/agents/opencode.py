@@ -55,7 +55,7 @@ from pathlib import Path
 from sftree.agents.base import AgentBackend, TurnOutcome, TurnRun
 from sftree.agents.chain import Pristine, SessionChain, split
 from sftree.agents.knowledge import is_knowledge_action as is_knowledge  # one decision for both backends
-from sftree.agents.proxy import ProxyLimits, RecordingProxy
+from sftree.agents.proxy import Channel, ProxyLimits, RecordingProxy
 from sftree.agents.turn_end import TEACHER_DOWN, refine
 from sftree.errors import InputError
 from sftree.runtime.edgebox import CHECK_EVERY
@@ -344,6 +344,49 @@ def _teacher_down(rec: dict) -> bool:
     """The record of a request the Teacher failed; a malformed reply is the model's step failing (as with
     `native`), not the Teacher being down."""
     return bool(rec.get("error")) and not str(rec["error"]).startswith("malformed reply")
+
+
+def _stop_asked(ch: Channel, acc: TurnEvents, deadline: float, max_steps: int) -> str | None:
+    """Why the host stops a run now (its proxy channel, the step count, the clock), or None."""
+    if ch.tampered:  # a request broke the session's chain (agents/chain.py): the edge ends
+        return "tampered"
+    if ch.teacher_failures:  # past the proxy's retry budget: OpenCode would only retry again
+        return "teacher_error"
+    if ch.over_limit:  # the proxy refused a request past the turn's step or byte cap
+        stop = "step_limit" if ch.over_limit.startswith("step_limit") else "edge_error"
+        if stop == "edge_error":
+            acc.errors.append(f"the recording proxy: {ch.over_limit}")
+        return stop
+    if acc.steps >= max_steps:
+        return "step_limit"
+    if ch.cut_call:  # the proxy stopped the channel at a call cut at max_tokens (turn_end.py)
+        acc.errors.append("a reply was cut at max_tokens inside a tool call")
+        return "cut_call"
+    if time.monotonic() >= deadline:
+        return "timeout"
+    return None
+
+
+def _run_ended(
+    stop: str | None, recs: list[dict], acc: TurnEvents, ch: Channel, max_steps: int, nudges_left: int
+) -> tuple[str, str | None] | None:
+    """How the turn ends after a run that made the records `recs` (its `ended` and error, None: no error
+    set), or None when the Teacher is reminded and the turn goes on."""
+    teacher_failed = any(_teacher_down(r) for r in recs if r["kind"] in ("agent", "nudge"))
+    if stop == "teacher_error":
+        failed = [r for r in recs if r.get("error") and not r.get("response")]
+        return "teacher_error", (failed[-1]["error"] if failed else "teacher failed")
+    if stop == "edge_error":
+        return stop, acc.errors[-1]
+    if stop == "tampered":
+        return stop, ch.tampered
+    if stop is not None:
+        return stop, None
+    if teacher_failed and not any(r.get("response") for r in recs):
+        return "teacher_error", next(r["error"] for r in recs if _teacher_down(r))
+    if nudges_left <= 0 or acc.steps >= max_steps:
+        return ("no_eval" if acc.steps < max_steps else "step_limit"), None
+    return None
 
 
 # ---- the backend ---------------------------------------------------------------------------------------------
@@ -880,89 +923,118 @@ class OpenCodeAgent(AgentBackend):
              "model": self.student_model, "text": prompt}
         )  # fmt: skip
         kdir = run.box.inside(run.workspace.knowledge_dir)
-        got, got_bytes = d.received, d.received_bytes
+        got = (d.received, d.received_bytes)
         stop: str | None = None
         idle = False  # the session ended by itself (its last reply whole), not stopped by the host
-        eval_seen_at: float | None = None
-        next_check = time.monotonic() + CHECK_EVERY
         try:
-            while True:
-                if len(run.coral.evals) > evals_before and not ch.stopped:
-                    ch.stopped = True  # the eval is in: nothing more may reach the Teacher this turn
-                    eval_seen_at = time.monotonic()
-                if acc.eval_call or (eval_seen_at and time.monotonic() - eval_seen_at > 10):
-                    stop = "eval"
-                    break
-                if ch.tampered:  # a request broke the session's chain (agents/chain.py): the edge ends
-                    stop = "tampered"
-                    break
-                if ch.teacher_failures:  # past the proxy's retry budget: OpenCode would only retry again
-                    stop = "teacher_error"
-                    break
-                if ch.over_limit:  # the proxy refused a request past the turn's step or byte cap
-                    stop = "step_limit" if ch.over_limit.startswith("step_limit") else "edge_error"
-                    if stop == "edge_error":
-                        acc.errors.append(f"the recording proxy: {ch.over_limit}")
-                    break
-                if acc.steps >= max_steps:
-                    stop = "step_limit"
-                    break
-                if ch.cut_call:  # the proxy stopped the channel at a call cut at max_tokens (turn_end.py)
-                    acc.errors.append("a reply was cut at max_tokens inside a tool call")
-                    stop = "cut_call"
-                    break
-                if time.monotonic() >= deadline:
-                    stop = "timeout"
-                    break
-                if (
-                    time.monotonic() >= next_check
-                ):  # the disk quota, as for every command (runtime/edgebox.py)
-                    next_check = time.monotonic() + CHECK_EVERY
-                    over = run.box.over_quota()
-                    if over:
-                        acc.errors.append(over)
-                        stop = "edge_error"
-                        break
-                if d.received - got > RUN_EVENTS_MAX or d.received_bytes - got_bytes > RUN_BYTES_MAX:
-                    acc.errors.append(
-                        f"OpenCode's sandbox sent over {RUN_EVENTS_MAX} events or {RUN_BYTES_MAX >> 20} MiB"
-                    )
-                    stop = "edge_error"
-                    self._kill(st)  # not asked to abort: it would go on sending meanwhile
-                    break
-                ev = d.next(0.1)
-                if ev is None:
-                    continue
-                if ev is EOF:
-                    acc.errors.append(f"OpenCode's server exited: {_tail(st.home / 'stderr.log')}")
-                    break
-                kind = ev.get("type")
-                if kind == "idle":
-                    idle = True
-                    break
-                apply_event(ev, acc, kdir, run.box.worktree)
-                if acc.session_id and not st.session_id:
-                    st.session_id = acc.session_id
+            stop, idle = self._watch(run, st, d, ch, acc, kdir, got, deadline, max_steps, evals_before)
         finally:
-            ch.stopped = True
-            if ch.chain is not None and not idle:
-                with ch.lock:
-                    ch.chain.interrupted()  # the abort may cut or drop the reply that is coming
-            # End the turn: abort the session (as Coral's manager interrupts its agent), reap what it left
-            # running; a driver that does not answer is killed with its sandbox (the next turn starts it again).
-            if d.alive():
-                d.send({"op": "abort"})
-            # What it reports after the stop is not the turn's (previously cut by the interrupt): not counted.
-            ended = d.wait_for(("aborted", "abort_failed"), ABORT_TIMEOUT) if d.alive() else None
-            if ended is None or ended.get("type") != "aborted":
-                self._kill(st)
+            self._end_run(st, d, ch, idle)
         if stop is None and len(run.coral.evals) > evals_before:
             stop = "eval"
         return stop
 
+    def _watch(
+        self,
+        run: TurnRun,
+        st: _Edge,
+        d: _Driver,
+        ch: Channel,
+        acc: TurnEvents,
+        kdir: str | None,
+        got: tuple[int, int],
+        deadline: float,
+        max_steps: int,
+        evals_before: int,
+    ) -> tuple[str | None, bool]:
+        """Follow the run's events until it stops: why the host stopped it (None: it did not), and whether the
+        session went idle by itself."""
+        eval_seen_at: float | None = None
+        next_check = time.monotonic() + CHECK_EVERY
+        while True:
+            if len(run.coral.evals) > evals_before and not ch.stopped:
+                ch.stopped = True  # the eval is in: nothing more may reach the Teacher this turn
+                eval_seen_at = time.monotonic()
+            if acc.eval_call or (eval_seen_at and time.monotonic() - eval_seen_at > 10):
+                return "eval", False
+            stop = _stop_asked(ch, acc, deadline, max_steps)
+            if stop is not None:
+                return stop, False
+            if time.monotonic() >= next_check:  # the disk quota, as for every command (runtime/edgebox.py)
+                next_check = time.monotonic() + CHECK_EVERY
+                over = run.box.over_quota()
+                if over:
+                    acc.errors.append(over)
+                    return "edge_error", False
+            if d.received - got[0] > RUN_EVENTS_MAX or d.received_bytes - got[1] > RUN_BYTES_MAX:
+                acc.errors.append(
+                    f"OpenCode's sandbox sent over {RUN_EVENTS_MAX} events or {RUN_BYTES_MAX >> 20} MiB"
+                )
+                self._kill(st)  # not asked to abort: it would go on sending meanwhile
+                return "edge_error", False
+            ev = d.next(0.1)
+            if ev is None:
+                continue
+            if ev is EOF:
+                acc.errors.append(f"OpenCode's server exited: {_tail(st.home / 'stderr.log')}")
+                return None, False
+            kind = ev.get("type")
+            if kind == "idle":
+                return None, True
+            apply_event(ev, acc, kdir, run.box.worktree)
+            if acc.session_id and not st.session_id:
+                st.session_id = acc.session_id
+
+    def _end_run(self, st: _Edge, d: _Driver, ch: Channel, idle: bool) -> None:
+        """Close the channel to the Teacher and end the run, whatever stopped it."""
+        ch.stopped = True
+        if ch.chain is not None and not idle:
+            with ch.lock:
+                ch.chain.interrupted()  # the abort may cut or drop the reply that is coming
+        # End the turn: abort the session (as Coral's manager interrupts its agent), reap what it left
+        # running; a driver that does not answer is killed with its sandbox (the next turn starts it again).
+        if d.alive():
+            d.send({"op": "abort"})
+        # What it reports after the stop is not the turn's (previously cut by the interrupt): not counted.
+        ended = d.wait_for(("aborted", "abort_failed"), ABORT_TIMEOUT) if d.alive() else None
+        if ended is None or ended.get("type") != "aborted":
+            self._kill(st)
+
     def run_turn(self, run: TurnRun) -> TurnOutcome:
         st = self._edge(run)
         self._write_config(run, st)
+        ch = self._open_channel(run, st)
+        max_steps = int(self.cfg.get("max_steps_per_turn", 40))
+        deadline = time.monotonic() + float(self.cfg.get("turn_timeout", 3600))
+        nudges_left = int(self.cfg.get("nudges", 2))
+        evals_before = len(run.coral.evals)
+        acc = TurnEvents()
+        out = TurnOutcome(ended="no_eval")
+        records = self._runs(run, st, ch, acc, out, deadline, max_steps, nudges_left, evals_before)
+        if out.ended == "eval" and len(run.coral.evals) > evals_before:
+            out.eval = run.coral.evals[evals_before]
+        elif out.ended == "eval":
+            out.ended = "no_eval"
+        out.ended = refine(out.ended, records, out.error)  # why a turn without an eval ended (turn_end.py)
+        records = enrich_records(records, acc, acc.eval_call)
+        self._write_records(run, out, records)
+        self._count(out, records, acc)
+        msgs = session_messages(records)
+        if msgs is not None:
+            run.messages[:] = msgs
+        else:
+            run.messages.append({"role": "user", "content": run.prompt})
+        if out.ended == "tampered":  # nothing of this session is kept for a child
+            self.end_edge(run.workspace.edge_id)
+            return out
+        if run.final or out.ended in TEACHER_DOWN:  # the edge's last turn: its node keeps the session
+            self._save(run, st)
+        if run.final:
+            self.end_edge(run.workspace.edge_id)
+        return out
+
+    def _open_channel(self, run: TurnRun, st: _Edge) -> Channel:
+        """The edge's proxy channel for this turn, its session chain resumed or begun, emptied of records."""
         headers = {k: v for k, v in run.headers.items() if k.lower() != "x-sftree-turn"}
         ch = self.proxy.channel(run.workspace.edge_id, headers)
         ch.turn = run.turn
@@ -974,12 +1046,22 @@ class OpenCodeAgent(AgentBackend):
                 self.pristine, base=split({"messages": run.messages})[1], workdir=run.box.worktree
             )
         ch.take()
-        max_steps = int(self.cfg.get("max_steps_per_turn", 40))
-        deadline = time.monotonic() + float(self.cfg.get("turn_timeout", 3600))
-        nudges_left = int(self.cfg.get("nudges", 2))
-        evals_before = len(run.coral.evals)
-        acc = TurnEvents()
-        out = TurnOutcome(ended="no_eval")
+        return ch
+
+    def _runs(
+        self,
+        run: TurnRun,
+        st: _Edge,
+        ch: Channel,
+        acc: TurnEvents,
+        out: TurnOutcome,
+        deadline: float,
+        max_steps: int,
+        nudges_left: int,
+        evals_before: int,
+    ) -> list[dict]:
+        """The turn's prompt, then a reminder after each run that ended without an eval while any are left;
+        sets `out.ended` (and `out.error`) and returns the records the proxy took."""
         prompt, kind = run.prompt, "agent"
         records: list[dict] = []
         while True:
@@ -994,39 +1076,16 @@ class OpenCodeAgent(AgentBackend):
                 ):
                     r["kind"] = "nudge"  # the first model call after a reminder
             records += new
-            teacher_failed = any(
-                _teacher_down(r) for r in records[n_before:] if r["kind"] in ("agent", "nudge")
-            )
-            if stop == "teacher_error":
-                failed = [r for r in records[n_before:] if r.get("error") and not r.get("response")]
-                out.ended, out.error = "teacher_error", (failed[-1]["error"] if failed else "teacher failed")
-                break
-            if stop == "edge_error":
-                out.ended, out.error = stop, acc.errors[-1]
-                break
-            if stop == "tampered":
-                out.ended, out.error = stop, ch.tampered
-                break
-            if stop is not None:
-                out.ended = stop
-                break
-            if teacher_failed and not any(r.get("response") for r in records[n_before:]):
-                out.ended, out.error = (
-                    "teacher_error",
-                    next(r["error"] for r in records[n_before:] if _teacher_down(r)),
-                )
-                break
-            if nudges_left <= 0 or acc.steps >= max_steps:
-                out.ended = "no_eval" if acc.steps < max_steps else "step_limit"
-                break
+            ended = _run_ended(stop, records[n_before:], acc, ch, max_steps, nudges_left)
+            if ended is not None:
+                out.ended, out.error = ended  # no error set before: the turn ends here
+                return records
             nudges_left -= 1
             prompt, kind = nudge_prompt(), "nudge"
-        if out.ended == "eval" and len(run.coral.evals) > evals_before:
-            out.eval = run.coral.evals[evals_before]
-        elif out.ended == "eval":
-            out.ended = "no_eval"
-        out.ended = refine(out.ended, records, out.error)  # why a turn without an eval ended (turn_end.py)
-        records = enrich_records(records, acc, acc.eval_call)
+
+    @staticmethod
+    def _write_records(run: TurnRun, out: TurnOutcome, records: list[dict]) -> None:
+        """The turn's records, numbered, to the edge's step log (all marked when OpenCode compacted the session)."""
         compaction = any(r["kind"] == "compaction" or r.get("compacted") for r in records)
         out.compacted = compaction
         if compaction:
@@ -1039,6 +1098,9 @@ class OpenCodeAgent(AgentBackend):
             if compaction:
                 r["compacted"] = True
             run.recorder.write(r)
+
+    def _count(self, out: TurnOutcome, records: list[dict], acc: TurnEvents) -> None:
+        """The turn's steps, tool calls, context length and errors, into `out`."""
         model_calls = [r for r in records if r["kind"] in ("agent", "nudge") and r.get("response")]
         out.steps = len(model_calls)
         counted = self._counted_tools(acc)
@@ -1053,19 +1115,6 @@ class OpenCodeAgent(AgentBackend):
         )
         if acc.errors and out.error is None and out.ended != "eval":
             out.error = "; ".join(acc.errors)[-500:]
-        msgs = session_messages(records)
-        if msgs is not None:
-            run.messages[:] = msgs
-        else:
-            run.messages.append({"role": "user", "content": run.prompt})
-        if out.ended == "tampered":  # nothing of this session is kept for a child
-            self.end_edge(run.workspace.edge_id)
-            return out
-        if run.final or out.ended in TEACHER_DOWN:  # the edge's last turn: its node keeps the session
-            self._save(run, st)
-        if run.final:
-            self.end_edge(run.workspace.edge_id)
-        return out
 
     needs_probe = True
 

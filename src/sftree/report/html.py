@@ -33,7 +33,7 @@ from sftree.progress import Progress
 from sftree.records.paths import paths_path, read_paths
 from sftree.records.scores import best_of, oriented, signed_gain
 from sftree.records.sft import EXCLUSION_REASONS, OPENCODE, merged_path, read_figures, read_stats, stats_path
-from sftree.records.tree import FINAL_NAME, Edge, Tree, read_tree
+from sftree.records.tree import FINAL_NAME, Edge, Node, Tree, read_tree
 from sftree.records.trust import RootTrust, root_trust, skipped_counts
 
 log = logging.getLogger("sftree.report.html")
@@ -247,32 +247,22 @@ def _num_key(s: str) -> tuple[int, str]:
     return (int(m.group(1)) if m else 1 << 30, s or "")
 
 
-def tree_svg(view: TreeView, uid: str) -> str:
-    """Nodes by depth (rows), leaves spread left to right, parents centred over their children."""
-    tree = view.tree
-    direction = tree.direction or "maximize"
-    nodes = {n.id: n for n in tree.nodes}
-    edges = tree.edges
-    root = next((n for n in nodes.values() if n.parent is None), None)
-    if root is None:
-        return "<p>Tree has no root node.</p>"
+def _selected(view: TreeView) -> tuple[set[str], set[str]]:
+    """The edges and the nodes of the tree's selected paths."""
     selected_edges: set[str] = set()
     selected_nodes: set[str] = set()
     for p in (view.paths or {}).get("paths", []):
         if p.get("selected"):
             selected_edges.update(p["edges"])
             selected_nodes.update(p["nodes"])
-    # children of a node: its edges (a failed attempt is a child slot without a node)
-    kids: dict[str, list[Edge]] = defaultdict(list)
-    for e in edges:
-        kids[e.parent].append(e)
-    for v in kids.values():
-        v.sort(key=lambda e: _num_key(e.id))
-    dispatches: dict[str, list[dict]] = defaultdict(list)
-    for e in edges:
-        if isinstance(e.select, dict):
-            dispatches[e.select.get("node", e.parent)].append({"edge": e.id, **e.select})
+    return selected_edges, selected_nodes
 
+
+def _place(
+    root_id: str, kids: dict[str, list[Edge]], nodes: dict[str, Node]
+) -> tuple[dict[str, tuple[float, int]], int]:
+    """(slot x, depth) of each node and, under "x:<edge>", of each failed attempt: leaves in slots left to right,
+    parents centred over their children; and the number of slots."""
     pos: dict[str, tuple[float, int]] = {}  # node id or "x:<edge>" -> (slot x, depth)
     slot = [0]
 
@@ -294,13 +284,137 @@ def tree_svg(view: TreeView, uid: str) -> str:
         pos[nid] = (x, depth)
         return x
 
-    place(root.id, 0)
+    place(root_id, 0)
+    return pos, slot[0]
+
+
+def _edge_svg(e: Edge, xy, nodes: dict[str, Node], selected_edges: set[str]) -> str:
+    """An edge's line to its child (orange when selected, dashed red when kept despite a failed turn), or a
+    failed attempt's dashed line to a red cross."""
+    px, py = xy(e.parent)
+    child = e.child
+    tip = (
+        f"edge {e.id} attempt {e.attempt}: score {fmt(e.score)}, soft {fmt(e.soft)}, "
+        f"tool error rate {fmt(e.tool_error_rate)}, tokens {e.tokens}"
+    )
+    if child and child in nodes:
+        cx, cy = xy(child)
+        sel = e.id in selected_edges
+        # kept although a turn failed (fallback retry at depth 1, exemption at depth 2): dashed
+        kept_failed = e.pruned or any(t.score is None for t in e.turns)
+        if kept_failed:
+            tip += "; a turn had no numeric score (kept: fallback/exemption)"
+        dash = ' stroke-dasharray="6 4"' if kept_failed else ""
+        stroke = SELECTED if sel else (FAILED if kept_failed else "#9ca3af")
+        return (
+            f'<line x1="{px:.1f}" y1="{py:.1f}" x2="{cx:.1f}" y2="{cy:.1f}" stroke="{stroke}" '
+            f'stroke-width="{5 if sel else 1.5}"{dash}>'
+            f"<title>{esc(tip)}</title></line>"
+        )
+    cx, cy = xy("x:" + e.id)
+    reason = e.prune_reason or "failed"
+    return (
+        f'<line x1="{px:.1f}" y1="{py:.1f}" x2="{cx:.1f}" y2="{cy:.1f}" stroke="{FAILED}" stroke-width="1.2" '
+        f'stroke-dasharray="4 3"/><g class="fail"><title>{esc(tip + f"; pruned: {reason}")}</title>'
+        f'<path d="M{cx - 6:.1f},{cy - 6:.1f}L{cx + 6:.1f},{cy + 6:.1f}M{cx + 6:.1f},{cy - 6:.1f}L{cx - 6:.1f},{cy + 6:.1f}" '
+        f'stroke="{FAILED}" stroke-width="2.5"/></g>'
+    )
+
+
+def _node_info(
+    n: Node, into: Edge | None, dispatched: list[dict] | None, on_selected: bool
+) -> dict[str, object]:
+    """What clicking a node shows: its figures, the edge that made it, the Select breakdown of each dispatch
+    from it."""
+    info: dict[str, object] = {
+        "node": n.id,
+        "depth": n.depth,
+        "score": n.score,
+        "path_best_score": n.path_best_score,
+        "tokens (max_token_total)": n.max_token_total,
+        "status": n.status,
+        "leaf_reason": n.leaf_reason,
+        "valid_children": n.valid_children,
+        "failed_expansions": n.failed_expansions,
+        "on selected path": on_selected,
+    }
+    if into:
+        info["made by edge"] = {
+            "id": into.id,
+            "attempt": into.attempt,
+            "exempt": into.exempt,
+            "steps": into.steps,
+            "tool_error_rate": into.tool_error_rate,
+            "outcome": into.outcome,
+            "cleanliness": into.cleanliness,
+            "knowledge_score": into.knowledge_score,
+            "regression_stability": into.regression_stability,
+            "soft": into.soft,
+            "wall_s": into.wall_s,
+        }
+        if into.select:
+            info["parent's Select when this edge was dispatched"] = into.select
+    if dispatched:
+        info["Select breakdown of dispatches from this node"] = dispatched
+    return info
+
+
+def _node_tip(n: Node, dispatched: list[dict] | None) -> str:
+    """What hovering a node shows: score, tokens, the last dispatch's Select, why it is a leaf."""
+    tip = f"{n.id}: score {fmt(n.score)}, tokens {n.max_token_total}"
+    if dispatched:
+        last = dispatched[-1]
+        tip += (
+            f"\nSelect {fmt(last.get('select'))} = Q {fmt(last.get('Q'))} + alpha x T (T {fmt(last.get('T'))}; "
+            f"score_rank {fmt(last.get('score_rank'))}, best_rank {fmt(last.get('best_rank'))}, process {fmt(last.get('process'))})"
+        )
+    if n.leaf_reason:
+        tip += f"\nleaf: {n.leaf_reason}"
+    return tip
+
+
+def _tree_legend(lo: float, hi: float, direction: str) -> str:
+    return (
+        '<div class="legend"><span class="grad">score '
+        f"{fmt(lo if direction != 'minimize' else -lo)}"
+        '<i style="width:90px;background:linear-gradient(90deg,' + ",".join(VIRIDIS) + ')"></i>'
+        f"{fmt(hi if direction != 'minimize' else -hi)}</span>"
+        f'<span><i style="background:{SELECTED};height:4px"></i>selected path</span>'
+        f'<span><b style="color:{FAILED}">&#x2715;</b> failed / pruned attempt</span>'
+        f'<span><i style="border-top:2px dashed {FAILED};height:0"></i>kept despite a failed turn</span>'
+        '<span><i style="background:#111827;width:6px;height:6px"></i>leaf</span>'
+        '<span><i style="background:#9ca3af;border-radius:50%"></i>no score</span></div>'
+    )
+
+
+def tree_svg(view: TreeView, uid: str) -> str:
+    """Nodes by depth (rows), leaves spread left to right, parents centred over their children."""
+    tree = view.tree
+    direction = tree.direction or "maximize"
+    nodes = {n.id: n for n in tree.nodes}
+    edges = tree.edges
+    root = next((n for n in nodes.values() if n.parent is None), None)
+    if root is None:
+        return "<p>Tree has no root node.</p>"
+    selected_edges, selected_nodes = _selected(view)
+    # children of a node: its edges (a failed attempt is a child slot without a node)
+    kids: dict[str, list[Edge]] = defaultdict(list)
+    for e in edges:
+        kids[e.parent].append(e)
+    for v in kids.values():
+        v.sort(key=lambda e: _num_key(e.id))
+    dispatches: dict[str, list[dict]] = defaultdict(list)
+    for e in edges:
+        if isinstance(e.select, dict):
+            dispatches[e.select.get("node", e.parent)].append({"edge": e.id, **e.select})
+
+    pos, slots = _place(root.id, kids, nodes)
     scores = [oriented(n.score, direction) for n in nodes.values()]
     numeric = [s for s in scores if s is not None]
     lo, hi = (min(numeric), max(numeric)) if numeric else (0.0, 1.0)
     max_depth = max(d for _, d in pos.values())
     dx, dy, m = 56, 80, 30
-    width = max(int(slot[0] * dx + 2 * m), 320)
+    width = max(int(slots * dx + 2 * m), 320)
     height = int(max_depth * dy + 2 * m + 10)
 
     def xy(key):
@@ -309,37 +423,8 @@ def tree_svg(view: TreeView, uid: str) -> str:
 
     out = [f'<svg class="tree" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">']
     for e in edges:
-        if e.parent not in pos:
-            continue
-        px, py = xy(e.parent)
-        child = e.child
-        tip = (
-            f"edge {e.id} attempt {e.attempt}: score {fmt(e.score)}, soft {fmt(e.soft)}, "
-            f"tool error rate {fmt(e.tool_error_rate)}, tokens {e.tokens}"
-        )
-        if child and child in nodes:
-            cx, cy = xy(child)
-            sel = e.id in selected_edges
-            # kept although a turn failed (fallback retry at depth 1, exemption at depth 2): dashed
-            kept_failed = e.pruned or any(t.score is None for t in e.turns)
-            if kept_failed:
-                tip += "; a turn had no numeric score (kept: fallback/exemption)"
-            dash = ' stroke-dasharray="6 4"' if kept_failed else ""
-            stroke = SELECTED if sel else (FAILED if kept_failed else "#9ca3af")
-            out.append(
-                f'<line x1="{px:.1f}" y1="{py:.1f}" x2="{cx:.1f}" y2="{cy:.1f}" stroke="{stroke}" '
-                f'stroke-width="{5 if sel else 1.5}"{dash}>'
-                f"<title>{esc(tip)}</title></line>"
-            )
-        else:
-            cx, cy = xy("x:" + e.id)
-            reason = e.prune_reason or "failed"
-            out.append(
-                f'<line x1="{px:.1f}" y1="{py:.1f}" x2="{cx:.1f}" y2="{cy:.1f}" stroke="{FAILED}" stroke-width="1.2" '
-                f'stroke-dasharray="4 3"/><g class="fail"><title>{esc(tip + f"; pruned: {reason}")}</title>'
-                f'<path d="M{cx - 6:.1f},{cy - 6:.1f}L{cx + 6:.1f},{cy + 6:.1f}M{cx + 6:.1f},{cy - 6:.1f}L{cx - 6:.1f},{cy + 6:.1f}" '
-                f'stroke="{FAILED}" stroke-width="2.5"/></g>'
-            )
+        if e.parent in pos:
+            out.append(_edge_svg(e, xy, nodes, selected_edges))
     edge_by_id = {e.id: e for e in edges}
     for nid, n in sorted(nodes.items(), key=lambda kv: _num_key(kv[0])):
         if nid not in pos:
@@ -348,45 +433,8 @@ def tree_svg(view: TreeView, uid: str) -> str:
         s = oriented(n.score, direction)
         t = None if s is None else (0.5 if hi == lo else (s - lo) / (hi - lo))
         into = edge_by_id.get(n.edge or "") or next((e for e in edges if e.child == nid), None)
-        info: dict[str, object] = {
-            "node": nid,
-            "depth": n.depth,
-            "score": n.score,
-            "path_best_score": n.path_best_score,
-            "tokens (max_token_total)": n.max_token_total,
-            "status": n.status,
-            "leaf_reason": n.leaf_reason,
-            "valid_children": n.valid_children,
-            "failed_expansions": n.failed_expansions,
-            "on selected path": nid in selected_nodes,
-        }
-        if into:
-            info["made by edge"] = {
-                "id": into.id,
-                "attempt": into.attempt,
-                "exempt": into.exempt,
-                "steps": into.steps,
-                "tool_error_rate": into.tool_error_rate,
-                "outcome": into.outcome,
-                "cleanliness": into.cleanliness,
-                "knowledge_score": into.knowledge_score,
-                "regression_stability": into.regression_stability,
-                "soft": into.soft,
-                "wall_s": into.wall_s,
-            }
-            if into.select:
-                info["parent's Select when this edge was dispatched"] = into.select
-        if dispatches.get(nid):
-            info["Select breakdown of dispatches from this node"] = dispatches[nid]
-        tip = f"{nid}: score {fmt(n.score)}, tokens {n.max_token_total}"
-        if dispatches.get(nid):
-            last = dispatches[nid][-1]
-            tip += (
-                f"\nSelect {fmt(last.get('select'))} = Q {fmt(last.get('Q'))} + alpha x T (T {fmt(last.get('T'))}; "
-                f"score_rank {fmt(last.get('score_rank'))}, best_rank {fmt(last.get('best_rank'))}, process {fmt(last.get('process'))})"
-            )
-        if n.leaf_reason:
-            tip += f"\nleaf: {n.leaf_reason}"
+        info = _node_info(n, into, dispatches.get(nid), nid in selected_nodes)
+        tip = _node_tip(n, dispatches.get(nid))
         r = 11 if nid == root.id else 9
         stroke = SELECTED if nid in selected_nodes else "#111827"
         out.append(
@@ -402,17 +450,7 @@ def tree_svg(view: TreeView, uid: str) -> str:
             + f'<text x="{x:.1f}" y="{y - r - 4:.1f}" text-anchor="middle" class="nid">{esc(nid)}</text></g>'
         )
     out.append("</svg>")
-    legend = (
-        '<div class="legend"><span class="grad">score '
-        f"{fmt(lo if direction != 'minimize' else -lo)}"
-        '<i style="width:90px;background:linear-gradient(90deg,' + ",".join(VIRIDIS) + ')"></i>'
-        f"{fmt(hi if direction != 'minimize' else -hi)}</span>"
-        f'<span><i style="background:{SELECTED};height:4px"></i>selected path</span>'
-        f'<span><b style="color:{FAILED}">&#x2715;</b> failed / pruned attempt</span>'
-        f'<span><i style="border-top:2px dashed {FAILED};height:0"></i>kept despite a failed turn</span>'
-        '<span><i style="background:#111827;width:6px;height:6px"></i>leaf</span>'
-        '<span><i style="background:#9ca3af;border-radius:50%"></i>no score</span></div>'
-    )
+    legend = _tree_legend(lo, hi, direction)
     return f'<div class="scroll">{"".join(out)}</div>{legend}'
 
 
@@ -483,9 +521,9 @@ def _path_gain(trust: RootTrust, view: TreeView, path: dict) -> tuple[float | No
     return score, signed_gain(trust.root_score, score, trust.direction)
 
 
-def tree_section(view: TreeView, uid: str) -> str:
+def _tree_summary(view: TreeView, trust: RootTrust) -> str:
+    """The tree's line: its size, failed and kept attempts, root and best score, paths selected, sandbox, stop."""
     t = view.tree
-    c = t.counters or {}
     nodes = t.nodes
     edges = t.edges
     failed = sum(1 for e in edges if not e.child)
@@ -496,72 +534,85 @@ def tree_section(view: TreeView, uid: str) -> str:
     best_score = best_of(best, direction)
     paths = (view.paths or {}).get("paths", [])
     nsel = sum(1 for p in paths if p.get("selected"))
-    trust = tree_trust(view)
     below = (
         f', <b class="bad">{trust.below_root} selected ending below the root</b>' if trust.below_root else ""
     )
-    summary = (
+    return (
         f"{esc(view.root)}: {len(nodes) - 1} nodes, {len(edges)} edges ({failed} failed attempt(s) without a node, "
         f"{kept} kept despite a failed turn), "
         f"root score {fmt(root.score if root else None)}, best {fmt(best_score)}, {nsel}/{len(paths)} paths selected{below}, "
         f"sandbox {esc(trust.sandbox)}, stop: {esc(t.stop_reason)}"
     )
-    parts = [f'<details open><summary>{summary}</summary><div class="card">', tree_svg(view, uid)]
-    if paths:
-        gains = {p["rank"]: _path_gain(trust, view, p) for p in paths}
-        rows = [
-            [
-                p["rank"],
-                p["leaf"],
-                " → ".join(p["nodes"]),
-                p.get("leaf_reason"),
-                trust.root_score,
-                gains[p["rank"]][0],
-                gains[p["rank"]][1],
-                "below root" if (gains[p["rank"]][1] or 0) < 0 else "",
-                p["max_score"],
-                p["max_score_rank"],
-                p["avg_score"],
-                p["avg_score_rank"],
-                p["avg_cleanliness"],
-                p["avg_knowledge"],
-                p["path_score"],
-                "yes" if p.get("selected") else "",
-            ]
-            for p in paths
+
+
+def _paths_table(view: TreeView, trust: RootTrust, paths: list[dict]) -> str:
+    """The ranked paths: each one's nodes, root and leaf score, signed gain (flagged below the root), PathScore
+    and its parts, whether it was selected."""
+    gains = {p["rank"]: _path_gain(trust, view, p) for p in paths}
+    rows = [
+        [
+            p["rank"],
+            p["leaf"],
+            " → ".join(p["nodes"]),
+            p.get("leaf_reason"),
+            trust.root_score,
+            gains[p["rank"]][0],
+            gains[p["rank"]][1],
+            "below root" if (gains[p["rank"]][1] or 0) < 0 else "",
+            p["max_score"],
+            p["max_score_rank"],
+            p["avg_score"],
+            p["avg_score_rank"],
+            p["avg_cleanliness"],
+            p["avg_knowledge"],
+            p["path_score"],
+            "yes" if p.get("selected") else "",
         ]
-        parts.append(
-            _table(
-                [
-                    "rank",
-                    "leaf",
-                    "nodes",
-                    "leaf reason",
-                    "root score",
-                    "leaf score",
-                    "gain",
-                    "flag",
-                    "max score",
-                    "max rank",
-                    "avg score",
-                    "avg rank",
-                    "avg clean",
-                    "avg knowledge",
-                    "PathScore",
-                    "selected",
-                ],
-                rows,
-                left=4,
-                row_class=lambda i: " ".join(
-                    c
-                    for c, on in (
-                        ("sel", paths[i].get("selected")),
-                        ("below", (gains[paths[i]["rank"]][1] or 0) < 0),
-                    )
-                    if on
-                ),
+        for p in paths
+    ]
+    return _table(
+        [
+            "rank",
+            "leaf",
+            "nodes",
+            "leaf reason",
+            "root score",
+            "leaf score",
+            "gain",
+            "flag",
+            "max score",
+            "max rank",
+            "avg score",
+            "avg rank",
+            "avg clean",
+            "avg knowledge",
+            "PathScore",
+            "selected",
+        ],
+        rows,
+        left=4,
+        row_class=lambda i: " ".join(
+            c
+            for c, on in (
+                ("sel", paths[i].get("selected")),
+                ("below", (gains[paths[i]["rank"]][1] or 0) < 0),
             )
-        )
+            if on
+        ),
+    )
+
+
+def tree_section(view: TreeView, uid: str) -> str:
+    t = view.tree
+    c = t.counters or {}
+    paths = (view.paths or {}).get("paths", [])
+    trust = tree_trust(view)
+    parts = [
+        f'<details open><summary>{_tree_summary(view, trust)}</summary><div class="card">',
+        tree_svg(view, uid),
+    ]
+    if paths:
+        parts.append(_paths_table(view, trust, paths))
     elif view.paths is None:
         parts.append('<p class="muted">No paths.json yet.</p>')
     excluded = (view.paths or {}).get("excluded", [])

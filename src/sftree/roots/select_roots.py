@@ -450,6 +450,29 @@ def _run(args: argparse.Namespace) -> int:
             len(result.non_finite),
             result.non_finite[0],
         )
+    _write_outputs(args, sel, pending=len(result.pending))
+    _log_stages(task, sel, result, read_s)
+    chosen = len(sel.chosen)
+    if chosen < args.num_roots:
+        log.warning(
+            "%s: only %d eligible snapshot(s), fewer than --num-roots %d: all of them chosen",
+            task,
+            chosen,
+            args.num_roots,
+        )
+    log.info(
+        "%s: %d roots -> %s, table -> %s (%.2fs total)",
+        task,
+        chosen,
+        args.out,
+        args.table,
+        time.monotonic() - t0,
+    )
+    return 0
+
+
+def _write_outputs(args: argparse.Namespace, sel: Selection, *, pending: int) -> None:
+    """The roots folder (swapped in whole), the plot and the table."""
     # Everything is computed before anything is written: a bad input leaves no output behind. Placing files one
     # by one needs them to be files or folders; a root that links to its snapshot is checked by explore, which
     # reads every file anyway (a walk here would list the roots' million attempt files of a long run).
@@ -457,7 +480,7 @@ def _run(args: argparse.Namespace) -> int:
         for r in sel.chosen:
             check_files(r.snap.path, "snapshot")
     out = Path(args.out)
-    tmp = build_roots(sel, out, args.link, pending=len(result.pending))
+    tmp = build_roots(sel, out, args.link, pending=pending)
     try:
         if args.plot:
             write_text_atomic(args.plot, plot_svg(sel))
@@ -466,6 +489,11 @@ def _run(args: argparse.Namespace) -> int:
     except BaseException:
         remove.quietly(tmp)
         raise
+
+
+def _log_stages(task: str, sel: Selection, result: Scan, read_s: float) -> None:
+    """What was read and how fast, the stages' method, and per stage its snapshots, eligible ones, quota and
+    roots chosen."""
     n = len(sel.rows)
     log.info(
         "%s: %d snapshots read (%d candidates, %d pending skipped) in %.2fs (%.0f/s); stages by %s "
@@ -498,20 +526,3 @@ def _run(args: argparse.Namespace) -> int:
             len(in_stage),
             refills,
         )
-    chosen = len(picked)
-    if chosen < args.num_roots:
-        log.warning(
-            "%s: only %d eligible snapshot(s), fewer than --num-roots %d: all of them chosen",
-            task,
-            chosen,
-            args.num_roots,
-        )
-    log.info(
-        "%s: %d roots -> %s, table -> %s (%.2fs total)",
-        task,
-        chosen,
-        args.out,
-        args.table,
-        time.monotonic() - t0,
-    )
-    return 0

@@ -281,6 +281,7 @@ def _read_many(items: list[tuple[str, str, tuple | None]], fast: bool = True) ->
     pending: list[str] = []
     non_finite: list[str] = []
     problems: list[str] = []
+    out: Read = (snaps, pending, non_finite, problems)
     add = snaps.append
     loads = _fast_parser() if fast else _std_loads
     open_, read, close, rdonly, chunk = os.open, os.read, os.close, os.O_RDONLY, _CHUNK
@@ -338,18 +339,25 @@ def _read_many(items: list[tuple[str, str, tuple | None]], fast: bool = True) ->
             # Anything unusual: the careful way below reads it again and says what is wrong, if anything.
             except (OSError, ValueError, KeyError, TypeError):
                 pass
-        try:
-            snap, bad_score = read_snapshot(path, name, parsed)
-        except InputError as exc:
-            problems.append(str(exc))
-            continue
-        if snap is None:
-            pending.append(name)
-        else:
-            add(snap)
-            if bad_score:
-                non_finite.append(name)
-    return snaps, pending, non_finite, problems
+        _read_careful(name, path, parsed, out)
+    return out
+
+
+def _read_careful(name: str, path: str, parsed: tuple | None, out: Read) -> None:
+    """`read_snapshot` on a snapshot `_read_many`'s loop did not take: the snapshot, or its name as pending (and
+    as non-finite), or the problem, added to `out`."""
+    snaps, pending, non_finite, problems = out
+    try:
+        snap, bad_score = read_snapshot(path, name, parsed)
+    except InputError as exc:
+        problems.append(str(exc))
+        return
+    if snap is None:
+        pending.append(name)
+    else:
+        snaps.append(snap)
+        if bad_score:
+            non_finite.append(name)
 
 
 def default_jobs() -> int:

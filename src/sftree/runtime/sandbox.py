@@ -362,6 +362,22 @@ def bwrap_argv(
         argv += userns
     if new_session:
         argv.append("--new-session")
+    roots, exposed = _system_roots()
+    argv += roots
+    argv += ["--dev", "/dev", "--proc", "/proc"]
+    tmp, remount = _private_tmp(flags, uid, tmp_dir, tmp_bytes, tmp_inodes)
+    argv += tmp
+    argv += _hidden(hidden, exposed)
+    argv += _mounts(binds, ro_binds, keep_visible, exposed)
+    if uid is None:
+        return argv + ["--chdir", str(cwd), "--", *command]
+    return argv + ["--chdir", "/", "--", *remount, *_as_uid(uid, userns, cwd, command)]
+
+
+def _system_roots() -> tuple[list[str], list[str]]:
+    """The allow-list root's arguments (each system folder read-only, each link as itself) and the folders it
+    exposes."""
+    argv: list[str] = []
     exposed = []
     for root in SYSTEM_ROOTS:
         p = Path(root)
@@ -370,7 +386,18 @@ def bwrap_argv(
         elif p.is_dir():
             argv += ["--ro-bind", root, root]
             exposed.append(root)
-    argv += ["--dev", "/dev", "--proc", "/proc"]
+    return argv, exposed
+
+
+def _private_tmp(
+    flags: tuple[str, ...],
+    uid: int | None,
+    tmp_dir: str | Path | None,
+    tmp_bytes: int | None,
+    tmp_inodes: int | None,
+) -> tuple[list[str], list[str]]:
+    """The private /tmp's arguments, and the remount that caps its inodes in the sandbox (empty: none)."""
+    argv: list[str] = []
     remount: list[str] = []
     if tmp_dir is not None:
         argv += ["--bind", str(tmp_dir), "/tmp"]
@@ -380,12 +407,31 @@ def bwrap_argv(
         argv += ["--tmpfs", "/tmp"]
         if tmp_bytes and tmp_inodes and uid is not None:
             remount = diskquota.remount_argv(diskquota.DiskQuota(tmp_bytes, tmp_inodes))
+    return argv, remount
+
+
+def _hidden(hidden: list[Path], exposed: list[str]) -> list[str]:
+    """`hidden` and the project's checkout, where they lie under an exposed folder: a folder covered by an
+    empty tmpfs, a file by /dev/null."""
+    argv: list[str] = []
     checkout = project_checkout()
     hidden_all = [*hidden, *([checkout] if checkout else [])]
     hidden_set = sorted({str(Path(p).resolve()) for p in hidden_all if p and Path(p).exists()})
     for h in hidden_set:
         if any(_under(h, e) for e in exposed):
             argv += ["--tmpfs", h] if Path(h).is_dir() else ["--ro-bind", "/dev/null", h]
+    return argv
+
+
+def _mounts(
+    binds: list[tuple[str | Path, str | Path]],
+    ro_binds: list[tuple[str | Path, str | Path]],
+    keep_visible: list[str | Path],
+    exposed: list[str],
+) -> list[str]:
+    """The running Python and `keep_visible` read-only, then `binds` read-write and `ro_binds` read-only, each
+    mount point's missing parents made first."""
+    argv: list[str] = []
     mounts = [
         ("--ro-bind", p, p)
         for p in sorted(set(python_roots()) | {str(Path(k).resolve()) for k in keep_visible})
@@ -402,8 +448,12 @@ def bwrap_argv(
                 made.add(str(parent))
         argv += [kind, src, dst]
         made.add(str(dst))  # a later mount inside this one needs no --dir over it
-    if uid is None:
-        return argv + ["--chdir", str(cwd), "--", *command]
+    return argv
+
+
+def _as_uid(uid: int, userns: list[str], cwd: str | Path, command: list[str]) -> list[str]:
+    """What runs inside the root-made mounts: `setpriv` to `uid` with no capabilities, then an inner bwrap in a
+    user namespace."""
     drop = [
         shutil.which("setpriv") or "setpriv",
         f"--reuid={uid}",
@@ -415,4 +465,4 @@ def bwrap_argv(
     ]
     # Device nodes reached through a mount made in another user namespace cannot be opened: a fresh /dev.
     inner = ["bwrap", *userns, "--bind", "/", "/", "--dev", "/dev", "--chdir", str(cwd), "--", *command]
-    return argv + ["--chdir", "/", "--", *remount, *drop, *inner]
+    return [*drop, *inner]

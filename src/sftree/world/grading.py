@@ -47,7 +47,7 @@ from sftree.runtime import remove, tempdirs
 from sftree.runtime.bounded import Capped
 from sftree.runtime.diskquota import GRADE_INODES, GRADE_MIB, DiskQuota
 from sftree.runtime.folderreader import Quota, QuotaExceeded, usage
-from sftree.runtime.procs import run_group
+from sftree.runtime.procs import GroupResult, run_group
 from sftree.runtime.sandbox import UIDS, Limits, bwrap_argv, resolve_mode, wait_gone, wrap_limits
 from sftree.runtime.unixsock import Listener, read_request
 from sftree.world import grader_env
@@ -205,6 +205,86 @@ def _config_yaml(spec: TaskSpec) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
+# What every sandbox's programs start with (PATH is added per sandbox).
+_ENV_BASE = {"LANG": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+@dataclass
+class _Grading:
+    """What one grading holds on the host, all released by `close()` however the grading ends: its folder, the
+    runner of graded programs, the result pipe's ends, the sandbox uids."""
+
+    tmp: Path
+    mode: str
+    quota: DiskQuota
+    t0: float
+    uids: list[int | None] = field(default_factory=list)
+    runner: _Runner | None = None
+    r_fd: int | None = None
+    w_fd: int | None = None
+
+    @property
+    def runs(self) -> int:
+        """Graded programs the grader started so far."""
+        return self.runner.runs if self.runner else 0
+
+    def failed(self, why: str) -> GradeResult:
+        secs = time.monotonic() - self.t0
+        return GradeResult(None, "crashed", why, {"budget_class": "grader_error"}, secs, self.mode, self.runs)
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.stop()
+        for fd in (self.r_fd, self.w_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        for uid in self.uids:
+            if uid is not None:
+                wait_gone(uid)
+                UIDS.release(uid)
+        tempdirs.remove(self.tmp)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where one grading's files are, on the host (under the grading's folder) and as its sandboxes see them."""
+
+    tmp: Path  # the grading's folder
+    kernel_quota: bool  # it is a tmpfs of `quota` (as root)
+    quota: DiskQuota
+    cd_host: Path  # the run folder's .coral
+    checkout_host: Path  # the copy to grade
+    ctl: Path  # grade_main.py, the forwarder, the request
+    sock_dir: Path
+    confined: bool
+    ctl_in: str
+    cd_in: str
+    checkout_in: str
+    python: str  # the grader's interpreter, also the graded programs'
+
+    @property
+    def venv_in(self) -> str:
+        return f"{self.cd_in}/private/grader_venv"
+
+    @property
+    def py_bin(self) -> str:
+        return str(Path(self.python).parent)
+
+    def sandbox_tmp(self, name: str, uid: int | None) -> dict:
+        """A sandbox's /tmp: a fresh folder of the grading's tmpfs, else a tmpfs of its own of the quota."""
+        if not self.kernel_quota:
+            return {"tmp_bytes": self.quota.bytes, "tmp_inodes": self.quota.inodes}
+        d = self.tmp / name
+        d.mkdir()
+        if uid is not None:
+            os.chown(d, uid, uid)
+        os.chmod(d, 0o1777)
+        return {"tmp_dir": d}
+
+
 def grade(
     spec: TaskSpec,
     code_dir: str | os.PathLike,
@@ -225,230 +305,286 @@ def grade(
     mode = resolve_mode(sandbox)
     quota = quota or GRADE_QUOTA
     t0 = time.monotonic()
-    tmp = Path(tempdirs.make("sftree-grade-", quota=quota))
-    uids: list[int | None] = []
-    runner = None
-    r_fd = w_fd = None
-
-    def failed(why: str) -> GradeResult:
-        secs = time.monotonic() - t0
-        return GradeResult(
-            None, "crashed", why, {"budget_class": "grader_error"}, secs, mode, runner.runs if runner else 0
-        )
-
+    g = _Grading(Path(tempdirs.make("sftree-grade-", quota=quota)), mode, quota, t0)
     try:
-        # As root the grading's folder is a tmpfs of `quota`: the copy, everything the graded programs write (in
-        # their working folder and their /tmp) and the grader's /tmp share it; ENOSPC past it, in the writer.
-        kernel_quota = tempdirs.mounted(tmp)
-        layout = tmp / "run"
-        cd_host = layout / ".coral"
-        checkout_host = cd_host / "private" / "grader_checkouts" / commit
-        venv = grader_env.ensure(spec, install) if spec.entrypoint else None
-        try:
-            if spec.eval_dir.is_dir():
-                shutil.copytree(spec.eval_dir, cd_host / "private" / "eval", symlinks=True)
-            else:
-                (cd_host / "private" / "eval").mkdir(parents=True)  # a packaged grader's task may have none
-            shutil.copytree(code_dir, checkout_host, symlinks=True)
-        except (OSError, shutil.Error) as exc:
-            if kernel_quota and ("No space left" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC):
-                return failed(
-                    f"the code to grade does not fit the grading's disk quota ({quota.bytes >> 20} MiB, "
-                    f"{quota.inodes} files)"
-                )
-            raise
-        (cd_host / "public" / "eval_logs").mkdir(parents=True)
-        (cd_host / "config.yaml").write_text(_config_yaml(spec))
-        _open_tree(checkout_host)
-        _open_tree(cd_host / "public")
-        ctl, sock_dir = tmp / "ctl", tmp / "sock"
-        (ctl / "bin").mkdir(parents=True)
-        sock_dir.mkdir()
-        os.chmod(sock_dir, 0o755)
-        shutil.copy(HERE / "grade_main.py", ctl / "grade_main.py")
-        if install is None:
-            shutil.copytree(
-                HERE / "standin_pkg", ctl / "standin", ignore=shutil.ignore_patterns("__pycache__")
-            )
-        confined = mode == "bwrap"
-        rd = (run_dir or "/workspace/results/{task}").format(task=spec.name) if confined else str(layout)
-        ctl_in, sock_in = (CTL, SOCK) if confined else (str(ctl), str(sock_dir))
-        cd_in = f"{rd}/.coral"
-        checkout_in = f"{cd_in}/private/grader_checkouts/{commit}"
-        python = install.python if install else sys.executable
-        forwarder = FORWARDER.format(python=python, sock=f"{sock_in}/run.sock")
-        names = ["python", "python3", f"python3.{sys.version_info.minor}"]
-        if shutil.which("uv"):
-            names.append("uv")
-        for name in names:
-            (ctl / "bin" / name).write_text(forwarder)
-            (ctl / "bin" / name).chmod(0o755)
-        r_fd, w_fd = os.pipe()
-        req = {
-            "mode": "coral" if install else "stand-in",
-            "result_fd": w_fd,
-            "coral_dir": cd_in,
-            "checkout": checkout_in,
-            "commit": commit,
-            "agent_id": agent_id,
-            "title": title,
-            "tune": tune,
-            "task": spec.name,
-            "args": spec.args,
-            "timeout": spec.timeout,
-            "coral_root": install.root if install else f"{ctl_in}/standin",
-            "forwarder": f"{ctl_in}/bin/python",
-            "forwarder_dir": f"{ctl_in}/bin",
-            "feedback_cap": FEEDBACK_CAP,
-        }
-        venv_in = f"{cd_in}/private/grader_venv"
-        if venv is not None:
-            # Coral's SubprocessGrader (or the stand-in's worker) runs the venv's Python: its sys.executable
-            # becomes the forwarder too (sitecustomize on PYTHONPATH), so what it starts is graded code.
-            (ctl / "site").mkdir()
-            (ctl / "site" / "sitecustomize.py").write_text(grader_env.SITECUSTOMIZE)
-            req.update(entrypoint=spec.entrypoint, grader_venv=venv_in, site=f"{ctl_in}/site")
-            if not confined:
-                (cd_host / "private" / "grader_venv").symlink_to(venv.path)
-        (ctl / "request.json").write_text(json.dumps(req))
-        for p in ctl.rglob("*"):
-            os.chmod(p, 0o755 if p.is_dir() or os.access(p, os.X_OK) else 0o644)
-        os.chmod(ctl, 0o755)
-        roots = list(install.roots) if install else []
-        roots += list(venv.roots) if venv is not None else []
-        limit = spec.timeout + GRACE_S if spec.timeout else NO_LIMIT_S
-        deadline = time.monotonic() + limit
-        g_uid = UIDS.acquire() if confined else None
-        s_uid = UIDS.acquire() if confined else None
-        uids = [g_uid, s_uid]
-        env_base = {"LANG": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
-        py_bin = str(Path(python).parent)
-
-        def sandbox_tmp(name: str, uid: int | None) -> dict:
-            """A sandbox's /tmp: a fresh folder of the grading's tmpfs, else a tmpfs of its own of the quota."""
-            if not kernel_quota:
-                return {"tmp_bytes": quota.bytes, "tmp_inodes": quota.inodes}
-            d = tmp / name
-            d.mkdir()
-            if uid is not None:
-                os.chown(d, uid, uid)
-            os.chmod(d, 0o1777)
-            return {"tmp_dir": d}
-
-        def argv_for(r, n: int):
-            argv0 = r.get("argv0") or "python"
-            exe = "uv" if argv0 == "uv" else python
-            cmd = [exe, *[str(a) for a in r.get("argv") or []]]
-            cwd = str(r.get("cwd") or checkout_in)
-            if not (cwd == checkout_in or cwd.startswith(checkout_in + "/")):
-                cwd = checkout_in  # the grader's folders do not exist for the graded program
-            env = {**env_base, "PATH": f"{py_bin}:/usr/local/bin:/usr/bin:/bin"}
-            if not confined:
-                real_cwd = cwd.replace(checkout_in, str(checkout_host), 1)
-                return wrap_limits(cmd, GRADED_LIMITS), real_cwd, env, None
-            reads = [(cd_host / "private" / rel, f"{cd_in}/private/{rel}") for rel in spec.graded_can_read]
-            tmp_of = sandbox_tmp(f"tmp-graded-{n}", s_uid)
-            argv = bwrap_argv(
-                cmd,
-                cwd=cwd,
-                binds=[(checkout_host, checkout_in)],
-                ro_binds=reads,
-                keep_visible=roots,
-                uid=s_uid,
-                **tmp_of,
-            )
-            return wrap_limits(argv, GRADED_LIMITS, s_uid), "/", env, tmp_of.get("tmp_dir")
-
-        runner = _Runner(sock_dir / "run.sock", argv_for, deadline)
-        gcmd = [python, "-I", "-B", f"{ctl_in}/grade_main.py", f"{ctl_in}/request.json"]
-        genv = {**env_base, "PATH": f"{ctl_in}/bin:{py_bin}:/usr/local/bin:/usr/bin:/bin"}
-        if confined:
-            argv = bwrap_argv(
-                gcmd,
-                cwd=checkout_in,
-                binds=[(checkout_host, checkout_in), (cd_host / "public", f"{cd_in}/public")],
-                ro_binds=[
-                    (cd_host / "private" / "eval", f"{cd_in}/private/eval"),
-                    (cd_host / "config.yaml", f"{cd_in}/config.yaml"),
-                    *([(venv.path, venv_in)] if venv is not None else []),
-                    (ctl, CTL),
-                    (sock_dir, SOCK),
-                ],
-                keep_visible=roots,
-                uid=g_uid,
-                **sandbox_tmp("tmp-grader", g_uid),
-            )
-            argv, gcwd = wrap_limits(argv, GRADER_LIMITS, g_uid), "/"
-        else:
-            argv, gcwd = wrap_limits(gcmd, GRADER_LIMITS), str(checkout_host)
-        # Without the tmpfs (not root) the grading's folder is measured while it runs, as an edge's workspace is.
-        check = None if kernel_quota else functools.partial(_over_quota, tmp, quota)
-        # The result pipe is read while the grader runs (a result larger than the pipe would block it until
-        # killed), bounded: its write end is the grader's alone (closed here once it started).
-        result = Capped(RESULT_MAX)
-        hand, w_fd = (w_fd,), None
-        res = run_group(
-            argv,
-            timeout=limit,
-            cwd=gcwd,
-            env=genv,
-            max_output=OUTPUT_CAP,
-            read_also={r_fd: result},
-            hand_fds=hand,
-            check=check,
-            check_every=0.5,
-        )
-        secs = time.monotonic() - t0
-        stderr = res.stderr.decode("utf-8", "replace")
-        if res.timed_out:
-            return GradeResult(
-                None,
-                "timeout",
-                f"grading took longer than {limit:g} s and was stopped",
-                {"budget_class": "grader_error"},
-                secs,
-                mode,
-                runner.runs,
-            )
-        if res.stopped:
-            return failed(f"the grading was stopped: {res.stopped}")
-        if result.dropped:
-            return failed(f"the grader's result is larger than {RESULT_MAX >> 20} MiB")
-        try:
-            out = json.loads(result.data())
-            if not isinstance(out, dict):
-                raise ValueError("not an object")
-        except ValueError:
-            tail = stderr.strip()[-FEEDBACK_CAP // 4 :]
-            return failed(f"the grader gave no result (exit code {res.returncode}): {tail}")
-        score = out.get("score")
-        status = out.get("status", "crashed")
-        if score is not None and (not isinstance(score, int | float) or not math.isfinite(score)):
-            score, status = None, "crashed"
-        if score is None and status == "scored":
-            status = "crashed"
-        if status not in ("scored", "crashed", "timeout"):
-            status = "crashed"
-        meta = out.get("metadata") if isinstance(out.get("metadata"), dict) else {}
-        if out.get("traceback"):
-            log.warning("grade_main failed: %s", out["traceback"])
-        return GradeResult(
-            score, status, str(out.get("feedback") or "")[:FEEDBACK_CAP], meta, secs, mode, runner.runs
-        )
+        return _grade_in(
+            g, spec, code_dir, commit=commit, install=install, agent_id=agent_id, title=title, tune=tune,
+            run_dir=run_dir,
+        )  # fmt: skip
     finally:
-        if runner is not None:
-            runner.stop()
-        for fd in (r_fd, w_fd):
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        for uid in uids:
-            if uid is not None:
-                wait_gone(uid)
-                UIDS.release(uid)
-        tempdirs.remove(tmp)
+        g.close()
+
+
+def _grade_in(
+    g: _Grading,
+    spec: TaskSpec,
+    code_dir: str | os.PathLike,
+    *,
+    commit: str,
+    install: CoralInstall | None,
+    agent_id: str,
+    title: str,
+    tune: bool,
+    run_dir: str | None,
+) -> GradeResult:
+    """`grade`'s steps, in order: copy the code in, lay the control folder out, start the grader with the runner
+    of graded programs beside it, read its result."""
+    # As root the grading's folder is a tmpfs of `quota`: the copy, everything the graded programs write (in
+    # their working folder and their /tmp) and the grader's /tmp share it; ENOSPC past it, in the writer.
+    kernel_quota = tempdirs.mounted(g.tmp)
+    cd_host = g.tmp / "run" / ".coral"
+    checkout_host = cd_host / "private" / "grader_checkouts" / commit
+    venv = grader_env.ensure(spec, install) if spec.entrypoint else None
+    why = _copy_in(spec, code_dir, cd_host, checkout_host, kernel_quota, g.quota)
+    if why is not None:
+        return g.failed(why)
+    lay = _lay_out(spec, install, g, cd_host, checkout_host, kernel_quota, commit=commit, run_dir=run_dir)
+    g.r_fd, g.w_fd = os.pipe()
+    _write_request(lay, spec, install, venv, g.w_fd, commit=commit, agent_id=agent_id, title=title, tune=tune)
+    roots = list(install.roots) if install else []
+    roots += list(venv.roots) if venv is not None else []
+    limit = spec.timeout + GRACE_S if spec.timeout else NO_LIMIT_S
+    deadline = time.monotonic() + limit
+    g_uid = UIDS.acquire() if lay.confined else None
+    s_uid = UIDS.acquire() if lay.confined else None
+    g.uids = [g_uid, s_uid]
+    argv_for = functools.partial(_graded_argv, lay=lay, spec=spec, roots=roots, uid=s_uid)
+    g.runner = _Runner(lay.sock_dir / "run.sock", argv_for, deadline)
+    argv, gcwd, genv = _grader_argv(lay, venv, roots, g_uid)
+    # Without the tmpfs (not root) the grading's folder is measured while it runs, as an edge's workspace is.
+    check = None if kernel_quota else functools.partial(_over_quota, g.tmp, g.quota)
+    # The result pipe is read while the grader runs (a result larger than the pipe would block it until
+    # killed), bounded: its write end is the grader's alone (closed here once it started).
+    result = Capped(RESULT_MAX)
+    hand, g.w_fd = (g.w_fd,), None
+    res = run_group(
+        argv,
+        timeout=limit,
+        cwd=gcwd,
+        env=genv,
+        max_output=OUTPUT_CAP,
+        read_also={g.r_fd: result},
+        hand_fds=hand,
+        check=check,
+        check_every=0.5,
+    )
+    return _collect(g, res, result, limit)
+
+
+def _copy_in(
+    spec: TaskSpec,
+    code_dir: str | os.PathLike,
+    cd_host: Path,
+    checkout_host: Path,
+    kernel_quota: bool,
+    quota: DiskQuota,
+) -> str | None:
+    """Copy the task's eval folder and the code to grade in; why not when the code does not fit the grading's
+    quota (any other failure raises)."""
+    try:
+        if spec.eval_dir.is_dir():
+            shutil.copytree(spec.eval_dir, cd_host / "private" / "eval", symlinks=True)
+        else:
+            (cd_host / "private" / "eval").mkdir(parents=True)  # a packaged grader's task may have none
+        shutil.copytree(code_dir, checkout_host, symlinks=True)
+    except (OSError, shutil.Error) as exc:
+        if kernel_quota and ("No space left" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC):
+            return (
+                f"the code to grade does not fit the grading's disk quota ({quota.bytes >> 20} MiB, "
+                f"{quota.inodes} files)"
+            )
+        raise
+    return None
+
+
+def _lay_out(
+    spec: TaskSpec,
+    install: CoralInstall | None,
+    g: _Grading,
+    cd_host: Path,
+    checkout_host: Path,
+    kernel_quota: bool,
+    *,
+    commit: str,
+    run_dir: str | None,
+) -> _Layout:
+    """The rest of the run folder as Coral's daemon lays it out (config.yaml, public/), open to both sandbox uids,
+    and the control folder: grade_main.py, the stand-in (without Coral), the forwarder under each name a graded
+    program is started by."""
+    (cd_host / "public" / "eval_logs").mkdir(parents=True)
+    (cd_host / "config.yaml").write_text(_config_yaml(spec))
+    _open_tree(checkout_host)
+    _open_tree(cd_host / "public")
+    ctl, sock_dir = g.tmp / "ctl", g.tmp / "sock"
+    (ctl / "bin").mkdir(parents=True)
+    sock_dir.mkdir()
+    os.chmod(sock_dir, 0o755)
+    shutil.copy(HERE / "grade_main.py", ctl / "grade_main.py")
+    if install is None:
+        shutil.copytree(HERE / "standin_pkg", ctl / "standin", ignore=shutil.ignore_patterns("__pycache__"))
+    confined = g.mode == "bwrap"
+    rd = (run_dir or "/workspace/results/{task}").format(task=spec.name) if confined else str(cd_host.parent)
+    ctl_in, sock_in = (CTL, SOCK) if confined else (str(ctl), str(sock_dir))
+    cd_in = f"{rd}/.coral"
+    checkout_in = f"{cd_in}/private/grader_checkouts/{commit}"
+    python = install.python if install else sys.executable
+    forwarder = FORWARDER.format(python=python, sock=f"{sock_in}/run.sock")
+    names = ["python", "python3", f"python3.{sys.version_info.minor}"]
+    if shutil.which("uv"):
+        names.append("uv")
+    for name in names:
+        (ctl / "bin" / name).write_text(forwarder)
+        (ctl / "bin" / name).chmod(0o755)
+    return _Layout(
+        tmp=g.tmp, kernel_quota=kernel_quota, quota=g.quota, cd_host=cd_host, checkout_host=checkout_host,
+        ctl=ctl, sock_dir=sock_dir, confined=confined, ctl_in=ctl_in, cd_in=cd_in, checkout_in=checkout_in,
+        python=python,
+    )  # fmt: skip
+
+
+def _write_request(
+    lay: _Layout,
+    spec: TaskSpec,
+    install: CoralInstall | None,
+    venv: grader_env.GraderVenv | None,
+    w_fd: int,
+    *,
+    commit: str,
+    agent_id: str,
+    title: str,
+    tune: bool,
+) -> None:
+    """grade_main.py's request (what to grade, how, the result pipe's descriptor), then the control folder made
+    readable, never writable, to the grader."""
+    req = {
+        "mode": "coral" if install else "stand-in",
+        "result_fd": w_fd,
+        "coral_dir": lay.cd_in,
+        "checkout": lay.checkout_in,
+        "commit": commit,
+        "agent_id": agent_id,
+        "title": title,
+        "tune": tune,
+        "task": spec.name,
+        "args": spec.args,
+        "timeout": spec.timeout,
+        "coral_root": install.root if install else f"{lay.ctl_in}/standin",
+        "forwarder": f"{lay.ctl_in}/bin/python",
+        "forwarder_dir": f"{lay.ctl_in}/bin",
+        "feedback_cap": FEEDBACK_CAP,
+    }
+    if venv is not None:
+        # Coral's SubprocessGrader (or the stand-in's worker) runs the venv's Python: its sys.executable
+        # becomes the forwarder too (sitecustomize on PYTHONPATH), so what it starts is graded code.
+        (lay.ctl / "site").mkdir()
+        (lay.ctl / "site" / "sitecustomize.py").write_text(grader_env.SITECUSTOMIZE)
+        req.update(entrypoint=spec.entrypoint, grader_venv=lay.venv_in, site=f"{lay.ctl_in}/site")
+        if not lay.confined:
+            (lay.cd_host / "private" / "grader_venv").symlink_to(venv.path)
+    (lay.ctl / "request.json").write_text(json.dumps(req))
+    for p in lay.ctl.rglob("*"):
+        os.chmod(p, 0o755 if p.is_dir() or os.access(p, os.X_OK) else 0o644)
+    os.chmod(lay.ctl, 0o755)
+
+
+def _graded_argv(
+    r: dict, n: int, *, lay: _Layout, spec: TaskSpec, roots: list, uid: int | None
+) -> tuple[list[str], str, dict, Path | None]:
+    """The n-th graded program, from its forwarder's request `r`: command line, working folder, environment and
+    its /tmp folder (to remove after it; None when it has none). Confined, in its own sandbox as `uid`, where
+    only the code copy (at the same path) and the task files in `graded_can_read` exist."""
+    argv0 = r.get("argv0") or "python"
+    exe = "uv" if argv0 == "uv" else lay.python
+    cmd = [exe, *[str(a) for a in r.get("argv") or []]]
+    cwd = str(r.get("cwd") or lay.checkout_in)
+    if not (cwd == lay.checkout_in or cwd.startswith(lay.checkout_in + "/")):
+        cwd = lay.checkout_in  # the grader's folders do not exist for the graded program
+    env = {**_ENV_BASE, "PATH": f"{lay.py_bin}:/usr/local/bin:/usr/bin:/bin"}
+    if not lay.confined:
+        real_cwd = cwd.replace(lay.checkout_in, str(lay.checkout_host), 1)
+        return wrap_limits(cmd, GRADED_LIMITS), real_cwd, env, None
+    reads = [(lay.cd_host / "private" / rel, f"{lay.cd_in}/private/{rel}") for rel in spec.graded_can_read]
+    tmp_of = lay.sandbox_tmp(f"tmp-graded-{n}", uid)
+    argv = bwrap_argv(
+        cmd,
+        cwd=cwd,
+        binds=[(lay.checkout_host, lay.checkout_in)],
+        ro_binds=reads,
+        keep_visible=roots,
+        uid=uid,
+        **tmp_of,
+    )
+    return wrap_limits(argv, GRADED_LIMITS, uid), "/", env, tmp_of.get("tmp_dir")
+
+
+def _grader_argv(
+    lay: _Layout, venv: grader_env.GraderVenv | None, roots: list, uid: int | None
+) -> tuple[list[str], str, dict]:
+    """The grader's command line, working folder and environment: grade_main.py, confined in its own sandbox as
+    `uid` with the run folder bound where Coral's daemon has it."""
+    gcmd = [lay.python, "-I", "-B", f"{lay.ctl_in}/grade_main.py", f"{lay.ctl_in}/request.json"]
+    genv = {**_ENV_BASE, "PATH": f"{lay.ctl_in}/bin:{lay.py_bin}:/usr/local/bin:/usr/bin:/bin"}
+    if not lay.confined:
+        return wrap_limits(gcmd, GRADER_LIMITS), str(lay.checkout_host), genv
+    cd_host, cd_in = lay.cd_host, lay.cd_in
+    argv = bwrap_argv(
+        gcmd,
+        cwd=lay.checkout_in,
+        binds=[(lay.checkout_host, lay.checkout_in), (cd_host / "public", f"{cd_in}/public")],
+        ro_binds=[
+            (cd_host / "private" / "eval", f"{cd_in}/private/eval"),
+            (cd_host / "config.yaml", f"{cd_in}/config.yaml"),
+            *([(venv.path, lay.venv_in)] if venv is not None else []),
+            (lay.ctl, CTL),
+            (lay.sock_dir, SOCK),
+        ],
+        keep_visible=roots,
+        uid=uid,
+        **lay.sandbox_tmp("tmp-grader", uid),
+    )
+    return wrap_limits(argv, GRADER_LIMITS, uid), "/", genv
+
+
+def _collect(g: _Grading, res: GroupResult, result: Capped, limit: float) -> GradeResult:
+    """The grading's outcome as the host reads it: the score from the result pipe only, else why there is none
+    (the grader timed out, was stopped, wrote too much or nothing readable); a malformed score is `crashed`."""
+    secs = time.monotonic() - g.t0
+    stderr = res.stderr.decode("utf-8", "replace")
+    if res.timed_out:
+        return GradeResult(
+            None,
+            "timeout",
+            f"grading took longer than {limit:g} s and was stopped",
+            {"budget_class": "grader_error"},
+            secs,
+            g.mode,
+            g.runs,
+        )
+    if res.stopped:
+        return g.failed(f"the grading was stopped: {res.stopped}")
+    if result.dropped:
+        return g.failed(f"the grader's result is larger than {RESULT_MAX >> 20} MiB")
+    try:
+        out = json.loads(result.data())
+        if not isinstance(out, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        tail = stderr.strip()[-FEEDBACK_CAP // 4 :]
+        return g.failed(f"the grader gave no result (exit code {res.returncode}): {tail}")
+    score = out.get("score")
+    status = out.get("status", "crashed")
+    if score is not None and (not isinstance(score, int | float) or not math.isfinite(score)):
+        score, status = None, "crashed"
+    if score is None and status == "scored":
+        status = "crashed"
+    if status not in ("scored", "crashed", "timeout"):
+        status = "crashed"
+    meta = out.get("metadata") if isinstance(out.get("metadata"), dict) else {}
+    if out.get("traceback"):
+        log.warning("grade_main failed: %s", out["traceback"])
+    return GradeResult(
+        score, status, str(out.get("feedback") or "")[:FEEDBACK_CAP], meta, secs, g.mode, g.runs
+    )
 
 
 def _over_quota(folder: Path, quota: DiskQuota) -> str | None:
