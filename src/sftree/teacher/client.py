@@ -44,18 +44,22 @@ import os
 import threading
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
+from typing import Literal, NotRequired, TypedDict, get_args
 
 from sftree.errors import TeacherUnavailable
 from sftree.teacher.affinity import routing_headers
 from sftree.teacher.http import InFlight
+from sftree.teacher.json_types import ChatMessages, ConfigSection, ForeignJSON, JSONObject, Tools
 from sftree.teacher.response import MalformedResponse, Reply, is_context_overflow, normalize
 from sftree.teacher.router_watch import RouterWatcher, read_workers
 from sftree.teacher.stream import StreamAssembler
 from sftree.teacher.transport import (  # noqa: F401 - TeacherError, backoff_delay, no_worker_answer, refused:
     Policy,  # the client's names for the transport's (tests, callers)
     RequestFailed,
+    Response,
     TeacherError,
     Transient,
     Transport,
@@ -86,6 +90,15 @@ class BadReply(Exception):
         self.raw = raw  # the reply body, ASCII-escaped and capped (safe to record)
 
 
+class UsageDict(TypedDict):
+    """A reply's usage as a step record keeps it."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    estimated: NotRequired[bool]
+
+
 @dataclass
 class Usage:
     prompt_tokens: int = 0
@@ -93,8 +106,8 @@ class Usage:
     cached_tokens: int = 0
     estimated: bool = False  # counted from the text: the server reported no usage
 
-    def to_dict(self) -> dict:
-        d = {
+    def to_dict(self) -> UsageDict:
+        d: UsageDict = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
@@ -108,14 +121,14 @@ class Usage:
 CHARS_PER_TOKEN = 4
 
 
-def estimate_usage(request: bytes | str, message: dict) -> Usage:
+def estimate_usage(request: bytes | str, message: Mapping[str, object]) -> Usage:
     """Token counts from the text of a request and its reply, for a server whose reply has no `usage`."""
     chars = len(request.decode("utf-8", "replace") if isinstance(request, bytes) else request)
     reply = len(json.dumps(message, ensure_ascii=False, sort_keys=True, separators=(",", ":")))
     return Usage(chars // CHARS_PER_TOKEN, max(1, reply // CHARS_PER_TOKEN), 0, estimated=True)
 
 
-def reported_usage(payload: dict) -> Usage | None:
+def reported_usage(payload: ForeignJSON) -> Usage | None:
     """The server's own usage of a reply, or None when it reports none (no `usage` or no token counts)."""
     u = payload.get("usage")
     if not isinstance(u, dict) or u.get("prompt_tokens") is None:
@@ -130,12 +143,12 @@ def reported_usage(payload: dict) -> Usage | None:
 
 @dataclass
 class Completion:
-    message: dict  # the assistant message (role, content, tool_calls, reasoning_content if any)
+    message: JSONObject  # the assistant message (role, content, tool_calls, reasoning_content if any)
     finish_reason: str | None
     usage: Usage
     latency_s: float
     attempts: int = 1
-    raw: dict = field(default_factory=dict, repr=False)
+    raw: JSONObject = field(default_factory=dict, repr=False)
     notes: list[str] = field(default_factory=list)  # what normalisation did (teacher/response.py)
     truncated_calls: bool = False  # finish_reason length cut a tool call
 
@@ -143,7 +156,7 @@ class Completion:
 CONSTRAIN_MODES = ("none", "tool_call", "tool_call_required")
 
 
-def required_only(params: dict) -> dict:
+def required_only(params: JSONObject) -> JSONObject:
     """A tool's parameter schema cut to its required properties (`additionalProperties: false`): a small model
     given optional arguments fills them with invented values (docs/real_teacher.md, "tool_call_required")."""
     props = params.get("properties")
@@ -158,7 +171,7 @@ def required_only(params: dict) -> dict:
     }
 
 
-def tool_call_schema(tools: list[dict], *, required_args_only: bool = False) -> dict:
+def tool_call_schema(tools: Tools, *, required_args_only: bool = False) -> JSONObject:
     """A JSON schema whose instances are exactly one call of one of `tools`: {"name": <tool>, "arguments": <its
     parameters>}, or only its required ones with `required_args_only`. Built from the tool schemas alone
     (docs/real_teacher.md, "teacher.constrain")."""
@@ -179,7 +192,7 @@ def tool_call_schema(tools: list[dict], *, required_args_only: bool = False) -> 
     return {"anyOf": calls}
 
 
-def tool_call_response_format(tools: list[dict], *, required_args_only: bool = False) -> dict:
+def tool_call_response_format(tools: Tools, *, required_args_only: bool = False) -> JSONObject:
     """`response_format` for `teacher.constrain: tool_call[_required]`: llama-server compiles it to a grammar that
     is active from the first token (not lazy like its tool-call grammar); the reply's content is then one JSON
     call, which `teacher.response.normalize` turns into a tool call (`text_tool_calls:json`)."""
@@ -190,7 +203,7 @@ def tool_call_response_format(tools: list[dict], *, required_args_only: bool = F
 SEED_HEADERS = ("X-Sftree-Tree", "X-Sftree-Edge", "X-Sftree-Attempt", "X-Sftree-Turn")
 
 
-def request_seed(base: int, headers: dict | None, n_messages: int) -> int:
+def request_seed(base: int, headers: Mapping[str, object] | None, n_messages: int) -> int:
     """The sampling seed of one request under `teacher.seed`: a pure function of the base seed, the tree, edge,
     attempt and turn (the request's `X-Sftree-*` headers) and the session's length. A tree rerun the same way
     samples the same replies (llama-server on the CPU is deterministic for a fixed seed, prompt and prefix-cache
@@ -200,7 +213,7 @@ def request_seed(base: int, headers: dict | None, n_messages: int) -> int:
     return zlib.crc32("\x1f".join(key).encode("utf-8")) & 0x7FFFFFFF
 
 
-def serialize(body: dict) -> bytes:
+def serialize(body: Mapping[str, object]) -> bytes:
     """Deterministic request bytes (see module docstring)."""
     return json.dumps(body, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
@@ -221,6 +234,63 @@ MAX_INCIDENTS = 200  # kept in stats["incidents"] (tree.json `teacher`); the cou
 POLICY_KEYS = tuple(f.name for f in fields(Policy))
 
 
+class Incident(TypedDict):
+    """One failed attempt (tree.json `teacher.incidents`)."""
+
+    at: str
+    request: int
+    label: str
+    attempt: int
+    kind: str
+    waited_s: float
+    detail: str
+
+
+class WorkerEvent(TypedDict):
+    """A worker's health change as the router reported it (tree.json `teacher.worker_events`)."""
+
+    at: str
+    worker: str
+    healthy: bool
+    healthy_workers: int
+    workers: int
+
+
+# The client's counters (TeacherStats' int fields), each continued by `absorb` on a resumed tree.
+Counter = Literal["requests", "retries", "prompt_tokens", "completion_tokens", "cached_tokens", "stalls",
+                  "cut_streams", "worker_down_aborts", "failed_attempts"]  # fmt: skip
+COUNTERS: tuple[Counter, ...] = get_args(Counter)
+# the counter each kind of incident adds to (the others count only as failed_attempts)
+INCIDENT_COUNTER: dict[str, Counter] = {
+    "stall": "stalls",
+    "cut": "cut_streams",
+    "worker_down": "worker_down_aborts",
+}
+
+
+class TeacherStats(TypedDict):
+    """The client's counters and incidents (tree.json `teacher`, the report)."""
+
+    requests: int
+    retries: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    stalls: int  # no chunk within first_chunk_timeout / stall_timeout
+    cut_streams: int  # the stream or connection ended before the reply did
+    worker_down_aborts: int  # abandoned because the router reported a worker down
+    failed_attempts: int  # every attempt that was sent again (all kinds, HTTP errors included)
+    incidents: list[Incident]  # the first MAX_INCIDENTS of them, each with its edge, kind and seconds lost
+    worker_events: list[WorkerEvent]  # the router's worker health changes seen by the fleet watcher
+
+
+class TeacherReport(TeacherStats):
+    """tree.json `teacher`: the stats, and how the client reached the Teacher."""
+
+    stream: bool
+    router: bool
+
+
 class TeacherClient:
     # `teacher.*` keys of the transport's policy (teacher/transport.py): None takes the schema's default
     def __init__(
@@ -237,7 +307,7 @@ class TeacherClient:
         backoff_base: float | None = None,
         health_timeout: float = 600,
         max_concurrency: int = 64,
-        extra_body: dict | None = None,
+        extra_body: Mapping[str, object] | None = None,
         context_tokens: int | None = None,
         tool_choice: str = "auto",
         constrain: str = "none",
@@ -283,22 +353,14 @@ class TeacherClient:
         self._inflight: set[InFlight] = set()
         self._request_ids = 0
         self.stats_lock = threading.Lock()
-        self.stats = {
-            "requests": 0,
-            "retries": 0,
-            "prompt_tokens": 0,
-            "completion_tokens": 0,
-            "cached_tokens": 0,
-            "stalls": 0,  # no chunk within first_chunk_timeout / stall_timeout
-            "cut_streams": 0,  # the stream or connection ended before the reply did
-            "worker_down_aborts": 0,  # abandoned because the router reported a worker down
-            "failed_attempts": 0,  # every attempt that was sent again (all kinds, HTTP errors included)
-            "incidents": [],  # the first MAX_INCIDENTS of them, each with its edge, kind and seconds lost
-            "worker_events": [],  # the router's worker health changes seen by the fleet watcher
-        }
+        self.stats: TeacherStats = {
+            "requests": 0, "retries": 0, "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0,
+            "stalls": 0, "cut_streams": 0, "worker_down_aborts": 0, "failed_attempts": 0,
+            "incidents": [], "worker_events": [],
+        }  # fmt: skip
 
     @classmethod
-    def from_config(cls, cfg: dict) -> TeacherClient:
+    def from_config(cls, cfg: ConfigSection) -> TeacherClient:
         """From the `teacher` section; a key it lacks takes the schema's default (transport.teacher_defaults)."""
         cfg = {**teacher_defaults(), **cfg}
         key_env = cfg["api_key_env"]
@@ -320,7 +382,7 @@ class TeacherClient:
             **{f: cfg[f] for f in POLICY_KEYS},
         )
 
-    def _headers(self, extra: dict | None) -> dict:
+    def _headers(self, extra: Mapping[str, object] | None) -> dict[str, str]:
         h = {"Content-Type": "application/json"}
         if self.api_key:
             h["Authorization"] = f"Bearer {self.api_key}"
@@ -371,7 +433,7 @@ class TeacherClient:
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 5.0)
 
-    def _ready(self, names: list, workers: dict[str, bool] | None) -> None:
+    def _ready(self, names: list[object], workers: dict[str, bool] | None) -> None:
         if workers is None:
             log.info("teacher ready at %s (models: %s)", self.base_url, ", ".join(map(str, names)))
             return
@@ -432,9 +494,9 @@ class TeacherClient:
         t.start()
 
     def request_body(
-        self, messages: list[dict], tools: list[dict] | None, headers: dict | None = None
-    ) -> dict:
-        body = {
+        self, messages: ChatMessages, tools: Tools | None, headers: Mapping[str, object] | None = None
+    ) -> JSONObject:
+        body: JSONObject = {
             "model": self.model,
             "messages": messages,
             "temperature": self.temperature,
@@ -459,7 +521,11 @@ class TeacherClient:
         return body
 
     def chat(
-        self, messages: list[dict], tools: list[dict] | None = None, *, headers: dict | None = None
+        self,
+        messages: ChatMessages,
+        tools: Tools | None = None,
+        *,
+        headers: Mapping[str, object] | None = None,
     ) -> Completion:
         """One chat completion, sent again as the transport's policy says; raises TeacherError once it is given
         up, ContextOverflow or TeacherError for a status that is not retried, BadReply for an unreadable 200."""
@@ -493,7 +559,9 @@ class TeacherClient:
             return self._completion(reply[0], reply[1], time.monotonic() - t0, attempt + 1, body)
 
     @staticmethod
-    def _read_answer(url: str, status: int, text: str, payload: dict | None, tools) -> tuple[dict, Reply]:
+    def _read_answer(
+        url: str, status: int, text: str, payload: JSONObject | None, tools: Tools | None
+    ) -> tuple[JSONObject, Reply]:
         """The answer of the attempt that was not retried: (payload, normalised reply), or the error it is."""
         if status != 200:
             if is_context_overflow(status, text):
@@ -505,14 +573,14 @@ class TeacherClient:
                 payload = json.loads(text)
             except ValueError as exc:
                 raise BadReply(f"reply is not JSON ({exc})", _safe(text)) from None
-        names = {t["function"]["name"] for t in tools or [] if isinstance(t.get("function"), dict)}
+        names = {fn["name"] for fn in (t.get("function") for t in tools or []) if isinstance(fn, dict)}
         try:
             return payload, normalize(payload, names)
         except MalformedResponse as exc:
             raise BadReply(str(exc), _safe(payload)) from None
 
     def _incident(self, rid: int, label: str, attempt: int, kind: str, detail: str, waited: float) -> None:
-        key = {"stall": "stalls", "cut": "cut_streams", "worker_down": "worker_down_aborts"}.get(kind)
+        key = INCIDENT_COUNTER.get(kind)
         with self.stats_lock:
             self.stats["failed_attempts"] += 1
             if key:
@@ -523,14 +591,18 @@ class TeacherClient:
                      "waited_s": round(waited, 3), "detail": detail[:300]}
                 )  # fmt: skip
 
-    def _post(self, url: str, data: bytes, hdrs: dict, label: str) -> tuple[int, str, dict | None]:
+    def _post(
+        self, url: str, data: bytes, hdrs: dict[str, str], label: str
+    ) -> tuple[int, str, JSONObject | None]:
         """One plain attempt: (status, body text, None); Transient for a failure worth another."""
         t0 = time.monotonic()
         r = self.transport.send(url, data, hdrs, stream=False)
         self.transport.check_status(r, t0)
         return r.status_code, r.text, None
 
-    def _post_stream(self, url: str, data: bytes, hdrs: dict, label: str) -> tuple[int, str, dict | None]:
+    def _post_stream(
+        self, url: str, data: bytes, hdrs: dict[str, str], label: str
+    ) -> tuple[int, str, JSONObject | None]:
         """One streamed attempt: (status, body text, assembled completion or None). Raises Transient when the
         server stalls (no bytes within the limit), the stream ends early, or the fleet watcher abandons it."""
         t0 = time.monotonic()
@@ -551,7 +623,7 @@ class TeacherClient:
                 r.close()
         return self._assembled(asm, entry)
 
-    def _assemble(self, r, entry: InFlight) -> StreamAssembler:
+    def _assemble(self, r: Response, entry: InFlight) -> StreamAssembler:
         """The reply's chunks folded as they come, within the transport's stall limits."""
         asm = StreamAssembler()
         for chunk in self.transport.chunks(r, entry):
@@ -563,7 +635,7 @@ class TeacherClient:
         return asm
 
     @staticmethod
-    def _assembled(asm: StreamAssembler, entry: InFlight) -> tuple[int, str, dict | None]:
+    def _assembled(asm: StreamAssembler, entry: InFlight) -> tuple[int, str, JSONObject | None]:
         """What a stream that ended came to: the completion, an error the server reported, or a failure worth
         another attempt (Transient: abandoned, an error chunk, no finish)."""
         waited = time.monotonic() - entry.started
@@ -581,7 +653,7 @@ class TeacherClient:
         return 200, "", asm.completion(fill_ids=False)
 
     def _completion(
-        self, payload: dict, reply: Reply, latency: float, attempts: int, body: dict
+        self, payload: JSONObject, reply: Reply, latency: float, attempts: int, body: JSONObject
     ) -> Completion:
         if reported_usage(payload) is None:
             # counted on the request as it would be without `stream`: the same estimate either way
@@ -608,28 +680,30 @@ class TeacherClient:
             reply.truncated_calls,
         )  # fmt: skip
 
-    def absorb(self, previous: dict | None) -> None:
+    def absorb(self, previous: Mapping[str, object] | None) -> None:
         """Continue the counters and lists of an earlier run of the same tree (a resumed explore)."""
         if not isinstance(previous, dict):
             return
         with self.stats_lock:
-            for k, v in self.stats.items():
+            for k in COUNTERS:
                 p = previous.get(k)
-                if isinstance(v, int) and isinstance(p, int) and not isinstance(p, bool):
-                    self.stats[k] = v + p
-                elif isinstance(v, list) and isinstance(p, list):
-                    self.stats[k] = (p + v)[:MAX_INCIDENTS]
+                if isinstance(p, int) and not isinstance(p, bool):
+                    self.stats[k] += p
+            incidents, events = previous.get("incidents"), previous.get("worker_events")
+            if isinstance(incidents, list):  # as the earlier run wrote them (tree.json)
+                self.stats["incidents"] = (incidents + self.stats["incidents"])[:MAX_INCIDENTS]
+            if isinstance(events, list):
+                self.stats["worker_events"] = (events + self.stats["worker_events"])[:MAX_INCIDENTS]
 
-    def report(self) -> dict:
+    def report(self) -> TeacherReport:
         """The counters and incidents so far (a copy): tree.json `teacher`."""
         with self.stats_lock:
-            out = {k: (list(v) if isinstance(v, list) else v) for k, v in self.stats.items()}
-        out["stream"] = self.stream
-        out["router"] = self.fleet is not None
-        return out
+            s = self.stats
+            return {**s, "incidents": list(s["incidents"]), "worker_events": list(s["worker_events"]),
+                    "stream": self.stream, "router": self.fleet is not None}  # fmt: skip
 
 
-def _label(headers: dict | None) -> str:
+def _label(headers: Mapping[str, object] | None) -> str:
     """`e3 turn 1` from the X-Sftree-* headers (for log lines and incidents)."""
     h = headers or {}
     edge, turn = h.get("X-Sftree-Edge"), h.get("X-Sftree-Turn")
@@ -638,7 +712,7 @@ def _label(headers: dict | None) -> str:
     return f"{edge} turn {turn}" if turn else str(edge)
 
 
-def _safe(raw, cap: int = 4000) -> str:
+def _safe(raw: object, cap: int = 4000) -> str:
     """A reply body as ASCII-escaped text (lone surrogates and all), capped: always writable to a transcript."""
     text = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=True)
     return text.encode("ascii", "backslashreplace").decode("ascii")[:cap]

@@ -32,6 +32,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +40,7 @@ from sftree.config import REPO_ROOT
 from sftree.errors import InputError, TeacherUnavailable
 from sftree.runtime.procs import stop_group
 from sftree.teacher.llm_server import LaunchSpec, free_port
-from sftree.teacher.transport import probe
+from sftree.teacher.transport import Response, probe
 
 ROUTER_BIN = REPO_ROOT / ".tools" / "sglang-router" / "bin" / "sglang-router"
 SMG_BIN = REPO_ROOT / ".tools" / "smg" / "bin" / "smg"
@@ -91,7 +92,7 @@ class Worker:
     port: int
     cmd: list[str]
     log_path: Path
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
     @property
@@ -131,7 +132,7 @@ class Worker:
         return isinstance(data, list) and any(isinstance(s, dict) and s.get("is_processing") for s in data)
 
     def signal(self, sig: int) -> None:
-        if self.alive():
+        if self.proc is not None and self.alive():
             os.killpg(self.proc.pid, sig)
 
     def stop(self, grace: float = 10) -> None:
@@ -139,7 +140,7 @@ class Worker:
             stop_group(self.proc, grace)  # SIGCONT first: a stopped (SIGSTOP) worker cannot handle SIGTERM
 
 
-def _json(r):
+def _json(r: Response | None) -> object:
     """A probe's JSON body; ValueError when there was no answer or it is not JSON."""
     if r is None:
         raise ValueError("no answer")
@@ -153,7 +154,7 @@ class Fleet:
     router_port: int
     router_cmd: list[str]
     log_dir: Path
-    router: subprocess.Popen | None = None
+    router: subprocess.Popen[bytes] | None = None
     metrics_port: int | None = None  # the router's Prometheus exporter
     router_kind: str = DEFAULT_ROUTER
     started_at: float = field(default_factory=time.monotonic)
@@ -172,9 +173,12 @@ class Fleet:
             data = _json(probe(f"{self.url}/workers", timeout=3))
         except ValueError:
             return {}
-        return {w["url"]: bool(w.get("is_healthy")) for w in data.get("workers", []) if isinstance(w, dict)}
+        workers = data.get("workers", []) if isinstance(data, dict) else []  # not a worker list: no answer
+        return {w["url"]: bool(w.get("is_healthy")) for w in workers if isinstance(w, dict)}
 
-    def wait_router(self, pred, timeout: float, what: str) -> dict[str, bool]:
+    def wait_router(
+        self, pred: Callable[[dict[str, bool]], object], timeout: float, what: str
+    ) -> dict[str, bool]:
         """Poll the router's view until pred(view) holds; TeacherUnavailable naming `what` after `timeout` s."""
         deadline = time.monotonic() + timeout
         while True:
@@ -195,7 +199,7 @@ class Fleet:
         if r is None:
             return {}
         text = r.text
-        out = {}
+        out: dict[str, float] = {}
         for line in text.splitlines():
             if line.startswith("llamacpp:"):
                 name, _, value = line.partition(" ")
@@ -226,7 +230,7 @@ class Fleet:
     def __enter__(self) -> Fleet:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -235,7 +239,7 @@ def worker_command(
     port: int,
     *,
     spec: LaunchSpec | None = None,
-    sim: dict | None = None,
+    sim: Mapping[str, object] | None = None,
     served_name: str = "default",
 ) -> list[str]:
     if kind == "llama-server":  # the model named as the Teacher asks for it (smg routes by model name)
@@ -252,7 +256,8 @@ def _wait_healthy(w: Worker, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not w.healthy():
         if not w.alive():
-            raise TeacherUnavailable(f"{w.kind} worker {w.index} exited with code {w.proc.returncode} before "
+            code = w.proc.returncode if w.proc is not None else None
+            raise TeacherUnavailable(f"{w.kind} worker {w.index} exited with code {code} before "
                                      f"/health answered (command: {shlex.join(w.cmd)}; log: {w.log_path})")  # fmt: skip
         if time.monotonic() >= deadline:
             raise TeacherUnavailable(
@@ -262,7 +267,7 @@ def _wait_healthy(w: Worker, timeout: float) -> None:
 
 
 def start_fleet(n: int, log_dir: Path, *, kind: str = "llama-server", policy: str = "cache_aware",
-                spec: LaunchSpec | None = None, sim: dict | None = None, router_port: int | None = None,
+                spec: LaunchSpec | None = None, sim: Mapping[str, object] | None = None, router_port: int | None = None,
                 timeout: float = 180, router_extra: tuple[str, ...] = (),
                 router: str = DEFAULT_ROUTER) -> Fleet:  # fmt: skip
     """Start n workers and the router; return once the router sees every worker healthy (stops all on error)."""
@@ -326,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         for w in fleet.workers:
             print(f"fleet:   worker {w.index}: {w.url} (pid {w.pid}, log {w.log_path})", flush=True)
         try:
-            while fleet.router.poll() is None:
+            while fleet.router is not None and fleet.router.poll() is None:
                 time.sleep(1)
         except KeyboardInterrupt:
             pass

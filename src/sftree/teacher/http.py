@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import requests
 import urllib3
@@ -41,7 +42,7 @@ class TrackedHTTPConnection(urllib3.connection.HTTPConnection):
     """Hands the socket of each request to the streamed request being sent (`tracking.entry`), so the fleet
     watcher can abandon it even while it waits for the reply's headers."""
 
-    def request(self, *args, **kwargs):
+    def request(self, *args: Any, **kwargs: Any) -> None:  # urllib3's own signature, passed on as it is
         super().request(*args, **kwargs)
         entry = getattr(tracking, "entry", None)
         if entry is not None:
@@ -63,7 +64,7 @@ class TrackedHTTPSPool(urllib3.HTTPSConnectionPool):
 
 
 class TrackingAdapter(HTTPAdapter):
-    def init_poolmanager(self, *args, **kwargs):
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:  # requests' own signature, passed on
         super().init_poolmanager(*args, **kwargs)
         self.poolmanager.pool_classes_by_scheme = {"http": TrackedHTTPPool, "https": TrackedHTTPSPool}
 

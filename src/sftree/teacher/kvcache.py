@@ -25,6 +25,9 @@ import json
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypedDict, Unpack
+
+from sftree.teacher.json_types import ForeignJSON, JSONObject
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class RadixLRU:
     orphans a cached child (SGLang evicts leaves only)."""
 
     capacity: float  # tokens; float("inf") for an unbounded cache
-    nodes: OrderedDict = field(default_factory=OrderedDict)
+    nodes: OrderedDict[bytes, int] = field(default_factory=OrderedDict)
     used: int = 0
     evicted: int = 0
 
@@ -92,7 +95,7 @@ class Call:
         return sum(b.tokens for b in self.prompt)
 
 
-def chain(messages: Iterable[dict], tools: list | None, salt: str = "") -> list[Block]:
+def chain(messages: Iterable[ForeignJSON], tools: list[ForeignJSON] | None, salt: str = "") -> list[Block]:
     """The blocks of a chat prompt: tools first (shared by every session), then each message, chained.
 
     Tokens are characters // 4 of each part's canonical JSON, as teacher-sim counts them. `salt` makes one
@@ -110,7 +113,7 @@ def chain(messages: Iterable[dict], tools: list | None, salt: str = "") -> list[
     return blocks
 
 
-def extend(blocks: list[Block] | tuple[Block, ...], message: dict) -> Block:
+def extend(blocks: list[Block] | tuple[Block, ...], message: ForeignJSON) -> Block:
     """The block a reply adds after `blocks` (the next turn resends it as its next message)."""
     s = json.dumps(message, sort_keys=True, ensure_ascii=False)
     return Block(hashlib.sha256(blocks[-1].key + s.encode()).digest(), len(s) // 4)
@@ -157,7 +160,7 @@ def replay(calls: Iterable[Call], capacity: float) -> Replay:
 ROUTER_POLICIES = ("cache_aware", "round_robin")
 
 
-def routing_text(messages: Iterable[dict]) -> list[tuple[bytes, int]]:
+def routing_text(messages: Iterable[JSONObject]) -> list[tuple[bytes, int]]:
     """What sglang-router's cache_aware policy matches on, as chained blocks: the text of each message it reads
     (system, user and tool contents; an assistant's content when not empty: its tool calls are not part of it),
     joined by spaces, one block per message (key = chained hash, size = characters)."""
@@ -201,11 +204,11 @@ class RouterModel:
     balance_abs: int = 64
     balance_rel: float = 1.5
     _next: int = 0
-    _owner: dict = field(default_factory=dict)  # text block key -> worker that routed it last
-    _size: list = field(default_factory=list)  # characters of text in the tree per worker
-    _has: list = field(default_factory=list)  # the text blocks in the tree per worker
+    _owner: dict[bytes, int] = field(default_factory=dict)  # text block key -> worker that routed it last
+    _size: list[int] = field(default_factory=list)  # characters of text in the tree per worker
+    _has: list[set[bytes]] = field(default_factory=list)  # the text blocks in the tree per worker
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.policy not in ROUTER_POLICIES:
             raise ValueError(f"policy must be one of {ROUTER_POLICIES}, not {self.policy!r}")
         self._size = [0] * self.servers
@@ -238,6 +241,14 @@ class RouterModel:
         return w
 
 
+class RouterKnobs(TypedDict, total=False):
+    """RouterModel's cache_aware settings, as `replay_fleet` passes them on."""
+
+    cache_threshold: float
+    balance_abs: int
+    balance_rel: float
+
+
 @dataclass
 class SlotCache:
     """llama-server's prompt reuse with `--parallel S` slots (b11434, `server_context::get_available_slot` and
@@ -252,9 +263,9 @@ class SlotCache:
 
     slots: int = 1
     similarity: float = 0.1
-    contents: list = field(default_factory=list)  # per slot: its chain (list of Blocks)
-    last_used: list = field(default_factory=list)
-    saved: list = field(default_factory=list)  # the host cache: chains
+    contents: list[list[Block]] = field(default_factory=list)  # per slot: its chain
+    last_used: list[int] = field(default_factory=list)
+    saved: list[list[Block]] = field(default_factory=list)  # the host cache: chains
     used: int = 0
     evicted: int = 0
     _tick: int = 0
@@ -344,7 +355,7 @@ class FleetReplay:
 
 def replay_fleet(calls: Iterable[FleetCall], servers: int, capacity: float, policy: str = "cache_aware", *,
                  cache: str = "radix", slots: int = 1, similarity: float = 0.1, replies: bool = True,
-                 **router) -> FleetReplay:  # fmt: skip
+                 **router: Unpack[RouterKnobs]) -> FleetReplay:  # fmt: skip
     """Run the calls, in time order, through `servers` caches behind RouterModel: each call is routed at its
     start (the router's load = calls in flight per server), prefilled there, and its reply cached there at its
     end. `cache="radix"`: SGLang's radix LRU of `capacity` tokens (as `replay`); `cache="slots"`: llama-server's

@@ -14,12 +14,14 @@ import shlex
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sftree.config import REPO_ROOT
 from sftree.errors import InputError, TeacherUnavailable
 from sftree.runtime.procs import stop_group
+from sftree.teacher.json_types import ConfigSection
 from sftree.teacher.transport import probe
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,7 @@ class LaunchSpec:
     log_file: Path | None = None
 
     @classmethod
-    def from_config(cls, cfg: dict | None) -> LaunchSpec:
+    def from_config(cls, cfg: ConfigSection | None) -> LaunchSpec:
         cfg = dict(cfg or {})
 
         def path(key: str, default: Path | None) -> Path | None:
@@ -56,9 +58,12 @@ class LaunchSpec:
             p = Path(os.path.expanduser(str(v)))
             return p if p.is_absolute() else REPO_ROOT / p
 
+        def required(key: str, default: Path) -> Path:  # the schema has no null for these
+            return path(key, default) or default
+
         return cls(
-            binary=path("binary", DEFAULT_BINARY),
-            model=path("model", DEFAULT_MODEL),
+            binary=required("binary", DEFAULT_BINARY),
+            model=required("model", DEFAULT_MODEL),
             chat_template_file=path("chat_template_file", DEFAULT_TEMPLATE),
             ctx_size=int(cfg.get("ctx_size", 8192)),
             threads=int(cfg.get("threads", 1)),
@@ -90,7 +95,8 @@ class LaunchSpec:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _healthy(url: str) -> bool:
@@ -98,7 +104,7 @@ def _healthy(url: str) -> bool:
     return r is not None and r.status_code == 200
 
 
-def start_llm_server(spec: LaunchSpec) -> tuple[str, callable]:
+def start_llm_server(spec: LaunchSpec) -> tuple[str, Callable[[], None]]:
     """Start llama-server; return (base_url ending in /v1, stop). Raises InputError / TeacherUnavailable."""
     why = spec.missing()
     if why:
@@ -106,14 +112,14 @@ def start_llm_server(spec: LaunchSpec) -> tuple[str, callable]:
     port = free_port()
     cmd = spec.command(port)
     log.info("starting llama-server: %s", shlex.join(cmd))
-    out = open(spec.log_file, "ab") if spec.log_file else subprocess.DEVNULL  # noqa: SIM115 (closed by stop)
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+    out = open(spec.log_file, "ab") if spec.log_file else None  # noqa: SIM115 (closed by stop)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL if out is None else out, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     root = f"http://127.0.0.1:{port}"
 
     def stop() -> None:
         stop_group(proc, grace=10)
-        if out is not subprocess.DEVNULL:
+        if out is not None:
             out.close()
 
     deadline = time.monotonic() + spec.startup_timeout

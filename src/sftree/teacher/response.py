@@ -25,6 +25,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from sftree.teacher.json_types import ForeignJSON, JSONObject
+
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # What SGLang, vLLM, llama-server and OpenAI say when the prompt outgrows the context (HTTP 400 bodies).
@@ -41,7 +43,7 @@ class MalformedResponse(ValueError):
 
 @dataclass
 class Reply:
-    message: dict  # role, content, tool_calls (list, maybe empty), reasoning_content (if any)
+    message: JSONObject  # role, content, tool_calls (list, maybe empty), reasoning_content (if any)
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
@@ -55,7 +57,7 @@ def is_context_overflow(status: int, text: str) -> bool:
     return status in (400, 413) and bool(_OVERFLOW.search(text or ""))
 
 
-def _count(usage: dict, key: str, where: str) -> int:
+def _count(usage: ForeignJSON, key: str, where: str) -> int:
     v = usage.get(key)
     if v is None:
         return 0
@@ -64,7 +66,7 @@ def _count(usage: dict, key: str, where: str) -> int:
     return int(v)
 
 
-def _check_text(value, where: str) -> str | None:
+def _check_text(value: object, where: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
@@ -75,7 +77,7 @@ def _check_text(value, where: str) -> str | None:
     return value
 
 
-def _call(i: int, name, arguments, call_id=None, reply_id: str = "") -> dict:
+def _call(i: int, name: object, arguments: object, call_id: object = None, reply_id: str = "") -> JSONObject:
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
     if not (isinstance(call_id, str) and call_id):
@@ -89,12 +91,12 @@ def _call(i: int, name, arguments, call_id=None, reply_id: str = "") -> dict:
     }
 
 
-def _structured_calls(raw, where: str, reply_id: str) -> list[dict]:
+def _structured_calls(raw: object, where: str, reply_id: str) -> list[JSONObject]:
     if raw is None:
         return []
     if not isinstance(raw, list):
         raise MalformedResponse(f"{where} is a {type(raw).__name__}, not a list")
-    calls = []
+    calls: list[JSONObject] = []
     for i, c in enumerate(raw):
         fn = c.get("function") if isinstance(c, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
@@ -106,7 +108,7 @@ def _structured_calls(raw, where: str, reply_id: str) -> list[dict]:
     return calls
 
 
-def _as_call(obj) -> tuple[str, object] | None:
+def _as_call(obj: object) -> tuple[str, object] | None:
     """(name, arguments) of a text tool call object ({"name", "arguments"|"parameters"}), else None."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
@@ -116,11 +118,11 @@ def _as_call(obj) -> tuple[str, object] | None:
 
 def _text_calls(
     content: str, tool_names: set[str] | None, reply_id: str
-) -> tuple[list[dict], str, str | None]:
+) -> tuple[list[JSONObject], str, str | None]:
     """Tool calls written in the content: (calls, remaining content, form) - form None when there are none."""
     blocks = _HERMES.findall(content)
     if blocks:
-        calls = []
+        calls: list[JSONObject] = []
         for b in blocks:
             try:
                 parsed = _as_call(json.loads(b))
@@ -140,11 +142,12 @@ def _text_calls(
     except json.JSONDecodeError:
         return [], content, None
     items = obj if isinstance(obj, list) else [obj]
-    parsed = [_as_call(x) for x in items]
+    found = [_as_call(x) for x in items]
     # bare JSON is only a call when it names a tool we offered: a JSON answer stays text
-    if not items or any(p is None or (tool_names and p[0] not in tool_names) for p in parsed):
+    named = [p for p in found if p is not None and not (tool_names and p[0] not in tool_names)]
+    if not items or len(named) != len(found):
         return [], content, None
-    return [_call(i, *p, reply_id=reply_id) for i, p in enumerate(parsed)], "", "json"
+    return [_call(i, *p, reply_id=reply_id) for i, p in enumerate(named)], "", "json"
 
 
 def _args_ok(arguments: str) -> bool:
@@ -155,7 +158,7 @@ def _args_ok(arguments: str) -> bool:
     return True
 
 
-def normalize(payload, tool_names: set[str] | None = None) -> Reply:
+def normalize(payload: object, tool_names: set[str] | None = None) -> Reply:
     """The reply of `/v1/chat/completions` as a `Reply`; raises MalformedResponse naming what is wrong."""
     if not isinstance(payload, dict):
         raise MalformedResponse(f"reply is a {type(payload).__name__}, not a JSON object")
@@ -202,11 +205,11 @@ def normalize(payload, tool_names: set[str] | None = None) -> Reply:
     truncated = False
     if finish == "length":
         cut = any(not _args_ok(c["function"]["arguments"]) for c in calls)
-        unclosed = bool(content) and content.count("<tool_call>") > content.count("</tool_call>")
+        unclosed = bool(content and content.count("<tool_call>") > content.count("</tool_call>"))
         if cut or unclosed:
             truncated = True
             notes.append("truncated_tool_call")
-    out = {"role": "assistant", "content": content or ""}
+    out: JSONObject = {"role": "assistant", "content": content or ""}
     if reasoning:
         out["reasoning_content"] = reasoning
     if calls:

@@ -4,16 +4,17 @@ each change, so the Teacher client can resend the requests a dead worker held (t
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from sftree.teacher.transport import RequestFailed
 
 
-def read_workers(payload) -> dict[str, bool] | None:
+def read_workers(payload: object) -> dict[str, bool] | None:
     """`GET /workers` of sglang-router as {url: healthy}, or None when the answer is not a worker list."""
     workers = payload.get("workers") if isinstance(payload, dict) else None
     if not isinstance(workers, list):
         return None
-    out = {}
+    out: dict[str, bool] = {}
     for w in workers:
         if isinstance(w, dict) and isinstance(w.get("url"), str):
             out[w["url"]] = bool(w.get("is_healthy", True))
@@ -23,7 +24,13 @@ def read_workers(payload) -> dict[str, bool] | None:
 class RouterWatcher:
     """Polls the router's worker list every `poll` s and calls `on_change(url, healthy, view)` on each change."""
 
-    def __init__(self, fetch, poll: float, on_change, initial: dict[str, bool]):
+    def __init__(
+        self,
+        fetch: Callable[[], dict[str, bool] | None],
+        poll: float,
+        on_change: Callable[[str, bool, dict[str, bool]], None],
+        initial: dict[str, bool],
+    ):
         self.fetch, self.poll, self.on_change = fetch, poll, on_change
         self.view = dict(initial)
         self._stop = threading.Event()

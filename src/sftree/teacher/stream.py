@@ -15,23 +15,33 @@ Also kept for the client: whether `data: [DONE]` arrived (`done`), the first `er
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TypedDict
+
+from sftree.teacher.json_types import JSONObject
+
+
+class _CallSlot(TypedDict):
+    """One tool call as its deltas come: the id as sent, the name and the argument pieces joined."""
+
+    id: object
+    name: str
+    args: list[str]
 
 
 class StreamAssembler:
     """Folds OpenAI chat-completion SSE chunks into one assistant message, finish reason and usage."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.content: list[str] = []
         self.reasoning: list[str] = []
-        self.calls: dict[int, dict] = {}
-        self.finish_reason: str | None = None
-        self.usage: dict | None = None
-        self.function_call: dict | None = None  # the legacy field, joined like a tool call
-        self.bad_tool_calls: Any = None  # `tool_calls` that is not a list of call objects, kept as sent
+        self.calls: dict[int, _CallSlot] = {}
+        self.finish_reason: object = None  # as sent (normalize checks it is a string)
+        self.usage: object = None  # as sent (normalize checks it)
+        self.function_call: dict[str, str] | None = None  # the legacy field, joined like a tool call
+        self.bad_tool_calls: object = None  # `tool_calls` that is not a list of call objects, kept as sent
         self.id: str | None = None
         self.done = False  # `data: [DONE]` seen
-        self.error: Any = None  # the first `error` a chunk carried
+        self.error: object = None  # the first `error` a chunk carried
         self.chunks = 0  # data lines that were JSON objects
         self.bad_lines = 0  # data lines that were not
         self._buf = b""
@@ -103,16 +113,16 @@ class StreamAssembler:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
-    def message(self, *, fill_ids: bool = True) -> dict:
+    def message(self, *, fill_ids: bool = True) -> JSONObject:
         """The assistant message. A call the server sent without an id gets `call_<index>` with `fill_ids`
         (the proxy's records, as before), else none, so `normalize` derives one exactly as it does for the
         same call in a non-streamed reply (the client)."""
-        msg: dict = {"role": "assistant", "content": "".join(self.content)}
+        msg: JSONObject = {"role": "assistant", "content": "".join(self.content)}
         if self.reasoning:
             msg["reasoning_content"] = "".join(self.reasoning)
         calls = []
         for i, slot in sorted(self.calls.items()):
-            call = {
+            call: JSONObject = {
                 "type": "function",
                 "function": {"name": slot["name"], "arguments": "".join(slot["args"])},
             }
@@ -123,14 +133,17 @@ class StreamAssembler:
             msg["tool_calls"] = calls
         return msg
 
-    def completion(self, *, fill_ids: bool = True) -> dict:
+    def completion(self, *, fill_ids: bool = True) -> JSONObject:
         """The stream as one non-streaming completion (what `teacher.response.normalize` reads)."""
         msg = self.message(fill_ids=fill_ids)
         if self.bad_tool_calls is not None:
             msg["tool_calls"] = self.bad_tool_calls
         if self.function_call is not None and not self.calls:
             msg["function_call"] = self.function_call
-        out = {"id": self.id, "choices": [{"index": 0, "message": msg, "finish_reason": self.finish_reason}]}
+        out: JSONObject = {
+            "id": self.id,
+            "choices": [{"index": 0, "message": msg, "finish_reason": self.finish_reason}],
+        }
         if self.usage is not None:
             out["usage"] = self.usage
         return out

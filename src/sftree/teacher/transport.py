@@ -26,7 +26,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import TypeVar
 
@@ -35,11 +35,13 @@ import urllib3
 
 from sftree.errors import TeacherUnavailable
 from sftree.teacher.http import InFlight, TrackingAdapter, socket_of, tracking
+from sftree.teacher.json_types import JSONObject
 
 T = TypeVar("T")
 RequestFailed = (
     requests.RequestException
 )  # what a probe or a single request raises (callers need not import it)
+Response = requests.Response  # what a probe or a single request gives
 
 
 class TeacherError(TeacherUnavailable):
@@ -51,7 +53,7 @@ class TeacherError(TeacherUnavailable):
 
 
 @functools.cache
-def teacher_defaults() -> dict:
+def teacher_defaults() -> JSONObject:
     """The `teacher.*` defaults of workflow/schemas/config.schema.yaml: a config read without validation (a test,
     `TeacherClient.from_config({})`) gets the values a validated one would."""
     from sftree.config import load_schema
@@ -74,7 +76,7 @@ class Policy:
     stall_timeout: float
 
     @classmethod
-    def from_config(cls, cfg: dict) -> Policy:
+    def from_config(cls, cfg: Mapping[str, object]) -> Policy:
         """From the `teacher` section (None values and missing keys: the schema's defaults)."""
         given = {k: v for k, v in cfg.items() if v is not None}
         values = {**teacher_defaults(), **given}
@@ -136,7 +138,7 @@ def is_timeout(exc: BaseException) -> bool:
 
 def backoff_delay(attempt: int, base: float, cap: float) -> float:
     """Capped exponential backoff: base * 2**attempt, at most cap (no jitter: reruns stay reproducible)."""
-    return min(cap, base * (2**attempt))
+    return min(cap, base * float(2**attempt))  # (int ** int is typed Any: it may be a float)
 
 
 class Transient(Exception):
@@ -205,7 +207,7 @@ class RetryBudget:
 FailureHook = Callable[[int, Transient, float, bool], None]
 
 
-def probe(url: str, timeout: float, headers: dict | None = None) -> requests.Response | None:
+def probe(url: str, timeout: float, headers: Mapping[str, str] | None = None) -> requests.Response | None:
     """One GET, not retried (a health check: the caller polls); None when no answer came."""
     try:
         return requests.get(url, timeout=timeout, headers=headers)
@@ -227,11 +229,21 @@ class Transport:
             s = self._local.session = new_session()
         return s
 
-    def get(self, url: str, headers: dict | None = None, timeout: float = 10) -> requests.Response:
+    def get(
+        self, url: str, headers: Mapping[str, str] | None = None, timeout: float = 10
+    ) -> requests.Response:
         """One GET on this thread's Session (raises RequestFailed): `/health`, `/v1/models`, `/workers`."""
         return self.session().get(url, timeout=timeout, headers=headers)
 
-    def send(self, url: str, data: bytes, headers: dict, *, stream: bool, entry: InFlight | None = None):
+    def send(
+        self,
+        url: str,
+        data: bytes,
+        headers: Mapping[str, str],
+        *,
+        stream: bool,
+        entry: InFlight | None = None,
+    ) -> requests.Response:
         """One POST attempt: the response (its status unread), or Transient for a connection that failed or an
         answer that did not come in time. Streamed: returns at the headers, which must come within
         `first_chunk_timeout`; `entry` (the request on the wire) is handed the socket (`teacher/http.py`)."""
@@ -293,7 +305,8 @@ class Transport:
             raise TimeoutError
         if entry.sock is not None:
             entry.sock.settimeout(limit)
-        return r.raw.read1(65536, decode_content=True)
+        data: bytes = r.raw.read1(65536, decode_content=True)  # (requests types `raw` as Any)
+        return data
 
     def _broken(self, exc: BaseException, entry: InFlight, total: float) -> Transient:
         """What a failed read of a stream was: abandoned, a stall (which limit), or a cut."""
