@@ -41,6 +41,11 @@ import json
 import random
 import re
 
+from sftree.teacher.json_types import JSONObject
+
+# One step of the turn: the assistant message with its tool calls, and the tool results that followed it.
+Step = tuple[JSONObject, list[JSONObject]]
+
 MAX_FAILED = 3
 # file name prefix of the extra_tool_errors fault's reads (not counted toward MAX_FAILED)
 EXTRA_MISSING = "missing_extra_"
@@ -61,12 +66,13 @@ _OC_GREP_LINE = re.compile(r"^  Line (?P<line>\d+): (?P<text>.*)$")
 _OC_READ_LINE = re.compile(r"^(?P<no>\d+): (?P<text>.*)$")
 
 
-def skeleton_hash(messages: list[dict]) -> str:
+def skeleton_hash(messages: list[JSONObject]) -> str:
     h = hashlib.sha256()
     for m in messages:
         role = m.get("role")
         if role == "system":  # the same for every session of a run (and absent in some backends): no signal
             continue
+        part: JSONObject
         if role == "assistant":
             part = {
                 "r": "a",
@@ -84,17 +90,17 @@ def skeleton_hash(messages: list[dict]) -> str:
     return h.hexdigest()
 
 
-def make_rng(seed: int, messages: list[dict], edge: str, salt: str = "") -> random.Random:
+def make_rng(seed: int, messages: list[JSONObject], edge: str, salt: str = "") -> random.Random:
     key = f"{seed}|{skeleton_hash(messages)}|{edge}|{salt}"
     return random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
 
 
-def _call(name: str, args: dict | str, idx: int) -> dict:
+def _call(name: str, args: JSONObject | str, idx: int) -> JSONObject:
     arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
     return {"id": f"call_{idx}", "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def _is_turn_start(messages: list[dict], i: int) -> bool:
+def _is_turn_start(messages: list[JSONObject], i: int) -> bool:
     """A user message opens a turn unless it is sftree's nudge (`sftree.world.standin.nudge_prompt`, after a
     text-only reply), which continues the turn. (Coral's prompts that open a turn - the manager's `## Eval #N
     Results`, its restart prompt, the runtime's start and resume prompts - have no common mark.)"""
@@ -105,7 +111,7 @@ def _is_turn_start(messages: list[dict], i: int) -> bool:
     return first or _nudge_text() not in _plain(m.get("content"))
 
 
-def _plain(content) -> str:
+def _plain(content: object) -> str:
     """A message's text: a string, or the text parts of a list of parts (OpenCode's messages)."""
     if isinstance(content, list):
         return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
@@ -119,16 +125,16 @@ def _nudge_text() -> str:
     return nudge_prompt()
 
 
-def _turn_view(messages: list[dict]):
+def _turn_view(messages: list[JSONObject]) -> tuple[list[JSONObject], bool]:
     """(the current turn's messages after its opening prompt, nudged?)."""
     start = max((i for i in range(len(messages)) if _is_turn_start(messages, i)), default=-1)
     nudged = any(m.get("role") == "user" for m in messages[start + 1 :])
     return messages[start + 1 :], nudged
 
 
-def _steps(turn_msgs: list[dict]) -> list[tuple[dict, list[dict]]]:
+def _steps(turn_msgs: list[JSONObject]) -> list[Step]:
     """(assistant message with tool calls, its tool results) pairs of the turn."""
-    out = []
+    out: list[Step] = []
     for i, m in enumerate(turn_msgs):
         if m.get("role") == "assistant" and m.get("tool_calls"):
             results = []
@@ -140,7 +146,7 @@ def _steps(turn_msgs: list[dict]) -> list[tuple[dict, list[dict]]]:
     return out
 
 
-def _stage_of(call: dict) -> str | None:
+def _stage_of(call: JSONObject) -> str | None:
     name = call["function"]["name"]
     try:
         args = json.loads(call["function"]["arguments"])
@@ -183,28 +189,28 @@ def nudge_value(val: str, rng: random.Random) -> str:
         if v > 0 and new == 0:
             new = v + 1
         return str(new)
-    v = float(clean)
+    x = float(clean)
     factor = 1.0 + rng.choice([-1, 1]) * rng.uniform(0.02, 0.2)
-    new = v * factor if v != 0 else rng.uniform(0.01, 0.1)
-    return f"{new:.6g}" if "e" in f"{new:.6g}" or "." in f"{new:.6g}" else f"{new:.6g}.0"
+    y = x * factor if x != 0 else rng.uniform(0.01, 0.1)
+    return f"{y:.6g}" if "e" in f"{y:.6g}" or "." in f"{y:.6g}" else f"{y:.6g}.0"
 
 
 def decide(
-    messages: list[dict],
+    messages: list[JSONObject],
     *,
     seed: int = 0,
     edge: str = "",
-    faults: frozenset = frozenset(),
+    faults: frozenset[str] = frozenset(),
     pad_tokens: int = 0,
-    tools: frozenset = frozenset(),
-) -> dict:
+    tools: frozenset[str] = frozenset(),
+) -> JSONObject:
     """The assistant message for this request. `tools`: the offered tools' names; where OpenCode offers
     `apply_patch` instead of edit and write (its tool set for GPT model ids), the changes are patches."""
     rng = make_rng(seed, messages, edge)
     turn_msgs, nudged = _turn_view(messages)
     steps = _steps(turn_msgs)
     idx = sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant")
-    done: dict[str, tuple[dict, list[dict]]] = {}
+    done: dict[str, Step] = {}
     failed = 0
     for m, results in steps:
         call = m["tool_calls"][0]
@@ -216,7 +222,7 @@ def decide(
             failed += 1
     patch = "apply_patch" in tools and "edit" not in tools
     content, call = _plan(rng, done, nudged or failed >= MAX_FAILED, faults, idx, patch)
-    calls: list[dict] = []
+    calls: list[JSONObject] = []
     if "no_eval" in faults:
         content, call = "I think the current solution is in good shape; no further changes for now.", None
     elif call is not None and "break_workspace" in faults:
@@ -235,7 +241,7 @@ def decide(
         )
         filler = (words + " ") * (pad_tokens * 4 // (len(words) + 1) + 1)
         content = (content + "\n\n" + filler[: pad_tokens * 4]).strip()
-    msg = {"role": "assistant", "content": content}
+    msg: JSONObject = {"role": "assistant", "content": content}
     if calls:
         msg["tool_calls"] = calls
     elif call is not None:
@@ -243,9 +249,9 @@ def decide(
     return msg
 
 
-def _extra_calls(faults: frozenset, idx: int) -> tuple[str, list[dict]]:
+def _extra_calls(faults: frozenset[str], idx: int) -> tuple[str, list[JSONObject]]:
     """The extra step put in front of the planned one: a failing read and/or a successful glob."""
-    out = []
+    out: list[JSONObject] = []
     if "extra_tool_errors" in faults:
         out.append(_call("read", {"filePath": f"{EXTRA_MISSING}{idx}.py"}, idx + len(out)))
     if "extra_tool_calls" in faults:
@@ -253,7 +259,7 @@ def _extra_calls(faults: frozenset, idx: int) -> tuple[str, list[dict]]:
     return "Let me look around the code first.", out
 
 
-def _is_extra_error(call: dict) -> bool:
+def _is_extra_error(call: JSONObject) -> bool:
     """A failing read made by the extra_tool_errors fault (not a failure of the plan)."""
     if call["function"]["name"] != "read":
         return False
@@ -264,7 +270,14 @@ def _is_extra_error(call: dict) -> bool:
     return isinstance(args, dict) and str(args.get("filePath", "")).startswith(EXTRA_MISSING)
 
 
-def _plan(rng: random.Random, done: dict, submit_now: bool, faults: frozenset, idx: int, patch: bool = False):
+def _plan(
+    rng: random.Random,
+    done: dict[str, Step],
+    submit_now: bool,
+    faults: frozenset[str],
+    idx: int,
+    patch: bool = False,
+) -> tuple[str, JSONObject]:
     if submit_now:
         return "Submitting the current state for evaluation.", _eval_call(done, idx)
     if "knowledge" not in done:
@@ -302,6 +315,7 @@ def _plan(rng: random.Random, done: dict, submit_now: bool, faults: frozenset, i
             return "Nothing tunable in this file; submitting.", _eval_call(done, idx)
         line = rng.choice(consts)
         m = _CONST_LINE.match(line)
+        assert m is not None  # (a constant line)
         new_val = "(" if "broken_code" in faults else nudge_value(m.group("val"), rng)
         new_line = f"{m.group('name')}{m.group('eq')}{new_val}{m.group('rest')}"
         say = f"I'll try {m.group('name')} = {new_val} instead of {m.group('val')}."
@@ -321,8 +335,8 @@ def _plan(rng: random.Random, done: dict, submit_now: bool, faults: frozenset, i
     return "Submitting this change.", _eval_call(done, idx)
 
 
-def _grep_hits(results: list[dict]) -> list[tuple[str, int, str]]:
-    out = []
+def _grep_hits(results: list[JSONObject]) -> list[tuple[str, int, str]]:
+    out: list[tuple[str, int, str]] = []
     oc_path = None
     for line in str(results[0].get("content") or "").splitlines():
         m = _GREP_HIT.match(line)
@@ -335,10 +349,10 @@ def _grep_hits(results: list[dict]) -> list[tuple[str, int, str]]:
     return out
 
 
-def _read_result(step) -> tuple[str, list[str]]:
+def _read_result(step: Step) -> tuple[str, list[str]]:
     call, results = step
-    path = json.loads(call["function"]["arguments"])["filePath"]
-    lines = []
+    path = str(json.loads(call["function"]["arguments"])["filePath"])
+    lines: list[str] = []
     for ln in str(results[0].get("content") or "").splitlines():
         m = _READ_LINE.match(ln) or _OC_READ_LINE.match(ln)
         if m:
@@ -348,14 +362,14 @@ def _read_result(step) -> tuple[str, list[str]]:
 
 def _documented(lines: list[str]) -> list[str]:
     """Constant lines whose names the file documents above the first constant (its tunables)."""
-    idx = [i for i, ln in enumerate(lines) if _CONST_LINE.match(ln)]
-    if not idx:
+    consts = [(i, m) for i, ln in enumerate(lines) if (m := _CONST_LINE.match(ln))]
+    if not consts:
         return []
-    head = "\n".join(lines[: idx[0]])
-    return [lines[i] for i in idx if re.search(rf"\b{_CONST_LINE.match(lines[i]).group('name')}\b", head)]
+    head = "\n".join(lines[: consts[0][0]])
+    return [lines[i] for i, m in consts if re.search(rf"\b{m.group('name')}\b", head)]
 
 
-def _change_summary(done: dict) -> str:
+def _change_summary(done: dict[str, Step]) -> str:
     if "edit" in done:
         args = json.loads(done["edit"][0]["function"]["arguments"])
         if "patchText" in args:  # apply_patch: one `-old`/`+new` pair under `*** Update File: path`
@@ -369,6 +383,6 @@ def _change_summary(done: dict) -> str:
     return "no code change"
 
 
-def _eval_call(done: dict, idx: int) -> dict:
+def _eval_call(done: dict[str, Step], idx: int) -> JSONObject:
     msg = _change_summary(done).replace('"', "'")
     return _call("bash", {"command": f'coral eval -m "{msg}"', "description": "Evaluate the change"}, idx)

@@ -85,14 +85,17 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Protocol, TypedDict, Unpack
 
 import yaml
 
 from sftree.errors import InputError
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
+from sftree.teacher.json_types import JSONObject
 from sftree.teacher.sim import policy
 
 log = logging.getLogger(__name__)
@@ -150,7 +153,7 @@ class Rule:
         return all(headers.get(k) == v for k, v in self.match.items())
 
 
-def parse_rules(data, source: str = "script") -> list[Rule]:
+def parse_rules(data: object, source: str = "script") -> list[Rule]:
     if data is None:
         return []
     if not isinstance(data, list):
@@ -184,7 +187,7 @@ def parse_rules(data, source: str = "script") -> list[Rule]:
     return rules
 
 
-def load_script(path) -> list[Rule]:
+def load_script(path: str | Path) -> list[Rule]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -196,25 +199,25 @@ def load_script(path) -> list[Rule]:
     return parse_rules(data, str(path))
 
 
-def parse_fault_rate(spec) -> dict[str, float]:
+def parse_fault_rate(spec: Mapping[str, object] | str | None) -> dict[str, float]:
     if not spec:
         return {}
-    if isinstance(spec, dict):
-        items = spec.items()
+    items: list[tuple[str, object]] = []
+    if isinstance(spec, Mapping):
+        items = list(spec.items())
     else:
-        items = []
         for part in str(spec).split(","):
             if "=" not in part:
                 raise InputError(f"--fault-rate: expected KIND=P, got {part!r}")
-            k, v = part.split("=", 1)
-            items.append((k.strip(), v))
-    out = {}
+            key, value = part.split("=", 1)
+            items.append((key.strip(), value))
+    out: dict[str, float] = {}
     for k, v in items:
         if k not in FAULT_KINDS:
             raise InputError(f"--fault-rate: unknown fault {k!r} (one of {sorted(FAULT_KINDS)})")
         try:
-            p = float(v)
-        except (TypeError, ValueError):
+            p = float(v) if isinstance(v, int | float | str) else float("nan")
+        except ValueError:
             p = float("nan")
         if not 0 <= p <= 1:
             raise InputError(f"--fault-rate: {k}={v!r} is not a probability between 0 and 1")
@@ -248,12 +251,12 @@ class SimState:
     omit_usage: bool = False
     chunk_s: float = 0.0  # pause between two chunks of a streamed reply
     lock: threading.Lock = field(default_factory=threading.Lock)
-    prefixes: set = field(default_factory=set)
-    seen: dict = field(default_factory=dict)
+    prefixes: set[bytes] = field(default_factory=set)
+    seen: dict[str, int] = field(default_factory=dict)
     requests: int = 0
     in_flight: int = 0  # POSTs being handled now (GET /sim/stats)
 
-    def usage(self, messages: list[dict], tools, reply: dict) -> dict:
+    def usage(self, messages: list[JSONObject], tools: object, reply: JSONObject) -> JSONObject:
         """Token counts and the prefix-cache estimate (see module docstring)."""
         h = hashlib.sha256(json.dumps(tools or [], sort_keys=True).encode())
         chars = len(json.dumps(tools or [], sort_keys=True))
@@ -307,21 +310,21 @@ class SimState:
                     faults.add(kind)
         return faults, pad, hang
 
-    def latency(self, usage: dict, body_hash: str) -> float:
+    def latency(self, usage: JSONObject, body_hash: str) -> float:
         if not self.latency_ms_per_token:
             return 0.0
         toks = (
             usage["completion_tokens"]
             + (usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]) / 50
         )
-        secs = toks * self.latency_ms_per_token / 1000.0
+        secs: float = toks * self.latency_ms_per_token / 1000.0
         if self.tail_alpha:
             secs *= random.Random(f"lat|{self.seed}|{body_hash}").paretovariate(self.tail_alpha)
         return secs
 
 
 def _header_view(handler: BaseHTTPRequestHandler) -> dict[str, str]:
-    out = {}
+    out: dict[str, str] = {}
     for k in MATCH_KEYS:
         v = handler.headers.get(f"X-Sftree-{k.capitalize()}")
         if v is not None:
@@ -334,13 +337,13 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "sftree-teacher-sim/1"
     state: SimState  # set on the subclass made per server
 
-    def log_message(self, fmt, *args):  # quiet: the client logs what matters
+    def log_message(self, fmt: str, *args: object) -> None:  # quiet: the client logs what matters
         log.debug("%s " + fmt, self.address_string(), *args)
 
-    def _send(self, status: int, obj) -> None:
+    def _send(self, status: int, obj: object) -> None:
         send_json(self, status, obj)
 
-    def do_GET(self):
+    def do_GET(self) -> None:
         path = self.path.split("?")[0].rstrip("/")
         if path == "/health":
             self._send(200, {"status": "ok"})
@@ -359,7 +362,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, {"error": {"message": f"no route {self.path}"}})
 
-    def do_POST(self):
+    def do_POST(self) -> None:
         with self.state.lock:
             self.state.in_flight += 1
         try:
@@ -368,7 +371,7 @@ class Handler(BaseHTTPRequestHandler):
             with self.state.lock:
                 self.state.in_flight -= 1
 
-    def _post(self):
+    def _post(self) -> None:
         path = self.path.split("?")[0].rstrip("/")
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
@@ -407,9 +410,7 @@ class Handler(BaseHTTPRequestHandler):
             edge=headers.get("edge", ""),
             faults=frozenset(faults - SHAPE_FAULTS - {"context_overflow"}),
             pad_tokens=pad,
-            tools=frozenset(
-                (t.get("function") or {}).get("name") for t in body.get("tools") or [] if isinstance(t, dict)
-            ),
+            tools=_tool_names(body.get("tools")),
         )
         usage = st.usage(messages, body.get("tools"), reply)
         if "context_overflow" in faults or (st.context_tokens and usage["prompt_tokens"] > st.context_tokens):
@@ -421,16 +422,14 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(delay)
         finish = "tool_calls" if reply.get("tool_calls") else "stop"
         rid = f"chatcmpl-{body_hash[:24]}"
-        if st.omit_usage:
-            usage = None
-        payload = {
+        payload: JSONObject = {
             "id": rid,
             "object": "chat.completion",
             "created": 0,
             "model": st.model,
             "choices": [{"index": 0, "message": reply, "finish_reason": finish}],
         }
-        if usage is not None:
+        if not st.omit_usage:
             payload["usage"] = usage
         payload = reshape(payload, faults & SHAPE_FAULTS)
         if streamed:  # the same (reshaped) reply as SSE chunks
@@ -441,7 +440,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, payload)
 
     def _stream(
-        self, rid: str, reply: dict, finish: str, usage: dict | None, stop: tuple[str, float] | None = None
+        self, rid: str, reply: JSONObject, finish: str, usage: object, stop: tuple[str, float] | None = None
     ) -> None:
         """The reply as SSE chunks; `stop` = ("stall", s) or ("cut", 0): after the first two chunks, hang for s
         seconds / close at once, never sending the rest (a server hung or killed mid-reply)."""
@@ -454,7 +453,7 @@ class Handler(BaseHTTPRequestHandler):
 
         sent = [0]
 
-        def chunk(delta: dict | None, finish_reason=None, usage_=None):
+        def chunk(delta: JSONObject | None, finish_reason: str | None = None, usage_: object = None) -> None:
             if stop is not None and sent[0] == 2:
                 self.wfile.flush()
                 if stop[0] == "stall":
@@ -465,7 +464,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 time.sleep(self.state.chunk_s)
             sent[0] += 1
-            obj = {
+            obj: JSONObject = {
                 "id": rid,
                 "object": "chat.completion.chunk",
                 "created": 0,
@@ -483,7 +482,7 @@ class Handler(BaseHTTPRequestHandler):
         except (_StreamStopped, OSError):  # stopped on purpose, or the client hung up
             self.close_connection = True
 
-    def _chunks(self, chunk, reply: dict, finish: str, usage: dict | None) -> None:
+    def _chunks(self, chunk: _Chunk, reply: JSONObject, finish: str, usage: object) -> None:
         chunk({"role": "assistant", "content": ""})
         if reply.get("reasoning_content"):
             chunk({"reasoning_content": reply["reasoning_content"]})
@@ -494,7 +493,8 @@ class Handler(BaseHTTPRequestHandler):
             chunk({"function_call": reply["function_call"]})
         if isinstance(reply.get("tool_calls"), str):  # the tool_calls_string shape, as one delta
             chunk({"tool_calls": reply["tool_calls"]})
-        for j, c in enumerate(reply.get("tool_calls") if isinstance(reply.get("tool_calls"), list) else []):
+        calls = reply.get("tool_calls")
+        for j, c in enumerate(calls if isinstance(calls, list) else []):
             args = c["function"]["arguments"]
             chunk(
                 {
@@ -517,7 +517,17 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-def _unstreamed(body: dict, raw: bytes) -> bytes:
+def _tool_names(tools: object) -> frozenset[str]:
+    """The names of the offered tools (a tool without one names none)."""
+    fns = (
+        [(t.get("function") or {}) for t in tools or [] if isinstance(t, dict)]
+        if isinstance(tools, list)
+        else []
+    )
+    return frozenset(n for fn in fns if isinstance(n := fn.get("name"), str))
+
+
+def _unstreamed(body: JSONObject, raw: bytes) -> bytes:
     """The request as it would be sent without `stream`: a streamed request and its non-streamed twin are the same
     request to the sim (same reply id, faults and latency), as a real server's reply does not depend on it."""
     if "stream" not in body and "stream_options" not in body:
@@ -526,17 +536,25 @@ def _unstreamed(body: dict, raw: bytes) -> bytes:
     return json.dumps(rest, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
+class _Chunk(Protocol):
+    """Sends one SSE chunk: its delta (None: the usage chunk), finish reason and usage."""
+
+    def __call__(
+        self, delta: JSONObject | None, finish_reason: str | None = None, usage_: object = None
+    ) -> None: ...
+
+
 class _StreamStopped(Exception):
     """A `stall` or `cut` fault ended the stream."""
 
 
-def overflow_body(tokens: int, limit: int) -> dict:
+def overflow_body(tokens: int, limit: int) -> JSONObject:
     """SGLang's answer to a prompt longer than the context (HTTP 400)."""
     msg = f"The input ({tokens} tokens) is longer than the model's context length ({limit} tokens)."
     return {"object": "error", "message": msg, "type": "BadRequestError", "param": None, "code": 400}
 
 
-def reshape(payload: dict, shapes: set[str]) -> dict:
+def reshape(payload: JSONObject, shapes: set[str]) -> JSONObject:
     """The reply as a real server would shape it under `shapes` (module docstring); pure."""
     if not shapes:
         return payload
@@ -597,8 +615,8 @@ def make_state(
     seed: int = 0,
     latency_ms_per_token: float = 0.0,
     latency_tail: str | None = None,
-    script=None,
-    fault_rate=None,
+    script: list[object] | str | Path | None = None,
+    fault_rate: Mapping[str, object] | str | None = None,
     hang_s: float = 30.0,
     model: str = "teacher-sim",
     context_tokens: int | None = None,
@@ -625,13 +643,34 @@ def make_state(
     )
 
 
-def make_server(host: str = "127.0.0.1", port: int = 0, **opts) -> ThreadingHTTPServer:
+class SimOptions(TypedDict, total=False):
+    """`make_state`'s options (config `teacher.sim`, the `teacher-sim` command's flags)."""
+
+    seed: int
+    latency_ms_per_token: float
+    latency_tail: str | None
+    script: list[object] | str | Path | None
+    fault_rate: Mapping[str, object] | str | None
+    hang_s: float
+    model: str
+    context_tokens: int | None
+    omit_usage: bool
+    chunk_ms: float
+
+
+class SimServer(QuietThreadingHTTPServer):
+    """teacher-sim's server: its handler class reads `state`, which tests read too."""
+
+    state: SimState
+
+
+def make_server(host: str = "127.0.0.1", port: int = 0, **opts: Unpack[SimOptions]) -> SimServer:
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise InputError(f"--port: {port!r} is not a TCP port (0-65535)")
     state = make_state(**opts)
     handler = type("SimHandler", (Handler,), {"state": state})
     try:
-        server = QuietThreadingHTTPServer((host, port), handler)
+        server = SimServer((host, port), handler)
     except OSError as exc:  # in use, no such address, not permitted
         raise InputError(f"teacher-sim cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     server.daemon_threads = True
@@ -639,7 +678,22 @@ def make_server(host: str = "127.0.0.1", port: int = 0, **opts) -> ThreadingHTTP
     return server
 
 
-def start_teacher_sim(port: int = 0, host: str = "127.0.0.1", **opts):
+@dataclass
+class SimStop:
+    """Stops a teacher-sim served in a background thread; `server.state` is its state (tests read it)."""
+
+    server: SimServer
+    thread: threading.Thread
+
+    def __call__(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def start_teacher_sim(
+    port: int = 0, host: str = "127.0.0.1", **opts: Unpack[SimOptions]
+) -> tuple[str, SimStop]:
     """Serve in a background thread; returns (base_url ending in /v1, stop). Port 0 picks a free port."""
     server = make_server(host, port, **opts)
     thread = threading.Thread(
@@ -647,14 +701,7 @@ def start_teacher_sim(port: int = 0, host: str = "127.0.0.1", **opts):
     )
     thread.start()
     url = f"http://{host}:{server.server_address[1]}/v1"
-
-    def stop():
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-
-    stop.server = server  # tests read server.state
-    return url, stop
+    return url, SimStop(server, thread)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -683,7 +730,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     server = make_server(
         args.host,
         args.port,
@@ -698,7 +745,7 @@ def run(args) -> int:
         omit_usage=args.omit_usage,
         chunk_ms=args.chunk_ms,
     )
-    host, port = server.server_address[:2]
+    host, port = str(server.server_address[0]), server.server_address[1]
     print(f"teacher-sim serving on http://{host}:{port}/v1 (seed {args.seed})", flush=True)
     try:
         server.serve_forever(poll_interval=0.2)
