@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TextIO
 
 
 class Progress:
@@ -63,8 +64,9 @@ def tree_line(
 class ConsoleLines:
     """Writes one line per change of a key to a text stream (the console of a job whose log is a file)."""
 
-    def __init__(self, stream):
-        self.stream, self.last = stream, None
+    def __init__(self, stream: TextIO | None) -> None:
+        self.stream: TextIO | None = stream
+        self.last: object = None
 
     def emit(self, key: object, line: str) -> None:
         if self.stream is None or key == self.last:

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sftree.agents.turn_end import TEACHER_DOWN
 from sftree.errors import InputError
@@ -37,9 +39,25 @@ from sftree.runtime.edgebox import EdgeBox, own_socket_dir
 from sftree.runtime.folderreader import Quota
 from sftree.runtime.objects import flatten
 from sftree.runtime.store import TreeStore
-from sftree.runtime.workspace import NodeState, write_world
+from sftree.runtime.workspace import EdgeWorkspace, NodeState, write_world
+from sftree.search.collaborators import (
+    Agent,
+    Config,
+    Grader,
+    Store,
+    Teacher,
+    TurnOutcome,
+    World,
+    as_agent,
+    section,
+)
 from sftree.search.result import EdgeResult, TurnResult
 from sftree.world.coral_command import CoralRuntime, CoralServer
+
+if TYPE_CHECKING:
+    from sftree.runtime.diskquota import DiskQuota
+    from sftree.world.counters import CoralCounters
+    from sftree.world.root import RootContext
 
 log = logging.getLogger(__name__)
 
@@ -55,26 +73,24 @@ class EdgeContext:
     """Everything an edge needs, built once per tree (`EdgeContext.create`)."""
 
     tree_dir: Path
-    store: TreeStore
+    store: Store
     root_state: NodeState
-    teacher: Any  # sftree.teacher.client.TeacherClient
-    agent: Any  # sftree.agents.AgentBackend
-    task_cfg: dict[str, Any]
+    teacher: Teacher
+    agent: Agent
+    task_cfg: dict[str, object]
     direction: str
-    agent_cfg: dict[str, Any]
+    agent_cfg: dict[str, object]
     tree_name: str
-    world: Any = (
-        None  # sftree.world.World: Coral's texts, CLI and counting (the installed Coral or stand-ins)
-    )
-    root_counters: Any = None  # sftree.world.CoralCounters at the root (from its attempt records)
+    world: World  # Coral's texts, CLI and counting (the installed Coral or stand-ins)
+    root_counters: CoralCounters | None = None  # Coral's counters at the root (from its attempt records)
     mode: str = "bwrap"  # the sandbox: bwrap | none
     quota: Quota = field(default_factory=Quota)
     tmp_bytes: int = 256 << 20
     tmp_inodes: int = diskquota.TMP_INODES
-    grade_quota: Any = None  # sftree.runtime.diskquota.DiskQuota: what one grading may write
+    grade_quota: DiskQuota | None = None  # what one grading may write
     hidden: list[Path] = field(default_factory=list)
     keep_workspaces: bool = False
-    _closers: list[Any] = field(default_factory=list)
+    _closers: list[Callable[[], None]] = field(default_factory=list)
     _probe_lock: threading.Lock = field(default_factory=threading.Lock)
     _probed: bool = False
 
@@ -90,7 +106,13 @@ class EdgeContext:
 
     @classmethod
     def create(
-        cls, tree_dir, root_dir, config: dict[str, Any], task_cfg: dict[str, Any], *, wait_ready: bool = True
+        cls,
+        tree_dir: str | os.PathLike[str],
+        root_dir: str | os.PathLike[str],
+        config: Config,
+        task_cfg: dict[str, object],
+        *,
+        wait_ready: bool = True,
     ) -> EdgeContext:
         """Seed (or reopen) the store, open the Teacher's world, start teacher-sim (`teacher.sim`) or
         llama-server (`teacher.launch`), wait."""
@@ -102,23 +124,24 @@ class EdgeContext:
 
         tree_dir = Path(tree_dir).resolve()
         store, root_state = TreeStore.create(tree_dir, root_dir, task_cfg)
-        spec = load_task(task_cfg, task_cfg.get("name", "task"))
+        spec = load_task(task_cfg, str(task_cfg.get("name", "task")))
         root = root_context(store, root_state, Path(root_dir))
         world = open_coral_world(
             config, spec, agent_id=root.agent_id, agents=root.agents, root_heartbeat=root.heartbeat
         )
-        closers = [world.close]
-        teacher_cfg = dict(config.get("teacher", {}))
-        if teacher_cfg.get("sim") is not None:
+        closers: list[Callable[[], None]] = [world.close]
+        teacher_cfg = section(config, "teacher")
+        sim, launch_cfg = teacher_cfg.get("sim"), teacher_cfg.get("launch")
+        if isinstance(sim, Mapping):
             from sftree.teacher.sim.server import start_teacher_sim
 
-            url, stop = start_teacher_sim(port=0, **dict(teacher_cfg["sim"]))
+            url, stop_sim = start_teacher_sim(port=0, **dict(sim))
             teacher_cfg["base_url"] = url
-            closers.append(stop)
-        elif teacher_cfg.get("launch") is not None:  # a real llama-server for this job (docs/real_teacher.md)
+            closers.append(stop_sim)
+        elif isinstance(launch_cfg, Mapping):  # a real llama-server for this job (docs/real_teacher.md)
             from sftree.teacher.llm_server import LaunchSpec, start_llm_server
 
-            launch = LaunchSpec.from_config(teacher_cfg["launch"])
+            launch = LaunchSpec.from_config(launch_cfg)
             if launch.log_file is None:
                 launch.log_file = tree_dir / "llama-server.log"
             url, stop = start_llm_server(launch)
@@ -127,15 +150,13 @@ class EdgeContext:
         teacher = TeacherClient.from_config(teacher_cfg)
         if wait_ready:
             teacher.wait_ready()
-        agent_cfg = dict(config.get("agent", {}))
-        agent = make_agent(config, teacher=teacher, task_cfg=task_cfg, world=world)
-        quota_cfg = dict(agent_cfg.get("quota") or {})
+        agent_cfg = section(config, "agent")
+        agent = as_agent(make_agent(config, teacher=teacher, task_cfg=task_cfg, world=world))
+        quota_cfg = section(agent_cfg, "quota")
         hidden = [tree_dir, *private_home_paths()]
-        hidden += [Path(task_cfg[k]).resolve() for k in ("task_dir", "coral_task") if task_cfg.get(k)]
-        if config.get("results"):
-            hidden.append(
-                Path(config["results"]).resolve()
-            )  # relative to the job's cwd, as Snakemake runs it
+        hidden += [Path(str(task_cfg[k])).resolve() for k in ("task_dir", "coral_task") if task_cfg.get(k)]
+        if config.get("results"):  # relative to the job's cwd, as Snakemake runs it
+            hidden.append(Path(str(config["results"])).resolve())
         return cls(
             tree_dir=tree_dir,
             store=store,
@@ -148,17 +169,17 @@ class EdgeContext:
             tree_name=Path(root_dir).name,
             world=world,
             root_counters=root.counters(spec.direction),
-            mode=resolve_mode(agent_cfg.get("sandbox", "auto")),
+            mode=resolve_mode(str(agent_cfg.get("sandbox", "auto"))),
             quota=Quota.from_config(quota_cfg),
-            tmp_bytes=int(quota_cfg.get("tmp_mib", 256)) << 20,
-            tmp_inodes=int(quota_cfg.get("tmp_inodes", diskquota.TMP_INODES)),
+            tmp_bytes=_int(quota_cfg.get("tmp_mib", 256)) << 20,
+            tmp_inodes=_int(quota_cfg.get("tmp_inodes", diskquota.TMP_INODES)),
             grade_quota=diskquota.grade_quota(quota_cfg),
             hidden=hidden,
-            keep_workspaces=bool(config.get("search", {}).get("keep_workspaces", False)),
+            keep_workspaces=bool(section(config, "search").get("keep_workspaces", False)),
             _closers=closers,
         )
 
-    def counters(self, state: NodeState):
+    def counters(self, state: NodeState) -> CoralCounters | None:
         """The host's Coral counters at a node (the root's, else what its edge left)."""
         from sftree.world.counters import CoralCounters
 
@@ -170,18 +191,26 @@ class EdgeContext:
             self.store.close()
         self.store.pack_loose()
         self.agent.close()
-        getattr(self.teacher, "close", lambda: None)()  # the client's fleet watcher (behind sglang-router)
+        self.teacher.close()  # the client's fleet watcher (behind sglang-router)
         for stop in self._closers:
             stop()
         self._closers.clear()
 
 
-def root_context(store: TreeStore, state: NodeState, root_dir: Path):
+def _int(value: object) -> int:
+    """A config number (the schema checked it) as an int, as `int()` reads it."""
+    if isinstance(value, int | float | str):
+        return int(value)
+    raise TypeError(f"not a number: {value!r}")
+
+
+def root_context(store: Store, state: NodeState, root_dir: Path) -> RootContext:
     """What the tree takes from its root for Coral's world (`sftree.world.root.root_context`): the agent id from
     the root's metadata (select-roots wrote it), the attempt records and heartbeat files from the store's root
     commit (read by the host without following links when the store was seeded)."""
     from sftree.world.root import root_context as from_files
 
+    meta: dict[str, object]
     try:
         meta = read_root_meta(root_dir).to_dict()
     except InputError:  # explore's preflight reports a bad metadata.json
@@ -202,7 +231,9 @@ _TURNS = 2
 LAST_TURN = "last_turn.json"  # edges/<edge>/: how the edge's last turn ended, by the host's records
 
 
-def open_world(ctx: EdgeContext, parent: NodeState, edge_id: str, uid: int | None):
+def open_world(
+    ctx: EdgeContext, parent: NodeState, edge_id: str, uid: int | None
+) -> tuple[EdgeWorkspace, CoralRuntime, CoralServer, EdgeBox]:
     """The edge's world, ready for its first turn: (workspace, coral runtime, its server (started), sandbox).
     The caller stops the server and closes the workspace."""
     from sftree.runtime.sandbox import CORAL_MOUNT
@@ -245,7 +276,7 @@ def probe_agent(ctx: EdgeContext) -> None:
     every root edge's, before any Teacher acts: OpenCode's pristine system prompt and tools (agents/chain.py).
     Nothing of it is kept: no commit, no record, its folder removed. Idempotent."""
 
-    if not getattr(ctx.agent, "needs_probe", False):
+    if not ctx.agent.needs_probe:
         return
     with ctx._probe_lock:  # once per tree, before the first edge's first turn, whoever asks first
         if not ctx._probed:
@@ -258,7 +289,8 @@ def _probe(ctx: EdgeContext) -> None:
     from sftree.runtime.sandbox import UIDS
 
     uid = UIDS.acquire() if ctx.mode == "bwrap" else None
-    ws = server = None
+    ws: EdgeWorkspace | None = None
+    server: CoralServer | None = None
     try:
         ws, runtime, server, box = open_world(ctx, ctx.root_state, PROBE, uid)
         recorder = StepRecorder(ws.paths.edge / "probe.jsonl", PROBE)
@@ -281,7 +313,7 @@ def _probe(ctx: EdgeContext) -> None:
 
 
 def first_prompt(
-    ctx: EdgeContext, messages: list[dict[str, Any]], last: dict[str, Any] | None, counters
+    ctx: EdgeContext, messages: Sequence[object], last: Mapping[str, object] | None, counters: CoralCounters
 ) -> str:
     """The prompt that opens a turn: a fresh session's start prompt; after a turn whose first eval was graded,
     Coral's manager's header and heartbeats (from the counters as they were before that eval); after a turn
@@ -291,9 +323,10 @@ def first_prompt(
     w = ctx.world
     if not messages:
         return w.start_prompt()
-    ev = (last or {}).get("eval") or {}
-    if ev.get("record") and ev.get("counters_before"):
-        return w.turn_prompt(CoralCounters.from_dict(ev["counters_before"]), ev["record"]).text
+    ev = (last or {}).get("eval")
+    record, before = (ev.get("record"), ev.get("counters_before")) if isinstance(ev, dict) else (None, None)
+    if record and before:
+        return w.turn_prompt(CoralCounters.from_dict(before), record).text
     return w.restart_prompt(counters)
 
 
@@ -302,14 +335,14 @@ class _Session:
     """What one edge's session came to: its turns, and why it stopped early (if it did)."""
 
     turns: list[TurnResult] = field(default_factory=list)
-    last: dict[str, Any] | None = (
-        None  # the host's record of the last turn (the next turn's prompt is built from it)
+    last: dict[str, object] | None = (
+        None  # the host's record of the last turn (the next turn's prompt's source)
     )
     child: NodeState | None = None
     error: str | None = None
     overflow: str | None = None  # why the session could not go on (context_overflow), if it could not
     tampered: str | None = None
-    messages: list[dict[str, Any]] = field(default_factory=list)  # the session as the agent left it
+    messages: list[dict[str, object]] = field(default_factory=list)  # the session as the agent left it
 
     def unrun_ending(self) -> TurnEnd:
         """How a turn that never ran is recorded: after a Teacher outage it is one; after a broken workspace it
@@ -344,7 +377,9 @@ def run_edge(
     edge_dir.mkdir(parents=True, exist_ok=True)
     transcript = ctx.tree_dir / edge_steps(edge_id)
     session = _Session()
-    ws = server = runtime = None
+    ws: EdgeWorkspace | None = None
+    server: CoralServer | None = None
+    runtime: CoralRuntime | None = None
     uid = UIDS.acquire() if ctx.mode == "bwrap" else None
     recorder = StepRecorder(transcript, edge_id)
     try:
@@ -395,8 +430,15 @@ def run_edge(
 
 
 def _run_turns(
-    ctx: EdgeContext, session: _Session, ws, box, runtime, recorder, headers: dict[str, Any], edge_id: str
-):
+    ctx: EdgeContext,
+    session: _Session,
+    ws: EdgeWorkspace,
+    box: EdgeBox,
+    runtime: Grader,
+    recorder: StepRecorder,
+    headers: dict[str, str],
+    edge_id: str,
+) -> None:
     """The edge's turns in one session, each ending in the host's grading; stops early when the session cannot
     go on (forged, the Teacher down, the context full)."""
     from sftree.agents.base import TurnRun
@@ -426,7 +468,8 @@ def _run_turns(
         ev = outcome.eval
         if ev is not None and ev.commit and outcome.ended != "tampered":
             # The turn's end state is what its eval graded, whatever ran after it (DESIGN.md).
-            restored = ws.restore(ev.commit, (ev.record or {}).get("shared_state_hash"))
+            state_hash = (ev.record or {}).get("shared_state_hash")
+            restored = ws.restore(ev.commit, state_hash if isinstance(state_hash, str) else None)
             if restored:
                 log.warning("edge %s turn %d: %s changed after the eval, put back", edge_id, turn,
                             " and ".join(restored))  # fmt: skip
@@ -444,7 +487,7 @@ def _run_turns(
             return  # the session is full: the next turn could not send a single request
 
 
-def _turn_result(turn: int, outcome) -> TurnResult:
+def _turn_result(turn: int, outcome: TurnOutcome) -> TurnResult:
     ev = outcome.eval
     return TurnResult(
         turn=turn,
@@ -460,7 +503,7 @@ def _turn_result(turn: int, outcome) -> TurnResult:
         feedback=ev.feedback if ev else (outcome.error or ""),
         eval_number=ev.number if ev else None,
         error=outcome.error,
-        compacted=bool(getattr(outcome, "compacted", False)),
+        compacted=bool(outcome.compacted),
     )
 
 
@@ -480,7 +523,9 @@ def _unrun_turn(turn: int, session: _Session) -> TurnResult:
     )
 
 
-def _persist_session(ctx: EdgeContext, session: _Session, ws, runtime, edge_dir: Path, edge_id: str) -> None:
+def _persist_session(
+    ctx: EdgeContext, session: _Session, ws: EdgeWorkspace, runtime: Grader, edge_dir: Path, edge_id: str
+) -> None:
     """Save the session and its last turn's record, and make the child's state; a forged session makes none."""
     if session.tampered is not None:
         session.error = f"tampered: {session.tampered}"
@@ -493,15 +538,27 @@ def _persist_session(ctx: EdgeContext, session: _Session, ws, runtime, edge_dir:
 
 def _write_diffs(ctx: EdgeContext, parent: NodeState, child: NodeState | None, edge_dir: Path) -> None:
     """The edge's code and knowledge diffs against its parent (empty for an edge that made no child)."""
-    for kind, parent_commit, child_commit in (
-        ("code", parent.code_commit, child.code_commit if child else None),
-        ("knowledge", parent.knowledge_commit, child.knowledge_commit if child else None),
-    ):
-        text = ctx.store.diff(kind, parent_commit, child_commit) if child is not None else ""
+    for kind in ("code", "knowledge"):
+        if child is None:
+            text = ""
+        elif kind == "code":
+            text = ctx.store.diff(kind, parent.code_commit, child.code_commit)
+        else:
+            text = ctx.store.diff(kind, parent.knowledge_commit, child.knowledge_commit)
         write_text_atomic(edge_dir / f"{kind}.diff", text)
 
 
-def _measure(ctx, session: _Session, edge_id, parent_score, transcript, edge_dir, recorder, runtime, t0):
+def _measure(
+    ctx: EdgeContext,
+    session: _Session,
+    edge_id: str,
+    parent_score: float | None,
+    transcript: Path,
+    edge_dir: Path,
+    recorder: StepRecorder,
+    runtime: Grader | None,
+    t0: float,
+) -> EdgeResult:
     """The edge's measurements (section 1.4's raw ingredients) from its turns."""
     turns = session.turns
     scores = [t.score for t in turns]

@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TextIO
 
 from sftree.config import load_config
 from sftree.errors import InputError
@@ -26,6 +26,7 @@ from sftree.records.tree import final_path
 from sftree.runtime import remove, tempdirs
 from sftree.search import mcts
 from sftree.search import tree as treemod
+from sftree.search.collaborators import Config, section
 from sftree.world.task import task_config
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def read_root(root_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RootInfo:
+    """What the tree takes from its root snapshot's metadata (annotated by select-roots)."""
+
+    task: str
+    task_cfg: dict[str, object]  # the task's config entry (`sftree.world.task.task_config`)
+    direction: str
+    score: float | None  # raw
+    eval_count: int | None
+
+
+def read_root(root_dir: Path, config: Config) -> RootInfo:
     """Task, direction, raw score and eval count of a root snapshot (metadata.json, annotated by select-roots)."""
     meta = read_root_meta(root_dir)
     meta_path = meta.path
@@ -76,13 +88,7 @@ def read_root(root_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
     eval_count = meta.get("eval_count")
     if eval_count is not None and not isinstance(eval_count, int):
         raise InputError(f"{meta_path}: `eval_count` must be an integer, not {eval_count!r}")
-    return {
-        "task": task,
-        "task_cfg": task_cfg,
-        "direction": direction,
-        "score": score,
-        "eval_count": eval_count,
-    }
+    return RootInfo(task, task_cfg, direction, score, eval_count)
 
 
 def _attempt_score(root_dir: Path, commit: str | None) -> float | None:
@@ -93,7 +99,8 @@ def _attempt_score(root_dir: Path, commit: str | None) -> float | None:
     for f in sorted(attempts.glob(f"{commit[:7]}*.json")) if attempts.is_dir() else []:
         rec = read_json(f, "attempt record")
         if isinstance(rec, dict) and str(rec.get("commit_hash", f.stem)).startswith(commit[:7]):
-            return rec.get("score")
+            score: float | None = rec.get("score")  # (read_root checks it is a number)
+            return score
     return None
 
 
@@ -118,20 +125,19 @@ def _resume(
         log.info("discarding half-done edge %s (from %s)", d["edge"], d["node"])
     tree.in_flight = []
     drop_unfinished(out, {e.id for e in tree.edges})
-    changed = {
-        k for k in vars(params) if k not in OPERATIONAL and getattr(params, k) != getattr(tree.params, k)
-    }
+    given, own = asdict(params), asdict(tree.params)
+    changed = {k for k in given if k not in OPERATIONAL and given[k] != own[k]}
     if changed:
         log.warning(
             "resuming with the tree's own search params; config differs in %s", ", ".join(sorted(changed))
         )
-    tree.params = replace(tree.params, **{k: getattr(params, k) for k in OPERATIONAL})
+    tree.params = replace(tree.params, **{k: given[k] for k in OPERATIONAL})
     c = tree.counters()
     log.info("resuming %s: %d edges done, %d nodes", live.dir, c["edges"], len(tree.nodes))
     return tree
 
 
-def _progress_stream(fd: int | None):
+def _progress_stream(fd: int | None) -> TextIO | None:
     """The inherited descriptor as a text stream (written through the shared descriptor, not reopened, so the
     lines land in order with the console's other writers even when the console is a file)."""
     if fd is None:
@@ -148,7 +154,8 @@ class BestSoFar:
     nodes, not the whole tree. (A tree with fewer nodes than seen, i.e. another tree, starts over.)"""
 
     def __init__(self) -> None:
-        self.seen, self.best = 0, None
+        self.seen: int = 0
+        self.best: float | None = None
 
     def update(self, tree: treemod.Tree) -> float | None:
         nodes = tree.nodes
@@ -186,61 +193,66 @@ def record_backend(previous: str | None, current: str | None) -> str | None:
 
 
 def _grow(
-    tree,
+    tree: treemod.Tree | None,
     live: treemod.LiveTree,
     root_dir: Path,
-    config: dict[str, Any],
-    info: dict[str, Any],
-    params,
-    console,
+    config: Config,
+    info: RootInfo,
+    params: treemod.SearchParams,
+    console: ConsoleLines,
 ) -> treemod.Tree:
     """Create or continue the tree with the edge runtime until a stop rule holds."""
     from sftree.runtime.workspace import NodeState
     from sftree.search.edge import EdgeContext, run_edge
+    from sftree.search.result import EdgeResult
 
-    ctx = EdgeContext.create(live.dir, root_dir, config, info["task_cfg"])
+    ctx = EdgeContext.create(live.dir, root_dir, config, info.task_cfg)
     try:
         ctx.store.cleanup_stale(keep=set())  # nothing runs yet: every worktree is a leftover
         if tree is None:
             tree = treemod.Tree.new(
-                info["task"], root_dir.name, info["direction"], params, info["score"],
-                ctx.root_state.to_dict(), info["eval_count"],
+                info.task, root_dir.name, info.direction, params, info.score, ctx.root_state.to_dict(),
+                info.eval_count,
             )  # fmt: skip
-            log.info("new tree for %s/%s (root score %s, %s)", info["task"], root_dir.name, info["score"],
-                     info["direction"])  # fmt: skip
-        tree.sandbox = getattr(ctx.agent, "sandbox", None)  # the report and dataset card show it
-        tree.backend = record_backend(tree.backend, getattr(ctx.agent, "name", None))
+            log.info("new tree for %s/%s (root score %s, %s)", info.task, root_dir.name, info.score,
+                     info.direction)  # fmt: skip
+        tree.sandbox = ctx.agent.sandbox  # the report and dataset card show it
+        tree.backend = record_backend(tree.backend, ctx.agent.name)
         tree.coral = {"mode": ctx.world.kind, **ctx.world.describe()}  # the dataset card and report show it
-        if getattr(ctx.agent, "student_model", None):  # OpenCode's prompt and tools were built for this id
+        if ctx.agent.student_model:  # OpenCode's prompt and tools were built for this id
             tree.coral["student_model"] = ctx.agent.student_model
         if tree.sandbox == "none":
             log.warning("agent.sandbox is none: the Teacher's commands and the graded code run unconfined")
         live.save(tree)
 
-        def run_one(d: mcts.Dispatch):
+        def run_one(d: mcts.Dispatch) -> EdgeResult:
             return run_edge(
-                ctx, NodeState.from_dict(d.parent_state), d.edge, d.parent_score,
+                ctx, NodeState.from_dict(_parent_state(d)), d.edge, d.parent_score,
                 depth=d.depth, attempt=d.attempt, eval_count=d.parent_eval_count or 0,
             )  # fmt: skip
 
         best = BestSoFar()
         teacher = ctx.teacher
-        if hasattr(teacher, "absorb"):  # a resumed tree keeps counting its Teacher incidents
-            teacher.absorb(tree.teacher)
+        teacher.absorb(tree.teacher)  # a resumed tree keeps counting its Teacher incidents
 
         def persist(t: treemod.Tree) -> None:
-            if hasattr(teacher, "report"):  # tree.json `teacher`: requests, retries, stalls, worker events
-                t.teacher = teacher.report()
+            t.teacher = teacher.report()  # tree.json `teacher`: requests, retries, stalls, worker events
             live.save(t)
             _tree_progress(console, t, best)
 
         tree = mcts.run_search(tree, run_one, persist)
-        if hasattr(teacher, "report"):
-            tree.teacher = teacher.report()
+        tree.teacher = teacher.report()
         return tree
     finally:
         live.close()
         ctx.close()  # worktrees removed unless keep_workspaces; a teacher-sim it started is stopped
+
+
+def _parent_state(d: mcts.Dispatch) -> dict[str, object]:
+    """The state of the node a dispatch expands (every node the search expands has one)."""
+    if d.parent_state is None:
+        raise TypeError(f"dispatch {d.edge}: node {d.node} has no state")
+    return d.parent_state
 
 
 def cap_width(params: treemod.SearchParams, width: int | None) -> treemod.SearchParams:
@@ -271,7 +283,7 @@ def check_out(out: Path, flag: str = "--out") -> None:
             return
 
 
-def preflight(args: argparse.Namespace) -> tuple[dict[str, Any], Path, Path, dict]:
+def preflight(args: argparse.Namespace) -> tuple[Config, Path, Path, RootInfo]:
     """Everything that can be checked before the first write: config, root, out, prompt templates, teacher-sim
     options. A bad input fails here, so it leaves no output folder behind."""
     config = load_config(args.config)
@@ -284,11 +296,12 @@ def preflight(args: argparse.Namespace) -> tuple[dict[str, Any], Path, Path, dic
     check_files(root_dir, "--root")
     from sftree.agents.prompts import NAMES, load_template
 
-    overrides = config.get("agent", {}).get("prompts") or {}
+    prompts = section(config, "agent").get("prompts")
+    overrides = prompts if isinstance(prompts, dict) else {}
     for name in NAMES:  # a missing template would otherwise surface inside the first edge
         load_template(name, overrides)
-    sim = config.get("teacher", {}).get("sim")
-    if sim is not None:
+    sim = section(config, "teacher").get("sim")
+    if isinstance(sim, dict):
         from sftree.teacher.sim.server import make_state
 
         make_state(**sim)  # script file, fault rates, latency tail: the same checks the server makes
@@ -297,7 +310,7 @@ def preflight(args: argparse.Namespace) -> tuple[dict[str, Any], Path, Path, dic
 
 def run(args: argparse.Namespace) -> int:
     config, root_dir, out, info = preflight(args)
-    params = treemod.SearchParams.from_config(config["search"])
+    params = treemod.SearchParams.from_config(section(config, "search"))
     live, final = treemod.LiveTree(out), final_path(out)
     stream = _progress_stream(getattr(args, "progress_fd", None))  # a bad fd fails before anything is made
     console = ConsoleLines(stream)
@@ -336,10 +349,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _explore(
-    out: Path, root_dir: Path, config: dict[str, Any], info: dict[str, Any], params, console: ConsoleLines
+    out: Path,
+    root_dir: Path,
+    config: Config,
+    info: RootInfo,
+    params: treemod.SearchParams,
+    console: ConsoleLines,
 ) -> int:
     live, final = treemod.LiveTree(out), final_path(out)
-    tree = _resume(live, out, root_dir.name, info["task"], params) if live.exists() else None
+    tree = _resume(live, out, root_dir.name, info.task, params) if live.exists() else None
     if tree is None:
         final.unlink(missing_ok=True)
         for name in RUN_DIRS:  # leftovers of an earlier exploration of this root

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -29,7 +29,7 @@ from sftree.records.scores import best_of
 from sftree.records.tree import PruneReason, StopReason
 from sftree.search import scoring
 from sftree.search.result import EdgeResult
-from sftree.search.tree import Edge, Node, Tree, is_good_leaf, now_iso
+from sftree.search.tree import Doc, Edge, Node, Select, Tree, is_good_leaf, now_iso
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class Expansion:
         int  # root: 1 = first try of the direction, 2 = its fallback; else the n-th expansion of the node
     )
     exempt: bool  # kept even when it fails the hard-prune test (layer-1 fallback, depth-2 edges)
-    select: dict[str, Any]  # the Select breakdown: node, score_rank, best_rank, process, Q, T, select
+    select: Select  # the Select breakdown: node, score_rank, best_rank, process, Q, T, select
 
 
 @dataclass(frozen=True)
@@ -58,27 +58,28 @@ class Dispatch:
     slot: int | None
     attempt: int
     exempt: bool
-    select: dict[str, Any]
+    select: Select
     parent_score: float | None
-    parent_state: dict[str, Any] | None
+    parent_state: Doc | None
     parent_eval_count: int | None
     started_at: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Doc:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Dispatch:
-        return cls(**d)
+    def from_dict(cls, d: Mapping[str, object]) -> Dispatch:
+        fields_: dict[str, Any] = dict(d)  # a dispatch `to_dict` wrote (tree.json `in_flight`)
+        return cls(**fields_)
 
 
 # --- capacity: what a node may still take -------------------------------------------------------------
 
 
-def _in_flight_by_node(tree: Tree) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
+def _in_flight_by_node(tree: Tree) -> dict[str, list[Doc]]:
+    out: dict[str, list[Doc]] = {}
     for d in tree.in_flight:
-        out.setdefault(d["node"], []).append(d)
+        out.setdefault(str(d["node"]), []).append(d)
     return out
 
 
@@ -92,7 +93,7 @@ def _root_tries(tree: Tree) -> dict[int, list[Edge]]:
     return out
 
 
-def _root_open_slots(tree: Tree, running: list[dict[str, Any]]) -> list[tuple[int, int]]:
+def _root_open_slots(tree: Tree, running: list[Doc]) -> list[tuple[int, int]]:
     """(slot, next attempt) of every root direction that has no child yet, nothing running, and a try left.
 
     First tries come before fallbacks (each in slot order): the root's directions start together (1.10 step 2),
@@ -135,7 +136,7 @@ def can_grow(tree: Tree, node: Node) -> bool:
     return node.valid_children < p.max_children and node.failed_expansions < p.max_failed_expansions
 
 
-def capacity(tree: Tree, node: Node, running: list[dict[str, Any]]) -> int:
+def capacity(tree: Tree, node: Node, running: list[Doc]) -> int:
     """How many more expansions `node` may take now, in-flight ones counted against its child limit."""
     if node.status != "active" or not can_grow(tree, node):
         return 0
@@ -155,14 +156,16 @@ def capacity(tree: Tree, node: Node, running: list[dict[str, Any]]) -> int:
 # --- the policy ---------------------------------------------------------------------------------------
 
 
-def select_breakdowns(tree: Tree, candidates: list[Node]) -> dict[str, dict]:
+def select_breakdowns(tree: Tree, candidates: list[Node]) -> dict[str, Select]:
     """Select = Q + alpha*T for each candidate, with its parts (1.3)."""
     d = tree.direction
     # Rank tables sorted once per call (O(n log n)), not a scan of every node per candidate (O(n^2)).
     score_rank = scoring.score_ranks([n.score for n in tree.nodes], d)
     best_rank = scoring.score_ranks([n.path_best_score for n in tree.nodes], d)
     token_reward = scoring.token_rewards([n.max_token_total for n in candidates])
-    out = {}  # full floats (rounded only in the log line), so near-ties are ordered by their exact values
+    out: dict[
+        str, Select
+    ] = {}  # full floats (rounded only in the log line): near-ties keep their exact order
     for n in candidates:
         sr = score_rank(n.score)
         br = best_rank(n.path_best_score)
@@ -185,7 +188,7 @@ def select_breakdowns(tree: Tree, candidates: list[Node]) -> dict[str, dict]:
 TIE_DECIMALS = 12
 
 
-def select_order(candidates: list[Node], sel: dict[str, dict]) -> list[Node]:
+def select_order(candidates: list[Node], sel: dict[str, Select]) -> list[Node]:
     """Candidates by Select, highest first; ties (equal to TIE_DECIMALS) go to the older node (creation order,
     i.e. the order of `candidates`, which is `tree.nodes` order), so a run is reproducible."""
     keyed = [(-round(sel[n.id]["select"], TIE_DECIMALS), i, n) for i, n in enumerate(candidates)]
@@ -427,7 +430,7 @@ def run_search(tree: Tree, run_edge: RunEdge, persist: Callable[[Tree], None]) -
     stats = LoopStats(time.monotonic())
     stop = stop_reason(tree)
     fatal: BaseException | None = None
-    running: dict[Future[Any], Dispatch] = {}
+    running: dict[Future[EdgeResult], Dispatch] = {}
     with ThreadPoolExecutor(max_workers=width, thread_name_prefix="edge") as pool:
         while True:
             may_refill = p.schedule == "async" or not running

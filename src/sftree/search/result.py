@@ -6,7 +6,7 @@ ask/tell). Field names match tree.json's edge entries and their `turns`.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sftree.records.tree import TurnEnd
 
@@ -35,7 +35,7 @@ class TurnResult:
         False  # the session was compacted during the turn (the path's real context was replaced)
     )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -68,7 +68,7 @@ class EdgeResult:
         None  # a request broke the session's chain (agents/chain.py): no child, never trained
     )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["child_state"] = self.child_state.to_dict() if self.child_state else None
         return d

@@ -10,7 +10,6 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from sftree.records.scores import better, oriented, percentile_rank
 
@@ -127,7 +126,7 @@ class SoftBreakdown:
     regression_stability: float
     soft: float
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, float]:
         return asdict(self)
 
 

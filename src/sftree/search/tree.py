@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 from sftree.errors import InputError
 from sftree.records.tree import (
@@ -30,6 +31,22 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
+# A JSON object of the tree that the search passes on without reading it (a node's state, a turn, a dispatch).
+Doc = dict[str, object]
+
+
+class Select(TypedDict):
+    """Select = Q + alpha*T for one candidate, with its parts (search/mcts.py `select_breakdowns`, section 1.3)."""
+
+    node: str
+    score_rank: float
+    best_rank: float
+    process: float
+    Q: float
+    T: float
+    select: float
+
+
 @dataclass
 class SearchParams:
     """The `search:` section of config.yaml (defaults are the seed's v0 values)."""
@@ -49,16 +66,18 @@ class SearchParams:
     keep_workspaces: bool = False
 
     @classmethod
-    def from_config(cls, search_cfg: dict[str, Any]) -> SearchParams:
+    def from_config(cls, search_cfg: Mapping[str, object] | None) -> SearchParams:
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in (search_cfg or {}).items() if k in names})
+        # (the config schema and tree.schema.json checked the values' types)
+        given: dict[str, Any] = {k: v for k, v in (search_cfg or {}).items() if k in names}
+        return cls(**given)
 
 
 class _Tracked:
     """Notes any field assignment, so the live tree appends only what changed (LiveTree.save) without comparing
     every node and edge. Fields are reassigned, never mutated in place (search/mcts.py)."""
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)
         if name != "_saved":
             object.__setattr__(self, "_saved", False)
@@ -78,7 +97,7 @@ class Node(_Tracked):
     status: NodeStatus = "active"
     leaf_reason: LeafReason | None = None
     path_valid: bool = True  # no failed (exempt-kept) edge on root..this node
-    state: dict[str, Any] | None = None  # NodeState as a dict: code_commit, knowledge_commit, session
+    state: Doc | None = None  # NodeState as a dict: code_commit, knowledge_commit, session
     eval_count: int | None = None
 
 
@@ -90,13 +109,13 @@ class Edge(_Tracked):
     attempt: int
     slot: int | None
     exempt: bool
-    select: dict[str, Any]
+    select: Select
     child: str | None = None
     pruned: bool = False
     prune_reason: PruneReason | None = None
     failed: bool = False  # failed the hard-prune test (kept anyway when exempt)
     fail_reason: PruneReason | None = None
-    turns: list[dict[str, Any]] = field(default_factory=list)
+    turns: list[Doc] = field(default_factory=list)  # search/result.py `TurnResult.to_dict`
     score: float | None = None
     steps: int = 0
     tool_calls: int = 0
@@ -130,18 +149,16 @@ class Tree:
     status: TreeStatus = "running"
     stop_reason: StopReason | None = None
     next_edge: int = 1  # edge ids are never reused, so a resumed run leaves a gap for a discarded edge
-    in_flight: list[dict[str, Any]] = field(
+    in_flight: list[Doc] = field(
         default_factory=list
-    )  # dispatches started but not finished (persisted)
+    )  # dispatches started, not finished (`Dispatch.to_dict`)
     created_at: str = field(default_factory=now_iso)
     updated_at: str | None = None
     version: int = VERSION
     sandbox: str | None = None  # how the agent and graded code were confined: bwrap | none (docs/security.md)
-    teacher: dict[str, Any] | None = (
-        None  # the Teacher client's counters and incidents (TeacherClient.report)
-    )
+    teacher: Mapping[str, object] | None = None  # the Teacher client's counters and incidents (its `report`)
     backend: str | None = None  # the agent backend that made the edges: native | opencode | mixed (resumed)
-    coral: dict[str, Any] | None = (
+    coral: Doc | None = (
         None  # the Teacher's world: {"mode": coral | stand-in, ...} (sftree.world.World.describe)
     )
     _index: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
@@ -150,7 +167,16 @@ class Tree:
     # --- construction and lookup -------------------------------------------------------------------
 
     @classmethod
-    def new(cls, task, root, direction, params, root_score, root_state=None, eval_count=None) -> Tree:
+    def new(
+        cls,
+        task: str,
+        root: str,
+        direction: str,
+        params: SearchParams,
+        root_score: float | None,
+        root_state: Doc | None = None,
+        eval_count: int | None = None,
+    ) -> Tree:
         tree = cls(task=task, root=root, direction=direction, params=params)
         tree.add_node(
             Node(
@@ -226,7 +252,7 @@ class Tree:
 
     # --- serialization -----------------------------------------------------------------------------
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Doc:
         return {
             "version": self.version,
             "task": self.task,
@@ -249,8 +275,9 @@ class Tree:
         }
 
     @classmethod
-    def from_dict(cls, obj: dict[str, Any], source: str = "tree") -> Tree:
-        validate_tree(obj, source)
+    def from_dict(cls, doc: Mapping[str, object], source: str = "tree") -> Tree:
+        validate_tree(doc, source)
+        obj: dict[str, Any] = dict(doc)  # checked against tree.schema.json: the values have the fields' types
         tree = cls(
             task=obj["task"],
             root=obj["root"],
@@ -301,8 +328,8 @@ SNAPSHOT_MIN = 64  # log lines before a snapshot is due (at least; see LiveTree)
 _HEADER = ("status", "stop_reason", "next_edge", "in_flight", "updated_at", "teacher")
 
 
-def _changed(items: list[Any]) -> list[Any]:
-    out = []
+def _changed(items: Sequence[Node] | Sequence[Edge]) -> list[Doc]:
+    out: list[Doc] = []
     for obj in items:
         if not obj.__dict__.get("_saved"):
             object.__setattr__(obj, "_saved", True)
@@ -322,7 +349,7 @@ class LiveTree:
     save that never happened and is skipped; a bad line elsewhere is an InputError naming file and line.
     """
 
-    def __init__(self, out_dir: str | Path, snapshot_min: int = SNAPSHOT_MIN):
+    def __init__(self, out_dir: str | Path, snapshot_min: int = SNAPSHOT_MIN) -> None:
         self.files = LiveFiles(out_dir)
         self.dir, self.snapshot_path, self.log_path = (
             self.files.dir,
@@ -341,9 +368,15 @@ class LiveTree:
         if not self.files.log_open or self._lines >= max(self.snapshot_min, len(tree.edges)):
             self.snapshot(tree)
             return
-        entry: dict[str, Any] = {"gen": self._gen, "tree": {k: getattr(tree, k) for k in _HEADER}}
-        entry["tree"]["params"] = asdict(tree.params)
-        entry["nodes"], entry["edges"] = _changed(tree.nodes), _changed(tree.edges)
+        head: Doc = {"status": tree.status, "stop_reason": tree.stop_reason, "next_edge": tree.next_edge,
+                     "in_flight": tree.in_flight, "updated_at": tree.updated_at, "teacher": tree.teacher,
+                     "params": asdict(tree.params)}  # fmt: skip
+        entry: Doc = {
+            "gen": self._gen,
+            "tree": head,
+            "nodes": _changed(tree.nodes),
+            "edges": _changed(tree.edges),
+        }
         self.files.append(entry)
         self._lines += 1
 
@@ -380,22 +413,29 @@ class LiveTree:
         self.files.remove()
 
 
-def _apply(tree: Tree, entry: dict[str, Any]) -> None:
+def _apply(tree: Tree, line: Mapping[str, object]) -> None:
+    entry: dict[str, Any] = dict(line)  # a line LiveTree.save wrote; one that is not raises (load names it)
     head = entry["tree"]
     for k in _HEADER:
         if k in head or k != "teacher":  # lines written before `teacher` existed lack it
             setattr(tree, k, head[k])
     tree.params = SearchParams.from_config(head["params"])
-    for kind, cls, index, add in (
-        ("nodes", Node, tree._index, tree.add_node),
-        ("edges", Edge, tree._edge_index, tree.add_edge),
-    ):
-        names = {f.name for f in fields(cls)}
-        for d in entry[kind]:
-            d = {k: v for k, v in d.items() if k in names}
-            old = index.get(d["id"])
-            if old is None:
-                add(cls(**d))
-            else:
-                for k, v in d.items():
-                    setattr(old, k, v)
+    _upsert(entry["nodes"], Node, tree._index, tree.add_node)
+    _upsert(entry["edges"], Edge, tree._edge_index, tree.add_edge)
+
+
+_Item = TypeVar("_Item", Node, Edge)
+
+
+def _upsert(rows: Sequence[Mapping[str, object]], cls: type[_Item], index: dict[str, _Item],
+            add: Callable[[_Item], _Item]) -> None:  # fmt: skip
+    """Replay one log line's nodes or edges: a new one is added, a known one takes the line's fields."""
+    names = {f.name for f in fields(cls)}
+    for row in rows:
+        d: dict[str, Any] = {k: v for k, v in row.items() if k in names}  # (the whole tree is checked after)
+        old = index.get(d["id"])
+        if old is None:
+            add(cls(**d))
+        else:
+            for k, v in d.items():
+                setattr(old, k, v)

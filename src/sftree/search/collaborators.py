@@ -1,0 +1,167 @@
+"""What the search needs of the things it is handed (TreeQuest-style: the consumer states the interface): the agent
+backend that runs a turn, the Teacher's client, Coral's world, the grader of an edge, the store of the tree's
+commits. `search/edge.py` and `search/explore.py` call these members and nothing else; the concrete classes
+(agents/, teacher/client.py, world/, runtime/store.py) match them structurally, checked by mypy where
+`EdgeContext.create` builds them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol, cast
+
+from sftree.records.tree import TurnEnd
+
+if TYPE_CHECKING:
+    from sftree.agents.base import AgentBackend, TurnRun
+    from sftree.runtime.folderreader import Quota
+    from sftree.runtime.objects import ObjectDB
+    from sftree.runtime.workspace import EdgeWorkspace, NodeState
+    from sftree.teacher.client import TeacherReport
+    from sftree.world.counters import CoralCounters
+
+# The validated config and its sections (workflow/schemas/config.schema.yaml checked each value's type).
+Config = dict[str, object]
+
+
+def section(config: Config, key: str) -> dict[str, object]:
+    """`config[key]` as a mapping of its own (absent or null: empty)."""
+    value = config.get(key)
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+class Eval(Protocol):
+    """A turn's first `coral eval` as the host recorded it (world/coral_command.py `EvalResult`)."""
+
+    @property
+    def number(self) -> int | None: ...  # Coral's #N (None: nothing was evaluated)
+    @property
+    def commit(self) -> str | None: ...
+    @property
+    def score(self) -> float | None: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def feedback(self) -> str: ...
+    @property
+    def record(self) -> Mapping[str, object] | None: ...  # the attempt record of a graded eval
+
+
+class TurnOutcome(Protocol):
+    """How a turn went, as a backend reports it (agents/base.py `TurnOutcome`)."""
+
+    @property
+    def ended(self) -> TurnEnd: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def tool_calls(self) -> int: ...
+    @property
+    def tool_errors(self) -> int: ...
+    @property
+    def knowledge(self) -> bool: ...
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def eval(self) -> Eval | None: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def compacted(self) -> bool: ...  # the backend compacted the session during the turn (OpenCode)
+
+
+class Agent(Protocol):
+    """An agent backend as the search runs it (agents/base.py `AgentBackend`, config `agent.backend`)."""
+
+    @property
+    def name(self) -> str: ...  # native | opencode: tree.json `backend`
+    @property
+    def sandbox(self) -> str: ...  # how its commands and the graded code are confined: bwrap | none
+    @property
+    def student_model(self) -> str | None: ...  # the model id its prompt and tools were built for (OpenCode)
+    @property
+    def needs_probe(self) -> bool: ...  # `prepare` wants a fresh session at the root before any edge
+
+    def prepare(self, run: TurnRun) -> None: ...
+    def run_turn(self, run: TurnRun) -> TurnOutcome: ...
+    def end_edge(self, edge_id: str) -> None: ...
+    def close(self) -> None: ...
+
+
+def as_agent(backend: AgentBackend) -> Agent:
+    """The configured backend as the search's `Agent`.
+
+    Transitional: agents/base.py's `AgentBackend` does not declare `sandbox` (both backends set it) and
+    `student_model` (only OpenCode has one) yet. Until it does (`sandbox: str`; `student_model: str | None =
+    None`), a backend without a `student_model` is given None here, the one place the search fills in a member;
+    then this function is `return backend`."""
+    if "student_model" not in dir(backend):
+        backend.student_model = None  # type: ignore[attr-defined]
+    return cast("Agent", backend)
+
+
+class Teacher(Protocol):
+    """The Teacher's client as the search keeps its record (teacher/client.py `TeacherClient`)."""
+
+    def absorb(self, previous: Mapping[str, object] | None) -> None: ...  # a resumed tree's earlier counts
+    def report(self) -> TeacherReport: ...  # tree.json `teacher`
+    def close(self) -> None: ...
+
+
+class TurnPrompt(Protocol):
+    @property
+    def text(self) -> str: ...
+
+
+class World(Protocol):
+    """Coral's texts, CLI and layout for the Teacher's sessions (world/world.py `World`)."""
+
+    @property
+    def agent_id(self) -> str: ...  # the Student's agent the root snapshot belongs to
+    @property
+    def run_dir(self) -> str: ...  # where the sandbox shows the edge's Coral run directory
+    @property
+    def kind(self) -> str: ...  # coral | stand-in
+
+    def describe(self) -> Mapping[str, object]: ...
+    def instructions(self) -> str: ...
+    def config_yaml(self) -> str: ...
+    def start_prompt(self) -> str: ...
+    def turn_prompt(self, counters: CoralCounters, record: dict[str, object]) -> TurnPrompt: ...
+    def restart_prompt(self, counters: CoralCounters) -> str: ...
+    def cli_command(self, argv: list[str], standin_script: str) -> list[str]: ...
+    def sandbox_roots(self) -> tuple[str, ...]: ...
+    def close(self) -> None: ...
+
+
+class Grader(Protocol):
+    """An edge's Coral runtime as the search reads it (world/coral_command.py `CoralRuntime`)."""
+
+    @property
+    def counters(self) -> CoralCounters: ...  # the host's counters, advanced by each graded eval
+    @property
+    def grader_s(self) -> float: ...  # seconds spent grading
+
+    def open_turn(self) -> None: ...
+
+
+class Store(Protocol):
+    """The tree's commits and edge folders (runtime/store.py `TreeStore`)."""
+
+    @property
+    def knowledge(self) -> ObjectDB: ...
+
+    def fork(
+        self,
+        state: NodeState,
+        edge_id: str,
+        *,
+        agent_id: str = ...,
+        inside: str | None = ...,
+        uid: int | None = ...,
+        quota: Quota | None = ...,
+    ) -> EdgeWorkspace: ...
+    def diff(self, repo: str, a: str, b: str) -> str: ...
+    def cleanup_stale(self, keep: set[str]) -> None: ...
+    def close(self) -> None: ...
+    def pack_loose(self) -> bool: ...
