@@ -25,6 +25,7 @@ from sftree.records.tree import (
     validate_tree,
     write_tree,
 )
+from sftree.settings import SearchSettings
 
 
 def now_iso() -> str:
@@ -71,6 +72,11 @@ class SearchParams:
         # (the config schema and tree.schema.json checked the values' types)
         given: dict[str, Any] = {k: v for k, v in (search_cfg or {}).items() if k in names}
         return cls(**given)
+
+    @classmethod
+    def from_settings(cls, search: SearchSettings) -> SearchParams:
+        """From config `search:` (sftree.settings)."""
+        return cls(**asdict(search))
 
 
 class _Tracked:

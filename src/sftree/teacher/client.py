@@ -50,6 +50,7 @@ from datetime import UTC, datetime
 from typing import Literal, NotRequired, TypedDict, get_args
 
 from sftree.errors import TeacherUnavailable
+from sftree.settings import TeacherSettings
 from sftree.teacher.affinity import routing_headers
 from sftree.teacher.http import InFlight
 from sftree.teacher.json_types import ChatMessages, ConfigSection, ForeignJSON, JSONObject, Tools
@@ -361,25 +362,37 @@ class TeacherClient:
 
     @classmethod
     def from_config(cls, cfg: ConfigSection) -> TeacherClient:
-        """From the `teacher` section; a key it lacks takes the schema's default (transport.teacher_defaults)."""
-        cfg = {**teacher_defaults(), **cfg}
-        key_env = cfg["api_key_env"]
+        """From a `teacher` section as a dict (a tool's, a test's); a key it lacks takes the schema's default
+        (transport.teacher_defaults)."""
+        merged = {**teacher_defaults(), **cfg}
+        return cls.from_settings(TeacherSettings(**{f.name: merged[f.name] for f in fields(TeacherSettings)}))
+
+    @classmethod
+    def from_settings(cls, t: TeacherSettings) -> TeacherClient:
+        """From config `teacher:` (sftree.settings)."""
         return cls(
-            cfg["base_url"],
-            cfg["model"],
-            api_key=os.environ.get(key_env) if key_env else None,
-            temperature=cfg["temperature"],
-            max_tokens=cfg["max_tokens"],
-            health_timeout=cfg["health_timeout"],
-            max_concurrency=cfg["max_concurrency"],
-            extra_body=cfg["extra_body"],
-            context_tokens=cfg["context_tokens"],
-            tool_choice=cfg["tool_choice"],
-            constrain=cfg["constrain"] or "none",
-            seed=cfg["seed"],
-            stream=cfg["stream"],
-            fleet_poll=cfg["fleet_poll"],
-            **{f: cfg[f] for f in POLICY_KEYS},
+            t.base_url,
+            t.model,
+            api_key=os.environ.get(t.api_key_env) if t.api_key_env else None,
+            temperature=t.temperature,
+            max_tokens=t.max_tokens,
+            health_timeout=t.health_timeout,
+            max_concurrency=t.max_concurrency,
+            extra_body=t.extra_body,
+            context_tokens=t.context_tokens,
+            tool_choice=t.tool_choice,
+            constrain=t.constrain or "none",
+            seed=t.seed,
+            stream=t.stream,
+            fleet_poll=t.fleet_poll,
+            request_timeout=t.request_timeout,
+            retries=t.retries,
+            backoff_max=t.backoff_max,
+            backoff_base=t.backoff_base,
+            first_chunk_timeout=t.first_chunk_timeout,
+            stall_timeout=t.stall_timeout,
+            outage_timeout=t.outage_timeout,
+            connect_timeout=t.connect_timeout,
         )
 
     def _headers(self, extra: Mapping[str, object] | None) -> dict[str, str]:
