@@ -144,3 +144,75 @@ def test_a_bad_config_names_the_file_and_field(tmp_path):
     path.write_text("tasks: {t: {direction: maximize, grader: 'true'}}\nagent: {max_steps_per_turn: 0}\n")
     with pytest.raises(InputError, match=rf"{path}: agent\.max_steps_per_turn: 0 is less than"):
         load_settings(path)
+
+
+def _literal_defaults(tree: ast.AST):
+    """(name, default) of every parameter and class field given a literal default."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            pos = a.posonlyargs + a.args
+            yield from (
+                (p.arg, d, node.lineno)
+                for p, d in zip(pos[len(pos) - len(a.defaults) :], a.defaults, strict=True)
+            )
+            yield from (
+                (p.arg, d, node.lineno)
+                for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)
+                if d is not None
+            )
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            yield node.target.id, node.value, node.lineno
+
+
+def _schema_defaults() -> dict[str, list[object]]:
+    out: dict[str, list[object]] = {}
+
+    def walk(s: dict) -> None:
+        for k, v in (s.get("properties") or {}).items():
+            if v.get("default") is not None and not isinstance(v["default"], dict | list):
+                out.setdefault(k, []).append(v["default"])
+            walk(v)
+        for b in s.get("anyOf", []):
+            walk(b)
+
+    walk(load_schema())
+    return out
+
+
+# Parameters and fields named as a config key whose literal default is that key's schema default, left with the
+# reason: a new one fails the test below.
+SAME_VALUE_NOT_CONFIG = {
+    ("roots/select_roots.py", "mode"): "a placer's link mode, not coral.mode",
+    ("teacher/sim/policy.py", "seed"): "teacher-sim's own option, not search.seed",
+    ("teacher/sim/server.py", "seed"): "teacher-sim's own option, not search.seed",
+}
+REPEATED_TO_REMOVE = {  # defaults of runtime and stage functions called without the settings (to be removed)
+    ("runtime/folderreader.py", "files"): "Quota's defaults: stores and tools that fork with no quota",
+    ("runtime/folderreader.py", "depth"): "Quota's defaults: stores and tools that fork with no quota",
+    ("world/coral_command.py", "sandbox"): "run_grader/CoralRuntime called by tests without a sandbox",
+    ("world/grading.py", "sandbox"): "grade() called by tests without a sandbox",
+    ("dataset/select_paths.py", "top_k"): "select_paths() called by tests without top_k",
+    ("dataset/export.py", "special_text"): "the export functions' own default (the rule passes the config's)",
+}
+
+
+def test_no_parameter_or_field_repeats_a_schema_default():
+    """A parameter or field named as a config key has no literal default equal to the schema's (a False switch
+    is a flag left off, not a copy of the default)."""
+    defaults, found = _schema_defaults(), []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith(TEMPORARY_EXEMPT):
+            continue
+        for name, node, line in _literal_defaults(ast.parse(path.read_text(encoding="utf-8"))):
+            if name not in defaults or not isinstance(node, ast.Constant) or node.value is False:
+                continue
+            if (rel, name) in SAME_VALUE_NOT_CONFIG or (rel, name) in REPEATED_TO_REMOVE:
+                continue
+            if any(
+                node.value == d and isinstance(node.value, bool) == isinstance(d, bool)
+                for d in defaults[name]
+            ):
+                found.append(f"{rel}:{line}: {name}={node.value!r}")
+    assert not found, "a schema default repeated in code (take it from sftree.settings):\n" + "\n".join(found)

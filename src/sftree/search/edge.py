@@ -82,14 +82,14 @@ class EdgeContext:
     agent_cfg: dict[str, object]
     tree_name: str
     world: World  # Coral's texts, CLI and counting (the installed Coral or stand-ins)
+    mode: str  # the sandbox: bwrap | none
+    quota: Quota  # what one workspace may hold (config `agent.quota`)
+    tmp_bytes: int  # the sandbox's /tmp (`agent.quota.tmp_mib`, `tmp_inodes`)
+    tmp_inodes: int
+    grade_quota: DiskQuota  # what one grading may write
+    keep_workspaces: bool
     root_counters: CoralCounters | None = None  # Coral's counters at the root (from its attempt records)
-    mode: str = "bwrap"  # the sandbox: bwrap | none
-    quota: Quota = field(default_factory=Quota)
-    tmp_bytes: int = 256 << 20
-    tmp_inodes: int = diskquota.TMP_INODES
-    grade_quota: DiskQuota | None = None  # what one grading may write
     hidden: list[Path] = field(default_factory=list)
-    keep_workspaces: bool = False
     _closers: list[Callable[[], None]] = field(default_factory=list)
     _probe_lock: threading.Lock = field(default_factory=threading.Lock)
     _probed: bool = False
