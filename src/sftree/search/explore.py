@@ -301,9 +301,8 @@ def preflight(args: argparse.Namespace) -> tuple[Settings, Path, Path, RootInfo]
     if settings.teacher.sim is not None:
         from sftree.teacher.sim.server import make_state
 
-        make_state(
-            **settings.teacher.sim
-        )  # script file, fault rates, latency tail: the same checks the server makes
+        # script file, fault rates, latency tail: the same checks the server makes
+        make_state(**settings.teacher.sim)
     return settings, root_dir, out, info
 
 
