@@ -49,6 +49,7 @@ from sftree.runtime.workspace import NodeState  # noqa: E402
 from sftree.search import mcts  # noqa: E402
 from sftree.search import tree as treemod  # noqa: E402
 from sftree.search.edge import EdgeContext, run_edge  # noqa: E402
+from sftree.settings import settings_of  # noqa: E402
 from sftree.teacher import kvcache  # noqa: E402
 from sftree.teacher.fleet import start_fleet  # noqa: E402
 from sftree.teacher.llm_server import LaunchSpec  # noqa: E402
@@ -109,12 +110,13 @@ def tree_config(work: Path, base_url: str, args) -> dict:
 
 
 def grow(work: Path, task: str, root: Path, config: dict, t0: float, calls: list, lock) -> dict:
-    tcfg = task_config(config, task)
+    settings = settings_of(config)
+    tcfg = task_config(settings, task)
     meta = json.loads((root / "metadata.json").read_text())
     out = work / "trees" / task / root.name
-    ctx = EdgeContext.create(out, root, config, tcfg)
+    ctx = EdgeContext.create(out, root, settings, tcfg)
     record_calls(ctx.teacher, t0, calls, lock)
-    params = treemod.SearchParams.from_config(config["search"])
+    params = treemod.SearchParams.from_settings(settings.search)
     tree = treemod.Tree.new(task, root.name, tcfg["direction"], params, meta.get("score"),
                             ctx.root_state.to_dict(), meta.get("eval_count"))  # fmt: skip
 

@@ -26,18 +26,20 @@ sys.path.insert(0, str(REPO / "src"))
 from sftree.config import load_config  # noqa: E402
 from sftree.records import steplog  # noqa: E402
 from sftree.search.edge import EdgeContext, run_edge  # noqa: E402
+from sftree.settings import settings_of  # noqa: E402
 from sftree.teacher.llm_server import LaunchSpec  # noqa: E402
 from sftree.world.task import task_config  # noqa: E402
 
 
 def grow(cfg: dict, tmp: Path, per_level: int) -> list[dict]:
     """Run the tree shape; one row per edge (EdgeResult figures + the usage sums of its step records)."""
-    task = task_config(cfg, "circle_packing")
+    settings = settings_of(cfg)
+    task = task_config(settings, "circle_packing")
     root = tmp / "root"
     shutil.copytree(REPO / "examples" / "circle_packing" / "seed", root / "code")
     (root / "shared" / "notes").mkdir(parents=True)
     tree_dir = tmp / "tree"
-    ctx = EdgeContext.create(tree_dir, root, cfg, task)
+    ctx = EdgeContext.create(tree_dir, root, settings, task)
     rows = []
     try:
         plan = [(f"e{i + 1}", None) for i in range(per_level)] + [(f"e{per_level + 1}", "e1")]

@@ -53,6 +53,7 @@ from sftree.runtime.workspace import NodeState  # noqa: E402
 from sftree.search import mcts  # noqa: E402
 from sftree.search import tree as treemod  # noqa: E402
 from sftree.search.edge import EdgeContext, run_edge  # noqa: E402
+from sftree.settings import settings_of  # noqa: E402
 from sftree.teacher import kvcache  # noqa: E402
 from sftree.world.task import task_config  # noqa: E402
 
@@ -143,9 +144,10 @@ def run_tree(work: Path, width: int, schedule: str, args, seed: int) -> dict:
     }
     config = load_config(REPO / "config.yaml", overrides)
     config["tasks"] = {TASK: overrides["tasks"][TASK]}
-    tcfg = task_config(config, TASK)
-    ctx = EdgeContext.create(out, root, config, tcfg)
-    params = treemod.SearchParams.from_config(config["search"])
+    settings = settings_of(config)
+    tcfg = task_config(settings, TASK)
+    ctx = EdgeContext.create(out, root, settings, tcfg)
+    params = treemod.SearchParams.from_settings(settings.search)
     tree = treemod.Tree.new(TASK, root.name, "maximize", params, 1.30, ctx.root_state.to_dict(), 10)
     times: dict[str, tuple[float, float]] = {}
     lock = threading.Lock()

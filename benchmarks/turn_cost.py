@@ -38,6 +38,7 @@ sys.path.insert(0, str(_TREE / "tests"))
 from helpers.runtime import config, example_task, make_root  # noqa: E402
 
 from sftree.search.edge import EdgeContext, run_edge  # noqa: E402
+from sftree.settings import settings_of  # noqa: E402
 from sftree.world import coral_command as coral_runtime  # noqa: E402
 
 GRADING: list[float] = []
@@ -63,7 +64,7 @@ def one_backend(backend: str, edges: int, task: str, seed: int, tmp: Path) -> li
         agent={"backend": backend, "max_steps_per_turn": 12, "turn_timeout": 240},
     )
     ctx = EdgeContext.create(
-        tmp / backend / "tree", make_root(tmp / backend, task), cfg, example_task(cfg, task)
+        tmp / backend / "tree", make_root(tmp / backend, task), settings_of(cfg), example_task(cfg, task)
     )
     rows = []
     try:

@@ -10,6 +10,7 @@ from helpers.runtime import config, example_task, grade_dir, make_root, read_ste
 
 from sftree.records.scores import regressed_rate
 from sftree.search.edge import EdgeContext, run_edge
+from sftree.settings import settings_of
 
 FAULTS = [
     {"match": {"edge": "e3", "turn": "1"}, "fault": "no_eval"},
@@ -26,7 +27,7 @@ def cp(tmp_path_factory):
     """One circle_packing tree with a scripted teacher-sim; edges e1..e7."""
     tmp = tmp_path_factory.mktemp("edge")
     cfg = config(teacher={"sim": {"seed": 3, "script": FAULTS}})
-    ctx = EdgeContext.create(tmp / "tree", make_root(tmp), cfg, example_task(cfg))
+    ctx = EdgeContext.create(tmp / "tree", make_root(tmp), settings_of(cfg), example_task(cfg))
     yield ctx
     ctx.close()
 
@@ -152,7 +153,7 @@ def test_tsp_minimize_and_determinism(tmp_path):
     runs = []
     for name in ("a", "b"):
         ctx = EdgeContext.create(
-            tmp_path / name, make_root(tmp_path / name, "tsp"), cfg, example_task(cfg, "tsp")
+            tmp_path / name, make_root(tmp_path / name, "tsp"), settings_of(cfg), example_task(cfg, "tsp")
         )
         try:
             runs.append(run_edge(ctx, ctx.root_state, "e1", 100.0, depth=1, attempt=1, eval_count=0))
@@ -168,7 +169,7 @@ def test_tsp_minimize_and_determinism(tmp_path):
 
 def test_step_limit_fails_the_turn(tmp_path):
     cfg = config(teacher={"sim": {"seed": 0}}, agent={"max_steps_per_turn": 2})
-    ctx = EdgeContext.create(tmp_path / "t", make_root(tmp_path), cfg, example_task(cfg))
+    ctx = EdgeContext.create(tmp_path / "t", make_root(tmp_path), settings_of(cfg), example_task(cfg))
     try:
         r = run_edge(ctx, ctx.root_state, "e1", None, depth=1, attempt=1, eval_count=0)
     finally:

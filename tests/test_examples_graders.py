@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers.coral import coral_config, coral_python, grading_worlds, install_for
+from helpers.coral import coral_python, coral_settings, grading_worlds, install_for
 from helpers.examples import EXAMPLES
 
 from sftree.runtime.sandbox import bwrap_works
@@ -140,7 +140,7 @@ def test_coral_python_through_a_linked_folder_grades(tmp_path):
 
     link = tmp_path / "linked-venv"
     link.symlink_to(Path(coral_python()).parent.resolve().parent)
-    inst = locate(coral_config(python=str(link / "bin" / "python")))
+    inst = locate(coral_settings(python=str(link / "bin" / "python")))
     spec = load_coral_task(EXAMPLES / "circle_packing", "circle_packing")
     r = world_grade(
         spec, EXAMPLES / "circle_packing" / "seed", commit="e" * 40, install=inst, sandbox=SANDBOX

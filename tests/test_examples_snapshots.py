@@ -7,6 +7,8 @@ import sys
 
 from helpers.examples import EXAMPLES, SCRIPT
 
+from sftree.settings import CoralSettings, section_settings
+
 NAME = re.compile(r"^eval-(\d{6})-(agent-[1-4])-([0-9a-f]{12})$")
 ATTEMPT_KEYS = {"commit_hash", "agent_id", "title", "score", "status", "parent_hash", "timestamp", "feedback"}
 META_KEYS = {
@@ -76,7 +78,12 @@ def test_scores_come_from_the_real_grader(example_snapshots_dir):
 
     d, meta, attempt = next(s for s in load(example_snapshots_dir / "tsp")[20:] if s[2]["score"] is not None)
     spec = load_coral_task(EXAMPLES / "tsp", "tsp")
-    r = grade(spec, d / "code", commit="0" * 40, install=locate({"mode": "stand-in"}))
+    r = grade(
+        spec,
+        d / "code",
+        commit="0" * 40,
+        install=locate(section_settings(CoralSettings, {"mode": "stand-in"})),
+    )
     assert r.score == attempt["score"]
 
 

@@ -1,6 +1,7 @@
 """Trees grown by `sftree explore` against teacher-sim with scripted faults aimed at each rule of section 1."""
 
 from helpers.explore import edges_by, explore, load_final, make_root, write_config
+from helpers.mcts import search_params
 
 from sftree.records import steplog
 from sftree.search import scoring
@@ -155,7 +156,7 @@ def test_tree_killed_after_finishing_is_written_without_teacher(tmp_path):
     root = make_root(tmp_path)
     state = {"code_commit": "c0", "knowledge_commit": "k0", "session": None}
     tree = treemod.Tree.new(
-        "circle_packing", root.name, "maximize", treemod.SearchParams(max_depth=1), 1.2, state, 7
+        "circle_packing", root.name, "maximize", search_params(max_depth=1), 1.2, state, 7
     )
     mcts.run_search(tree, lambda d: result(d.edge, 1.5, 2.0, parent=1.2), lambda t: None)
     out = tmp_path / "trees" / root.name

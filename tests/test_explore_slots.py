@@ -70,11 +70,12 @@ def test_teacher_trees_and_granted_teacher_slots(tmp_path, tmp_path_factory):
 
 
 def test_width_lowers_never_raises_and_must_be_positive():
+    from helpers.mcts import search_params
+
     from sftree.errors import InputError
     from sftree.search.explore import cap_width
-    from sftree.search.tree import SearchParams
 
-    params = SearchParams(parallel_width=4)
+    params = search_params(parallel_width=4)
     assert cap_width(params, None).parallel_width == 4
     assert cap_width(params, 2).parallel_width == 2
     assert cap_width(params, 8).parallel_width == 4

@@ -23,7 +23,7 @@ def test_the_key_names_one_session():
     assert a != routing_headers({"X-Sftree-Tree": "t1", "X-Sftree-Edge": "e2"})  # another edge
     assert a != routing_headers({"X-Sftree-Tree": "t2", "X-Sftree-Edge": "e1"})  # another tree
     assert routing_headers({"X-Sftree-Tree": "t1"}) == {} and len(a[ROUTING_KEY_HEADER]) == 32
-    client = TeacherClient("http://127.0.0.1:9/v1")
+    client = TeacherClient.from_config({"base_url": "http://127.0.0.1:9/v1"})
     assert (
         client._headers({"X-Sftree-Tree": "t1", "X-Sftree-Edge": "e1"})[ROUTING_KEY_HEADER]
         == a[ROUTING_KEY_HEADER]
@@ -39,7 +39,9 @@ def _served(fleet) -> list[int]:
 @pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
 def test_smg_keeps_a_session_on_one_worker(tmp_path):
     with start_fleet(2, tmp_path / "fleet", kind="teacher-sim", policy="round_robin", router="smg") as fleet:
-        client = TeacherClient(fleet.base_url, model="teacher-sim", retries=1, fleet_poll=0)
+        client = TeacherClient.from_config(
+            {"base_url": fleet.base_url, "model": "teacher-sim", "retries": 1, "fleet_poll": 0}
+        )
         messages = [{"role": "user", "content": "Improve the solution."}]
         for edge in ("e1", "e2", "e3"):
             before = _served(fleet)

@@ -110,7 +110,7 @@ def test_a_router_answer_names_the_fleet_in_the_log(tmp_path):
     from sftree.teacher.client import TeacherClient
 
     with start_fleet(2, tmp_path / "fleet", kind="teacher-sim", router="sglang-router") as fleet:
-        c = TeacherClient(fleet.base_url, health_timeout=30, fleet_poll=0.5)
+        c = TeacherClient.from_config({"base_url": fleet.base_url, "health_timeout": 30, "fleet_poll": 0.5})
         logger = logging.getLogger("sftree.teacher.client")
         seen = []
         handler = logging.Handler()

@@ -79,7 +79,7 @@ def test_teacher_sbatch_serves_two_workers_behind_the_router_and_stops_on_sigter
             time.sleep(0.3)
         overlay = yaml.safe_load(url_file.read_text())
         assert overlay == {"teacher": {"base_url": f"http://127.0.0.1:{rport}/v1", "model": "teacher"}}
-        c = TeacherClient(overlay["teacher"]["base_url"], overlay["teacher"]["model"], health_timeout=30)
+        c = TeacherClient.from_config({**overlay["teacher"], "health_timeout": 30})
         c.wait_ready()
         try:
             assert c.fleet is not None and sorted(c.fleet.view) == [

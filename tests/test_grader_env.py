@@ -16,6 +16,7 @@ from helpers.coral import coral_python, grading_worlds, install_for
 
 from sftree.errors import InputError
 from sftree.runtime.sandbox import bwrap_works
+from sftree.settings import CoralSettings, section_settings
 from sftree.world import grader_env
 from sftree.world.grading import grade
 from sftree.world.task import load_coral_task
@@ -245,7 +246,7 @@ def test_a_non_editable_coral_is_told_the_cause_and_the_fix(tmp_path, monkeypatc
     subprocess.run([real.python, "-m", "venv", "--without-pip", str(venv)], check=True)
     vsite = next(venv.glob("lib/python*/site-packages"))
     (vsite / "plain_coral.pth").write_text(f"{site}\n{deps}\n")  # the copy first, then Coral's dependencies
-    plain = locate({"mode": "coral", "python": str(venv / "bin" / "python")})
+    plain = locate(section_settings(CoralSettings, {"mode": "coral", "python": str(venv / "bin" / "python")}))
     assert Path(plain.package) == site / "coral"
     spec = spec_for(make_task(tmp_path), tmp_path / "cache")
     with pytest.raises(InputError) as err:

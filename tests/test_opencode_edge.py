@@ -17,6 +17,7 @@ from helpers.runtime import config, example_task, make_root, opencode_binary, re
 
 from sftree.records import steplog
 from sftree.search.edge import EdgeContext, run_edge
+from sftree.settings import settings_of
 
 OPENCODE, WHY = opencode_binary()
 
@@ -42,7 +43,7 @@ def tree(tmp_path_factory):
         teacher={"sim": {"seed": 1, "script": FAULTS}},
         agent={"backend": "opencode", "max_steps_per_turn": 12, "turn_timeout": 240},
     )
-    ctx = EdgeContext.create(tmp / "tree", make_root(tmp), cfg, example_task(cfg))
+    ctx = EdgeContext.create(tmp / "tree", make_root(tmp), settings_of(cfg), example_task(cfg))
     with ThreadPoolExecutor(2) as pool:
         firsts = [
             pool.submit(run_edge, ctx, ctx.root_state, e, 1.0, depth=1, attempt=1, eval_count=5)
@@ -134,7 +135,7 @@ def test_a_driver_killed_in_the_last_turn_still_leaves_its_session_to_the_forks(
         teacher={"sim": {"seed": 2}},
         agent={"backend": "opencode", "max_steps_per_turn": 12, "turn_timeout": 240},
     )
-    ctx = EdgeContext.create(tmp_path / "tree", make_root(tmp_path), cfg, example_task(cfg))
+    ctx = EdgeContext.create(tmp_path / "tree", make_root(tmp_path), settings_of(cfg), example_task(cfg))
     real = OpenCodeAgent._one_run
 
     def then_killed(self, run, st, *a):
@@ -166,7 +167,7 @@ def test_a_run_that_sends_too_many_events_ends_as_an_edge_error(tmp_path, monkey
         teacher={"sim": {"seed": 2}},
         agent={"backend": "opencode", "max_steps_per_turn": 12, "turn_timeout": 240},
     )
-    ctx = EdgeContext.create(tmp_path / "tree", make_root(tmp_path), cfg, example_task(cfg))
+    ctx = EdgeContext.create(tmp_path / "tree", make_root(tmp_path), settings_of(cfg), example_task(cfg))
     try:
         e1 = run_edge(ctx, ctx.root_state, "e1", 1.0, depth=1, attempt=1, eval_count=5)
         assert not e1.valid and [t.ended for t in e1.turns] == ["edge_error", "edge_error"], e1.to_dict()
@@ -380,7 +381,7 @@ def test_compaction_when_allowed_is_detected_and_marked(tmp_path):
             "opencode": {"disable_autocompact": False, "context_limit": 10000},
         },
     )
-    ctx = EdgeContext.create(tmp_path / "tree", make_root(tmp_path), cfg, example_task(cfg))
+    ctx = EdgeContext.create(tmp_path / "tree", make_root(tmp_path), settings_of(cfg), example_task(cfg))
     uid = UIDS.acquire() if ctx.mode == "bwrap" else None
     ws, runtime, server, box = open_world(ctx, ctx.root_state, "c1", uid)
     text = ctx.world.instructions()
@@ -422,7 +423,7 @@ def test_real_server_reply_shapes_through_opencode(tmp_path):
         teacher={"sim": {"seed": 1, "script": SHAPE_FAULTS}},
         agent={"backend": "opencode", "max_steps_per_turn": 12, "turn_timeout": 240},
     )
-    ctx = EdgeContext.create(tmp_path / "tree", make_root(tmp_path), cfg, example_task(cfg))
+    ctx = EdgeContext.create(tmp_path / "tree", make_root(tmp_path), settings_of(cfg), example_task(cfg))
     try:
         r = run_edge(ctx, ctx.root_state, "s1", 1.0, depth=1, attempt=1, eval_count=5)
         recs = read_steps(ctx.tree_dir, "s1")  # written and read back as UTF-8

@@ -55,7 +55,7 @@ def full_tree(tree: dict) -> dict:
     """`make_tree`'s tree with every field tree.schema.json requires (select-paths validates it first)."""
     from dataclasses import asdict
 
-    from sftree.search.tree import SearchParams
+    from helpers.mcts import search_params
 
     node = {"path_best_score": None, "max_token_total": 0, "valid_children": 0, "failed_expansions": 0,
             "status": "expanded", "path_valid": True, "state": None}  # fmt: skip
@@ -67,7 +67,7 @@ def full_tree(tree: dict) -> dict:
     depth = {n["id"]: n["depth"] for n in tree["nodes"]}
     return dict(
         tree,
-        params=asdict(SearchParams()),
+        params=asdict(search_params()),
         status="finished",
         stop_reason="frontier_empty",
         counters={"edges": 0, "valid_edges": 0, "pruned_edges": 0, "failed_edges": 0, "good_leaves": 0},

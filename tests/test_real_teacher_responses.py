@@ -62,7 +62,10 @@ def chat(replay, name: str, tool_choice: str = "auto", constrain: str = "none"):
     set_reply, url, bodies = replay
     doc = load(name)
     set_reply(doc["response"])
-    c = TeacherClient(url, "m", retries=0, health_timeout=2, tool_choice=tool_choice, constrain=constrain)
+    c = TeacherClient.from_config(
+        {"base_url": url, "model": "m", "retries": 0, "health_timeout": 2, "tool_choice": tool_choice,
+         "constrain": constrain}
+    )  # fmt: skip
     comp = c.chat(doc["request"]["messages"], TOOL_SCHEMAS)
     return doc, comp, assistant_message(comp.message), bodies[-1]
 

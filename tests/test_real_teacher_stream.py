@@ -46,7 +46,10 @@ def test_a_streamed_real_reply_is_the_non_streamed_reply(tmp_path, case):
     try:
         opts = {"max_tokens": 96, "temperature": 0.7, "seed": 3, "health_timeout": 60, "request_timeout": 600,
                 "first_chunk_timeout": 600, **teacher}  # fmt: skip
-        plain, streamed = TeacherClient(url, stream=False, **opts), TeacherClient(url, stream=True, **opts)
+        plain, streamed = (
+            TeacherClient.from_config({"base_url": url, "stream": False, **opts}),
+            TeacherClient.from_config({"base_url": url, "stream": True, **opts}),
+        )
         headers = {"X-Sftree-Edge": "e1", "X-Sftree-Turn": "1"}
         cold = plain.chat([SYSTEM, TASK], TOOL_SCHEMAS, headers=headers)
         warm = plain.chat([SYSTEM, TASK], TOOL_SCHEMAS, headers=headers)

@@ -4,6 +4,7 @@ a bad file is an InputError naming the file and the field (or line) that is wron
 import json
 
 import pytest
+from helpers.mcts import search_params
 
 from sftree.errors import InputError
 from sftree.records import paths as paths_rec
@@ -79,7 +80,7 @@ def test_bad_root_links_name_the_file_and_field(tmp_path, links, field):
 
 
 def _tree_doc() -> dict:
-    t = treemod.Tree.new("t", "eval-000001-agent-1-abc", "minimize", treemod.SearchParams(), 1.5,
+    t = treemod.Tree.new("t", "eval-000001-agent-1-abc", "minimize", search_params(), 1.5,
                          {"code_commit": "c0", "knowledge_commit": "k0", "session": None}, 10)  # fmt: skip
     return t.to_dict()
 

@@ -18,7 +18,7 @@ FLOORS = [
     {"world"},
     {"runtime"},
     {"records"},
-    {"errors", "fileio", "config", "svg", "safeparse", "display", "progress", "httpserver"},
+    {"errors", "fileio", "config", "settings", "svg", "safeparse", "display", "progress", "httpserver"},
 ]
 STAGES = FLOORS[1]
 FLOOR = {pkg: i for i, floor in enumerate(FLOORS) for pkg in floor}

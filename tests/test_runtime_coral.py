@@ -15,10 +15,13 @@ import pytest
 from helpers.runtime import TOY_GRADER, make_task
 
 from sftree.agents.nativetools import ToolContext, execute
+from sftree.runtime.diskquota import grade_quota
+from sftree.runtime.folderreader import Quota
 from sftree.runtime.objects import git_env
 from sftree.runtime.sandbox import UIDS, bwrap_works
 from sftree.runtime.store import TreeStore
 from sftree.search.edge import EdgeContext, open_world, root_context
+from sftree.settings import AgentSettings, section_settings
 from sftree.world import coral_command as coralmod
 from sftree.world.coral_command import parse_grader_output
 from sftree.world.task import load_task
@@ -43,8 +46,11 @@ def setup(tmp_path, grader=TOY_GRADER, attempts=(), *, sandbox="none", **task_kw
     world = World(
         spec, agent_id=rc.agent_id, agents=rc.agents, install=None, run_dir="/workspace/results/toy"
     )
+    q = section_settings(AgentSettings, {}).quota  # the schema's agent.quota
     ctx = EdgeContext(tmp_path / "tree", store, state, None, None, task, spec.direction, {}, "root", world=world,
-                      root_counters=rc.counters(spec.direction), mode=sandbox, hidden=[tmp_path / "tree"])  # fmt: skip
+                      mode=sandbox, quota=Quota.from_settings(q), tmp_bytes=q.tmp_mib << 20,
+                      tmp_inodes=q.tmp_inodes, grade_quota=grade_quota(q), keep_workspaces=False,
+                      root_counters=rc.counters(spec.direction), hidden=[tmp_path / "tree"])  # fmt: skip
     uid = UIDS.acquire() if sandbox == "bwrap" else None
     ws, runtime, server, box = open_world(ctx, state, "e1", uid)
     return ws, server, box

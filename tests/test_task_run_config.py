@@ -13,6 +13,7 @@ import yaml
 from helpers.coral import coral_python
 
 from sftree.errors import InputError
+from sftree.settings import settings_of
 from sftree.world import run_config
 from sftree.world.task import load_task, task_config
 
@@ -64,8 +65,8 @@ def test_the_runs_configuration_wins_and_each_difference_is_reported(tmp_path, c
     assert "timeout: 600" in text and "max_pending_per_agent" in text or not coral_python()
     config = {"tasks": {"circles": {"coral_task": str(task), "coral_run": str(run)}}}
     with caplog.at_level(logging.WARNING, logger="sftree.world.run_config"):
-        spec = load_task(task_config(config, "circles"), "circles")
-        load_task(task_config(config, "circles"), "circles")
+        spec = load_task(task_config(settings_of(config), "circles"), "circles")
+        load_task(task_config(settings_of(config), "circles"), "circles")
     assert (spec.timeout, spec.direction, spec.tips) == (600.0, "minimize", "use numpy")
     assert spec.args == {"program_file": "p.py"} and spec.title == "circles"  # the same: task.yaml's
     assert spec.coral["grader"]["timeout"] == 600  # Coral's own config for the Teacher's world too
@@ -76,16 +77,18 @@ def test_the_runs_configuration_wins_and_each_difference_is_reported(tmp_path, c
     )
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "a preset or overrides" in warnings[0] and "grader.timeout" in warnings[0]
-    assert task_config(config, "circles")["direction"] == "minimize"  # the workflow grades the run's way
+    assert (
+        task_config(settings_of(config), "circles")["direction"] == "minimize"
+    )  # the workflow grades the run's way
 
 
 def test_a_run_that_ran_the_task_as_it_is_changes_nothing(tmp_path):
     task = task_folder(tmp_path)
     run = expanded(tmp_path, task, [])
     spec = load_task(
-        task_config({"tasks": {"c": {"coral_task": str(task), "coral_run": str(run)}}}, "c"), "c"
+        task_config(settings_of({"tasks": {"c": {"coral_task": str(task), "coral_run": str(run)}}}), "c"), "c"
     )
-    plain = load_task(task_config({"tasks": {"c": {"coral_task": str(task)}}}, "c"), "c")
+    plain = load_task(task_config(settings_of({"tasks": {"c": {"coral_task": str(task)}}}), "c"), "c")
     assert spec.run_config_differences == () and (spec.timeout, spec.direction) == (
         plain.timeout,
         plain.direction,
@@ -98,7 +101,10 @@ def test_a_hostile_run_configuration_is_refused_by_name(tmp_path):
     (run / ".coral").mkdir(parents=True)
     (run / ".coral/config.yaml").write_text("a: &x [1]\nb: *x\n")  # an alias: refused, never expanded
     with pytest.raises(InputError, match=r"config\.yaml"):
-        load_task(task_config({"tasks": {"c": {"coral_task": str(task), "coral_run": str(run)}}}, "c"), "c")
+        load_task(
+            task_config(settings_of({"tasks": {"c": {"coral_task": str(task), "coral_run": str(run)}}}), "c"),
+            "c",
+        )
     (run / ".coral/config.yaml").unlink()
     (run / ".coral/config.yaml").symlink_to(task / "task.yaml")
     with pytest.raises(InputError, match="config.yaml"):

@@ -28,7 +28,7 @@ def sim(request):
 
 def client(url, **kw):
     kw = {"retries": 2, "backoff_base": 0.01, "backoff_max": 0.02, "health_timeout": 2, **kw}
-    return TeacherClient(url, "default", **kw)
+    return TeacherClient.from_config({"base_url": url, "model": "default", **kw})
 
 
 def free_port() -> int:

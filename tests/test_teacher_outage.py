@@ -26,7 +26,7 @@ HEADERS = {"X-Sftree-Edge": "e1", "X-Sftree-Turn": "1"}
 
 def client(url, **kw):
     kw = {"retries": 1, "backoff_base": 0.01, "backoff_max": 0.05, "health_timeout": 5, **kw}
-    return TeacherClient(url, "default", **kw)
+    return TeacherClient.from_config({"base_url": url, "model": "default", **kw})
 
 
 @pytest.fixture

@@ -25,7 +25,9 @@ def reply_under(fault: str | None, **sim_opts):
     script = [{"match": {}, "fault": fault}] if fault else []
     url, stop = start_teacher_sim(port=0, script=script, **sim_opts)
     try:
-        c = TeacherClient(url, retries=3, backoff_base=0.01, backoff_max=0.02, health_timeout=2)
+        c = TeacherClient.from_config(
+            {"base_url": url, "retries": 3, "backoff_base": 0.01, "backoff_max": 0.02, "health_timeout": 2}
+        )
         try:
             out = c.chat(MSGS, TOOL_SCHEMAS, headers={"X-Sftree-Edge": "e1"})
         except (BadReply, ContextOverflow) as exc:

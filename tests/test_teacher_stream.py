@@ -48,7 +48,7 @@ BROKEN = ["tool_calls_string", "lone_surrogate", "bad_usage"]
 
 def client(url, **kw):
     kw = {"retries": 2, "backoff_base": 0.01, "backoff_max": 0.02, "health_timeout": 5, **kw}
-    return TeacherClient(url, "default", **kw)
+    return TeacherClient.from_config({"base_url": url, "model": "default", **kw})
 
 
 @pytest.fixture

@@ -24,7 +24,9 @@ SLACK = 0.6  # a loaded machine's scheduling, on top of the policy's wait
 
 
 def via_client(url: str, stream: bool, policy: dict) -> tuple[str, object]:
-    c = TeacherClient(url, "m", stream=stream, health_timeout=5, **policy)
+    c = TeacherClient.from_config(
+        {"base_url": url, "model": "m", "stream": stream, "health_timeout": 5, **policy}
+    )
     try:
         comp = c.chat(MSGS, headers={"X-Sftree-Edge": "e1", "X-Sftree-Turn": "1"})
     except TeacherError as exc:
@@ -98,7 +100,7 @@ def test_the_policy_defaults_are_the_schemas():
     assert (want.retries, want.backoff_base, want.connect_timeout, want.stall_timeout) == (
         d["retries"], d["backoff_base"], d["connect_timeout"], d["stall_timeout"]
     )  # fmt: skip
-    assert TeacherClient("http://127.0.0.1:1/v1").policy == want
+    assert TeacherClient.from_config({"base_url": "http://127.0.0.1:1/v1"}).policy == want
     assert TeacherClient.from_config({"retries": 3}).policy == Policy.from_config({"retries": 3})
     proxy = RecordingProxy("http://127.0.0.1:1/v1")
     try:

@@ -153,11 +153,11 @@ def test_cli_command_runs_the_worlds_cli(run_dir, tmp_path, kind):
         pytest.skip("the real Coral is not installed (scripts/install_coral.sh)")
     install = None
     if kind == "coral":
-        from helpers.coral import coral_config
+        from helpers.coral import coral_settings
 
         from sftree.world.locate import locate
 
-        install = locate(coral_config())
+        install = locate(coral_settings())
     wt, _cd, _ = run_dir
     script = tmp_path / "coral_cli.py"
     script.write_text(standin_cli_source())

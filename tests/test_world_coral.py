@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.coral import CORAL_SRC, coral_config, coral_python, coral_run, needs_coral
+from helpers.coral import CORAL_SRC, coral_python, coral_run, coral_settings, needs_coral
 
+from sftree.settings import CoralSettings, section_settings
 from sftree.world.counters import CoralCounters, advance, daemon_status
 from sftree.world.task import load_coral_task
 from sftree.world.world import World, open_world
@@ -27,7 +28,7 @@ EXAMPLES = CORAL_SRC / "examples"
 def install():
     from sftree.world.locate import locate
 
-    return locate(coral_config())
+    return locate(coral_settings())
 
 
 @pytest.fixture(scope="module")
@@ -363,7 +364,7 @@ def test_statuses_equal_the_daemons(tmp_path, direction):
 
 def test_open_world_from_config(install):
     spec = load_coral_task(EXAMPLES / "kernel_builder", "kernel_builder")
-    w = open_world({"coral": coral_config()}, spec, agent_id="agent-1")
+    w = open_world(coral_settings(), spec, run_dir=None, agent_id="agent-1")
     try:
         assert w.kind == "coral" and w.describe()["coral"]["version"]
         cfg = yaml.safe_load(w.config_yaml())
@@ -379,6 +380,6 @@ def test_a_broken_configured_coral_is_named(tmp_path):
     from sftree.world.locate import locate
 
     with pytest.raises(InputError, match="coral.python: .*cannot import coral"):
-        locate({"python": "/bin/false"})
+        locate(section_settings(CoralSettings, {"python": "/bin/false"}))
     assert textwrap.dedent("x") == "x"
     assert isinstance(Path(coral_python()), Path)

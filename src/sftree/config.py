@@ -43,23 +43,36 @@ def load_schema(path: Path = CONFIG_SCHEMA) -> dict:
 
 def validate_config(config: dict, source: str = "config") -> dict:
     """Validate in place (filling defaults) and return the config; errors name the offending field."""
-    schema = load_schema()
-    errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(e.path))
+    _check(load_schema(), config, source, [])
+    _check_backend_settings(config, source)
+    return config
+
+
+def validate_section(name: str, section: dict, source: str = "config") -> dict:
+    """One top-level section (`coral`, `teacher`, ...) validated in place against its part of the schema, defaults
+    filled in (sftree.settings `section_settings`: a section on its own, as a test or a tool builds one)."""
+    _check(load_schema()["properties"][name], section, source, [name])
+    return section
+
+
+def _check(schema: dict, instance: dict, source: str, prefix: list[str]) -> None:
+    errors = sorted(_Validator(schema).iter_errors(instance), key=lambda e: list(e.path))
     if errors:
-        lines = [f"{source}: {'.'.join(str(p) for p in e.path) or '<top>'}: {_message(e)}" for e in errors]
+        lines = [
+            f"{source}: {'.'.join(str(p) for p in [*prefix, *e.path]) or '<top>'}: {_message(e)}"
+            for e in errors
+        ]
         if len(lines) == 1:
             raise InputError(f"invalid configuration: {lines[0]}")
         raise InputError("invalid configuration:\n  " + "\n  ".join(lines))
-    _check_backend_settings(config, source)
-    return config
 
 
 def _check_backend_settings(config: dict, source: str) -> None:
     """Settings one agent backend cannot honour are refused, not silently ignored: the OpenCode backend's requests
     are OpenCode's, passed on by the recording proxy, and a `response_format` grammar would turn every reply into
     JSON text OpenCode never runs as a call (docs/real_teacher.md); `tool_choice` the proxy does apply."""
-    agent, teacher = config.get("agent") or {}, config.get("teacher") or {}
-    if agent.get("backend", "opencode") == "opencode" and (teacher.get("constrain") or "none") != "none":
+    agent, teacher = config["agent"], config["teacher"]  # filled in by the schema's defaults
+    if agent["backend"] == "opencode" and teacher["constrain"] != "none":
         raise InputError(
             f"invalid configuration: {source}: teacher.constrain: {teacher['constrain']!r} is applied by the native "
             "agent only (agent.backend: native); with agent.backend opencode set it to none (the proxy applies "

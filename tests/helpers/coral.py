@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sftree.settings import CoralSettings, section_settings
 from sftree.world.grader_env import find_uv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,6 +71,11 @@ def coral_run(script: str, *args: str, cwd: str | None = None, timeout: float = 
 def coral_config(**world) -> dict:
     """A config's `coral:` section for the pinned Coral."""
     return {"python": coral_python(), "mode": "coral", **world}
+
+
+def coral_settings(**world) -> CoralSettings:
+    """`coral_config` as the settings `locate` takes."""
+    return section_settings(CoralSettings, coral_config(**world))
 
 
 def coral_bin() -> Path:
@@ -262,4 +268,4 @@ def install_for(kind):
         return None
     from sftree.world.locate import locate
 
-    return locate(coral_config())
+    return locate(coral_settings())

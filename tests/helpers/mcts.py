@@ -28,8 +28,15 @@ def result(
     )  # fmt: skip
 
 
+def search_params(**over) -> treemod.SearchParams:
+    """The config's `search:` (the schema's defaults) with `over` set."""
+    from sftree.settings import SearchSettings, section_settings
+
+    return treemod.SearchParams.from_settings(section_settings(SearchSettings, over))
+
+
 def new_tree(direction="maximize", root_score=1.0, **params):
-    p = treemod.SearchParams(**params)
+    p = search_params(**params)
     return treemod.Tree.new("t", "eval-000001-agent-1-abc", direction, p, root_score, {"code_commit": "c0",
                             "knowledge_commit": "k0", "session": None}, 10)  # fmt: skip
 

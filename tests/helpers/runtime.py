@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sftree.config import REPO_ROOT, load_config
 from sftree.records import steplog
+from sftree.settings import settings_of
 from sftree.world.task import task_config
 
 EXAMPLES = REPO_ROOT / "examples"
@@ -72,7 +73,7 @@ def grade_dir(task_cfg: dict, code_dir: Path) -> float | None:
 
 
 def example_task(cfg: dict, task: str = "circle_packing") -> dict:
-    return task_config(cfg, task)
+    return task_config(settings_of(cfg), task)
 
 
 def read_steps(tree_dir: Path, edge: str) -> list[dict]:

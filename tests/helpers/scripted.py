@@ -23,6 +23,7 @@ from pathlib import Path
 from helpers.runtime import config, example_task, make_root
 from sftree.config import REPO_ROOT
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
+from sftree.settings import settings_of
 
 BASE_PARENT = Path("/var/tmp")  # not /tmp: bwrap's private /tmp would hide things for free
 
@@ -143,7 +144,7 @@ class Scripted:
         snaps.mkdir(exist_ok=True)
         self.root = make_root(snaps)
         self.tree_dir = self.base / "results" / "circle_packing" / "trees" / self.root.name
-        self.ctx = EdgeContext.create(self.tree_dir, self.root, cfg, self.task_cfg)
+        self.ctx = EdgeContext.create(self.tree_dir, self.root, settings_of(cfg), self.task_cfg)
 
     def edge(self, edge_id: str = "e1", parent=None, parent_score: float | None = 1.0):
         from sftree.search.edge import run_edge

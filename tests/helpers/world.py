@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers.coral import coral_config
+from helpers.coral import coral_settings
 from sftree.world.task import load_coral_task
 from sftree.world.world import World
 
@@ -16,7 +16,7 @@ def make(kind, task_dir=TASK, agents=1):
     if kind == "coral":
         from sftree.world.locate import locate
 
-        install = locate(coral_config())
+        install = locate(coral_settings())
     return World(
         load_coral_task(task_dir, "circle_packing"), agent_id="agent-1", agents=agents, install=install
     )

@@ -75,9 +75,10 @@ def coral_attempt_dirs(task):
 
 def task_direction(task):
     """maximize | minimize: a Coral task folder's task.yaml (grader.direction), else the entry's `direction`."""
+    from sftree.settings import settings_of
     from sftree.world.task import task_config
 
-    return task_config(config, task)["direction"]
+    return task_config(settings_of(config), task)["direction"]
 
 
 def task_snapshot_dir(task):

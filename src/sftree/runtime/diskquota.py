@@ -22,6 +22,8 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
+from sftree.settings import QuotaSettings
+
 MS_NOSUID, MS_NODEV = 2, 4
 MNT_DETACH = 2
 SOURCE = b"sftree-quota"  # the mount's source name, as /proc/mounts shows it
@@ -44,10 +46,9 @@ class DiskQuota:
         return cls(int(mib) << 20, int(inodes))
 
 
-def grade_quota(quota_cfg: dict | None) -> DiskQuota:
+def grade_quota(quota: QuotaSettings) -> DiskQuota:
     """What one grading may write, from config `agent.quota` (`grade_mib`, `grade_inodes`)."""
-    cfg = quota_cfg or {}
-    return DiskQuota.from_mib(cfg.get("grade_mib", GRADE_MIB), cfg.get("grade_inodes", GRADE_INODES))
+    return DiskQuota.from_mib(quota.grade_mib, quota.grade_inodes)
 
 
 @functools.cache

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from sftree.errors import SftreeError
 from sftree.runtime.objects import ObjectDB, tree_from_files
 from sftree.runtime.safefs import DIR_FLAGS
+from sftree.settings import QuotaSettings
 
 RACY_NS = 100_000_000  # 0.1 s: well above a clock tick (1-10 ms)
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -43,15 +44,9 @@ class Quota:
     depth: int = 64
 
     @classmethod
-    def from_config(cls, cfg: dict | None) -> Quota:
-        cfg = cfg or {}
-        mib = 1 << 20
-        return cls(
-            files=int(cfg.get("files", cls.files)),
-            bytes=int(cfg.get("mib", cls.bytes // mib)) * mib,
-            file_bytes=int(cfg.get("file_mib", cls.file_bytes // mib)) * mib,
-            depth=int(cfg.get("depth", cls.depth)),
-        )
+    def from_settings(cls, q: QuotaSettings) -> Quota:
+        """From config `agent.quota`."""
+        return cls(files=q.files, bytes=q.mib << 20, file_bytes=q.file_mib << 20, depth=q.depth)
 
 
 class QuotaExceeded(SftreeError):

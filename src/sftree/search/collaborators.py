@@ -20,15 +20,6 @@ if TYPE_CHECKING:
     from sftree.teacher.client import TeacherReport
     from sftree.world.counters import CoralCounters
 
-# The validated config and its sections (workflow/schemas/config.schema.yaml checked each value's type).
-Config = dict[str, object]
-
-
-def section(config: Config, key: str) -> dict[str, object]:
-    """`config[key]` as a mapping of its own (absent or null: empty)."""
-    value = config.get(key)
-    return dict(value) if isinstance(value, Mapping) else {}
-
 
 class Eval(Protocol):
     """A turn's first `coral eval` as the host recorded it (world/coral_command.py `EvalResult`)."""

@@ -17,6 +17,7 @@ in tree.json.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -42,16 +43,15 @@ from sftree.runtime.store import TreeStore
 from sftree.runtime.workspace import EdgeWorkspace, NodeState, write_world
 from sftree.search.collaborators import (
     Agent,
-    Config,
     Grader,
     Store,
     Teacher,
     TurnOutcome,
     World,
     as_agent,
-    section,
 )
 from sftree.search.result import EdgeResult, TurnResult
+from sftree.settings import Settings, TeacherSettings
 from sftree.world.coral_command import CoralRuntime, CoralServer
 
 if TYPE_CHECKING:
@@ -82,14 +82,14 @@ class EdgeContext:
     agent_cfg: dict[str, object]
     tree_name: str
     world: World  # Coral's texts, CLI and counting (the installed Coral or stand-ins)
+    mode: str  # the sandbox: bwrap | none
+    quota: Quota  # what one workspace may hold (config `agent.quota`)
+    tmp_bytes: int  # the sandbox's /tmp (`agent.quota.tmp_mib`, `tmp_inodes`)
+    tmp_inodes: int
+    grade_quota: DiskQuota  # what one grading may write
+    keep_workspaces: bool
     root_counters: CoralCounters | None = None  # Coral's counters at the root (from its attempt records)
-    mode: str = "bwrap"  # the sandbox: bwrap | none
-    quota: Quota = field(default_factory=Quota)
-    tmp_bytes: int = 256 << 20
-    tmp_inodes: int = diskquota.TMP_INODES
-    grade_quota: DiskQuota | None = None  # what one grading may write
     hidden: list[Path] = field(default_factory=list)
-    keep_workspaces: bool = False
     _closers: list[Callable[[], None]] = field(default_factory=list)
     _probe_lock: threading.Lock = field(default_factory=threading.Lock)
     _probed: bool = False
@@ -109,7 +109,7 @@ class EdgeContext:
         cls,
         tree_dir: str | os.PathLike[str],
         root_dir: str | os.PathLike[str],
-        config: Config,
+        settings: Settings,
         task_cfg: dict[str, object],
         *,
         wait_ready: bool = True,
@@ -127,36 +127,24 @@ class EdgeContext:
         spec = load_task(task_cfg, str(task_cfg.get("name", "task")))
         root = root_context(store, root_state, Path(root_dir))
         world = open_coral_world(
-            config, spec, agent_id=root.agent_id, agents=root.agents, root_heartbeat=root.heartbeat
+            settings.coral,
+            spec,
+            run_dir=settings.agent.run_dir,
+            agent_id=root.agent_id,
+            agents=root.agents,
+            root_heartbeat=root.heartbeat,
         )
         closers: list[Callable[[], None]] = [world.close]
-        teacher_cfg = section(config, "teacher")
-        sim, launch_cfg = teacher_cfg.get("sim"), teacher_cfg.get("launch")
-        if isinstance(sim, Mapping):
-            from sftree.teacher.sim.server import start_teacher_sim
-
-            url, stop_sim = start_teacher_sim(port=0, **dict(sim))
-            teacher_cfg["base_url"] = url
-            closers.append(stop_sim)
-        elif isinstance(launch_cfg, Mapping):  # a real llama-server for this job (docs/real_teacher.md)
-            from sftree.teacher.llm_server import LaunchSpec, start_llm_server
-
-            launch = LaunchSpec.from_config(launch_cfg)
-            if launch.log_file is None:
-                launch.log_file = tree_dir / "llama-server.log"
-            url, stop = start_llm_server(launch)
-            teacher_cfg["base_url"] = url
-            closers.append(stop)
-        teacher = TeacherClient.from_config(teacher_cfg)
+        teacher = TeacherClient.from_settings(start_teacher(settings.teacher, tree_dir, closers))
         if wait_ready:
             teacher.wait_ready()
-        agent_cfg = section(config, "agent")
-        agent = as_agent(make_agent(config, teacher=teacher, task_cfg=task_cfg, world=world))
-        quota_cfg = section(agent_cfg, "quota")
+        agent_cfg = dict(settings.raw["agent"])  # sftree.agents still reads its section as a dict
+        agent = as_agent(make_agent(dict(settings.raw), teacher=teacher, task_cfg=task_cfg, world=world))
+        quota = settings.agent.quota
         hidden = [tree_dir, *private_home_paths()]
         hidden += [Path(str(task_cfg[k])).resolve() for k in ("task_dir", "coral_task") if task_cfg.get(k)]
-        if config.get("results"):  # relative to the job's cwd, as Snakemake runs it
-            hidden.append(Path(str(config["results"])).resolve())
+        if settings.results:  # relative to the job's cwd, as Snakemake runs it
+            hidden.append(Path(settings.results).resolve())
         return cls(
             tree_dir=tree_dir,
             store=store,
@@ -169,13 +157,13 @@ class EdgeContext:
             tree_name=Path(root_dir).name,
             world=world,
             root_counters=root.counters(spec.direction),
-            mode=resolve_mode(str(agent_cfg.get("sandbox", "auto"))),
-            quota=Quota.from_config(quota_cfg),
-            tmp_bytes=_int(quota_cfg.get("tmp_mib", 256)) << 20,
-            tmp_inodes=_int(quota_cfg.get("tmp_inodes", diskquota.TMP_INODES)),
-            grade_quota=diskquota.grade_quota(quota_cfg),
+            mode=resolve_mode(settings.agent.sandbox),
+            quota=Quota.from_settings(quota),
+            tmp_bytes=quota.tmp_mib << 20,
+            tmp_inodes=quota.tmp_inodes,
+            grade_quota=diskquota.grade_quota(quota),
             hidden=hidden,
-            keep_workspaces=bool(section(config, "search").get("keep_workspaces", False)),
+            keep_workspaces=settings.search.keep_workspaces,
             _closers=closers,
         )
 
@@ -197,11 +185,27 @@ class EdgeContext:
         self._closers.clear()
 
 
-def _int(value: object) -> int:
-    """A config number (the schema checked it) as an int, as `int()` reads it."""
-    if isinstance(value, int | float | str):
-        return int(value)
-    raise TypeError(f"not a number: {value!r}")
+def start_teacher(
+    teacher: TeacherSettings, tree_dir: Path, closers: list[Callable[[], None]]
+) -> TeacherSettings:
+    """Start teacher-sim (`teacher.sim`) or a llama-server (`teacher.launch`) for this job, its stop added to
+    `closers`; the settings with `base_url` at it (unchanged when neither is set)."""
+    stop: Callable[[], None]
+    if teacher.sim is not None:
+        from sftree.teacher.sim.server import start_teacher_sim
+
+        url, stop = start_teacher_sim(port=0, **dict(teacher.sim))
+    elif teacher.launch is not None:  # a real llama-server for this job (docs/real_teacher.md)
+        from sftree.teacher.llm_server import LaunchSpec, start_llm_server
+
+        launch = LaunchSpec.from_config(teacher.launch)
+        if launch.log_file is None:
+            launch.log_file = tree_dir / "llama-server.log"
+        url, stop = start_llm_server(launch)
+    else:
+        return teacher
+    closers.append(stop)
+    return dataclasses.replace(teacher, base_url=url)
 
 
 def root_context(store: Store, state: NodeState, root_dir: Path) -> RootContext:

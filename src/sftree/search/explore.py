@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
-from sftree.config import load_config
 from sftree.errors import InputError
 from sftree.fileio import read_json
 from sftree.progress import ConsoleLines, tree_line
@@ -26,7 +25,7 @@ from sftree.records.tree import final_path
 from sftree.runtime import remove, tempdirs
 from sftree.search import mcts
 from sftree.search import tree as treemod
-from sftree.search.collaborators import Config, section
+from sftree.settings import Settings, load_settings
 from sftree.world.task import task_config
 
 log = logging.getLogger(__name__)
@@ -71,14 +70,14 @@ class RootInfo:
     eval_count: int | None
 
 
-def read_root(root_dir: Path, config: Config) -> RootInfo:
+def read_root(root_dir: Path, settings: Settings) -> RootInfo:
     """Task, direction, raw score and eval count of a root snapshot (metadata.json, annotated by select-roots)."""
     meta = read_root_meta(root_dir)
     meta_path = meta.path
     task = meta.get("task") or (root_dir.parent.parent.name if root_dir.parent.name == "roots" else None)
     if not task:
         raise InputError(f"{meta_path}: no `task` field, and the path is not results/<task>/roots/<snapshot>")
-    task_cfg = task_config(config, task)
+    task_cfg = task_config(settings, task)
     direction = meta.get("direction") or task_cfg["direction"]
     score = meta.get("score")
     if score is None:
@@ -196,7 +195,7 @@ def _grow(
     tree: treemod.Tree | None,
     live: treemod.LiveTree,
     root_dir: Path,
-    config: Config,
+    settings: Settings,
     info: RootInfo,
     params: treemod.SearchParams,
     console: ConsoleLines,
@@ -206,7 +205,7 @@ def _grow(
     from sftree.search.edge import EdgeContext, run_edge
     from sftree.search.result import EdgeResult
 
-    ctx = EdgeContext.create(live.dir, root_dir, config, info.task_cfg)
+    ctx = EdgeContext.create(live.dir, root_dir, settings, info.task_cfg)
     try:
         ctx.store.cleanup_stale(keep=set())  # nothing runs yet: every worktree is a leftover
         if tree is None:
@@ -283,34 +282,33 @@ def check_out(out: Path, flag: str = "--out") -> None:
             return
 
 
-def preflight(args: argparse.Namespace) -> tuple[Config, Path, Path, RootInfo]:
+def preflight(args: argparse.Namespace) -> tuple[Settings, Path, Path, RootInfo]:
     """Everything that can be checked before the first write: config, root, out, prompt templates, teacher-sim
     options. A bad input fails here, so it leaves no output folder behind."""
-    config = load_config(args.config)
+    settings = load_settings(args.config)
     root_dir, out = _resolve(args.root, "--root"), _resolve(args.out, "--out")
     if not root_dir.is_dir():
         raise InputError(f"--root {args.root}: root snapshot folder not found")
     check_out(out)
     verify_root(root_dir)  # a root that links to its snapshot: the snapshot is still there, unchanged
-    info = read_root(root_dir, config)
+    info = read_root(root_dir, settings)
     check_files(root_dir, "--root")
     from sftree.agents.prompts import NAMES, load_template
 
-    prompts = section(config, "agent").get("prompts")
-    overrides = prompts if isinstance(prompts, dict) else {}
+    overrides = dict(settings.raw["agent"]["prompts"])  # sftree.agents reads the section as a dict
     for name in NAMES:  # a missing template would otherwise surface inside the first edge
         load_template(name, overrides)
-    sim = section(config, "teacher").get("sim")
-    if isinstance(sim, dict):
+    if settings.teacher.sim is not None:
         from sftree.teacher.sim.server import make_state
 
-        make_state(**sim)  # script file, fault rates, latency tail: the same checks the server makes
-    return config, root_dir, out, info
+        # script file, fault rates, latency tail: the same checks the server makes
+        make_state(**settings.teacher.sim)
+    return settings, root_dir, out, info
 
 
 def run(args: argparse.Namespace) -> int:
-    config, root_dir, out, info = preflight(args)
-    params = treemod.SearchParams.from_config(section(config, "search"))
+    settings, root_dir, out, info = preflight(args)
+    params = treemod.SearchParams.from_settings(settings.search)
     live, final = treemod.LiveTree(out), final_path(out)
     stream = _progress_stream(getattr(args, "progress_fd", None))  # a bad fd fails before anything is made
     console = ConsoleLines(stream)
@@ -334,7 +332,7 @@ def run(args: argparse.Namespace) -> int:
             stale = tempdirs.sweep(TEMP_PREFIXES)
             if stale:
                 log.info("removed %d temporary folder(s) of killed runs: %s", len(stale), ", ".join(stale))
-            return _explore(out, root_dir, config, info, params, console)
+            return _explore(out, root_dir, settings, info, params, console)
     except BaseException:
         if created is not None and not live.exists() and not final.exists():
             # failed before the tree's first state was saved (Teacher not reachable, ...): nothing to resume
@@ -351,7 +349,7 @@ def run(args: argparse.Namespace) -> int:
 def _explore(
     out: Path,
     root_dir: Path,
-    config: Config,
+    settings: Settings,
     info: RootInfo,
     params: treemod.SearchParams,
     console: ConsoleLines,
@@ -364,7 +362,7 @@ def _explore(
             remove.quietly(out / name)  # work/: what agents wrote, of any shape (runtime/remove.py)
     if tree is None or tree.status != "finished":
         # (a tree killed after it finished needs no Teacher: it is only written out)
-        tree = _grow(tree, live, root_dir, config, info, params, console)
+        tree = _grow(tree, live, root_dir, settings, info, params, console)
     treemod.save(tree, final)
     _tree_progress(console, tree)
     live.remove()

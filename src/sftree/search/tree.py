@@ -25,6 +25,7 @@ from sftree.records.tree import (
     validate_tree,
     write_tree,
 )
+from sftree.settings import SearchSettings
 
 
 def now_iso() -> str:
@@ -47,30 +48,42 @@ class Select(TypedDict):
     select: float
 
 
+# What a tree written before these params were recorded ran with (SearchParams.from_config).
+OLDER_TREE_PARAMS: dict[str, object] = {"seed": 0, "keep_workspaces": False}
+
+
 @dataclass
 class SearchParams:
-    """The `search:` section of config.yaml (defaults are the seed's v0 values)."""
+    """The `search:` section of config.yaml as the tree records it (tree.json `params`); its defaults are the
+    config schema's (sftree.settings)."""
 
-    root_children: int = 3
-    max_children: int = 2
-    max_depth: int = 4
-    hard_token_limit: int = 100000
-    target_good_leaves: int = 12
-    max_valid_edges: int = 40
-    max_failed_expansions: int = 2
-    prune_tool_error_rate: float = 0.30
-    alpha: float = 0.50
-    parallel_width: int = 8
-    schedule: str = "async"
-    seed: int = 0
-    keep_workspaces: bool = False
+    root_children: int
+    max_children: int
+    max_depth: int
+    hard_token_limit: int
+    target_good_leaves: int
+    max_valid_edges: int
+    max_failed_expansions: int
+    prune_tool_error_rate: float
+    alpha: float
+    parallel_width: int
+    schedule: str
+    seed: int
+    keep_workspaces: bool
 
     @classmethod
-    def from_config(cls, search_cfg: Mapping[str, object] | None) -> SearchParams:
+    def from_config(cls, params: Mapping[str, object]) -> SearchParams:
+        """From a tree's `params` (or a validated config's `search:`). A tree written before `seed` and
+        `keep_workspaces` were recorded ran with seed 0 and kept no workspaces (tree.schema.json: optional)."""
         names = {f.name for f in fields(cls)}
         # (the config schema and tree.schema.json checked the values' types)
-        given: dict[str, Any] = {k: v for k, v in (search_cfg or {}).items() if k in names}
-        return cls(**given)
+        given: dict[str, Any] = {k: v for k, v in params.items() if k in names}
+        return cls(**{**OLDER_TREE_PARAMS, **given})
+
+    @classmethod
+    def from_settings(cls, search: SearchSettings) -> SearchParams:
+        """From config `search:` (sftree.settings)."""
+        return cls(**asdict(search))
 
 
 class _Tracked:

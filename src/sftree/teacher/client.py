@@ -50,6 +50,7 @@ from datetime import UTC, datetime
 from typing import Literal, NotRequired, TypedDict, get_args
 
 from sftree.errors import TeacherUnavailable
+from sftree.settings import TeacherSettings
 from sftree.teacher.affinity import routing_headers
 from sftree.teacher.http import InFlight
 from sftree.teacher.json_types import ChatMessages, ConfigSection, ForeignJSON, JSONObject, Tools
@@ -292,63 +293,40 @@ class TeacherReport(TeacherStats):
 
 
 class TeacherClient:
-    # `teacher.*` keys of the transport's policy (teacher/transport.py): None takes the schema's default
-    def __init__(
-        self,
-        base_url: str,
-        model: str = "default",
-        *,
-        api_key: str | None = None,
-        temperature: float = 0.7,
-        max_tokens: int = 4096,
-        request_timeout: float | None = None,
-        retries: int | None = None,
-        backoff_max: float | None = None,
-        backoff_base: float | None = None,
-        health_timeout: float = 600,
-        max_concurrency: int = 64,
-        extra_body: Mapping[str, object] | None = None,
-        context_tokens: int | None = None,
-        tool_choice: str = "auto",
-        constrain: str = "none",
-        seed: int | None = None,
-        stream: bool = True,
-        first_chunk_timeout: float | None = None,
-        stall_timeout: float | None = None,
-        fleet_poll: float = 2,
-        outage_timeout: float | None = None,
-        connect_timeout: float | None = None,
-    ):
-        self.base_url = base_url.rstrip("/")
+    def __init__(self, t: TeacherSettings, *, api_key: str | None = None):
+        """From config `teacher:` (sftree.settings; `from_config` for a section given as a dict). A None among
+        the transport's policy keys (teacher/transport.py) takes the schema's default."""
+        self.base_url = t.base_url.rstrip("/")
         self.root_url = _server_root(self.base_url)
-        self.model = model
+        self.model = t.model
         self.api_key = api_key
-        self.temperature = temperature
-        self.max_tokens = max_tokens
+        self.temperature = t.temperature
+        self.max_tokens = t.max_tokens
         self.policy = Policy.from_config({
-            "request_timeout": request_timeout, "retries": retries, "backoff_max": backoff_max,
-            "backoff_base": backoff_base, "first_chunk_timeout": first_chunk_timeout,
-            "stall_timeout": stall_timeout, "outage_timeout": outage_timeout, "connect_timeout": connect_timeout,
+            "request_timeout": t.request_timeout, "retries": t.retries, "backoff_max": t.backoff_max,
+            "backoff_base": t.backoff_base, "first_chunk_timeout": t.first_chunk_timeout,
+            "stall_timeout": t.stall_timeout, "outage_timeout": t.outage_timeout, "connect_timeout": t.connect_timeout,
         })  # fmt: skip
         self.transport = Transport(self.policy)
         p = self.policy  # read as the client's own settings (the OpenCode backend hands them to its proxy)
         self.request_timeout, self.retries, self.backoff_max = p.request_timeout, p.retries, p.backoff_max
         self.backoff_base, self.outage_timeout = p.backoff_base, p.outage_timeout
         self.first_chunk_timeout, self.stall_timeout = p.first_chunk_timeout, p.stall_timeout
-        self.health_timeout = health_timeout
-        self.extra_body = dict(extra_body or {})
-        self.context_tokens = context_tokens
-        self.tool_choice = tool_choice
+        self.health_timeout = t.health_timeout
+        self.extra_body = dict(t.extra_body or {})
+        self.context_tokens = t.context_tokens
+        self.tool_choice = t.tool_choice
+        constrain = t.constrain or "none"
         if constrain not in CONSTRAIN_MODES:
             raise ValueError(
                 f"teacher.constrain must be one of {', '.join(CONSTRAIN_MODES)}, not {constrain!r}"
             )
         self.constrain = constrain
-        self.seed = seed
-        self.stream = bool(stream)
-        self.fleet_poll = float(fleet_poll or 0)
+        self.seed = t.seed
+        self.stream = bool(t.stream)
+        self.fleet_poll = float(t.fleet_poll or 0)
         self.fleet: RouterWatcher | None = None
-        self._sem = threading.BoundedSemaphore(max_concurrency)
+        self._sem = threading.BoundedSemaphore(t.max_concurrency)
         self._warned_no_usage = False
         self._inflight: set[InFlight] = set()
         self._request_ids = 0
@@ -361,26 +339,15 @@ class TeacherClient:
 
     @classmethod
     def from_config(cls, cfg: ConfigSection) -> TeacherClient:
-        """From the `teacher` section; a key it lacks takes the schema's default (transport.teacher_defaults)."""
-        cfg = {**teacher_defaults(), **cfg}
-        key_env = cfg["api_key_env"]
-        return cls(
-            cfg["base_url"],
-            cfg["model"],
-            api_key=os.environ.get(key_env) if key_env else None,
-            temperature=cfg["temperature"],
-            max_tokens=cfg["max_tokens"],
-            health_timeout=cfg["health_timeout"],
-            max_concurrency=cfg["max_concurrency"],
-            extra_body=cfg["extra_body"],
-            context_tokens=cfg["context_tokens"],
-            tool_choice=cfg["tool_choice"],
-            constrain=cfg["constrain"] or "none",
-            seed=cfg["seed"],
-            stream=cfg["stream"],
-            fleet_poll=cfg["fleet_poll"],
-            **{f: cfg[f] for f in POLICY_KEYS},
-        )
+        """From a `teacher` section as a dict (a tool's, a test's); a key it lacks takes the schema's default
+        (transport.teacher_defaults)."""
+        merged = {**teacher_defaults(), **cfg}
+        return cls.from_settings(TeacherSettings(**{f.name: merged[f.name] for f in fields(TeacherSettings)}))
+
+    @classmethod
+    def from_settings(cls, t: TeacherSettings) -> TeacherClient:
+        """From config `teacher:` (sftree.settings), the API key from the environment variable it names."""
+        return cls(t, api_key=os.environ.get(t.api_key_env) if t.api_key_env else None)
 
     def _headers(self, extra: Mapping[str, object] | None) -> dict[str, str]:
         h = {"Content-Type": "application/json"}

@@ -25,21 +25,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from sftree.config import load_config
     from sftree.errors import InputError
+    from sftree.settings import load_settings
     from sftree.world import grader_env
     from sftree.world.locate import locate
     from sftree.world.task import load_task, task_config
 
-    config = load_config(args.config)
-    if args.task not in (config.get("tasks") or {}):
+    settings = load_settings(args.config)
+    if args.task not in settings.tasks:
         raise InputError(f"--task {args.task}: no such task in the config")
-    entry = task_config(config, args.task)
+    entry = task_config(settings, args.task)
     spec = load_task(entry, args.task)
     log = Path(args.log) if args.log else Path(args.out).parent / "grader_setup.log"
     t0 = time.monotonic()
     if spec.kind == "coral" and spec.entrypoint:
-        install = locate(config.get("coral") or {})
+        install = locate(settings.coral)
         venv = grader_env.preflight(spec, install, log)
         record = {
             "task": args.task,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sftree.errors import InputError
+from sftree.settings import CoralSettings
 
 MODES = ("auto", "coral", "stand-in")
 _PROBE = (
@@ -108,16 +109,15 @@ def _shebang(path: str) -> str | None:
     return parts[0]
 
 
-def locate(cfg: dict | None) -> CoralInstall | None:
-    cfg = cfg or {}
-    mode = cfg.get("mode", "auto")
+def locate(cfg: CoralSettings) -> CoralInstall | None:
+    mode = cfg.mode
     if mode not in MODES:
         raise InputError(f"coral.mode: {mode!r} is not one of {', '.join(MODES)}")
     if mode == "stand-in":
         return None
     tried = []
-    if cfg.get("python"):
-        python = str(cfg["python"])
+    if cfg.python:
+        python = str(cfg.python)
         if os.sep in python:
             python = os.path.abspath(python)  # a venv's bin/python: not resolved (that would leave the venv)
         info, why = _probe(python)

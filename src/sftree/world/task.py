@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import yaml
 
 from sftree.config import REPO_ROOT
 from sftree.errors import InputError
+from sftree.settings import Settings
 from sftree.world import run_config
 
 DIRECTIONS = ("maximize", "minimize")
@@ -187,7 +189,7 @@ def load_task(entry: dict, name: str) -> TaskSpec:
     )
 
 
-def task_config(config: dict, task: str) -> dict[str, Any]:
+def task_config(settings: Settings, task: str) -> dict[str, Any]:
     """One config.yaml task entry with `task_dir`/`coral_task` made absolute and, for a Coral task folder, the
     direction its task.yaml gives.
 
@@ -195,7 +197,7 @@ def task_config(config: dict, task: str) -> dict[str, Any]:
     (so the bundled examples are found when Snakemake runs with `--directory` elsewhere).
     """
     try:
-        entry = dict(config["tasks"][task])
+        entry = dict(settings.tasks[task])
     except KeyError:
         raise InputError(f"task {task!r} is not listed under `tasks` in the config") from None
     for key in ("task_dir", "coral_task"):
@@ -205,8 +207,9 @@ def task_config(config: dict, task: str) -> dict[str, Any]:
                 p = p.resolve() if p.exists() else (REPO_ROOT / p).resolve()
             entry[key] = str(p)
     entry["name"] = task
-    entry.setdefault("coral", dict(config.get("coral") or {}))  # the Teacher's world (sftree.world)
-    entry.setdefault("run_dir", (config.get("agent") or {}).get("run_dir"))
+    # (the schema allows neither key in a task entry)
+    entry["coral"] = dataclasses.asdict(settings.coral)  # the Teacher's world (sftree.world)
+    entry["run_dir"] = settings.agent.run_dir
     if entry.get("coral_task"):
         # A Coral task folder: its task.yaml decides the direction (the runtime grades it with its own
         # TaskGrader, sftree.world.grading).

@@ -2,7 +2,7 @@
 one, by sftree's stand-ins in the same formats. Built once per explore job; thread-safe; every method is a pure
 function of its arguments and the tree's fixed context (task, agent id, number of agents, heartbeat actions).
 
-    w = open_world(config, spec, agent_id="agent-1", agents=1, root_heartbeat=None)
+    w = open_world(settings.coral, spec, run_dir=settings.agent.run_dir, agent_id="agent-1", agents=1, root_heartbeat=None)
     w.kind                       # "coral" | "stand-in" (tree.json, dataset card, report)
     w.instructions()             # AGENTS.md (CORAL.md for the agent)
     w.start_prompt()             # a fresh session's first prompt
@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from sftree.settings import CoralSettings
 from sftree.world import standin
 from sftree.world.counters import CoralCounters, advance
 from sftree.world.locate import CoralInstall, locate
@@ -275,11 +276,16 @@ def standin_cli_source() -> str:
 
 
 def open_world(
-    config: dict, spec: TaskSpec, *, agent_id: str, agents: int = 1, root_heartbeat: dict | None = None
+    coral: CoralSettings,
+    spec: TaskSpec,
+    *,
+    run_dir: str | None,
+    agent_id: str,
+    agents: int = 1,
+    root_heartbeat: dict | None = None,
 ) -> World:
     """The world of one tree from the config's `coral:` (locate) and `agent.run_dir`."""
-    install = locate(config.get("coral") or {})
-    run_dir = (config.get("agent") or {}).get("run_dir")
+    install = locate(coral)
     return World(
         spec,
         agent_id=agent_id,
