@@ -6,15 +6,23 @@ OpenCode CLI behind a recording proxy, agents/opencode.py and docs/opencode.md) 
 
 from __future__ import annotations
 
-from sftree.agents.base import AgentBackend, ToolOutcome, TurnOutcome, TurnRun
+from typing import TYPE_CHECKING
+
+from sftree.agents.base import AgentBackend, Teacher, ToolOutcome, TurnOutcome, TurnRun
+from sftree.agents.jsontypes import Config, cfg_section
 from sftree.errors import InputError
 
-__all__ = ["AgentBackend", "ToolOutcome", "TurnOutcome", "TurnRun", "make_agent"]
+if TYPE_CHECKING:
+    from sftree.world.world import World
+
+__all__ = ["AgentBackend", "Teacher", "ToolOutcome", "TurnOutcome", "TurnRun", "make_agent"]
 
 
-def make_agent(config: dict, *, teacher, task_cfg: dict | None = None, world=None) -> AgentBackend:
+def make_agent(
+    config: Config, *, teacher: Teacher, task_cfg: Config | None = None, world: World | None = None
+) -> AgentBackend:
     """The configured backend. `config` is the whole validated config; `world` the tree's (sftree.world)."""
-    agent_cfg = dict(config.get("agent", {}))
+    agent_cfg = dict(cfg_section(config, "agent"))
     backend = agent_cfg.get("backend", "native")
     if backend == "native":
         from sftree.agents.native import NativeAgent
@@ -23,5 +31,5 @@ def make_agent(config: dict, *, teacher, task_cfg: dict | None = None, world=Non
     if backend == "opencode":
         from sftree.agents.opencode import OpenCodeAgent
 
-        return OpenCodeAgent(teacher, agent_cfg, search_cfg=config.get("search"), world=world)
+        return OpenCodeAgent(teacher, agent_cfg, search_cfg=cfg_section(config, "search"), world=world)
     raise InputError(f"agent.backend: unknown backend {backend!r} (native | opencode)")

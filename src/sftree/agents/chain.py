@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+
+from sftree.agents.jsontypes import JSONObject, JSONValue, obj
 
 DATE_RX = re.compile(r"(Today's date: )[^\n]*")
 SKILLS_RX = re.compile(r"<available_skills>.*?</available_skills>", re.S)
@@ -38,18 +40,18 @@ SHOWN = 600  # characters of each side of a difference kept in the record
 class ChainBreak(Exception):
     """A request that is not the extension of its session's previous one: `reason` and a short `diff`."""
 
-    def __init__(self, reason: str, expected: Any = None, got: Any = None):
+    def __init__(self, reason: str, expected: object = None, got: object = None):
         super().__init__(reason)
         self.reason = reason
         self.diff = {"expected": _shown(expected), "got": _shown(got)}
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
     return text if len(text) <= SHOWN else text[:SHOWN] + f"... ({len(text)} characters)"
 
 
-def text_of(content: Any) -> str:
+def text_of(content: object) -> str:
     """A message's content as text (OpenAI content may be a list of parts)."""
     if isinstance(content, str):
         return content
@@ -65,13 +67,14 @@ def masked_system(text: str, workdir: str = "") -> str:
     return text.replace(workdir, "<workdir>") if workdir else text
 
 
-def split(body: dict) -> tuple[list[str], list[dict]]:
+def split(body: JSONObject) -> tuple[list[str], list[JSONValue]]:
     """(the leading system messages' texts, the rest of the messages) of a request body."""
-    msgs = body.get("messages") if isinstance(body.get("messages"), list) else []
+    messages = body.get("messages")
+    msgs = messages if isinstance(messages, list) else []
     n = 0
-    while n < len(msgs) and isinstance(msgs[n], dict) and msgs[n].get("role") == "system":
+    while n < len(msgs) and obj(msgs[n]).get("role") == "system":
         n += 1
-    return [text_of(m.get("content")) for m in msgs[:n]], list(msgs[n:])
+    return [text_of(obj(m).get("content")) for m in msgs[:n]], list(msgs[n:])
 
 
 CACHE_KEY = (
@@ -79,7 +82,7 @@ CACHE_KEY = (
 )
 
 
-def plain(value: Any) -> Any:
+def plain(value: JSONValue) -> JSONValue:
     """A message (or tool list) without OpenCode's own caching marks, its text parts joined: the marks move to the
     newest messages as a session grows, and a marked message's content may be a list of text parts."""
     if isinstance(value, list):
@@ -89,11 +92,11 @@ def plain(value: Any) -> Any:
     out = {k: plain(v) for k, v in value.items() if k != CACHE_KEY}
     content = out.get("content")
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        out["content"] = "".join(str(p.get("text", "")) for p in content)
+        out["content"] = "".join(str(obj(p).get("text", "")) for p in content)
     return out
 
 
-def canonical(value: Any) -> str:
+def canonical(value: JSONValue) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
@@ -105,32 +108,33 @@ class Pristine:
     tools: str
 
     @classmethod
-    def of(cls, body: dict, workdir: str = "") -> Pristine:
+    def of(cls, body: JSONObject, workdir: str = "") -> Pristine:
         system, _rest = split(body)
         return cls(
             tuple(masked_system(s, workdir) for s in system), canonical(plain(body.get("tools") or []))
         )
 
 
-def _args(raw: Any) -> Any:
+def _args(raw: JSONValue) -> JSONValue:
     if isinstance(raw, dict):
         return raw
     try:
-        return json.loads(raw) if isinstance(raw, str) else raw
+        parsed: JSONValue = json.loads(raw) if isinstance(raw, str) else raw
     except ValueError:
         return None  # did not parse
+    return parsed
 
 
-def _calls(msg: dict) -> list[dict]:
+def _calls(msg: JSONObject) -> list[JSONObject]:
     calls = msg.get("tool_calls")
     return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
 
 
-def _same_call(echo: dict, sent: dict) -> bool:
+def _same_call(echo: JSONObject, sent: JSONObject) -> bool:
     """`echo` is the Teacher's call `sent` as OpenCode resends it: same id; the same name (or its lower case,
     OpenCode's repair of a misspelt tool) and arguments equal as parsed JSON; or OpenCode's own `invalid` call
     naming it (a call it could not run: arguments that did not parse, an unknown tool)."""
-    fe, fs = echo.get("function") or {}, sent.get("function") or {}
+    fe, fs = obj(echo.get("function")), obj(sent.get("function"))
     if echo.get("id") != sent.get("id"):
         return False
     got, parsed = _args(fe.get("arguments")), _args(fs.get("arguments"))
@@ -140,7 +144,7 @@ def _same_call(echo: dict, sent: dict) -> bool:
     return name_ok and (got == parsed or parsed is None)
 
 
-def check_echo(echo: Any, reply: dict, cut: bool = False) -> None:
+def check_echo(echo: JSONValue, reply: JSONObject, cut: bool = False) -> None:
     """`echo` (the assistant message of the next request) is `reply` as the Teacher sent it; with `cut` (the
     reply was cut, or the host interrupted the session while it came) also a beginning of it: its text a prefix
     of the reply's, its calls the first of the reply's calls."""
@@ -175,9 +179,9 @@ class SessionChain:
     """One edge's session as the proxy has seen it; `check` takes each agent request in turn."""
 
     pristine: Pristine | None
-    base: list[dict] = field(default_factory=list)  # the node's session (no system messages)
-    history: list[dict] | None = None  # the last accepted request's messages (no system messages)
-    reply: dict | None = None  # the Teacher's reply to it, as received; None while none came or it failed
+    base: list[JSONValue] = field(default_factory=list)  # the node's session (no system messages)
+    history: list[JSONValue] | None = None  # the last accepted request's messages (no system messages)
+    reply: JSONObject | None = None  # the Teacher's reply to it, as received; None: none came, or it failed
     reply_cut: bool = False  # the reply was cut or refused: OpenCode may resend the request or keep what came
     prompt: str | None = None  # the prompt the host sent and OpenCode has not carried yet
     workdir: str = ""  # the edge's working directory as OpenCode sees it (masked in the system prompt)
@@ -186,7 +190,7 @@ class SessionChain:
     def expect_prompt(self, text: str) -> None:
         self.prompt = text
 
-    def state(self) -> dict:
+    def state(self) -> JSONObject:
         """What a child's session goes on from (kept beside the node's session store): the last accepted request,
         the reply to it, and whether OpenCode may have kept that reply only in part or not at all."""
         return {
@@ -196,17 +200,20 @@ class SessionChain:
         }
 
     @classmethod
-    def resume(cls, pristine: Pristine | None, state: dict, workdir: str = "") -> SessionChain:
-        """A child edge's chain: its session is its parent's as the parent's chain last saw it."""
+    def resume(cls, pristine: Pristine | None, state: JSONObject, workdir: str = "") -> SessionChain:
+        """A child edge's chain: its session is its parent's as the parent's chain last saw it (`state`, which
+        the host kept beside the parent's session store)."""
+        history, reply = state.get("history"), state.get("reply")
         return cls(
-            pristine, history=state.get("history"), reply=state.get("reply"), reply_cut=bool(state.get("cut")),
+            pristine, history=history if isinstance(history, list) else None,
+            reply=reply if isinstance(reply, dict) else None, reply_cut=bool(state.get("cut")),
             interrupted_at_last=bool(state.get("cut")), workdir=workdir,
         )  # fmt: skip
 
-    def check(self, body: dict) -> None:
+    def check(self, body: JSONObject) -> None:
         """Raise ChainBreak unless `body` extends the session; on success it becomes the previous request."""
-        system, rest = split(body)
-        rest = plain(rest)  # compared without OpenCode's caching marks (and kept so)
+        system, sent = split(body)
+        rest = [plain(m) for m in sent]  # compared without OpenCode's caching marks (and kept so)
         if self.pristine is not None:
             if canonical(plain(body.get("tools") or [])) != self.pristine.tools:
                 raise ChainBreak(
@@ -216,7 +223,7 @@ class SessionChain:
                 raise ChainBreak("the system prompt is not OpenCode's", self.pristine.system, system)
         if any(isinstance(m, dict) and m.get("role") == "system" for m in rest):
             raise ChainBreak("a system message after the first user message", None, rest)
-        prev = plain(self.base) if self.history is None else self.history
+        prev = [plain(m) for m in self.base] if self.history is None else self.history
         options = [self._extended(prev, rest)]
         if self.history is not None and (self.reply is None or self.reply_cut):
             options.append(self._tail(prev, rest, len(prev)))  # the same request again (a retry)
@@ -231,7 +238,7 @@ class SessionChain:
             return
         raise errors[0]
 
-    def answered(self, reply: dict | None, cut: bool) -> None:
+    def answered(self, reply: JSONObject | None, cut: bool) -> None:
         """The Teacher's reply to the last accepted request (None: none came), as the proxy received it."""
         # A reply that ends after the host's interrupt may have been dropped by OpenCode all the same.
         self.reply, self.reply_cut = reply, cut or reply is None or self.interrupted_at_last
@@ -241,7 +248,7 @@ class SessionChain:
         not at all."""
         self.reply_cut = self.interrupted_at_last = True
 
-    def _extended(self, prev: list[dict], rest: list[dict]):
+    def _extended(self, prev: list[JSONValue], rest: list[JSONValue]) -> Callable[[], None]:
         def run() -> None:
             if rest[: len(prev)] != prev:
                 i = next(
@@ -257,8 +264,8 @@ class SessionChain:
             if reply is not None:
                 empty = not text_of(reply.get("content")).strip() and not _calls(reply)
                 echo = rest[at] if at < len(rest) else None
-                kept = reply
-                if not (empty and (echo is None or echo.get("role") != "assistant")):
+                kept: JSONValue = reply
+                if not (empty and obj(echo).get("role") != "assistant"):  # no echo of an empty reply
                     try:
                         check_echo(echo, reply, self.reply_cut)
                     except ChainBreak:
@@ -268,7 +275,7 @@ class SessionChain:
                     else:
                         at += 1
                         kept = echo  # its calls (all, or the first of a cut reply) have results next
-                for call in _calls(kept or {}):
+                for call in _calls(obj(kept)):
                     m = rest[at] if at < len(rest) else None
                     if not (
                         isinstance(m, dict)
@@ -283,7 +290,7 @@ class SessionChain:
 
         return run
 
-    def _tail(self, prev: list[dict], rest: list[dict], at: int):
+    def _tail(self, prev: list[JSONValue], rest: list[JSONValue], at: int) -> Callable[[], None]:
         def run() -> None:
             if rest[: min(at, len(prev))] != prev[: min(at, len(prev))]:
                 raise ChainBreak("the request does not repeat the session", prev, rest)

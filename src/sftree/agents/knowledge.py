@@ -33,6 +33,7 @@ import fnmatch
 import posixpath
 import re
 import shlex
+from collections.abc import Mapping
 
 ITEMS = ("notes", "skills", "attempts", "roles")  # the shared items that are knowledge (Coral's CORAL_ITEMS)
 SHARED_REL = ".coral/public"  # the shared folder, relative to the Coral run folder
@@ -52,7 +53,9 @@ _HIDDEN_WILD_TEXT = re.compile(r"(^|[\s/{,'\"=:(])\.[^/\s]*[*?\[{]")
 _MAX_BRACES = 64  # brace alternatives expanded per pattern; past that `{...}` is taken as `*`
 
 
-def is_knowledge_action(tool: str, args: dict, worktree: str = ".", shared: str | None = None) -> bool:
+def is_knowledge_action(
+    tool: str, args: Mapping[str, object], worktree: str = ".", shared: str | None = None
+) -> bool:
     """DESIGN.md's knowledge action, from the call's arguments alone. `worktree`: the agent's cwd as it sees it
     ("." when unknown: relative paths are still judged); `shared`: the shared folder as it sees it (default: Coral's
     layout, `<worktree>/../../.coral/public`)."""
@@ -91,7 +94,7 @@ def patch_paths(text: str) -> list[str]:
 
 
 # ---- bash ----------------------------------------------------------------------------------------------------
-def _bash(args: dict, where: tuple[str, str]) -> bool:
+def _bash(args: Mapping[str, object], where: tuple[str, str]) -> bool:
     wt = where[0]
     workdir = _str(args.get("workdir"))
     if workdir and _names(workdir, wt, where):
@@ -151,7 +154,7 @@ def _any_path(text: str, cwd: str, where: tuple[str, str]) -> bool:
 
 
 # ---- paths ---------------------------------------------------------------------------------------------------
-def _str(v) -> str:
+def _str(v: object) -> str:
     return v if isinstance(v, str) else ""
 
 
@@ -185,10 +188,10 @@ def _parts(path: str) -> list[str]:
 def _reaches(pat: list[str], base: tuple[str, ...], glob: bool) -> bool:
     """Whether the path (or pattern) `pat`, read from its first part, is the folder `base` itself or is at or
     under one of its knowledge items."""
-    base = list(base)
-    if _match(pat, base, glob, exact=True):
+    folder = list(base)
+    if _match(pat, folder, glob, exact=True):
         return True
-    return any(_match(pat, [*base, item], glob, exact=False) for item in ITEMS)
+    return any(_match(pat, [*folder, item], glob, exact=False) for item in ITEMS)
 
 
 def _match(pat: list[str], target: list[str], glob: bool, *, exact: bool) -> bool:

@@ -17,14 +17,37 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sftree.agents.base import AgentBackend, ToolOutcome, TurnOutcome, TurnRun
+from sftree.agents.base import Teacher, ToolOutcome, TurnOutcome, TurnRun
+from sftree.agents.jsontypes import (
+    ChatRequest,
+    Config,
+    JSONObject,
+    JSONValue,
+    StepKind,
+    StepRecord,
+    ToolResult,
+    UsageRecord,
+    arr,
+    cfg_float,
+    cfg_int,
+    cfg_section,
+    obj,
+)
 from sftree.agents.nativetools import TOOL_SCHEMAS, TOOLBOX, ToolContext, execute
 from sftree.agents.prompts import render
 from sftree.runtime.sandbox import CORAL_MOUNT, resolve_mode
-from sftree.teacher.client import BadReply, ContextOverflow, TeacherError
+from sftree.teacher.client import BadReply, ContextOverflow
+from sftree.teacher.transport import TeacherError
 from sftree.world.standin import nudge_prompt
+
+if TYPE_CHECKING:
+    from sftree.runtime.edgebox import EdgeBox
+    from sftree.teacher.client import Completion, Usage
 
 log = logging.getLogger(__name__)
 
@@ -46,32 +69,62 @@ def context_check(used: int, max_tokens: int, context_tokens: int | None) -> str
     )
 
 
-def assistant_message(msg: dict) -> dict:
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call of the Teacher's reply as it goes back into the session (`arguments` as JSON text)."""
+
+    id: JSONValue  # the reply's own id (`call_<i>` when it gave none)
+    name: str
+    arguments: str
+
+    def to_json(self) -> JSONObject:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+def tool_calls(msg: Mapping[str, JSONValue]) -> list[ToolCall]:
+    """The calls of a reply's message (`teacher.response.normalize`d), in order."""
+    calls = []
+    for i, c in enumerate(arr(msg.get("tool_calls"))):
+        call = obj(c)
+        fn = obj(call.get("function"))
+        args = fn.get("arguments")
+        text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+        calls.append(ToolCall(call.get("id") or f"call_{i}", str(fn.get("name", "")), text))
+    return calls
+
+
+def assistant_message(msg: Mapping[str, JSONValue]) -> JSONObject:
     """The assistant message as it goes back into the session: fixed keys, content always present."""
-    out = {"role": "assistant", "content": msg.get("content") or ""}
+    out: JSONObject = {"role": "assistant", "content": msg.get("content") or ""}
     if msg.get("reasoning_content"):
         out["reasoning_content"] = msg["reasoning_content"]
-    calls = []
-    for i, c in enumerate(msg.get("tool_calls") or []):
-        fn = c.get("function") or {}
-        args = fn.get("arguments")
-        if not isinstance(args, str):
-            args = json.dumps(args, ensure_ascii=False)
-        calls.append(
-            {
-                "id": c.get("id") or f"call_{i}",
-                "type": "function",
-                "function": {"name": str(fn.get("name", "")), "arguments": args},
-            }
-        )
+    calls: list[JSONValue] = [c.to_json() for c in tool_calls(msg)]
     if calls:
         out["tool_calls"] = calls
     return out
 
 
-def failed_step(turn: int, step: int, kind: str, request: dict, error: str, raw: str | None = None) -> dict:
+def usage_record(usage: Usage) -> UsageRecord:
+    """A step record's usage (`Usage.to_dict`'s keys and order)."""
+    out: UsageRecord = {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cached_tokens": usage.cached_tokens,
+    }
+    if usage.estimated:
+        out["estimated"] = True
+    return out
+
+
+def failed_step(
+    turn: int, step: int, kind: StepKind, request: ChatRequest, error: str, raw: str | None = None
+) -> StepRecord:
     """The step record of a model call that produced no message (docs/architecture.md)."""
-    rec = {
+    rec: StepRecord = {
         "turn": turn,
         "step": step,
         "kind": kind,
@@ -88,17 +141,30 @@ def failed_step(turn: int, step: int, kind: str, request: dict, error: str, raw:
     return rec
 
 
-class NativeAgent(AgentBackend):
-    name = "native"
+class NativeAgent:
+    """The native backend (module docstring): an `AgentBackend`."""
 
-    def __init__(self, teacher, agent_cfg: dict):
+    name = "native"
+    student_model: str | None = None  # its prompt and tools are OpenCode's, for no model id in particular
+    needs_probe = False
+
+    def __init__(self, teacher: Teacher, agent_cfg: Config):
         self.teacher = teacher
         self.cfg = agent_cfg
-        self.sandbox = resolve_mode(agent_cfg.get("sandbox", "auto"))
+        self.sandbox = resolve_mode(str(agent_cfg.get("sandbox", "auto")))
         self.tools = TOOL_SCHEMAS
 
+    def prepare(self, run: TurnRun) -> None:
+        """Nothing to learn: the native agent's session is its own."""
+
+    def end_edge(self, edge_id: str) -> None:
+        """Nothing is held per edge."""
+
+    def close(self) -> None:
+        """Nothing is held per tree."""
+
     @staticmethod
-    def toolbox_path(box) -> str:
+    def toolbox_path(box: EdgeBox) -> str:
         """The toolbox program as the sandbox sees it: a copy beside the coral client (the project is hidden)."""
         if not box.sandboxed or box.coral_dir is None:
             return str(TOOLBOX)
@@ -112,22 +178,21 @@ class NativeAgent(AgentBackend):
         return ToolContext(
             box=run.box,
             toolbox=self.toolbox_path(run.box),
-            bash_timeout=float(self.cfg.get("bash_timeout", 300)),
-            output_cap=int(self.cfg.get("output_cap", 30000)),
+            bash_timeout=cfg_float(self.cfg, "bash_timeout", 300),
+            output_cap=cfg_int(self.cfg, "output_cap", 30000),
             deadline=deadline,
         )
 
     def run_turn(self, run: TurnRun) -> TurnOutcome:
-        ctx = self.tool_context(run, time.monotonic() + float(self.cfg.get("turn_timeout", 3600)))
-        return self._run_turn(run, ctx)
+        deadline = time.monotonic() + cfg_float(self.cfg, "turn_timeout", 3600)
+        return self._run_turn(run, self.tool_context(run, deadline), deadline)
 
-    def _run_turn(self, run: TurnRun, ctx: ToolContext) -> TurnOutcome:
-        max_steps = int(self.cfg.get("max_steps_per_turn", 40))
-        deadline = ctx.deadline
-        nudges_left = int(self.cfg.get("nudges", 2))
+    def _run_turn(self, run: TurnRun, ctx: ToolContext, deadline: float) -> TurnOutcome:
+        max_steps = cfg_int(self.cfg, "max_steps_per_turn", 40)
+        nudges_left = cfg_int(self.cfg, "nudges", 2)
         out = TurnOutcome(ended="step_limit")
         messages = self._open_turn(run)
-        kind = "agent"
+        kind: StepKind = "agent"
         evals_before = len(run.coral.evals)
         used = int(run.context_used or 0)  # the session's context so far (usage of its last step)
         while True:
@@ -137,10 +202,12 @@ class NativeAgent(AgentBackend):
             if time.monotonic() >= deadline:
                 out.ended = "timeout"
                 break
-            request = {"model": self.teacher.model, "messages": list(messages), "tools": self.tools}
-            full = context_check(
-                used, getattr(self.teacher, "max_tokens", 0), getattr(self.teacher, "context_tokens", None)
-            )
+            request: ChatRequest = {
+                "model": self.teacher.model,
+                "messages": list[JSONValue](messages),
+                "tools": list[JSONValue](self.tools),
+            }
+            full = context_check(used, self.teacher.max_tokens, self.teacher.context_tokens)
             if full:
                 out.ended, out.error = "context_overflow", full
                 break
@@ -160,10 +227,10 @@ class NativeAgent(AgentBackend):
                 )
                 continue
             out.steps += 1
-            msg = assistant_message(comp.message)
+            msg, calls = assistant_message(comp.message), tool_calls(comp.message)
             messages.append(msg)
             out.tokens = used = comp.usage.prompt_tokens + comp.usage.completion_tokens
-            results, turn_done = self._run_calls(run, ctx, comp, msg, out, evals_before)
+            results, turn_done = self._run_calls(run, ctx, comp, calls, out, evals_before)
             run.recorder.write(self._step_record(run, out.steps, kind, request, msg, results, comp))
             kind = "agent"
             if turn_done:
@@ -172,7 +239,7 @@ class NativeAgent(AgentBackend):
             if time.monotonic() >= deadline:
                 out.ended = "timeout"
                 break
-            if not msg.get("tool_calls"):
+            if not calls:
                 if nudges_left <= 0:
                     out.ended = "no_eval"
                     break
@@ -181,9 +248,9 @@ class NativeAgent(AgentBackend):
                 kind = "nudge"
         return out
 
-    def _open_turn(self, run: TurnRun) -> list[dict]:
+    def _open_turn(self, run: TurnRun) -> list[JSONObject]:
         """The session with the turn's prompt added (a fresh one starts with the system prompt)."""
-        overrides = self.cfg.get("prompts") or {}
+        overrides = cfg_section(self.cfg, "prompts")
         messages = run.messages
         if not messages:  # a fresh session: the system prompt, carrying AGENTS.md as OpenCode does
             text = run.instructions.strip()
@@ -193,25 +260,30 @@ class NativeAgent(AgentBackend):
 
     @staticmethod
     def _run_calls(
-        run: TurnRun, ctx: ToolContext, comp, msg: dict, out: TurnOutcome, evals_before: int
-    ) -> tuple[list[dict], bool]:
+        run: TurnRun,
+        ctx: ToolContext,
+        comp: Completion,
+        calls: list[ToolCall],
+        out: TurnOutcome,
+        evals_before: int,
+    ) -> tuple[list[ToolResult], bool]:
         """Run the step's tool calls in order, each result added to the session and counted in `out`; once the
         turn's `coral eval` ran (True returned with the results) or its time is up, the rest are not run."""
         messages, deadline = run.messages, ctx.deadline
-        results = []
+        results: list[ToolResult] = []
         turn_done = False
-        for call in msg.get("tool_calls", []):
-            name, call_id = call["function"]["name"], call["id"]
+        for call in calls:
+            name, call_id = call.name, call.id
             if turn_done:
                 res = ToolOutcome(NOT_RUN)
-            elif time.monotonic() >= deadline:
+            elif deadline is not None and time.monotonic() >= deadline:
                 res = ToolOutcome(NOT_RUN_TIMEOUT)
             elif comp.truncated_calls:
                 res = ToolOutcome(TRUNCATED, error=True)
                 out.tool_calls += 1
                 out.tool_errors += 1
             else:
-                res = execute(name, call["function"]["arguments"], ctx)
+                res = execute(name, call.arguments, ctx)
                 out.tool_calls += 1
                 out.tool_errors += int(res.error)
                 out.knowledge = out.knowledge or res.knowledge
@@ -232,17 +304,23 @@ class NativeAgent(AgentBackend):
 
     @staticmethod
     def _step_record(
-        run: TurnRun, step: int, kind: str, request: dict, msg: dict, results: list[dict], comp
-    ) -> dict:
+        run: TurnRun,
+        step: int,
+        kind: StepKind,
+        request: ChatRequest,
+        msg: JSONObject,
+        results: list[ToolResult],
+        comp: Completion,
+    ) -> StepRecord:
         """The step record of a model call and the tool calls it made (docs/architecture.md)."""
-        record = {
+        record: StepRecord = {
             "turn": run.turn,
             "step": step,
             "kind": kind,
             "request": request,
             "response": msg,
             "tool_results": results,
-            "usage": comp.usage.to_dict(),
+            "usage": usage_record(comp.usage),
             "latency_s": round(comp.latency_s, 4),
             "finish_reason": comp.finish_reason,
         }

@@ -21,12 +21,18 @@ import posixpath
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sftree.agents.base import ToolOutcome
+from sftree.agents.jsontypes import JSONObject, JSONValue, arr, obj
 from sftree.agents.knowledge import is_knowledge_action
 
+if TYPE_CHECKING:
+    from sftree.runtime.edgebox import EdgeBox
+    from sftree.runtime.procs import GroupResult
 
-def _fn(name: str, description: str, props: dict, required: list[str]) -> dict:
+
+def _fn(name: str, description: str, props: JSONObject, required: list[JSONValue]) -> JSONObject:
     return {
         "type": "function",
         "function": {
@@ -43,7 +49,7 @@ def _fn(name: str, description: str, props: dict, required: list[str]) -> dict:
 
 
 # Fixed order and text: part of every request's byte-identical prefix.
-TOOL_SCHEMAS: list[dict] = [
+TOOL_SCHEMAS: list[JSONObject] = [
     _fn(
         "bash",
         "Executes a bash command in the workspace with an optional timeout (milliseconds).",
@@ -118,9 +124,19 @@ TOOL_SCHEMAS: list[dict] = [
         ["pattern"],
     ),
 ]
-TOOL_NAMES = [t["function"]["name"] for t in TOOL_SCHEMAS]
-_SCHEMA = {t["function"]["name"]: t["function"]["parameters"] for t in TOOL_SCHEMAS}
-_PYTYPES = {"string": str, "number": (int, float), "boolean": bool}
+
+
+def _params(tool: JSONObject) -> tuple[str, dict[str, str], list[str]]:
+    """A schema of TOOL_SCHEMAS as (tool name, {argument: JSON type}, required arguments)."""
+    fn = obj(tool["function"])
+    params = obj(fn["parameters"])
+    types = {k: str(obj(spec)["type"]) for k, spec in obj(params["properties"]).items()}
+    return str(fn["name"]), types, [str(k) for k in arr(params["required"])]
+
+
+_SCHEMA = {name: (types, required) for name, types, required in map(_params, TOOL_SCHEMAS)}
+TOOL_NAMES = list(_SCHEMA)
+_PYTYPES: dict[str, type | tuple[type, ...]] = {"string": str, "number": (int, float), "boolean": bool}
 
 TOOLBOX = Path(__file__).resolve().parent / "toolbox.py"
 
@@ -131,7 +147,7 @@ class ToolError(Exception):
 
 @dataclass
 class ToolContext:
-    box: object  # sftree.runtime.edgebox.EdgeBox: where every tool runs
+    box: EdgeBox  # where every tool runs
     toolbox: str  # the toolbox program's path as the sandbox sees it
     bash_timeout: float = 300.0
     output_cap: int = 30000
@@ -139,7 +155,7 @@ class ToolContext:
 
 
 # ---- argument checking -------------------------------------------------------------------------------------
-def parse_arguments(name: str, raw) -> dict:
+def parse_arguments(name: str, raw: str | JSONObject) -> JSONObject:
     """Decode and check a call's arguments against its schema; ToolError on anything wrong."""
     if name not in _SCHEMA:
         raise ToolError(f"unknown tool {name!r}; available tools: {', '.join(TOOL_NAMES)}")
@@ -152,19 +168,19 @@ def parse_arguments(name: str, raw) -> dict:
             raise ToolError(f"invalid arguments for {name}: not valid JSON ({exc})") from None
     if not isinstance(args, dict):
         raise ToolError(f"invalid arguments for {name}: expected a JSON object")
-    schema = _SCHEMA[name]
-    missing = [k for k in schema["required"] if k not in args]
+    types, required = _SCHEMA[name]
+    missing = [k for k in required if k not in args]
     if name == "bash":
         missing = [k for k in missing if k != "description"]  # OpenCode tolerates a missing description
     if missing:
         raise ToolError(f"invalid arguments for {name}: missing {', '.join(missing)}")
     for k, v in args.items():
-        spec = schema["properties"].get(k)
-        if spec is None:
+        jtype = types.get(k)
+        if jtype is None:
             raise ToolError(f"invalid arguments for {name}: unexpected field {k!r}")
-        ok = isinstance(v, _PYTYPES[spec["type"]]) and not (spec["type"] == "number" and isinstance(v, bool))
+        ok = isinstance(v, _PYTYPES[jtype]) and not (jtype == "number" and isinstance(v, bool))
         if not ok and v is not None:
-            raise ToolError(f"invalid arguments for {name}: {k} must be a {spec['type']}")
+            raise ToolError(f"invalid arguments for {name}: {k} must be a {jtype}")
     return args
 
 
@@ -188,11 +204,11 @@ def _time_for(ctx: ToolContext, want: float) -> float:
     return want
 
 
-def _stopped(res) -> str:
+def _stopped(res: GroupResult) -> str:
     return f"\n(stopped: {res.stopped})" if res.stopped else ""
 
 
-def tool_file(name: str, args: dict, ctx: ToolContext) -> str:
+def tool_file(name: str, args: JSONObject, ctx: ToolContext) -> str:
     """read/write/edit/glob/grep: the toolbox program in the sandbox (module docstring)."""
     box = ctx.box
     roots = [box.worktree, box.inside(box.ws.knowledge_dir)]
@@ -218,19 +234,29 @@ def tool_file(name: str, args: dict, ctx: ToolContext) -> str:
     return text
 
 
-def tool_bash(args: dict, ctx: ToolContext) -> str:
+def tool_bash(args: JSONObject, ctx: ToolContext) -> str:
+    """The shell in the sandbox (`parse_arguments` checked the arguments' types; each may still be null)."""
     box = ctx.box
     workdir = args.get("workdir")
-    cwd = posixpath.normpath(posixpath.join(box.worktree, workdir)) if workdir else box.worktree
+    cwd = (
+        posixpath.normpath(posixpath.join(box.worktree, workdir))
+        if isinstance(workdir, str) and workdir
+        else box.worktree
+    )
     timeout_ms = args.get("timeout")
-    timeout = ctx.bash_timeout if not timeout_ms else min(float(timeout_ms) / 1000.0, ctx.bash_timeout * 2)
+    timeout = (
+        min(float(timeout_ms) / 1000.0, ctx.bash_timeout * 2)
+        if isinstance(timeout_ms, int | float) and timeout_ms
+        else ctx.bash_timeout
+    )
     if not timeout > 0:
         raise ToolError("timeout must be positive")
     timeout = _time_for(ctx, timeout)
+    command = args["command"]
+    if not isinstance(command, str):  # a null command: the error running it would raise
+        raise TypeError(f"expected str, bytes or os.PathLike object, not {type(command).__name__}")
     # Bytes, not characters: a little more than the cap so the cut is made on characters below.
-    res = box.run(
-        ["bash", "-c", args["command"]], timeout=timeout, cwd=cwd, max_output=ctx.output_cap * 4 + 4096
-    )
+    res = box.run(["bash", "-c", command], timeout=timeout, cwd=cwd, max_output=ctx.output_cap * 4 + 4096)
     text = res.stdout.decode("utf-8", "replace")
     if res.dropped:  # already over the cap: cut here, counting what was never read into memory
         more = len(text) - ctx.output_cap + res.dropped
@@ -244,7 +270,7 @@ def tool_bash(args: dict, ctx: ToolContext) -> str:
     return text
 
 
-def execute(name: str, raw_arguments, ctx: ToolContext) -> ToolOutcome:
+def execute(name: str, raw_arguments: str | JSONObject, ctx: ToolContext) -> ToolOutcome:
     """Run one tool call; never raises. A call that failed read or wrote nothing, so it is no knowledge action."""
     try:
         args = parse_arguments(name, raw_arguments)

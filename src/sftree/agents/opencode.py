@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sftree.agents.base import AgentBackend, TurnOutcome, TurnRun
+from sftree.agents.base import TurnOutcome, TurnRun
 from sftree.agents.chain import Pristine, SessionChain, split
 from sftree.agents.knowledge import is_knowledge_action as is_knowledge  # one decision for both backends
 from sftree.agents.proxy import Channel, ProxyLimits, RecordingProxy
@@ -584,7 +584,7 @@ class _Edge:
         return self.home / "host"
 
 
-class OpenCodeAgent(AgentBackend):
+class OpenCodeAgent:
     name = "opencode"
 
     def __init__(self, teacher, agent_cfg: dict, *, search_cfg: dict | None = None, world=None):

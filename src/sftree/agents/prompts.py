@@ -10,30 +10,37 @@ is built.
 from __future__ import annotations
 
 import string
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from sftree.agents.jsontypes import JSONObject
 from sftree.errors import InputError
+
+if TYPE_CHECKING:
+    from sftree.world.coral_command import EvalResult
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "prompts"
 NAMES = {"system": "system.md"}
 
 
-def load_template(name: str, overrides: dict | None = None) -> str:
+def load_template(name: str, overrides: Mapping[str, object] | None = None) -> str:
+    """The template `name`: the file `overrides[name]` names (agent.prompts), else sftree's own."""
     path = (overrides or {}).get(name)
-    p = Path(path) if path else TEMPLATE_DIR / NAMES[name]
+    p = Path(str(path)) if path else TEMPLATE_DIR / NAMES[name]
     try:
         return p.read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(f"prompt template {name!r} ({p}) cannot be read: {exc}") from None
 
 
-def render(name: str, overrides: dict | None = None, **values) -> str:
+def render(name: str, overrides: Mapping[str, object] | None = None, **values: object) -> str:
     return string.Template(load_template(name, overrides)).safe_substitute(
         {k: ("" if v is None else str(v)) for k, v in values.items()}
     )
 
 
-def turn_record(ev, ended: str) -> dict:
+def turn_record(ev: EvalResult | None, ended: str) -> JSONObject:
     """The host's own record of how a turn ended: its first `coral eval` (EvalResult or None) and why it ended.
 
     The next turn's prompt is built from this alone, never from text in the session: the agent's tools can

@@ -8,12 +8,36 @@ the host bounds its time, memory and output, and reads nothing but this line. Pa
 `roots` (the worktree and the shared knowledge, as the agent sees them).
 """
 
+from __future__ import annotations
+
 import fnmatch
 import json
 import os
 import re
 import stat
 import sys
+
+TYPE_CHECKING = False  # `typing` is not imported at run time: every tool call starts this program afresh
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
+    from typing import TypedDict
+
+    class ToolArgs(TypedDict, total=False):
+        """The call's arguments, checked by the host against the tool's schema (agents/nativetools.py); a field
+        may also be null (the host lets that through, as OpenCode does): the tool's error then says so."""
+
+        filePath: str
+        content: str
+        oldString: str
+        newString: str
+        replaceAll: bool
+        offset: float
+        limit: float
+        pattern: str
+        path: str
+        include: str
+
+    Tool = Callable[[ToolArgs, str, list[str]], str]
 
 MAX_LIST = 200
 MAX_LINE = 2000
@@ -24,7 +48,7 @@ class ToolError(Exception):
     pass
 
 
-def confine(p, cwd, roots):
+def confine(p: object, cwd: str, roots: Sequence[str]) -> str:
     if not isinstance(p, str) or not p or "\0" in p:
         raise ToolError(f"invalid path {p!r}")
     full = os.path.realpath(os.path.join(cwd, p))
@@ -34,12 +58,12 @@ def confine(p, cwd, roots):
     raise ToolError(f"denied: {p} is outside the workspace")
 
 
-def _rel(path, cwd):
+def _rel(path: str, cwd: str) -> str:
     rel = os.path.relpath(path, cwd)
     return rel if not rel.startswith("..") else path
 
 
-def _regular(path, shown):
+def _regular(path: str, shown: str) -> os.stat_result:
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -51,7 +75,7 @@ def _regular(path, shown):
     return st
 
 
-def _number(v, default):
+def _number(v: float | None, default: int) -> int:
     if v is None:
         return default
     n = float(v)
@@ -60,7 +84,7 @@ def _number(v, default):
     return int(n)
 
 
-def tool_read(a, cwd, roots):
+def tool_read(a: ToolArgs, cwd: str, roots: list[str]) -> str:
     path = confine(a["filePath"], cwd, roots)
     _regular(path, a["filePath"])
     offset = max(0, _number(a.get("offset"), 0))
@@ -83,7 +107,7 @@ def tool_read(a, cwd, roots):
     return "<file>\n" + "\n".join(out) + tail + "\n</file>"
 
 
-def tool_write(a, cwd, roots):
+def tool_write(a: ToolArgs, cwd: str, roots: list[str]) -> str:
     path = confine(a["filePath"], cwd, roots)
     if os.path.isdir(path):
         raise ToolError(f"{a['filePath']} is a directory")
@@ -96,7 +120,7 @@ def tool_write(a, cwd, roots):
     return f"{'Overwrote' if existed else 'Wrote'} {a['filePath']} ({len(a['content'])} characters)"
 
 
-def tool_edit(a, cwd, roots):
+def tool_edit(a: ToolArgs, cwd: str, roots: list[str]) -> str:
     path = confine(a["filePath"], cwd, roots)
     old, new = a["oldString"], a["newString"]
     if old == new:
@@ -117,7 +141,7 @@ def tool_edit(a, cwd, roots):
     return f"Edited {a['filePath']} ({n if a.get('replaceAll') else 1} replacement(s))"
 
 
-def _walk(base, roots):
+def _walk(base: str, roots: list[str]) -> Iterator[str]:
     """Files under `base` (sorted); links are listed only when they lead inside the roots, never followed."""
     for dirpath, dirnames, filenames in os.walk(base):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
@@ -131,14 +155,14 @@ def _walk(base, roots):
             yield p
 
 
-def _dir(a, cwd, roots, key):
+def _dir(a: ToolArgs, cwd: str, roots: list[str], key: str) -> str:
     base = confine(a.get(key) or ".", cwd, roots)
     if not os.path.isdir(base):
         raise ToolError(f"directory not found: {a.get(key)}")
     return base
 
 
-def tool_glob(a, cwd, roots):
+def tool_glob(a: ToolArgs, cwd: str, roots: list[str]) -> str:
     base = _dir(a, cwd, roots, "path")
     pattern = a["pattern"]
     hits = []
@@ -157,7 +181,7 @@ def tool_glob(a, cwd, roots):
     return "\n".join(hits[:MAX_LIST]) + more
 
 
-def tool_grep(a, cwd, roots):
+def tool_grep(a: ToolArgs, cwd: str, roots: list[str]) -> str:
     base = confine(a.get("path") or ".", cwd, roots)
     if not os.path.exists(base):
         raise ToolError(f"path not found: {a.get('path')}")
@@ -193,10 +217,16 @@ def tool_grep(a, cwd, roots):
     return "\n".join(hits) if hits else "No matches found"
 
 
-TOOLS = {"read": tool_read, "write": tool_write, "edit": tool_edit, "glob": tool_glob, "grep": tool_grep}
+TOOLS: dict[str, Tool] = {
+    "read": tool_read,
+    "write": tool_write,
+    "edit": tool_edit,
+    "glob": tool_glob,
+    "grep": tool_grep,
+}
 
 
-def main():
+def main() -> None:
     req = json.loads(sys.stdin.read())
     cwd, roots = req["cwd"], [os.path.realpath(r) for r in req["roots"]]
     try:

@@ -21,27 +21,28 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Literal
 
+from sftree.agents.jsontypes import JSONValue, StepRecord, arr, obj
+from sftree.records.tree import TurnEnd
+
+CallFault = Literal["cut_call", "malformed_call", "unknown_tool"]
 # Refined only from these: the others (eval, timeout, tampered, edge_error) already say why.
-REFINED = ("no_eval", "step_limit", "cut_call")
-TEACHER_DOWN = ("teacher_error", "teacher_stalled")  # search/edge.py, mcts.py: the Teacher, not the node
+REFINED: tuple[TurnEnd, ...] = ("no_eval", "step_limit", "cut_call")
+# search/edge.py, mcts.py: the Teacher, not the node
+TEACHER_DOWN: tuple[TurnEnd, ...] = ("teacher_error", "teacher_stalled")
 _OVERFLOW = re.compile(r"context|too (?:long|many tokens)|exceeds? (?:the )?(?:available|maximum)", re.I)
 _STALL = re.compile(r"timed? ?out|timeout|stream cut|stall", re.I)
 
 
-def offered(record: dict) -> set[str]:
-    tools = (record.get("request") or {}).get("tools") or []
-    return {
-        t["function"]["name"]
-        for t in tools
-        if isinstance(t, dict)
-        and isinstance(t.get("function"), dict)
-        and isinstance(t["function"].get("name"), str)
-    }
+def offered(record: StepRecord) -> set[str]:
+    """The tool names the record's request offered."""
+    names = (obj(obj(t).get("function")).get("name") for t in arr(obj(record.get("request")).get("tools")))
+    return {n for n in names if isinstance(n, str)}
 
 
-def _args_ok(call: dict) -> bool:
-    raw = (call.get("function") or {}).get("arguments")
+def _args_ok(call: JSONValue) -> bool:
+    raw = obj(obj(call).get("function")).get("arguments")
     if isinstance(raw, dict):
         return True
     try:
@@ -50,26 +51,30 @@ def _args_ok(call: dict) -> bool:
         return False
 
 
-def cut_call(record: dict) -> bool:
+def _tool_calls(record: StepRecord) -> JSONValue:
+    """The reply's `tool_calls` as sent (None when there is no reply or none)."""
+    return obj(record.get("response")).get("tool_calls")
+
+
+def cut_call(record: StepRecord) -> bool:
     """A reply cut at `max_tokens` while it was writing a tool call (the call's arguments are cut)."""
-    resp = record.get("response") or {}
-    return record.get("finish_reason") == "length" and bool(resp.get("tool_calls"))
+    return record.get("finish_reason") == "length" and bool(_tool_calls(record))
 
 
-def call_fault(record: dict) -> str | None:
+def call_fault(record: StepRecord) -> CallFault | None:
     """`cut_call` | `malformed_call` | `unknown_tool` | None for one model call's reply."""
-    calls = [c for c in (record.get("response") or {}).get("tool_calls") or [] if isinstance(c, dict)]
+    calls = [c for c in arr(_tool_calls(record)) if isinstance(c, dict)]
     if cut_call(record):
         return "cut_call"
     if any(not _args_ok(c) for c in calls):
         return "malformed_call"
     names = offered(record)
-    if names and any((c.get("function") or {}).get("name") not in names for c in calls):
+    if names and any(obj(c.get("function")).get("name") not in names for c in calls):
         return "unknown_tool"
     return None
 
 
-def refine(ended: str, records: list[dict], error: str | None = None) -> str:
+def refine(ended: TurnEnd, records: list[StepRecord], error: str | None = None) -> TurnEnd:
     """The turn's end reason, from how the backend stopped it and the turn's step records."""
     if ended == "teacher_error":
         failed = (
@@ -81,7 +86,7 @@ def refine(ended: str, records: list[dict], error: str | None = None) -> str:
     if ended not in REFINED:
         return ended
     calls = [r for r in records if r.get("kind") in ("agent", "nudge") and r.get("response")]
-    with_calls = [r for r in calls if (r["response"].get("tool_calls") or [])]
+    with_calls = [r for r in calls if _tool_calls(r)]
     if not with_calls:
         return "no_tool_call"
     return call_fault(with_calls[-1]) or ended

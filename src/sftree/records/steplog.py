@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,7 @@ class StepRecorder:
         self.latency_s = 0.0
         self.records = 0
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: Mapping[str, Any]) -> None:  # a backend's record (agents/jsontypes.py StepRecord)
         with self._lock:
             self._writer.write({"edge": self.edge_id, **record})
             self.latency_s += float(record.get("latency_s") or 0.0)

@@ -1,0 +1,98 @@
+"""The JSON the agents read and write, typed: what others send (OpenAI chat requests and replies, OpenCode's events,
+a request body from the sandbox) is `JSONValue` and is read through the narrowing helpers below, which trust no
+shape; what sftree owns (step records, their tool results and usage) is a TypedDict (docs/architecture.md, "Step
+records")."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal, NotRequired, TypeAlias, TypedDict
+
+JSONValue: TypeAlias = "str | int | float | bool | None | list[JSONValue] | dict[str, JSONValue]"
+JSONObject: TypeAlias = "dict[str, JSONValue]"
+JSONList: TypeAlias = "list[JSONValue]"
+# A validated config section (agent.*, search.*) as the YAML loader made it: read through `cfg_*` below.
+Config: TypeAlias = Mapping[str, object]
+
+# What a step record's model call was (agents/proxy.py `classify`; the native agent's are agent or nudge).
+StepKind = Literal["agent", "nudge", "title", "compaction", "summary"]
+
+
+def obj(value: object) -> JSONObject:
+    """`value` when it is a JSON object, else an empty one (what `value or {}` reads, for any shape)."""
+    return value if isinstance(value, dict) else {}
+
+
+def arr(value: object) -> JSONList:
+    """`value` when it is a JSON array, else an empty one (what `value or []` reads, for any shape)."""
+    return value if isinstance(value, list) else []
+
+
+def cfg_int(cfg: Config, key: str, default: int) -> int:
+    """A config number as an int (`int(cfg.get(key, default))`); a value that is no number names the key."""
+    value = cfg.get(key, default)
+    if not isinstance(value, int | float | str):
+        raise TypeError(f"agent.{key}: {value!r} is not a number")
+    return int(value)
+
+
+def cfg_float(cfg: Config, key: str, default: float) -> float:
+    """A config number as a float (`float(cfg.get(key, default))`); a value that is no number names the key."""
+    value = cfg.get(key, default)
+    if not isinstance(value, int | float | str):
+        raise TypeError(f"agent.{key}: {value!r} is not a number")
+    return float(value)
+
+
+def cfg_section(cfg: Config, key: str) -> Config:
+    """A nested config mapping (`cfg.get(key) or {}`)."""
+    value = cfg.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+class ChatRequest(TypedDict):
+    """A step record's request: exactly what was sent (foreign for OpenCode's, so its parts stay JSON)."""
+
+    model: JSONValue
+    messages: JSONValue  # a list of messages (a request from the sandbox may send anything)
+    tools: JSONValue
+
+
+class ToolResult(TypedDict):
+    """One tool call's result in a step record (`tool_results`)."""
+
+    tool_call_id: JSONValue
+    name: JSONValue
+    content: str
+    error: bool
+    knowledge: bool
+
+
+class UsageRecord(TypedDict):
+    """A step record's `usage`, as the server reported it (or `estimated` from the text)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    estimated: NotRequired[bool]
+
+
+class StepRecord(TypedDict):
+    """One model call (docs/architecture.md, "Step records"); keys in the order they are written."""
+
+    edge: NotRequired[str]  # stamped by the StepRecorder
+    turn: int
+    step: NotRequired[int]  # the OpenCode backend numbers the proxy's records per turn
+    kind: StepKind
+    request: ChatRequest
+    response: JSONObject | None
+    tool_results: list[ToolResult]
+    usage: UsageRecord | None
+    latency_s: float
+    finish_reason: str | None
+    session_id: NotRequired[JSONValue]  # OpenCode's x-session-id header (the proxy's records)
+    notes: NotRequired[list[str]]
+    compacted: NotRequired[bool]
+    error: NotRequired[str]
+    raw_response: NotRequired[str]
+    tampered: NotRequired[dict[str, str]]
