@@ -327,11 +327,11 @@ def test_sandbox_reaches_the_proxy_and_nothing_else(tree, tmp_path):
     from sftree.search.edge import open_world
 
     uid = UIDS.acquire()
-    ws, _runtime, server, box = open_world(ctx, ctx.root_state, "probe", uid)
+    ws, runtime, server, box = open_world(ctx, ctx.root_state, "probe", uid)
     try:
         st = _Edge(home=ws.paths.edge / "opencode", uid=uid)
         st.home.mkdir()
-        run = TurnRun(ws, box, None, [], "", 1, {}, None, {}, ctx.task_cfg)
+        run = TurnRun(ws, box, runtime, [], "", 1, {}, None, {}, ctx.task_cfg)
         agent.proxy.channel("probe")
         teacher_port = int(ctx.teacher.base_url.rsplit(":", 1)[1].split("/")[0])
         probe = f"""

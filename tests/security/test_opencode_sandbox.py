@@ -207,15 +207,19 @@ def test_opencode_sandbox_dies_with_its_parent(base):
     from sftree.runtime.edgebox import EdgeBox
     from sftree.runtime.sandbox import UIDS
     from sftree.runtime.store import TreeStore
+    from sftree.teacher.client import TeacherClient
 
-    agent = OpenCodeAgent(SimpleNamespace(base_url="http://127.0.0.1:9/v1", model="m"), {"sandbox": "auto"})
+    agent = OpenCodeAgent(TeacherClient("http://127.0.0.1:9/v1", "m"), {"sandbox": "auto"})
     st = _Edge(home=base / "opencode", uid=UIDS.acquire())
     store, root = TreeStore.create(base / "tree", make_root(base), {})
     try:
         if agent.sandbox != "bwrap":
             pytest.skip("bubblewrap is not usable here")
         ws = store.fork(root, "e1", agent_id="agent-1", inside="/workspace/results/t", uid=st.uid)
-        run = SimpleNamespace(workspace=ws, box=EdgeBox(ws, "bwrap"), task_cfg={})
+        coral = SimpleNamespace(world=SimpleNamespace(opencode_json=lambda: "{}\n"))  # what _argv reads of it
+        run = SimpleNamespace(
+            workspace=ws, box=EdgeBox(ws, "bwrap"), coral=coral, instructions="", task_cfg={}
+        )
         # A long-lived stand-in where `opencode serve` would run: the driver waits for it to listen.
         fake = base / "fake-opencode"
         fake.write_text(f"#!{sys.executable} -I\nimport time\ntime.sleep(120)\n")

@@ -6,7 +6,7 @@ records")."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, NotRequired, TypeAlias, TypedDict
+from typing import Literal, NotRequired, Protocol, TypeAlias, TypedDict
 
 JSONValue: TypeAlias = "str | int | float | bool | None | list[JSONValue] | dict[str, JSONValue]"
 JSONObject: TypeAlias = "dict[str, JSONValue]"
@@ -26,6 +26,11 @@ def obj(value: object) -> JSONObject:
 def arr(value: object) -> JSONList:
     """`value` when it is a JSON array, else an empty one (what `value or []` reads, for any shape)."""
     return value if isinstance(value, list) else []
+
+
+def count(value: object) -> int:
+    """A count as `int(value or 0)` reads it from JSON that holds one (a number, or a numeric string)."""
+    return int(value) if isinstance(value, int | float | str) and value else 0
 
 
 def cfg_int(cfg: Config, key: str, default: int) -> int:
@@ -75,6 +80,31 @@ class UsageRecord(TypedDict):
     completion_tokens: int
     cached_tokens: int
     estimated: NotRequired[bool]
+
+
+class TokenCounts(Protocol):
+    """A reply's token counts (sftree.teacher.client.Usage)."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def cached_tokens(self) -> int: ...
+    @property
+    def estimated(self) -> bool: ...
+
+
+def usage_from(usage: TokenCounts) -> UsageRecord:
+    """A step record's usage from the client's counts (the keys and order of `Usage.to_dict`)."""
+    out: UsageRecord = {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cached_tokens": usage.cached_tokens,
+    }
+    if usage.estimated:
+        out["estimated"] = True
+    return out
 
 
 class StepRecord(TypedDict):

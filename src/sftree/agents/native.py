@@ -31,12 +31,12 @@ from sftree.agents.jsontypes import (
     StepKind,
     StepRecord,
     ToolResult,
-    UsageRecord,
     arr,
     cfg_float,
     cfg_int,
     cfg_section,
     obj,
+    usage_from,
 )
 from sftree.agents.nativetools import TOOL_SCHEMAS, TOOLBOX, ToolContext, execute
 from sftree.agents.prompts import render
@@ -47,7 +47,7 @@ from sftree.world.standin import nudge_prompt
 
 if TYPE_CHECKING:
     from sftree.runtime.edgebox import EdgeBox
-    from sftree.teacher.client import Completion, Usage
+    from sftree.teacher.client import Completion
 
 log = logging.getLogger(__name__)
 
@@ -105,18 +105,6 @@ def assistant_message(msg: Mapping[str, JSONValue]) -> JSONObject:
     calls: list[JSONValue] = [c.to_json() for c in tool_calls(msg)]
     if calls:
         out["tool_calls"] = calls
-    return out
-
-
-def usage_record(usage: Usage) -> UsageRecord:
-    """A step record's usage (`Usage.to_dict`'s keys and order)."""
-    out: UsageRecord = {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "cached_tokens": usage.cached_tokens,
-    }
-    if usage.estimated:
-        out["estimated"] = True
     return out
 
 
@@ -320,7 +308,7 @@ class NativeAgent:
             "request": request,
             "response": msg,
             "tool_results": results,
-            "usage": usage_record(comp.usage),
+            "usage": usage_from(comp.usage),
             "latency_s": round(comp.latency_s, 4),
             "finish_reason": comp.finish_reason,
         }

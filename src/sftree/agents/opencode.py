@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import enum
 import json
 import logging
 import os
@@ -51,17 +52,38 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
-from sftree.agents.base import TurnOutcome, TurnRun
+from sftree.agents.base import Teacher, TurnOutcome, TurnRun
 from sftree.agents.chain import Pristine, SessionChain, split
+from sftree.agents.jsontypes import (
+    Config,
+    JSONObject,
+    JSONValue,
+    StepKind,
+    StepRecord,
+    ToolResult,
+    arr,
+    cfg_float,
+    cfg_int,
+    cfg_section,
+    count,
+    obj,
+)
 from sftree.agents.knowledge import is_knowledge_action as is_knowledge  # one decision for both backends
 from sftree.agents.proxy import Channel, ProxyLimits, RecordingProxy
 from sftree.agents.turn_end import TEACHER_DOWN, refine
 from sftree.errors import InputError
+from sftree.records.tree import TurnEnd
 from sftree.runtime.edgebox import CHECK_EVERY
 from sftree.runtime.procs import kill_group
 from sftree.runtime.sandbox import give_to, resolve_mode, wait_gone
 from sftree.world.standin import DEFAULT_OPENCODE_MODEL, nudge_prompt
+
+if TYPE_CHECKING:
+    from sftree.runtime.store import TreeStore
+    from sftree.runtime.workspace import EdgeWorkspace
+    from sftree.world.world import World
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +166,7 @@ def find_binary(configured: str | None = None) -> str:
     )
 
 
-def is_eval(tool: str, inp: dict) -> bool:
+def is_eval(tool: str, inp: JSONObject) -> bool:
     return tool == "bash" and bool(EVAL_RX.search(str(inp.get("command", ""))))
 
 
@@ -168,15 +190,15 @@ def opencode_config(
     temperature: float | None,
     hidden: list[str],
     autocompact: bool = False,
-) -> dict:
+) -> JSONObject:
     """The edge's global opencode.json (read-only in the sandbox): the Student's provider and model id, served by
     the recording proxy, and what sftree adds to Coral's project config (the worktree's .opencode/opencode.json,
     Coral's own): subagents, web tools and questions denied, the grader and the store out of reach."""
     provider, model = split_model(student_model)
-    external = {"*": "deny"}
+    external: JSONObject = {"*": "deny"}
     for h in hidden:  # the grader and the store: denied even if the path is visible
         external[h.rstrip("/") + "/**"] = "deny"
-    cfg = {
+    cfg: JSONObject = {
         "$schema": "https://opencode.ai/config.json",
         "model": f"{provider}/{model}",
         "small_model": f"{provider}/{model}",
@@ -215,7 +237,7 @@ class ToolEvent:
     call_id: str
     tool: str
     status: str  # completed | error
-    input: dict
+    input: JSONObject
     output: str
     knowledge: bool
 
@@ -232,25 +254,28 @@ class TurnEvents:
     eval_call: str | None = None  # callID of the completed `coral eval`
 
 
-def apply_event(ev: dict, acc: TurnEvents, knowledge_dir: str | None = None, worktree: str = ".") -> None:
+def apply_event(
+    ev: JSONObject, acc: TurnEvents, knowledge_dir: str | None = None, worktree: str = "."
+) -> None:
     """Fold one JSON event of `opencode run --format json` into `acc` (`worktree`, `knowledge_dir`: as the agent
     sees them, for knowledge actions: agents/knowledge.py; a call that failed as a tool is none)."""
-    acc.session_id = acc.session_id or ev.get("sessionID")
-    part = ev.get("part") or {}
+    sid = ev.get("sessionID")
+    acc.session_id = acc.session_id or (sid if isinstance(sid, str) else None)
+    part = obj(ev.get("part"))
     kind = ev.get("type")
     if kind == "step_finish":
         acc.steps += 1
-        tok = part.get("tokens") or {}
+        tok = obj(part.get("tokens"))
         total = tok.get("total")
         if total is None:
-            cache = tok.get("cache") or {}
-            total = sum(int(tok.get(k) or 0) for k in ("input", "output", "reasoning")) + int(
-                cache.get("read") or 0
+            cache = obj(tok.get("cache"))
+            total = sum(count(tok.get(k)) for k in ("input", "output", "reasoning")) + count(
+                cache.get("read")
             )
-        acc.tokens = int(total or 0)
+        acc.tokens = count(total)
     elif kind == "tool_use":
-        state = part.get("state") or {}
-        inp = state.get("input") if isinstance(state.get("input"), dict) else {}
+        state = obj(part.get("state"))
+        inp = obj(state.get("input"))
         status = str(state.get("status"))
         out = state.get("output") if status == "completed" else state.get("error")
         if part.get("tool") == "invalid":  # OpenCode's stand-in for a call it could not parse: bad arguments
@@ -270,40 +295,41 @@ def apply_event(ev: dict, acc: TurnEvents, knowledge_dir: str | None = None, wor
     elif kind == "error":
         err = ev.get("error") or {}
         data = err.get("data") if isinstance(err, dict) else None
-        msg = (data or {}).get("message") if isinstance(data, dict) else None
+        msg = data.get("message") if isinstance(data, dict) else None
         acc.errors.append(str(msg or (err.get("name") if isinstance(err, dict) else err)))
 
 
-def enrich_records(records: list[dict], events: TurnEvents, eval_call: str | None) -> list[dict]:
+def _calls(rec: StepRecord) -> list[JSONObject]:
+    """The tool calls of a record's reply (none when it has no reply)."""
+    return [obj(c) for c in arr(obj(rec.get("response")).get("tool_calls"))]
+
+
+def enrich_records(records: list[StepRecord], events: TurnEvents, eval_call: str | None) -> list[StepRecord]:
     """Step records of one turn: cut after the step that ran `coral eval`, tool results filled in."""
-    kept = []
+    kept: list[StepRecord] = []
     for rec in records:
         kept.append(rec)
-        calls = (rec.get("response") or {}).get("tool_calls") or []
-        if eval_call and any(c.get("id") == eval_call for c in calls):
+        if eval_call and any(c.get("id") == eval_call for c in _calls(rec)):
             break  # later requests slipped out while the process was being interrupted
     kept += [r for r in records[len(kept) :] if r.get("kind") not in ("agent", "nudge")]
     by_id = {t.call_id: t for t in events.tools}
     agent = [r for r in kept if r.get("kind") in ("agent", "nudge") and r.get("response")]
     for i, rec in enumerate(agent):
-        calls = rec["response"].get("tool_calls") or []
-        sent = {}
+        sent: dict[JSONValue, JSONValue] = {}
         if i + 1 < len(agent):  # what OpenCode really sent back: the next request's tool messages
-            sent = {
-                m.get("tool_call_id"): m.get("content")
-                for m in agent[i + 1]["request"]["messages"]
-                if m.get("role") == "tool"
-            }
-        results = []
-        for c in calls:
-            te = by_id.get(c.get("id"))
-            content = sent.get(c.get("id"))
+            tool_msgs = [obj(m) for m in arr(agent[i + 1]["request"]["messages"])]
+            sent = {m.get("tool_call_id"): m.get("content") for m in tool_msgs if m.get("role") == "tool"}
+        results: list[ToolResult] = []
+        for c in _calls(rec):
+            cid = c.get("id")
+            te = by_id.get(cid) if isinstance(cid, str) else None
+            content = sent.get(cid)
             if content is None:
                 content = te.output if te else ""
             results.append(
                 {
-                    "tool_call_id": c.get("id"),
-                    "name": (c.get("function") or {}).get("name"),
+                    "tool_call_id": cid,
+                    "name": obj(c.get("function")).get("name"),
                     "content": content if isinstance(content, str) else json.dumps(content),
                     "error": bool(te and te.status == "error"),
                     "knowledge": bool(te and te.knowledge),
@@ -313,47 +339,47 @@ def enrich_records(records: list[dict], events: TurnEvents, eval_call: str | Non
     return kept
 
 
-def session_messages(records: list[dict]) -> list[dict] | None:
+def session_messages(records: list[StepRecord]) -> list[JSONObject] | None:
     """The session as the model will see it next: the last agent request + its answer + tool results."""
     last = next(
         (r for r in reversed(records) if r.get("kind") in ("agent", "nudge") and r.get("response")), None
     )
     if last is None:
         return None
-    resp = dict(last["response"])
+    resp = dict(obj(last["response"]))
     if resp.get("tool_calls"):  # OpenCode resends arguments as JSON.stringify does (compact)
-        resp["tool_calls"] = [_compact_call(c) for c in resp["tool_calls"]]
-    msgs = list(last["request"]["messages"]) + [resp]
+        resp["tool_calls"] = [_compact_call(c) for c in _calls(last)]
+    msgs = [m for m in arr(last["request"]["messages"]) if isinstance(m, dict)] + [resp]
     for tr in last.get("tool_results") or []:
         msgs.append({"role": "tool", "tool_call_id": tr["tool_call_id"], "content": tr["content"]})
     return msgs
 
 
-def _compact_call(call: dict) -> dict:
-    fn = dict(call.get("function") or {})
+def _compact_call(call: JSONObject) -> JSONValue:
+    fn = dict(obj(call.get("function")))
+    arguments = fn.get("arguments") or "{}"
     try:
-        fn["arguments"] = json.dumps(
-            json.loads(fn.get("arguments") or "{}"), ensure_ascii=False, separators=(",", ":")
-        )
+        if isinstance(arguments, str):
+            fn["arguments"] = json.dumps(json.loads(arguments), ensure_ascii=False, separators=(",", ":"))
     except ValueError:
         pass
     return {**call, "function": fn}
 
 
-def _teacher_down(rec: dict) -> bool:
+def _teacher_down(rec: StepRecord) -> bool:
     """The record of a request the Teacher failed; a malformed reply is the model's step failing (as with
     `native`), not the Teacher being down."""
     return bool(rec.get("error")) and not str(rec["error"]).startswith("malformed reply")
 
 
-def _stop_asked(ch: Channel, acc: TurnEvents, deadline: float, max_steps: int) -> str | None:
+def _stop_asked(ch: Channel, acc: TurnEvents, deadline: float, max_steps: int) -> TurnEnd | None:
     """Why the host stops a run now (its proxy channel, the step count, the clock), or None."""
     if ch.tampered:  # a request broke the session's chain (agents/chain.py): the edge ends
         return "tampered"
     if ch.teacher_failures:  # past the proxy's retry budget: OpenCode would only retry again
         return "teacher_error"
     if ch.over_limit:  # the proxy refused a request past the turn's step or byte cap
-        stop = "step_limit" if ch.over_limit.startswith("step_limit") else "edge_error"
+        stop: TurnEnd = "step_limit" if ch.over_limit.startswith("step_limit") else "edge_error"
         if stop == "edge_error":
             acc.errors.append(f"the recording proxy: {ch.over_limit}")
         return stop
@@ -368,8 +394,13 @@ def _stop_asked(ch: Channel, acc: TurnEvents, deadline: float, max_steps: int) -
 
 
 def _run_ended(
-    stop: str | None, recs: list[dict], acc: TurnEvents, ch: Channel, max_steps: int, nudges_left: int
-) -> tuple[str, str | None] | None:
+    stop: TurnEnd | None,
+    recs: list[StepRecord],
+    acc: TurnEvents,
+    ch: Channel,
+    max_steps: int,
+    nudges_left: int,
+) -> tuple[TurnEnd, str | None] | None:
     """How the turn ends after a run that made the records `recs` (its `ended` and error, None: no error
     set), or None when the Teacher is reminded and the turn goes on."""
     teacher_failed = any(_teacher_down(r) for r in recs if r["kind"] in ("agent", "nudge"))
@@ -390,7 +421,11 @@ def _run_ended(
 
 
 # ---- the backend ---------------------------------------------------------------------------------------------
-EOF = object()
+class _End(enum.Enum):
+    EOF = "eof"
+
+
+EOF = _End.EOF  # the driver is gone: the last item of its event queue
 
 
 class _Driver:
@@ -401,7 +436,16 @@ class _Driver:
     events ahead of the reader, and counted (`received`, `received_bytes`); the sandbox's stderr goes to the
     edge's stderr.log, bounded. Nothing here blocks the host for longer than a timeout."""
 
-    def __init__(self, argv: list[str], name: str, log: Path, **popen):
+    def __init__(
+        self,
+        argv: list[str],
+        name: str,
+        log: Path,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        start_new_session: bool = False,
+    ):
         to_driver, self._to_w = os.pipe()
         self._from_r, from_driver = os.pipe()
         try:
@@ -411,7 +455,9 @@ class _Driver:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 pass_fds=(to_driver, from_driver),
-                **popen,
+                cwd=cwd,
+                env=env,
+                start_new_session=start_new_session,
             )
         finally:
             os.close(to_driver)
@@ -420,7 +466,7 @@ class _Driver:
         self.pipes = {os.fstat(fd).st_ino for fd in (self._to_w, self._from_r)}
         os.set_blocking(self._to_w, False)  # `send` waits at most SEND_TIMEOUT
         self._in = os.fdopen(self._from_r, "rb")
-        self.lines: queue.Queue = queue.Queue(QUEUE_MAX)
+        self.lines: queue.Queue[JSONObject | _End] = queue.Queue(QUEUE_MAX)
         self.received = self.received_bytes = 0
         self._killed = threading.Event()
         self._send_lock = threading.Lock()
@@ -433,11 +479,13 @@ class _Driver:
         dropped, but read: a writer must never block on it). Closed here, at its end."""
         kept = dropped = 0
         err = self.proc.stderr
+        if err is None:  # Popen(stderr=PIPE) made one
+            return
         try:
             f = open(path, "ab")  # noqa: SIM115 - closed below
         except OSError:
             f = None
-        while chunk := err.read1(65536):
+        while chunk := os.read(err.fileno(), 65536):
             if f is not None and kept + len(chunk) <= LOG_MAX:
                 f.write(chunk)
                 f.flush()
@@ -463,7 +511,7 @@ class _Driver:
         self._in.close()
         self._put(EOF)
 
-    def _put(self, item) -> None:
+    def _put(self, item: JSONObject | _End) -> None:
         """Wait for room (the sandbox then waits on its pipe), unless the driver was killed: nobody reads
         after that, and what is still in the pipe is read and dropped until its end."""
         while not self._killed.is_set():
@@ -476,7 +524,7 @@ class _Driver:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def send(self, req: dict) -> None:
+    def send(self, req: JSONObject) -> None:
         """One request; a driver that does not take it within SEND_TIMEOUT is killed (the next read says
         it is gone, as it does for one that has ended)."""
         data = (json.dumps(req) + "\n").encode()
@@ -497,7 +545,7 @@ class _Driver:
             log.warning("OpenCode's driver did not take a request in %.0f s: killed", SEND_TIMEOUT)
             self.kill()
 
-    def next(self, timeout: float):
+    def next(self, timeout: float) -> JSONObject | _End | None:
         """The next event, EOF once the driver is gone (or killed), or None after `timeout` s."""
         if self._killed.is_set():
             return EOF
@@ -510,7 +558,7 @@ class _Driver:
                 self.lines.put_nowait(EOF)  # stays at the end (the reader has ended: there is room)
         return ev
 
-    def wait_for(self, kind: str | tuple[str, ...], timeout: float) -> dict | None:
+    def wait_for(self, kind: str | tuple[str, ...], timeout: float) -> JSONObject | None:
         """Skip events until one of `kind` (a type or several); None after `timeout` s or when the driver is
         gone."""
         kinds = (kind,) if isinstance(kind, str) else kind
@@ -562,6 +610,17 @@ def _tail(path: Path, n: int = 800) -> str:
         return "no message"
 
 
+def _text_or_none(value: object) -> str | None:
+    """A config value that names something (a path, a model id), or None when it is not set."""
+    return None if value is None else str(value)
+
+
+def _tree_dir(ws: EdgeWorkspace) -> Path:
+    """The folder of the edge's tree (its sessions/ keep the OpenCode session stores)."""
+    # EdgeWorkspace.store is annotated `object` (runtime/workspace.py); TreeStore.fork makes every workspace
+    return cast("TreeStore", ws.store).tree_dir
+
+
 @dataclass
 class _Edge:
     """`home` (work/<edge>/opencode/, the host's) holds `box/` (OpenCode's HOME and XDG data/state/cache,
@@ -571,7 +630,9 @@ class _Edge:
 
     home: Path
     session_id: str | None = None
-    parent_chain: dict | None = None  # the parent session's chain state (agents/chain.py), from its node
+    parent_chain: JSONObject | None = (
+        None  # the parent session's chain state (agents/chain.py), from its node
+    )
     uid: int | None = None  # the edge's sandbox user (its box's), or None
     driver: _Driver | None = None  # the edge's OpenCode server, while it runs
 
@@ -587,36 +648,43 @@ class _Edge:
 class OpenCodeAgent:
     name = "opencode"
 
-    def __init__(self, teacher, agent_cfg: dict, *, search_cfg: dict | None = None, world=None):
+    needs_probe = True  # `prepare`: OpenCode's pristine session, before any edge
+
+    def __init__(
+        self,
+        teacher: Teacher,
+        agent_cfg: Config,
+        *,
+        search_cfg: Config | None = None,
+        world: World | None = None,
+    ):
         self.teacher = teacher
         self.cfg = agent_cfg
-        self.oc = dict(agent_cfg.get("opencode") or {})
-        self.binary = find_binary(self.oc.get("binary"))
+        self.oc = dict(cfg_section(agent_cfg, "opencode"))
+        self.binary = find_binary(_text_or_none(self.oc.get("binary")))
         # The Student's model id: OpenCode builds its system prompt and tool set for it (docs/opencode.md).
-        configured = agent_cfg.get("student_model")
-        self.student_model = world.student_model(configured) if world is not None else configured
-        self.student_model = self.student_model or DEFAULT_OPENCODE_MODEL
+        configured = _text_or_none(agent_cfg.get("student_model"))
+        chosen = world.student_model(configured) if world is not None else configured
+        self.student_model: str = chosen or DEFAULT_OPENCODE_MODEL
         split_model(self.student_model)
-        self.sandbox = resolve_mode(agent_cfg.get("sandbox", "auto"))
-        hard = int((search_cfg or {}).get("hard_token_limit", 100000))
+        self.sandbox = resolve_mode(str(agent_cfg.get("sandbox", "auto")))
+        hard = cfg_int(search_cfg or {}, "hard_token_limit", 100000)
         # Above the hard token limit (compaction must not fire before the tree stops the path) and roomy.
-        self.context_limit = int(self.oc.get("context_limit") or max(4 * hard, 262144))
+        limit = self.oc.get("context_limit")
+        self.context_limit = count(limit) if limit else max(4 * hard, 262144)
         self._edges: dict[str, _Edge] = {}
-        self.pristine = None  # agents/chain.py: OpenCode's own system prompt and tools, from `prepare`
+        # agents/chain.py: OpenCode's own system prompt and tools, from `prepare`
+        self.pristine: Pristine | None = None
         self._lock = threading.Lock()
         self.proxy = RecordingProxy(
             teacher.base_url,
-            api_key=getattr(teacher, "api_key", None),
-            timeout=float(getattr(teacher, "request_timeout", 900)),
-            retries=int(getattr(teacher, "retries", 8)),
-            backoff_max=float(getattr(teacher, "backoff_max", 60)),
-            extra_body=getattr(teacher, "extra_body", None),
-            model=getattr(teacher, "model", None),
-            outage_timeout=float(getattr(teacher, "outage_timeout", 600)),
+            api_key=teacher.api_key,
+            extra_body=teacher.extra_body,
+            model=teacher.model,
             student_model=split_model(self.student_model)[1],
             limits=ProxyLimits.from_config(agent_cfg),
-            tool_choice=getattr(teacher, "tool_choice", None),
-            policy=getattr(teacher, "policy", None),  # the native client's (teacher/transport.py)
+            tool_choice=teacher.tool_choice,
+            policy=teacher.policy,  # the native client's (teacher/transport.py): one retry policy
         ).start(unix=self.sandbox == "bwrap")
         atexit.register(self.proxy.stop)  # also when a tree is killed before EdgeContext.close runs
 
@@ -644,7 +712,7 @@ class OpenCodeAgent:
             (st.home / sub).mkdir(parents=True, exist_ok=True)
         self._plugin_stub(st.host / "config" / "opencode")  # read-only inside: OpenCode must find it complete
         self._coral_settings(run)
-        parent = self.store_paths(ws.store.tree_dir, ws.parent.session)
+        parent = self.store_paths(_tree_dir(ws), ws.parent.session)
         if parent is not None and parent[0].is_file() and parent[1].is_file():
             # The fork's server starts on a copy of the parent's session store: the same session, continued.
             dst = st.box / "data" / "opencode"
@@ -684,8 +752,8 @@ class OpenCodeAgent:
             base,
             self.student_model,
             context_limit=self.context_limit,
-            output_limit=int(getattr(self.teacher, "max_tokens", 4096)),
-            temperature=getattr(self.teacher, "temperature", None),
+            output_limit=self.teacher.max_tokens,
+            temperature=self.teacher.temperature,
             hidden=hidden,
             autocompact=not self.oc.get("disable_autocompact", True),
         )
@@ -783,6 +851,8 @@ class OpenCodeAgent:
         if self.sandbox != "bwrap":
             return args, str(run.workspace.root)
         args += ["--bridge", f"{PROXY_MOUNT}/proxy.sock", str(self.proxy.port), "--reap"]
+        if self.proxy.unix_dir is None:  # started with its socket under bwrap (__init__)
+            raise RuntimeError("the recording proxy has no Unix socket for the sandbox")
         # Popen(start_new_session=True) already makes a session without a terminal.
         argv = box.argv(
             args,
@@ -812,10 +882,8 @@ class OpenCodeAgent:
         shell.write_text(script(sys.executable, shutil.which("bash") or "/bin/bash"), encoding="utf-8")
         shell.chmod(0o755)
         # AGENTS.md as the host wrote it (search/edge.py), Coral's settings as `_coral_settings` writes them
-        (host / "AGENTS.md").write_text(getattr(run, "instructions", ""), encoding="utf-8")
-        coral = getattr(run, "coral", None)
-        settings = coral.world.opencode_json() if coral is not None else "{}\n"
-        (host / "coral-opencode.json").write_text(settings, encoding="utf-8")
+        (host / "AGENTS.md").write_text(run.instructions, encoding="utf-8")
+        (host / "coral-opencode.json").write_text(run.coral.world.opencode_json(), encoding="utf-8")
         home_oc = st.box / "home" / ".opencode"  # the box is the sandbox user's: whatever it left there goes
         if not (st.box / "home").is_dir() or (st.box / "home").is_symlink():
             safefs.remove_entry(st.box, "home")
@@ -885,7 +953,7 @@ class OpenCodeAgent:
         data = safefs.read_bytes(st.box, STORE_OUT, limit=STORE_MAX + 1)  # no link followed, bounded
         if len(data) > STORE_MAX:
             raise RuntimeError(f"OpenCode's session store is over {STORE_MAX >> 20} MiB")
-        tree = run.workspace.store.tree_dir
+        tree = _tree_dir(run.workspace)
         name = run.workspace.edge_id
         write_bytes_atomic(Path(tree) / "sessions" / f"{name}.opencode.db", data)
         ch = self.proxy.channels.get(name)
@@ -909,7 +977,7 @@ class OpenCodeAgent:
         deadline: float,
         max_steps: int,
         evals_before: int,
-    ) -> str | None:
+    ) -> TurnEnd | None:
         """One prompt to the edge's server; returns why it was stopped (eval | step_limit | timeout | ...) or
         None if the session went idle by itself. Either way the session is aborted and the sandbox reaped after."""
         ch = self.proxy.channels[run.workspace.edge_id]
@@ -924,7 +992,7 @@ class OpenCodeAgent:
         )  # fmt: skip
         kdir = run.box.inside(run.workspace.knowledge_dir)
         got = (d.received, d.received_bytes)
-        stop: str | None = None
+        stop: TurnEnd | None = None
         idle = False  # the session ended by itself (its last reply whole), not stopped by the host
         try:
             stop, idle = self._watch(run, st, d, ch, acc, kdir, got, deadline, max_steps, evals_before)
@@ -946,7 +1014,7 @@ class OpenCodeAgent:
         deadline: float,
         max_steps: int,
         evals_before: int,
-    ) -> tuple[str | None, bool]:
+    ) -> tuple[TurnEnd | None, bool]:
         """Follow the run's events until it stops: why the host stopped it (None: it did not), and whether the
         session went idle by itself."""
         eval_seen_at: float | None = None
@@ -1004,9 +1072,9 @@ class OpenCodeAgent:
         st = self._edge(run)
         self._write_config(run, st)
         ch = self._open_channel(run, st)
-        max_steps = int(self.cfg.get("max_steps_per_turn", 40))
-        deadline = time.monotonic() + float(self.cfg.get("turn_timeout", 3600))
-        nudges_left = int(self.cfg.get("nudges", 2))
+        max_steps = cfg_int(self.cfg, "max_steps_per_turn", 40)
+        deadline = time.monotonic() + cfg_float(self.cfg, "turn_timeout", 3600)
+        nudges_left = cfg_int(self.cfg, "nudges", 2)
         evals_before = len(run.coral.evals)
         acc = TurnEvents()
         out = TurnOutcome(ended="no_eval")
@@ -1042,9 +1110,8 @@ class OpenCodeAgent:
         if ch.chain is None and st.parent_chain is not None:  # the parent's session as its chain last saw it
             ch.chain = SessionChain.resume(self.pristine, st.parent_chain, run.box.worktree)
         elif ch.chain is None:  # a fresh session, or a node made before chains were kept: its session file
-            ch.chain = SessionChain(
-                self.pristine, base=split({"messages": run.messages})[1], workdir=run.box.worktree
-            )
+            session: JSONObject = {"messages": list[JSONValue](run.messages)}
+            ch.chain = SessionChain(self.pristine, base=split(session)[1], workdir=run.box.worktree)
         ch.take()
         return ch
 
@@ -1059,11 +1126,12 @@ class OpenCodeAgent:
         max_steps: int,
         nudges_left: int,
         evals_before: int,
-    ) -> list[dict]:
+    ) -> list[StepRecord]:
         """The turn's prompt, then a reminder after each run that ended without an eval while any are left;
         sets `out.ended` (and `out.error`) and returns the records the proxy took."""
-        prompt, kind = run.prompt, "agent"
-        records: list[dict] = []
+        prompt = run.prompt
+        kind: StepKind = "agent"
+        records: list[StepRecord] = []
         while True:
             n_before = len(records)
             stop = self._one_run(run, st, prompt, acc, deadline, max_steps, evals_before)
@@ -1084,7 +1152,7 @@ class OpenCodeAgent:
             prompt, kind = nudge_prompt(), "nudge"
 
     @staticmethod
-    def _write_records(run: TurnRun, out: TurnOutcome, records: list[dict]) -> None:
+    def _write_records(run: TurnRun, out: TurnOutcome, records: list[StepRecord]) -> None:
         """The turn's records, numbered, to the edge's step log (all marked when OpenCode compacted the session)."""
         compaction = any(r["kind"] == "compaction" or r.get("compacted") for r in records)
         out.compacted = compaction
@@ -1099,7 +1167,7 @@ class OpenCodeAgent:
                 r["compacted"] = True
             run.recorder.write(r)
 
-    def _count(self, out: TurnOutcome, records: list[dict], acc: TurnEvents) -> None:
+    def _count(self, out: TurnOutcome, records: list[StepRecord], acc: TurnEvents) -> None:
         """The turn's steps, tool calls, context length and errors, into `out`."""
         model_calls = [r for r in records if r["kind"] in ("agent", "nudge") and r.get("response")]
         out.steps = len(model_calls)
@@ -1115,8 +1183,6 @@ class OpenCodeAgent:
         )
         if acc.errors and out.error is None and out.ended != "eval":
             out.error = "; ".join(acc.errors)[-500:]
-
-    needs_probe = True
 
     def prepare(self, run: TurnRun) -> None:
         """The pristine system prompt and tools (agents/chain.py): the first request of a fresh session the host
@@ -1135,9 +1201,12 @@ class OpenCodeAgent:
             raise RuntimeError(
                 f"OpenCode's fresh session sent no model request: {_tail(st.home / 'stderr.log')}"
             )
-        self.pristine = Pristine.of(sent[0]["request"], run.box.worktree)
+        request = sent[0]["request"]
+        self.pristine = Pristine.of(
+            {"messages": request["messages"], "tools": request["tools"]}, run.box.worktree
+        )
         log.info("OpenCode's pristine session: %d system message(s), %d tools", len(self.pristine.system),
-                 len(sent[0]["request"]["tools"]))  # fmt: skip
+                 len(arr(request["tools"])))  # fmt: skip
 
     def end_edge(self, edge_id: str) -> None:
         # Idempotent: the last turn ends the edge here, and run_edge calls it again for an edge that stopped

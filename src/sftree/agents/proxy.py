@@ -42,20 +42,34 @@ import logging
 import re
 import secrets
 import shutil
+import socket
 import socketserver
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, Protocol, TypedDict
 
 from sftree.agents.chain import ChainBreak, SessionChain
 from sftree.agents.chain import text_of as _text  # a message's content as text
+from sftree.agents.jsontypes import (
+    Config,
+    JSONObject,
+    JSONValue,
+    StepKind,
+    StepRecord,
+    UsageRecord,
+    arr,
+    cfg_int,
+    count,
+    obj,
+    usage_from,
+)
 from sftree.agents.turn_end import cut_call
 from sftree.httpserver import QuietThreadingHTTPServer, send_json
 from sftree.teacher.affinity import routing_headers
@@ -109,15 +123,15 @@ class ProxyLimits:
     bytes_per_turn: int = 256 << 20  # request bytes of one turn (agent.max_request_mib_per_turn)
 
     @classmethod
-    def from_config(cls, agent_cfg: dict) -> ProxyLimits:
+    def from_config(cls, agent_cfg: Config) -> ProxyLimits:
         return cls(
-            steps_per_turn=int(agent_cfg.get("max_steps_per_turn", 40)),
-            bytes_per_turn=int(agent_cfg.get("max_request_mib_per_turn", 256)) << 20,
+            steps_per_turn=cfg_int(agent_cfg, "max_steps_per_turn", 40),
+            bytes_per_turn=cfg_int(agent_cfg, "max_request_mib_per_turn", 256) << 20,
         )
 
 
 # ---- pure helpers --------------------------------------------------------------------------------------------
-def classify(body: dict) -> str:
+def classify(body: JSONObject) -> StepKind:
     """agent | title | compaction | summary, from the request's system prompt and tools."""
     msgs = _messages(body)
     system = "".join(_text(m.get("content")) for m in msgs if m.get("role") == "system")
@@ -131,24 +145,23 @@ def classify(body: dict) -> str:
     return "agent"
 
 
-def compacted(body: dict) -> bool:
+def compacted(body: JSONObject) -> bool:
     """The request carries a compacted history (OpenCode's checkpoint replaces earlier turns)."""
     return any(COMPACTION_MARKS[2] in _text(m.get("content")) for m in _messages(body))
 
 
-def _messages(body: dict) -> list[dict]:
+def _messages(body: JSONObject) -> list[JSONObject]:
     """The request's messages that are objects (the body is the sandbox's: anything may be in it)."""
     msgs = body.get("messages")
     return [m for m in msgs if isinstance(m, dict)] if isinstance(msgs, list) else []
 
 
-def message_from_completion(obj: dict) -> dict:
+def message_from_completion(payload: JSONValue) -> JSONObject:
     """The assistant message of a non-streaming completion (as OpenCode reads it); `reply_fields` reads the
     finish reason and usage through `normalize`."""
-    choices = obj.get("choices") if isinstance(obj, dict) else None
-    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-    m = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-    msg: dict = {"role": "assistant", "content": m.get("content") or ""}
+    choices = arr(obj(payload).get("choices"))
+    m = obj(obj(choices[0] if choices else None).get("message"))
+    msg: JSONObject = {"role": "assistant", "content": m.get("content") or ""}
     reasoning = m.get("reasoning_content") or m.get("reasoning")
     if reasoning:
         msg["reasoning_content"] = reasoning
@@ -157,24 +170,24 @@ def message_from_completion(obj: dict) -> dict:
     return msg
 
 
-def _has_surrogate(obj: Any) -> bool:
-    if isinstance(obj, str):
-        return bool(_SURROGATE.search(obj))
-    if isinstance(obj, dict):
-        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in obj.items())
-    if isinstance(obj, list):
-        return any(_has_surrogate(v) for v in obj)
+def _has_surrogate(value: JSONValue) -> bool:
+    if isinstance(value, str):
+        return bool(_SURROGATE.search(value))
+    if isinstance(value, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_surrogate(v) for v in value)
     return False
 
 
-def _replace_surrogates(obj: Any) -> Any:
-    if isinstance(obj, str):
-        return _SURROGATE.sub("\ufffd", obj)
-    if isinstance(obj, dict):
-        return {_replace_surrogates(k): _replace_surrogates(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_replace_surrogates(v) for v in obj]
-    return obj
+def _replace_surrogates(value: JSONValue) -> JSONValue:
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_SURROGATE.sub("\ufffd", k): _replace_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_surrogates(v) for v in value]
+    return value
 
 
 def repair_json(data: bytes) -> tuple[bytes, bool]:
@@ -186,12 +199,12 @@ def repair_json(data: bytes) -> tuple[bytes, bool]:
     if b"\\ud" not in data.lower():  # JSON can only carry a lone surrogate as an escape
         return data, False
     try:
-        obj = json.loads(data)
+        doc: JSONValue = json.loads(data)
     except ValueError:
         return data, False
-    if not _has_surrogate(obj):
+    if not _has_surrogate(doc):
         return data, False
-    return json.dumps(_replace_surrogates(obj), ensure_ascii=False).encode("utf-8"), True
+    return json.dumps(_replace_surrogates(doc), ensure_ascii=False).encode("utf-8"), True
 
 
 def repair_sse_line(line: bytes) -> tuple[bytes, bool]:
@@ -203,42 +216,52 @@ def repair_sse_line(line: bytes) -> tuple[bytes, bool]:
     return (b"data: " + fixed + line[len(body) :], True) if changed else (line, False)
 
 
-def _safe_raw(raw: Any, cap: int = 4000) -> str:
+def _safe_raw(raw: object, cap: int = 4000) -> str:
     """A reply as ASCII-escaped text (lone surrogates and all), capped: always writable to a transcript."""
     text = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=True, default=str)
     return text.encode("ascii", "backslashreplace").decode("ascii")[:cap]
 
 
-def reply_fields(body: dict, payload: Any, received: dict | None) -> dict:
+class ReplyFields(TypedDict):
+    """A reply's part of a step record (`reply_fields`): the message, its usage and finish reason, or why there
+    is none."""
+
+    response: JSONObject | None
+    usage: UsageRecord | None
+    finish_reason: str | None
+    error: NotRequired[str]
+    raw_response: NotRequired[str]
+    notes: NotRequired[list[str]]
+
+
+def _failed(error: str | None = None) -> ReplyFields:
+    """The reply fields of a step with no answer (`error`: why, when the reply is the reason)."""
+    fields: ReplyFields = {"response": None, "usage": None, "finish_reason": None}
+    if error is not None:
+        fields["error"] = error
+    return fields
+
+
+def reply_fields(body: JSONObject, payload: JSONValue, received: JSONObject | None) -> ReplyFields:
     """The record fields of one 200 reply, read as the native client reads it (`teacher.response.normalize`):
     `usage` as the server reported it, or estimated from the text (`estimated: true`) when it reported none;
     `notes` on what normalisation found; a reply normalize cannot read is a failed step (`response: null`,
     `error: "malformed reply: ..."`, `raw_response`). `response` is the message as OpenCode received it, so the
     transcript matches OpenCode's session: calls written as text or as `function_call`, which normalize would
     turn into tool calls, stay text here (OpenCode did not run them; `notes` says what they were)."""
-    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
-    names = {
-        t["function"]["name"]
-        for t in tools
-        if isinstance(t, dict)
-        and isinstance(t.get("function"), dict)
-        and isinstance(t["function"].get("name"), str)
-    }
+    offered = (obj(obj(t).get("function")).get("name") for t in arr(body.get("tools")))
+    names = {n for n in offered if isinstance(n, str)}
     try:
         reply = normalize(payload, names)
     except MalformedResponse as exc:
-        return {
-            "response": None,
-            "usage": None,
-            "finish_reason": None,
-            "error": f"malformed reply: {exc}",
-            "raw_response": _safe_raw(payload),
-        }
-    msg = dict(received or {"role": "assistant", "content": ""})
+        failed = _failed(f"malformed reply: {exc}")
+        failed["raw_response"] = _safe_raw(payload)
+        return failed
+    msg: JSONObject = dict(received or {"role": "assistant", "content": ""})
     if reply.message.get("reasoning_content"):
         msg["reasoning_content"] = reply.message["reasoning_content"]
-    usage = usage_record(payload.get("usage")) or estimated_usage_record(body, msg)
-    fields = {"response": msg, "usage": usage, "finish_reason": reply.finish_reason}
+    usage = usage_record(obj(payload).get("usage")) or estimated_usage_record(body, msg)
+    fields: ReplyFields = {"response": msg, "usage": usage, "finish_reason": reply.finish_reason}
     if reply.notes:
         fields["notes"] = list(reply.notes)
     return fields
@@ -247,7 +270,7 @@ def reply_fields(body: dict, payload: Any, received: dict | None) -> dict:
 _warned_no_usage = threading.Event()
 
 
-def estimated_usage_record(body: dict, msg: dict | None) -> dict | None:
+def estimated_usage_record(body: JSONObject, msg: JSONObject | None) -> UsageRecord | None:
     """Usage counted from the text when the server reported none (`teacher.estimate_usage`); warns once."""
     if msg is None:
         return None
@@ -260,25 +283,27 @@ def estimated_usage_record(body: dict, msg: dict | None) -> dict | None:
             "recorded as `estimated`)",
             CHARS_PER_TOKEN,
         )
-    return estimate_usage(serialize(body), msg).to_dict()
+    return usage_from(estimate_usage(serialize(body), msg))
 
 
-def usage_record(usage: dict | None) -> dict | None:
-    """The server's usage (counts checked by `normalize` first), or None when it reports no token counts."""
+def usage_record(usage: JSONValue) -> UsageRecord | None:
+    """The server's usage (its counts checked by `normalize` first), or None when it reports no token counts."""
     if not isinstance(usage, dict) or usage.get("prompt_tokens") is None:
         return None
-    details = usage.get("prompt_tokens_details") or {}
+    details = obj(usage.get("prompt_tokens_details"))
     return {
-        "prompt_tokens": int(usage.get("prompt_tokens") or 0),
-        "completion_tokens": int(usage.get("completion_tokens") or 0),
-        "cached_tokens": int(details.get("cached_tokens") or 0),
+        "prompt_tokens": count(usage.get("prompt_tokens")),
+        "completion_tokens": count(usage.get("completion_tokens")),
+        "cached_tokens": count(details.get("cached_tokens")),
     }
 
 
 class _QuietUnixServer(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
 
-    def handle_error(self, request, client_address):
+    def handle_error(
+        self, request: socket.socket | tuple[bytes, socket.socket], client_address: object
+    ) -> None:
         if isinstance(sys.exc_info()[1], ConnectionError):
             return
         super().handle_error(request, client_address)
@@ -292,7 +317,7 @@ class Channel:
     name: str
     headers: dict[str, str] = field(default_factory=dict)  # added to every forwarded request
     turn: int = 1
-    records: list[dict] = field(default_factory=list)
+    records: list[StepRecord] = field(default_factory=list)
     stopped: bool = False
     teacher_failures: int = 0  # requests the Teacher failed past the proxy's retries (not client hang-ups)
     # The session's chain (agents/chain.py), set by the backend for each edge; a request that breaks it is
@@ -315,7 +340,7 @@ class Channel:
     over: str | None = None
     inflight: int = 0
     inflight_bytes: int = 0
-    refused: Counter = field(default_factory=Counter)  # reason -> requests refused on this channel
+    refused: Counter[str] = field(default_factory=Counter)  # reason -> requests refused on this channel
     warned: bool = False
     # In the channel's URL: an edge's sandbox knows only its own, so its Teacher cannot post into another
     # edge's transcript (every sandbox reaches the proxy's port).
@@ -332,7 +357,7 @@ class Channel:
             self.counted_turn, self.requests, self.agent_steps, self.request_bytes = self.turn, 0, 0, 0
             self.over = None
 
-    def take(self) -> list[dict]:
+    def take(self) -> list[StepRecord]:
         """The records so far (and forget them): the backend enriches and writes them per turn."""
         with self.lock:
             out, self.records = self.records, []
@@ -350,7 +375,7 @@ class RecordingProxy:
         timeout: float | None = None,
         retries: int | None = None,
         backoff_max: float | None = None,
-        extra_body: dict | None = None,
+        extra_body: Mapping[str, JSONValue] | None = None,
         model: str | None = None,
         host: str = "127.0.0.1",
         outage_timeout: float | None = None,
@@ -368,7 +393,8 @@ class RecordingProxy:
         self.transport = Transport(
             Policy.from_config({**base, **{k: v for k, v in given.items() if v is not None}})
         )
-        self.extra_body = dict(extra_body or {})  # e.g. chat_template_kwargs: sent on, not recorded
+        # e.g. chat_template_kwargs: sent on, not recorded
+        self.extra_body: JSONObject = dict(extra_body or {})
         # `teacher.tool_choice` (`required`): set on every agent request that offers tools, as the native client
         # does; `auto`/None: OpenCode's own choice goes on as sent. Not recorded (the Student is not sent it).
         self.tool_choice = tool_choice if tool_choice not in (None, "auto") else None
@@ -382,8 +408,9 @@ class RecordingProxy:
         self._lock = threading.Lock()
         # Admission (under _lock): requests and body bytes in flight in all; refusals by reason, in all.
         self.inflight = self.inflight_bytes = 0
-        self.refused: Counter = Counter()
+        self.refused: Counter[str] = Counter()
         self._warned_unknown = False
+        self._stopped = False
         self.server = QuietThreadingHTTPServer((host, 0), _handler_for(self))
         self.server.daemon_threads = True
         self.host, self.port = host, self.server.server_address[1]
@@ -398,14 +425,15 @@ class RecordingProxy:
     # lifecycle
     def start(self, unix: bool = False) -> RecordingProxy:
         """Serve on TCP, and with `unix` also on a Unix socket (for agents in a network-less sandbox)."""
-        servers = [self.server]
+        servers: list[socketserver.BaseServer] = [self.server]
         if unix:
             self.unix_dir = Path(tempfile.mkdtemp(prefix="sftree-proxy-"))  # short: socket paths < 108 bytes
-            self.unix_server = _QuietUnixServer(str(self.unix_socket), _handler_for(self, tcp=False))
+            sock = self.unix_dir / "proxy.sock"
+            self.unix_server = _QuietUnixServer(str(sock), _handler_for(self, tcp=False))
             # Sandboxes run as unprivileged uids: they must reach the socket (any local user reaches the
             # TCP port as well; the socket adds nothing they could not do already).
             self.unix_dir.chmod(0o755)
-            self.unix_socket.chmod(0o666)
+            sock.chmod(0o666)
             servers.append(self.unix_server)
         for srv in servers:
             t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
@@ -422,7 +450,7 @@ class RecordingProxy:
 
     def stop(self) -> None:
         """Idempotent: also runs at interpreter exit when the owner forgot (see OpenCodeAgent)."""
-        if getattr(self, "_stopped", False):
+        if self._stopped:
             return
         self._stopped = True
         for srv in (self.server, self.unix_server):
@@ -522,7 +550,7 @@ class RecordingProxy:
                         "on this channel" if ch else "without a channel")  # fmt: skip
 
     # forwarding
-    def forward(self, headers: dict, body: bytes | None, stream: bool, label: str) -> Upstream:
+    def forward(self, headers: dict[str, str], body: bytes, stream: bool, label: str) -> Upstream:
         """The Teacher's answer to a chat completion, sent through the transport and so retried as the native
         client's requests are (teacher/transport.py); TeacherError once it is given up. A streamed answer's first
         bytes are read before the answer is returned, so a stall before them is retried too: after them,
@@ -547,22 +575,27 @@ class RecordingProxy:
         return self.transport.run(attempt, url=url, label=label, log=log)
 
 
+class UpstreamResponse(Protocol):
+    """What the proxy reads of the transport's response (a requests.Response)."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def content(self) -> bytes: ...
+    def close(self) -> None: ...
+
+
 @dataclass
 class Upstream:
     """The Teacher's answer to one forwarded request: its response and, streamed, the bytes read so far (`first`)
     and an iterator of the rest, read within the transport's stall limits."""
 
-    response: Any  # requests.Response (the transport's)
+    response: UpstreamResponse
     entry: InFlight
     first: bytes = b""
     rest: Iterator[bytes] = field(default_factory=lambda: iter(()))
-
-
-_FAILED = {
-    "response": None,
-    "usage": None,
-    "finish_reason": None,
-}  # the record fields of a step with no answer
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -572,19 +605,19 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     proxy: RecordingProxy
 
-    def log_message(self, fmt, *args):  # the explore log has what matters
+    def log_message(self, format: str, *args: object) -> None:  # the explore log has what matters
         pass
 
-    def _channel(self) -> tuple[Channel | None, str | None]:
+    def _channel(self) -> tuple[Channel, str] | None:
         """The channel the request target names with that channel's own key, and the rest of the target."""
         m = _CHANNEL.fullmatch(self.path)
         ch = self.proxy.channels.get(m[1]) if m else None
         # bytes: the target is any latin-1 text, which compare_digest takes only as bytes
-        if ch is None or not secrets.compare_digest(ch.key.encode(), m[2].encode("latin-1")):
-            return None, None
+        if m is None or ch is None or not secrets.compare_digest(ch.key.encode(), m[2].encode("latin-1")):
+            return None
         return ch, m[3] or ""
 
-    def _headers(self, ch: Channel | None) -> dict:
+    def _headers(self, ch: Channel | None) -> dict[str, str]:
         out = {
             k: v
             for k, v in self.headers.items()
@@ -600,8 +633,8 @@ class _Handler(BaseHTTPRequestHandler):
             out.update(routing_headers(out))  # behind smg: the session stays on one worker
         return out
 
-    def _reply(self, status: int, obj) -> None:
-        send_json(self, status, obj)
+    def _reply(self, status: int, doc: JSONValue) -> None:
+        send_json(self, status, doc)
 
     def _refuse(self, ch: Channel | None, status: int, reason: str, message: str) -> None:
         """Refused, counted; the body stays unread, so the connection is closed after the answer."""
@@ -624,37 +657,43 @@ class _Handler(BaseHTTPRequestHandler):
         # `100 Continue` only once the request is admitted (`_chat`): no body is invited before.
         return True
 
-    def __getattr__(self, name: str):
-        # Every method (PUT, DELETE, HEAD, OPTIONS, any name) is answered as GET and POST are: by `_serve`,
-        # which refuses all but the two routes, counted.
+    def __getattr__(self, name: str) -> Callable[[], None]:
+        # BaseHTTPRequestHandler looks up `do_<METHOD>` by name: every method (PUT, DELETE, HEAD, OPTIONS, any
+        # name) is answered as GET and POST are, by `_serve`, which refuses all but the two routes, counted.
         if name.startswith("do_"):
             return self._serve
         raise AttributeError(name)
 
-    def do_POST(self):
+    def do_POST(self) -> None:
         self._serve()
 
     do_GET = do_POST
 
     def _serve(self) -> None:
         """The request line and headers are in; nothing of the body has been read."""
-        ch, rest = self._channel()
-        if ch is None:  # no edge's channel, or not its key: nothing reaches the Teacher unrecorded
-            return self._refuse(None, 403, "key", "unknown channel")
+        found = self._channel()
+        if found is None:  # no edge's channel, or not its key: nothing reaches the Teacher unrecorded
+            self._refuse(None, 403, "key", "unknown channel")
+            return
+        ch, rest = found
         route = ROUTES.get((self.command, rest))
         if route is None:  # e.g. `/v1/../../flush_cache`: the Teacher server's other endpoints
-            return self._refuse(ch, 403, "path", "only POST <channel>/v1/chat/completions is served")
+            self._refuse(ch, 403, "path", "only POST <channel>/v1/chat/completions is served")
+            return
         if route == "models":
-            return self._models()
+            self._models()
+            return
         length = self._length(ch)
         if length is None:
-            return None
+            return
         if ch.stopped:
             # The turn ended at `coral eval`; OpenCode is being stopped. Nothing of this reaches the Teacher.
-            return self._close(503, "turn ended (sftree interrupted the agent)")
+            self._close(503, "turn ended (sftree interrupted the agent)")
+            return
         refusal = self.proxy.admit(ch, length)
         if refusal is not None:
-            return self._refuse(ch, *refusal)
+            self._refuse(ch, *refusal)
+            return
         try:
             self._chat(ch, length)
         finally:
@@ -663,7 +702,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _models(self) -> None:
         """The Student's id only: the Teacher's name reaches no prompt and no record."""
         ids = [self.proxy.student_model] if self.proxy.student_model else []
-        data = [{"id": i, "object": "model", "created": 0, "owned_by": "sftree"} for i in ids]
+        data: list[JSONValue] = [
+            {"id": i, "object": "model", "created": 0, "owned_by": "sftree"} for i in ids
+        ]
         self._reply(200, {"object": "list", "data": data})
 
     def _length(self, ch: Channel) -> int | None:
@@ -685,7 +726,8 @@ class _Handler(BaseHTTPRequestHandler):
         """The body, read within `body_timeout` s in all (a byte now and then does not keep it going), or
         (None, why)."""
         deadline = time.monotonic() + self.proxy.limits.body_timeout
-        parts, got = [], 0
+        parts: list[bytes] = []
+        got = 0
         try:
             while got < length:
                 left = deadline - time.monotonic()
@@ -710,30 +752,35 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _chat(self, ch: Channel, length: int) -> None:
         """An admitted chat completion: read, checked, sent on, relayed, recorded."""
-        raw, body = self._request(ch, length)
-        if body is None or not self._may_go_on(ch, body):
+        request = self._request(ch, length)
+        if request is None or not self._may_go_on(ch, request[1]):
             return
+        raw, body = request
+        del request
         turn, t0, stream = ch.turn, time.monotonic(), bool(body.get("stream"))
         own = self._own_settings(body)
         if own:
-            raw = None  # not held beside its re-encoding
+            raw = b""  # not held beside its re-encoding
             raw = json.dumps({**body, **own}).encode()
         try:
             up = self.proxy.forward(self._headers(ch), raw, stream, f"{ch.name} turn {turn}")
         except TeacherError as exc:
             if exc.last is not None and exc.last.response is not None:  # the Teacher's own last answer
-                return self._pass_failure(ch, body, turn, t0, exc.last.response)
-            self._record(ch, body, turn, _FAILED, time.monotonic() - t0, f"teacher unreachable: {exc}")
+                self._pass_failure(ch, body, turn, t0, exc.last.response)
+                return
+            self._record(ch, body, turn, _failed(), time.monotonic() - t0, f"teacher unreachable: {exc}")
             ch.teacher_failures += 1
-            return self._reply(502, {"error": {"message": f"teacher unreachable: {exc}"}})
+            self._reply(502, {"error": {"message": f"teacher unreachable: {exc}"}})
+            return
         if up.response.status_code != 200:
-            return self._pass_failure(ch, body, turn, t0, up.response)
-        if not stream:
-            return self._pass_reply(ch, body, turn, t0, up.response)
-        return _Relay(self, ch, body, turn, t0).run(up)
+            self._pass_failure(ch, body, turn, t0, up.response)
+        elif not stream:
+            self._pass_reply(ch, body, turn, t0, up.response)
+        else:
+            _Relay(self, ch, body, turn, t0).run(up)
 
-    def _request(self, ch: Channel, length: int) -> tuple[bytes | None, dict | None]:
-        """The request's bytes and its JSON object, or (None, None) when it was answered for being unreadable."""
+    def _request(self, ch: Channel, length: int) -> tuple[bytes, JSONObject] | None:
+        """The request's bytes and its JSON object, or None when it was answered for being unreadable."""
         if self.headers.get("Expect", "").lower() == "100-continue":
             self.send_response_only(100)
             self.end_headers()
@@ -744,24 +791,24 @@ class _Handler(BaseHTTPRequestHandler):
                 self._refuse(
                     ch, 408, "slow", f"request body not received within {self.proxy.limits.body_timeout:g} s"
                 )
-            return None, None
+            return None
         try:
-            body = json.loads(raw)
+            body: JSONValue = json.loads(raw)
         except (ValueError, RecursionError):
             body = None
         if not isinstance(body, dict):
             self._refuse(ch, 400, "body", "the request body is not a JSON object")
-            return None, None
+            return None
         return raw, body
 
-    def _may_go_on(self, ch: Channel, body: dict) -> bool:
+    def _may_go_on(self, ch: Channel, body: JSONObject) -> bool:
         """Whether the request goes on to the Teacher; else it has been answered here (a tampered session, the
         host's probe, the turn's step limit, a request that breaks the session's chain)."""
         if ch.tampered:
             self._reply(409, {"error": {"message": "session ended (tampered)"}})
             return False
         if ch.probe:  # what a fresh session sends is all the host wants of it (agents/chain.py Pristine)
-            self._record(ch, body, ch.turn, _FAILED, 0.0, "probe")
+            self._record(ch, body, ch.turn, _failed(), 0.0, "probe")
             self._reply(400, {"error": {"message": "probe: no model behind this session"}})
             return False
         refusal = self.proxy.count_step(ch, classify(body))
@@ -774,13 +821,13 @@ class _Handler(BaseHTTPRequestHandler):
                     ch.chain.check(body)
             except ChainBreak as exc:  # never reaches the Teacher; kept with its diff, never trained
                 ch.tampered = exc.reason
-                self._record(ch, body, ch.turn, _FAILED, 0.0, f"tampered: {exc.reason}", tampered=exc.diff)
+                self._record(ch, body, ch.turn, _failed(), 0.0, f"tampered: {exc.reason}", tampered=exc.diff)
                 log.warning("edge %s: a request broke the session's chain: %s", ch.name, exc.reason)
                 self._reply(409, {"error": {"message": "session ended (tampered)"}})
                 return False
         return True
 
-    def _own_settings(self, body: dict) -> dict:
+    def _own_settings(self, body: JSONObject) -> JSONObject:
         """The proxy's own settings the request goes on with (`extra_body`, `tool_choice`, the Teacher's model
         name), not recorded; none: it goes on as OpenCode sent it, byte for byte."""
         proxy, own = self.proxy, dict(self.proxy.extra_body)
@@ -790,12 +837,14 @@ class _Handler(BaseHTTPRequestHandler):
             own["model"] = proxy.model
         return own
 
-    def _pass_failure(self, ch: Channel, body: dict, turn: int, t0: float, resp) -> None:
+    def _pass_failure(
+        self, ch: Channel, body: JSONObject, turn: int, t0: float, resp: UpstreamResponse
+    ) -> None:
         """The Teacher's failure (a status that is not retried, or the last of a request given up), passed on."""
         data = resp.content
         # The server's own words (bounded): a context overflow says so (agents/turn_end.py)
         said = _safe_raw(data.decode("utf-8", "replace"), 300)
-        self._record(ch, body, turn, _FAILED, time.monotonic() - t0, f"HTTP {resp.status_code}: {said}")
+        self._record(ch, body, turn, _failed(), time.monotonic() - t0, f"HTTP {resp.status_code}: {said}")
         ch.teacher_failures += 1
         self.send_response(resp.status_code)
         self.send_header("Content-Type", resp.headers.get("Content-Type", "application/json"))
@@ -803,13 +852,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _pass_reply(self, ch: Channel, body: dict, turn: int, t0: float, resp) -> None:
+    def _pass_reply(
+        self, ch: Channel, body: JSONObject, turn: int, t0: float, resp: UpstreamResponse
+    ) -> None:
         """A plain (not streamed) reply, recorded and passed on (lone surrogates repaired)."""
         data, repaired = repair_json(resp.content)
         try:
-            payload = json.loads(data)
+            payload: JSONValue = json.loads(data)
         except ValueError as exc:
-            fields = dict(_FAILED, error=f"malformed reply: reply is not JSON ({exc})")
+            fields = _failed(f"malformed reply: reply is not JSON ({exc})")
             fields["raw_response"] = _safe_raw(data.decode("utf-8", "replace"))
         else:
             fields = reply_fields(body, payload, message_from_completion(payload))
@@ -820,8 +871,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _record(self, ch, body, turn, fields, latency, error, repaired=False, tampered=None) -> None:
-        rec = {
+    def _record(
+        self,
+        ch: Channel,
+        body: JSONObject,
+        turn: int,
+        fields: ReplyFields,
+        latency: float,
+        error: str | None,
+        repaired: bool = False,
+        tampered: dict[str, str] | None = None,
+    ) -> None:
+        """The step record of one request (and its answer, `fields`), kept on the channel; the chain learns the
+        answer, and a call cut at max_tokens stops the channel."""
+        rec: StepRecord = {
             "turn": turn,
             "kind": classify(body),
             "request": {
@@ -845,7 +908,7 @@ class _Handler(BaseHTTPRequestHandler):
             rec["compacted"] = True
         if error or fields.get("error"):
             rec["error"] = error or fields["error"]
-        if fields.get("raw_response") is not None:
+        if "raw_response" in fields:
             rec["raw_response"] = fields["raw_response"]
         if tampered is not None:
             rec["tampered"] = tampered
@@ -862,9 +925,9 @@ class _Relay:
     """A streamed reply relayed to OpenCode as it comes, each complete line at once (chunked encoding),
     assembled on the side and recorded once: before OpenCode can see the answer's end, or when it breaks."""
 
-    def __init__(self, handler: _Handler, ch: Channel, body: dict, turn: int, t0: float):
+    def __init__(self, handler: _Handler, ch: Channel, body: JSONObject, turn: int, t0: float):
         self.h, self.ch, self.body, self.turn, self.t0 = handler, ch, body, turn, t0
-        self.asm = StreamAssembler()
+        self.asm = StreamAssembler()  # type: ignore[no-untyped-call]  # (teacher/stream.py: not annotated yet)
         self.recorded = self.repaired = False
         self.pending = b""
 
@@ -926,4 +989,9 @@ class _Relay:
 def _handler_for(proxy: RecordingProxy, tcp: bool = True) -> type[_Handler]:
     """The handler class of one of the proxy's servers. A streamed reply is many small writes: with Nagle's
     algorithm each waits for the client's delayed ACK (~40 ms a request on loopback); a Unix socket has none."""
-    return type("Handler", (_Handler,), {"proxy": proxy, "disable_nagle_algorithm": tcp})
+
+    class Handler(_Handler):
+        pass
+
+    Handler.proxy, Handler.disable_nagle_algorithm = proxy, tcp
+    return Handler
