@@ -37,7 +37,7 @@ def cfg_int(cfg: Config, key: str, default: int) -> int:
     """A config number as an int (`int(cfg.get(key, default))`); a value that is no number names the key."""
     value = cfg.get(key, default)
     if not isinstance(value, int | float | str):
-        raise TypeError(f"agent.{key}: {value!r} is not a number")
+        raise TypeError(f"config {key}: {value!r} is not a number")
     return int(value)
 
 
@@ -45,7 +45,7 @@ def cfg_float(cfg: Config, key: str, default: float) -> float:
     """A config number as a float (`float(cfg.get(key, default))`); a value that is no number names the key."""
     value = cfg.get(key, default)
     if not isinstance(value, int | float | str):
-        raise TypeError(f"agent.{key}: {value!r} is not a number")
+        raise TypeError(f"config {key}: {value!r} is not a number")
     return float(value)
 
 

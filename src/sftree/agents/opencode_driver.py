@@ -30,6 +30,8 @@ server dies, so the host sees that at once.
 Unix socket, so OpenCode reaches the Teacher and nothing else.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import signal
@@ -41,6 +43,12 @@ import threading
 import time
 import urllib.parse
 
+TYPE_CHECKING = False  # annotations only: the driver imports nothing it does not run
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from io import BufferedReader
+    from typing import IO
+
 # `opencode run`'s session rules when it is not interactive (packages/opencode/src/cli/cmd/run.ts).
 RUN_RULES = [
     {"permission": "question", "action": "deny", "pattern": "*"},
@@ -51,10 +59,16 @@ RUN_RULES = [
 EMIT = {"step-start": "step_start", "step-finish": "step_finish"}
 LINE_MAX = 1 << 20
 OUT_LOCK = threading.Lock()
-HOST = {"in": None, "out": None}  # the two pipes to the host (--fds): held by this process only
+# the two pipes to the host (--fds), "in" and "out": held by this process only
+HOST: dict[str, IO[bytes]] = {}
 
 
-def emit(kind, **data):
+def _obj(value: object) -> dict[str, object]:
+    """`value` when it is a JSON object (what OpenCode sends is read without trusting its shape), else {}."""
+    return value if isinstance(value, dict) else {}
+
+
+def emit(kind: str, **data: object) -> None:
     line = json.dumps({"type": kind, "timestamp": int(time.time() * 1000), **data}) + "\n"
     with OUT_LOCK:
         HOST["out"].write(line.encode())
@@ -62,7 +76,7 @@ def emit(kind, **data):
 
 
 # ---- the proxy bridge ----------------------------------------------------------------------------------------
-def _pipe(a, b):
+def _pipe(a: socket.socket, b: socket.socket) -> None:
     try:
         while True:
             d = a.recv(65536)
@@ -77,7 +91,7 @@ def _pipe(a, b):
         pass
 
 
-def _bridge_one(c, path):
+def _bridge_one(c: socket.socket, path: str) -> None:
     u = socket.socket(socket.AF_UNIX)
     try:
         u.connect(path)
@@ -92,13 +106,13 @@ def _bridge_one(c, path):
     u.close()
 
 
-def bridge(path, port):
+def bridge(path: str, port: int) -> None:
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind(("127.0.0.1", port))
     srv.listen(64)
 
-    def loop():
+    def loop() -> None:
         while True:
             c, _ = srv.accept()
             # Relayed replies are streamed in small pieces: without this each waits for OpenCode's delayed ACK.
@@ -110,7 +124,7 @@ def bridge(path, port):
 
 # ---- HTTP to the server --------------------------------------------------------------------------------------
 class Server:
-    def __init__(self, binary, workdir):
+    def __init__(self, binary: str, workdir: str) -> None:
         self.workdir = workdir
         self.proc = subprocess.Popen(
             [binary, "serve", "--port", "0", "--hostname", "127.0.0.1"],
@@ -120,27 +134,31 @@ class Server:
             stderr=sys.stderr,
             start_new_session=False,
         )
-        self.port = None
+        if self.proc.stdout is None:  # stdout=PIPE made one
+            raise RuntimeError("opencode serve has no stdout")
+        self.stdout = self.proc.stdout
+        port = None
         self.stopping = False
-        for raw in self.proc.stdout:
+        for raw in self.stdout:
             line = raw.decode("utf-8", "replace")
             if "listening on http://" in line:
-                self.port = int(line.rsplit(":", 1)[1].strip().strip("/"))
+                port = int(line.rsplit(":", 1)[1].strip().strip("/"))
                 break
-        if self.port is None:
+        if port is None:
             raise RuntimeError(f"opencode serve exited ({self.proc.wait()}) before it listened")
+        self.port = port
         threading.Thread(target=self._drain, daemon=True).start()
         self.watch()
 
-    def _drain(self):
-        for _ in self.proc.stdout:
+    def _drain(self) -> None:
+        for _ in self.stdout:
             pass
 
-    def _connect(self, timeout):
+    def _connect(self, timeout: float | None) -> socket.socket:
         s = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
         return s
 
-    def _head(self, method, path, body):
+    def _head(self, method: str, path: str, body: object) -> bytes:
         data = b"" if body is None else json.dumps(body).encode()
         head = (
             f"{method} {path} HTTP/1.1\r\nHost: opencode.internal\r\n"
@@ -150,7 +168,9 @@ class Server:
         )
         return head.encode() + data
 
-    def call(self, method, path, body=None, timeout=None):
+    def call(
+        self, method: str, path: str, body: object = None, timeout: float | None = None
+    ) -> tuple[int, object]:
         """(status, parsed JSON body or None)."""
         s = self._connect(timeout)
         try:
@@ -165,11 +185,12 @@ class Server:
         finally:
             s.close()
         try:
-            return status, json.loads(raw) if raw else None
+            parsed: object = json.loads(raw) if raw else None
         except ValueError:
             return status, raw.decode("utf-8", "replace")
+        return status, parsed
 
-    def events(self):
+    def events(self) -> Iterator[object]:
         """The instance's event stream: parsed `data:` payloads, until the connection ends."""
         s = self._connect(None)
         s.sendall(self._head("GET", "/event", None))
@@ -188,19 +209,19 @@ class Server:
                     except ValueError:
                         continue
 
-    def pause(self):
+    def pause(self) -> None:
         """SIGSTOP: between two turns nothing runs in the server (a plugin the agent wrote, say)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGSTOP)
 
-    def resume(self):
+    def resume(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
 
-    def watch(self):
+    def watch(self) -> None:
         """The driver ends with its server (unless the driver stopped it): the host then sees its end."""
 
-        def wait():
+        def wait() -> None:
             self.proc.wait()
             if not self.stopping:
                 sys.stderr.write(f"driver: opencode serve exited ({self.proc.returncode})\n")
@@ -209,7 +230,7 @@ class Server:
 
         threading.Thread(target=wait, daemon=True).start()
 
-    def stop(self):
+    def stop(self) -> None:
         """SIGKILL, stopped or not: it is idle (the session aborted), and a SIGCONT for a graceful end would let
         a plugin of the agent's run again. Its store stays consistent (SQLite's journal)."""
         self.stopping = True
@@ -218,7 +239,7 @@ class Server:
         self.proc.wait()
 
 
-def _read_head(f):
+def _read_head(f: BufferedReader) -> tuple[int, dict[str, str]]:
     line = f.readline(LINE_MAX)
     parts = line.split()
     status = int(parts[1]) if len(parts) > 1 else 0
@@ -232,7 +253,7 @@ def _read_head(f):
     return status, headers
 
 
-def _chunks(f):
+def _chunks(f: BufferedReader) -> Iterator[bytes]:
     while True:
         size = f.readline(LINE_MAX).strip()
         if not size:
@@ -246,19 +267,19 @@ def _chunks(f):
 
 # ---- one turn ------------------------------------------------------------------------------------------------
 class Turns:
-    def __init__(self, server):
+    def __init__(self, server: Server) -> None:
         self.server = server
-        self.session = None
-        self.sessions = set()
+        self.session: str | None = None
+        self.sessions: set[str] = set()
         self.idle = threading.Event()
         self.connected = threading.Event()
         self.active = False
-        self.running = None  # the thread of the turn in progress
+        self.running: threading.Thread | None = None  # the thread of the turn in progress
         threading.Thread(target=self._watch, daemon=True).start()
         if not self.connected.wait(60):
             raise RuntimeError("opencode serve: no event stream")
 
-    def _watch(self):
+    def _watch(self) -> None:
         """Mirror the event stream as `opencode run --format json` prints it (its loop over events). Without it
         no turn could end, so when it fails or ends (and the server was not stopped on purpose) the driver
         ends, and the host sees that."""
@@ -275,34 +296,39 @@ class Turns:
             sys.stderr.flush()
             os._exit(4)
 
-    def _event(self, ev):
+    def _event(self, ev: object) -> None:
         """One event, as run's loop handles it."""
         if not isinstance(ev, dict):
             return
-        kind, props = ev.get("type"), ev.get("properties") or {}
+        kind, props = ev.get("type"), _obj(ev.get("properties"))
         if kind == "server.connected":
             self.connected.set()
         sid = self.session
-        if kind == "session.created" and (props.get("info") or {}).get("parentID") in self.sessions:
-            self.sessions.add(props["info"]["id"])
+        info = _obj(props.get("info"))
+        if (
+            kind == "session.created"
+            and info.get("parentID") in self.sessions
+            and isinstance(info["id"], str)
+        ):
+            self.sessions.add(info["id"])
         if not self.active or sid is None:
             return
         if kind == "message.part.updated":
-            part = props.get("part") or {}
+            part = _obj(props.get("part"))
             if part.get("sessionID") != sid:
                 return
             t = part.get("type")
-            state = part.get("state") or {}
+            state = _obj(part.get("state"))
             if t == "tool" and state.get("status") in ("completed", "error"):
                 emit("tool_use", sessionID=sid, part=part)
-            elif t in EMIT:
+            elif isinstance(t, str) and t in EMIT:
                 emit(EMIT[t], sessionID=sid, part=part)
-            elif t in ("text", "reasoning") and (part.get("time") or {}).get("end"):
-                emit(t, sessionID=sid, part=part)
+            elif t in ("text", "reasoning") and _obj(part.get("time")).get("end"):
+                emit(str(t), sessionID=sid, part=part)
         elif kind == "session.error" and props.get("sessionID") == sid and props.get("error"):
             emit("error", sessionID=sid, error=props["error"])
         elif kind == "session.status" and props.get("sessionID") == sid:
-            if (props.get("status") or {}).get("type") == "idle":
+            if _obj(props.get("status")).get("type") == "idle":
                 self.idle.set()
         elif kind == "permission.asked" and props.get("sessionID") in self.sessions:
             pid = props.get("id")
@@ -315,12 +341,12 @@ class Turns:
                     30,
                 )
 
-    def start(self, req):
+    def start(self, req: dict[str, object]) -> None:
         self.server.resume()
         self.running = threading.Thread(target=self.turn, args=(req,), daemon=True)
         self.running.start()
 
-    def turn(self, req):
+    def turn(self, req: dict[str, object]) -> None:
         try:
             self._turn(req)
         except Exception as exc:  # noqa: BLE001 - the host must hear the turn end, whatever went wrong here
@@ -329,8 +355,9 @@ class Turns:
             self.active = False
             emit("idle", sessionID=self.session)
 
-    def _turn(self, req):
-        sid = req.get("session")
+    def _turn(self, req: dict[str, object]) -> None:
+        given = req.get("session")
+        sid = given if isinstance(given, str) else None  # the host's record of the edge's session, or none
         if sid:
             status, info = self.server.call("GET", f"/session/{sid}", None, 60)
             if status != 200:
@@ -338,29 +365,29 @@ class Turns:
                 emit("error", error={"name": "SessionNotFound", "data": {"message": msg}})
                 return
         else:
-            body = {"permission": RUN_RULES}
+            body: dict[str, object] = {"permission": RUN_RULES}
             if req.get("title") is not None:
                 body = {"title": req["title"], "permission": RUN_RULES}
             status, info = self.server.call("POST", "/session", body, 60)
             if status != 200 or not isinstance(info, dict):
                 emit("error", error={"name": "SessionCreate", "data": {"message": f"{status}: {info}"[:500]}})
                 return
-            sid = info["id"]
+            sid = str(info["id"])
         self.session = sid
         self.sessions = {sid}
         self.idle.clear()
         self.active = True
         emit("session", sessionID=sid)
         provider, _, model = str(req.get("model") or "").partition("/")
-        body = {"parts": [{"type": "text", "text": req["text"]}]}
+        prompt: dict[str, object] = {"parts": [{"type": "text", "text": req["text"]}]}
         if provider:
-            body = {"model": {"providerID": provider, "modelID": model}, **body}
-        status, res = self.server.call("POST", f"/session/{sid}/message", body, None)
+            prompt = {"model": {"providerID": provider, "modelID": model}, **prompt}
+        status, res = self.server.call("POST", f"/session/{sid}/message", prompt, None)
         if status >= 400:
             emit("error", sessionID=sid, error=res if isinstance(res, dict) else {"name": str(res)[:500]})
         self.idle.wait(30)  # the idle status follows the reply
 
-    def abort(self, reap):
+    def abort(self, reap: bool) -> None:
         """End the turn: abort every session still working (the agent may have started others through the
         server's API), wait for the turn to end, then with `reap` stop the server and kill everything else of
         the sandbox (`quiesce`), so that nothing of the agent (its commands, a plugin in the server) runs until
@@ -383,7 +410,7 @@ class Turns:
         emit("aborted" if ok else "abort_failed")
 
 
-def _tasks_in(pid, states):
+def _tasks_in(pid: int | str, states: str) -> bool:
     """Every thread of `pid` is in one of `states` (a thread that is gone counts as in)."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -399,7 +426,7 @@ def _tasks_in(pid, states):
     return True
 
 
-def _stopped(pid, timeout=2.0):
+def _stopped(pid: int, timeout: float = 2.0) -> bool:
     """Wait until every thread of `pid` is stopped (SIGSTOP takes effect a little after kill returns)."""
     end = time.monotonic() + timeout
     while not _tasks_in(pid, "Tt"):
@@ -409,7 +436,7 @@ def _stopped(pid, timeout=2.0):
     return True
 
 
-def quiesce(server, timeout=10.0):
+def quiesce(server: int, timeout: float = 10.0) -> bool:
     """Stop `server` and kill every other process of this PID namespace (but us and our ancestors); True once
     the server is stopped and nothing else is left. A process of the agent's may SIGCONT the server meanwhile,
     or the server may be forking: so stop, wait until it is, reap, and repeat until the server is still
@@ -422,7 +449,7 @@ def quiesce(server, timeout=10.0):
     return False
 
 
-def _reap(keep):
+def _reap(keep: set[int]) -> bool:
     """SIGKILL every process of this PID namespace but `keep` and our ancestors (bwrap's init), whatever its
     state; True once all are gone (every thread of each a zombie or dead), False if some are left after 5 s
     or may not be killed."""
@@ -434,7 +461,7 @@ def _reap(keep):
                 p = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             break
-    keep = set(keep) | anc | {1}
+    keep = keep | anc | {1}
     end = time.monotonic() + 5
     while time.monotonic() < end:
         left = 0
@@ -455,7 +482,7 @@ def _reap(keep):
     return False
 
 
-def save(server, store, out):
+def save(server: Server, store: str, out: str) -> None:
     """Kill the (stopped) server, then copy its session store to `out` with SQLite's backup (the WAL included,
     one file); `save_failed` if there is none or it cannot be read."""
     server.stop()
@@ -479,7 +506,7 @@ def save(server, store, out):
     emit("saved")
 
 
-def _undumpable():
+def _undumpable() -> None:
     """Not dumpable: another process of the sandbox's uid (the agent's) may then not ptrace this one nor read
     its memory or environment; that would take CAP_SYS_PTRACE, which the sandbox has not."""
     try:
@@ -490,7 +517,7 @@ def _undumpable():
         sys.stderr.write("driver: PR_SET_DUMPABLE unavailable\n")
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     _undumpable()
     binary, workdir, store, out = argv[:4]
     rest = argv[4:]
@@ -508,7 +535,7 @@ def main(argv):
     emit("ready")
     for line in HOST["in"]:
         try:
-            req = json.loads(line)
+            req = _obj(json.loads(line))
         except ValueError:
             continue
         op = req.get("op")
