@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -14,7 +14,7 @@ from sftree.records.tree import TurnEnd
 # At run time too: the records' readers resolve these dataclasses' field types (typing.get_type_hints).
 from sftree.runtime.edgebox import EdgeBox
 from sftree.runtime.workspace import EdgeWorkspace
-from sftree.world.coral_command import CoralRuntime, EvalResult
+from sftree.world.coral_command import EvalResult
 
 if TYPE_CHECKING:
     from sftree.teacher.client import Completion
@@ -32,13 +32,29 @@ class ToolOutcome:
     knowledge: bool = False  # read or wrote shared knowledge
 
 
+class CoralWorld(Protocol):
+    """Coral's world as a backend asks it (world/world.py `World`)."""
+
+    def opencode_json(self) -> str: ...  # the worktree's `.opencode/opencode.json`, as Coral writes it
+
+
+class CoralSession(Protocol):
+    """What a backend uses of the edge's Coral runtime (world/coral_command.py `CoralRuntime`)."""
+
+    # every `coral eval` of the edge, in order (the agent's `coral eval` adds one)
+    @property
+    def evals(self) -> Sequence[EvalResult]: ...
+    @property
+    def world(self) -> CoralWorld: ...
+
+
 @dataclass
 class TurnRun:
     """Inputs of one rollout turn. `messages` is the session; the backend appends to it in place."""
 
     workspace: EdgeWorkspace
     box: EdgeBox  # where the edge's commands run
-    coral: CoralRuntime  # its `evals` grows when the agent runs `coral eval`
+    coral: CoralSession  # its `evals` grows when the agent runs `coral eval`
     messages: list[JSONObject]
     prompt: str  # the user message that opens the turn
     turn: int

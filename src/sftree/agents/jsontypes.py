@@ -1,16 +1,18 @@
 """The JSON the agents read and write, typed: what others send (OpenAI chat requests and replies, OpenCode's events,
-a request body from the sandbox) is `JSONValue` and is read through the narrowing helpers below, which trust no
-shape; what sftree owns (step records, their tool results and usage) is a TypedDict (docs/architecture.md, "Step
-records")."""
+a request body from the sandbox, a session's messages) is a `JSONObject` of `JSONValue`s, read through the narrowing
+helpers below, which trust no shape; what sftree owns (step records, their tool results and usage) is a TypedDict
+(docs/architecture.md, "Step records")."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Literal, NotRequired, Protocol, TypeAlias, TypedDict
 
-JSONValue: TypeAlias = "str | int | float | bool | None | list[JSONValue] | dict[str, JSONValue]"
-JSONObject: TypeAlias = "dict[str, JSONValue]"
-JSONList: TypeAlias = "list[JSONValue]"
+# Any value JSON holds, as `object`: every read checks its shape first (isinstance, or `obj`/`arr` below), and a
+# session's messages are the search's type (`dict[str, object]`, search/edge.py) with no copy between the two.
+JSONValue: TypeAlias = object
+JSONObject: TypeAlias = dict[str, JSONValue]
+JSONList: TypeAlias = list[JSONValue]
 # A validated config section (agent.*, search.*) as the YAML loader made it: read through `cfg_*` below.
 Config: TypeAlias = Mapping[str, object]
 

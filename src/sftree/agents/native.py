@@ -192,8 +192,8 @@ class NativeAgent:
                 break
             request: ChatRequest = {
                 "model": self.teacher.model,
-                "messages": list[JSONValue](messages),
-                "tools": list[JSONValue](self.tools),
+                "messages": list(messages),
+                "tools": self.tools,
             }
             full = context_check(used, self.teacher.max_tokens, self.teacher.context_tokens)
             if full:

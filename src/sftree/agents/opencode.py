@@ -1110,8 +1110,9 @@ class OpenCodeAgent:
         if ch.chain is None and st.parent_chain is not None:  # the parent's session as its chain last saw it
             ch.chain = SessionChain.resume(self.pristine, st.parent_chain, run.box.worktree)
         elif ch.chain is None:  # a fresh session, or a node made before chains were kept: its session file
-            session: JSONObject = {"messages": list[JSONValue](run.messages)}
-            ch.chain = SessionChain(self.pristine, base=split(session)[1], workdir=run.box.worktree)
+            ch.chain = SessionChain(
+                self.pristine, base=split({"messages": run.messages})[1], workdir=run.box.worktree
+            )
         ch.take()
         return ch
 

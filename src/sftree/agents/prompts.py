@@ -12,13 +12,10 @@ from __future__ import annotations
 import string
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sftree.agents.jsontypes import JSONObject
 from sftree.errors import InputError
-
-if TYPE_CHECKING:
-    from sftree.world.coral_command import EvalResult
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "prompts"
 NAMES = {"system": "system.md"}
@@ -40,7 +37,13 @@ def render(name: str, overrides: Mapping[str, object] | None = None, **values: o
     )
 
 
-def turn_record(ev: EvalResult | None, ended: str) -> JSONObject:
+class EvalRecord(Protocol):
+    """A turn's first `coral eval` as the host recorded it (world/coral_command.py `EvalResult`)."""
+
+    def to_dict(self) -> Mapping[str, object]: ...
+
+
+def turn_record(ev: EvalRecord | None, ended: str) -> JSONObject:
     """The host's own record of how a turn ended: its first `coral eval` (EvalResult or None) and why it ended.
 
     The next turn's prompt is built from this alone, never from text in the session: the agent's tools can

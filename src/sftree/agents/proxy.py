@@ -927,7 +927,7 @@ class _Relay:
 
     def __init__(self, handler: _Handler, ch: Channel, body: JSONObject, turn: int, t0: float):
         self.h, self.ch, self.body, self.turn, self.t0 = handler, ch, body, turn, t0
-        self.asm = StreamAssembler()  # type: ignore[no-untyped-call]  # (teacher/stream.py: not annotated yet)
+        self.asm = StreamAssembler()
         self.recorded = self.repaired = False
         self.pending = b""
 

@@ -8,8 +8,10 @@ commits. `search/edge.py` and `search/explore.py` call these members and nothing
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Protocol
 
+from sftree.agents.base import CoralSession
+from sftree.agents.prompts import EvalRecord
 from sftree.records.tree import TurnEnd
 
 if TYPE_CHECKING:
@@ -21,8 +23,9 @@ if TYPE_CHECKING:
     from sftree.world.counters import CoralCounters
 
 
-class Eval(Protocol):
-    """A turn's first `coral eval` as the host recorded it (world/coral_command.py `EvalResult`)."""
+class Eval(EvalRecord, Protocol):
+    """A turn's first `coral eval` as the host recorded it (world/coral_command.py `EvalResult`); the next turn's
+    prompt is built from its record (agents/prompts.py `turn_record`)."""
 
     @property
     def number(self) -> int | None: ...  # Coral's #N (None: nothing was evaluated)
@@ -80,15 +83,8 @@ class Agent(Protocol):
 
 
 def as_agent(backend: AgentBackend) -> Agent:
-    """The configured backend as the search's `Agent`.
-
-    Transitional: agents/base.py's `AgentBackend` does not declare `sandbox` (both backends set it) and
-    `student_model` (only OpenCode has one) yet. Until it does (`sandbox: str`; `student_model: str | None =
-    None`), a backend without a `student_model` is given None here, the one place the search fills in a member;
-    then this function is `return backend`."""
-    if "student_model" not in dir(backend):
-        backend.student_model = None  # type: ignore[attr-defined]
-    return cast("Agent", backend)
+    """The configured backend as the search's `Agent` (agents/base.py's `AgentBackend` declares every member)."""
+    return backend
 
 
 class Teacher(Protocol):
@@ -125,8 +121,9 @@ class World(Protocol):
     def close(self) -> None: ...
 
 
-class Grader(Protocol):
-    """An edge's Coral runtime as the search reads it (world/coral_command.py `CoralRuntime`)."""
+class Grader(CoralSession, Protocol):
+    """An edge's Coral runtime as the search reads it (world/coral_command.py `CoralRuntime`), and hands it to the
+    backend with each turn (agents/base.py `CoralSession`)."""
 
     @property
     def counters(self) -> CoralCounters: ...  # the host's counters, advanced by each graded eval
