@@ -209,7 +209,9 @@ def test_opencode_sandbox_dies_with_its_parent(base):
     from sftree.runtime.store import TreeStore
     from sftree.teacher.client import TeacherClient
 
-    agent = OpenCodeAgent(TeacherClient("http://127.0.0.1:9/v1", "m"), {"sandbox": "auto"})
+    agent = OpenCodeAgent(
+        TeacherClient.from_config({"base_url": "http://127.0.0.1:9/v1", "model": "m"}), {"sandbox": "auto"}
+    )
     st = _Edge(home=base / "opencode", uid=UIDS.acquire())
     store, root = TreeStore.create(base / "tree", make_root(base), {})
     try:
