@@ -18,14 +18,7 @@ import time
 from http.server import BaseHTTPRequestHandler
 
 from helpers.sse import reply_chunks, send_sse, send_sse_headers
-from sftree.httpserver import (
-    QuietThreadingHTTPServer,
-    Serving,
-    local_url,
-    read_body,
-    send_json,
-    serve_in_background,
-)
+from sftree import httpserver
 
 MESSAGE = {"role": "assistant", "content": "Done."}
 USAGE = {"prompt_tokens": 12, "completion_tokens": 2}
@@ -38,12 +31,12 @@ class FaultyTeacher:
         self.arrivals: list[float] = []
         self.lock = threading.Lock()
         self.stopped = threading.Event()
-        self.server = QuietThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self.base_url = local_url(self.server)
-        self.serving: Serving | None = None
+        self.server = httpserver.QuietThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.base_url = httpserver.local_url(self.server)
+        self.serving: httpserver.Serving | None = None
 
     def start(self) -> FaultyTeacher:
-        self.serving = serve_in_background(self.server, "faulty-teacher")
+        self.serving = httpserver.serve_in_background(self.server, "faulty-teacher")
         return self
 
     def stop(self) -> None:
@@ -65,11 +58,11 @@ def _handler(teacher: FaultyTeacher):
             pass
 
         def do_POST(self):
-            body = json.loads(read_body(self) or b"{}")
+            body = json.loads(httpserver.read_body(self) or b"{}")
             stream = bool(body.get("stream"))
             fault = teacher.next_fault()
             if fault == "503":
-                return send_json(self, 503, {"error": {"message": "queue full"}})
+                return httpserver.send_json(self, 503, {"error": {"message": "queue full"}})
             if fault == "reset":  # SO_LINGER 0: close sends RST, not FIN
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 self.close_connection = True
@@ -84,7 +77,7 @@ def _handler(teacher: FaultyTeacher):
             if stream:
                 return send_sse(self, reply_chunks(MESSAGE, "stop", USAGE))
             choice = {"index": 0, "message": MESSAGE, "finish_reason": "stop"}
-            return send_json(
+            return httpserver.send_json(
                 self, 200, {"id": "x", "object": "chat.completion", "choices": [choice], "usage": USAGE}
             )
 

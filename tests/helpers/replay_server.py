@@ -21,15 +21,8 @@ from http.server import BaseHTTPRequestHandler
 
 from helpers.real_traffic import Run
 from helpers.sse import reply_chunks, send_sse
+from sftree import httpserver
 from sftree.agents.chain import ChainBreak, Pristine, SessionChain
-from sftree.httpserver import (
-    QuietThreadingHTTPServer,
-    Serving,
-    local_url,
-    read_body,
-    send_json,
-    serve_in_background,
-)
 
 
 @dataclass
@@ -63,12 +56,12 @@ class ReplayServer:
         self.misses: list[str] = []
         self.served = 0
         self.lock = threading.Lock()
-        self.server = QuietThreadingHTTPServer((host, 0), _handler(self))
-        self.base_url = local_url(self.server)
-        self.serving: Serving | None = None
+        self.server = httpserver.QuietThreadingHTTPServer((host, 0), _handler(self))
+        self.base_url = httpserver.local_url(self.server)
+        self.serving: httpserver.Serving | None = None
 
     def start(self) -> ReplayServer:
-        self.serving = serve_in_background(self.server, "replay-teacher", poll_s=0.2)
+        self.serving = httpserver.serve_in_background(self.server, "replay-teacher", poll_s=0.2)
         return self
 
     def stop(self) -> None:
@@ -132,21 +125,23 @@ def _handler(rs: ReplayServer):
             pass
 
         def do_GET(self):
-            send_json(self, 200, {"object": "list", "data": [{"id": "replay", "object": "model"}]})
+            httpserver.send_json(self, 200, {"object": "list", "data": [{"id": "replay", "object": "model"}]})
 
         def do_POST(self):
-            body = json.loads(read_body(self) or b"{}")
+            body = json.loads(httpserver.read_body(self) or b"{}")
             step = rs.match(body)
             if step is None:
-                return send_json(
+                return httpserver.send_json(
                     self, 400, {"error": {"message": f"replay: not a recorded request: {rs.misses[-1]}"}}
                 )
             if step.get("response") is None:  # a recorded failure: the same status again
                 m = re.match(r"HTTP (\d{3})", str(step.get("error") or ""))
                 status = int(m[1]) if m else 502
-                return send_json(self, status, {"error": {"message": f"replayed: {step.get('error')}"}})
+                return httpserver.send_json(
+                    self, status, {"error": {"message": f"replayed: {step.get('error')}"}}
+                )
             if not body.get("stream"):
-                return send_json(self, 200, completion(step))
+                return httpserver.send_json(self, 200, completion(step))
             finish = step.get("finish_reason") or "stop"
             send_sse(self, reply_chunks(step["response"], finish, _usage(step), "chatcmpl-replay", "replay"))
 
