@@ -16,8 +16,8 @@ from sftree.records.tree import Tree
 
 
 def select(doc: dict, **kw):
-    """select-paths over a tree document (its typed form, as `read_tree` gives it)."""
-    return select_paths(Tree.from_doc(doc), **kw)
+    """select-paths over a tree document (its typed form, as `read_tree` gives it), as the document it writes."""
+    return select_paths(Tree.from_doc(doc), **kw).to_doc()
 
 
 def make_tree(direction, spec, root_score=1.0):

@@ -75,7 +75,7 @@ def load_final(out: Path) -> treemod.Tree:
     and 3 by the independent checker (tests/helpers/tree_rules.py)."""
     tree = treemod.load(out / "tree.json")
     obj = tree.to_dict()
-    problems = check_tree(obj) + check_paths(obj, select_paths(Tree.from_doc(obj)))
+    problems = check_tree(obj) + check_paths(obj, select_paths(Tree.from_doc(obj)).to_doc())
     assert problems == [], f"{out / 'tree.json'} breaks the rules:\n" + "\n".join(problems)
     return tree
 
