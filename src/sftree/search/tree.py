@@ -48,42 +48,18 @@ class Select(TypedDict):
     select: float
 
 
-# What a tree written before these params were recorded ran with (SearchParams.from_config).
+# What a tree written before these params were recorded ran with (params_of).
 OLDER_TREE_PARAMS: dict[str, object] = {"seed": 0, "keep_workspaces": False}
 
 
-@dataclass
-class SearchParams:
-    """The `search:` section of config.yaml as the tree records it (tree.json `params`); its defaults are the
-    config schema's (sftree.settings)."""
-
-    root_children: int
-    max_children: int
-    max_depth: int
-    hard_token_limit: int
-    target_good_leaves: int
-    max_valid_edges: int
-    max_failed_expansions: int
-    prune_tool_error_rate: float
-    alpha: float
-    parallel_width: int
-    schedule: str
-    seed: int
-    keep_workspaces: bool
-
-    @classmethod
-    def from_config(cls, params: Mapping[str, object]) -> SearchParams:
-        """From a tree's `params` (or a validated config's `search:`). A tree written before `seed` and
-        `keep_workspaces` were recorded ran with seed 0 and kept no workspaces (tree.schema.json: optional)."""
-        names = {f.name for f in fields(cls)}
-        # (the config schema and tree.schema.json checked the values' types)
-        given: dict[str, Any] = {k: v for k, v in params.items() if k in names}
-        return cls(**{**OLDER_TREE_PARAMS, **given})
-
-    @classmethod
-    def from_settings(cls, search: SearchSettings) -> SearchParams:
-        """From config `search:` (sftree.settings)."""
-        return cls(**asdict(search))
+def params_of(params: Mapping[str, object]) -> SearchSettings:
+    """The config's `search:` a tree ran with, from its `params` (tree.json: written as `asdict` of the settings).
+    A tree written before `seed` and `keep_workspaces` were recorded ran with seed 0 and kept no workspaces
+    (tree.schema.json: optional)."""
+    names = {f.name for f in fields(SearchSettings)}
+    # (tree.schema.json checked the values' types)
+    given: dict[str, Any] = {k: v for k, v in params.items() if k in names}
+    return SearchSettings(**{**OLDER_TREE_PARAMS, **given})
 
 
 class _Tracked:
@@ -156,7 +132,7 @@ class Tree:
     task: str
     root: str
     direction: str
-    params: SearchParams
+    params: SearchSettings  # config `search:`, as tree.json `params` records it
     nodes: list[Node] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
     status: TreeStatus = "running"
@@ -185,7 +161,7 @@ class Tree:
         task: str,
         root: str,
         direction: str,
-        params: SearchParams,
+        params: SearchSettings,
         root_score: float | None,
         root_state: Doc | None = None,
         eval_count: int | None = None,
@@ -295,7 +271,7 @@ class Tree:
             task=obj["task"],
             root=obj["root"],
             direction=obj["direction"],
-            params=SearchParams.from_config(obj["params"]),
+            params=params_of(obj["params"]),
             status=obj["status"],
             stop_reason=obj.get("stop_reason"),
             next_edge=obj.get("next_edge", len(obj["edges"]) + 1),
@@ -432,7 +408,7 @@ def _apply(tree: Tree, line: Mapping[str, object]) -> None:
     for k in _HEADER:
         if k in head or k != "teacher":  # lines written before `teacher` existed lack it
             setattr(tree, k, head[k])
-    tree.params = SearchParams.from_config(head["params"])
+    tree.params = params_of(head["params"])
     _upsert(entry["nodes"], Node, tree._index, tree.add_node)
     _upsert(entry["edges"], Edge, tree._edge_index, tree.add_edge)
 
