@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sftree.agents.base import AgentBackend, TurnOutcome
 from sftree.agents.turn_end import TEACHER_DOWN
 from sftree.errors import InputError
 from sftree.fileio import write_json_atomic, write_text_atomic
@@ -41,15 +42,7 @@ from sftree.runtime.folderreader import Quota
 from sftree.runtime.objects import flatten
 from sftree.runtime.store import TreeStore
 from sftree.runtime.workspace import EdgeWorkspace, NodeState, write_world
-from sftree.search.collaborators import (
-    Agent,
-    Grader,
-    Store,
-    Teacher,
-    TurnOutcome,
-    World,
-    as_agent,
-)
+from sftree.search.collaborators import Grader, Store, Teacher, World
 from sftree.search.result import EdgeResult, TurnResult
 from sftree.settings import Settings, TeacherSettings
 from sftree.world.coral_command import CoralRuntime, CoralServer
@@ -76,7 +69,7 @@ class EdgeContext:
     store: Store
     root_state: NodeState
     teacher: Teacher
-    agent: Agent
+    agent: AgentBackend
     task_cfg: dict[str, object]
     direction: str
     agent_cfg: dict[str, object]
@@ -139,7 +132,7 @@ class EdgeContext:
         if wait_ready:
             teacher.wait_ready()
         agent_cfg = dict(settings.raw["agent"])  # sftree.agents still reads its section as a dict
-        agent = as_agent(make_agent(dict(settings.raw), teacher=teacher, task_cfg=task_cfg, world=world))
+        agent = make_agent(dict(settings.raw), teacher=teacher, task_cfg=task_cfg, world=world)
         quota = settings.agent.quota
         hidden = [tree_dir, *private_home_paths()]
         hidden += [Path(str(task_cfg[k])).resolve() for k in ("task_dir", "coral_task") if task_cfg.get(k)]
