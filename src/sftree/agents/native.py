@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sftree.agents.base import Teacher, ToolOutcome, TurnOutcome, TurnRun
-from sftree.agents.jsontypes import (
+from sftree.agents.nativetools import TOOL_SCHEMAS, TOOLBOX, ToolContext, execute
+from sftree.agents.prompts import render
+from sftree.jsontypes import (
     ChatRequest,
     Config,
     JSONObject,
@@ -38,8 +40,6 @@ from sftree.agents.jsontypes import (
     obj,
     usage_from,
 )
-from sftree.agents.nativetools import TOOL_SCHEMAS, TOOLBOX, ToolContext, execute
-from sftree.agents.prompts import render
 from sftree.runtime.sandbox import CORAL_MOUNT, resolve_mode
 from sftree.teacher.client import BadReply, ContextOverflow
 from sftree.teacher.transport import TeacherError

@@ -56,7 +56,11 @@ from typing import TYPE_CHECKING, cast
 
 from sftree.agents.base import Teacher, TurnOutcome, TurnRun
 from sftree.agents.chain import Pristine, SessionChain, split
-from sftree.agents.jsontypes import (
+from sftree.agents.knowledge import is_knowledge_action as is_knowledge  # one decision for both backends
+from sftree.agents.proxy import Channel, ProxyLimits, RecordingProxy
+from sftree.agents.turn_end import TEACHER_DOWN, refine
+from sftree.errors import InputError
+from sftree.jsontypes import (
     Config,
     JSONObject,
     JSONValue,
@@ -70,10 +74,6 @@ from sftree.agents.jsontypes import (
     count,
     obj,
 )
-from sftree.agents.knowledge import is_knowledge_action as is_knowledge  # one decision for both backends
-from sftree.agents.proxy import Channel, ProxyLimits, RecordingProxy
-from sftree.agents.turn_end import TEACHER_DOWN, refine
-from sftree.errors import InputError
 from sftree.records.tree import TurnEnd
 from sftree.runtime.edgebox import CHECK_EVERY
 from sftree.runtime.procs import kill_group

@@ -57,7 +57,9 @@ from typing import NotRequired, Protocol, TypedDict
 
 from sftree.agents.chain import ChainBreak, SessionChain
 from sftree.agents.chain import text_of as _text  # a message's content as text
-from sftree.agents.jsontypes import (
+from sftree.agents.turn_end import cut_call
+from sftree.httpserver import QuietThreadingHTTPServer, send_json
+from sftree.jsontypes import (
     Config,
     JSONObject,
     JSONValue,
@@ -70,8 +72,6 @@ from sftree.agents.jsontypes import (
     obj,
     usage_from,
 )
-from sftree.agents.turn_end import cut_call
-from sftree.httpserver import QuietThreadingHTTPServer, send_json
 from sftree.teacher.affinity import routing_headers
 from sftree.teacher.http import InFlight
 from sftree.teacher.response import MalformedResponse, normalize

@@ -32,6 +32,7 @@ from sftree.agents.base import AgentBackend, TurnOutcome
 from sftree.agents.turn_end import TEACHER_DOWN
 from sftree.errors import InputError
 from sftree.fileio import write_json_atomic, write_text_atomic
+from sftree.jsontypes import JSONObject
 from sftree.records.root import read_root_meta
 from sftree.records.scores import best_of, regressed_rate
 from sftree.records.steplog import StepRecorder, edge_steps
@@ -207,7 +208,7 @@ def root_context(store: Store, state: NodeState, root_dir: Path) -> RootContext:
     commit (read by the host without following links when the store was seeded)."""
     from sftree.world.root import root_context as from_files
 
-    meta: dict[str, object]
+    meta: JSONObject
     try:
         meta = read_root_meta(root_dir).to_dict()
     except InputError:  # explore's preflight reports a bad metadata.json
@@ -332,14 +333,12 @@ class _Session:
     """What one edge's session came to: its turns, and why it stopped early (if it did)."""
 
     turns: list[TurnResult] = field(default_factory=list)
-    last: dict[str, object] | None = (
-        None  # the host's record of the last turn (the next turn's prompt's source)
-    )
+    last: JSONObject | None = None  # the host's record of the last turn (the next turn's prompt's source)
     child: NodeState | None = None
     error: str | None = None
     overflow: str | None = None  # why the session could not go on (context_overflow), if it could not
     tampered: str | None = None
-    messages: list[dict[str, object]] = field(default_factory=list)  # the session as the agent left it
+    messages: list[JSONObject] = field(default_factory=list)  # the session as the agent left it
 
     def unrun_ending(self) -> TurnEnd:
         """How a turn that never ran is recorded: after a Teacher outage it is one; after a broken workspace it

@@ -18,6 +18,7 @@ from typing import TextIO
 
 from sftree.errors import InputError
 from sftree.fileio import read_json
+from sftree.jsontypes import JSONObject
 from sftree.progress import ConsoleLines, tree_line
 from sftree.records.root import check_files, read_root_meta, verify_root
 from sftree.records.scores import best_of
@@ -247,7 +248,7 @@ def _grow(
         ctx.close()  # worktrees removed unless keep_workspaces; a teacher-sim it started is stopped
 
 
-def _parent_state(d: mcts.Dispatch) -> dict[str, object]:
+def _parent_state(d: mcts.Dispatch) -> JSONObject:
     """The state of the node a dispatch expands (every node the search expands has one)."""
     if d.parent_state is None:
         raise TypeError(f"dispatch {d.edge}: node {d.node} has no state")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
 from sftree.errors import InputError
+from sftree.jsontypes import JSONObject
 from sftree.records.tree import (
     VERSION,
     LeafReason,
@@ -30,10 +31,6 @@ from sftree.settings import SearchSettings
 
 def now_iso() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
-# A JSON object of the tree that the search passes on without reading it (a node's state, a turn, a dispatch).
-Doc = dict[str, object]
 
 
 class Select(TypedDict):
@@ -86,7 +83,7 @@ class Node(_Tracked):
     status: NodeStatus = "active"
     leaf_reason: LeafReason | None = None
     path_valid: bool = True  # no failed (exempt-kept) edge on root..this node
-    state: Doc | None = None  # NodeState as a dict: code_commit, knowledge_commit, session
+    state: JSONObject | None = None  # NodeState as a dict: code_commit, knowledge_commit, session
     eval_count: int | None = None
 
 
@@ -104,7 +101,7 @@ class Edge(_Tracked):
     prune_reason: PruneReason | None = None
     failed: bool = False  # failed the hard-prune test (kept anyway when exempt)
     fail_reason: PruneReason | None = None
-    turns: list[Doc] = field(default_factory=list)  # search/result.py `TurnResult.to_dict`
+    turns: list[JSONObject] = field(default_factory=list)  # search/result.py `TurnResult.to_dict`
     score: float | None = None
     steps: int = 0
     tool_calls: int = 0
@@ -138,7 +135,7 @@ class Tree:
     status: TreeStatus = "running"
     stop_reason: StopReason | None = None
     next_edge: int = 1  # edge ids are never reused, so a resumed run leaves a gap for a discarded edge
-    in_flight: list[Doc] = field(
+    in_flight: list[JSONObject] = field(
         default_factory=list
     )  # dispatches started, not finished (`Dispatch.to_dict`)
     created_at: str = field(default_factory=now_iso)
@@ -147,7 +144,7 @@ class Tree:
     sandbox: str | None = None  # how the agent and graded code were confined: bwrap | none (docs/security.md)
     teacher: Mapping[str, object] | None = None  # the Teacher client's counters and incidents (its `report`)
     backend: str | None = None  # the agent backend that made the edges: native | opencode | mixed (resumed)
-    coral: Doc | None = (
+    coral: JSONObject | None = (
         None  # the Teacher's world: {"mode": coral | stand-in, ...} (sftree.world.World.describe)
     )
     _index: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
@@ -163,7 +160,7 @@ class Tree:
         direction: str,
         params: SearchSettings,
         root_score: float | None,
-        root_state: Doc | None = None,
+        root_state: JSONObject | None = None,
         eval_count: int | None = None,
     ) -> Tree:
         tree = cls(task=task, root=root, direction=direction, params=params)
@@ -241,7 +238,7 @@ class Tree:
 
     # --- serialization -----------------------------------------------------------------------------
 
-    def to_dict(self) -> Doc:
+    def to_dict(self) -> JSONObject:
         return {
             "version": self.version,
             "task": self.task,
@@ -317,8 +314,8 @@ SNAPSHOT_MIN = 64  # log lines before a snapshot is due (at least; see LiveTree)
 _HEADER = ("status", "stop_reason", "next_edge", "in_flight", "updated_at", "teacher")
 
 
-def _changed(items: Sequence[Node] | Sequence[Edge]) -> list[Doc]:
-    out: list[Doc] = []
+def _changed(items: Sequence[Node] | Sequence[Edge]) -> list[JSONObject]:
+    out: list[JSONObject] = []
     for obj in items:
         if not obj.__dict__.get("_saved"):
             object.__setattr__(obj, "_saved", True)
@@ -357,10 +354,10 @@ class LiveTree:
         if not self.files.log_open or self._lines >= max(self.snapshot_min, len(tree.edges)):
             self.snapshot(tree)
             return
-        head: Doc = {"status": tree.status, "stop_reason": tree.stop_reason, "next_edge": tree.next_edge,
+        head: JSONObject = {"status": tree.status, "stop_reason": tree.stop_reason, "next_edge": tree.next_edge,
                      "in_flight": tree.in_flight, "updated_at": tree.updated_at, "teacher": tree.teacher,
                      "params": asdict(tree.params)}  # fmt: skip
-        entry: Doc = {
+        entry: JSONObject = {
             "gen": self._gen,
             "tree": head,
             "nodes": _changed(tree.nodes),

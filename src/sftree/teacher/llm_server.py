@@ -20,8 +20,8 @@ from pathlib import Path
 
 from sftree.config import REPO_ROOT
 from sftree.errors import InputError, TeacherUnavailable
+from sftree.jsontypes import ConfigSection
 from sftree.runtime.procs import stop_group
-from sftree.teacher.json_types import ConfigSection
 from sftree.teacher.transport import probe
 
 log = logging.getLogger(__name__)

@@ -1,23 +1,35 @@
-"""The JSON the agents read and write, typed: what others send (OpenAI chat requests and replies, OpenCode's events,
-a request body from the sandbox, a session's messages) is a `JSONObject` of `JSONValue`s, read through the narrowing
-helpers below, which trust no shape; what sftree owns (step records, their tool results and usage) is a TypedDict
-(docs/architecture.md, "Step records")."""
+"""The JSON sftree passes around, named once: every floor may import it (a leaf helper, docs/architecture.md).
+
+What others send (OpenAI chat requests and replies, OpenCode's events, a request body from the sandbox, a session's
+messages) is a `JSONObject` of `JSONValue`s, read through the narrowing helpers below, which trust no shape; what
+came off the wire and is only read, each field checked before use, is a `ForeignJSON`. The Teacher's own code
+builds and reads a server's shapes as the protocol fixes them: a `WireObject`. What sftree owns is a TypedDict
+beside its writer (the step records: records/steplog.py; the Teacher's usage and counters: teacher/client.py).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Literal, NotRequired, Protocol, TypeAlias, TypedDict
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, NotRequired, Protocol, TypeAlias, TypedDict
 
-# Any value JSON holds, as `object`: every read checks its shape first (isinstance, or `obj`/`arr` below), and a
-# session's messages are the search's type (`dict[str, object]`, search/edge.py) with no copy between the two.
+# Any value JSON holds, as `object`: every read checks its shape first (isinstance, or `obj`/`arr` below). A
+# session's messages and the search's tree documents are this type, with no copy between agents/ and search/.
 JSONValue: TypeAlias = object
 JSONObject: TypeAlias = dict[str, JSONValue]
 JSONList: TypeAlias = list[JSONValue]
-# A validated config section (agent.*, search.*) as the YAML loader made it: read through `cfg_*` below.
+# A JSON object as a server, a file or a caller sent it: read with a check of each field it uses.
+ForeignJSON: TypeAlias = Mapping[str, object]
+# A JSON object the Teacher's modules build or pass on in a server's shape (a request body, a chat message, a
+# completion), read as the OpenAI protocol fixes it.
+WireObject: TypeAlias = dict[str, Any]
+# A session's messages and the tools offered, as a caller hands them to the Teacher (read, never changed).
+ChatMessages: TypeAlias = Sequence[Mapping[str, object]]
+Tools: TypeAlias = Sequence[Mapping[str, object]]
+# A validated config section as the YAML loader made it (workflow/schemas/config.schema.yaml checked each value's
+# type): read through `cfg_*` below.
 Config: TypeAlias = Mapping[str, object]
-
-# What a step record's model call was (agents/proxy.py `classify`; the native agent's are agent or nudge).
-StepKind = Literal["agent", "nudge", "title", "compaction", "summary"]
+# The same, where the Teacher's modules read its values as the schema typed them.
+ConfigSection: TypeAlias = Mapping[str, Any]
 
 
 def obj(value: object) -> JSONObject:
@@ -55,6 +67,10 @@ def cfg_section(cfg: Config, key: str) -> Config:
     """A nested config mapping (`cfg.get(key) or {}`)."""
     value = cfg.get(key)
     return value if isinstance(value, Mapping) else {}
+
+
+# What a step record's model call was (agents/proxy.py `classify`; the native agent's are agent or nudge).
+StepKind = Literal["agent", "nudge", "title", "compaction", "summary"]
 
 
 class ChatRequest(TypedDict):
