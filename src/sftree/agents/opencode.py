@@ -60,20 +60,8 @@ from sftree.agents.knowledge import is_knowledge_action as is_knowledge  # one d
 from sftree.agents.proxy import Channel, ProxyLimits, RecordingProxy
 from sftree.agents.turn_end import TEACHER_DOWN, refine
 from sftree.errors import InputError
-from sftree.jsontypes import (
-    Config,
-    JSONObject,
-    JSONValue,
-    StepKind,
-    StepRecord,
-    ToolResult,
-    arr,
-    cfg_float,
-    cfg_int,
-    cfg_section,
-    count,
-    obj,
-)
+from sftree.jsontypes import Config, JSONObject, JSONValue, arr, cfg_float, cfg_int, cfg_section, count, obj
+from sftree.records.steplog import StepKind, StepRecord, ToolResult
 from sftree.records.tree import TurnEnd
 from sftree.runtime.edgebox import CHECK_EVERY
 from sftree.runtime.procs import kill_group
