@@ -52,7 +52,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from sftree.agents.base import Teacher, TurnOutcome, TurnRun
 from sftree.agents.chain import Pristine, SessionChain, split
@@ -69,7 +69,6 @@ from sftree.runtime.sandbox import give_to, resolve_mode, wait_gone
 from sftree.world.standin import DEFAULT_OPENCODE_MODEL, nudge_prompt
 
 if TYPE_CHECKING:
-    from sftree.runtime.store import TreeStore
     from sftree.runtime.workspace import EdgeWorkspace
     from sftree.world.world import World
 
@@ -605,8 +604,7 @@ def _text_or_none(value: object) -> str | None:
 
 def _tree_dir(ws: EdgeWorkspace) -> Path:
     """The folder of the edge's tree (its sessions/ keep the OpenCode session stores)."""
-    # EdgeWorkspace.store is annotated `object` (runtime/workspace.py); TreeStore.fork makes every workspace
-    return cast("TreeStore", ws.store).tree_dir
+    return ws.store.tree_dir
 
 
 @dataclass
