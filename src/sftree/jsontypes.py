@@ -25,11 +25,9 @@ WireObject: TypeAlias = dict[str, Any]
 # A session's messages and the tools offered, as a caller hands them to the Teacher (read, never changed).
 ChatMessages: TypeAlias = Sequence[Mapping[str, object]]
 Tools: TypeAlias = Sequence[Mapping[str, object]]
-# A validated config section as the YAML loader made it (workflow/schemas/config.schema.yaml checked each value's
-# type): read through `cfg_*` below.
+# A validated config section as the YAML loader made it, where its values are read through `cfg_*` below (a section
+# read as the schema typed it is settings.JSONMap).
 Config: TypeAlias = Mapping[str, object]
-# The same, where the Teacher's modules read its values as the schema typed them.
-ConfigSection: TypeAlias = Mapping[str, Any]
 
 
 def obj(value: object) -> JSONObject:

@@ -50,8 +50,8 @@ from datetime import UTC, datetime
 from typing import Literal, NotRequired, TypedDict, get_args
 
 from sftree.errors import TeacherUnavailable
-from sftree.jsontypes import ChatMessages, ConfigSection, ForeignJSON, Tools, WireObject
-from sftree.settings import TeacherSettings
+from sftree.jsontypes import ChatMessages, ForeignJSON, Tools, WireObject
+from sftree.settings import JSONMap, TeacherSettings
 from sftree.teacher.affinity import routing_headers
 from sftree.teacher.http import InFlight
 from sftree.teacher.response import MalformedResponse, Reply, is_context_overflow, normalize
@@ -338,7 +338,7 @@ class TeacherClient:
         }  # fmt: skip
 
     @classmethod
-    def from_config(cls, cfg: ConfigSection) -> TeacherClient:
+    def from_config(cls, cfg: JSONMap) -> TeacherClient:
         """From a `teacher` section as a dict (a tool's, a test's); a key it lacks takes the schema's default
         (transport.teacher_defaults)."""
         merged = {**teacher_defaults(), **cfg}
