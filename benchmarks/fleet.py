@@ -116,7 +116,7 @@ def grow(work: Path, task: str, root: Path, config: dict, t0: float, calls: list
     out = work / "trees" / task / root.name
     ctx = EdgeContext.create(out, root, settings, tcfg)
     record_calls(ctx.teacher, t0, calls, lock)
-    params = treemod.SearchParams.from_settings(settings.search)
+    params = settings.search
     tree = treemod.Tree.new(task, root.name, tcfg["direction"], params, meta.get("score"),
                             ctx.root_state.to_dict(), meta.get("eval_count"))  # fmt: skip
 

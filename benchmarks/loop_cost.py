@@ -97,10 +97,10 @@ class _Enough(Exception):
 
 
 def new_tree() -> treemod.Tree:
-    params = treemod.SearchParams.from_settings(section_settings(SearchSettings, {
+    params = section_settings(SearchSettings, {
         "root_children": 3, "max_children": 4, "max_depth": 12, "hard_token_limit": 10**9,
         "target_good_leaves": 10**6, "max_valid_edges": 10**6, "max_failed_expansions": 3, "parallel_width": 8,
-    }))  # fmt: skip
+    })  # fmt: skip
     return treemod.Tree.new("t", "eval-000001-agent-1-abc", "maximize", params, 1.0,
                             {"code_commit": "c" * 40, "knowledge_commit": "k" * 40, "session": None}, 5)  # fmt: skip
 

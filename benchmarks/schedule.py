@@ -147,7 +147,7 @@ def run_tree(work: Path, width: int, schedule: str, args, seed: int) -> dict:
     settings = settings_of(config)
     tcfg = task_config(settings, TASK)
     ctx = EdgeContext.create(out, root, settings, tcfg)
-    params = treemod.SearchParams.from_settings(settings.search)
+    params = settings.search
     tree = treemod.Tree.new(TASK, root.name, "maximize", params, 1.30, ctx.root_state.to_dict(), 10)
     times: dict[str, tuple[float, float]] = {}
     lock = threading.Lock()

@@ -18,7 +18,18 @@ FLOORS = [
     {"world"},
     {"runtime"},
     {"records"},
-    {"errors", "fileio", "config", "settings", "svg", "safeparse", "display", "progress", "httpserver"},
+    {
+        "errors",
+        "fileio",
+        "config",
+        "settings",
+        "svg",
+        "safeparse",
+        "display",
+        "progress",
+        "httpserver",
+        "jsontypes",
+    },
 ]
 STAGES = FLOORS[1]
 FLOOR = {pkg: i for i, floor in enumerate(FLOORS) for pkg in floor}

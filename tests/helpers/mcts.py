@@ -5,6 +5,7 @@ from sftree.runtime.workspace import NodeState
 from sftree.search import mcts
 from sftree.search import tree as treemod
 from sftree.search.edge import EdgeResult, TurnResult
+from sftree.settings import SearchSettings
 
 
 def result(
@@ -28,11 +29,11 @@ def result(
     )  # fmt: skip
 
 
-def search_params(**over) -> treemod.SearchParams:
+def search_params(**over) -> SearchSettings:
     """The config's `search:` (the schema's defaults) with `over` set."""
-    from sftree.settings import SearchSettings, section_settings
+    from sftree.settings import section_settings
 
-    return treemod.SearchParams.from_settings(section_settings(SearchSettings, over))
+    return section_settings(SearchSettings, over)
 
 
 def new_tree(direction="maximize", root_score=1.0, **params):

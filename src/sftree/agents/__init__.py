@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sftree.agents.base import AgentBackend, Teacher, ToolOutcome, TurnOutcome, TurnRun
-from sftree.agents.jsontypes import Config, cfg_section
 from sftree.errors import InputError
+from sftree.jsontypes import Config, cfg_section
 
 if TYPE_CHECKING:
     from sftree.world.world import World

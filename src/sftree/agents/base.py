@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from sftree.agents.jsontypes import Config, JSONObject, JSONValue
+from sftree.jsontypes import Config, JSONObject, JSONValue
 from sftree.records.steplog import StepRecorder
 from sftree.records.tree import TurnEnd
 

@@ -30,7 +30,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sftree.agents.jsontypes import JSONObject, JSONValue, obj
+from sftree.jsontypes import JSONObject, JSONValue, obj
 
 DATE_RX = re.compile(r"(Today's date: )[^\n]*")
 SKILLS_RX = re.compile(r"<available_skills>.*?</available_skills>", re.S)

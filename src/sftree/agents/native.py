@@ -23,23 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sftree.agents.base import Teacher, ToolOutcome, TurnOutcome, TurnRun
-from sftree.agents.jsontypes import (
-    ChatRequest,
-    Config,
-    JSONObject,
-    JSONValue,
-    StepKind,
-    StepRecord,
-    ToolResult,
-    arr,
-    cfg_float,
-    cfg_int,
-    cfg_section,
-    obj,
-    usage_from,
-)
 from sftree.agents.nativetools import TOOL_SCHEMAS, TOOLBOX, ToolContext, execute
 from sftree.agents.prompts import render
+from sftree.jsontypes import Config, JSONObject, JSONValue, arr, cfg_float, cfg_int, cfg_section, obj
+from sftree.records.steplog import ChatRequest, StepKind, StepRecord, ToolResult, usage_from
 from sftree.runtime.sandbox import CORAL_MOUNT, resolve_mode
 from sftree.teacher.client import BadReply, ContextOverflow
 from sftree.teacher.transport import TeacherError

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sftree.agents.base import ToolOutcome
-from sftree.agents.jsontypes import JSONObject, JSONValue, arr, obj
 from sftree.agents.knowledge import is_knowledge_action
+from sftree.jsontypes import JSONObject, JSONValue, arr, obj
 
 if TYPE_CHECKING:
     from sftree.runtime.edgebox import EdgeBox

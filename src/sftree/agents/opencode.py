@@ -52,28 +52,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from sftree.agents.base import Teacher, TurnOutcome, TurnRun
 from sftree.agents.chain import Pristine, SessionChain, split
-from sftree.agents.jsontypes import (
-    Config,
-    JSONObject,
-    JSONValue,
-    StepKind,
-    StepRecord,
-    ToolResult,
-    arr,
-    cfg_float,
-    cfg_int,
-    cfg_section,
-    count,
-    obj,
-)
 from sftree.agents.knowledge import is_knowledge_action as is_knowledge  # one decision for both backends
 from sftree.agents.proxy import Channel, ProxyLimits, RecordingProxy
 from sftree.agents.turn_end import TEACHER_DOWN, refine
 from sftree.errors import InputError
+from sftree.jsontypes import Config, JSONObject, JSONValue, arr, cfg_float, cfg_int, cfg_section, count, obj
+from sftree.records.steplog import StepKind, StepRecord, ToolResult
 from sftree.records.tree import TurnEnd
 from sftree.runtime.edgebox import CHECK_EVERY
 from sftree.runtime.procs import kill_group
@@ -81,7 +69,6 @@ from sftree.runtime.sandbox import give_to, resolve_mode, wait_gone
 from sftree.world.standin import DEFAULT_OPENCODE_MODEL, nudge_prompt
 
 if TYPE_CHECKING:
-    from sftree.runtime.store import TreeStore
     from sftree.runtime.workspace import EdgeWorkspace
     from sftree.world.world import World
 
@@ -617,8 +604,7 @@ def _text_or_none(value: object) -> str | None:
 
 def _tree_dir(ws: EdgeWorkspace) -> Path:
     """The folder of the edge's tree (its sessions/ keep the OpenCode session stores)."""
-    # EdgeWorkspace.store is annotated `object` (runtime/workspace.py); TreeStore.fork makes every workspace
-    return cast("TreeStore", ws.store).tree_dir
+    return ws.store.tree_dir
 
 
 @dataclass

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from sftree.agents.jsontypes import JSONObject
 from sftree.errors import InputError
+from sftree.jsontypes import JSONObject
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "prompts"
 NAMES = {"system": "system.md"}

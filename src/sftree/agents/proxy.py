@@ -57,21 +57,10 @@ from typing import NotRequired, Protocol, TypedDict
 
 from sftree.agents.chain import ChainBreak, SessionChain
 from sftree.agents.chain import text_of as _text  # a message's content as text
-from sftree.agents.jsontypes import (
-    Config,
-    JSONObject,
-    JSONValue,
-    StepKind,
-    StepRecord,
-    UsageRecord,
-    arr,
-    cfg_int,
-    count,
-    obj,
-    usage_from,
-)
 from sftree.agents.turn_end import cut_call
 from sftree.httpserver import QuietThreadingHTTPServer, Serving, send_json, serve_in_background
+from sftree.jsontypes import Config, JSONObject, JSONValue, arr, cfg_int, count, obj
+from sftree.records.steplog import StepKind, StepRecord, UsageRecord, usage_from
 from sftree.teacher.affinity import routing_headers
 from sftree.teacher.http import InFlight
 from sftree.teacher.response import MalformedResponse, normalize

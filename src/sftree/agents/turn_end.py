@@ -23,7 +23,8 @@ import json
 import re
 from typing import Literal
 
-from sftree.agents.jsontypes import JSONValue, StepRecord, arr, obj
+from sftree.jsontypes import JSONValue, arr, obj
+from sftree.records.steplog import StepRecord
 from sftree.records.tree import TurnEnd
 
 CallFault = Literal["cut_call", "malformed_call", "unknown_tool"]

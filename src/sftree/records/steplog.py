@@ -10,7 +10,8 @@ but not their bulk:
   `{"base": <index of an earlier line or null>, "keep": n, "add": [ids]}` (the first n messages of that line's
   request, then these), `request.tools` and `response` are `{"$ref": id}`.
 
-`read_steps` rebuilds the records exactly (same values, same key order), so export is unchanged; a line
+A backend builds each record as a `StepRecord` (below: the keys in the order they are written) and hands it to its
+`StepRecorder`. `read_steps` rebuilds the records exactly (same values, same key order), so export is unchanged; a line
 without `enc` (older transcripts, hand-written fixtures) is returned as it is.
 """
 
@@ -20,17 +21,94 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NotRequired, Protocol, TypedDict
 
 from sftree.errors import InputError
 from sftree.fileio import iter_jsonl
+from sftree.jsontypes import JSONObject, JSONValue
 
 ENCODING = 1
 STEPS_NAME, STORE_NAME = "steps.jsonl", "messages.jsonl"
 # Earlier lines tried as the base of a request (an interleaved title or compaction call shares little).
 _LOOKBACK = 8
+
+
+# What a step record's model call was (agents/proxy.py `classify`; the native agent's are agent or nudge).
+StepKind = Literal["agent", "nudge", "title", "compaction", "summary"]
+
+
+class ChatRequest(TypedDict):
+    """A step record's request: exactly what was sent (foreign for OpenCode's, so its parts stay JSON)."""
+
+    model: JSONValue
+    messages: JSONValue  # a list of messages (a request from the sandbox may send anything)
+    tools: JSONValue
+
+
+class ToolResult(TypedDict):
+    """One tool call's result in a step record (`tool_results`)."""
+
+    tool_call_id: JSONValue
+    name: JSONValue
+    content: str
+    error: bool
+    knowledge: bool
+
+
+class UsageRecord(TypedDict):
+    """A step record's `usage`, as the server reported it (or `estimated` from the text)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    estimated: NotRequired[bool]
+
+
+class TokenCounts(Protocol):
+    """A reply's token counts (sftree.teacher.client.Usage)."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def cached_tokens(self) -> int: ...
+    @property
+    def estimated(self) -> bool: ...
+
+
+def usage_from(usage: TokenCounts) -> UsageRecord:
+    """A step record's usage from the client's counts (the keys and order of `Usage.to_dict`)."""
+    out: UsageRecord = {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cached_tokens": usage.cached_tokens,
+    }
+    if usage.estimated:
+        out["estimated"] = True
+    return out
+
+
+class StepRecord(TypedDict):
+    """One model call (docs/architecture.md, "Step records"); keys in the order they are written."""
+
+    edge: NotRequired[str]  # stamped by the StepRecorder
+    turn: int
+    step: NotRequired[int]  # the OpenCode backend numbers the proxy's records per turn
+    kind: StepKind
+    request: ChatRequest
+    response: JSONObject | None
+    tool_results: list[ToolResult]
+    usage: UsageRecord | None
+    latency_s: float
+    finish_reason: str | None
+    session_id: NotRequired[JSONValue]  # OpenCode's x-session-id header (the proxy's records)
+    notes: NotRequired[list[str]]
+    compacted: NotRequired[bool]
+    error: NotRequired[str]
+    raw_response: NotRequired[str]
+    tampered: NotRequired[dict[str, str]]
 
 
 def edge_steps(edge_id: str) -> str:
@@ -114,7 +192,7 @@ class StepRecorder:
         self.latency_s = 0.0
         self.records = 0
 
-    def write(self, record: Mapping[str, Any]) -> None:  # a backend's record (agents/jsontypes.py StepRecord)
+    def write(self, record: StepRecord) -> None:
         with self._lock:
             self._writer.write({"edge": self.edge_id, **record})
             self.latency_s += float(record.get("latency_s") or 0.0)

@@ -1,8 +1,8 @@
-"""What the search needs of the things it is handed (TreeQuest-style: the consumer states the interface): the agent
-backend that runs a turn, the Teacher's client, Coral's world, the grader of an edge, the store of the tree's
-commits. `search/edge.py` and `search/explore.py` call these members and nothing else; the concrete classes
-(agents/, teacher/client.py, world/, runtime/store.py) match them structurally, checked by mypy where
-`EdgeContext.create` builds them.
+"""What the search needs of the things it is handed (TreeQuest-style: the consumer states the interface): the
+Teacher's client, Coral's world, the grader of an edge, the store of the tree's commits. The agent backend that runs
+a turn is agents/base.py's `AgentBackend` (with its `TurnOutcome`), all of which the search uses. `search/edge.py`
+and `search/explore.py` call these members and nothing else; the concrete classes (teacher/client.py, world/,
+runtime/store.py) match them structurally, checked by mypy where `EdgeContext.create` builds them.
 """
 
 from __future__ import annotations
@@ -11,80 +11,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from sftree.agents.base import CoralSession
-from sftree.agents.prompts import EvalRecord
-from sftree.records.tree import TurnEnd
+from sftree.jsontypes import JSONObject
 
 if TYPE_CHECKING:
-    from sftree.agents.base import AgentBackend, TurnRun
     from sftree.runtime.folderreader import Quota
     from sftree.runtime.objects import ObjectDB
     from sftree.runtime.workspace import EdgeWorkspace, NodeState
     from sftree.teacher.client import TeacherReport
     from sftree.world.counters import CoralCounters
-
-
-class Eval(EvalRecord, Protocol):
-    """A turn's first `coral eval` as the host recorded it (world/coral_command.py `EvalResult`); the next turn's
-    prompt is built from its record (agents/prompts.py `turn_record`)."""
-
-    @property
-    def number(self) -> int | None: ...  # Coral's #N (None: nothing was evaluated)
-    @property
-    def commit(self) -> str | None: ...
-    @property
-    def score(self) -> float | None: ...
-    @property
-    def status(self) -> str: ...
-    @property
-    def feedback(self) -> str: ...
-    @property
-    def record(self) -> Mapping[str, object] | None: ...  # the attempt record of a graded eval
-
-
-class TurnOutcome(Protocol):
-    """How a turn went, as a backend reports it (agents/base.py `TurnOutcome`)."""
-
-    @property
-    def ended(self) -> TurnEnd: ...
-    @property
-    def steps(self) -> int: ...
-    @property
-    def tool_calls(self) -> int: ...
-    @property
-    def tool_errors(self) -> int: ...
-    @property
-    def knowledge(self) -> bool: ...
-    @property
-    def tokens(self) -> int: ...
-    @property
-    def eval(self) -> Eval | None: ...
-    @property
-    def error(self) -> str | None: ...
-    @property
-    def compacted(self) -> bool: ...  # the backend compacted the session during the turn (OpenCode)
-
-
-class Agent(Protocol):
-    """An agent backend as the search runs it (agents/base.py `AgentBackend`, config `agent.backend`)."""
-
-    @property
-    def name(self) -> str: ...  # native | opencode: tree.json `backend`
-    @property
-    def sandbox(self) -> str: ...  # how its commands and the graded code are confined: bwrap | none
-    @property
-    def student_model(self) -> str | None: ...  # the model id its prompt and tools were built for (OpenCode)
-    @property
-    def needs_probe(self) -> bool: ...  # `prepare` wants a fresh session at the root before any edge
-
-    def prepare(self, run: TurnRun) -> None: ...
-    def run_turn(self, run: TurnRun) -> TurnOutcome: ...
-    def end_edge(self, edge_id: str) -> None: ...
-    def close(self) -> None: ...
-
-
-def as_agent(backend: AgentBackend) -> Agent:
-    """The configured backend as the search's `Agent` (agents/base.py's `AgentBackend` declares every member)."""
-    return backend
 
 
 class Teacher(Protocol):
@@ -114,7 +48,7 @@ class World(Protocol):
     def instructions(self) -> str: ...
     def config_yaml(self) -> str: ...
     def start_prompt(self) -> str: ...
-    def turn_prompt(self, counters: CoralCounters, record: dict[str, object]) -> TurnPrompt: ...
+    def turn_prompt(self, counters: CoralCounters, record: JSONObject) -> TurnPrompt: ...
     def restart_prompt(self, counters: CoralCounters) -> str: ...
     def cli_command(self, argv: list[str], standin_script: str) -> list[str]: ...
     def sandbox_roots(self) -> tuple[str, ...]: ...

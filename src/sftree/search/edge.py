@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sftree.agents.base import AgentBackend, TurnOutcome
 from sftree.agents.turn_end import TEACHER_DOWN
 from sftree.errors import InputError
 from sftree.fileio import write_json_atomic, write_text_atomic
+from sftree.jsontypes import JSONObject
 from sftree.records.root import read_root_meta
 from sftree.records.scores import best_of, regressed_rate
 from sftree.records.steplog import StepRecorder, edge_steps
@@ -41,15 +43,7 @@ from sftree.runtime.folderreader import Quota
 from sftree.runtime.objects import flatten
 from sftree.runtime.store import TreeStore
 from sftree.runtime.workspace import EdgeWorkspace, NodeState, write_world
-from sftree.search.collaborators import (
-    Agent,
-    Grader,
-    Store,
-    Teacher,
-    TurnOutcome,
-    World,
-    as_agent,
-)
+from sftree.search.collaborators import Grader, Store, Teacher, World
 from sftree.search.result import EdgeResult, TurnResult
 from sftree.settings import Settings, TeacherSettings
 from sftree.world.coral_command import CoralRuntime, CoralServer
@@ -76,7 +70,7 @@ class EdgeContext:
     store: Store
     root_state: NodeState
     teacher: Teacher
-    agent: Agent
+    agent: AgentBackend
     task_cfg: dict[str, object]
     direction: str
     agent_cfg: dict[str, object]
@@ -139,7 +133,7 @@ class EdgeContext:
         if wait_ready:
             teacher.wait_ready()
         agent_cfg = dict(settings.raw["agent"])  # sftree.agents still reads its section as a dict
-        agent = as_agent(make_agent(dict(settings.raw), teacher=teacher, task_cfg=task_cfg, world=world))
+        agent = make_agent(dict(settings.raw), teacher=teacher, task_cfg=task_cfg, world=world)
         quota = settings.agent.quota
         hidden = [tree_dir, *private_home_paths()]
         hidden += [Path(str(task_cfg[k])).resolve() for k in ("task_dir", "coral_task") if task_cfg.get(k)]
@@ -214,7 +208,7 @@ def root_context(store: Store, state: NodeState, root_dir: Path) -> RootContext:
     commit (read by the host without following links when the store was seeded)."""
     from sftree.world.root import root_context as from_files
 
-    meta: dict[str, object]
+    meta: JSONObject
     try:
         meta = read_root_meta(root_dir).to_dict()
     except InputError:  # explore's preflight reports a bad metadata.json
@@ -339,14 +333,12 @@ class _Session:
     """What one edge's session came to: its turns, and why it stopped early (if it did)."""
 
     turns: list[TurnResult] = field(default_factory=list)
-    last: dict[str, object] | None = (
-        None  # the host's record of the last turn (the next turn's prompt's source)
-    )
+    last: JSONObject | None = None  # the host's record of the last turn (the next turn's prompt's source)
     child: NodeState | None = None
     error: str | None = None
     overflow: str | None = None  # why the session could not go on (context_overflow), if it could not
     tampered: str | None = None
-    messages: list[dict[str, object]] = field(default_factory=list)  # the session as the agent left it
+    messages: list[JSONObject] = field(default_factory=list)  # the session as the agent left it
 
     def unrun_ending(self) -> TurnEnd:
         """How a turn that never ran is recorded: after a Teacher outage it is one; after a broken workspace it

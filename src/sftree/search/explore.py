@@ -18,6 +18,7 @@ from typing import TextIO
 
 from sftree.errors import InputError
 from sftree.fileio import read_json
+from sftree.jsontypes import JSONObject
 from sftree.progress import ConsoleLines, tree_line
 from sftree.records.root import check_files, read_root_meta, verify_root
 from sftree.records.scores import best_of
@@ -25,7 +26,7 @@ from sftree.records.tree import final_path
 from sftree.runtime import remove, tempdirs
 from sftree.search import mcts
 from sftree.search import tree as treemod
-from sftree.settings import Settings, load_settings
+from sftree.settings import SearchSettings, Settings, load_settings
 from sftree.world.task import task_config
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,7 @@ def drop_unfinished(out: Path, finished: set[str]) -> None:
 
 
 def _resume(
-    live: treemod.LiveTree, out: Path, root_name: str, task: str, params: treemod.SearchParams
+    live: treemod.LiveTree, out: Path, root_name: str, task: str, params: SearchSettings
 ) -> treemod.Tree:
     tree = live.load()
     if tree.root != root_name or tree.task != task:
@@ -197,7 +198,7 @@ def _grow(
     root_dir: Path,
     settings: Settings,
     info: RootInfo,
-    params: treemod.SearchParams,
+    params: SearchSettings,
     console: ConsoleLines,
 ) -> treemod.Tree:
     """Create or continue the tree with the edge runtime until a stop rule holds."""
@@ -247,14 +248,14 @@ def _grow(
         ctx.close()  # worktrees removed unless keep_workspaces; a teacher-sim it started is stopped
 
 
-def _parent_state(d: mcts.Dispatch) -> dict[str, object]:
+def _parent_state(d: mcts.Dispatch) -> JSONObject:
     """The state of the node a dispatch expands (every node the search expands has one)."""
     if d.parent_state is None:
         raise TypeError(f"dispatch {d.edge}: node {d.node} has no state")
     return d.parent_state
 
 
-def cap_width(params: treemod.SearchParams, width: int | None) -> treemod.SearchParams:
+def cap_width(params: SearchSettings, width: int | None) -> SearchSettings:
     """`parallel_width` lowered to the granted slots, so a global `teacher_slots` limit holds across jobs."""
     if width is None:
         return params
@@ -308,7 +309,7 @@ def preflight(args: argparse.Namespace) -> tuple[Settings, Path, Path, RootInfo]
 
 def run(args: argparse.Namespace) -> int:
     settings, root_dir, out, info = preflight(args)
-    params = treemod.SearchParams.from_settings(settings.search)
+    params = settings.search
     live, final = treemod.LiveTree(out), final_path(out)
     stream = _progress_stream(getattr(args, "progress_fd", None))  # a bad fd fails before anything is made
     console = ConsoleLines(stream)
@@ -351,7 +352,7 @@ def _explore(
     root_dir: Path,
     settings: Settings,
     info: RootInfo,
-    params: treemod.SearchParams,
+    params: SearchSettings,
     console: ConsoleLines,
 ) -> int:
     live, final = treemod.LiveTree(out), final_path(out)

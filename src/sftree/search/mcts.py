@@ -25,11 +25,12 @@ from typing import Any
 
 from sftree.agents.turn_end import TEACHER_DOWN
 from sftree.errors import TeacherUnavailable
+from sftree.jsontypes import JSONObject
 from sftree.records.scores import best_of
 from sftree.records.tree import PruneReason, StopReason
 from sftree.search import scoring
 from sftree.search.result import EdgeResult
-from sftree.search.tree import Doc, Edge, Node, Select, Tree, is_good_leaf, now_iso
+from sftree.search.tree import Edge, Node, Select, Tree, is_good_leaf, now_iso
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +61,11 @@ class Dispatch:
     exempt: bool
     select: Select
     parent_score: float | None
-    parent_state: Doc | None
+    parent_state: JSONObject | None
     parent_eval_count: int | None
     started_at: str
 
-    def to_dict(self) -> Doc:
+    def to_dict(self) -> JSONObject:
         return asdict(self)
 
     @classmethod
@@ -76,8 +77,8 @@ class Dispatch:
 # --- capacity: what a node may still take -------------------------------------------------------------
 
 
-def _in_flight_by_node(tree: Tree) -> dict[str, list[Doc]]:
-    out: dict[str, list[Doc]] = {}
+def _in_flight_by_node(tree: Tree) -> dict[str, list[JSONObject]]:
+    out: dict[str, list[JSONObject]] = {}
     for d in tree.in_flight:
         out.setdefault(str(d["node"]), []).append(d)
     return out
@@ -93,7 +94,7 @@ def _root_tries(tree: Tree) -> dict[int, list[Edge]]:
     return out
 
 
-def _root_open_slots(tree: Tree, running: list[Doc]) -> list[tuple[int, int]]:
+def _root_open_slots(tree: Tree, running: list[JSONObject]) -> list[tuple[int, int]]:
     """(slot, next attempt) of every root direction that has no child yet, nothing running, and a try left.
 
     First tries come before fallbacks (each in slot order): the root's directions start together (1.10 step 2),
@@ -136,7 +137,7 @@ def can_grow(tree: Tree, node: Node) -> bool:
     return node.valid_children < p.max_children and node.failed_expansions < p.max_failed_expansions
 
 
-def capacity(tree: Tree, node: Node, running: list[Doc]) -> int:
+def capacity(tree: Tree, node: Node, running: list[JSONObject]) -> int:
     """How many more expansions `node` may take now, in-flight ones counted against its child limit."""
     if node.status != "active" or not can_grow(tree, node):
         return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from sftree.jsontypes import JSONObject
 from sftree.records.tree import TurnEnd
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ class TurnResult:
         False  # the session was compacted during the turn (the path's real context was replaced)
     )
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> JSONObject:
         return asdict(self)
 
 
@@ -68,7 +69,7 @@ class EdgeResult:
         None  # a request broke the session's chain (agents/chain.py): no child, never trained
     )
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> JSONObject:
         d = asdict(self)
         d["child_state"] = self.child_state.to_dict() if self.child_state else None
         return d

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
 from sftree.errors import InputError
+from sftree.jsontypes import JSONObject
 from sftree.records.tree import (
     VERSION,
     LeafReason,
@@ -32,10 +33,6 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-# A JSON object of the tree that the search passes on without reading it (a node's state, a turn, a dispatch).
-Doc = dict[str, object]
-
-
 class Select(TypedDict):
     """Select = Q + alpha*T for one candidate, with its parts (search/mcts.py `select_breakdowns`, section 1.3)."""
 
@@ -48,42 +45,18 @@ class Select(TypedDict):
     select: float
 
 
-# What a tree written before these params were recorded ran with (SearchParams.from_config).
+# What a tree written before these params were recorded ran with (params_of).
 OLDER_TREE_PARAMS: dict[str, object] = {"seed": 0, "keep_workspaces": False}
 
 
-@dataclass
-class SearchParams:
-    """The `search:` section of config.yaml as the tree records it (tree.json `params`); its defaults are the
-    config schema's (sftree.settings)."""
-
-    root_children: int
-    max_children: int
-    max_depth: int
-    hard_token_limit: int
-    target_good_leaves: int
-    max_valid_edges: int
-    max_failed_expansions: int
-    prune_tool_error_rate: float
-    alpha: float
-    parallel_width: int
-    schedule: str
-    seed: int
-    keep_workspaces: bool
-
-    @classmethod
-    def from_config(cls, params: Mapping[str, object]) -> SearchParams:
-        """From a tree's `params` (or a validated config's `search:`). A tree written before `seed` and
-        `keep_workspaces` were recorded ran with seed 0 and kept no workspaces (tree.schema.json: optional)."""
-        names = {f.name for f in fields(cls)}
-        # (the config schema and tree.schema.json checked the values' types)
-        given: dict[str, Any] = {k: v for k, v in params.items() if k in names}
-        return cls(**{**OLDER_TREE_PARAMS, **given})
-
-    @classmethod
-    def from_settings(cls, search: SearchSettings) -> SearchParams:
-        """From config `search:` (sftree.settings)."""
-        return cls(**asdict(search))
+def params_of(params: Mapping[str, object]) -> SearchSettings:
+    """The config's `search:` a tree ran with, from its `params` (tree.json: written as `asdict` of the settings).
+    A tree written before `seed` and `keep_workspaces` were recorded ran with seed 0 and kept no workspaces
+    (tree.schema.json: optional)."""
+    names = {f.name for f in fields(SearchSettings)}
+    # (tree.schema.json checked the values' types)
+    given: dict[str, Any] = {k: v for k, v in params.items() if k in names}
+    return SearchSettings(**{**OLDER_TREE_PARAMS, **given})
 
 
 class _Tracked:
@@ -110,7 +83,7 @@ class Node(_Tracked):
     status: NodeStatus = "active"
     leaf_reason: LeafReason | None = None
     path_valid: bool = True  # no failed (exempt-kept) edge on root..this node
-    state: Doc | None = None  # NodeState as a dict: code_commit, knowledge_commit, session
+    state: JSONObject | None = None  # NodeState as a dict: code_commit, knowledge_commit, session
     eval_count: int | None = None
 
 
@@ -128,7 +101,7 @@ class Edge(_Tracked):
     prune_reason: PruneReason | None = None
     failed: bool = False  # failed the hard-prune test (kept anyway when exempt)
     fail_reason: PruneReason | None = None
-    turns: list[Doc] = field(default_factory=list)  # search/result.py `TurnResult.to_dict`
+    turns: list[JSONObject] = field(default_factory=list)  # search/result.py `TurnResult.to_dict`
     score: float | None = None
     steps: int = 0
     tool_calls: int = 0
@@ -156,13 +129,13 @@ class Tree:
     task: str
     root: str
     direction: str
-    params: SearchParams
+    params: SearchSettings  # config `search:`, as tree.json `params` records it
     nodes: list[Node] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
     status: TreeStatus = "running"
     stop_reason: StopReason | None = None
     next_edge: int = 1  # edge ids are never reused, so a resumed run leaves a gap for a discarded edge
-    in_flight: list[Doc] = field(
+    in_flight: list[JSONObject] = field(
         default_factory=list
     )  # dispatches started, not finished (`Dispatch.to_dict`)
     created_at: str = field(default_factory=now_iso)
@@ -171,7 +144,7 @@ class Tree:
     sandbox: str | None = None  # how the agent and graded code were confined: bwrap | none (docs/security.md)
     teacher: Mapping[str, object] | None = None  # the Teacher client's counters and incidents (its `report`)
     backend: str | None = None  # the agent backend that made the edges: native | opencode | mixed (resumed)
-    coral: Doc | None = (
+    coral: JSONObject | None = (
         None  # the Teacher's world: {"mode": coral | stand-in, ...} (sftree.world.World.describe)
     )
     _index: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
@@ -185,9 +158,9 @@ class Tree:
         task: str,
         root: str,
         direction: str,
-        params: SearchParams,
+        params: SearchSettings,
         root_score: float | None,
-        root_state: Doc | None = None,
+        root_state: JSONObject | None = None,
         eval_count: int | None = None,
     ) -> Tree:
         tree = cls(task=task, root=root, direction=direction, params=params)
@@ -265,7 +238,7 @@ class Tree:
 
     # --- serialization -----------------------------------------------------------------------------
 
-    def to_dict(self) -> Doc:
+    def to_dict(self) -> JSONObject:
         return {
             "version": self.version,
             "task": self.task,
@@ -295,7 +268,7 @@ class Tree:
             task=obj["task"],
             root=obj["root"],
             direction=obj["direction"],
-            params=SearchParams.from_config(obj["params"]),
+            params=params_of(obj["params"]),
             status=obj["status"],
             stop_reason=obj.get("stop_reason"),
             next_edge=obj.get("next_edge", len(obj["edges"]) + 1),
@@ -341,8 +314,8 @@ SNAPSHOT_MIN = 64  # log lines before a snapshot is due (at least; see LiveTree)
 _HEADER = ("status", "stop_reason", "next_edge", "in_flight", "updated_at", "teacher")
 
 
-def _changed(items: Sequence[Node] | Sequence[Edge]) -> list[Doc]:
-    out: list[Doc] = []
+def _changed(items: Sequence[Node] | Sequence[Edge]) -> list[JSONObject]:
+    out: list[JSONObject] = []
     for obj in items:
         if not obj.__dict__.get("_saved"):
             object.__setattr__(obj, "_saved", True)
@@ -381,10 +354,10 @@ class LiveTree:
         if not self.files.log_open or self._lines >= max(self.snapshot_min, len(tree.edges)):
             self.snapshot(tree)
             return
-        head: Doc = {"status": tree.status, "stop_reason": tree.stop_reason, "next_edge": tree.next_edge,
+        head: JSONObject = {"status": tree.status, "stop_reason": tree.stop_reason, "next_edge": tree.next_edge,
                      "in_flight": tree.in_flight, "updated_at": tree.updated_at, "teacher": tree.teacher,
                      "params": asdict(tree.params)}  # fmt: skip
-        entry: Doc = {
+        entry: JSONObject = {
             "gen": self._gen,
             "tree": head,
             "nodes": _changed(tree.nodes),
@@ -432,7 +405,7 @@ def _apply(tree: Tree, line: Mapping[str, object]) -> None:
     for k in _HEADER:
         if k in head or k != "teacher":  # lines written before `teacher` existed lack it
             setattr(tree, k, head[k])
-    tree.params = SearchParams.from_config(head["params"])
+    tree.params = params_of(head["params"])
     _upsert(entry["nodes"], Node, tree._index, tree.add_node)
     _upsert(entry["edges"], Edge, tree._edge_index, tree.add_edge)
 

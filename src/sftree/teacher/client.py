@@ -50,10 +50,10 @@ from datetime import UTC, datetime
 from typing import Literal, NotRequired, TypedDict, get_args
 
 from sftree.errors import TeacherUnavailable
-from sftree.settings import TeacherSettings
+from sftree.jsontypes import ChatMessages, ForeignJSON, Tools, WireObject
+from sftree.settings import JSONMap, TeacherSettings
 from sftree.teacher.affinity import routing_headers
 from sftree.teacher.http import InFlight
-from sftree.teacher.json_types import ChatMessages, ConfigSection, ForeignJSON, JSONObject, Tools
 from sftree.teacher.response import MalformedResponse, Reply, is_context_overflow, normalize
 from sftree.teacher.router_watch import RouterWatcher, read_workers
 from sftree.teacher.stream import StreamAssembler
@@ -144,12 +144,12 @@ def reported_usage(payload: ForeignJSON) -> Usage | None:
 
 @dataclass
 class Completion:
-    message: JSONObject  # the assistant message (role, content, tool_calls, reasoning_content if any)
+    message: WireObject  # the assistant message (role, content, tool_calls, reasoning_content if any)
     finish_reason: str | None
     usage: Usage
     latency_s: float
     attempts: int = 1
-    raw: JSONObject = field(default_factory=dict, repr=False)
+    raw: WireObject = field(default_factory=dict, repr=False)
     notes: list[str] = field(default_factory=list)  # what normalisation did (teacher/response.py)
     truncated_calls: bool = False  # finish_reason length cut a tool call
 
@@ -157,7 +157,7 @@ class Completion:
 CONSTRAIN_MODES = ("none", "tool_call", "tool_call_required")
 
 
-def required_only(params: JSONObject) -> JSONObject:
+def required_only(params: WireObject) -> WireObject:
     """A tool's parameter schema cut to its required properties (`additionalProperties: false`): a small model
     given optional arguments fills them with invented values (docs/real_teacher.md, "tool_call_required")."""
     props = params.get("properties")
@@ -172,7 +172,7 @@ def required_only(params: JSONObject) -> JSONObject:
     }
 
 
-def tool_call_schema(tools: Tools, *, required_args_only: bool = False) -> JSONObject:
+def tool_call_schema(tools: Tools, *, required_args_only: bool = False) -> WireObject:
     """A JSON schema whose instances are exactly one call of one of `tools`: {"name": <tool>, "arguments": <its
     parameters>}, or only its required ones with `required_args_only`. Built from the tool schemas alone
     (docs/real_teacher.md, "teacher.constrain")."""
@@ -193,7 +193,7 @@ def tool_call_schema(tools: Tools, *, required_args_only: bool = False) -> JSONO
     return {"anyOf": calls}
 
 
-def tool_call_response_format(tools: Tools, *, required_args_only: bool = False) -> JSONObject:
+def tool_call_response_format(tools: Tools, *, required_args_only: bool = False) -> WireObject:
     """`response_format` for `teacher.constrain: tool_call[_required]`: llama-server compiles it to a grammar that
     is active from the first token (not lazy like its tool-call grammar); the reply's content is then one JSON
     call, which `teacher.response.normalize` turns into a tool call (`text_tool_calls:json`)."""
@@ -338,7 +338,7 @@ class TeacherClient:
         }  # fmt: skip
 
     @classmethod
-    def from_config(cls, cfg: ConfigSection) -> TeacherClient:
+    def from_config(cls, cfg: JSONMap) -> TeacherClient:
         """From a `teacher` section as a dict (a tool's, a test's); a key it lacks takes the schema's default
         (transport.teacher_defaults)."""
         merged = {**teacher_defaults(), **cfg}
@@ -462,8 +462,8 @@ class TeacherClient:
 
     def request_body(
         self, messages: ChatMessages, tools: Tools | None, headers: Mapping[str, object] | None = None
-    ) -> JSONObject:
-        body: JSONObject = {
+    ) -> WireObject:
+        body: WireObject = {
             "model": self.model,
             "messages": messages,
             "temperature": self.temperature,
@@ -527,8 +527,8 @@ class TeacherClient:
 
     @staticmethod
     def _read_answer(
-        url: str, status: int, text: str, payload: JSONObject | None, tools: Tools | None
-    ) -> tuple[JSONObject, Reply]:
+        url: str, status: int, text: str, payload: WireObject | None, tools: Tools | None
+    ) -> tuple[WireObject, Reply]:
         """The answer of the attempt that was not retried: (payload, normalised reply), or the error it is."""
         if status != 200:
             if is_context_overflow(status, text):
@@ -560,7 +560,7 @@ class TeacherClient:
 
     def _post(
         self, url: str, data: bytes, hdrs: dict[str, str], label: str
-    ) -> tuple[int, str, JSONObject | None]:
+    ) -> tuple[int, str, WireObject | None]:
         """One plain attempt: (status, body text, None); Transient for a failure worth another."""
         t0 = time.monotonic()
         r = self.transport.send(url, data, hdrs, stream=False)
@@ -569,7 +569,7 @@ class TeacherClient:
 
     def _post_stream(
         self, url: str, data: bytes, hdrs: dict[str, str], label: str
-    ) -> tuple[int, str, JSONObject | None]:
+    ) -> tuple[int, str, WireObject | None]:
         """One streamed attempt: (status, body text, assembled completion or None). Raises Transient when the
         server stalls (no bytes within the limit), the stream ends early, or the fleet watcher abandons it."""
         t0 = time.monotonic()
@@ -602,7 +602,7 @@ class TeacherClient:
         return asm
 
     @staticmethod
-    def _assembled(asm: StreamAssembler, entry: InFlight) -> tuple[int, str, JSONObject | None]:
+    def _assembled(asm: StreamAssembler, entry: InFlight) -> tuple[int, str, WireObject | None]:
         """What a stream that ended came to: the completion, an error the server reported, or a failure worth
         another attempt (Transient: abandoned, an error chunk, no finish)."""
         waited = time.monotonic() - entry.started
@@ -620,7 +620,7 @@ class TeacherClient:
         return 200, "", asm.completion(fill_ids=False)
 
     def _completion(
-        self, payload: JSONObject, reply: Reply, latency: float, attempts: int, body: JSONObject
+        self, payload: WireObject, reply: Reply, latency: float, attempts: int, body: WireObject
     ) -> Completion:
         if reported_usage(payload) is None:
             # counted on the request as it would be without `stream`: the same estimate either way

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TypedDict, Unpack
 
-from sftree.teacher.json_types import ForeignJSON, JSONObject
+from sftree.jsontypes import ForeignJSON, WireObject
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def replay(calls: Iterable[Call], capacity: float) -> Replay:
 ROUTER_POLICIES = ("cache_aware", "round_robin")
 
 
-def routing_text(messages: Iterable[JSONObject]) -> list[tuple[bytes, int]]:
+def routing_text(messages: Iterable[WireObject]) -> list[tuple[bytes, int]]:
     """What sglang-router's cache_aware policy matches on, as chained blocks: the text of each message it reads
     (system, user and tool contents; an assistant's content when not empty: its tool calls are not part of it),
     joined by spaces, one block per message (key = chained hash, size = characters)."""

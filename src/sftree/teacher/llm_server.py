@@ -21,7 +21,7 @@ from pathlib import Path
 from sftree.config import REPO_ROOT
 from sftree.errors import InputError, TeacherUnavailable
 from sftree.runtime.procs import stop_group
-from sftree.teacher.json_types import ConfigSection
+from sftree.settings import JSONMap
 from sftree.teacher.transport import probe
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class LaunchSpec:
     log_file: Path | None = None
 
     @classmethod
-    def from_config(cls, cfg: ConfigSection | None) -> LaunchSpec:
+    def from_config(cls, cfg: JSONMap | None) -> LaunchSpec:
         cfg = dict(cfg or {})
 
         def path(key: str, default: Path | None) -> Path | None:

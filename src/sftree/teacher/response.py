@@ -25,7 +25,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from sftree.teacher.json_types import ForeignJSON, JSONObject
+from sftree.jsontypes import ForeignJSON, WireObject
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -43,7 +43,7 @@ class MalformedResponse(ValueError):
 
 @dataclass
 class Reply:
-    message: JSONObject  # role, content, tool_calls (list, maybe empty), reasoning_content (if any)
+    message: WireObject  # role, content, tool_calls (list, maybe empty), reasoning_content (if any)
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
@@ -77,7 +77,7 @@ def _check_text(value: object, where: str) -> str | None:
     return value
 
 
-def _call(i: int, name: object, arguments: object, call_id: object = None, reply_id: str = "") -> JSONObject:
+def _call(i: int, name: object, arguments: object, call_id: object = None, reply_id: str = "") -> WireObject:
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
     if not (isinstance(call_id, str) and call_id):
@@ -91,12 +91,12 @@ def _call(i: int, name: object, arguments: object, call_id: object = None, reply
     }
 
 
-def _structured_calls(raw: object, where: str, reply_id: str) -> list[JSONObject]:
+def _structured_calls(raw: object, where: str, reply_id: str) -> list[WireObject]:
     if raw is None:
         return []
     if not isinstance(raw, list):
         raise MalformedResponse(f"{where} is a {type(raw).__name__}, not a list")
-    calls: list[JSONObject] = []
+    calls: list[WireObject] = []
     for i, c in enumerate(raw):
         fn = c.get("function") if isinstance(c, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
@@ -118,11 +118,11 @@ def _as_call(obj: object) -> tuple[str, object] | None:
 
 def _text_calls(
     content: str, tool_names: set[str] | None, reply_id: str
-) -> tuple[list[JSONObject], str, str | None]:
+) -> tuple[list[WireObject], str, str | None]:
     """Tool calls written in the content: (calls, remaining content, form) - form None when there are none."""
     blocks = _HERMES.findall(content)
     if blocks:
-        calls: list[JSONObject] = []
+        calls: list[WireObject] = []
         for b in blocks:
             try:
                 parsed = _as_call(json.loads(b))
@@ -209,7 +209,7 @@ def normalize(payload: object, tool_names: set[str] | None = None) -> Reply:
         if cut or unclosed:
             truncated = True
             notes.append("truncated_tool_call")
-    out: JSONObject = {"role": "assistant", "content": content or ""}
+    out: WireObject = {"role": "assistant", "content": content or ""}
     if reasoning:
         out["reasoning_content"] = reasoning
     if calls:

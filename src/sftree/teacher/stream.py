@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import TypedDict
 
-from sftree.teacher.json_types import JSONObject
+from sftree.jsontypes import WireObject
 
 
 class _CallSlot(TypedDict):
@@ -113,16 +113,16 @@ class StreamAssembler:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
-    def message(self, *, fill_ids: bool = True) -> JSONObject:
+    def message(self, *, fill_ids: bool = True) -> WireObject:
         """The assistant message. A call the server sent without an id gets `call_<index>` with `fill_ids`
         (the proxy's records, as before), else none, so `normalize` derives one exactly as it does for the
         same call in a non-streamed reply (the client)."""
-        msg: JSONObject = {"role": "assistant", "content": "".join(self.content)}
+        msg: WireObject = {"role": "assistant", "content": "".join(self.content)}
         if self.reasoning:
             msg["reasoning_content"] = "".join(self.reasoning)
         calls = []
         for i, slot in sorted(self.calls.items()):
-            call: JSONObject = {
+            call: WireObject = {
                 "type": "function",
                 "function": {"name": slot["name"], "arguments": "".join(slot["args"])},
             }
@@ -133,14 +133,14 @@ class StreamAssembler:
             msg["tool_calls"] = calls
         return msg
 
-    def completion(self, *, fill_ids: bool = True) -> JSONObject:
+    def completion(self, *, fill_ids: bool = True) -> WireObject:
         """The stream as one non-streaming completion (what `teacher.response.normalize` reads)."""
         msg = self.message(fill_ids=fill_ids)
         if self.bad_tool_calls is not None:
             msg["tool_calls"] = self.bad_tool_calls
         if self.function_call is not None and not self.calls:
             msg["function_call"] = self.function_call
-        out: JSONObject = {
+        out: WireObject = {
             "id": self.id,
             "choices": [{"index": 0, "message": msg, "finish_reason": self.finish_reason}],
         }

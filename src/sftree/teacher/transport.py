@@ -34,8 +34,8 @@ import requests
 import urllib3
 
 from sftree.errors import TeacherUnavailable
+from sftree.jsontypes import WireObject
 from sftree.teacher.http import InFlight, TrackingAdapter, socket_of, tracking
-from sftree.teacher.json_types import JSONObject
 
 T = TypeVar("T")
 RequestFailed = (
@@ -53,7 +53,7 @@ class TeacherError(TeacherUnavailable):
 
 
 @functools.cache
-def teacher_defaults() -> JSONObject:
+def teacher_defaults() -> WireObject:
     """The `teacher.*` defaults of workflow/schemas/config.schema.yaml: a config read without validation (a test,
     `TeacherClient.from_config({})`) gets the values a validated one would."""
     from sftree.config import load_schema

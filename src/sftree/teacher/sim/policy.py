@@ -41,10 +41,10 @@ import json
 import random
 import re
 
-from sftree.teacher.json_types import JSONObject
+from sftree.jsontypes import WireObject
 
 # One step of the turn: the assistant message with its tool calls, and the tool results that followed it.
-Step = tuple[JSONObject, list[JSONObject]]
+Step = tuple[WireObject, list[WireObject]]
 
 MAX_FAILED = 3
 # file name prefix of the extra_tool_errors fault's reads (not counted toward MAX_FAILED)
@@ -66,13 +66,13 @@ _OC_GREP_LINE = re.compile(r"^  Line (?P<line>\d+): (?P<text>.*)$")
 _OC_READ_LINE = re.compile(r"^(?P<no>\d+): (?P<text>.*)$")
 
 
-def skeleton_hash(messages: list[JSONObject]) -> str:
+def skeleton_hash(messages: list[WireObject]) -> str:
     h = hashlib.sha256()
     for m in messages:
         role = m.get("role")
         if role == "system":  # the same for every session of a run (and absent in some backends): no signal
             continue
-        part: JSONObject
+        part: WireObject
         if role == "assistant":
             part = {
                 "r": "a",
@@ -90,17 +90,17 @@ def skeleton_hash(messages: list[JSONObject]) -> str:
     return h.hexdigest()
 
 
-def make_rng(seed: int, messages: list[JSONObject], edge: str, salt: str = "") -> random.Random:
+def make_rng(seed: int, messages: list[WireObject], edge: str, salt: str = "") -> random.Random:
     key = f"{seed}|{skeleton_hash(messages)}|{edge}|{salt}"
     return random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
 
 
-def _call(name: str, args: JSONObject | str, idx: int) -> JSONObject:
+def _call(name: str, args: WireObject | str, idx: int) -> WireObject:
     arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
     return {"id": f"call_{idx}", "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def _is_turn_start(messages: list[JSONObject], i: int) -> bool:
+def _is_turn_start(messages: list[WireObject], i: int) -> bool:
     """A user message opens a turn unless it is sftree's nudge (`sftree.world.standin.nudge_prompt`, after a
     text-only reply), which continues the turn. (Coral's prompts that open a turn - the manager's `## Eval #N
     Results`, its restart prompt, the runtime's start and resume prompts - have no common mark.)"""
@@ -125,14 +125,14 @@ def _nudge_text() -> str:
     return nudge_prompt()
 
 
-def _turn_view(messages: list[JSONObject]) -> tuple[list[JSONObject], bool]:
+def _turn_view(messages: list[WireObject]) -> tuple[list[WireObject], bool]:
     """(the current turn's messages after its opening prompt, nudged?)."""
     start = max((i for i in range(len(messages)) if _is_turn_start(messages, i)), default=-1)
     nudged = any(m.get("role") == "user" for m in messages[start + 1 :])
     return messages[start + 1 :], nudged
 
 
-def _steps(turn_msgs: list[JSONObject]) -> list[Step]:
+def _steps(turn_msgs: list[WireObject]) -> list[Step]:
     """(assistant message with tool calls, its tool results) pairs of the turn."""
     out: list[Step] = []
     for i, m in enumerate(turn_msgs):
@@ -146,7 +146,7 @@ def _steps(turn_msgs: list[JSONObject]) -> list[Step]:
     return out
 
 
-def _stage_of(call: JSONObject) -> str | None:
+def _stage_of(call: WireObject) -> str | None:
     name = call["function"]["name"]
     try:
         args = json.loads(call["function"]["arguments"])
@@ -196,14 +196,14 @@ def nudge_value(val: str, rng: random.Random) -> str:
 
 
 def decide(
-    messages: list[JSONObject],
+    messages: list[WireObject],
     *,
     seed: int = 0,
     edge: str = "",
     faults: frozenset[str] = frozenset(),
     pad_tokens: int = 0,
     tools: frozenset[str] = frozenset(),
-) -> JSONObject:
+) -> WireObject:
     """The assistant message for this request. `tools`: the offered tools' names; where OpenCode offers
     `apply_patch` instead of edit and write (its tool set for GPT model ids), the changes are patches."""
     rng = make_rng(seed, messages, edge)
@@ -222,7 +222,7 @@ def decide(
             failed += 1
     patch = "apply_patch" in tools and "edit" not in tools
     content, call = _plan(rng, done, nudged or failed >= MAX_FAILED, faults, idx, patch)
-    calls: list[JSONObject] = []
+    calls: list[WireObject] = []
     if "no_eval" in faults:
         content, call = "I think the current solution is in good shape; no further changes for now.", None
     elif call is not None and "break_workspace" in faults:
@@ -241,7 +241,7 @@ def decide(
         )
         filler = (words + " ") * (pad_tokens * 4 // (len(words) + 1) + 1)
         content = (content + "\n\n" + filler[: pad_tokens * 4]).strip()
-    msg: JSONObject = {"role": "assistant", "content": content}
+    msg: WireObject = {"role": "assistant", "content": content}
     if calls:
         msg["tool_calls"] = calls
     elif call is not None:
@@ -249,9 +249,9 @@ def decide(
     return msg
 
 
-def _extra_calls(faults: frozenset[str], idx: int) -> tuple[str, list[JSONObject]]:
+def _extra_calls(faults: frozenset[str], idx: int) -> tuple[str, list[WireObject]]:
     """The extra step put in front of the planned one: a failing read and/or a successful glob."""
-    out: list[JSONObject] = []
+    out: list[WireObject] = []
     if "extra_tool_errors" in faults:
         out.append(_call("read", {"filePath": f"{EXTRA_MISSING}{idx}.py"}, idx + len(out)))
     if "extra_tool_calls" in faults:
@@ -259,7 +259,7 @@ def _extra_calls(faults: frozenset[str], idx: int) -> tuple[str, list[JSONObject
     return "Let me look around the code first.", out
 
 
-def _is_extra_error(call: JSONObject) -> bool:
+def _is_extra_error(call: WireObject) -> bool:
     """A failing read made by the extra_tool_errors fault (not a failure of the plan)."""
     if call["function"]["name"] != "read":
         return False
@@ -277,7 +277,7 @@ def _plan(
     faults: frozenset[str],
     idx: int,
     patch: bool = False,
-) -> tuple[str, JSONObject]:
+) -> tuple[str, WireObject]:
     if submit_now:
         return "Submitting the current state for evaluation.", _eval_call(done, idx)
     if "knowledge" not in done:
@@ -335,7 +335,7 @@ def _plan(
     return "Submitting this change.", _eval_call(done, idx)
 
 
-def _grep_hits(results: list[JSONObject]) -> list[tuple[str, int, str]]:
+def _grep_hits(results: list[WireObject]) -> list[tuple[str, int, str]]:
     out: list[tuple[str, int, str]] = []
     oc_path = None
     for line in str(results[0].get("content") or "").splitlines():
@@ -383,6 +383,6 @@ def _change_summary(done: dict[str, Step]) -> str:
     return "no code change"
 
 
-def _eval_call(done: dict[str, Step], idx: int) -> JSONObject:
+def _eval_call(done: dict[str, Step], idx: int) -> WireObject:
     msg = _change_summary(done).replace('"', "'")
     return _call("bash", {"command": f'coral eval -m "{msg}"', "description": "Evaluate the change"}, idx)

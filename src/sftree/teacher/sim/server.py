@@ -102,7 +102,7 @@ from sftree.httpserver import (
     send_json,
     serve_in_background,
 )
-from sftree.teacher.json_types import JSONObject
+from sftree.jsontypes import WireObject
 from sftree.teacher.sim import policy
 
 log = logging.getLogger(__name__)
@@ -263,7 +263,7 @@ class SimState:
     requests: int = 0
     in_flight: int = 0  # POSTs being handled now (GET /sim/stats)
 
-    def usage(self, messages: list[JSONObject], tools: object, reply: JSONObject) -> JSONObject:
+    def usage(self, messages: list[WireObject], tools: object, reply: WireObject) -> WireObject:
         """Token counts and the prefix-cache estimate (see module docstring)."""
         h = hashlib.sha256(json.dumps(tools or [], sort_keys=True).encode())
         chars = len(json.dumps(tools or [], sort_keys=True))
@@ -317,7 +317,7 @@ class SimState:
                     faults.add(kind)
         return faults, pad, hang
 
-    def latency(self, usage: JSONObject, body_hash: str) -> float:
+    def latency(self, usage: WireObject, body_hash: str) -> float:
         if not self.latency_ms_per_token:
             return 0.0
         toks = (
@@ -428,7 +428,7 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(delay)
         finish = "tool_calls" if reply.get("tool_calls") else "stop"
         rid = f"chatcmpl-{body_hash[:24]}"
-        payload: JSONObject = {
+        payload: WireObject = {
             "id": rid,
             "object": "chat.completion",
             "created": 0,
@@ -446,7 +446,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, payload)
 
     def _stream(
-        self, rid: str, reply: JSONObject, finish: str, usage: object, stop: tuple[str, float] | None = None
+        self, rid: str, reply: WireObject, finish: str, usage: object, stop: tuple[str, float] | None = None
     ) -> None:
         """The reply as SSE chunks; `stop` = ("stall", s) or ("cut", 0): after the first two chunks, hang for s
         seconds / close at once, never sending the rest (a server hung or killed mid-reply)."""
@@ -459,7 +459,7 @@ class Handler(BaseHTTPRequestHandler):
 
         sent = [0]
 
-        def chunk(delta: JSONObject | None, finish_reason: str | None = None, usage_: object = None) -> None:
+        def chunk(delta: WireObject | None, finish_reason: str | None = None, usage_: object = None) -> None:
             if stop is not None and sent[0] == 2:
                 self.wfile.flush()
                 if stop[0] == "stall":
@@ -470,7 +470,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 time.sleep(self.state.chunk_s)
             sent[0] += 1
-            obj: JSONObject = {
+            obj: WireObject = {
                 "id": rid,
                 "object": "chat.completion.chunk",
                 "created": 0,
@@ -488,7 +488,7 @@ class Handler(BaseHTTPRequestHandler):
         except (_StreamStopped, OSError):  # stopped on purpose, or the client hung up
             self.close_connection = True
 
-    def _chunks(self, chunk: _Chunk, reply: JSONObject, finish: str, usage: object) -> None:
+    def _chunks(self, chunk: _Chunk, reply: WireObject, finish: str, usage: object) -> None:
         chunk({"role": "assistant", "content": ""})
         if reply.get("reasoning_content"):
             chunk({"reasoning_content": reply["reasoning_content"]})
@@ -533,7 +533,7 @@ def _tool_names(tools: object) -> frozenset[str]:
     return frozenset(n for fn in fns if isinstance(n := fn.get("name"), str))
 
 
-def _unstreamed(body: JSONObject, raw: bytes) -> bytes:
+def _unstreamed(body: WireObject, raw: bytes) -> bytes:
     """The request as it would be sent without `stream`: a streamed request and its non-streamed twin are the same
     request to the sim (same reply id, faults and latency), as a real server's reply does not depend on it."""
     if "stream" not in body and "stream_options" not in body:
@@ -546,7 +546,7 @@ class _Chunk(Protocol):
     """Sends one SSE chunk: its delta (None: the usage chunk), finish reason and usage."""
 
     def __call__(
-        self, delta: JSONObject | None, finish_reason: str | None = None, usage_: object = None
+        self, delta: WireObject | None, finish_reason: str | None = None, usage_: object = None
     ) -> None: ...
 
 
@@ -554,13 +554,13 @@ class _StreamStopped(Exception):
     """A `stall` or `cut` fault ended the stream."""
 
 
-def overflow_body(tokens: int, limit: int) -> JSONObject:
+def overflow_body(tokens: int, limit: int) -> WireObject:
     """SGLang's answer to a prompt longer than the context (HTTP 400)."""
     msg = f"The input ({tokens} tokens) is longer than the model's context length ({limit} tokens)."
     return {"object": "error", "message": msg, "type": "BadRequestError", "param": None, "code": 400}
 
 
-def reshape(payload: JSONObject, shapes: set[str]) -> JSONObject:
+def reshape(payload: WireObject, shapes: set[str]) -> WireObject:
     """The reply as a real server would shape it under `shapes` (module docstring); pure."""
     if not shapes:
         return payload

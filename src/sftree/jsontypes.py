@@ -1,0 +1,67 @@
+"""The JSON sftree passes around, named once: every floor may import it (a leaf helper, docs/architecture.md).
+
+What others send (OpenAI chat requests and replies, OpenCode's events, a request body from the sandbox, a session's
+messages) is a `JSONObject` of `JSONValue`s, read through the narrowing helpers below, which trust no shape; what
+came off the wire and is only read, each field checked before use, is a `ForeignJSON`. The Teacher's own code
+builds and reads a server's shapes as the protocol fixes them: a `WireObject`. What sftree owns is a TypedDict
+beside its writer (the step records: records/steplog.py; the Teacher's usage and counters: teacher/client.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
+
+# Any value JSON holds, as `object`: every read checks its shape first (isinstance, or `obj`/`arr` below). A
+# session's messages and the search's tree documents are this type, with no copy between agents/ and search/.
+JSONValue: TypeAlias = object
+JSONObject: TypeAlias = dict[str, JSONValue]
+JSONList: TypeAlias = list[JSONValue]
+# A JSON object as a server, a file or a caller sent it: read with a check of each field it uses.
+ForeignJSON: TypeAlias = Mapping[str, object]
+# A JSON object the Teacher's modules build or pass on in a server's shape (a request body, a chat message, a
+# completion), read as the OpenAI protocol fixes it.
+WireObject: TypeAlias = dict[str, Any]
+# A session's messages and the tools offered, as a caller hands them to the Teacher (read, never changed).
+ChatMessages: TypeAlias = Sequence[Mapping[str, object]]
+Tools: TypeAlias = Sequence[Mapping[str, object]]
+# A validated config section as the YAML loader made it, where its values are read through `cfg_*` below (a section
+# read as the schema typed it is settings.JSONMap).
+Config: TypeAlias = Mapping[str, object]
+
+
+def obj(value: object) -> JSONObject:
+    """`value` when it is a JSON object, else an empty one (what `value or {}` reads, for any shape)."""
+    return value if isinstance(value, dict) else {}
+
+
+def arr(value: object) -> JSONList:
+    """`value` when it is a JSON array, else an empty one (what `value or []` reads, for any shape)."""
+    return value if isinstance(value, list) else []
+
+
+def count(value: object) -> int:
+    """A count as `int(value or 0)` reads it from JSON that holds one (a number, or a numeric string)."""
+    return int(value) if isinstance(value, int | float | str) and value else 0
+
+
+def cfg_int(cfg: Config, key: str, default: int) -> int:
+    """A config number as an int (`int(cfg.get(key, default))`); a value that is no number names the key."""
+    value = cfg.get(key, default)
+    if not isinstance(value, int | float | str):
+        raise TypeError(f"config {key}: {value!r} is not a number")
+    return int(value)
+
+
+def cfg_float(cfg: Config, key: str, default: float) -> float:
+    """A config number as a float (`float(cfg.get(key, default))`); a value that is no number names the key."""
+    value = cfg.get(key, default)
+    if not isinstance(value, int | float | str):
+        raise TypeError(f"config {key}: {value!r} is not a number")
+    return float(value)
+
+
+def cfg_section(cfg: Config, key: str) -> Config:
+    """A nested config mapping (`cfg.get(key) or {}`)."""
+    value = cfg.get(key)
+    return value if isinstance(value, Mapping) else {}
