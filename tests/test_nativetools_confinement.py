@@ -15,6 +15,9 @@ from sftree.config import REPO_ROOT
 from sftree.runtime.edgebox import EdgeBox
 from sftree.runtime.sandbox import UIDS, bwrap_works
 from sftree.runtime.store import TreeStore
+from sftree.settings import AgentSettings, section_settings
+
+AGENT = section_settings(AgentSettings, {})
 
 needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot create namespaces here")
 INSIDE = "/workspace/results/toy"
@@ -52,7 +55,8 @@ def ws(box):
 
 
 def ctx(box: EdgeBox, **kw) -> ToolContext:
-    return ToolContext(box=box, toolbox=NativeAgent.toolbox_path(box), **kw)
+    limits = {"bash_timeout": AGENT.bash_timeout, "output_cap": AGENT.output_cap, **kw}
+    return ToolContext(box=box, toolbox=NativeAgent.toolbox_path(box), **limits)
 
 
 def call(box, name, args, **kw):

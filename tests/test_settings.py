@@ -16,11 +16,11 @@ from sftree.errors import InputError
 from sftree.settings import CoralSettings, Settings, load_settings, section_settings, settings_of
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "sftree"
-# Code that still reads the config as a dict, with defaults of its own: to be removed when agents/ takes the
-# settings (sftree.settings `Settings.raw`).
-TEMPORARY_EXEMPT = ("agents/",)
 # `.get(key, default)` on dicts that are not the config, whose key is also a config key's name.
-NOT_CONFIG = {("records/tree.py", "depth")}  # a node's depth in tree.json
+NOT_CONFIG = {
+    ("records/tree.py", "depth"),  # a node's depth in tree.json
+    ("agents/proxy.py", "tool_choice"),  # a request's body: extra_body's own tool_choice keeps the last word
+}
 
 
 def _optional(hint: object) -> bool:
@@ -94,12 +94,10 @@ def _config_keys_with_defaults() -> set[str]:
     return keys
 
 
-def test_no_code_outside_the_exemption_reads_a_config_key_with_its_own_default():
+def test_no_code_reads_a_config_key_with_its_own_default():
     keys, found = _config_keys_with_defaults(), []
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
-        if rel.startswith(TEMPORARY_EXEMPT):
-            continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
@@ -111,12 +109,6 @@ def test_no_code_outside_the_exemption_reads_a_config_key_with_its_own_default()
             if not (isinstance(default, ast.Constant) and default.value is None):
                 found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
     assert not found, "config read with a default in code (the schema holds it):\n" + "\n".join(found)
-
-
-def test_the_exemption_still_has_something_to_exempt():
-    """When agents/ reads the settings, this fails: remove TEMPORARY_EXEMPT (and this test)."""
-    text = "".join(p.read_text(encoding="utf-8") for d in TEMPORARY_EXEMPT for p in (SRC / d).rglob("*.py"))
-    assert ".get(" in text
 
 
 def test_settings_carry_the_schemas_defaults():
@@ -203,8 +195,6 @@ def test_no_parameter_or_field_repeats_a_schema_default():
     defaults, found = _schema_defaults(), []
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
-        if rel.startswith(TEMPORARY_EXEMPT):
-            continue
         for name, node, line in _literal_defaults(ast.parse(path.read_text(encoding="utf-8"))):
             if name not in defaults or not isinstance(node, ast.Constant) or node.value is False:
                 continue

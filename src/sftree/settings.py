@@ -11,7 +11,7 @@ classes reads a config key with a default of its own.
 Why a module of its own and not records/: records/ owns the files that cross a stage; the config is the user's
 input, owned with its loader (config.py) at the package's top.
 
-`raw` keeps the validated dict for the agent backends (sftree.agents), which still read it as a dict.
+`raw` keeps the validated dict (nothing reads it as a dict now: every section is passed down typed).
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ class Settings:
     search: SearchSettings
     select_paths: SelectPathsSettings
     export: ExportSettings
-    raw: JSONMap = dataclasses.field(repr=False, compare=False)  # the validated dict (for sftree.agents)
+    raw: JSONMap = dataclasses.field(repr=False, compare=False)  # the validated dict
 
     @classmethod
     def from_config(cls, config: JSONMap) -> Settings:

@@ -207,10 +207,13 @@ def test_opencode_sandbox_dies_with_its_parent(base):
     from sftree.runtime.edgebox import EdgeBox
     from sftree.runtime.sandbox import UIDS
     from sftree.runtime.store import TreeStore
+    from sftree.settings import AgentSettings, SearchSettings, section_settings
     from sftree.teacher.client import TeacherClient
 
     agent = OpenCodeAgent(
-        TeacherClient.from_config({"base_url": "http://127.0.0.1:9/v1", "model": "m"}), {"sandbox": "auto"}
+        TeacherClient.from_config({"base_url": "http://127.0.0.1:9/v1", "model": "m"}),
+        section_settings(AgentSettings, {"sandbox": "auto"}),
+        hard_token_limit=section_settings(SearchSettings, {}).hard_token_limit,
     )
     st = _Edge(home=base / "opencode", uid=UIDS.acquire())
     store, root = TreeStore.create(base / "tree", make_root(base), {})
@@ -219,9 +222,7 @@ def test_opencode_sandbox_dies_with_its_parent(base):
             pytest.skip("bubblewrap is not usable here")
         ws = store.fork(root, "e1", agent_id="agent-1", inside="/workspace/results/t", uid=st.uid)
         coral = SimpleNamespace(world=SimpleNamespace(opencode_json=lambda: "{}\n"))  # what _argv reads of it
-        run = SimpleNamespace(
-            workspace=ws, box=EdgeBox(ws, "bwrap"), coral=coral, instructions="", task_cfg={}
-        )
+        run = SimpleNamespace(workspace=ws, box=EdgeBox(ws, "bwrap"), coral=coral, instructions="")
         # A long-lived stand-in where `opencode serve` would run: the driver waits for it to listen.
         fake = base / "fake-opencode"
         fake.write_text(f"#!{sys.executable} -I\nimport time\ntime.sleep(120)\n")

@@ -5,7 +5,6 @@ helpers below, which trust no shape; what sftree owns (step records, their tool 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Literal, NotRequired, Protocol, TypeAlias, TypedDict
 
 # Any value JSON holds, as `object`: every read checks its shape first (isinstance, or `obj`/`arr` below), and a
@@ -13,8 +12,6 @@ from typing import Literal, NotRequired, Protocol, TypeAlias, TypedDict
 JSONValue: TypeAlias = object
 JSONObject: TypeAlias = dict[str, JSONValue]
 JSONList: TypeAlias = list[JSONValue]
-# A validated config section (agent.*, search.*) as the YAML loader made it: read through `cfg_*` below.
-Config: TypeAlias = Mapping[str, object]
 
 # What a step record's model call was (agents/proxy.py `classify`; the native agent's are agent or nudge).
 StepKind = Literal["agent", "nudge", "title", "compaction", "summary"]
@@ -33,28 +30,6 @@ def arr(value: object) -> JSONList:
 def count(value: object) -> int:
     """A count as `int(value or 0)` reads it from JSON that holds one (a number, or a numeric string)."""
     return int(value) if isinstance(value, int | float | str) and value else 0
-
-
-def cfg_int(cfg: Config, key: str, default: int) -> int:
-    """A config number as an int (`int(cfg.get(key, default))`); a value that is no number names the key."""
-    value = cfg.get(key, default)
-    if not isinstance(value, int | float | str):
-        raise TypeError(f"config {key}: {value!r} is not a number")
-    return int(value)
-
-
-def cfg_float(cfg: Config, key: str, default: float) -> float:
-    """A config number as a float (`float(cfg.get(key, default))`); a value that is no number names the key."""
-    value = cfg.get(key, default)
-    if not isinstance(value, int | float | str):
-        raise TypeError(f"config {key}: {value!r} is not a number")
-    return float(value)
-
-
-def cfg_section(cfg: Config, key: str) -> Config:
-    """A nested config mapping (`cfg.get(key) or {}`)."""
-    value = cfg.get(key)
-    return value if isinstance(value, Mapping) else {}
 
 
 class ChatRequest(TypedDict):
