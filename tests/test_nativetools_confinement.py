@@ -38,7 +38,8 @@ def _box(tmp_path, mode: str, hidden=(), edge="e1") -> EdgeBox:
     coral = tmp_path / f"coral-{edge}"
     (coral / "bin").mkdir(parents=True)
     return EdgeBox(ws, mode, coral_dir=coral, coral_env={"CORAL_BIN": "/nonexistent", "CORAL_SOCKET": "/nonexistent/s"},
-                   hidden=[tmp_path / f"tree-{edge}" / "store", *hidden])  # fmt: skip
+                   hidden=[tmp_path / f"tree-{edge}" / "store", *hidden],
+                   tmp_bytes=AGENT.quota.tmp_mib << 20, tmp_inodes=AGENT.quota.tmp_inodes)  # fmt: skip
 
 
 @pytest.fixture(params=["none", pytest.param("bwrap", marks=needs_bwrap)])

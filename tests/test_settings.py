@@ -139,7 +139,7 @@ def test_a_bad_config_names_the_file_and_field(tmp_path):
 
 
 def _literal_defaults(tree: ast.AST):
-    """(name, default) of every parameter and class field given a literal default."""
+    """(name, default, line) of every parameter, class field and command-line option given a default."""
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             a = node.args
@@ -155,6 +155,17 @@ def _literal_defaults(tree: ast.AST):
             )
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
             yield node.target.id, node.value, node.lineno
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument"
+        ):
+            flag = next(
+                (x.value for x in node.args if isinstance(x, ast.Constant) and str(x.value)[:2] == "--"), None
+            )
+            default = next((k.value for k in node.keywords if k.arg == "default"), None)
+            if flag is not None and default is not None:  # a command-line option: `--top-k` reads as top_k
+                yield flag[2:].replace("-", "_"), default, node.lineno
 
 
 def _schema_defaults() -> dict[str, list[object]]:
@@ -179,14 +190,6 @@ SAME_VALUE_NOT_CONFIG = {
     ("teacher/sim/policy.py", "seed"): "teacher-sim's own option, not search.seed",
     ("teacher/sim/server.py", "seed"): "teacher-sim's own option, not search.seed",
 }
-REPEATED_TO_REMOVE = {  # defaults of runtime and stage functions called without the settings (to be removed)
-    ("runtime/folderreader.py", "files"): "Quota's defaults: stores and tools that fork with no quota",
-    ("runtime/folderreader.py", "depth"): "Quota's defaults: stores and tools that fork with no quota",
-    ("world/coral_command.py", "sandbox"): "run_grader/CoralRuntime called by tests without a sandbox",
-    ("world/grading.py", "sandbox"): "grade() called by tests without a sandbox",
-    ("dataset/select_paths.py", "top_k"): "select_paths() called by tests without top_k",
-    ("dataset/export.py", "special_text"): "the export functions' own default (the rule passes the config's)",
-}
 
 
 def test_no_parameter_or_field_repeats_a_schema_default():
@@ -198,7 +201,7 @@ def test_no_parameter_or_field_repeats_a_schema_default():
         for name, node, line in _literal_defaults(ast.parse(path.read_text(encoding="utf-8"))):
             if name not in defaults or not isinstance(node, ast.Constant) or node.value is False:
                 continue
-            if (rel, name) in SAME_VALUE_NOT_CONFIG or (rel, name) in REPEATED_TO_REMOVE:
+            if (rel, name) in SAME_VALUE_NOT_CONFIG:
                 continue
             if any(
                 node.value == d and isinstance(node.value, bool) == isinstance(d, bool)

@@ -22,7 +22,7 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
 from sftree.errors import InputError
 
@@ -247,6 +247,17 @@ _SECTIONS: dict[type, str] = {
     SelectPathsSettings: "select_paths",
     ExportSettings: "export",
 }
+
+
+_DEFAULTS: dict[type, object] = {}
+
+
+def schema_defaults(cls: type[T]) -> T:
+    """One section's settings with the schema's defaults alone, read once: what a CLI offers by default and what
+    a store or a grading takes where no config is given."""
+    if cls not in _DEFAULTS:
+        _DEFAULTS[cls] = section_settings(cls, {})
+    return cast(T, _DEFAULTS[cls])
 
 
 def section_settings(cls: type[T], values: JSONMap, source: str = "config") -> T:
