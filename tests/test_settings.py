@@ -41,8 +41,6 @@ def _pairs(cls: type, schema: dict, where: str):
     """(where, field, its type, its schema) for every field of `cls` and of the sections inside it."""
     hints = get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if f.name == "raw":
-            continue
         sub = schema["properties"].get(f.name)
         yield f"{where}.{f.name}", f, hints[f.name], sub
         nested = _nested(hints[f.name])
@@ -52,7 +50,7 @@ def _pairs(cls: type, schema: dict, where: str):
 
 def test_settings_have_one_field_per_schema_property():
     def check(cls: type, schema: dict, where: str) -> None:
-        names = {f.name for f in dataclasses.fields(cls)} - {"raw"}
+        names = {f.name for f in dataclasses.fields(cls)}
         assert names == set(schema["properties"]), where
         for f in dataclasses.fields(cls):
             nested = _nested(get_type_hints(cls)[f.name])
@@ -117,7 +115,7 @@ def test_settings_carry_the_schemas_defaults():
     assert s.agent.max_steps_per_turn == schema["agent"]["properties"]["max_steps_per_turn"]["default"]
     assert s.agent.quota.tmp_mib == schema["agent"]["properties"]["quota"]["properties"]["tmp_mib"]["default"]
     assert s.teacher.sim is None and s.export.student is None and s.example_run is None
-    assert s.raw["search"]["alpha"] == s.search.alpha
+    assert s.search.alpha == schema["search"]["properties"]["alpha"]["default"]
 
 
 def test_settings_are_frozen():

@@ -11,7 +11,7 @@ classes reads a config key with a default of its own.
 Why a module of its own and not records/: records/ owns the files that cross a stage; the config is the user's
 input, owned with its loader (config.py) at the package's top.
 
-`raw` keeps the validated dict (nothing reads it as a dict now: every section is passed down typed).
+No dict of the config is kept beside the settings: every part is handed the sections it reads, typed.
 """
 
 from __future__ import annotations
@@ -183,14 +183,12 @@ class Settings:
     search: SearchSettings
     select_paths: SelectPathsSettings
     export: ExportSettings
-    raw: JSONMap = dataclasses.field(repr=False, compare=False)  # the validated dict
 
     @classmethod
     def from_config(cls, config: JSONMap) -> Settings:
         """From a config `sftree.config.validate_config` checked and filled in (a copy: later edits of the dict
         do not reach the settings)."""
-        raw = copy.deepcopy(dict(config))
-        return _build(cls, {**raw, "raw": raw}, "config")
+        return _build(cls, copy.deepcopy(dict(config)), "config")
 
 
 T = TypeVar("T")
