@@ -29,8 +29,9 @@ from sftree.dataset.export import export_task
 from sftree.dataset.select_paths import select_paths
 from sftree.dataset.student import load_student
 from sftree.dataset.tree_packed import pack_records
-from sftree.fileio import write_json_atomic
+from sftree.records.paths import write_paths
 from sftree.records.sft import iter_records
+from sftree.records.tree import Tree
 
 REPO = Path(__file__).parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -157,8 +158,8 @@ def long_session(base: Path, steps: int, context: tuple[list, list]) -> str:
             )
             messages += [resp, {"role": "tool", "tool_call_id": cid, "content": text}]
     (tree / "edges" / "e1" / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    doc = select_paths(json.loads((tree / "tree.json").read_text()), top_k=1)  # the path through e1 only
-    write_json_atomic(tree / "paths.json", doc)
+    typed_tree = Tree.from_doc(json.loads((tree / "tree.json").read_text()))
+    write_paths(tree / "paths.json", select_paths(typed_tree, top_k=1))  # the path through e1 only
     return str(tree / "paths.json")
 
 

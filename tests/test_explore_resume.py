@@ -5,12 +5,12 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from dataclasses import asdict
 
 from helpers.explore import explore, explore_cmd, load_final, make_root, write_config
 
+from sftree.httpserver import local_url, serve_in_background
 from sftree.search.tree import LiveTree
 from sftree.teacher.sim.server import make_server
 
@@ -40,9 +40,7 @@ def start_logged_sim(log: list, **opts):
             super().do_POST()
 
     server.RequestHandlerClass = Logged
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    return f"http://127.0.0.1:{server.server_address[1]}/v1", server
+    return local_url(server), serve_in_background(server, "teacher-sim", poll_s=0.05)
 
 
 def test_kill_9_then_resume(tmp_path):
@@ -102,8 +100,7 @@ def test_kill_9_then_resume(tmp_path):
         assert list((out / "work").iterdir()) == []
         assert not live.snapshot_path.exists() and not live.log_path.exists()
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 def test_width1_fixed_seed_is_reproducible_and_edge_budget(tmp_path):

@@ -16,7 +16,7 @@ from helpers.export import make_results
 
 from sftree.dataset.llamafactory import THINK_WORDS, turn_boundaries
 from sftree.dataset.select_paths import select_paths
-from sftree.fileio import write_json_atomic
+from sftree.records.paths import write_paths
 from sftree.records.sft import record_messages
 from sftree.records.tree import Tree
 
@@ -43,7 +43,7 @@ def export(base: Path, granularity: str) -> Path:
     for task, direction in (("circle_packing", "maximize"), ("tsp", "minimize")):
         tree_dir = make_results(base, task, direction, "middle")
         doc = select_paths(Tree.from_doc(json.loads((tree_dir / "tree.json").read_text())), top_k=6)
-        write_json_atomic(tree_dir / "paths.json", doc)
+        write_paths(tree_dir / "paths.json", doc)
         out = base / task / "sft.jsonl"
         sftree(
             "export-sft",

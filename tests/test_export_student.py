@@ -19,7 +19,7 @@ from sftree.dataset.export import export_task
 from sftree.dataset.merge import merge
 from sftree.dataset.select_paths import select_paths
 from sftree.dataset.stats import ExportStats, MergeStats
-from sftree.fileio import write_json_atomic
+from sftree.records.paths import write_paths
 from sftree.records.sft import stats_path
 from sftree.records.tree import Tree
 
@@ -47,7 +47,7 @@ def student(name: str, max_length: int = 100_000, template: str | None = None):
 
 def paths_of(tree_dir: Path) -> Path:
     doc = select_paths(Tree.from_doc(json.loads((tree_dir / "tree.json").read_text())), top_k=6)
-    write_json_atomic(tree_dir / "paths.json", doc)
+    write_paths(tree_dir / "paths.json", doc)
     return tree_dir / "paths.json"
 
 

@@ -17,8 +17,10 @@ from sftree.settings import SelectPathsSettings, schema_defaults
 
 
 def select(doc: dict, **kw):
-    """select-paths over a tree document (its typed form, as `read_tree` gives it)."""
-    return select_paths(Tree.from_doc(doc), **{"top_k": schema_defaults(SelectPathsSettings).top_k, **kw})
+    """select-paths over a tree document (its typed form, as `read_tree` gives it), as the document it writes."""
+    return select_paths(
+        Tree.from_doc(doc), **{"top_k": schema_defaults(SelectPathsSettings).top_k, **kw}
+    ).to_doc()
 
 
 def make_tree(direction, spec, root_score=1.0):

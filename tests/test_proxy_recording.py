@@ -317,8 +317,15 @@ def test_the_steps_and_bytes_of_a_turn_are_capped_at_the_proxy():
 def test_the_proxy_applies_teacher_tool_choice_to_agent_requests():
     """`teacher.tool_choice: required` with the OpenCode backend: set on each agent request that offers tools (what
     OpenCode itself sent is replaced), never on a title request, never recorded; `extra_body` keeps the last word."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from http.server import BaseHTTPRequestHandler
+
+    from sftree.httpserver import (
+        QuietThreadingHTTPServer,
+        local_url,
+        read_body,
+        send_json,
+        serve_in_background,
+    )
 
     seen = []
 
@@ -327,19 +334,14 @@ def test_the_proxy_applies_teacher_tool_choice_to_agent_requests():
             pass
 
         def do_POST(self):
-            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            data = json.dumps({"choices": [{"message": {"role": "assistant", "content": "ok"},
-                                            "finish_reason": "stop"}],
-                               "usage": {"prompt_tokens": 3, "completion_tokens": 1}}).encode()  # fmt: skip
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            seen.append(json.loads(read_body(self)))
+            send_json(self, 200, {"choices": [{"message": {"role": "assistant", "content": "ok"},
+                                               "finish_reason": "stop"}],
+                                  "usage": {"prompt_tokens": 3, "completion_tokens": 1}})  # fmt: skip
 
-    up = HTTPServer(("127.0.0.1", 0), Upstream)
-    threading.Thread(target=up.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{up.server_address[1]}/v1"
+    up = QuietThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    serving = serve_in_background(up, "upstream")
+    base = local_url(up)
     proxy = RecordingProxy(base, retries=0, tool_choice="required").start()
     auto = RecordingProxy(base, retries=0, tool_choice="auto", extra_body={"top_k": 5}).start()
     try:
@@ -356,7 +358,7 @@ def test_the_proxy_applies_teacher_tool_choice_to_agent_requests():
     finally:
         proxy.stop()
         auto.stop()
-        up.shutdown()
+        serving.stop()
 
 
 def test_a_reply_cut_inside_a_tool_call_stops_the_channel_as_it_is_recorded():

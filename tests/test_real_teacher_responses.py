@@ -10,7 +10,6 @@ Re-record with `python3 tests/fixtures/record_real_responses.py`.
 from __future__ import annotations
 
 import json
-import threading
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 
 from sftree.agents.native import assistant_message
 from sftree.agents.nativetools import TOOL_SCHEMAS
-from sftree.httpserver import QuietThreadingHTTPServer, send_json
+from sftree.httpserver import QuietThreadingHTTPServer, local_url, read_body, send_json, serve_in_background
 from sftree.teacher.client import TeacherClient
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real_responses"
@@ -43,19 +42,13 @@ def replay():
             )
 
         def do_POST(self):
-            n = int(self.headers.get("Content-Length") or 0)
-            state["bodies"].append(json.loads(self.rfile.read(n)))
+            state["bodies"].append(json.loads(read_body(self)))
             send_json(self, 200, state["reply"])
 
     srv = QuietThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield (
-        (lambda r: state.__setitem__("reply", r)),
-        f"http://127.0.0.1:{srv.server_address[1]}/v1",
-        state["bodies"],
-    )
-    srv.shutdown()
-    srv.server_close()
+    serving = serve_in_background(srv, "replay")
+    yield (lambda r: state.__setitem__("reply", r)), local_url(srv), state["bodies"]
+    serving.stop()
 
 
 def chat(replay, name: str, tool_choice: str = "auto", constrain: str = "none"):

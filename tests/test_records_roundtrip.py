@@ -7,7 +7,6 @@ import pytest
 from helpers.mcts import search_params
 
 from sftree.errors import InputError
-from sftree.records import paths as paths_rec
 from sftree.records import root as root_rec
 from sftree.records import sft as sft_rec
 from sftree.records import steplog
@@ -135,18 +134,6 @@ def test_steps_round_trip(tmp_path):
     rec.close()
     assert steplog.read_steps(path) == [{"edge": "e1", **r} for r in records]
     assert rec.latency_s == 0.75 and rec.records == 2
-
-
-def test_paths_round_trip_and_missing_list_named(tmp_path):
-    doc = {"version": paths_rec.PATHS_VERSION, "task": "t", "root": "r", "paths": [{"rank": 1, "leaf": "n3"}],
-           "excluded": []}  # fmt: skip
-    path = paths_rec.paths_path(tmp_path)
-    paths_rec.write_paths(path, doc)
-    assert paths_rec.read_paths(path) == doc
-    path.write_text(json.dumps({"version": 1}))
-    with pytest.raises(InputError, match=r"paths\.json: no `paths` list") as err:
-        paths_rec.read_paths(path)
-    assert str(path) in str(err.value)
 
 
 STEP_RECORD = {

@@ -11,7 +11,8 @@ from helpers.export import ROOT, make_results, run_report
 from sftree.dataset.export import export_task
 from sftree.dataset.merge import merge
 from sftree.dataset.select_paths import select_paths
-from sftree.fileio import write_json_atomic, write_jsonl_atomic
+from sftree.fileio import write_jsonl_atomic
+from sftree.records.paths import write_paths
 from sftree.records.tree import Tree
 from sftree.report.html import color_scale
 from sftree.settings import SelectPathsSettings, schema_defaults
@@ -49,7 +50,7 @@ def build(tmp_path):
     )
     tree["edges"][2]["turns"] = [{"turn": 1, "score": 1.5}, {"turn": 2, "score": None}]  # e3: kept, exempt
     (tree_dir / "tree.json").write_text(json.dumps(tree))
-    write_json_atomic(
+    write_paths(
         tree_dir / "paths.json", select_paths(Tree.from_doc(tree), schema_defaults(SelectPathsSettings).top_k)
     )
     stages_tsv(base / "circle_packing" / "stages.tsv", chosen={5, 8})

@@ -5,6 +5,7 @@ and n3 = 1.5)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -17,6 +18,7 @@ from sftree.dataset.export import export_task
 from sftree.dataset.merge import merge
 from sftree.dataset.select_paths import select_paths
 from sftree.fileio import write_json_atomic, write_jsonl_atomic
+from sftree.records.paths import PathCounts, Paths, RankedPath, write_paths
 from sftree.records.sft import stats_path
 from sftree.records.tree import Tree
 from sftree.records.trust import read_task, root_trust
@@ -42,7 +44,7 @@ def build(base, sandbox="bwrap", with_stats=False):
                 for i in range(1, 9)
             ]
             (base / task / "stages.tsv").write_text("\n".join(rows) + "\n")
-        write_json_atomic(
+        write_paths(
             tree_dir / "paths.json",
             select_paths(Tree.from_doc(tree), schema_defaults(SelectPathsSettings).top_k),
         )
@@ -84,15 +86,20 @@ def test_gain_tie_and_missing_scores():
             {"id": "n2", "parent": "n0", "score": None},
         ],
     }
-    paths = {
-        "paths": [{"rank": 1, "leaf": "n1", "selected": True}, {"rank": 2, "leaf": "n2", "selected": True}]
-    }
+    ranked = tuple(
+        RankedPath(
+            rank, True, leaf, "depth_limit", (leaf,), ("e" + leaf[1:],), 1.0, 1.0, 2.0, 0.5, 2.0, 0.5, 0.7
+        )
+        for rank, leaf in ((1, "n1"), (2, "n2"))
+    )
+    paths = Paths(1, "t", "r", "minimize", 2.0, 6, PathCounts(2, 2, 0), ranked, ())
     r = root_trust("t", "r", Tree.from_doc(tree), paths)
     assert [(p.gain, p.below_root) for p in r.paths] == [(0.0, False), (None, False)]
     assert r.best_gain == 0.0 and r.sandbox == "unknown" and r.root_score == 2.0
     # the root's score unknown: no gain at all, nothing flagged
     tree["nodes"][0]["score"] = None
-    assert [p.gain for p in root_trust("t", "r", Tree.from_doc(tree), paths).paths] == [None, None]
+    unknown = dataclasses.replace(paths, root_score=None)
+    assert [p.gain for p in root_trust("t", "r", Tree.from_doc(tree), unknown).paths] == [None, None]
 
 
 def test_card_shows_gains_duplicates_and_skipped(tmp_path):

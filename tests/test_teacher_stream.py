@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler
 import pytest
 
 from sftree.agents.nativetools import TOOL_SCHEMAS
-from sftree.httpserver import QuietThreadingHTTPServer
+from sftree.httpserver import QuietThreadingHTTPServer, local_url, read_body, serve_in_background
 from sftree.teacher import client as clientmod
 from sftree.teacher.client import (
     BadReply,
@@ -222,7 +222,7 @@ class Stub(BaseHTTPRequestHandler):
         self._answer()
 
     def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        read_body(self)
         self._answer()
 
 
@@ -231,15 +231,13 @@ def stub():
     def start(routes):
         handler = type("S", (Stub,), {"routes": routes, "calls": []})
         srv = QuietThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        servers.append(srv)
-        return f"http://127.0.0.1:{srv.server_address[1]}/v1", handler
+        servers.append(serve_in_background(srv, "stub"))
+        return local_url(srv), handler
 
     servers = []
     yield start
     for s in servers:
-        s.shutdown()
-        s.server_close()
+        s.stop()
 
 
 JSON, SSE = "application/json", "text/event-stream"

@@ -1,10 +1,14 @@
-"""The threading HTTP server behind teacher-sim and the recording proxy."""
+"""The threading HTTP server behind teacher-sim, the recording proxy and the tests' Teachers, and the one way
+they are served from a background thread."""
 
 from __future__ import annotations
 
 import json
 import sys
-from http.server import ThreadingHTTPServer
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socketserver import BaseServer
 
 
 class QuietThreadingHTTPServer(ThreadingHTTPServer):
@@ -19,7 +23,42 @@ class QuietThreadingHTTPServer(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
-def send_json(handler, status: int, obj) -> None:
+@dataclass
+class Serving:
+    """A server serving from a daemon thread. Calling it (or `stop()`) shuts the server down, closes its socket
+    and joins the thread."""
+
+    server: BaseServer
+    thread: threading.Thread
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+    __call__ = stop
+
+
+def serve_in_background(server: BaseServer, name: str, poll_s: float = 0.1) -> Serving:
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": poll_s}, daemon=True, name=name
+    )
+    thread.start()
+    return Serving(server, thread)
+
+
+def local_url(server: ThreadingHTTPServer) -> str:
+    """The OpenAI-style base URL (ending in /v1) of a server listening on TCP."""
+    host, port = server.server_address[:2]
+    return f"http://{host}:{port}/v1"
+
+
+def read_body(handler: BaseHTTPRequestHandler) -> bytes:
+    """A request's body, as long as its Content-Length says (none: empty)."""
+    return handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+
+
+def send_json(handler: BaseHTTPRequestHandler, status: int, obj: object) -> None:
     """Answer a request of a BaseHTTPRequestHandler with a JSON body."""
     data = json.dumps(obj).encode()
     handler.send_response(status)

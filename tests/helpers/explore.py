@@ -77,7 +77,7 @@ def load_final(out: Path) -> treemod.Tree:
     tree = treemod.load(out / "tree.json")
     obj = tree.to_dict()
     problems = check_tree(obj) + check_paths(
-        obj, select_paths(Tree.from_doc(obj), schema_defaults(SelectPathsSettings).top_k)
+        obj, select_paths(Tree.from_doc(obj), schema_defaults(SelectPathsSettings).top_k).to_doc()
     )
     assert problems == [], f"{out / 'tree.json'} breaks the rules:\n" + "\n".join(problems)
     return tree

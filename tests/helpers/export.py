@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from sftree.dataset.select_paths import select_paths
-from sftree.fileio import write_json_atomic
+from sftree.records.paths import write_paths
 from sftree.records.tree import Tree
 
 # Two tools whose parameter schemas differ, as real ones do (Arrow must not merge their keys).
@@ -246,7 +246,7 @@ def llamafactory_alternates(messages):
 
 def paths_file(tree_dir: Path, top_k: int = 6) -> Path:
     doc = select_paths(Tree.from_doc(json.loads((tree_dir / "tree.json").read_text())), top_k=top_k)
-    write_json_atomic(tree_dir / "paths.json", doc)
+    write_paths(tree_dir / "paths.json", doc)
     return tree_dir / "paths.json"
 
 

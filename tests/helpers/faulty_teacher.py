@@ -17,7 +17,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler
 
-from sftree.httpserver import QuietThreadingHTTPServer
+from helpers.sse import reply_chunks, send_sse, send_sse_headers
+from sftree import httpserver
 
 MESSAGE = {"role": "assistant", "content": "Done."}
 USAGE = {"prompt_tokens": 12, "completion_tokens": 2}
@@ -30,18 +31,18 @@ class FaultyTeacher:
         self.arrivals: list[float] = []
         self.lock = threading.Lock()
         self.stopped = threading.Event()
-        self.server = QuietThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self.server.daemon_threads = True
-        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.server = httpserver.QuietThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.base_url = httpserver.local_url(self.server)
+        self.serving: httpserver.Serving | None = None
 
     def start(self) -> FaultyTeacher:
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+        self.serving = httpserver.serve_in_background(self.server, "faulty-teacher")
         return self
 
     def stop(self) -> None:
         self.stopped.set()
-        self.server.shutdown()
-        self.server.server_close()
+        if self.serving:
+            self.serving.stop()
 
     def next_fault(self) -> str:
         with self.lock:
@@ -57,11 +58,11 @@ def _handler(teacher: FaultyTeacher):
             pass
 
         def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            body = json.loads(httpserver.read_body(self) or b"{}")
             stream = bool(body.get("stream"))
             fault = teacher.next_fault()
             if fault == "503":
-                return self._send(503, {"error": {"message": "queue full"}})
+                return httpserver.send_json(self, 503, {"error": {"message": "queue full"}})
             if fault == "reset":  # SO_LINGER 0: close sends RST, not FIN
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 self.close_connection = True
@@ -69,51 +70,15 @@ def _handler(teacher: FaultyTeacher):
                 return None
             if fault == "stall":
                 if stream:
-                    self._sse_headers()
+                    send_sse_headers(self)
                 teacher.stopped.wait(teacher.hang_s)
                 self.close_connection = True
                 return None
             if stream:
-                return self._stream()
+                return send_sse(self, reply_chunks(MESSAGE, "stop", USAGE))
             choice = {"index": 0, "message": MESSAGE, "finish_reason": "stop"}
-            return self._send(
-                200, {"id": "x", "object": "chat.completion", "choices": [choice], "usage": USAGE}
+            return httpserver.send_json(
+                self, 200, {"id": "x", "object": "chat.completion", "choices": [choice], "usage": USAGE}
             )
-
-        def _send(self, status: int, obj: dict) -> None:
-            data = json.dumps(obj).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _sse_headers(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.flush()
-
-        def _stream(self) -> None:
-            self._sse_headers()
-            self.close_connection = True
-            chunks = [
-                {
-                    "choices": [
-                        {
-                            "index": 0,
-                            "delta": {"role": "assistant", "content": "Done."},
-                            "finish_reason": None,
-                        }
-                    ]
-                },
-                {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-                {"choices": [], "usage": USAGE},
-            ]
-            for c in chunks:
-                self.wfile.write(f"data: {json.dumps({'id': 'x', **c})}\n\n".encode())
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
 
     return Handler

@@ -16,13 +16,13 @@ import copy
 import json
 import re
 import threading
-import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 
 from helpers.real_traffic import Run
+from helpers.sse import reply_chunks, send_sse
+from sftree import httpserver
 from sftree.agents.chain import ChainBreak, Pristine, SessionChain
-from sftree.httpserver import QuietThreadingHTTPServer
 
 
 @dataclass
@@ -56,17 +56,17 @@ class ReplayServer:
         self.misses: list[str] = []
         self.served = 0
         self.lock = threading.Lock()
-        self.server = QuietThreadingHTTPServer((host, 0), _handler(self))
-        self.server.daemon_threads = True
-        self.base_url = f"http://{host}:{self.server.server_address[1]}/v1"
+        self.server = httpserver.QuietThreadingHTTPServer((host, 0), _handler(self))
+        self.base_url = httpserver.local_url(self.server)
+        self.serving: httpserver.Serving | None = None
 
     def start(self) -> ReplayServer:
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
+        self.serving = httpserver.serve_in_background(self.server, "replay-teacher", poll_s=0.2)
         return self
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        if self.serving:
+            self.serving.stop()
 
     def match(self, body: dict) -> dict | None:
         """The recorded step this request is, its session's chain moved on; None (and a miss) if none."""
@@ -98,43 +98,22 @@ class ReplayServer:
         return None
 
 
-def sse(step: dict) -> bytes:
-    """The recorded reply as llama-server streams it: a role/content chunk, the calls, the finish, the usage."""
-    msg = step["response"]
-    base = {
-        "id": "chatcmpl-replay",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": "replay",
-    }
-    chunks = [{"role": "assistant", "content": msg.get("content") or ""}]
-    if msg.get("reasoning_content"):
-        chunks.insert(0, {"role": "assistant", "reasoning_content": msg["reasoning_content"]})
-    for i, c in enumerate(msg.get("tool_calls") or []):
-        chunks.append({"tool_calls": [{"index": i, **c}]})
-    out = [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in chunks]
-    out.append(
-        {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": step.get("finish_reason") or "stop"}]}
-    )
+def _usage(step: dict) -> dict:
     u = step.get("usage") or {}
-    usage = {
+    return {
         "prompt_tokens": u.get("prompt_tokens", 0),
         "completion_tokens": u.get("completion_tokens", 0),
         "total_tokens": u.get("prompt_tokens", 0) + u.get("completion_tokens", 0),
         "prompt_tokens_details": {"cached_tokens": u.get("cached_tokens", 0)},
     }
-    out.append({**base, "choices": [], "usage": usage})
-    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in out) + b"data: [DONE]\n\n"
 
 
 def completion(step: dict) -> dict:
     """The recorded reply as one (non-streamed) chat completion."""
-    u = step.get("usage") or {}
+    finish = step.get("finish_reason") or "stop"
     return {
-        "id": "chatcmpl-replay", "object": "chat.completion", "created": int(time.time()), "model": "replay",
-        "choices": [{"index": 0, "message": step["response"], "finish_reason": step.get("finish_reason") or "stop"}],
-        "usage": {"prompt_tokens": u.get("prompt_tokens", 0), "completion_tokens": u.get("completion_tokens", 0),
-                  "prompt_tokens_details": {"cached_tokens": u.get("cached_tokens", 0)}},
+        "id": "chatcmpl-replay", "object": "chat.completion", "created": 0, "model": "replay",
+        "choices": [{"index": 0, "message": step["response"], "finish_reason": finish}], "usage": _usage(step),
     }  # fmt: skip
 
 
@@ -145,35 +124,25 @@ def _handler(rs: ReplayServer):
         def log_message(self, fmt, *args):
             pass
 
-        def _json(self, status: int, obj: dict) -> None:
-            data = json.dumps(obj).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
         def do_GET(self):
-            self._json(200, {"object": "list", "data": [{"id": "replay", "object": "model"}]})
+            httpserver.send_json(self, 200, {"object": "list", "data": [{"id": "replay", "object": "model"}]})
 
         def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            body = json.loads(httpserver.read_body(self) or b"{}")
             step = rs.match(body)
             if step is None:
-                return self._json(
-                    400, {"error": {"message": f"replay: not a recorded request: {rs.misses[-1]}"}}
+                return httpserver.send_json(
+                    self, 400, {"error": {"message": f"replay: not a recorded request: {rs.misses[-1]}"}}
                 )
             if step.get("response") is None:  # a recorded failure: the same status again
                 m = re.match(r"HTTP (\d{3})", str(step.get("error") or ""))
                 status = int(m[1]) if m else 502
-                return self._json(status, {"error": {"message": f"replayed: {step.get('error')}"}})
+                return httpserver.send_json(
+                    self, status, {"error": {"message": f"replayed: {step.get('error')}"}}
+                )
             if not body.get("stream"):
-                return self._json(200, completion(step))
-            data = sse(step)
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+                return httpserver.send_json(self, 200, completion(step))
+            finish = step.get("finish_reason") or "stop"
+            send_sse(self, reply_chunks(step["response"], finish, _usage(step), "chatcmpl-replay", "replay"))
 
     return Handler

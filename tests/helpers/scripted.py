@@ -21,8 +21,9 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from helpers.runtime import config, example_task, make_root
+from helpers.sse import reply_chunks, send_sse
 from sftree.config import REPO_ROOT
-from sftree.httpserver import QuietThreadingHTTPServer, send_json
+from sftree.httpserver import QuietThreadingHTTPServer, local_url, read_body, send_json, serve_in_background
 from sftree.settings import settings_of
 
 BASE_PARENT = Path("/var/tmp")  # not /tmp: bwrap's private /tmp would hide things for free
@@ -38,7 +39,7 @@ class ScriptedTeacher:
         self.counts: dict[tuple[str, int], int] = {}
         self.requests: list[dict] = []
         self._lock = threading.Lock()
-        self.server = None
+        self.serving = None
 
     def steps_for(self, edge: str, turn: int) -> list:
         return self.script.get((edge, turn), self.script.get(turn, []))
@@ -85,44 +86,27 @@ class ScriptedTeacher:
                     send_json(self, 200, {"status": "ok"})
 
             def do_POST(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(n) or b"{}")
+                body = json.loads(read_body(self) or b"{}")
                 reply = teacher.reply(self.headers, body)
                 if body.get("stream"):  # OpenCode streams: the same reply as SSE chunks
-                    return self._stream(reply)
+                    choice = reply["choices"][0]
+                    chunks = reply_chunks(
+                        choice["message"],
+                        choice["finish_reason"],
+                        reply["usage"],
+                        reply["id"],
+                        reply["model"],
+                    )
+                    return send_sse(self, chunks)
                 send_json(self, 200, reply)
 
-            def _stream(self, reply: dict) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.close_connection = True
-                choice = reply["choices"][0]
-                msg = choice["message"]
-                calls = [dict(c, index=i) for i, c in enumerate(msg.get("tool_calls") or [])]
-                delta = {"role": "assistant", "content": msg.get("content") or ""}
-                chunks = [{"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}]
-                if calls:
-                    chunks.append({"choices": [{"index": 0, "delta": {"tool_calls": calls}}]})
-                chunks.append(
-                    {"choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}
-                )
-                chunks.append({"choices": [], "usage": reply["usage"]})
-                for c in chunks:
-                    c = {"id": reply["id"], "object": "chat.completion.chunk", "model": reply["model"], **c}
-                    self.wfile.write(b"data: " + json.dumps(c).encode() + b"\n\n")
-                self.wfile.write(b"data: [DONE]\n\n")
-                self.wfile.flush()
-
         self.server = QuietThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.serving = serve_in_background(self.server, "scripted-teacher")
+        return local_url(self.server)
 
     def stop(self) -> None:
-        if self.server:
-            self.server.shutdown()
-            self.server.server_close()
+        if self.serving:
+            self.serving.stop()
 
 
 class Scripted:

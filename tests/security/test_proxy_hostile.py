@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from sftree.agents.proxy import ProxyLimits, RecordingProxy
-from sftree.httpserver import QuietThreadingHTTPServer, send_json
+from sftree.httpserver import QuietThreadingHTTPServer, local_url, read_body, send_json, serve_in_background
 from sftree.teacher.sim.server import start_teacher_sim
 
 MiB = 1 << 20
@@ -63,7 +63,7 @@ class Recorder:
 
             def _any(self):
                 rec.seen.append((self.command, self.path))
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                read_body(self)
                 rec.hold.wait(30)
                 if self.path.endswith("/models"):
                     return send_json(self, 200, {"object": "list", "data": [{"id": rec.SECRET}]})
@@ -72,12 +72,11 @@ class Recorder:
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = _any
 
         self.server = QuietThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.serving = serve_in_background(self.server, "hostile-upstream")
+        self.url = local_url(self.server)
 
     def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.serving.stop()
 
 
 @pytest.fixture

@@ -69,7 +69,7 @@ from sftree.agents.jsontypes import (
     usage_from,
 )
 from sftree.agents.turn_end import cut_call
-from sftree.httpserver import QuietThreadingHTTPServer, send_json
+from sftree.httpserver import QuietThreadingHTTPServer, Serving, send_json, serve_in_background
 from sftree.teacher.affinity import routing_headers
 from sftree.teacher.http import InFlight
 from sftree.teacher.response import MalformedResponse, normalize
@@ -414,7 +414,7 @@ class RecordingProxy:
         self.server = QuietThreadingHTTPServer((host, 0), _handler_for(self))
         self.server.daemon_threads = True
         self.host, self.port = host, self.server.server_address[1]
-        self._threads: list[threading.Thread] = []
+        self._serving: list[Serving] = []
         self.unix_server: socketserver.ThreadingUnixStreamServer | None = None
         self.unix_dir: Path | None = None
 
@@ -435,10 +435,7 @@ class RecordingProxy:
             self.unix_dir.chmod(0o755)
             sock.chmod(0o666)
             servers.append(self.unix_server)
-        for srv in servers:
-            t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
-            t.start()
-            self._threads.append(t)
+        self._serving = [serve_in_background(srv, "recording-proxy", poll_s=0.2) for srv in servers]
         log.info(
             "recording proxy on http://%s:%d%s -> %s",
             self.host,
@@ -453,10 +450,9 @@ class RecordingProxy:
         if self._stopped:
             return
         self._stopped = True
-        for srv in (self.server, self.unix_server):
-            if srv is not None:
-                srv.shutdown()
-                srv.server_close()
+        for serving in self._serving:
+            serving.stop()
+        self.server.server_close()  # also when it never served
         if self.unix_dir is not None:
             shutil.rmtree(self.unix_dir, ignore_errors=True)
 

@@ -66,7 +66,7 @@ from sftree.dataset.tree_packed import pack_records, write_tree_file
 from sftree.errors import InputError
 from sftree.progress import Progress
 from sftree.records import steplog
-from sftree.records.paths import read_paths
+from sftree.records.paths import Paths, RankedPath, read_paths
 from sftree.records.root import meta_path, read_root_meta
 from sftree.records.scores import signed_gain
 from sftree.records.sft import OPENCODE, record_writer, schema_problem, write_stats
@@ -78,15 +78,6 @@ log = logging.getLogger("sftree.dataset.export")
 EXPORTED_KINDS = ("agent", "nudge")
 # Record forms (`export.granularity`; docs/outputs.md): one per step, one per selected path, one per run of steps.
 GRANULARITIES = ("step", "path", "merged")
-PATH_FIELDS = (
-    "avg_cleanliness",
-    "avg_knowledge",
-    "avg_score",
-    "avg_score_rank",
-    "max_score",
-    "max_score_rank",
-    "path_score",
-)
 
 
 def tree_backend(tree: Tree) -> str:
@@ -119,7 +110,7 @@ class TreeContext:
     """What one selected-paths file needs from its tree: tree.json, the root's stage, where transcripts are."""
 
     paths_file: Path
-    doc: dict
+    paths: Paths
     tree_dir: Path
     tree: Tree
     stage: str | None
@@ -128,12 +119,12 @@ class TreeContext:
     @classmethod
     def load(cls, paths_file: str | Path) -> TreeContext:
         paths_file = Path(paths_file)
-        doc = read_paths(paths_file)
+        paths = read_paths(paths_file)
         tree_dir = paths_file.parent
         tree = read_tree(
             final_path(tree_dir), check=False
         )  # reads the fields it uses, whatever else is there
-        root = doc.get("root") or tree.root or tree_dir.name
+        root = paths.root or tree.root or tree_dir.name
         meta_file = meta_path(tree_dir.parent.parent / "roots" / root)
         stage: str | None = None
         if meta_file.is_file():
@@ -141,7 +132,7 @@ class TreeContext:
         else:
             log.warning("%s: root metadata %s not found; stage unknown", paths_file, meta_file)
         edges = {e.id: e for e in tree.edges}
-        return cls(paths_file, doc, tree_dir, tree, stage, edges)
+        return cls(paths_file, paths, tree_dir, tree, stage, edges)
 
     def transcript(self, edge_id: str) -> Path:
         return self.tree_dir / self._transcript_rel(edge_id)
@@ -218,25 +209,31 @@ def build_record(
     }, None
 
 
-def _path_meta(ctx: TreeContext, path: dict) -> dict:
-    doc = ctx.doc
+def _path_meta(ctx: TreeContext, path: RankedPath) -> dict:
+    paths = ctx.paths
     meta = {
-        "task": doc.get("task") or ctx.tree.task,
-        "root": doc.get("root") or ctx.tree.root,
+        "task": paths.task or ctx.tree.task,
+        "root": paths.root or ctx.tree.root,
         "stage": ctx.stage,
-        "direction": doc.get("direction") or ctx.tree.direction,
-        "root_score": doc.get("root_score"),
+        "direction": paths.direction,
+        "root_score": paths.root_score,
         "sandbox": ctx.tree.sandbox,
         "backend": tree_backend(ctx.tree),
         "coral": tree_coral(ctx.tree),
-        "path_rank": path["rank"],
-        "leaf": path["leaf"],
-        "leaf_reason": path.get("leaf_reason"),
-        "path_nodes": path["nodes"],
-        "path_edges": path["edges"],
+        "path_rank": path.rank,
+        "leaf": path.leaf,
+        "leaf_reason": path.leaf_reason,
+        "path_nodes": list(path.nodes),
+        "path_edges": list(path.edges),
+        "avg_cleanliness": path.avg_cleanliness,
+        "avg_knowledge": path.avg_knowledge,
+        "avg_score": path.avg_score,
+        "avg_score_rank": path.avg_score_rank,
+        "max_score": path.max_score,
+        "max_score_rank": path.max_score_rank,
+        "path_score": path.path_score,
     }
-    meta.update({k: path.get(k) for k in PATH_FIELDS})
-    leaf = ctx.tree.node(path["leaf"])
+    leaf = ctx.tree.node(path.leaf)
     meta["leaf_score"] = leaf.score if leaf else None
     meta["gain"] = signed_gain(meta["root_score"], meta["leaf_score"], meta["direction"])
     return meta
@@ -266,12 +263,12 @@ def export_tree(
     text: TextRule | None = None,
 ) -> Iterator[dict]:
     """The records of one tree's selected paths, in the given form, counted into `stats` as they go."""
-    selected = sorted((p for p in ctx.doc["paths"] if p.get("selected")), key=lambda p: p["rank"])
+    selected = list(ctx.paths.selected)
     stats.paths += len(selected)
     # A tampered edge has no child, so no path runs through it; counted for the card all the same.
     stats.tampered += sum(1 for e in ctx.tree.edges if e.fail_reason == "tampered")
     stats.turn_ends.update(t.ended or "unknown" for e in ctx.tree.edges for t in e.turns)
-    task = ctx.doc.get("task") or ctx.tree.task
+    task = ctx.paths.task or ctx.tree.task
     if task and task not in stats.tasks:
         stats.tasks.append(task)
     tree = _TreeExport(ctx, stats, refuse_native, student, text or TextRule.of(student))
@@ -389,14 +386,14 @@ class _TreeExport:
         stats.malformed_arguments += rec["metadata"]["malformed_arguments"]
         yield rec
 
-    def path_records(self, selected: list[dict]) -> Iterator[dict]:
+    def path_records(self, selected: list[RankedPath]) -> Iterator[dict]:
         """A path record trains every assistant turn: it ends before the path's first ill-formed step. Two paths
         cut at the same step make one record (its path_ranks lists both)."""
         out: dict[tuple, dict] = {}
         for path in selected:
             meta = _path_meta(self.ctx, path) | {
                 "granularity": "path",
-                "path_ranks": [path["rank"]],
+                "path_ranks": [path.rank],
                 "cut": None,
             }
             pick = self.path_pick(path, meta)
@@ -404,7 +401,7 @@ class _TreeExport:
                 continue
             key = (pick[0], pick[1].get("turn"), pick[1].get("step"))
             if key in out:
-                out[key]["metadata"]["path_ranks"].append(path["rank"])
+                out[key]["metadata"]["path_ranks"].append(path.rank)
                 continue
             rec = self.build(pick[1], meta, pick[0])
             if rec is not None:
@@ -412,21 +409,19 @@ class _TreeExport:
         for rec in out.values():
             yield from self.emit(rec)
 
-    def path_pick(self, path: dict, meta: dict) -> tuple[str, dict] | None:
+    def path_pick(self, path: RankedPath, meta: dict) -> tuple[str, dict] | None:
         """(edge, step) whose request + response is the path's record: its last answered step, or the one before
         its first ill-formed step (`meta["cut"]` says where and why); None when there is none."""
         ctx, stats = self.ctx, self.stats
-        chain = [(e, s) for e in path["edges"] for s in self.steps_of(e) if _answered(s)]
+        chain = [(e, s) for e in path.edges for s in self.steps_of(e) if _answered(s)]
         bad = next((i for i, (_, s) in enumerate(chain) if exclusion(s)), None)
         if bad is None:
-            last_edge = path["edges"][-1]
+            last_edge = path.edges[-1]
             # the last model call that answered (a failed request at the end holds nothing to learn)
             pick = next(((e, s) for e, s in reversed(chain) if e == last_edge), None)
             if pick is None:
                 stats.skipped["no_steps"] += 1
-                log.warning(
-                    "%s: path %d has no exportable step in %s", ctx.paths_file, path["rank"], last_edge
-                )
+                log.warning("%s: path %d has no exportable step in %s", ctx.paths_file, path.rank, last_edge)
             return pick
         e, s = chain[bad]
         meta["cut"] = {"edge": e, "turn": s.get("turn"), "step": s.get("step"), "reason": exclusion(s)}
@@ -436,22 +431,22 @@ class _TreeExport:
             log.warning(
                 "%s: path %d starts with an ill-formed step (%s): no record",
                 ctx.paths_file,
-                path["rank"],
+                path.rank,
                 meta["cut"]["reason"],
             )
             return None
         return chain[bad - 1]
 
-    def step_records(self, selected: list[dict]) -> Iterator[dict]:
+    def step_records(self, selected: list[RankedPath]) -> Iterator[dict]:
         """Step granularity: each edge once, under the best-ranked selected path holding it (not yet emitted)."""
         ranks_of: dict[str, list[int]] = defaultdict(list)
         for path in selected:
-            for e in path["edges"]:
-                ranks_of[e].append(path["rank"])
+            for e in path.edges:
+                ranks_of[e].append(path.rank)
         done: set[str] = set()
         for path in selected:
             meta = _path_meta(self.ctx, path) | {"granularity": "step"}
-            for edge_id in path["edges"]:
+            for edge_id in path.edges:
                 if edge_id in done:
                     continue
                 done.add(edge_id)
@@ -463,7 +458,7 @@ class _TreeExport:
                         yield rec
                 self.cache.pop(edge_id, None)  # an edge's steps are needed once in step granularity
 
-    def merged_records(self, selected: list[dict]) -> Iterator[dict]:
+    def merged_records(self, selected: list[RankedPath]) -> Iterator[dict]:
         """Merged granularity: runs of consecutive steps of one session, each run one record (dataset/merged.py)."""
         for run in runs(self.step_records(selected), self.student):
             rec = merged_record(run)

@@ -22,12 +22,12 @@ import argparse
 import logging
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from sftree.errors import InputError
-from sftree.records.paths import PATHS_VERSION, write_paths
+from sftree.records.paths import PATHS_VERSION, Excluded, PathCounts, Paths, RankedPath, write_paths
 from sftree.records.scores import best_of, oriented, percentile_rank
 from sftree.records.tree import DIRECTIONS, Edge, LeafReason, Node, Tree, normal_leaf, read_tree
 from sftree.settings import SelectPathsSettings, schema_defaults
@@ -64,23 +64,6 @@ class Candidate:
     scores: list[float]  # raw node scores, root excluded
     cleanliness: list[float]
     knowledge: list[float]
-
-
-@dataclass
-class PathRecord:
-    rank: int
-    selected: bool
-    leaf: str
-    leaf_reason: LeafReason
-    nodes: list[str]
-    edges: list[str]
-    avg_cleanliness: float
-    avg_knowledge: float
-    avg_score: float
-    avg_score_rank: float
-    max_score: float
-    max_score_rank: float
-    path_score: float
 
 
 def _node_number(node_id: str) -> tuple[int, str]:
@@ -121,19 +104,19 @@ def _chain(node: Node, nodes: dict[str, Node], root: str, source: str) -> list[N
     return chain
 
 
-def candidate_paths(tree: Tree, source: str = "tree.json") -> tuple[list[Candidate], list[dict[str, str]]]:
+def candidate_paths(tree: Tree, source: str = "tree.json") -> tuple[list[Candidate], list[Excluded]]:
     """Every path to a normal leaf with all four metrics computable, and the excluded leaves with why."""
     nodes, edges, root = _index_tree(tree, source)
     child_edge = {e.child: e for e in edges.values() if e.child}
     has_child = {n.parent for n in nodes.values()}
     candidates: list[Candidate] = []
-    excluded: list[dict[str, str]] = []
+    excluded: list[Excluded] = []
     for nid in sorted(nodes, key=_node_number):
         node = nodes[nid]
         if nid == root or nid in has_child:
             continue
         if not node.leaf_reason:
-            excluded.append({"leaf": nid, "reason": f"not a normally ended leaf (status {node.status})"})
+            excluded.append(Excluded(nid, f"not a normally ended leaf (status {node.status})"))
             continue
         chain = _chain(node, nodes, root, source)
         path_edges = [_edge_into(n, edges, child_edge, source) for n in chain]
@@ -156,7 +139,7 @@ def candidate_paths(tree: Tree, source: str = "tree.json") -> tuple[list[Candida
             ]
         )
         if missing:
-            excluded.append({"leaf": nid, "reason": "; ".join(missing)})
+            excluded.append(Excluded(nid, "; ".join(missing)))
             continue
         candidates.append(
             Candidate(
@@ -172,7 +155,7 @@ def candidate_paths(tree: Tree, source: str = "tree.json") -> tuple[list[Candida
     return candidates, excluded
 
 
-def score_paths(candidates: list[Candidate], direction: str, top_k: int) -> list[PathRecord]:
+def score_paths(candidates: list[Candidate], direction: str, top_k: int) -> list[RankedPath]:
     """The seven fields of 3.4 for each candidate, sorted by PathScore (tie-break above), top k selected."""
     avg_scores = [sum(c.scores) / len(c.scores) for c in candidates]
     max_scores = [best_of(c.scores, direction) for c in candidates]
@@ -185,13 +168,13 @@ def score_paths(candidates: list[Candidate], direction: str, top_k: int) -> list
         avg_clean = sum(c.cleanliness) / len(c.cleanliness)
         avg_know = sum(c.knowledge) / len(c.knowledge)
         records.append(
-            PathRecord(
+            RankedPath(
                 rank=0,
                 selected=False,
                 leaf=c.leaf,
                 leaf_reason=c.leaf_reason,
-                nodes=c.nodes,
-                edges=c.edges,
+                nodes=tuple(c.nodes),
+                edges=tuple(c.edges),
                 avg_cleanliness=avg_clean,
                 avg_knowledge=avg_know,
                 avg_score=avg_scores[i],
@@ -205,15 +188,11 @@ def score_paths(candidates: list[Candidate], direction: str, top_k: int) -> list
         (-round(r.path_score, 12), -o_max[i], -o_avg[i], _node_number(r.leaf)) for i, r in enumerate(records)
     ]
     order = sorted(range(len(records)), key=keys.__getitem__)
-    ranked = [records[i] for i in order]
-    for i, r in enumerate(ranked):
-        r.rank = i + 1
-        r.selected = i < top_k
-    return ranked
+    return [replace(records[i], rank=n + 1, selected=n < top_k) for n, i in enumerate(order)]
 
 
-def select_paths(tree: Tree, top_k: int, source: str = "tree.json") -> dict[str, Any]:
-    """The paths.json document for one tree (see docs/architecture.md)."""
+def select_paths(tree: Tree, top_k: int, source: str = "tree.json") -> Paths:
+    """The paths.json of one tree (see docs/architecture.md)."""
     if top_k < 1:
         raise InputError(f"--top-k must be at least 1, got {top_k}")
     direction = tree.direction
@@ -222,22 +201,19 @@ def select_paths(tree: Tree, top_k: int, source: str = "tree.json") -> dict[str,
     candidates, excluded = candidate_paths(tree, source)
     records = score_paths(candidates, direction, top_k)
     nodes, _, root = _index_tree(tree, source)
-    paths = [asdict(r) for r in records]
-    return {
-        "version": PATHS_VERSION,
-        "task": tree.task,
-        "root": tree.root,
-        "direction": direction,
-        "root_score": _num(nodes[root].score),
-        "top_k": top_k,
-        "counts": {
-            "candidates": len(records),
-            "selected": sum(r.selected for r in records),
-            "excluded": len(excluded),
-        },
-        "paths": paths,
-        "excluded": excluded,
-    }
+    return Paths(
+        version=PATHS_VERSION,
+        task=tree.task,
+        root=tree.root,
+        direction=direction,
+        root_score=_num(nodes[root].score),
+        top_k=top_k,
+        counts=PathCounts(
+            candidates=len(records), selected=sum(r.selected for r in records), excluded=len(excluded)
+        ),
+        paths=tuple(records),
+        excluded=tuple(excluded),
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -254,16 +230,16 @@ def run(args: argparse.Namespace) -> int:
     tree = read_tree(args.tree, source=f"tree file {args.tree}")
     if tree.status not in (None, "finished"):
         log.warning("%s: tree status is %r, not finished; ranking what is there", args.tree, tree.status)
-    doc = select_paths(tree, args.top_k, source=str(args.tree))
-    write_paths(Path(args.out), doc)
-    c = doc["counts"]
-    best = doc["paths"][0]["path_score"] if doc["paths"] else None
+    paths = select_paths(tree, args.top_k, source=str(args.tree))
+    write_paths(Path(args.out), paths)
+    c = paths.counts
+    best = paths.paths[0].path_score if paths.paths else None
     log.info(
         "%s: %d candidate paths, %d selected, %d excluded, best PathScore %s -> %s",
         args.tree,
-        c["candidates"],
-        c["selected"],
-        c["excluded"],
+        c.candidates,
+        c.selected,
+        c.excluded,
         f"{best:.4f}" if best is not None else "-",
         args.out,
     )

@@ -1,21 +1,28 @@
 """`paths.json`: one tree's ranked root-to-leaf paths (docs/architecture.md, "paths.json"). select-paths writes it
-beside the tree's `tree.json`; export and the report read it. Only this module opens it.
+beside the tree's `tree.json`; export, the trust figures and the report read it. Only this module opens it.
 
-There is no JSON Schema for it; the reader checks what every reader relies on (an object with a `paths` list), so
-a wrong file fails naming itself instead of reading as "no paths".
+Readers get a frozen, typed `Paths` (`read_paths`; `Paths.from_doc` for a document already in memory) and read its
+attributes; select-paths builds the same value and `write_paths` writes it (`Paths.to_doc`: the keys in the
+documented order). There is no JSON Schema for it: `from_doc` checks every field a reader relies on, so a wrong
+file fails naming itself and the field instead of reading as "no paths".
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sftree.errors import InputError
 from sftree.fileio import read_json, write_json_atomic
+from sftree.records.tree import DIRECTIONS, LEAF_REASONS, Direction, LeafReason
 
 PATHS_NAME = "paths.json"
 PATHS_VERSION = 1
+
+JSONObject = dict[str, Any]
 
 
 def paths_path(tree_dir: str | os.PathLike[str]) -> Path:
@@ -23,14 +30,222 @@ def paths_path(tree_dir: str | os.PathLike[str]) -> Path:
     return Path(tree_dir) / PATHS_NAME
 
 
-def write_paths(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
+@dataclass(frozen=True)
+class RankedPath:
+    """One candidate path (`paths[]`): its rank among the tree's candidates, whether it is among the top k, its
+    leaf, its logical nodes and edges (root excluded, root-to-leaf order) and the seven fields of section 3.4."""
+
+    rank: int
+    selected: bool
+    leaf: str
+    leaf_reason: LeafReason
+    nodes: tuple[str, ...]
+    edges: tuple[str, ...]
+    avg_cleanliness: float
+    avg_knowledge: float
+    avg_score: float
+    avg_score_rank: float
+    max_score: float
+    max_score_rank: float
+    path_score: float
+
+    @classmethod
+    def from_doc(cls, d: Any, where: str) -> RankedPath:
+        f = _Fields(d, where)
+        return cls(
+            rank=f.get("rank", _is_int, "an integer"),
+            selected=f.get("selected", _is_bool, "true or false"),
+            leaf=f.get("leaf", _is_str, "a string"),
+            leaf_reason=f.get("leaf_reason", LEAF_REASONS.__contains__, f"one of {', '.join(LEAF_REASONS)}"),
+            nodes=tuple(f.get("nodes", _is_strs, "a list of strings")),
+            edges=tuple(f.get("edges", _is_strs, "a list of strings")),
+            avg_cleanliness=f.get("avg_cleanliness", _is_num, "a number"),
+            avg_knowledge=f.get("avg_knowledge", _is_num, "a number"),
+            avg_score=f.get("avg_score", _is_num, "a number"),
+            avg_score_rank=f.get("avg_score_rank", _is_num, "a number"),
+            max_score=f.get("max_score", _is_num, "a number"),
+            max_score_rank=f.get("max_score_rank", _is_num, "a number"),
+            path_score=f.get("path_score", _is_num, "a number"),
+        )
+
+    def to_doc(self) -> JSONObject:
+        return {
+            "rank": self.rank,
+            "selected": self.selected,
+            "leaf": self.leaf,
+            "leaf_reason": self.leaf_reason,
+            "nodes": list(self.nodes),
+            "edges": list(self.edges),
+            "avg_cleanliness": self.avg_cleanliness,
+            "avg_knowledge": self.avg_knowledge,
+            "avg_score": self.avg_score,
+            "avg_score_rank": self.avg_score_rank,
+            "max_score": self.max_score,
+            "max_score_rank": self.max_score_rank,
+            "path_score": self.path_score,
+        }
+
+
+@dataclass(frozen=True)
+class Excluded:
+    """A childless non-root node that is not a candidate, and why (`excluded[]`)."""
+
+    leaf: str
+    reason: str
+
+    @classmethod
+    def from_doc(cls, d: Any, where: str) -> Excluded:
+        f = _Fields(d, where)
+        return cls(leaf=f.get("leaf", _is_str, "a string"), reason=f.get("reason", _is_str, "a string"))
+
+    def to_doc(self) -> JSONObject:
+        return {"leaf": self.leaf, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class PathCounts:
+    """`counts`: candidates ranked, how many of them are selected, leaves excluded."""
+
+    candidates: int
+    selected: int
+    excluded: int
+
+    @classmethod
+    def from_doc(cls, d: Any, where: str) -> PathCounts:
+        f = _Fields(d, where)
+        return cls(
+            candidates=f.get("candidates", _is_int, "an integer"),
+            selected=f.get("selected", _is_int, "an integer"),
+            excluded=f.get("excluded", _is_int, "an integer"),
+        )
+
+    def to_doc(self) -> JSONObject:
+        return {"candidates": self.candidates, "selected": self.selected, "excluded": self.excluded}
+
+
+@dataclass(frozen=True)
+class Paths:
+    """One tree's paths.json: every candidate path ranked (`paths`, best first), the leaves excluded, and the tree
+    they were ranked in (`task`, `root`, `direction`, the root's score)."""
+
+    version: int
+    task: str | None
+    root: str | None
+    direction: Direction
+    root_score: float | None
+    top_k: int
+    counts: PathCounts
+    paths: tuple[RankedPath, ...]
+    excluded: tuple[Excluded, ...]
+
+    @property
+    def selected(self) -> tuple[RankedPath, ...]:
+        """The selected paths, best rank first."""
+        return tuple(sorted((p for p in self.paths if p.selected), key=lambda p: p.rank))
+
+    @classmethod
+    def from_doc(cls, doc: Any, source: str = "paths.json") -> Paths:
+        """The typed form of a paths document; InputError naming `source` and the field when one is missing or
+        of the wrong type, or the document is from a newer sftree."""
+        f = _Fields(doc, source, top=True)
+        version = f.get("version", _is_int, "an integer")
+        if version > PATHS_VERSION:
+            raise InputError(
+                f"{source}: paths version {version} is newer than this sftree's ({PATHS_VERSION})"
+            )
+        return cls(
+            version=version,
+            task=f.get("task", _optional(_is_str), "a string or null"),
+            root=f.get("root", _optional(_is_str), "a string or null"),
+            direction=f.get("direction", DIRECTIONS.__contains__, " or ".join(DIRECTIONS)),
+            root_score=f.get("root_score", _optional(_is_num), "a number or null"),
+            top_k=f.get("top_k", _is_int, "an integer"),
+            counts=PathCounts.from_doc(f.get("counts", _is_object, "an object"), f"{source}: counts"),
+            paths=tuple(
+                RankedPath.from_doc(p, f"{source}: paths[{i}]")
+                for i, p in enumerate(f.get("paths", _is_list, "a list"))
+            ),
+            excluded=tuple(
+                Excluded.from_doc(x, f"{source}: excluded[{i}]")
+                for i, x in enumerate(f.get("excluded", _is_list, "a list"))
+            ),
+        )
+
+    def to_doc(self) -> JSONObject:
+        """The document written (docs/architecture.md, "paths.json": keys in that order)."""
+        return {
+            "version": self.version,
+            "task": self.task,
+            "root": self.root,
+            "direction": self.direction,
+            "root_score": self.root_score,
+            "top_k": self.top_k,
+            "counts": self.counts.to_doc(),
+            "paths": [p.to_doc() for p in self.paths],
+            "excluded": [x.to_doc() for x in self.excluded],
+        }
+
+
+def write_paths(path: str | os.PathLike[str], paths: Paths) -> None:
     """Write atomically (2-space JSON), so a reader never sees half a file."""
-    write_json_atomic(path, doc)
+    write_json_atomic(path, paths.to_doc())
 
 
-def read_paths(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A paths document; InputError naming the file when it is not JSON or has no `paths` list."""
-    doc = read_json(path, "selected paths file")
-    if not isinstance(doc, dict) or not isinstance(doc.get("paths"), list):
-        raise InputError(f"selected paths file {path}: no `paths` list")
-    return doc
+def read_paths(path: str | os.PathLike[str]) -> Paths:
+    """The typed paths of a file; InputError naming the file (and the field) when it is not JSON or not a paths
+    document."""
+    return Paths.from_doc(read_json(path, "selected paths file"), f"selected paths file {path}")
+
+
+# --- field checks (each names where it failed) ----------------------------------------------------------
+
+
+class _Fields:
+    """The fields of one JSON object read at `where` (a file, or a file and the path to an object in it)."""
+
+    def __init__(self, d: Any, where: str, top: bool = False):
+        if not isinstance(d, dict):
+            raise InputError(f"{where}: {'a paths document is' if top else 'expected'} a JSON object")
+        self.d: Mapping[str, Any] = d
+        self.sep = ": " if top else "."
+        self.where = where
+
+    def get(self, key: str, ok: Callable[[Any], bool], expected: str) -> Any:
+        if key not in self.d:
+            raise InputError(f"{self.where}{self.sep}{key}: missing")
+        value = self.d[key]
+        if not ok(value):
+            raise InputError(f"{self.where}{self.sep}{key}: expected {expected}, got {value!r:.80}")
+        return value
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _is_bool(x: Any) -> bool:
+    return isinstance(x, bool)
+
+
+def _is_str(x: Any) -> bool:
+    return isinstance(x, str)
+
+
+def _is_strs(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(s, str) for s in x)
+
+
+def _is_list(x: Any) -> bool:
+    return isinstance(x, list)
+
+
+def _is_object(x: Any) -> bool:
+    return isinstance(x, dict)
+
+
+def _optional(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda x: x is None or ok(x)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sftree.records.paths import paths_path, read_paths
+from sftree.records.paths import Paths, paths_path, read_paths
 from sftree.records.root import META_NAME, read_root_meta
 from sftree.records.scores import signed_gain
 from sftree.records.tree import FINAL_NAME, Tree, read_tree
@@ -69,21 +69,22 @@ class TaskTrust:
         return sorted({r.sandbox for r in self.roots})
 
 
-def root_trust(task: str, root: str, tree: Tree, paths_doc: dict[str, Any] | None) -> RootTrust:
-    doc = paths_doc or {}
-    direction = doc.get("direction") or tree.direction
+def root_trust(task: str, root: str, tree: Tree, paths: Paths | None) -> RootTrust:
+    """The trust figures of one root: its tree, and its paths.json when select-paths has run (else the tree's own
+    direction and root score, and no selected paths)."""
+    direction = paths.direction if paths else tree.direction
     nodes = {n.id: n for n in tree.nodes}
     root_node = tree.root_node
-    root_score = doc.get("root_score", root_node.score if root_node else None)
+    root_score = paths.root_score if paths else (root_node.score if root_node else None)
     sandbox: Any = tree.sandbox
     if isinstance(sandbox, dict):  # a mode plus details: the mode is what the reader needs
         sandbox = sandbox.get("mode")
     out = RootTrust(task, root, direction, root_score, str(sandbox) if sandbox else "unknown")
-    for p in sorted((p for p in doc.get("paths", []) if p.get("selected")), key=lambda p: p["rank"]):
-        leaf = nodes.get(p["leaf"])
+    for p in paths.selected if paths else ():
+        leaf = nodes.get(p.leaf)
         leaf_score = leaf.score if leaf else None
         out.paths.append(
-            PathTrust(p["rank"], p["leaf"], leaf_score, signed_gain(root_score, leaf_score, direction))
+            PathTrust(p.rank, p.leaf, leaf_score, signed_gain(root_score, leaf_score, direction))
         )
     return out
 
@@ -116,8 +117,8 @@ def read_task(task_dir: Path) -> TaskTrust:
         if rows and tf.parent.name not in chosen:
             continue  # a tree left over from an earlier config
         pf = paths_path(tf.parent)
-        paths_doc = read_paths(pf) if pf.is_file() else None
-        out.roots.append(root_trust(task_dir.name, tf.parent.name, read_tree(tf, check=False), paths_doc))
+        paths = read_paths(pf) if pf.is_file() else None
+        out.roots.append(root_trust(task_dir.name, tf.parent.name, read_tree(tf, check=False), paths))
     return out
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from sftree.errors import InputError
 from sftree.fileio import write_text_atomic
 from sftree.progress import Progress
-from sftree.records.paths import paths_path, read_paths
+from sftree.records.paths import Paths, RankedPath, paths_path, read_paths
 from sftree.records.scores import best_of, oriented, signed_gain
 from sftree.records.sft import EXCLUSION_REASONS, OPENCODE, merged_path, read_figures, read_stats, stats_path
 from sftree.records.tree import FINAL_NAME, Edge, Node, Tree, read_tree
@@ -103,8 +103,13 @@ class TreeView:
     task: str
     root: str
     tree: Tree
-    paths: dict | None
+    paths: Paths | None
     tree_dir: Path
+
+    @property
+    def ranked(self) -> tuple[RankedPath, ...]:
+        """The tree's candidate paths, best first (none before select-paths ran)."""
+        return self.paths.paths if self.paths else ()
 
 
 @dataclass
@@ -251,10 +256,10 @@ def _selected(view: TreeView) -> tuple[set[str], set[str]]:
     """The edges and the nodes of the tree's selected paths."""
     selected_edges: set[str] = set()
     selected_nodes: set[str] = set()
-    for p in (view.paths or {}).get("paths", []):
-        if p.get("selected"):
-            selected_edges.update(p["edges"])
-            selected_nodes.update(p["nodes"])
+    for p in view.ranked:
+        if p.selected:
+            selected_edges.update(p.edges)
+            selected_nodes.update(p.nodes)
     return selected_edges, selected_nodes
 
 
@@ -514,9 +519,9 @@ def tree_trust(view: TreeView) -> RootTrust:
     return root_trust(view.task, view.root, view.tree, view.paths)
 
 
-def _path_gain(trust: RootTrust, view: TreeView, path: dict) -> tuple[float | None, float | None]:
+def _path_gain(trust: RootTrust, view: TreeView, path: RankedPath) -> tuple[float | None, float | None]:
     """(leaf score, signed gain over the root) of any candidate path, selected or not."""
-    leaf = view.tree.node(path["leaf"])
+    leaf = view.tree.node(path.leaf)
     score = leaf.score if leaf else None
     return score, signed_gain(trust.root_score, score, trust.direction)
 
@@ -532,8 +537,8 @@ def _tree_summary(view: TreeView, trust: RootTrust) -> str:
     best = [n.score for n in nodes if n.parent is not None and n.score is not None]
     direction = t.direction or "maximize"
     best_score = best_of(best, direction)
-    paths = (view.paths or {}).get("paths", [])
-    nsel = sum(1 for p in paths if p.get("selected"))
+    paths = view.ranked
+    nsel = sum(1 for p in paths if p.selected)
     below = (
         f', <b class="bad">{trust.below_root} selected ending below the root</b>' if trust.below_root else ""
     )
@@ -545,28 +550,28 @@ def _tree_summary(view: TreeView, trust: RootTrust) -> str:
     )
 
 
-def _paths_table(view: TreeView, trust: RootTrust, paths: list[dict]) -> str:
+def _paths_table(view: TreeView, trust: RootTrust, paths: tuple[RankedPath, ...]) -> str:
     """The ranked paths: each one's nodes, root and leaf score, signed gain (flagged below the root), PathScore
     and its parts, whether it was selected."""
-    gains = {p["rank"]: _path_gain(trust, view, p) for p in paths}
+    gains = {p.rank: _path_gain(trust, view, p) for p in paths}
     rows = [
         [
-            p["rank"],
-            p["leaf"],
-            " → ".join(p["nodes"]),
-            p.get("leaf_reason"),
+            p.rank,
+            p.leaf,
+            " → ".join(p.nodes),
+            p.leaf_reason,
             trust.root_score,
-            gains[p["rank"]][0],
-            gains[p["rank"]][1],
-            "below root" if (gains[p["rank"]][1] or 0) < 0 else "",
-            p["max_score"],
-            p["max_score_rank"],
-            p["avg_score"],
-            p["avg_score_rank"],
-            p["avg_cleanliness"],
-            p["avg_knowledge"],
-            p["path_score"],
-            "yes" if p.get("selected") else "",
+            gains[p.rank][0],
+            gains[p.rank][1],
+            "below root" if (gains[p.rank][1] or 0) < 0 else "",
+            p.max_score,
+            p.max_score_rank,
+            p.avg_score,
+            p.avg_score_rank,
+            p.avg_cleanliness,
+            p.avg_knowledge,
+            p.path_score,
+            "yes" if p.selected else "",
         ]
         for p in paths
     ]
@@ -594,8 +599,8 @@ def _paths_table(view: TreeView, trust: RootTrust, paths: list[dict]) -> str:
         row_class=lambda i: " ".join(
             c
             for c, on in (
-                ("sel", paths[i].get("selected")),
-                ("below", (gains[paths[i]["rank"]][1] or 0) < 0),
+                ("sel", paths[i].selected),
+                ("below", (gains[paths[i].rank][1] or 0) < 0),
             )
             if on
         ),
@@ -605,7 +610,7 @@ def _paths_table(view: TreeView, trust: RootTrust, paths: list[dict]) -> str:
 def tree_section(view: TreeView, uid: str) -> str:
     t = view.tree
     c = t.counters or {}
-    paths = (view.paths or {}).get("paths", [])
+    paths = view.ranked
     trust = tree_trust(view)
     parts = [
         f'<details open><summary>{_tree_summary(view, trust)}</summary><div class="card">',
@@ -615,11 +620,11 @@ def tree_section(view: TreeView, uid: str) -> str:
         parts.append(_paths_table(view, trust, paths))
     elif view.paths is None:
         parts.append('<p class="muted">No paths.json yet.</p>')
-    excluded = (view.paths or {}).get("excluded", [])
+    excluded = view.paths.excluded if view.paths else ()
     if excluded:
         parts.append(
             '<p class="muted">Excluded leaves: '
-            + "; ".join(f"{esc(x['leaf'])} ({esc(x['reason'])})" for x in excluded)
+            + "; ".join(f"{esc(x.leaf)} ({esc(x.reason)})" for x in excluded)
             + "</p>"
         )
     counters = ", ".join(f"{k} {v}" for k, v in c.items())
@@ -689,7 +694,7 @@ def task_section(task: TaskView) -> str:
         rows = []
         for r in chosen:
             v = by_root.get(r.get("snapshot"))
-            paths = (v.paths or {}).get("paths", []) if v else []
+            paths = v.ranked if v else ()
             trust = tree_trust(v) if v else None
             rows.append(
                 [
@@ -698,8 +703,8 @@ def task_section(task: TaskView) -> str:
                     r.get("selection_reason"),
                     _float(r.get("score")),
                     len(v.tree.nodes) - 1 if v else "-",
-                    sum(p.get("selected", False) for p in paths),
-                    paths[0]["path_score"] if paths else None,
+                    sum(p.selected for p in paths),
+                    paths[0].path_score if paths else None,
                     trust.best_gain if trust else None,
                     trust.below_root if trust else "-",
                     trust.sandbox if trust else "-",
@@ -815,9 +820,7 @@ def render(results: Path) -> str:
     stats = dataset_stats(results)
     n_trees = sum(len(t.trees) for t in tasks)
     n_nodes = sum(max(len(v.tree.nodes) - 1, 0) for t in tasks for v in t.trees)
-    n_sel = sum(
-        p.get("selected", False) for t in tasks for v in t.trees for p in (v.paths or {}).get("paths", [])
-    )
+    n_sel = sum(p.selected for t in tasks for v in t.trees for p in v.ranked)
     nav = (
         " · ".join(f'<a href="#task-{esc(t.name)}">{esc(t.name)}</a>' for t in tasks)
         + ' · <a href="#dataset">dataset</a>'

@@ -94,7 +94,14 @@ from typing import Protocol, TypedDict, Unpack
 import yaml
 
 from sftree.errors import InputError
-from sftree.httpserver import QuietThreadingHTTPServer, send_json
+from sftree.httpserver import (
+    QuietThreadingHTTPServer,
+    Serving,
+    local_url,
+    read_body,
+    send_json,
+    serve_in_background,
+)
 from sftree.teacher.json_types import JSONObject
 from sftree.teacher.sim import policy
 
@@ -373,8 +380,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _post(self) -> None:
         path = self.path.split("?")[0].rstrip("/")
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length)
+        raw = read_body(self)
         if path not in ("/v1/chat/completions", "/chat/completions"):
             self._send(404, {"error": {"message": f"no route {self.path}"}})
             return
@@ -678,30 +684,18 @@ def make_server(host: str = "127.0.0.1", port: int = 0, **opts: Unpack[SimOption
     return server
 
 
-@dataclass
-class SimStop:
-    """Stops a teacher-sim served in a background thread; `server.state` is its state (tests read it)."""
-
-    server: SimServer
-    thread: threading.Thread
-
-    def __call__(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
-
-
 def start_teacher_sim(
     port: int = 0, host: str = "127.0.0.1", **opts: Unpack[SimOptions]
 ) -> tuple[str, SimStop]:
     """Serve in a background thread; returns (base_url ending in /v1, stop). Port 0 picks a free port."""
     server = make_server(host, port, **opts)
-    thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True, name="teacher-sim"
-    )
-    thread.start()
-    url = f"http://{host}:{server.server_address[1]}/v1"
-    return url, SimStop(server, thread)
+    return local_url(server), SimStop(server, serve_in_background(server, "teacher-sim").thread)
+
+
+class SimStop(Serving):
+    """Stops a teacher-sim served in a background thread; `server.state` is its state (tests read it)."""
+
+    server: SimServer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
