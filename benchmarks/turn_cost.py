@@ -100,8 +100,10 @@ def prev_rows(rev: str, edges: int, task: str, seed: int, tmp: Path) -> list[dic
         archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True)
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
     from sftree.agents.opencode import find_binary
+    from sftree.settings import AgentSettings, section_settings
 
-    env = {**os.environ, "SFTREE_OPENCODE_BIN": find_binary()}  # rev's tree has no .tools/ of its own
+    binary = find_binary(section_settings(AgentSettings, {}).opencode.binary)
+    env = {**os.environ, "SFTREE_OPENCODE_BIN": binary}  # rev's tree has no .tools/ of its own
     argv = [sys.executable, str(Path(__file__).resolve()), "--tree", str(tree), "--one", "opencode"]
     argv += ["--edges", str(edges), "--task", task, "--seed", str(seed)]
     out = subprocess.run(argv, capture_output=True, text=True, env=env)

@@ -83,6 +83,7 @@ def test_scores_come_from_the_real_grader(example_snapshots_dir):
         d / "code",
         commit="0" * 40,
         install=locate(section_settings(CoralSettings, {"mode": "stand-in"})),
+        sandbox="auto",
     )
     assert r.score == attempt["score"]
 

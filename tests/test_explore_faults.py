@@ -10,6 +10,7 @@ from sftree.dataset import select_paths as paths
 from sftree.records import steplog
 from sftree.records.tree import Tree
 from sftree.search import tree as treemod
+from sftree.settings import SelectPathsSettings, schema_defaults
 
 
 def test_edge_error_on_exempt_edges_and_a_lost_root_direction(tmp_path):
@@ -53,7 +54,9 @@ def test_edge_error_on_exempt_edges_and_a_lost_root_direction(tmp_path):
     assert n2.leaf_reason == "depth_limit" and not n2.path_valid and treemod.is_good_leaf(n2)
     assert tree.stop_reason == "frontier_empty" and tree.counters()["good_leaves"] == 1
     assert (out / "edges" / "e3" / "code.diff").read_text() == ""
-    doc = paths.select_paths(Tree.from_doc(tree.to_dict())).to_doc()
+    doc = paths.select_paths(
+        Tree.from_doc(tree.to_dict()), schema_defaults(SelectPathsSettings).top_k
+    ).to_doc()
     assert [p["leaf"] for p in doc["paths"]] == ["n2"] and check_paths(tree.to_dict(), doc) == []
 
 
@@ -114,5 +117,7 @@ def test_root_snapshot_without_a_score(tmp_path):
         assert e.score is not None and e.outcome == 1.0
         assert tree.node(e.child).path_best_score == e.score
         assert e.regression_stability == (0.5 if e.turns[1]["score"] < e.turns[0]["score"] else 1.0)
-    doc = paths.select_paths(Tree.from_doc(tree.to_dict())).to_doc()
+    doc = paths.select_paths(
+        Tree.from_doc(tree.to_dict()), schema_defaults(SelectPathsSettings).top_k
+    ).to_doc()
     assert doc["root_score"] is None and len(doc["paths"]) == 2 and check_paths(tree.to_dict(), doc) == []

@@ -15,6 +15,9 @@ from sftree.config import REPO_ROOT
 from sftree.runtime.edgebox import EdgeBox
 from sftree.runtime.sandbox import UIDS, bwrap_works
 from sftree.runtime.store import TreeStore
+from sftree.settings import AgentSettings, section_settings
+
+AGENT = section_settings(AgentSettings, {})
 
 needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot create namespaces here")
 INSIDE = "/workspace/results/toy"
@@ -35,7 +38,8 @@ def _box(tmp_path, mode: str, hidden=(), edge="e1") -> EdgeBox:
     coral = tmp_path / f"coral-{edge}"
     (coral / "bin").mkdir(parents=True)
     return EdgeBox(ws, mode, coral_dir=coral, coral_env={"CORAL_BIN": "/nonexistent", "CORAL_SOCKET": "/nonexistent/s"},
-                   hidden=[tmp_path / f"tree-{edge}" / "store", *hidden])  # fmt: skip
+                   hidden=[tmp_path / f"tree-{edge}" / "store", *hidden],
+                   tmp_bytes=AGENT.quota.tmp_mib << 20, tmp_inodes=AGENT.quota.tmp_inodes)  # fmt: skip
 
 
 @pytest.fixture(params=["none", pytest.param("bwrap", marks=needs_bwrap)])
@@ -52,7 +56,8 @@ def ws(box):
 
 
 def ctx(box: EdgeBox, **kw) -> ToolContext:
-    return ToolContext(box=box, toolbox=NativeAgent.toolbox_path(box), **kw)
+    limits = {"bash_timeout": AGENT.bash_timeout, "output_cap": AGENT.output_cap, **kw}
+    return ToolContext(box=box, toolbox=NativeAgent.toolbox_path(box), **limits)
 
 
 def call(box, name, args, **kw):

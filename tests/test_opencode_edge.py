@@ -331,7 +331,7 @@ def test_sandbox_reaches_the_proxy_and_nothing_else(tree, tmp_path):
     try:
         st = _Edge(home=ws.paths.edge / "opencode", uid=uid)
         st.home.mkdir()
-        run = TurnRun(ws, box, runtime, [], "", 1, {}, None, {}, ctx.task_cfg)
+        run = TurnRun(ws, box, runtime, [], "", 1, {}, None)
         agent.proxy.channel("probe")
         teacher_port = int(ctx.teacher.base_url.rsplit(":", 1)[1].split("/")[0])
         probe = f"""
@@ -389,7 +389,7 @@ def test_compaction_when_allowed_is_detected_and_marked(tmp_path):
     try:
         run = TurnRun(
             ws, box, runtime, [], ctx.world.start_prompt(), 1, {"X-Sftree-Edge": "c1"}, recorder,
-            ctx.agent_cfg, ctx.task_cfg, instructions=text,
+            instructions=text,
         )  # fmt: skip
         out = ctx.agent.run_turn(run)
     finally:

@@ -13,11 +13,14 @@ from sftree.dataset.select_paths import select_paths
 from sftree.errors import InputError
 from sftree.records.scores import percentile_rank
 from sftree.records.tree import Tree
+from sftree.settings import SelectPathsSettings, schema_defaults
 
 
 def select(doc: dict, **kw):
     """select-paths over a tree document (its typed form, as `read_tree` gives it), as the document it writes."""
-    return select_paths(Tree.from_doc(doc), **kw).to_doc()
+    return select_paths(
+        Tree.from_doc(doc), **{"top_k": schema_defaults(SelectPathsSettings).top_k, **kw}
+    ).to_doc()
 
 
 def make_tree(direction, spec, root_score=1.0):

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from sftree.agents.prompts import render
 from sftree.config import REPO_ROOT
 from sftree.search.edge import first_prompt
+from sftree.settings import PromptSettings
 from sftree.world.counters import CoralCounters
 from sftree.world.standin import nudge_prompt
 from sftree.world.task import load_coral_task
@@ -83,4 +84,4 @@ def test_system_template_and_override(tmp_path):
     assert "AGENTS.md" in render("system", agents_md="X") and "X" in render("system", agents_md="X")
     t = tmp_path / "s.md"
     t.write_text("sys ${agents_md} {braces}")
-    assert render("system", {"system": str(t)}, agents_md="A") == "sys A {braces}"
+    assert render("system", PromptSettings(system=str(t)), agents_md="A") == "sys A {braces}"

@@ -15,6 +15,7 @@ from sftree.fileio import write_jsonl_atomic
 from sftree.records.paths import write_paths
 from sftree.records.tree import Tree
 from sftree.report.html import color_scale
+from sftree.settings import SelectPathsSettings, schema_defaults
 
 HEADER = "snapshot\tglobal_index\tagent_id\tcommit_hash\teval_ok\tscore\tscore_for_stage\tsmooth_score\tgain_ratio\tstage\tselected\tselection_reason"
 
@@ -49,7 +50,9 @@ def build(tmp_path):
     )
     tree["edges"][2]["turns"] = [{"turn": 1, "score": 1.5}, {"turn": 2, "score": None}]  # e3: kept, exempt
     (tree_dir / "tree.json").write_text(json.dumps(tree))
-    write_paths(tree_dir / "paths.json", select_paths(Tree.from_doc(tree)))
+    write_paths(
+        tree_dir / "paths.json", select_paths(Tree.from_doc(tree), schema_defaults(SelectPathsSettings).top_k)
+    )
     stages_tsv(base / "circle_packing" / "stages.tsv", chosen={5, 8})
     records, _ = export_task([tree_dir / "paths.json"], "step")
     write_jsonl_atomic(base / "circle_packing" / "sft.jsonl", records)

@@ -22,6 +22,7 @@ from sftree.records.paths import PathCounts, Paths, RankedPath, write_paths
 from sftree.records.sft import stats_path
 from sftree.records.tree import Tree
 from sftree.records.trust import read_task, root_trust
+from sftree.settings import SelectPathsSettings, schema_defaults
 
 HEADER = "snapshot\tglobal_index\teval_ok\tscore\tscore_for_stage\tsmooth_score\tstage\tselected"
 
@@ -43,7 +44,10 @@ def build(base, sandbox="bwrap", with_stats=False):
                 for i in range(1, 9)
             ]
             (base / task / "stages.tsv").write_text("\n".join(rows) + "\n")
-        write_paths(tree_dir / "paths.json", select_paths(Tree.from_doc(tree)))
+        write_paths(
+            tree_dir / "paths.json",
+            select_paths(Tree.from_doc(tree), schema_defaults(SelectPathsSettings).top_k),
+        )
         records, stats = export_task([tree_dir / "paths.json"], "step")
         write_jsonl_atomic(base / task / "sft.jsonl", records)
         if with_stats:

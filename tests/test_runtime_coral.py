@@ -47,7 +47,7 @@ def setup(tmp_path, grader=TOY_GRADER, attempts=(), *, sandbox="none", **task_kw
         spec, agent_id=rc.agent_id, agents=rc.agents, install=None, run_dir="/workspace/results/toy"
     )
     q = section_settings(AgentSettings, {}).quota  # the schema's agent.quota
-    ctx = EdgeContext(tmp_path / "tree", store, state, None, None, task, spec.direction, {}, "root", world=world,
+    ctx = EdgeContext(tmp_path / "tree", store, state, None, None, task, spec.direction, "root", world=world,
                       mode=sandbox, quota=Quota.from_settings(q), tmp_bytes=q.tmp_mib << 20,
                       tmp_inodes=q.tmp_inodes, grade_quota=grade_quota(q), keep_workspaces=False,
                       root_counters=rc.counters(spec.direction), hidden=[tmp_path / "tree"])  # fmt: skip
@@ -225,7 +225,8 @@ def test_eval_from_inside_the_sandbox_and_grader_untouchable(tmp_path):
     ws, server, box = setup(tmp_path, sandbox="bwrap")
     try:
         grader = os.path.join(server.runtime.task_cfg["task_dir"], "grader.py")
-        ctx = ToolContext(box=box, toolbox="")
+        agent = section_settings(AgentSettings, {})
+        ctx = ToolContext(box=box, toolbox="", bash_timeout=agent.bash_timeout, output_cap=agent.output_cap)
         cmd = f"echo 'print(1)' > {grader}; sed -i s/1.0/7.0/ solution.py && coral eval -m seven && git log --oneline"
         out = execute("bash", json.dumps({"command": cmd}), ctx)
         assert not out.error and "CORAL Eval (#42): 7.0000000000" in out.content, out.content

@@ -7,6 +7,7 @@ import os
 import subprocess
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 from helpers.runtime import make_root
@@ -18,6 +19,9 @@ from sftree.runtime.folderreader import FolderReader, Quota, QuotaExceeded
 from sftree.runtime.objects import flatten, git, git_env
 from sftree.runtime.store import TreeStore
 from sftree.runtime.workspace import CORAL_ITEMS, NodeState, code_skip, write_world
+from sftree.settings import AgentSettings, schema_defaults
+
+QUOTA = Quota.from_settings(schema_defaults(AgentSettings).quota)  # the schema's agent.quota
 
 INSIDE = "/workspace/results/circle_packing"
 
@@ -203,7 +207,7 @@ def test_quota_bounds_what_the_host_reads(tmp_path):
     ws = st.fork(root, "e1", agent_id="agent-1", inside=INSIDE)
     with open(ws.root / "sparse.bin", "wb") as fh:
         fh.truncate(200 << 20)  # 200 MiB, nothing on disk
-    reader = FolderReader(st.code, Quota(file_bytes=64 << 20), code_skip)
+    reader = FolderReader(st.code, replace(QUOTA, file_bytes=64 << 20), code_skip)
     with pytest.raises(QuotaExceeded, match="sparse.bin is larger than 64 MiB"):
         reader.snapshot(ws.root)
     (ws.root / "sparse.bin").unlink()
@@ -214,7 +218,7 @@ def test_quota_bounds_what_the_host_reads(tmp_path):
     with pytest.raises(QuotaExceeded, match="deeper than 64"):
         reader.snapshot(ws.root)
     with pytest.raises(QuotaExceeded, match="more than 10 files"):
-        FolderReader(st.code, Quota(files=10), code_skip).snapshot(ws.root)
+        FolderReader(st.code, replace(QUOTA, files=10), code_skip).snapshot(ws.root)
     st.close()
 
 

@@ -16,11 +16,11 @@ from sftree.errors import InputError
 from sftree.settings import CoralSettings, Settings, load_settings, section_settings, settings_of
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "sftree"
-# Code that still reads the config as a dict, with defaults of its own: to be removed when agents/ takes the
-# settings (sftree.settings `Settings.raw`).
-TEMPORARY_EXEMPT = ("agents/",)
 # `.get(key, default)` on dicts that are not the config, whose key is also a config key's name.
-NOT_CONFIG = {("records/tree.py", "depth")}  # a node's depth in tree.json
+NOT_CONFIG = {
+    ("records/tree.py", "depth"),  # a node's depth in tree.json
+    ("agents/proxy.py", "tool_choice"),  # a request's body: extra_body's own tool_choice keeps the last word
+}
 
 
 def _optional(hint: object) -> bool:
@@ -41,8 +41,6 @@ def _pairs(cls: type, schema: dict, where: str):
     """(where, field, its type, its schema) for every field of `cls` and of the sections inside it."""
     hints = get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if f.name == "raw":
-            continue
         sub = schema["properties"].get(f.name)
         yield f"{where}.{f.name}", f, hints[f.name], sub
         nested = _nested(hints[f.name])
@@ -52,7 +50,7 @@ def _pairs(cls: type, schema: dict, where: str):
 
 def test_settings_have_one_field_per_schema_property():
     def check(cls: type, schema: dict, where: str) -> None:
-        names = {f.name for f in dataclasses.fields(cls)} - {"raw"}
+        names = {f.name for f in dataclasses.fields(cls)}
         assert names == set(schema["properties"]), where
         for f in dataclasses.fields(cls):
             nested = _nested(get_type_hints(cls)[f.name])
@@ -94,12 +92,10 @@ def _config_keys_with_defaults() -> set[str]:
     return keys
 
 
-def test_no_code_outside_the_exemption_reads_a_config_key_with_its_own_default():
+def test_no_code_reads_a_config_key_with_its_own_default():
     keys, found = _config_keys_with_defaults(), []
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
-        if rel.startswith(TEMPORARY_EXEMPT):
-            continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
@@ -113,19 +109,13 @@ def test_no_code_outside_the_exemption_reads_a_config_key_with_its_own_default()
     assert not found, "config read with a default in code (the schema holds it):\n" + "\n".join(found)
 
 
-def test_the_exemption_still_has_something_to_exempt():
-    """When agents/ reads the settings, this fails: remove TEMPORARY_EXEMPT (and this test)."""
-    text = "".join(p.read_text(encoding="utf-8") for d in TEMPORARY_EXEMPT for p in (SRC / d).rglob("*.py"))
-    assert ".get(" in text
-
-
 def test_settings_carry_the_schemas_defaults():
     s = settings_of({"tasks": {"t": {"direction": "maximize", "grader": "true"}}})
     schema = load_schema()["properties"]
     assert s.agent.max_steps_per_turn == schema["agent"]["properties"]["max_steps_per_turn"]["default"]
     assert s.agent.quota.tmp_mib == schema["agent"]["properties"]["quota"]["properties"]["tmp_mib"]["default"]
     assert s.teacher.sim is None and s.export.student is None and s.example_run is None
-    assert s.raw["search"]["alpha"] == s.search.alpha
+    assert s.search.alpha == schema["search"]["properties"]["alpha"]["default"]
 
 
 def test_settings_are_frozen():
@@ -147,7 +137,7 @@ def test_a_bad_config_names_the_file_and_field(tmp_path):
 
 
 def _literal_defaults(tree: ast.AST):
-    """(name, default) of every parameter and class field given a literal default."""
+    """(name, default, line) of every parameter, class field and command-line option given a default."""
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             a = node.args
@@ -163,6 +153,17 @@ def _literal_defaults(tree: ast.AST):
             )
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
             yield node.target.id, node.value, node.lineno
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument"
+        ):
+            flag = next(
+                (x.value for x in node.args if isinstance(x, ast.Constant) and str(x.value)[:2] == "--"), None
+            )
+            default = next((k.value for k in node.keywords if k.arg == "default"), None)
+            if flag is not None and default is not None:  # a command-line option: `--top-k` reads as top_k
+                yield flag[2:].replace("-", "_"), default, node.lineno
 
 
 def _schema_defaults() -> dict[str, list[object]]:
@@ -187,14 +188,6 @@ SAME_VALUE_NOT_CONFIG = {
     ("teacher/sim/policy.py", "seed"): "teacher-sim's own option, not search.seed",
     ("teacher/sim/server.py", "seed"): "teacher-sim's own option, not search.seed",
 }
-REPEATED_TO_REMOVE = {  # defaults of runtime and stage functions called without the settings (to be removed)
-    ("runtime/folderreader.py", "files"): "Quota's defaults: stores and tools that fork with no quota",
-    ("runtime/folderreader.py", "depth"): "Quota's defaults: stores and tools that fork with no quota",
-    ("world/coral_command.py", "sandbox"): "run_grader/CoralRuntime called by tests without a sandbox",
-    ("world/grading.py", "sandbox"): "grade() called by tests without a sandbox",
-    ("dataset/select_paths.py", "top_k"): "select_paths() called by tests without top_k",
-    ("dataset/export.py", "special_text"): "the export functions' own default (the rule passes the config's)",
-}
 
 
 def test_no_parameter_or_field_repeats_a_schema_default():
@@ -203,12 +196,10 @@ def test_no_parameter_or_field_repeats_a_schema_default():
     defaults, found = _schema_defaults(), []
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
-        if rel.startswith(TEMPORARY_EXEMPT):
-            continue
         for name, node, line in _literal_defaults(ast.parse(path.read_text(encoding="utf-8"))):
             if name not in defaults or not isinstance(node, ast.Constant) or node.value is False:
                 continue
-            if (rel, name) in SAME_VALUE_NOT_CONFIG or (rel, name) in REPEATED_TO_REMOVE:
+            if (rel, name) in SAME_VALUE_NOT_CONFIG:
                 continue
             if any(
                 node.value == d and isinstance(node.value, bool) == isinstance(d, bool)

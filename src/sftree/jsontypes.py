@@ -25,9 +25,6 @@ WireObject: TypeAlias = dict[str, Any]
 # A session's messages and the tools offered, as a caller hands them to the Teacher (read, never changed).
 ChatMessages: TypeAlias = Sequence[Mapping[str, object]]
 Tools: TypeAlias = Sequence[Mapping[str, object]]
-# A validated config section as the YAML loader made it, where its values are read through `cfg_*` below (a section
-# read as the schema typed it is settings.JSONMap).
-Config: TypeAlias = Mapping[str, object]
 
 
 def obj(value: object) -> JSONObject:
@@ -43,25 +40,3 @@ def arr(value: object) -> JSONList:
 def count(value: object) -> int:
     """A count as `int(value or 0)` reads it from JSON that holds one (a number, or a numeric string)."""
     return int(value) if isinstance(value, int | float | str) and value else 0
-
-
-def cfg_int(cfg: Config, key: str, default: int) -> int:
-    """A config number as an int (`int(cfg.get(key, default))`); a value that is no number names the key."""
-    value = cfg.get(key, default)
-    if not isinstance(value, int | float | str):
-        raise TypeError(f"config {key}: {value!r} is not a number")
-    return int(value)
-
-
-def cfg_float(cfg: Config, key: str, default: float) -> float:
-    """A config number as a float (`float(cfg.get(key, default))`); a value that is no number names the key."""
-    value = cfg.get(key, default)
-    if not isinstance(value, int | float | str):
-        raise TypeError(f"config {key}: {value!r} is not a number")
-    return float(value)
-
-
-def cfg_section(cfg: Config, key: str) -> Config:
-    """A nested config mapping (`cfg.get(key) or {}`)."""
-    value = cfg.get(key)
-    return value if isinstance(value, Mapping) else {}

@@ -11,7 +11,7 @@ classes reads a config key with a default of its own.
 Why a module of its own and not records/: records/ owns the files that cross a stage; the config is the user's
 input, owned with its loader (config.py) at the package's top.
 
-`raw` keeps the validated dict for the agent backends (sftree.agents), which still read it as a dict.
+No dict of the config is kept beside the settings: every part is handed the sections it reads, typed.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
 from sftree.errors import InputError
 
@@ -183,14 +183,12 @@ class Settings:
     search: SearchSettings
     select_paths: SelectPathsSettings
     export: ExportSettings
-    raw: JSONMap = dataclasses.field(repr=False, compare=False)  # the validated dict (for sftree.agents)
 
     @classmethod
     def from_config(cls, config: JSONMap) -> Settings:
         """From a config `sftree.config.validate_config` checked and filled in (a copy: later edits of the dict
         do not reach the settings)."""
-        raw = copy.deepcopy(dict(config))
-        return _build(cls, {**raw, "raw": raw}, "config")
+        return _build(cls, copy.deepcopy(dict(config)), "config")
 
 
 T = TypeVar("T")
@@ -247,6 +245,17 @@ _SECTIONS: dict[type, str] = {
     SelectPathsSettings: "select_paths",
     ExportSettings: "export",
 }
+
+
+_DEFAULTS: dict[type, object] = {}
+
+
+def schema_defaults(cls: type[T]) -> T:
+    """One section's settings with the schema's defaults alone, read once: what a CLI offers by default and what
+    a store or a grading takes where no config is given."""
+    if cls not in _DEFAULTS:
+        _DEFAULTS[cls] = section_settings(cls, {})
+    return cast(T, _DEFAULTS[cls])
 
 
 def section_settings(cls: type[T], values: JSONMap, source: str = "config") -> T:

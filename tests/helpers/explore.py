@@ -15,6 +15,7 @@ from sftree.config import REPO_ROOT
 from sftree.dataset.select_paths import select_paths
 from sftree.records.tree import Tree
 from sftree.search import tree as treemod
+from sftree.settings import SelectPathsSettings, schema_defaults
 
 EXAMPLES = REPO_ROOT / "examples"
 
@@ -75,7 +76,9 @@ def load_final(out: Path) -> treemod.Tree:
     and 3 by the independent checker (tests/helpers/tree_rules.py)."""
     tree = treemod.load(out / "tree.json")
     obj = tree.to_dict()
-    problems = check_tree(obj) + check_paths(obj, select_paths(Tree.from_doc(obj)).to_doc())
+    problems = check_tree(obj) + check_paths(
+        obj, select_paths(Tree.from_doc(obj), schema_defaults(SelectPathsSettings).top_k).to_doc()
+    )
     assert problems == [], f"{out / 'tree.json'} breaks the rules:\n" + "\n".join(problems)
     return tree
 

@@ -69,7 +69,9 @@ def grade_dir(task_cfg: dict, code_dir: Path) -> float | None:
     from sftree.world.grading import grade
     from sftree.world.task import load_task
 
-    return grade(load_task(task_cfg, task_cfg["name"]), code_dir, commit="0" * 40, install=None).score
+    return grade(
+        load_task(task_cfg, task_cfg["name"]), code_dir, commit="0" * 40, install=None, sandbox="auto"
+    ).score
 
 
 def example_task(cfg: dict, task: str = "circle_packing") -> dict:

@@ -20,8 +20,8 @@ from helpers.runtime import opencode_binary
 from helpers.scripted import EVAL, bash, edit_solution
 
 from sftree.config import REPO_ROOT
-from sftree.runtime.folderreader import Quota
 from sftree.runtime.sandbox import AGENT_LIMITS, SANDBOX_UID_BASE
+from sftree.settings import AgentSettings, schema_defaults
 
 OPENCODE, WHY = opencode_binary()
 
@@ -123,7 +123,9 @@ def test_opencode_runs_unprivileged_capped_and_sees_nothing_of_the_host(scripted
         assert re.search(rf"{cap}:\s+0000000000000000", out), out
     assert "TTY=0" in out, out  # a session of its own without a terminal (no TIOCSTI into ours)
 
-    fsize_kib = Quota().file_bytes >> 10  # no file larger than the workspace quota allows
+    fsize_kib = (
+        schema_defaults(AgentSettings).quota.file_mib << 10
+    )  # no file larger than the workspace quota allows
     assert f"NPROC={AGENT_LIMITS.nproc} " in out and f"FSIZE={fsize_kib} " in out, out
     assert f"DATA={AGENT_LIMITS.data_mb * 1024} CORE=0" in out, out
     assert "RAISED" not in out, out
@@ -207,10 +209,13 @@ def test_opencode_sandbox_dies_with_its_parent(base):
     from sftree.runtime.edgebox import EdgeBox
     from sftree.runtime.sandbox import UIDS
     from sftree.runtime.store import TreeStore
+    from sftree.settings import AgentSettings, SearchSettings, section_settings
     from sftree.teacher.client import TeacherClient
 
     agent = OpenCodeAgent(
-        TeacherClient.from_config({"base_url": "http://127.0.0.1:9/v1", "model": "m"}), {"sandbox": "auto"}
+        TeacherClient.from_config({"base_url": "http://127.0.0.1:9/v1", "model": "m"}),
+        section_settings(AgentSettings, {"sandbox": "auto"}),
+        hard_token_limit=section_settings(SearchSettings, {}).hard_token_limit,
     )
     st = _Edge(home=base / "opencode", uid=UIDS.acquire())
     store, root = TreeStore.create(base / "tree", make_root(base), {})
@@ -219,8 +224,12 @@ def test_opencode_sandbox_dies_with_its_parent(base):
             pytest.skip("bubblewrap is not usable here")
         ws = store.fork(root, "e1", agent_id="agent-1", inside="/workspace/results/t", uid=st.uid)
         coral = SimpleNamespace(world=SimpleNamespace(opencode_json=lambda: "{}\n"))  # what _argv reads of it
+        q = agent.settings.quota
         run = SimpleNamespace(
-            workspace=ws, box=EdgeBox(ws, "bwrap"), coral=coral, instructions="", task_cfg={}
+            workspace=ws,
+            box=EdgeBox(ws, "bwrap", q.tmp_mib << 20, q.tmp_inodes),
+            coral=coral,
+            instructions="",
         )
         # A long-lived stand-in where `opencode serve` would run: the driver waits for it to listen.
         fake = base / "fake-opencode"

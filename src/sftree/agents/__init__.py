@@ -10,26 +10,25 @@ from typing import TYPE_CHECKING
 
 from sftree.agents.base import AgentBackend, Teacher, ToolOutcome, TurnOutcome, TurnRun
 from sftree.errors import InputError
-from sftree.jsontypes import Config, cfg_section
 
 if TYPE_CHECKING:
+    from sftree.settings import Settings
     from sftree.world.world import World
 
 __all__ = ["AgentBackend", "Teacher", "ToolOutcome", "TurnOutcome", "TurnRun", "make_agent"]
 
 
-def make_agent(
-    config: Config, *, teacher: Teacher, task_cfg: Config | None = None, world: World | None = None
-) -> AgentBackend:
-    """The configured backend. `config` is the whole validated config; `world` the tree's (sftree.world)."""
-    agent_cfg = dict(cfg_section(config, "agent"))
-    backend = agent_cfg.get("backend", "native")
+def make_agent(settings: Settings, *, teacher: Teacher, world: World | None = None) -> AgentBackend:
+    """The configured backend (`agent.backend`); `world` the tree's (sftree.world)."""
+    backend = settings.agent.backend
     if backend == "native":
         from sftree.agents.native import NativeAgent
 
-        return NativeAgent(teacher, agent_cfg)
+        return NativeAgent(teacher, settings.agent)
     if backend == "opencode":
         from sftree.agents.opencode import OpenCodeAgent
 
-        return OpenCodeAgent(teacher, agent_cfg, search_cfg=cfg_section(config, "search"), world=world)
+        return OpenCodeAgent(
+            teacher, settings.agent, hard_token_limit=settings.search.hard_token_limit, world=world
+        )
     raise InputError(f"agent.backend: unknown backend {backend!r} (native | opencode)")

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from sftree.jsontypes import Config, JSONObject, JSONValue
+from sftree.jsontypes import JSONObject, JSONValue
 from sftree.records.steplog import StepRecorder
 from sftree.records.tree import TurnEnd
 
@@ -60,8 +60,6 @@ class TurnRun:
     turn: int
     headers: dict[str, str]
     recorder: StepRecorder
-    agent_cfg: Config
-    task_cfg: Config
     instructions: str = ""  # the instruction file the host wrote into the worktree (AGENTS.md)
     context_used: int = 0  # the session's context length so far (last step's usage; 0 = not known)
     final: bool = False  # the edge's last turn (search/edge.py plans the turns): the session ends after it

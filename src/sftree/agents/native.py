@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from sftree.agents.base import Teacher, ToolOutcome, TurnOutcome, TurnRun
 from sftree.agents.nativetools import TOOL_SCHEMAS, TOOLBOX, ToolContext, execute
 from sftree.agents.prompts import render
-from sftree.jsontypes import Config, JSONObject, JSONValue, arr, cfg_float, cfg_int, cfg_section, obj
+from sftree.jsontypes import JSONObject, JSONValue, arr, obj
 from sftree.records.steplog import ChatRequest, StepKind, StepRecord, ToolResult, usage_from
 from sftree.runtime.sandbox import CORAL_MOUNT, resolve_mode
 from sftree.teacher.client import BadReply, ContextOverflow
@@ -34,6 +34,7 @@ from sftree.world.standin import nudge_prompt
 
 if TYPE_CHECKING:
     from sftree.runtime.edgebox import EdgeBox
+    from sftree.settings import AgentSettings
     from sftree.teacher.client import Completion
 
 log = logging.getLogger(__name__)
@@ -123,10 +124,10 @@ class NativeAgent:
     student_model: str | None = None  # its prompt and tools are OpenCode's, for no model id in particular
     needs_probe = False
 
-    def __init__(self, teacher: Teacher, agent_cfg: Config):
+    def __init__(self, teacher: Teacher, settings: AgentSettings):
         self.teacher = teacher
-        self.cfg = agent_cfg
-        self.sandbox = resolve_mode(str(agent_cfg.get("sandbox", "auto")))
+        self.settings = settings
+        self.sandbox = resolve_mode(settings.sandbox)
         self.tools = TOOL_SCHEMAS
 
     def prepare(self, run: TurnRun) -> None:
@@ -153,18 +154,18 @@ class NativeAgent:
         return ToolContext(
             box=run.box,
             toolbox=self.toolbox_path(run.box),
-            bash_timeout=cfg_float(self.cfg, "bash_timeout", 300),
-            output_cap=cfg_int(self.cfg, "output_cap", 30000),
+            bash_timeout=self.settings.bash_timeout,
+            output_cap=self.settings.output_cap,
             deadline=deadline,
         )
 
     def run_turn(self, run: TurnRun) -> TurnOutcome:
-        deadline = time.monotonic() + cfg_float(self.cfg, "turn_timeout", 3600)
+        deadline = time.monotonic() + self.settings.turn_timeout
         return self._run_turn(run, self.tool_context(run, deadline), deadline)
 
     def _run_turn(self, run: TurnRun, ctx: ToolContext, deadline: float) -> TurnOutcome:
-        max_steps = cfg_int(self.cfg, "max_steps_per_turn", 40)
-        nudges_left = cfg_int(self.cfg, "nudges", 2)
+        max_steps = self.settings.max_steps_per_turn
+        nudges_left = self.settings.nudges
         out = TurnOutcome(ended="step_limit")
         messages = self._open_turn(run)
         kind: StepKind = "agent"
@@ -225,11 +226,12 @@ class NativeAgent:
 
     def _open_turn(self, run: TurnRun) -> list[JSONObject]:
         """The session with the turn's prompt added (a fresh one starts with the system prompt)."""
-        overrides = cfg_section(self.cfg, "prompts")
         messages = run.messages
         if not messages:  # a fresh session: the system prompt, carrying AGENTS.md as OpenCode does
             text = run.instructions.strip()
-            messages.append({"role": "system", "content": render("system", overrides, agents_md=text)})
+            messages.append(
+                {"role": "system", "content": render("system", self.settings.prompts, agents_md=text)}
+            )
         messages.append({"role": "user", "content": run.prompt})
         return messages
 

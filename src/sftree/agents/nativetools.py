@@ -149,8 +149,8 @@ class ToolError(Exception):
 class ToolContext:
     box: EdgeBox  # where every tool runs
     toolbox: str  # the toolbox program's path as the sandbox sees it
-    bash_timeout: float = 300.0
-    output_cap: int = 30000
+    bash_timeout: float  # agent.bash_timeout
+    output_cap: int  # agent.output_cap
     deadline: float | None = None  # time.monotonic() at which the turn ends: no tool runs past it
 
 

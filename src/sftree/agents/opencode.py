@@ -60,7 +60,7 @@ from sftree.agents.knowledge import is_knowledge_action as is_knowledge  # one d
 from sftree.agents.proxy import Channel, ProxyLimits, RecordingProxy
 from sftree.agents.turn_end import TEACHER_DOWN, refine
 from sftree.errors import InputError
-from sftree.jsontypes import Config, JSONObject, JSONValue, arr, cfg_float, cfg_int, cfg_section, count, obj
+from sftree.jsontypes import JSONObject, JSONValue, arr, count, obj
 from sftree.records.steplog import StepKind, StepRecord, ToolResult
 from sftree.records.tree import TurnEnd
 from sftree.runtime.edgebox import CHECK_EVERY
@@ -70,6 +70,7 @@ from sftree.world.standin import DEFAULT_OPENCODE_MODEL, nudge_prompt
 
 if TYPE_CHECKING:
     from sftree.runtime.workspace import EdgeWorkspace
+    from sftree.settings import AgentSettings
     from sftree.world.world import World
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ DENIED = {"task": "deny", "webfetch": "deny", "websearch": "deny", "question": "
 
 
 # ---- pure helpers --------------------------------------------------------------------------------------------
-def find_binary(configured: str | None = None) -> str:
+def find_binary(configured: str) -> str:
     """The opencode executable: $SFTREE_OPENCODE_BIN, a configured path, .tools/bin/opencode, then PATH.
 
     A configured or environment path that is not executable is an error (no silent fallback to another one).
@@ -144,11 +145,11 @@ def find_binary(configured: str | None = None) -> str:
     local = REPO_ROOT / ".tools" / "bin" / "opencode"
     if local.exists() and os.access(local, os.X_OK):
         return str(local.resolve())
-    found = shutil.which(configured or "opencode")
+    found = shutil.which(configured)
     if found:
         return str(Path(found).resolve())
     raise InputError(
-        f"agent.backend is `opencode` but the opencode binary ({configured or 'opencode'}) was not found "
+        f"agent.backend is `opencode` but the opencode binary ({configured}) was not found "
         f"on PATH or in .tools/bin; {INSTALL_HINT}"
     )
 
@@ -597,11 +598,6 @@ def _tail(path: Path, n: int = 800) -> str:
         return "no message"
 
 
-def _text_or_none(value: object) -> str | None:
-    """A config value that names something (a path, a model id), or None when it is not set."""
-    return None if value is None else str(value)
-
-
 def _tree_dir(ws: EdgeWorkspace) -> Path:
     """The folder of the edge's tree (its sessions/ keep the OpenCode session stores)."""
     return ws.store.tree_dir
@@ -639,25 +635,24 @@ class OpenCodeAgent:
     def __init__(
         self,
         teacher: Teacher,
-        agent_cfg: Config,
+        settings: AgentSettings,
         *,
-        search_cfg: Config | None = None,
+        hard_token_limit: int,  # search.hard_token_limit
         world: World | None = None,
     ):
         self.teacher = teacher
-        self.cfg = agent_cfg
-        self.oc = dict(cfg_section(agent_cfg, "opencode"))
-        self.binary = find_binary(_text_or_none(self.oc.get("binary")))
+        self.settings = settings
+        self.oc = settings.opencode
+        self.binary = find_binary(self.oc.binary)
         # The Student's model id: OpenCode builds its system prompt and tool set for it (docs/opencode.md).
-        configured = _text_or_none(agent_cfg.get("student_model"))
+        configured = settings.student_model
         chosen = world.student_model(configured) if world is not None else configured
         self.student_model: str = chosen or DEFAULT_OPENCODE_MODEL
         split_model(self.student_model)
-        self.sandbox = resolve_mode(str(agent_cfg.get("sandbox", "auto")))
-        hard = cfg_int(search_cfg or {}, "hard_token_limit", 100000)
+        self.sandbox = resolve_mode(settings.sandbox)
         # Above the hard token limit (compaction must not fire before the tree stops the path) and roomy.
-        limit = self.oc.get("context_limit")
-        self.context_limit = count(limit) if limit else max(4 * hard, 262144)
+        limit = self.oc.context_limit
+        self.context_limit = limit if limit else max(4 * hard_token_limit, 262144)
         self._edges: dict[str, _Edge] = {}
         # agents/chain.py: OpenCode's own system prompt and tools, from `prepare`
         self.pristine: Pristine | None = None
@@ -668,7 +663,7 @@ class OpenCodeAgent:
             extra_body=teacher.extra_body,
             model=teacher.model,
             student_model=split_model(self.student_model)[1],
-            limits=ProxyLimits.from_config(agent_cfg),
+            limits=ProxyLimits.from_settings(settings),
             tool_choice=teacher.tool_choice,
             policy=teacher.policy,  # the native client's (teacher/transport.py): one retry policy
         ).start(unix=self.sandbox == "bwrap")
@@ -741,7 +736,7 @@ class OpenCodeAgent:
             output_limit=self.teacher.max_tokens,
             temperature=self.teacher.temperature,
             hidden=hidden,
-            autocompact=not self.oc.get("disable_autocompact", True),
+            autocompact=not self.oc.disable_autocompact,
         )
         cdir = st.host / "config" / "opencode"
         (cdir / "opencode.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
@@ -817,7 +812,7 @@ class OpenCodeAgent:
         }
         env.update(ENV_FLAGS)
         env["OPENCODE_CONFIG_CONTENT"] = json.dumps({"permission": DENIED})
-        if not self.oc.get("disable_autocompact", True):
+        if not self.oc.disable_autocompact:
             env.pop("OPENCODE_DISABLE_AUTOCOMPACT")
         if self.sandbox == "bwrap":
             env["TMPDIR"] = "/tmp"
@@ -1058,9 +1053,9 @@ class OpenCodeAgent:
         st = self._edge(run)
         self._write_config(run, st)
         ch = self._open_channel(run, st)
-        max_steps = cfg_int(self.cfg, "max_steps_per_turn", 40)
-        deadline = time.monotonic() + cfg_float(self.cfg, "turn_timeout", 3600)
-        nudges_left = cfg_int(self.cfg, "nudges", 2)
+        max_steps = self.settings.max_steps_per_turn
+        deadline = time.monotonic() + self.settings.turn_timeout
+        nudges_left = self.settings.nudges
         evals_before = len(run.coral.evals)
         acc = TurnEvents()
         out = TurnOutcome(ended="no_eval")

@@ -12,27 +12,35 @@ from __future__ import annotations
 import string
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sftree.errors import InputError
 from sftree.jsontypes import JSONObject
+
+if TYPE_CHECKING:
+    from sftree.settings import PromptSettings
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "prompts"
 NAMES = {"system": "system.md"}
 
 
-def load_template(name: str, overrides: Mapping[str, object] | None = None) -> str:
-    """The template `name`: the file `overrides[name]` names (agent.prompts), else sftree's own."""
-    path = (overrides or {}).get(name)
-    p = Path(str(path)) if path else TEMPLATE_DIR / NAMES[name]
+def overrides(prompts: PromptSettings) -> dict[str, str | None]:
+    """The file each template is read from as `agent.prompts` names it (None: sftree's own)."""
+    return {"system": prompts.system}
+
+
+def load_template(name: str, prompts: PromptSettings | None = None) -> str:
+    """The template `name`: the file `agent.prompts` names for it, else sftree's own."""
+    path = overrides(prompts).get(name) if prompts is not None else None
+    p = Path(path) if path else TEMPLATE_DIR / NAMES[name]
     try:
         return p.read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(f"prompt template {name!r} ({p}) cannot be read: {exc}") from None
 
 
-def render(name: str, overrides: Mapping[str, object] | None = None, **values: object) -> str:
-    return string.Template(load_template(name, overrides)).safe_substitute(
+def render(name: str, prompts: PromptSettings | None = None, **values: object) -> str:
+    return string.Template(load_template(name, prompts)).safe_substitute(
         {k: ("" if v is None else str(v)) for k, v in values.items()}
     )
 

@@ -53,19 +53,22 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import NotRequired, Protocol, TypedDict
+from typing import TYPE_CHECKING, NotRequired, Protocol, TypedDict
 
 from sftree.agents.chain import ChainBreak, SessionChain
 from sftree.agents.chain import text_of as _text  # a message's content as text
 from sftree.agents.turn_end import cut_call
 from sftree.httpserver import QuietThreadingHTTPServer, Serving, send_json, serve_in_background
-from sftree.jsontypes import Config, JSONObject, JSONValue, arr, cfg_int, count, obj
+from sftree.jsontypes import JSONObject, JSONValue, arr, count, obj
 from sftree.records.steplog import StepKind, StepRecord, UsageRecord, usage_from
 from sftree.teacher.affinity import routing_headers
 from sftree.teacher.http import InFlight
 from sftree.teacher.response import MalformedResponse, normalize
 from sftree.teacher.stream import StreamAssembler  # one assembler for the proxy and the client
 from sftree.teacher.transport import Policy, TeacherError, Transient, Transport
+
+if TYPE_CHECKING:
+    from sftree.settings import AgentSettings
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +115,9 @@ class ProxyLimits:
     bytes_per_turn: int = 256 << 20  # request bytes of one turn (agent.max_request_mib_per_turn)
 
     @classmethod
-    def from_config(cls, agent_cfg: Config) -> ProxyLimits:
+    def from_settings(cls, agent: AgentSettings) -> ProxyLimits:
         return cls(
-            steps_per_turn=cfg_int(agent_cfg, "max_steps_per_turn", 40),
-            bytes_per_turn=cfg_int(agent_cfg, "max_request_mib_per_turn", 256) << 20,
+            steps_per_turn=agent.max_steps_per_turn, bytes_per_turn=agent.max_request_mib_per_turn << 20
         )
 
 

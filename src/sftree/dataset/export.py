@@ -71,6 +71,7 @@ from sftree.records.root import meta_path, read_root_meta
 from sftree.records.scores import signed_gain
 from sftree.records.sft import OPENCODE, record_writer, schema_problem, write_stats
 from sftree.records.tree import Edge, Tree, final_path, read_tree
+from sftree.settings import ExportSettings, schema_defaults
 
 log = logging.getLogger("sftree.dataset.export")
 
@@ -533,10 +534,10 @@ def iter_task_records(
     paths_files: Iterable[str | Path],
     granularity: str,
     stats: ExportStats,
-    refuse_native: bool = False,
-    student: Student | None = None,
-    special_text: str = "drop",
-    pretokenized: bool = False,
+    refuse_native: bool,
+    student: Student | None,
+    special_text: str,
+    pretokenized: bool,
 ) -> Iterator[dict]:
     """Records of all selected paths of one task's trees, one tree at a time (nothing else held in memory)."""
     paths_files = list(paths_files)
@@ -560,10 +561,13 @@ def export_task(
     granularity: str,
     refuse_native: bool = False,
     student: Student | None = None,
-    special_text: str = "drop",
+    special_text: str | None = None,
     pretokenized: bool = False,
 ) -> tuple[list[dict], ExportStats]:
+    """One task's records in memory (tests, benchmarks); `special_text` None: the schema's."""
     stats = ExportStats()
+    if special_text is None:
+        special_text = schema_defaults(ExportSettings).special_text
     records = list(
         iter_task_records(paths_files, granularity, stats, refuse_native, student, special_text, pretokenized)
     )
@@ -594,9 +598,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--special-text",
         choices=MODES,
-        default="drop",
-        help="a record whose data holds control-token text: drop it (default), split (tokenized as plain text, "
-        "with --pretokenized) or keep it (export.special_text)",
+        default=schema_defaults(ExportSettings).special_text,
+        help="a record whose data holds control-token text: drop it, split (tokenized as plain text, "
+        "with --pretokenized) or keep it (export.special_text; default %(default)s)",
     )
     parser.add_argument(
         "--pretokenized",
@@ -610,8 +614,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tree-max-tokens",
         type=int,
-        default=32768,
-        help="the tree form's cap on a part (export.tree_max_tokens)",
+        default=schema_defaults(ExportSettings).tree_max_tokens,
+        help="the tree form's cap on a part (export.tree_max_tokens; default %(default)s)",
     )
 
 

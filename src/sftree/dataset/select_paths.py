@@ -30,6 +30,7 @@ from sftree.errors import InputError
 from sftree.records.paths import PATHS_VERSION, Excluded, PathCounts, Paths, RankedPath, write_paths
 from sftree.records.scores import best_of, oriented, percentile_rank
 from sftree.records.tree import DIRECTIONS, Edge, LeafReason, Node, Tree, normal_leaf, read_tree
+from sftree.settings import SelectPathsSettings, schema_defaults
 
 log = logging.getLogger("sftree.dataset.select_paths")
 
@@ -190,7 +191,7 @@ def score_paths(candidates: list[Candidate], direction: str, top_k: int) -> list
     return [replace(records[i], rank=n + 1, selected=n < top_k) for n, i in enumerate(order)]
 
 
-def select_paths(tree: Tree, top_k: int = 6, source: str = "tree.json") -> Paths:
+def select_paths(tree: Tree, top_k: int, source: str = "tree.json") -> Paths:
     """The paths.json of one tree (see docs/architecture.md)."""
     if top_k < 1:
         raise InputError(f"--top-k must be at least 1, got {top_k}")
@@ -218,7 +219,10 @@ def select_paths(tree: Tree, top_k: int = 6, source: str = "tree.json") -> Paths
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tree", required=True, help="TREEDIR/tree.json written by `sftree explore`")
     parser.add_argument("--out", required=True, help="paths.json to write (normally TREEDIR/paths.json)")
-    parser.add_argument("--top-k", type=int, default=6, help="paths to select (all if fewer; default 6)")
+    top_k = schema_defaults(SelectPathsSettings).top_k
+    parser.add_argument(
+        "--top-k", type=int, default=top_k, help="paths to select (all if fewer; default %(default)s)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -51,6 +51,7 @@ from sftree.progress import Progress
 from sftree.roots import gitobjects as go
 from sftree.roots.coral_run import BUDGET_CLASSES, REAL, CoralRun, Problem, Record, read_run
 from sftree.runtime import safefs
+from sftree.settings import ImportCoralSettings, schema_defaults
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,9 @@ REPORT_JSON, REPORT_TSV = "import-coral.json", "import-coral.tsv"
 # What Coral links into every agent worktree (coral/workspace/worktree.py `setup_shared_state`) but `logs`:
 # the agents' session transcripts (the seed: a root does not inherit the Student's session), which also grow
 # with every checkpoint. `--shared-items` chooses; `attempts` is always there.
-DEFAULT_ITEMS = ("attempts", "notes", "skills", "roles", "agents", "heartbeat", "eval_logs")
-CORAL_ITEMS = (*DEFAULT_ITEMS, "logs")
+# Everything Coral links into a worktree (`--shared-items all`); the default is the schema's
+# (import_coral.shared_items: all but logs).
+CORAL_ITEMS = ("attempts", "notes", "skills", "roles", "agents", "heartbeat", "eval_logs", "logs")
 MAX_FILE = 64 << 20  # bytes of one file
 MAX_ENTRIES = 2_000_000  # files and folders in one snapshot
 MAX_DEPTH = 64
@@ -593,7 +595,7 @@ def run_import(
     run = read_run(run_dir)
     out = Path(os.path.abspath(out))
     task = task or Path(os.path.realpath(out)).name
-    items = list(dict.fromkeys(["attempts", *(items or DEFAULT_ITEMS)]))
+    items = list(dict.fromkeys(["attempts", *(items or schema_defaults(ImportCoralSettings).shared_items)]))
     if direction and run.direction and direction != run.direction:
         raise InputError(
             f"task {task!r} is configured to {direction}, but the Coral run {run.run_dir} graded it to "
@@ -934,7 +936,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--shared-items",
-        default=",".join(DEFAULT_ITEMS),
+        default=",".join(schema_defaults(ImportCoralSettings).shared_items),
         help="checkpoint folders copied into shared/ (comma list, or `all` for everything Coral links into a "
         f"worktree: {','.join(CORAL_ITEMS)}); attempts is always copied (default: %(default)s)",
     )

@@ -48,6 +48,7 @@ from sftree.records.scores import oriented
 from sftree.roots import stages as st
 from sftree.roots.snapshots import Scan, Snapshot, default_jobs, gc_paused, resolve_task_dir, scan
 from sftree.runtime import remove
+from sftree.settings import SelectRootsSettings, schema_defaults
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +78,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output folder for the chosen root snapshots")
     parser.add_argument("--table", required=True, help="stages.tsv: one row per candidate snapshot")
     parser.add_argument("--direction", required=True, choices=["maximize", "minimize"])
-    parser.add_argument("--num-roots", type=int, default=30, help="roots to choose (split 1:3:2)")
-    parser.add_argument("--smooth-window", type=int, default=5, help="centred moving-average window")
+    d = schema_defaults(SelectRootsSettings)
+    parser.add_argument("--num-roots", type=int, default=d.num_roots, help="roots to choose (split 1:3:2)")
+    parser.add_argument(
+        "--smooth-window", type=int, default=d.smooth_window, help="centred moving-average window"
+    )
     parser.add_argument(
         "--link",
         choices=["symlink", "hardlink", "auto", "copy"],
-        default="symlink",
-        help="how a root holds its snapshot's files: symlink (default) = link the snapshot's top-level entries "
+        default=d.link,
+        help="how a root holds its snapshot's files (default %(default)s): symlink = link the snapshot's top-level entries "
         "(constant cost; the Student run must stay in place while trees are explored); hardlink (also auto) = "
         "a self-contained root, each file hard-linked, else reflinked, else copied; copy = full copies",
     )

@@ -27,8 +27,6 @@ from sftree.settings import QuotaSettings
 MS_NOSUID, MS_NODEV = 2, 4
 MNT_DETACH = 2
 SOURCE = b"sftree-quota"  # the mount's source name, as /proc/mounts shows it
-GRADE_MIB, GRADE_INODES = 1024, 100_000  # one grading (config `agent.quota.grade_mib`, `grade_inodes`)
-TMP_INODES = 65536  # one sandbox's /tmp (config `agent.quota.tmp_inodes`; its bytes: `tmp_mib`)
 
 
 @dataclass(frozen=True)

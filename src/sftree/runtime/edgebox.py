@@ -21,7 +21,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sftree.runtime import agentrepo
-from sftree.runtime.diskquota import TMP_INODES
 from sftree.runtime.folderreader import QuotaExceeded, usage
 from sftree.runtime.procs import GroupResult, run_group
 from sftree.runtime.sandbox import (
@@ -48,14 +47,14 @@ class EdgeBox:
 
     ws: EdgeWorkspace
     mode: str  # bwrap | none
+    tmp_bytes: int  # its /tmp (config `agent.quota.tmp_mib`)
+    tmp_inodes: int  # (`agent.quota.tmp_inodes`)
     coral_dir: Path | None = None  # host folder of the coral client and socket
     coral_env: dict[str, str] = field(default_factory=dict)  # CORAL_SOCKET, CORAL_BIN (host paths)
     hidden: list[Path] = field(default_factory=list)
     ro_extra: list[tuple[Path, str]] = field(default_factory=list)  # more read-only binds (a Coral install)
     watched: list[Path] = field(default_factory=list)  # more writable folders the quota counts
     limits: Limits | None = None  # AGENT_LIMITS with no file larger than the quota's `file_bytes`
-    tmp_bytes: int = 256 << 20
-    tmp_inodes: int = TMP_INODES
     python: str = sys.executable  # visible inside (sandbox.python_roots)
 
     def __post_init__(self):

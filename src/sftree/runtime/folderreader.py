@@ -38,10 +38,10 @@ class Quota:
     """What one workspace folder may hold (config `agent.quota`): entries, bytes (apparent sizes: a sparse file
     counts at its full length, as it would be read), one file's bytes, folder depth."""
 
-    files: int = 20000
-    bytes: int = 512 << 20
-    file_bytes: int = 128 << 20
-    depth: int = 64
+    files: int
+    bytes: int
+    file_bytes: int
+    depth: int
 
     @classmethod
     def from_settings(cls, q: QuotaSettings) -> Quota:

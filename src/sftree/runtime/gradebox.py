@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from sftree.runtime import tempdirs
-from sftree.runtime.diskquota import TMP_INODES
 from sftree.runtime.procs import run_group
 from sftree.runtime.sandbox import Limits, bwrap_argv, resolve_mode, sandbox_uid, wrap_limits
 
 GRADED_LIMITS = Limits(nproc=64, data_mb=4096, fsize_mb=256)
 GRADED_TMP = 512 << 20  # the sandbox's /tmp (a tmpfs), which holds the copy of the code: its disk quota
+TMP_INODES = 65536  # its files, as root (the grader's own: it runs with no config, so not agent.quota's)
 REQUEST_MOUNT = "/tmp/.sftree-request.json"
 SOURCE_MOUNT = "/tmp/.sftree-source"
 COPY = "/tmp/code"

@@ -32,6 +32,7 @@ from sftree.runtime.workspace import (
     split_knowledge,
     write_code,
 )
+from sftree.settings import AgentSettings, schema_defaults
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ class TreeStore:
             paths=paths,
             uid=uid,
             separate_attempts=separate,
-            quota=quota or Quota(),
+            quota=quota or Quota.from_settings(schema_defaults(AgentSettings).quota),
         )
         try:
             make_folders(ws)

@@ -147,7 +147,7 @@ class EdgeWorkspace:
     paths: Paths
     uid: int | None  # the sandbox user owning what the agent may change (sftree is root), else None
     separate_attempts: bool  # the attempt records live outside run/ (a sandbox shows them read-only)
-    quota: Quota = field(default_factory=Quota)
+    quota: Quota
     session: list[dict] = field(default_factory=list)  # the parent's messages (empty for a fresh session)
     last_turn: dict | None = None  # the host's record of how the parent's last turn ended (prompts.py)
     closed: bool = False

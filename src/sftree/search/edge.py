@@ -73,7 +73,6 @@ class EdgeContext:
     agent: AgentBackend
     task_cfg: dict[str, object]
     direction: str
-    agent_cfg: dict[str, object]
     tree_name: str
     world: World  # Coral's texts, CLI and counting (the installed Coral or stand-ins)
     mode: str  # the sandbox: bwrap | none
@@ -132,8 +131,7 @@ class EdgeContext:
         teacher = TeacherClient.from_settings(start_teacher(settings.teacher, tree_dir, closers))
         if wait_ready:
             teacher.wait_ready()
-        agent_cfg = dict(settings.raw["agent"])  # sftree.agents still reads its section as a dict
-        agent = make_agent(dict(settings.raw), teacher=teacher, task_cfg=task_cfg, world=world)
+        agent = make_agent(settings, teacher=teacher, world=world)
         quota = settings.agent.quota
         hidden = [tree_dir, *private_home_paths()]
         hidden += [Path(str(task_cfg[k])).resolve() for k in ("task_dir", "coral_task") if task_cfg.get(k)]
@@ -147,7 +145,6 @@ class EdgeContext:
             agent=agent,
             task_cfg=task_cfg,
             direction=spec.direction,
-            agent_cfg=agent_cfg,
             tree_name=Path(root_dir).name,
             world=world,
             root_counters=root.counters(spec.direction),
@@ -295,7 +292,7 @@ def _probe(ctx: EdgeContext) -> None:
         run = TurnRun(
             workspace=ws, box=box, coral=runtime, messages=[], prompt=ctx.world.start_prompt(), turn=1,
             headers={"X-Sftree-Tree": ctx.tree_name, "X-Sftree-Edge": PROBE}, recorder=recorder,
-            agent_cfg=ctx.agent_cfg, task_cfg=ctx.task_cfg, instructions=ctx.world.instructions(),
+            instructions=ctx.world.instructions(),
         )  # fmt: skip
         try:
             ctx.agent.prepare(run)
@@ -453,8 +450,6 @@ def _run_turns(
             turn=turn,
             headers={**headers, "X-Sftree-Turn": str(turn)},
             recorder=recorder,
-            agent_cfg=ctx.agent_cfg,
-            task_cfg=ctx.task_cfg,
             instructions=instructions,
             context_used=session.turns[-1].tokens if session.turns else 0,
             final=turn == _TURNS,

@@ -296,9 +296,8 @@ def preflight(args: argparse.Namespace) -> tuple[Settings, Path, Path, RootInfo]
     check_files(root_dir, "--root")
     from sftree.agents.prompts import NAMES, load_template
 
-    overrides = dict(settings.raw["agent"]["prompts"])  # sftree.agents reads the section as a dict
     for name in NAMES:  # a missing template would otherwise surface inside the first edge
-        load_template(name, overrides)
+        load_template(name, settings.agent.prompts)
     if settings.teacher.sim is not None:
         from sftree.teacher.sim.server import make_state
 

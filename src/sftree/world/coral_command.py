@@ -87,7 +87,7 @@ def parse_grader_output(stdout: str) -> tuple[float | None, str]:
     return score, str(data.get("feedback", ""))
 
 
-def run_grader(task_cfg: dict, code_dir: Path, sandbox: str = "auto") -> tuple[float | None, str, str]:
+def run_grader(task_cfg: dict, code_dir: Path, sandbox: str) -> tuple[float | None, str, str]:
     """Run the task's grader command on `code_dir` (a copy of the commit the host wrote): (score, feedback,
     status scored|crashed|timeout). The grader is the user's (trusted); the code it grades is not: a grader
     built on `sftree.runtime.gradebox` confines it (`SFTREE_SANDBOX`, docs/security.md)."""
@@ -143,7 +143,7 @@ class CoralRuntime:
     `world` (sftree.world.World) says how Coral parses, prints and counts; `counters` (CoralCounters) are the
     host's records of the branch so far, advanced by each graded eval."""
 
-    def __init__(self, ws, world, task_cfg: dict, counters, *, sandbox: str = "auto", grade_quota=None):
+    def __init__(self, ws, world, task_cfg: dict, counters, *, sandbox: str, grade_quota=None):
         self.ws = ws
         self.grade_quota = grade_quota  # diskquota.DiskQuota of one grading (None: grading.GRADE_QUOTA)
         self.world = world

@@ -1,6 +1,6 @@
 """Grade a commit with a Coral task's own `TaskGrader`, confined (docs/security.md, "Grading a Coral task").
 
-    r = grade(spec, code_dir, commit=sha, install=install, sandbox="auto")
+    r = grade(spec, code_dir, commit=sha, install=install, sandbox=settings.agent.sandbox)
     r.score, r.status ("scored" | "crashed" | "timeout"), r.feedback, r.metadata, r.seconds
 
 Two sandboxes, two uids, one channel each way:
@@ -45,11 +45,12 @@ import yaml
 
 from sftree.runtime import remove, tempdirs
 from sftree.runtime.bounded import Capped
-from sftree.runtime.diskquota import GRADE_INODES, GRADE_MIB, DiskQuota
+from sftree.runtime.diskquota import DiskQuota, grade_quota
 from sftree.runtime.folderreader import Quota, QuotaExceeded, usage
 from sftree.runtime.procs import GroupResult, run_group
 from sftree.runtime.sandbox import UIDS, Limits, bwrap_argv, resolve_mode, wait_gone, wrap_limits
 from sftree.runtime.unixsock import Listener, read_request
+from sftree.settings import AgentSettings, schema_defaults
 from sftree.world import grader_env
 from sftree.world.locate import CoralInstall
 from sftree.world.task import TaskSpec
@@ -72,8 +73,9 @@ GRADED_REQUEST_MAX = 64 << 20
 OUTPUT_CAP = 16 * 1024 * 1024
 RESULT_MAX = 4 << 20  # the grader's result (JSON, its feedback already cut to FEEDBACK_CAP by grade_main.py)
 # Everything one grading writes (the copy, what the graded programs write there and in their /tmp, the grader's
-# /tmp): a tmpfs of this size as root (config `agent.quota.grade_mib`, `grade_inodes`; docs/security.md).
-GRADE_QUOTA = DiskQuota.from_mib(GRADE_MIB, GRADE_INODES)
+# /tmp): a tmpfs of this size as root (config `agent.quota.grade_mib`, `grade_inodes`; docs/security.md), the
+# schema's where a grading is given none.
+GRADE_QUOTA = grade_quota(schema_defaults(AgentSettings).quota)
 
 FORWARDER = r'''#!{python} -I
 """sftree: runs this command as graded code in its own sandbox, outside the grader's (sftree/world/grading.py)."""
@@ -291,7 +293,7 @@ def grade(
     *,
     commit: str,
     install: CoralInstall | None,
-    sandbox: str = "auto",
+    sandbox: str,
     agent_id: str = "agent-1",
     title: str = "",
     tune: bool = False,

@@ -83,7 +83,7 @@ def read_root_context(root_dir: str | Path, agent_id: str | None = None) -> Root
     meta = read_root_meta(root_dir).to_dict()
     files = {}
     shared = Path(os.path.realpath(root_dir / "shared"))  # (select-roots' own top-level link, if any)
-    for dfd, rel, entry in walk(shared, Quota(files=10_000_000, depth=2)):
+    for dfd, rel, entry in walk(shared, Quota(files=10_000_000, bytes=1 << 62, file_bytes=1 << 62, depth=2)):
         if rel.startswith(("attempts/", "heartbeat/")) and entry.is_file(follow_symlinks=False):
             fd = os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
             with os.fdopen(fd, "rb") as fh:
