@@ -110,7 +110,7 @@ def test_a_bad_field_is_named_with_its_file(tmp_path, where, value, named):
 def test_a_file_that_is_not_a_paths_document_is_named(tmp_path):
     path = paths_path(tmp_path)
     path.write_text("[]", encoding="utf-8")
-    with pytest.raises(InputError, match=r"paths\.json: a paths document is a JSON object"):
+    with pytest.raises(InputError, match=r"paths\.json: the paths document is not a JSON object"):
         read_paths(path)
     path.write_text("{", encoding="utf-8")
     with pytest.raises(InputError, match=r"paths\.json"):

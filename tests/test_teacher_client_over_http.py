@@ -11,6 +11,7 @@ import requests
 
 from sftree.agents.nativetools import TOOL_SCHEMAS
 from sftree.errors import InputError, TeacherUnavailable
+from sftree.records.steplog import usage_from
 from sftree.teacher.client import TeacherClient, TeacherError, Usage, backoff_delay, reported_usage, serialize
 from sftree.teacher.sim.policy import decide, nudge_value
 from sftree.teacher.sim.server import load_script, start_teacher_sim
@@ -217,7 +218,7 @@ def test_no_usage_is_estimated_from_text_and_warned_once(sim, caplog):
     assert first.usage.estimated and first.usage.prompt_tokens == len(body.decode()) // 4
     assert first.usage.completion_tokens == len(reply) // 4 and first.usage.cached_tokens == 0
     assert second.usage.prompt_tokens > first.usage.prompt_tokens + first.usage.completion_tokens // 2
-    assert first.usage.to_dict()["estimated"] is True
+    assert usage_from(first.usage)["estimated"] is True
     warnings = [r for r in caplog.records if "reports no token usage" in r.getMessage()]
     assert len(warnings) == 1 and url in warnings[0].getMessage()
     assert c.stats["prompt_tokens"] == first.usage.prompt_tokens + second.usage.prompt_tokens
@@ -226,7 +227,7 @@ def test_no_usage_is_estimated_from_text_and_warned_once(sim, caplog):
 def test_reported_usage_is_not_estimated(sim):
     url, _ = sim
     comp = client(url).chat(MSGS, TOOL_SCHEMAS)
-    assert not comp.usage.estimated and "estimated" not in comp.usage.to_dict()
+    assert not comp.usage.estimated and "estimated" not in usage_from(comp.usage)
     # zero is a real report (a cached-only reply), not a missing one
     assert reported_usage({"usage": {"prompt_tokens": 0, "completion_tokens": 0}}) == Usage(0, 0, 0)
     assert reported_usage({"usage": {"completion_tokens": 3}}) is None and reported_usage({}) is None

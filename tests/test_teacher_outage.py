@@ -162,8 +162,10 @@ def test_config_takes_outage_timeout(tmp_path):
     from sftree.errors import InputError
 
     teacher = load_config(REPO_ROOT / "config.yaml")["teacher"]
-    assert teacher["outage_timeout"] == 600 and TeacherClient.from_config(teacher).outage_timeout == 600
-    assert TeacherClient.from_config({}).outage_timeout == 600  # the schema's default, also without it
+    assert (
+        teacher["outage_timeout"] == 600 and TeacherClient.from_config(teacher).policy.outage_timeout == 600
+    )
+    assert TeacherClient.from_config({}).policy.outage_timeout == 600  # the schema's default, also without it
     cfg = yaml.safe_load((REPO_ROOT / "examples/demo.yaml").read_text())
     cfg["teacher"]["outage_timeout"] = -1
     p = tmp_path / "c.yaml"

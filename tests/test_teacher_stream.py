@@ -18,6 +18,7 @@ import pytest
 
 from sftree.agents.nativetools import TOOL_SCHEMAS
 from sftree.httpserver import QuietThreadingHTTPServer, local_url, read_body, serve_in_background
+from sftree.records.steplog import usage_from
 from sftree.teacher import client as clientmod
 from sftree.teacher.client import (
     BadReply,
@@ -71,7 +72,7 @@ def outcome(c: TeacherClient, history: list[dict]):
         comp = c.chat(history, TOOL_SCHEMAS, headers={"X-Sftree-Edge": "e1", "X-Sftree-Turn": "1"})
     except BadReply as exc:
         return ("bad_reply", str(exc))
-    return (comp.message, comp.finish_reason, comp.usage.to_dict(), comp.notes, comp.truncated_calls)
+    return (comp.message, comp.finish_reason, usage_from(comp.usage), comp.notes, comp.truncated_calls)
 
 
 @pytest.mark.parametrize("shape", SHAPES + BROKEN + ["omit_usage"])

@@ -4,7 +4,7 @@ What others send (OpenAI chat requests and replies, OpenCode's events, a request
 messages) is a `JSONObject` of `JSONValue`s, read through the narrowing helpers below, which trust no shape; what
 came off the wire and is only read, each field checked before use, is a `ForeignJSON`. The Teacher's own code
 builds and reads a server's shapes as the protocol fixes them: a `WireObject`. What sftree owns is a TypedDict
-beside its writer (the step records: records/steplog.py; the Teacher's usage and counters: teacher/client.py).
+beside its writer (the step records and their usage: records/steplog.py; the Teacher's counters: teacher/client.py).
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import TYPE_CHECKING, NotRequired, Protocol, TypedDict
+from typing import NotRequired, Protocol, TypedDict
 
 from sftree.agents.chain import ChainBreak, SessionChain
 from sftree.agents.chain import text_of as _text  # a message's content as text
@@ -61,14 +61,12 @@ from sftree.agents.turn_end import cut_call
 from sftree.httpserver import QuietThreadingHTTPServer, Serving, send_json, serve_in_background
 from sftree.jsontypes import JSONObject, JSONValue, arr, count, obj
 from sftree.records.steplog import StepKind, StepRecord, UsageRecord, usage_from
+from sftree.settings import AgentSettings, TeacherSettings, schema_defaults
 from sftree.teacher.affinity import routing_headers
 from sftree.teacher.http import InFlight
 from sftree.teacher.response import MalformedResponse, normalize
 from sftree.teacher.stream import StreamAssembler  # one assembler for the proxy and the client
 from sftree.teacher.transport import Policy, TeacherError, Transient, Transport
-
-if TYPE_CHECKING:
-    from sftree.settings import AgentSettings
 
 log = logging.getLogger(__name__)
 
@@ -105,14 +103,18 @@ class ProxyLimits:
     body_timeout: float = 60.0  # seconds to receive one body, in all (a slow drip is cut: 408)
     # requests in flight on one channel (OpenCode sends one step at a time, a title beside it)
     per_channel: int = 4
-    total: int = 64  # requests in flight in all (teacher.max_concurrency's default)
+    # requests in flight in all: as many as the Teacher serves at once by default (teacher.max_concurrency)
+    total: int = field(default_factory=lambda: schema_defaults(TeacherSettings).max_concurrency)
     # Bodies held in flight (read, parsed, sent on): a request alone always fits; past it, the sum is capped.
     channel_bytes: int = MAX_BODY
     total_bytes: int = 256 << 20
     # agent model calls of one turn (agent.max_steps_per_turn); None: no cap
     steps_per_turn: int | None = None
     own_calls_per_turn: int = 8  # OpenCode's own calls (title, summary, compaction) a turn may add to those
-    bytes_per_turn: int = 256 << 20  # request bytes of one turn (agent.max_request_mib_per_turn)
+    # request bytes of one turn (agent.max_request_mib_per_turn)
+    bytes_per_turn: int = field(
+        default_factory=lambda: schema_defaults(AgentSettings).max_request_mib_per_turn << 20
+    )
 
     @classmethod
     def from_settings(cls, agent: AgentSettings) -> ProxyLimits:

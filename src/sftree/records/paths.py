@@ -205,7 +205,7 @@ class _Fields:
 
     def __init__(self, d: Any, where: str, top: bool = False):
         if not isinstance(d, dict):
-            raise InputError(f"{where}: {'a paths document is' if top else 'expected'} a JSON object")
+            raise InputError(f"{where}: {'the paths document is not' if top else 'expected'} a JSON object")
         self.d: Mapping[str, Any] = d
         self.sep = ": " if top else "."
         self.where = where

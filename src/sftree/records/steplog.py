@@ -79,7 +79,7 @@ class TokenCounts(Protocol):
 
 
 def usage_from(usage: TokenCounts) -> UsageRecord:
-    """A step record's usage from the client's counts (the keys and order of `Usage.to_dict`)."""
+    """A step record's usage from the client's counts: `estimated` only when it was."""
     out: UsageRecord = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,

@@ -47,7 +47,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Literal, NotRequired, TypedDict, get_args
+from typing import Literal, TypedDict, get_args
 
 from sftree.errors import TeacherUnavailable
 from sftree.jsontypes import ChatMessages, ForeignJSON, Tools, WireObject
@@ -91,31 +91,12 @@ class BadReply(Exception):
         self.raw = raw  # the reply body, ASCII-escaped and capped (safe to record)
 
 
-class UsageDict(TypedDict):
-    """A reply's usage as a step record keeps it."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    estimated: NotRequired[bool]
-
-
 @dataclass
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
     estimated: bool = False  # counted from the text: the server reported no usage
-
-    def to_dict(self) -> UsageDict:
-        d: UsageDict = {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "cached_tokens": self.cached_tokens,
-        }
-        if self.estimated:
-            d["estimated"] = True
-        return d
 
 
 # A rough, tokenizer-free rate (also teacher-sim's); only used when the server reports none.
@@ -308,10 +289,6 @@ class TeacherClient:
             "stall_timeout": t.stall_timeout, "outage_timeout": t.outage_timeout, "connect_timeout": t.connect_timeout,
         })  # fmt: skip
         self.transport = Transport(self.policy)
-        p = self.policy  # read as the client's own settings (the OpenCode backend hands them to its proxy)
-        self.request_timeout, self.retries, self.backoff_max = p.request_timeout, p.retries, p.backoff_max
-        self.backoff_base, self.outage_timeout = p.backoff_base, p.outage_timeout
-        self.first_chunk_timeout, self.stall_timeout = p.first_chunk_timeout, p.stall_timeout
         self.health_timeout = t.health_timeout
         self.extra_body = dict(t.extra_body or {})
         self.context_tokens = t.context_tokens
