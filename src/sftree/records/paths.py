@@ -17,12 +17,10 @@ from typing import Any
 
 from sftree.errors import InputError
 from sftree.fileio import read_json, write_json_atomic
-from sftree.records.tree import DIRECTIONS, LEAF_REASONS, Direction, LeafReason
+from sftree.records.tree import DIRECTIONS, LEAF_REASONS, Direction, LeafReason, SchemaDoc
 
 PATHS_NAME = "paths.json"
 PATHS_VERSION = 1
-
-JSONObject = dict[str, Any]
 
 
 def paths_path(tree_dir: str | os.PathLike[str]) -> Path:
@@ -68,7 +66,7 @@ class RankedPath:
             path_score=f.get("path_score", _is_num, "a number"),
         )
 
-    def to_doc(self) -> JSONObject:
+    def to_doc(self) -> SchemaDoc:
         return {
             "rank": self.rank,
             "selected": self.selected,
@@ -98,7 +96,7 @@ class Excluded:
         f = _Fields(d, where)
         return cls(leaf=f.get("leaf", _is_str, "a string"), reason=f.get("reason", _is_str, "a string"))
 
-    def to_doc(self) -> JSONObject:
+    def to_doc(self) -> SchemaDoc:
         return {"leaf": self.leaf, "reason": self.reason}
 
 
@@ -119,7 +117,7 @@ class PathCounts:
             excluded=f.get("excluded", _is_int, "an integer"),
         )
 
-    def to_doc(self) -> JSONObject:
+    def to_doc(self) -> SchemaDoc:
         return {"candidates": self.candidates, "selected": self.selected, "excluded": self.excluded}
 
 
@@ -171,7 +169,7 @@ class Paths:
             ),
         )
 
-    def to_doc(self) -> JSONObject:
+    def to_doc(self) -> SchemaDoc:
         """The document written (docs/architecture.md, "paths.json": keys in that order)."""
         return {
             "version": self.version,

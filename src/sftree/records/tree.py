@@ -72,7 +72,9 @@ LEAF_REASONS: tuple[LeafReason, ...] = get_args(LeafReason)
 PRUNE_REASONS: tuple[PruneReason, ...] = get_args(PruneReason)
 TURN_ENDS: tuple[TurnEnd, ...] = get_args(TurnEnd)
 
-JSONObject = dict[str, Any]
+# A document as its JSON schema types it (checked on read, or built to be written): its fields are read as the
+# schema says, unlike sftree.jsontypes.JSONObject (foreign JSON, each value narrowed before use).
+SchemaDoc = dict[str, Any]
 
 
 def final_path(tree_dir: str | os.PathLike[str]) -> Path:
@@ -92,7 +94,7 @@ def read_tree(path: str | os.PathLike[str], source: str | None = None, check: bo
     return Tree.from_doc(read_tree_doc(path, source, check), str(path) if source is None else source)
 
 
-def read_tree_doc(path: str | os.PathLike[str], source: str | None = None, check: bool = True) -> JSONObject:
+def read_tree_doc(path: str | os.PathLike[str], source: str | None = None, check: bool = True) -> SchemaDoc:
     """The tree document itself, upgraded and checked as `read_tree` does (the search rebuilds its own mutable
     state from it: `search.tree.Tree.from_dict`)."""
     where = str(path) if source is None else source
@@ -171,7 +173,7 @@ class Node:
     status: NodeStatus | None = None
     leaf_reason: LeafReason | None = None
     path_valid: bool = True
-    state: JSONObject | None = None
+    state: SchemaDoc | None = None
     eval_count: int | None = None
 
     @classmethod
@@ -228,7 +230,7 @@ class Edge:
     code_diff: str | None = None
     knowledge_diff: str | None = None
     error: str | None = None
-    select: JSONObject | None = None  # the Select breakdown logged when the edge was dispatched
+    select: SchemaDoc | None = None  # the Select breakdown logged when the edge was dispatched
     started_at: str | None = None
     finished_at: str | None = None
     wall_s: float | None = None
@@ -284,18 +286,18 @@ class Tree:
     direction: Direction | None
     nodes: tuple[Node, ...]
     edges: tuple[Edge, ...]
-    params: JSONObject | None = None
+    params: SchemaDoc | None = None
     status: TreeStatus | None = None
     stop_reason: StopReason | None = None
-    counters: JSONObject | None = None
+    counters: SchemaDoc | None = None
     next_edge: int | None = None
-    in_flight: tuple[JSONObject, ...] = ()
+    in_flight: tuple[SchemaDoc, ...] = ()
     created_at: str | None = None
     updated_at: str | None = None
     sandbox: str | None = None
-    teacher: JSONObject | None = None
+    teacher: SchemaDoc | None = None
     backend: str | None = None
-    coral: JSONObject | None = None
+    coral: SchemaDoc | None = None
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any], source: str = "tree") -> Tree:
@@ -401,7 +403,7 @@ class LiveFiles:
     def read_snapshot(self) -> Any:
         return read_json(self.snapshot_path, "tree file")
 
-    def log_entries(self) -> Iterator[tuple[int, JSONObject]]:
+    def log_entries(self) -> Iterator[tuple[int, SchemaDoc]]:
         """(line number, entry) of each complete log line."""
         if not self.log_path.exists():
             return
@@ -432,10 +434,10 @@ class LiveFiles:
 
 # --- validation ----------------------------------------------------------------------------------------
 
-_schema_cache: JSONObject | None = None
+_schema_cache: SchemaDoc | None = None
 
 
-def tree_schema() -> JSONObject:
+def tree_schema() -> SchemaDoc:
     global _schema_cache
     if _schema_cache is None:
         with open(TREE_SCHEMA, encoding="utf-8") as fh:
@@ -455,7 +457,7 @@ def validate_tree(obj: Any, source: str = "tree") -> None:
         raise InputError(f"{source} is not a valid tree:\n  " + "\n  ".join(problems[:10]))
 
 
-def _link_problems(obj: JSONObject) -> list[str]:
+def _link_problems(obj: SchemaDoc) -> list[str]:
     out: list[str] = []
     nodes = {n["id"]: n for n in obj["nodes"]}
     edges = {e["id"]: e for e in obj["edges"]}
