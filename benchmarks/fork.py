@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from sftree.runtime.workspace import TreeStore  # noqa: E402
+from sftree.runtime.store import TreeStore  # noqa: E402
 
 
 def make_code(root: Path, n: int) -> None:
@@ -115,6 +115,7 @@ def part2(latencies: list[float], edges: int, sandbox: str) -> None:
 
     from sftree.config import load_config
     from sftree.search.edge import EdgeContext, run_edge
+    from sftree.settings import settings_of
     from sftree.world.task import task_config
 
     logging.disable(logging.WARNING)
@@ -128,12 +129,13 @@ def part2(latencies: list[float], edges: int, sandbox: str) -> None:
         cfg = load_config(REPO / "examples" / "demo.yaml")
         cfg["teacher"]["sim"] = {"seed": 0, "latency_ms_per_token": ms}
         cfg["agent"]["sandbox"] = sandbox
-        task = task_config(cfg, "circle_packing")
+        settings = settings_of(cfg)
+        task = task_config(settings, "circle_packing")
         with tempfile.TemporaryDirectory(prefix="sftree-bench-") as tmp:
             root = Path(tmp) / "root"
             shutil.copytree(REPO / "examples" / "circle_packing" / "seed", root / "code")
             (root / "shared" / "notes").mkdir(parents=True)
-            ctx = EdgeContext.create(Path(tmp) / "tree", root, cfg, task)
+            ctx = EdgeContext.create(Path(tmp) / "tree", root, settings, task)
             try:
                 results = [
                     run_edge(ctx, ctx.root_state, f"e{i}", None, depth=1, attempt=1, eval_count=0)
