@@ -191,9 +191,13 @@ def main() -> None:
         what, version, size = args.one.split(",")
         print(json.dumps(one(what, version, int(size), args.before, args.threads)))
         return
-    plan = [("collate", v, int(n)) for n in args.collate.split(",") for v in ("before", "after")]
+    plan = [
+        ("collate", v, int(n)) for n in filter(None, args.collate.split(",")) for v in ("before", "after")
+    ]
     plan += [
-        ("loss", v, int(n)) for n in args.loss.split(",") for v in ("before", "after:eager", "after:sdpa")
+        ("loss", v, int(n))
+        for n in filter(None, args.loss.split(","))
+        for v in ("before", "after:eager", "after:sdpa")
     ]
     rows = []
     for what, version, size in plan:

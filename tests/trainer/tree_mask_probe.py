@@ -6,7 +6,8 @@ block size; the reference is the ancestor mask built from `parent` alone, row by
 what its parent sees; padding sees itself). Checked per case: `collate` gives `(B, L)` vectors only;
 `dense_mask` is the reference; the `BlockMask` is the reference block for block (a block all visible is full, one
 partly visible partial, one not visible absent) and element for element (a full block all visible, a partial one
-where its `mask_mod` says, no other). And `collate` refuses a line that is not depth-first, naming line and token.
+where its `mask_mod` says, no other). And `collate` refuses a line that is not depth-first, naming line and token,
+and one whose lists differ in length.
 """
 
 from __future__ import annotations
@@ -116,6 +117,15 @@ def refuses_a_line_not_depth_first() -> str:
     return ""
 
 
+def refuses_lists_of_different_lengths() -> str:
+    short = dict(random_line(random.Random(2), 6), parent=[-1, 0, 1])
+    try:
+        collate([short])
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
 def main(out_file: str, trees: int = 1000) -> None:
     torch.set_num_threads(1)  # many small tensors
     rng = random.Random(51)
@@ -125,7 +135,8 @@ def main(out_file: str, trees: int = 1000) -> None:
         check(lines, rng.choice((4, 16, 32, 64, 128)))
         cases += 1
     with open(out_file, "w") as fh:
-        json.dump({"cases": cases, "refusal": refuses_a_line_not_depth_first()}, fh)
+        refusals = [refuses_a_line_not_depth_first(), refuses_lists_of_different_lengths()]
+        json.dump({"cases": cases, "refusals": refusals}, fh)
 
 
 if __name__ == "__main__":

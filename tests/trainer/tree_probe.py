@@ -162,7 +162,8 @@ def main(cfg_file: str, out_file: str) -> None:
                 "weight": sum(line["loss_weight"]),
             }
         )
-        note(f"part {line['metadata']['part']}: path {loss_p:.6f} tree {loss_t:.6f}")
+        grad = result["lines"][-1]["grad_rel_diff"]
+        note(f"part {line['metadata']['part']}: path {loss_p:.6f} tree {loss_t:.6f} gradients {grad:.1e}")
     if cfg.get("flex", True):
         result["flex_loss"] = flex_loss(model, lines)
         note(f"FlexAttention, {len(lines)} lines in one batch: {result['flex_loss']:.6f}")

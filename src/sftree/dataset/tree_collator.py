@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+LINE_FIELDS = ("input_ids", "position_ids", "parent", "loss_weight")  # one entry per token (the file's)
 TREE_FIELDS = ("tree_parent", "tree_weight", "tree_end")  # what the model's forward does not take
 
 
@@ -45,7 +46,8 @@ def subtree_end(parent: list[int]) -> list[int]:
 
 
 def collate(lines: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """A batch of tree-form lines (see the module); ValueError naming the line when one is not depth-first."""
+    """A batch of tree-form lines (see the module); ValueError naming the line when its lists differ in length or
+    it is not depth-first."""
     size = max(len(x["input_ids"]) for x in lines)
 
     def padded(values: list[list[int]], fill: int | None, kind: torch.dtype) -> torch.Tensor:
@@ -59,6 +61,8 @@ def collate(lines: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
     ends = []
     for n, x in enumerate(lines):
         try:
+            if len({len(x[k]) for k in LINE_FIELDS}) != 1:
+                raise ValueError(f"{', '.join(LINE_FIELDS)} of different lengths")
             ends.append(subtree_end(list(x["parent"])))
         except ValueError as exc:
             raise ValueError(f"tree-form batch, line {n}: {exc}") from None
