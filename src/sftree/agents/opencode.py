@@ -755,9 +755,6 @@ class OpenCodeAgent:
         cdir = st.host / "config" / "opencode"
         (cdir / "opencode.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
         self._plugin_stub(cdir)
-        # Coral's settings as Coral gives them to OpenCode (OPENCODE_CONFIG: merged after the global config, where
-        # the project's would have been), from the host's copy: the worktree's is the agent's to change
-        (st.host / CORAL_SETTINGS).write_text(run.coral.world.opencode_json(), encoding="utf-8")
         self._hand_over(run, st)
 
     @staticmethod
@@ -825,6 +822,9 @@ class OpenCodeAgent:
         st.box.mkdir(parents=True, exist_ok=True)
         st.host.mkdir(parents=True, exist_ok=True)
         (st.host / DRIVER.name).write_bytes(DRIVER.read_bytes())
+        # Coral's settings as Coral gives them to OpenCode (OPENCODE_CONFIG: merged after the global config, where
+        # the project's would have been), from the host's copy: the worktree's is the agent's to change
+        (st.host / CORAL_SETTINGS).write_text(run.coral.world.opencode_json(), encoding="utf-8")
         binary = str(Path(self.binary).resolve())  # a symlink to it may lie in a hidden folder
         home, host = self._seen_at(st)
         args = [sys.executable, "-I", f"{host}/{DRIVER.name}", binary, box.worktree]
