@@ -37,7 +37,7 @@ RUN_DIRS = ("store", "work", "edges", "sessions")
 OPERATIONAL = ("parallel_width", "schedule", "keep_workspaces")
 # Temporary folders of edges (coral sockets, grader checkouts): removed on exit, SIGTERM, and after kill -9 by
 # the next run (tempdirs.sweep).
-TEMP_PREFIXES = ("sftree-coral-", "sftree-grade-")
+TEMP_PREFIXES = tempdirs.PREFIXES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
