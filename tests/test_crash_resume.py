@@ -54,6 +54,15 @@ def explore_working(work: Path, w: harness.Watched, timeout: float = 120) -> Non
     pytest.fail("the run did not reach a second edge")
 
 
+def own_lock(work: Path, since: int) -> bool:
+    """Snakemake's lock is there, written after `since` (the rerun's own, not the dead run's)."""
+    locks = work / ".snakemake" / "locks"
+    try:
+        return any(p.stat().st_mtime_ns >= since for p in locks.iterdir())
+    except OSError:
+        return False
+
+
 def test_killed_runs_resume_with_the_readme_command_and_write_the_same_data(one_tree):
     work, config, reference, log = one_tree
     assert reference and any("paths.json" in k for k in reference) and "sft.jsonl" in reference
@@ -70,13 +79,11 @@ def test_killed_runs_resume_with_the_readme_command_and_write_the_same_data(one_
     left = harness.folders_left(pids)  # the dead run's temporary folders, if it had any open
 
     # the README command resumes; a second one started meanwhile meets a live run's lock and leaves it
+    started = time.time_ns()
     rerun = subprocess.Popen(harness.readme_command(work), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, cwd=work)  # fmt: skip
-    locks = work / ".snakemake" / "locks"
     deadline = time.monotonic() + 60
-    while (
-        rerun.poll() is None and not (locks.is_dir() and any(locks.iterdir())) and time.monotonic() < deadline
-    ):
+    while rerun.poll() is None and not own_lock(work, started) and time.monotonic() < deadline:
         time.sleep(0.1)
     if rerun.poll() is None:
         second = subprocess.run(harness.readme_command(work), capture_output=True, text=True, timeout=120)
