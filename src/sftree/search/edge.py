@@ -126,6 +126,8 @@ class EdgeContext:
             agent_id=root.agent_id,
             agents=root.agents,
             root_heartbeat=root.heartbeat,
+            root_time=root.last_time(),
+            root_evals=root.eval_count or 0,
         )
         closers: list[Callable[[], None]] = [world.close]
         teacher = TeacherClient.from_settings(start_teacher(settings.teacher, tree_dir, closers))
