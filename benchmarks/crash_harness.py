@@ -3,10 +3,10 @@
 the run that was never killed.
 
     python3 benchmarks/crash_harness.py [--runs 30] [--twice 0.3] [--term 0.3] [--roots 2] [--tasks A,B]
-                                        [--width2 1] [--seed 0] [--work DIR] [--json OUT]
+                                        [--width2 2] [--native] [--seed 0] [--work DIR] [--json OUT]
 
 The demo's config (examples/demo.yaml at `search.parallel_width: 1`, the example Student run made once and
-shared) runs once to the end in DIR/run: its outputs are the reference. Then --runs times, in the same folder
+shared, the tree form on: `export.tree_packed`) runs once to the end in DIR/run: its outputs are the reference. Then --runs times, in the same folder
 (outputs hold its absolute path, in the Teacher's transcripts) emptied first: the README command started, killed
 at a moment drawn uniformly over the reference run's duration, either with SIGKILL to every process of the run
 (Snakemake and all below it, a node lost) or, a --term share of the runs, with SIGTERM to Snakemake alone (as
@@ -75,6 +75,7 @@ def demo_config(snapshots: Path, width: int, roots: int | None, tasks: list[str]
         task["coral_task"] = str(REPO_ROOT / task["coral_task"])
     for key in ("path", "chat_template"):
         config["export"]["student"][key] = str(REPO_ROOT / config["export"]["student"][key])
+    config["export"]["tree_packed"] = True  # the tree form too (it needs the Student, which the demo names)
     return config
 
 
@@ -334,6 +335,11 @@ def main() -> None:
     ap.add_argument("--width2", type=int, default=2, help="killed runs at parallel_width 2")
     ap.add_argument("--roots", type=int, default=None, help="roots per task (default: the demo's)")
     ap.add_argument("--tasks", default=None, help="comma-separated tasks (default: the demo's)")
+    ap.add_argument(
+        "--native",
+        action="store_true",
+        help="agent.backend native (sftree's fast imitation of OpenCode: a run in about a minute)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", type=Path, default=None, help="working folder (default: a new temporary one)")
     ap.add_argument("--json", type=Path, default=None, help="write every run's figures here")
@@ -347,6 +353,8 @@ def main() -> None:
     log = open(work_root / "runs.log", "ab")  # noqa: SIM115 (every run's output, for a look afterwards)
     rng = random.Random(args.seed)
     config = demo_config(snaps, 1, args.roots, tasks)
+    if args.native:
+        config["agent"]["backend"] = "native"
     reset(work, config)
     t0 = time.monotonic()
     n, _ = run_to_end(work, log, tries=1)
@@ -360,7 +368,7 @@ def main() -> None:
             for _ in range(args.runs)]  # fmt: skip
     plan += [(2, "term" if i % 2 else "kill", 1) for i in range(args.width2)]
     for i, (width, how, kills) in enumerate(plan):
-        cfg = config if width == 1 else demo_config(snaps, 2, args.roots, tasks)
+        cfg = config if width == 1 else {**config, "search": {**config["search"], "parallel_width": 2}}
         t = trial(work, cfg, reference if width == 1 else None, duration, rng, how, kills, log)
         trials.append(t)
         print(f"run {i + 1}/{len(plan)} width {width}: {asdict(t)}", flush=True)
