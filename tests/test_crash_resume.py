@@ -36,7 +36,7 @@ def one_tree(tmp_path_factory, example_snapshots_dir):
     config["search"].update(
         root_children=2, max_children=2, max_depth=2, target_good_leaves=2, max_valid_edges=3
     )
-    config["export"].pop("student")  # the tokenizer (and the tree form, which needs it) are not what this pins
+    config["export"].pop("student")  # the tokenizer (and the tree form that needs it): not pinned here
     config["export"]["tree_packed"] = False
     harness.reset(work, config)
     log = open(work.parent / "runs.log", "ab")  # noqa: SIM115

@@ -416,18 +416,10 @@ def run_edge(
     if full is not None:
         raise full
     result = _measure(ctx, session, edge_id, parent_score, transcript, edge_dir, recorder, runtime, t0)
-    log.info(
-        "edge %s: score=%s valid=%s steps=%d tool_errors=%d/%d tokens=%d %.1fs%s",
-        edge_id,
-        result.score,
-        result.valid,
-        result.steps,
-        result.tool_errors,
-        result.tool_calls,
-        result.tokens,
-        result.wall_s,
-        f" error={session.error}" if session.error else "",
-    )
+    r = result
+    log.info("edge %s: score=%s valid=%s steps=%d tool_errors=%d/%d tokens=%d %.1fs%s", edge_id, r.score, r.valid,
+             r.steps, r.tool_errors, r.tool_calls, r.tokens, r.wall_s,
+             f" error={session.error}" if session.error else "")  # fmt: skip
     return result
 
 
