@@ -286,18 +286,20 @@ def trial(work: Path, config: dict, reference: dict[str, bytes] | None, duration
 
 
 def _complete(work: Path) -> bool:
-    """Width 2: every tree finished and selected, and the outputs read by their own readers."""
-    from sftree.records.paths import read_paths
-    from sftree.records.sft import iter_records, schema_problem
+    """Width 2: every tree finished and selected, and the outputs read by their own checking readers."""
+    from sftree.errors import InputError
+    from sftree.records.paths import paths_path, read_paths
+    from sftree.records.sft import iter_records
 
     res = work / "results"
     trees = list(res.glob("*/trees/*"))
-    for t in trees:
-        if not (t / "tree.json").exists():
-            return False
-        read_paths(t)
-    seen: set = set()
-    if any(schema_problem(rec, seen) for rec in iter_records(res / "sft.jsonl")):
+    try:
+        for t in trees:
+            if not (t / "tree.json").exists():
+                return False
+            read_paths(paths_path(t))
+        sum(1 for _ in iter_records(res / "sft.jsonl"))
+    except InputError:
         return False
     return bool(trees) and (res / "report.html").exists() and (res / "sft_llamafactory.jsonl").exists()
 
