@@ -6,12 +6,12 @@ the run that was never killed.
                                         [--width2 2] [--native] [--seed 0] [--work DIR] [--json OUT]
 
 The demo's config (examples/demo.yaml at `search.parallel_width: 1`, the example Student run made once and
-shared, the tree form on: `export.tree_packed`) runs once to the end in DIR/run: its outputs are the reference. Then --runs times, in the same folder
-(outputs hold its absolute path, in the Teacher's transcripts) emptied first: the README command started, killed
-at a moment drawn uniformly over the reference run's duration, either with SIGKILL to every process of the run
-(Snakemake and all below it, a node lost) or, a --term share of the runs, with SIGTERM to Snakemake alone (as
-Slurm sends it); a --twice share is killed again in its first rerun; then the README command is run again until
-it succeeds. Each run reports:
+shared, the tree form on) runs once to the end in DIR/run: its outputs are the reference. Then --runs times, in
+the same folder (so nothing that names it can differ) emptied first: the README command started, killed at a
+moment drawn uniformly over the first 80% of the reference run's duration, either with SIGKILL to every process
+of the run (Snakemake and all below it, a node lost) or, a --term share of the runs, with SIGTERM to Snakemake
+alone (as Slurm sends it); a --twice share is killed again in its first rerun; then the README command is run
+again until it succeeds. Each run reports:
 
 - the stage(s) running at the kill (the `sftree` subcommands then alive, or `snakemake` alone);
 - reruns: README commands needed after the last kill (1: resumed with the one command);
@@ -262,7 +262,8 @@ def trial(work: Path, config: dict, reference: dict[str, bytes] | None, duration
     reset(work, config)
     at, hit, alive, pids = [], [], 0, set()
     for _ in range(kills):
-        moment = rng.uniform(1.0, max(2.0, duration))
+        # (a later run may be quicker than the reference: a kill past its end hits nothing)
+        moment = rng.uniform(1.0, max(2.0, 0.8 * duration))
         w = start(work, log)
         deadline = time.monotonic() + moment
         while time.monotonic() < deadline and w.proc.poll() is None:
