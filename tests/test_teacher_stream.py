@@ -360,3 +360,30 @@ def test_a_tree_whose_requests_stall_and_are_cut_finishes_with_each_step_once(tm
     )
     line = teacher_section(t)
     assert "2 attempt(s) sent again: 1 stalled, 1 cut, 0 abandoned when a worker went down" in line
+
+
+# A stream that answers nothing: every chunk carries `"choices": []` (some servers send usage that way), then
+# [DONE]. No choice came, so there is no message: not an empty assistant message to train.
+EMPTY_CHOICES = [
+    {"id": "z", "choices": []},
+    {"id": "z", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 0}},
+    "[DONE]",
+]
+
+
+def test_a_stream_with_no_choice_is_a_malformed_reply_for_the_client(stub):
+    """The client's reader: a bad reply (a failed step, the next step sends it again), never a message."""
+    url, _ = stub({"/v1/chat/completions": [(200, SSE, EMPTY_CHOICES)]})
+    with pytest.raises(BadReply, match="choices"):
+        client(url).chat(MSGS)
+
+
+def test_a_stream_with_no_choice_is_a_malformed_reply_for_the_proxy():
+    """The OpenCode proxy's reader (the same assembler): the step is recorded failed, `response: null`."""
+    from sftree.agents.proxy import reply_fields
+
+    asm = StreamAssembler()
+    for chunk in EMPTY_CHOICES:
+        asm.feed(f"data: {chunk if isinstance(chunk, str) else json.dumps(chunk)}\n\n".encode())
+    fields = reply_fields({"messages": MSGS}, asm.completion(), asm.message())
+    assert fields["response"] is None and "malformed reply" in str(fields.get("error")), fields

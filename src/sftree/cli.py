@@ -13,6 +13,7 @@ import sys
 
 from sftree.display import shown
 from sftree.errors import SftreeError
+from sftree.runtime import runwatch
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    runwatch.watch_from_env()  # inside a workflow run: end with the run (runtime/runwatch.py)
     try:
         return int(module.run(args) or 0)
     except SftreeError as exc:

@@ -11,3 +11,8 @@ class InputError(SftreeError):
 
 class TeacherUnavailable(SftreeError):
     """The Teacher server cannot be reached or keeps failing past the retry budget."""
+
+
+class DiskFull(SftreeError):
+    """No room left (ENOSPC, EDQUOT) where an output is written: the message names the file, and nothing of it
+    was written (the file is as it was). Never a fault of the data: the command stops, the rerun continues."""

@@ -1,17 +1,39 @@
 """Atomic file writes: write to a temporary file in the same folder, fsync, then rename.
 
-A reader (or a rerun after a crash) sees either the old file or the new one, never half of one.
+A reader (or a rerun after a crash) sees either the old file or the new one, never half of one. A full disk
+(ENOSPC, or a quota's EDQUOT) while writing is `DiskFull` naming the file (`disk_full_named`), the temporary file
+removed: the command ends with that line, and its rerun, with room again, writes the file.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
 import tempfile
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from sftree.errors import DiskFull
+
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+@contextmanager
+def disk_full_named(path: str | os.PathLike) -> Iterator[None]:
+    """An OSError for a full disk inside becomes DiskFull naming `path` (the file being written)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in FULL:
+            raise
+        raise DiskFull(
+            f"no space left on the device writing {path} ({exc.strerror}): nothing of it was written; "
+            "make room and run the same command again"
+        ) from None
 
 
 def _umask() -> int:
@@ -57,7 +79,8 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        write_bytes_at(dfd, path.name, data, _FILE_MODE)
+        with disk_full_named(path):
+            write_bytes_at(dfd, path.name, data, _FILE_MODE)
     finally:
         os.close(dfd)
 
@@ -86,18 +109,24 @@ class AtomicLines:
 
     def write(self, record: Any) -> None:
         line = record if isinstance(record, str) else json.dumps(record, ensure_ascii=False)
-        self.fh.write(line.rstrip("\n") + "\n")
+        with disk_full_named(self.path):
+            self.fh.write(line.rstrip("\n") + "\n")
         self.count += 1
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            if exc_type is None:
-                self.fh.flush()
-                os.fsync(self.fh.fileno())
-            self.fh.close()
-            if exc_type is None:
-                os.chmod(self.tmp, _FILE_MODE)
-                os.replace(self.tmp, self.path)
+            with disk_full_named(self.path):
+                if exc_type is None:
+                    self.fh.flush()
+                    os.fsync(self.fh.fileno())
+                try:
+                    self.fh.close()
+                except OSError:  # what was buffered could not be written either
+                    if exc_type is None:
+                        raise
+                if exc_type is None:
+                    os.chmod(self.tmp, _FILE_MODE)
+                    os.replace(self.tmp, self.path)
         finally:
             if os.path.exists(self.tmp):
                 os.unlink(self.tmp)

@@ -37,6 +37,28 @@ logging.getLogger("snakemake.logging").addFilter(_NoAccountGuessWarnings())
 RESULTS = config["results"]
 TASKS = list(config["tasks"])
 
+# Resuming is the same command: a lock a killed run left (its recorded owners all dead) is removed and the dead
+# runs' temporary folders swept, each said in one line, before Snakemake locks the folder; a live run's lock stays
+# (runtime/runowner.py). Only the main process: jobs that read the Snakefile again (Slurm) are part of the run.
+if workflow.is_main_process:
+    from sftree.runtime.runowner import start_of_run
+
+    start_of_run(".snakemake", lambda line: print(line, file=sys.stderr))
+
+
+onstart:
+    # SIGTERM (Slurm's time limit, scancel, `kill`): Snakemake's own handler only stops scheduling and waits for
+    # the running jobs, which would go on for hours; they get the SIGTERM too (each `sftree explore` ends what it
+    # started and removes its folders; the rerun resumes the trees), then Snakemake's handler runs as before.
+    # Jobs run here (not on a cluster, where they outlive Snakemake by design) watch this process and end when it
+    # is gone, even by `kill -9` (runtime/runwatch.py).
+    from sftree.runtime import runwatch
+    from sftree.runtime.runowner import forward_sigterm
+
+    forward_sigterm()
+    if workflow.local_exec:
+        runwatch.add_self(os.environ)
+
 
 wildcard_constraints:
     task="[^/]+",

@@ -50,7 +50,6 @@ import shutil
 import socket
 import socketserver
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -66,6 +65,7 @@ from sftree.agents.turn_end import cut_call
 from sftree.httpserver import QuietThreadingHTTPServer, Serving, send_json, serve_in_background
 from sftree.jsontypes import JSONObject, JSONValue, arr, count, obj
 from sftree.records.steplog import StepKind, StepRecord, UsageRecord, usage_from
+from sftree.runtime import tempdirs
 from sftree.settings import AgentSettings, TeacherSettings, schema_defaults
 from sftree.teacher.affinity import routing_headers
 from sftree.teacher.http import InFlight
@@ -431,7 +431,7 @@ class RecordingProxy:
         """Serve on TCP, and with `unix` also on a Unix socket (for agents in a network-less sandbox)."""
         servers: list[socketserver.BaseServer] = [self.server]
         if unix:
-            self.unix_dir = Path(tempfile.mkdtemp(prefix="sftree-proxy-"))  # short: socket paths < 108 bytes
+            self.unix_dir = tempdirs.make("sftree-proxy-")  # pid-named, short: socket paths < 108 bytes
             sock = self.unix_dir / "proxy.sock"
             self.unix_server = _QuietUnixServer(str(sock), _handler_for(self, tcp=False))
             # Sandboxes run as unprivileged uids: they must reach the socket (any local user reaches the

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, NotRequired, Protocol, TypedDict
 
 from sftree.errors import InputError
-from sftree.fileio import iter_jsonl
+from sftree.fileio import disk_full_named, iter_jsonl
 from sftree.jsontypes import JSONObject, JSONValue
 
 ENCODING = 1
@@ -171,7 +171,9 @@ class StepWriter:
         return out, ids
 
     def write(self, record: dict[str, Any]) -> None:
-        with self._lock:
+        # A full disk ends the edge with DiskFull naming the file; the edge stays unfinished and its rerun writes
+        # the transcript afresh.
+        with self._lock, disk_full_named(self.path):
             enc, ids = self._encode(record)
             self._store.flush()
             self._steps.write(json.dumps(enc, ensure_ascii=False) + "\n")

@@ -28,7 +28,7 @@ import jsonschema
 
 from sftree.config import SCHEMA_DIR
 from sftree.errors import InputError
-from sftree.fileio import read_json, write_json_atomic
+from sftree.fileio import disk_full_named, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -376,7 +376,7 @@ class LiveFiles:
     def __init__(self, out_dir: str | os.PathLike[str]):
         self.dir = Path(out_dir)
         self.snapshot_path, self.log_path = self.dir / LIVE_NAME, self.dir / LOG_NAME
-        self._log: IO[str] | None = None
+        self._log: IO[bytes] | None = None
 
     def exists(self) -> bool:
         return self.snapshot_path.exists()
@@ -386,7 +386,8 @@ class LiveFiles:
         write_json_atomic(self.snapshot_path, doc)
         if self._log is not None:
             self._log.close()
-        self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 - held open between saves
+        with disk_full_named(self.log_path):
+            self._log = open(self.log_path, "wb", buffering=0)  # noqa: SIM115 - held open between saves
 
     @property
     def log_open(self) -> bool:
@@ -396,9 +397,20 @@ class LiveFiles:
         """One log line, flushed and fsynced (a save is on disk when this returns)."""
         if self._log is None:
             raise RuntimeError(f"{self.log_path}: a log line before the snapshot it follows")
-        self._log.write(json.dumps(entry, ensure_ascii=False) + "\n")
-        self._log.flush()
-        os.fsync(self._log.fileno())
+        line = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8")
+        fd = self._log.fileno()
+        end = os.lseek(fd, 0, os.SEEK_END)
+        with disk_full_named(self.log_path):
+            try:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            except (
+                OSError
+            ):  # a full disk: the part written goes, the save did not happen (no torn line stays)
+                os.ftruncate(fd, end)
+                raise
 
     def read_snapshot(self) -> Any:
         return read_json(self.snapshot_path, "tree file")

@@ -41,6 +41,45 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.kill()  # a no-op once it was reaped
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (its children, theirs, ...), read from /proc: a process of a run started in a
+    session of its own (a server, a grader) or inside a sandbox's PID namespace is still below it there."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(entry.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def signal_descendants(pid: int, sig: int = signal.SIGKILL, rounds: int = 3) -> int:
+    """`sig` to every process below `pid` (not `pid` itself), the tree read again each round so a child forked
+    meanwhile is met too; returns how many processes it signalled."""
+    hit: set[int] = set()
+    for _ in range(rounds):
+        fresh = [p for p in descendants(pid) if p not in hit]
+        if not fresh:
+            break
+        for p in fresh:
+            try:
+                os.kill(p, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            hit.add(p)
+    return len(hit)
+
+
 def stop_group(proc: subprocess.Popen, grace: float = 10) -> None:
     """Stop a server's process group and reap it: SIGCONT (a stopped process cannot handle SIGTERM) and SIGTERM
     to the group, `grace` seconds to exit, then SIGKILL. Nothing to do if it already exited."""

@@ -1,4 +1,5 @@
-"""Temporary folders of a run (`sftree-coral-*` sockets, `sftree-grade-*` checkouts) that must not outlive it.
+"""Temporary folders of a run (`sftree-coral-*` sockets, `sftree-grade-*` checkouts, `sftree-proxy-*` sockets)
+that must not outlive it.
 
 A folder may be made with a disk quota (`make(prefix, quota=...)`): as root it is then a tmpfs of that size
 (runtime/diskquota.py), unmounted when removed. What is in a folder is removed by the one remover
@@ -24,11 +25,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sftree.runtime import diskquota
+from sftree.runtime import diskquota, procs
 from sftree.runtime import remove as remove_tree
 from sftree.runtime.diskquota import DiskQuota
 
 log = logging.getLogger(__name__)
+
+# Every prefix a run's folders are made with (`make`): the one list the start of a run sweeps (runtime/runowner.py).
+PREFIXES = ("sftree-coral-", "sftree-grade-", "sftree-proxy-")
 
 # Reentrant: the SIGTERM handler runs in the main thread, which may be inside `make` when the signal comes.
 _lock = threading.RLock()
@@ -156,12 +160,15 @@ def sweep(prefixes: tuple[str, ...]) -> list[str]:
 
 @contextmanager
 def removed_on_sigterm() -> Iterator[None]:
-    """While inside, SIGTERM removes the registered folders first (main thread only; elsewhere a no-op)."""
+    """While inside, SIGTERM ends every process this one started (servers, OpenCode, graders, sandboxes: they
+    may be in sessions of their own, which the signal does not reach) and removes the registered folders, then
+    dies of SIGTERM as before (main thread only; elsewhere a no-op)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
+        procs.signal_descendants(os.getpid())  # first: none of them writes into a folder being removed
         remove_all()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from sftree.agents.base import AgentBackend, TurnOutcome
 from sftree.agents.turn_end import TEACHER_DOWN
-from sftree.errors import InputError
+from sftree.errors import DiskFull, InputError
 from sftree.fileio import write_json_atomic, write_text_atomic
 from sftree.jsontypes import JSONObject
 from sftree.records.root import read_root_meta
@@ -126,6 +126,8 @@ class EdgeContext:
             agent_id=root.agent_id,
             agents=root.agents,
             root_heartbeat=root.heartbeat,
+            root_time=root.last_time(),
+            root_evals=root.eval_count or 0,
         )
         closers: list[Callable[[], None]] = [world.close]
         teacher = TeacherClient.from_settings(start_teacher(settings.teacher, tree_dir, closers))
@@ -359,7 +361,8 @@ def run_edge(
 ) -> EdgeResult:
     """Fork `parent`, run two rollout turns in one session, save the session, return the measurements.
 
-    Never raises for Teacher or workspace trouble: the edge is returned with `error` set and failed turns.
+    Never raises for Teacher or workspace trouble: the edge is returned with `error` set and failed turns; a full
+    disk writing its records (DiskFull) is raised, after the clean-up, and the edge stays for the rerun.
     Coral's counts (the eval number, the agent's best, the plateau) come from the node's counters
     (`NodeState.counters`; the root's from its attempt records); `eval_count` is kept for callers that pass it.
     """
@@ -375,6 +378,7 @@ def run_edge(
     runtime: CoralRuntime | None = None
     uid = UIDS.acquire() if ctx.mode == "bwrap" else None
     recorder = StepRecorder(transcript, edge_id)
+    full: DiskFull | None = None
     try:
         probe_agent(ctx)  # OpenCode's pristine session, once per tree (explore asks for it before any edge)
         ws, runtime, server, box = open_world(ctx, parent, edge_id, uid)  # fork
@@ -387,6 +391,8 @@ def run_edge(
         }
         _run_turns(ctx, session, ws, box, runtime, recorder, headers, edge_id)
         _persist_session(ctx, session, ws, runtime, edge_dir, edge_id)
+    except DiskFull as exc:  # not the edge's fault: raised below, the edge stays in flight for the rerun
+        full = exc
     except Exception as exc:  # noqa: BLE001 - an edge never takes the search down; the error is recorded
         log.exception("edge %s failed", edge_id)
         session.error = f"{type(exc).__name__}: {exc}"
@@ -401,24 +407,19 @@ def run_edge(
     while len(session.turns) < _TURNS:
         session.turns.append(_unrun_turn(len(session.turns) + 1, session))
     try:
-        _write_diffs(ctx, parent, session.child, edge_dir)
+        if full is None:
+            _write_diffs(ctx, parent, session.child, edge_dir)
     finally:
         if ws is not None and not ctx.keep_workspaces:
             ws.close()
         UIDS.release(uid)
+    if full is not None:
+        raise full
     result = _measure(ctx, session, edge_id, parent_score, transcript, edge_dir, recorder, runtime, t0)
-    log.info(
-        "edge %s: score=%s valid=%s steps=%d tool_errors=%d/%d tokens=%d %.1fs%s",
-        edge_id,
-        result.score,
-        result.valid,
-        result.steps,
-        result.tool_errors,
-        result.tool_calls,
-        result.tokens,
-        result.wall_s,
-        f" error={session.error}" if session.error else "",
-    )
+    r = result
+    log.info("edge %s: score=%s valid=%s steps=%d tool_errors=%d/%d tokens=%d %.1fs%s", edge_id, r.score, r.valid,
+             r.steps, r.tool_errors, r.tool_calls, r.tokens, r.wall_s,
+             f" error={session.error}" if session.error else "")  # fmt: skip
     return result
 
 

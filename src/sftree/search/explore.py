@@ -37,7 +37,7 @@ RUN_DIRS = ("store", "work", "edges", "sessions")
 OPERATIONAL = ("parallel_width", "schedule", "keep_workspaces")
 # Temporary folders of edges (coral sockets, grader checkouts): removed on exit, SIGTERM, and after kill -9 by
 # the next run (tempdirs.sweep).
-TEMP_PREFIXES = ("sftree-coral-", "sftree-grade-")
+TEMP_PREFIXES = tempdirs.PREFIXES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,9 +121,13 @@ def _resume(
     tree = live.load()
     if tree.root != root_name or tree.task != task:
         raise InputError(f"{live.snapshot_path} belongs to {tree.task}/{tree.root}, not {task}/{root_name}")
-    for d in tree.in_flight:  # half-done edges: dropped, their ids are not reused
+    for d in tree.in_flight:  # half-done edges: dropped, and redone
         log.info("discarding half-done edge %s (from %s)", d["edge"], d["node"])
     tree.in_flight = []
+    # The ids above every finished edge are taken again, in order: a redone edge has the id it had (its Teacher
+    # requests name it), so a killed run's rerun writes what an uninterrupted run writes at parallel_width 1. An
+    # id below a finished edge (a wider run) stays a gap.
+    tree.next_edge = 1 + max((int(e.id[1:]) for e in tree.edges), default=0)
     drop_unfinished(out, {e.id for e in tree.edges})
     given, own = asdict(params), asdict(tree.params)
     changed = {k for k in given if k not in OPERATIONAL and given[k] != own[k]}

@@ -134,7 +134,7 @@ class Tree:
     edges: list[Edge] = field(default_factory=list)
     status: TreeStatus = "running"
     stop_reason: StopReason | None = None
-    next_edge: int = 1  # edge ids are never reused, so a resumed run leaves a gap for a discarded edge
+    next_edge: int = 1  # a resumed run takes the ids above its last finished edge again (explore._resume)
     in_flight: list[JSONObject] = field(
         default_factory=list
     )  # dispatches started, not finished (`Dispatch.to_dict`)

@@ -43,6 +43,7 @@ class StreamAssembler:
         self.done = False  # `data: [DONE]` seen
         self.error: object = None  # the first `error` a chunk carried
         self.chunks = 0  # data lines that were JSON objects
+        self.choices = 0  # choice objects the chunks carried (none: the reply had no `choices[0]`)
         self.bad_lines = 0  # data lines that were not
         self._buf = b""
 
@@ -82,6 +83,7 @@ class StreamAssembler:
             self.usage = chunk["usage"]
         choices = chunk.get("choices")
         for choice in choices if isinstance(choices, list) else []:
+            self.choices += isinstance(choice, dict)
             delta = choice.get("delta") if isinstance(choice, dict) else None
             if not isinstance(delta, dict):
                 continue
@@ -140,10 +142,10 @@ class StreamAssembler:
             msg["tool_calls"] = self.bad_tool_calls
         if self.function_call is not None and not self.calls:
             msg["function_call"] = self.function_call
-        out: WireObject = {
-            "id": self.id,
-            "choices": [{"index": 0, "message": msg, "finish_reason": self.finish_reason}],
-        }
+        # A stream whose chunks carried no choice at all (`"choices": []` throughout) answered nothing: it stays
+        # without `choices[0]`, so normalize refuses it as malformed (retried) instead of an empty message.
+        choice: WireObject = {"index": 0, "message": msg, "finish_reason": self.finish_reason}
+        out: WireObject = {"id": self.id, "choices": [choice] if self.choices else []}
         if self.usage is not None:
             out["usage"] = self.usage
         return out

@@ -30,7 +30,6 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 from sftree.errors import SftreeError
@@ -214,7 +213,7 @@ class CoralRuntime:
         status = before.status_for(score, self.direction) if gstatus == "scored" else gstatus
         record = {
             "commit_hash": commit, "agent_id": self.world.agent_id, "title": msg, "score": score,
-            "status": status, "parent_hash": have, "timestamp": datetime.now(UTC).isoformat(),
+            "status": status, "parent_hash": have, "timestamp": self.world.eval_time(number).isoformat(),
             "feedback": feedback, "shared_state_hash": shared, "metadata": meta,
         }  # fmt: skip
         shown = self.world.eval_output(record, number)

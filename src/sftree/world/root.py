@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sftree.records.root import read_root_meta
@@ -24,6 +25,17 @@ class RootContext:
     attempts: list[dict] = field(default_factory=list)
     agents: int = 1  # distinct agent ids in the attempt history (at least 1)
     heartbeat: dict = field(default_factory=dict)  # {"local": [...]|None, "global": [...]|None}
+
+    def last_time(self) -> datetime | None:
+        """The newest `timestamp` among the root's attempt records (aware, UTC when it names no zone), or None."""
+        times = []
+        for a in self.attempts:
+            try:
+                t = datetime.fromisoformat(str(a.get("timestamp")))
+            except ValueError:
+                continue
+            times.append(t if t.tzinfo else t.replace(tzinfo=UTC))
+        return max(times, default=None)
 
     def counters(self, direction: str) -> CoralCounters:
         return CoralCounters.from_root(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from sftree.settings import CoralSettings
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 SHARED_DIR = ".opencode"  # Coral's OpenCode runtime
 INSTRUCTION_FILE = "AGENTS.md"
 DEFAULT_RUN_DIR = "/workspace/results/{task}"
+# the tree's clock when its root has no attempt with a time (World.eval_time)
+TREE_EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,13 @@ class World:
         install: CoralInstall | None = None,
         run_dir: str | None = None,
         root_heartbeat: dict | None = None,
+        root_time: datetime | None = None,
+        root_evals: int = 0,
     ):
         self.spec = spec
+        # The tree's clock for the attempt records its evals write (`eval_time`): the root's last attempt time.
+        self.root_time = root_time or TREE_EPOCH
+        self.root_evals = root_evals
         self.agent_id = agent_id
         self.agents = max(1, int(agents))
         self.install = install
@@ -90,6 +98,13 @@ class World:
             local=rh.get("local"),
             **{"global": rh.get("global")},
         )
+
+    def eval_time(self, number: int) -> datetime:
+        """When eval `number` of the tree happened, as its attempt record says: the root's last attempt time and
+        one minute per eval since. A logical clock, not the wall clock: what the Teacher reads back (`coral log`
+        prints each attempt's time) is then the same in every run of the same tree, so a run at
+        `parallel_width: 1` writes the same data again (docs/outputs.md, "Deterministic")."""
+        return self.root_time + timedelta(minutes=max(1, number - self.root_evals))
 
     # -- plumbing
     def _call(self, op: str, fallback, **req):
@@ -283,6 +298,8 @@ def open_world(
     agent_id: str,
     agents: int = 1,
     root_heartbeat: dict | None = None,
+    root_time: datetime | None = None,
+    root_evals: int = 0,
 ) -> World:
     """The world of one tree from the config's `coral:` (locate) and `agent.run_dir`."""
     install = locate(coral)
@@ -293,6 +310,8 @@ def open_world(
         install=install,
         run_dir=run_dir,
         root_heartbeat=root_heartbeat,
+        root_time=root_time,
+        root_evals=root_evals,
     )
 
 
