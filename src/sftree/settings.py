@@ -155,6 +155,7 @@ class StudentSettings:
     path: str
     max_length: int
     chat_template: str | None
+    fit: str
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,7 @@ MEASURED: tuple[str, ...] = (
     "tests/test_export_sft.py::test_schema_check_with_seen_messages_matches_the_full_check",
     "tests/test_export_sft.py::test_step_records",
     "tests/test_export_student.py",
+    "tests/test_export_templates.py",
     "tests/test_export_teacher_faults.py",
     "tests/test_grader_env.py::test_built_once_reused_rebuilt_on_change",
     "tests/test_grader_env.py::test_failed_build_is_not_reused",

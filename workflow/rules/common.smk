@@ -198,4 +198,6 @@ def student_args(student):
     if student.get("chat_template"):
         template = os.path.join(workflow.basedir, student["chat_template"])
         args += f" --student-chat-template {shlex.quote(template)}"
+    if student.get("fit", "fit") != "fit":
+        args += f" --student-fit {shlex.quote(student['fit'])}"
     return args

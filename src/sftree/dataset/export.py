@@ -49,6 +49,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sftree.dataset.fit import FIT_MODES, fit_record
+from sftree.dataset.fit import count as count_adaptations
 from sftree.dataset.merged import merged_record, runs
 from sftree.dataset.messages import (
     exclusion,
@@ -61,7 +63,15 @@ from sftree.dataset.messages import (
 from sftree.dataset.pretokenize import pretokenize
 from sftree.dataset.special_text import MODES, SpecialText, SpecialTextStats, builtin_strings, student_strings
 from sftree.dataset.stats import ExportStats
-from sftree.dataset.student import Measure, Student, StudentError, StudentStats, load_student, measure
+from sftree.dataset.student import (
+    Measure,
+    Student,
+    StudentError,
+    StudentStats,
+    Unfit,
+    load_student,
+    measure,
+)
 from sftree.dataset.tree_packed import pack_records, write_tree_file
 from sftree.errors import InputError
 from sftree.progress import Progress
@@ -377,8 +387,13 @@ class _TreeExport:
         if self.refuse_native and backend != OPENCODE:
             stats.refused[backend] += 1
             return
-        if self.student is not None and not under_student(rec, self.student, stats, measured):
-            return
+        if self.student is not None:
+            if not under_student(rec, self.student, stats, measured):
+                return
+            rec, touched = fit_record(
+                self.student.fit, rec
+            )  # written as the template needs it (dataset/fit.py)
+            count_adaptations(stats.student.adaptations, touched)
         if self.text.pretokenized:
             add_tokens(rec, self.student)
         stats.records += 1
@@ -460,10 +475,17 @@ class _TreeExport:
 
     def merged_records(self, selected: list[RankedPath]) -> Iterator[dict]:
         """Merged granularity: runs of consecutive steps of one session, each run one record (dataset/merged.py)."""
-        for run in runs(self.step_records(selected), self.student):
+        for run in runs(self.step_records(selected), self.student, self.unfit):
             rec = merged_record(run)
             if self.valid(rec):
                 yield from self.emit(rec, run.measure() if self.student is not None else None)
+
+    def unfit(self, rec: dict, exc: Unfit) -> None:
+        """A step record the Student's template cannot hold: excluded, counted by reason, logged."""
+        self.stats.student.exclude(exc.reason)
+        log.warning(
+            "%s: record %s excluded (%s): %s", self.ctx.paths_file, rec["metadata"]["id"], exc.reason, exc
+        )
 
 
 def under_student(rec: dict, student: Student, stats: ExportStats, measured: Measure | None = None) -> bool:
@@ -471,7 +493,14 @@ def under_student(rec: dict, student: Student, stats: ExportStats, measured: Mea
     it is longer than `max_length` (**rule**: dropped whole and counted, never cut: a cut step record loses its
     context or its answer). A template that leaves out what the record trains raises StudentError. `measured`: the
     figures already taken (a merged record, measured step by step in `merged.runs`)."""
-    m = measured or measure(student, rec)
+    try:
+        m = measured or measure(student, rec)
+    except Unfit as exc:  # excluded with its reason (dataset/fit.py), unless `export.student.fit: strict`
+        if student.strict:
+            raise
+        stats.student.exclude(exc.reason)
+        log.warning("record %s excluded (%s): %s", rec["metadata"]["id"], exc.reason, exc)
+        return False
     why = stats.student.count(m)
     if why:
         log.info(
@@ -596,6 +625,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--student-chat-template", help="with --student: a Jinja file replacing its own template"
     )
     parser.add_argument(
+        "--student-fit",
+        choices=FIT_MODES,
+        default="fit",
+        help="with --student: fit the records to the template (adaptations counted, a record it cannot hold "
+        "excluded with its reason) or strict: refuse the export (export.student.fit; default %(default)s)",
+    )
+    parser.add_argument(
         "--special-text",
         choices=MODES,
         default=schema_defaults(ExportSettings).special_text,
@@ -645,7 +681,9 @@ def run(args: argparse.Namespace) -> int:
     if args.student:
         if not args.student_max_length:
             raise InputError("--student needs --student-max-length (export.student.max_length)")
-        student = load_student(args.student, args.student_max_length, args.student_chat_template)
+        student = load_student(
+            args.student, args.student_max_length, args.student_chat_template, args.student_fit
+        )
     stats = ExportStats()
     # A StudentError raised on any record leaves nothing written (the writer renames only on success).
     with record_writer(args.out) as out:
