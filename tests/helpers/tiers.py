@@ -138,6 +138,7 @@ MEASURED: tuple[str, ...] = (
     "tests/test_runtime_remove.py::test_the_owner_removes_its_mode_000_folders_without_root",
     "tests/test_runtime_workspace.py::test_a_fork_reuses_parked_attempt_records_moved_by_the_difference",
     "tests/test_runtime_workspace.py::test_the_agents_repository_holds_the_hosts_commits_with_their_ids",
+    "tests/test_student_vocab.py",
     "tests/test_teacher_client_over_http.py::test_cli_serves_until_stopped",
     "tests/test_teacher_launch_config.py::test_config_schema_takes_launch_and_tool_choice",
     "tests/test_teacher_launch_config.py::test_config_schema_takes_the_stream_keys_and_the_qwen_example",

@@ -627,7 +627,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--student-fit",
         choices=FIT_MODES,
-        default="fit",
+        default=FIT_MODES[0],
         help="with --student: fit the records to the template (adaptations counted, a record it cannot hold "
         "excluded with its reason) or strict: refuse the export (export.student.fit; default %(default)s)",
     )
@@ -682,7 +682,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.student_max_length:
             raise InputError("--student needs --student-max-length (export.student.max_length)")
         student = load_student(
-            args.student, args.student_max_length, args.student_chat_template, args.student_fit
+            args.student, args.student_max_length, args.student_chat_template, args.student_fit == "strict"
         )
     stats = ExportStats()
     # A StudentError raised on any record leaves nothing written (the writer renames only on success).

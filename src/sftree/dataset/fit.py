@@ -256,7 +256,9 @@ def fit_record(fit: Fit, rec: dict) -> tuple[dict, frozenset[str]]:
         return rec, touched
     out = dict(rec, messages=messages)
     trained = (rec.get("metadata") or {}).get("trained")
-    if len(messages) != len(rec["messages"]) and isinstance(trained, list):  # indices into the fitted messages
+    if len(messages) != len(rec["messages"]) and isinstance(
+        trained, list
+    ):  # indices into the fitted messages
         out["metadata"] = dict(
             rec["metadata"], trained=[len(fit.apply(rec["messages"][:k])[0]) for k in trained]
         )

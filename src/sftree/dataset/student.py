@@ -26,20 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from sftree.dataset import fit as fitting
+from sftree.dataset.vocab import GGUF_PRE, PreTokenizer, pre_tokenizer
 from sftree.errors import InputError
 
-# GGUF `tokenizer.ggml.pre` -> the split regex its HF tokenizer.json applies before byte-level BPE (None: GPT-2's
-# own regex inside ByteLevel). Only the pre-tokenizers checked against their HF tokenizer.json are listed; any
-# other is refused (give the HF folder instead) rather than counted wrong.
-_QWEN2 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
-    r"\s+(?!\S)|\s+"
-)
-_LLAMA3 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
-    r"\s+(?!\S)|\s+"
-)
-GGUF_PRE = {"qwen2": _QWEN2, "llama-bpe": _LLAMA3, "smollm": "digits", "gpt2": None, "default": None}
 # GGUF token types matched as whole tokens in text (llama.cpp's CONTROL and USER_DEFINED), as HF's added tokens.
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -144,19 +133,18 @@ class Measure:
 
 
 def load_student(
-    path: str | Path, max_length: int, chat_template: str | Path | None = None, fit: str = "fit"
+    path: str | Path, max_length: int, chat_template: str | Path | None = None, strict: bool = False
 ) -> Student:
-    """The Student at `path` (an HF model folder or a .gguf file), with `chat_template` replacing its own; `fit`
-    (`export.student.fit`): `fit` adapts the records to the template (dataset/fit.py), `strict` refuses."""
+    """The Student at `path` (an HF model folder or a .gguf file), with `chat_template` replacing its own;
+    `strict` (`export.student.fit: strict`): a record the template cannot render as it is refuses the export,
+    else the records are fitted to the template (dataset/fit.py)."""
     if not isinstance(max_length, int) or max_length < 1:
         raise StudentError(f"export.student.max_length: {max_length!r} is not a positive integer")
-    if fit not in fitting.FIT_MODES:
-        raise StudentError(f"export.student.fit: {fit!r} is not one of {list(fitting.FIT_MODES)}")
-    return _load(str(path), max_length, str(chat_template) if chat_template else None, fit)
+    return _load(str(path), max_length, str(chat_template) if chat_template else None, strict)
 
 
 @lru_cache(maxsize=4)
-def _load(path: str, max_length: int, chat_template: str | None, fit: str = "fit") -> Student:
+def _load(path: str, max_length: int, chat_template: str | None, strict: bool) -> Student:
     p = Path(path)
     if p.is_dir():
         tok, template, template_name, bos, eos = _from_folder(p)
@@ -185,7 +173,7 @@ def _load(path: str, max_length: int, chat_template: str | None, fit: str = "fit
         eos,
         kind=kind,
         tokenizer_sha256=digest,
-        strict=fit == "strict",
+        strict=strict,
         generation=fitting.is_generation_template(template),
     )
     return probe(student)
@@ -263,6 +251,11 @@ def _from_folder(folder: Path) -> tuple:
     return tok, template, name, token("bos_token"), token("eos_token")
 
 
+def gguf_tokenizer(path: str | Path) -> Any:
+    """The `tokenizers` tokenizer of a GGUF's `tokenizer.ggml.*`, as the Student reads it (no template needed)."""
+    return _from_gguf(Path(path))[0]
+
+
 def _from_gguf(path: Path) -> tuple:
     from gguf import GGUFReader
 
@@ -302,26 +295,17 @@ def _from_gguf(path: Path) -> tuple:
     )
 
 
-def _bpe(tokens: list[str], types: list[int], merges: list[tuple], split: str | None) -> Any:
-    """A `tokenizers` byte-level BPE as the model's HF tokenizer.json builds it."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+def _bpe(tokens: list[str], types: list[int], merges: list[tuple], pre: PreTokenizer) -> Any:
+    """A `tokenizers` byte-level BPE that gives llama.cpp's ids for the vocabulary (dataset/vocab.py)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
 
     vocab = {t: i for i, t in enumerate(tokens)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    if split == "digits":  # SmolLM: each digit alone, then GPT-2's byte-level split
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    tok = Tokenizer(
+        models.BPE(
+            vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False, ignore_merges=pre.ignore_merges
         )
-    elif split is None:
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    else:
-        tok.normalizer = normalizers.NFC()
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
+    )
+    tok.pre_tokenizer = pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
     added = [
         AddedToken(t, special=ty == _CONTROL, normalized=False)
