@@ -59,10 +59,10 @@ def survey(models: Path, paths: list[Path], templates: list[Path] | None = None)
             st = with_template(shared, t)
             records, stats = export_task(paths, "merged", student=st)
         except InputError as exc:
-            out.append(Survey(t.name, str(exc)[:300], 0, {}, {}))
+            out.append(Survey(t.stem, str(exc)[:300], 0, {}, {}))
             continue
         s = stats.student
-        out.append(Survey(t.name, None, len(records), dict(s.adaptations), dict(s.dropped), s.family))
+        out.append(Survey(t.stem, None, len(records), dict(s.adaptations), dict(s.dropped), s.family))
     return out
 
 
