@@ -42,8 +42,9 @@ def test_every_vocabulary_gives_llama_cpps_ids_for_every_test_line(vocab: Path):
     from sftree.dataset.student import StudentError, gguf_tokenizer
 
     if vocab.name in NOT_READ:
-        with pytest.raises(StudentError, match="give the Student's HF folder"):
-            gguf_tokenizer(vocab)
+        if vocab.stat().st_size < 8 << 20:  # refused with a clear error (Gemma 4's 262k tokens: 17 s to read)
+            with pytest.raises(StudentError, match="give the Student's HF folder"):
+                gguf_tokenizer(vocab)
         pytest.xfail(f"{vocab.name}: not a byte-level BPE, not read yet")
     pairs = read_tests(Path(f"{vocab}.inp").read_bytes().decode("utf-8"), Path(f"{vocab}.out").read_text())
     tok = gguf_tokenizer(vocab)
