@@ -8,6 +8,7 @@ vocabulary skip the merges (`ignore_merges`, Llama 3's rule). Checked against ll
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 _CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -93,7 +94,7 @@ GGUF_PRE: dict[str, PreTokenizer] = {
 }
 
 
-def pre_tokenizer(pre: PreTokenizer):  # -> tokenizers.pre_tokenizers.PreTokenizer
+def pre_tokenizer(pre: PreTokenizer) -> Any:  # a tokenizers.pre_tokenizers.PreTokenizer
     """The `tokenizers` pre-tokenizer doing what llama.cpp's does: each regex splits (matches and the text between
     them kept), then the byte-level mapping without GPT-2's own regex."""
     from tokenizers import Regex, pre_tokenizers
