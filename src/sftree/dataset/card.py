@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 from sftree.dataset.figures import DatasetFigures, figures_of
 from sftree.dataset.llamafactory import DATASET_NAME
 from sftree.dataset.stats import ExportStats, MergeStats
-from sftree.dataset.student import DROP_TOO_LONG
+from sftree.dataset.student import DROP_TOO_LONG, UNFIT_REASONS, StudentStats
 from sftree.records.sft import EXCLUSION_REASONS, OPENCODE
 
 
@@ -154,6 +154,26 @@ def _llamafactory_layout_lines(merged: MergeStats | None) -> list[str]:
     ]
 
 
+def _fit_lines(st: StudentStats) -> list[str]:
+    """The template's family and what was adapted to it (dataset/fit.py), with the records each touched."""
+    touched = (
+        ", ".join(f"`{a}` {st.adaptations.get(a, 0)} records" for a in st.fit) if st.fit else "none needed"
+    )
+    lines = [
+        f"Template family: {st.family or 'unknown'}. Fitted to it (`export.student.fit`): {touched}.",
+        "",
+    ]
+    excluded = {k: v for k, v in st.dropped.items() if k in UNFIT_REASONS}
+    if excluded:
+        lines += [
+            "Records the template cannot hold, excluded: "
+            + "; ".join(f"`{k}` {v} ({UNFIT_REASONS[k]})" for k, v in sorted(excluded.items()))
+            + ".",
+            "",
+        ]
+    return lines
+
+
 def _student_lines(merged: MergeStats | None) -> list[str]:
     """Card section: the records under the Student's tokenizer, template and max_length (`export.student`)."""
     lines = ["## Under the Student", ""]
@@ -173,6 +193,7 @@ def _student_lines(merged: MergeStats | None) -> list[str]:
         "rendered with this template and the trained text checked to hold every tool call (name and arguments), "
         "the text and the reasoning it trains.",
         "",
+        *_fit_lines(st),
         *_tokenizer_lines(st.tokenizer or {}),
         f"Records: {st.records}; tokens processed {st.processed}; tokens trained {st.trained}; processed per "
         f"trained token: {ratio}. Longest record: {st.longest} tokens.",

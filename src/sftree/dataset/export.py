@@ -55,6 +55,8 @@ from pathlib import Path
 from typing import cast
 
 from sftree.config import REPO_ROOT
+from sftree.dataset.fit import FIT_MODES, fit_record
+from sftree.dataset.fit import count as count_adaptations
 from sftree.dataset.merged import merged_record, runs
 from sftree.dataset.messages import (
     exclusion,
@@ -67,7 +69,15 @@ from sftree.dataset.messages import (
 from sftree.dataset.pretokenize import pretokenize
 from sftree.dataset.special_text import MODES, SpecialText, SpecialTextStats, builtin_strings, student_strings
 from sftree.dataset.stats import ExportStats
-from sftree.dataset.student import Measure, Student, StudentError, StudentStats, load_student, measure
+from sftree.dataset.student import (
+    Measure,
+    Student,
+    StudentError,
+    StudentStats,
+    Unfit,
+    load_student,
+    measure,
+)
 from sftree.dataset.tree_packed import PathTokens, pack_paths, write_tree_file
 from sftree.errors import InputError
 from sftree.progress import Progress
@@ -407,8 +417,13 @@ class _TreeExport:
         if self.refuse_native and backend != OPENCODE:
             stats.refused[backend] += 1
             return
-        if self.student is not None and not under_student(rec, self.student, stats, measured):
-            return
+        if self.student is not None:
+            if not under_student(rec, self.student, stats, measured):
+                return
+            rec, touched = fit_record(
+                self.student.fit, rec
+            )  # written as the template needs it (dataset/fit.py)
+            count_adaptations(stats.student.adaptations, touched)
         if self.text.pretokenized:
             add_tokens(rec, self.student)
         stats.records += 1
@@ -506,10 +521,17 @@ class _TreeExport:
 
     def merged_records(self, selected: list[RankedPath]) -> Iterator[SftRecord]:
         """Merged granularity: runs of consecutive steps of one session, each run one record (dataset/merged.py)."""
-        for run in runs(self.step_records(selected), self.student):
+        for run in runs(self.step_records(selected), self.student, self.unfit):
             rec = merged_record(run)
             if self.valid(rec):
                 yield from self.emit(rec, run.measure() if self.student is not None else None)
+
+    def unfit(self, rec: dict, exc: Unfit) -> None:
+        """A step record the Student's template cannot hold: excluded, counted by reason, logged."""
+        self.stats.student.exclude(exc.reason)
+        log.warning(
+            "%s: record %s excluded (%s): %s", self.ctx.paths_file, rec["metadata"]["id"], exc.reason, exc
+        )
 
 
 def under_student(rec: dict, student: Student, stats: ExportStats, measured: Measure | None = None) -> bool:
@@ -517,7 +539,14 @@ def under_student(rec: dict, student: Student, stats: ExportStats, measured: Mea
     it is longer than `max_length` (**rule**: dropped whole and counted, never cut: a cut step record loses its
     context or its answer). A template that leaves out what the record trains raises StudentError. `measured`: the
     figures already taken (a merged record, measured step by step in `merged.runs`)."""
-    m = measured or measure(student, rec)
+    try:
+        m = measured or measure(student, rec)
+    except Unfit as exc:  # excluded with its reason (dataset/fit.py), unless `export.student.fit: strict`
+        if student.strict:
+            raise
+        stats.student.exclude(exc.reason)
+        log.warning("record %s excluded (%s): %s", rec["metadata"]["id"], exc.reason, exc)
+        return False
     why = stats.student.count(m)
     if why:
         log.info(
@@ -668,6 +697,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--student", help="export.student.path: the Student's HF model folder or .gguf file")
     parser.add_argument("--student-max-length", type=int, help="export.student.max_length (with --student)")
     parser.add_argument("--student-chat-template", help="export.student.chat_template (with --student)")
+    parser.add_argument(
+        "--student-fit",
+        choices=FIT_MODES,
+        help="export.student.fit (with --student): fit (default) or strict",
+    )
     parser.add_argument("--special-text", choices=MODES, help="export.special_text")
     parser.add_argument(
         "--pretokenized", action="store_const", const=True, help="export.pretokenized (with a Student)"
@@ -700,11 +734,14 @@ def cli_settings(args: argparse.Namespace) -> ExportSettings:
         if not args.student_max_length:
             raise InputError("--student needs --student-max-length (export.student.max_length)")
         template = args.student_chat_template
-        export["student"] = {
+        student: dict[str, object] = {
             "path": str(Path(args.student).resolve()),
             "max_length": args.student_max_length,
             "chat_template": str(Path(template).resolve()) if template else None,
         }
+        if args.student_fit:
+            student["fit"] = args.student_fit
+        export["student"] = student
     return load_settings(args.config, {"export": export} if export else None).export
 
 
@@ -716,7 +753,10 @@ def load_export_student(settings: ExportSettings) -> Student | None:
         return None
     template = student.chat_template
     return load_student(
-        _from_repo(student.path), student.max_length, _from_repo(template) if template else None
+        _from_repo(student.path),
+        student.max_length,
+        _from_repo(template) if template else None,
+        strict=student.fit == "strict",
     )
 
 

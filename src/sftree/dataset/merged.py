@@ -17,10 +17,10 @@ indices of the trained assistant messages (each one step's completion), `metadat
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from sftree.dataset.student import Measure, Student, Turn, render_turn
+from sftree.dataset.student import Measure, Student, Turn, Unfit, render_turn
 
 
 def extends(prev: dict, rec: dict) -> bool:
@@ -79,13 +79,24 @@ def step_turn(student: Student, rec: dict) -> Turn:
     )
 
 
-def runs(records: Iterator[dict], student: Student | None = None) -> Iterator[Run]:
+def runs(
+    records: Iterator[dict],
+    student: Student | None = None,
+    unfit: Callable[[dict, Unfit], None] | None = None,
+) -> Iterator[Run]:
     """Group step records into runs (see the module). Under the Student a run also ends before a step longer than
     `max_length`: that step (its record as long as the run would become) is dropped as in the step form, and the
-    run's steps before it are kept."""
+    run's steps before it are kept. A step the Student's template cannot hold (Unfit) is given to `unfit` and
+    left out (the next step, whose prompt holds its message, starts a new run); under `fit: strict` it raises."""
     run = Run()
     for rec in records:
-        turn = step_turn(student, rec) if student is not None else None
+        try:
+            turn = step_turn(student, rec) if student is not None else None
+        except Unfit as exc:
+            if student is None or student.strict or unfit is None:
+                raise
+            unfit(rec, exc)
+            continue
         joins = bool(run.records) and extends(run.records[-1], rec)
         if joins and turn is not None:
             joins = continues(run.turns[-1], turn) and len(turn.whole) <= student.max_length

@@ -16,18 +16,18 @@ rendering (a template that escapes or rewrites the data otherwise: StudentError)
 `mask` marks the trained tokens by TRL's prompt-completion rule, per trained message k (`trainer_labels.
 trained_indices`: a step record's completion, a merged record's `metadata.trained`, every assistant message of a
 path record): render messages[:k] with the generation prompt and messages[:k+1] without; the tokens after their
-common prefix, up to the end of the latter, are trained.
+common prefix, up to the end of the latter, are trained (or the template's `{% generation %}` span, or the last
+turn's own form: `student.text_span`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from sftree.dataset.student import Student, StudentError
+from sftree.dataset.student import Student, StudentError, Turn, text_span
 from sftree.dataset.trainer_labels import trained_indices
 
 _BASE = 0xF0000  # Supplementary Private Use Area-A: one character per special string
@@ -123,6 +123,17 @@ def encode_messages(
     return p.encode(text)
 
 
+def encode_span(student: Student, before: list[dict], message: dict, tools: list, rid: str) -> Turn:
+    """One trained message's Turn (student.text_span) in tokens, data text tokenized as plain text."""
+    p = _plain_of(student)
+    marked_before, marked_tools = p.marked(before), p.marked(tools or [])
+    span = text_span(student, marked_before, p.marked(message), marked_tools, rid)
+    whole = p.encode(span.whole)
+    if span.end != len(span.whole):
+        return Turn(p.encode(span.prompt), whole, len(p.encode(span.whole[: span.end])))
+    return Turn(p.encode(span.prompt), whole)
+
+
 def pretokenize(student: Student, record: dict) -> Pretokenized:
     """`record` (any sftree form: step, path, merged) as the Student's `input_ids` and trained-token `mask`, data
     text tokenized as plain text. A StudentError when a trained message's context renders differently once later
@@ -131,15 +142,14 @@ def pretokenize(student: Student, record: dict) -> Pretokenized:
     tools = record.get("tools") or []
     full = encode_messages(student, messages, tools, generation=False)
     mask = [0] * len(full)
+    rid = (record.get("metadata") or {}).get("id", "?")
     for k in trained:
-        prompt = encode_messages(student, messages[:k], tools, generation=True)
-        whole = encode_messages(student, messages[: k + 1], tools, generation=False)
-        if full[: len(whole)] != whole:
-            rid = (record.get("metadata") or {}).get("id", "?")
+        turn = encode_span(student, messages[:k], messages[k], tools, rid)
+        if full[: len(turn.whole)] != turn.whole:
             raise StudentError(
                 f"chat template {student.template_name}: record {rid}: message {k} and its context render "
                 "differently once later messages follow"
             )
-        for i in range(len(os.path.commonprefix([prompt, whole])), len(whole)):
+        for i in range(turn.start, turn.start + turn.trained):
             mask[i] = 1
     return Pretokenized(full, mask)

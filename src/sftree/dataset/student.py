@@ -25,26 +25,37 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from sftree.dataset import fit as fitting
+from sftree.dataset.vocab import GGUF_PRE, PreTokenizer, pre_tokenizer
 from sftree.errors import InputError
 
-# GGUF `tokenizer.ggml.pre` -> the split regex its HF tokenizer.json applies before byte-level BPE (None: GPT-2's
-# own regex inside ByteLevel). Only the pre-tokenizers checked against their HF tokenizer.json are listed; any
-# other is refused (give the HF folder instead) rather than counted wrong.
-_QWEN2 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
-    r"\s+(?!\S)|\s+"
-)
-_LLAMA3 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
-    r"\s+(?!\S)|\s+"
-)
-GGUF_PRE = {"qwen2": _QWEN2, "llama-bpe": _LLAMA3, "smollm": "digits", "gpt2": None, "default": None}
 # GGUF token types matched as whole tokens in text (llama.cpp's CONTROL and USER_DEFINED), as HF's added tokens.
 _CONTROL, _USER_DEFINED = 3, 4
 
 
 class StudentError(InputError):
     """The Student cannot be read, or its template cannot render what a record trains."""
+
+
+class Unfit(StudentError):
+    """One record the Student's template cannot hold, with its `reason` (counted): excluded, unless
+    `export.student.fit: strict`, where it refuses the export as any StudentError does."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+# Why a record is excluded under the Student's template (`Unfit.reason`, counted in `student.dropped`).
+UNFIT_REASONS = {
+    "template_error": "the template raises on the record (its own raise_exception, or a sandbox refusal such "
+    "as `list.append`, which transformers' chat-template environment refuses too)",
+    "drops_tool_call": "the rendered completion leaves out a tool call or its arguments",
+    "drops_text": "the rendered completion leaves out the text the record trains",
+    "drops_reasoning": "the rendered completion leaves out the reasoning the record trains",
+    "span_undefined": "the prompt rendered with the generation prompt and the whole differ in more than the "
+    "last turn's form, so the trained tokens are not defined",
+}
 
 
 @dataclass
@@ -65,18 +76,37 @@ class Student:
         ""  # where the tokenizer came from: `tokenizer.json` (an HF folder) or `gguf` (tokenizer.ggml.*)
     )
     tokenizer_sha256: str = ""  # of the tokenizer as sftree reads it (`tokenizers` JSON): names it exactly
+    fit: fitting.Fit = fitting.Fit()  # the adaptations the template needs (dataset/fit.py), probed at load
+    strict: bool = False  # `export.student.fit: strict`: a record the template cannot hold refuses the export
+    generation: bool = False  # the template marks the trained text with `{% generation %}`
 
     def render(self, messages: list[dict], tools: list | None, generation: bool) -> str:
+        return self.render_spans(messages, tools, generation)[0]
+
+    def render_spans(
+        self, messages: list[dict], tools: list | None, generation: bool
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """The rendering of `messages` fitted to the template, and its `{% generation %}` spans (character
+        offsets, as transformers' `return_assistant_tokens_mask` tracks them; none when the template has none)."""
+        fitted = self.fit.apply(messages)[0]
+        kwargs = dict(
+            messages=fitted,
+            tools=tools or None,
+            add_generation_prompt=generation,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+        )
         try:
-            return self.template.render(
-                messages=messages,
-                tools=tools or None,
-                add_generation_prompt=generation,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-            )
-        except Exception as exc:  # a template's raise_exception, or an error inside it
-            raise StudentError(f"chat template {self.template_name}: {exc}") from exc
+            if not self.generation:
+                return self.template.render(**kwargs), []
+            blocks: list[str] = []
+            spans: list[tuple[int, int]] = []
+            with self.template.environment.activate_tracker(blocks, spans):
+                for block in self.template.generate(**kwargs):
+                    blocks.append(block)
+            return "".join(blocks), spans
+        except Exception as exc:  # a template's raise_exception, a sandbox refusal, or an error inside it
+            raise Unfit(f"chat template {self.template_name}: {exc}", "template_error") from exc
 
     def count(self, text: str) -> int:
         # The rendered text already holds the template's special tokens (apply_chat_template tokenizes it so).
@@ -102,15 +132,19 @@ class Measure:
 # --- loading --------------------------------------------------------------------------------------------
 
 
-def load_student(path: str | Path, max_length: int, chat_template: str | Path | None = None) -> Student:
-    """The Student at `path` (an HF model folder or a .gguf file), with `chat_template` replacing its own."""
+def load_student(
+    path: str | Path, max_length: int, chat_template: str | Path | None = None, strict: bool = False
+) -> Student:
+    """The Student at `path` (an HF model folder or a .gguf file), with `chat_template` replacing its own;
+    `strict` (`export.student.fit: strict`): a record the template cannot render as it is refuses the export,
+    else the records are fitted to the template (dataset/fit.py)."""
     if not isinstance(max_length, int) or max_length < 1:
         raise StudentError(f"export.student.max_length: {max_length!r} is not a positive integer")
-    return _load(str(path), max_length, str(chat_template) if chat_template else None)
+    return _load(str(path), max_length, str(chat_template) if chat_template else None, strict)
 
 
 @lru_cache(maxsize=4)
-def _load(path: str, max_length: int, chat_template: str | None) -> Student:
+def _load(path: str, max_length: int, chat_template: str | None, strict: bool) -> Student:
     p = Path(path)
     if p.is_dir():
         tok, template, template_name, bos, eos = _from_folder(p)
@@ -129,9 +163,65 @@ def _load(path: str, max_length: int, chat_template: str | None) -> Student:
     kind = "gguf" if p.suffix == ".gguf" else "tokenizer.json"
     digest = hashlib.sha256(tok.to_str().encode("utf-8")).hexdigest()
     compiled = compile_template(template, template_name)
-    return Student(
-        path, template_name, compiled, tok, max_length, bos, eos, kind=kind, tokenizer_sha256=digest
+    student = Student(
+        path,
+        template_name,
+        compiled,
+        tok,
+        max_length,
+        bos,
+        eos,
+        kind=kind,
+        tokenizer_sha256=digest,
+        strict=strict,
+        generation=fitting.is_generation_template(template),
     )
+    return probe(student)
+
+
+def with_template(student: Student, chat_template: str | Path) -> Student:
+    """The same Student (its tokenizer shared, not read again) under another chat template file."""
+    import dataclasses
+
+    try:
+        source = Path(chat_template).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise StudentError(f"export.student.chat_template {chat_template}: {exc}") from exc
+    name = str(chat_template)
+    changed = dataclasses.replace(
+        student,
+        template_name=name,
+        template=compile_template(source, name),
+        generation=fitting.is_generation_template(source),
+        fit=fitting.Fit(),
+    )
+    return probe(changed)
+
+
+def probe(student: Student) -> Student:
+    """The Student with the fit its template needs: the fewest adaptations under which the probe conversation's
+    trained messages render whole (dataset/fit.py), and the template's family as the probe's rendering shows."""
+    import dataclasses
+
+    def works(fit: fitting.Fit) -> list[str | None]:
+        s = dataclasses.replace(student, fit=fit)
+        out: list[str | None] = []
+        for k in fitting.PROBE_TRAINED:
+            try:
+                render_turn(
+                    s, fitting.PROBE[:k], fitting.PROBE[k], fitting.PROBE_TOOLS, "probe", ids_too=False
+                )
+                out.append(None)
+            except Unfit as exc:
+                out.append(exc.reason)
+        return out
+
+    chosen = fitting.choose(works, student.strict)
+    try:
+        shown = dataclasses.replace(student, fit=chosen).render(fitting.PROBE, fitting.PROBE_TOOLS, False)
+    except StudentError:
+        shown = ""
+    return dataclasses.replace(student, fit=dataclasses.replace(chosen, family=fitting.family(shown)))
 
 
 def _from_folder(folder: Path) -> tuple:
@@ -159,6 +249,11 @@ def _from_folder(folder: Path) -> tuple:
         return (v.get("content") if isinstance(v, dict) else v) or ""
 
     return tok, template, name, token("bos_token"), token("eos_token")
+
+
+def gguf_tokenizer(path: str | Path) -> Any:
+    """The `tokenizers` tokenizer of a GGUF's `tokenizer.ggml.*`, as the Student reads it (no template needed)."""
+    return _from_gguf(Path(path))[0]
 
 
 def _from_gguf(path: Path) -> tuple:
@@ -200,26 +295,17 @@ def _from_gguf(path: Path) -> tuple:
     )
 
 
-def _bpe(tokens: list[str], types: list[int], merges: list[tuple], split: str | None) -> Any:
-    """A `tokenizers` byte-level BPE as the model's HF tokenizer.json builds it."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+def _bpe(tokens: list[str], types: list[int], merges: list[tuple], pre: PreTokenizer) -> Any:
+    """A `tokenizers` byte-level BPE that gives llama.cpp's ids for the vocabulary (dataset/vocab.py)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
 
     vocab = {t: i for i, t in enumerate(tokens)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    if split == "digits":  # SmolLM: each digit alone, then GPT-2's byte-level split
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    tok = Tokenizer(
+        models.BPE(
+            vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False, ignore_merges=pre.ignore_merges
         )
-    elif split is None:
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    else:
-        tok.normalizer = normalizers.NFC()
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
+    )
+    tok.pre_tokenizer = pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
     added = [
         AddedToken(t, special=ty == _CONTROL, normalized=False)
@@ -229,6 +315,47 @@ def _bpe(tokens: list[str], types: list[int], merges: list[tuple], split: str | 
     tok.add_special_tokens([a for a in added if a.special])
     tok.add_tokens([a for a in added if not a.special])
     return tok
+
+
+def _generation_tracker() -> Any:
+    """transformers' `AssistantTracker` (chat_template_utils.py): `{% generation %}...{% endgeneration %}` renders
+    its body and, while a tracker is active, records the body's character span in the rendering so far."""
+    from contextlib import contextmanager
+
+    import jinja2
+    from jinja2.ext import Extension
+
+    class GenerationTracker(Extension):
+        tags = {"generation"}
+
+        def __init__(self, environment: Any):
+            super().__init__(environment)
+            environment.extend(activate_tracker=self.activate_tracker)
+            self._blocks: list[str] | None = None
+            self._spans: list[tuple[int, int]] | None = None
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_support"), [], [], body).set_lineno(lineno)
+
+        @jinja2.pass_eval_context
+        def _support(self, context: Any, caller: Any) -> str:
+            rv = caller()
+            if self._blocks is not None and self._spans is not None:
+                start = len("".join(self._blocks))
+                self._spans.append((start, start + len(rv)))
+            return str(rv)
+
+        @contextmanager
+        def activate_tracker(self, blocks: list[str], spans: list[tuple[int, int]]) -> Any:
+            try:
+                self._blocks, self._spans = blocks, spans
+                yield
+            finally:
+                self._blocks = self._spans = None
+
+    return GenerationTracker
 
 
 def compile_template(source: str, name: str) -> Any:
@@ -247,7 +374,9 @@ def compile_template(source: str, name: str) -> Any:
             x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
         )
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_generation_tracker(), loopcontrols]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -295,20 +424,83 @@ def missing(text: str, message: dict) -> str | None:
     return None
 
 
+# How much longer than the whole's the prompt's own last-turn form may be (a think prefix, an opened reasoning
+# block, a turn header written differently): beyond it, the two differ in more than the last turn's form.
+LAST_TURN_FORM = 256
+
+
+@dataclass(frozen=True)
+class Span:
+    """One trained message in the text: `whole` (context + message rendered), `start` (the trained text begins
+    there: the end of the prompt), `end` (it ends there)."""
+
+    whole: str
+    start: int
+    end: int
+
+    @property
+    def prompt(self) -> str:
+        return self.whole[: self.start]
+
+    @property
+    def text(self) -> str:
+        return self.whole[self.start : self.end]
+
+
+def text_span(student: Student, before: list[dict], message: dict, tools: list, rid: str) -> Span:
+    """Where the trained text of `message` after `before` lies in their rendering:
+    - a template with `{% generation %}`: the last generation span of the whole (as transformers marks it);
+    - else TRL's split: the context rendered with the generation prompt is the start of the whole, and what the
+      message adds is trained;
+    - else, where the two differ only by the template's last-turn form (the generation prompt opens a reasoning
+      block or a think prefix the history form does not hold; at most LAST_TURN_FORM characters of it), the
+      whole's own tokens from where the two part;
+    - else Unfit `span_undefined`."""
+    whole, spans = student.render_spans([*before, message], tools, generation=False)
+    if student.generation and spans:
+        start, end = spans[-1]
+        return Span(whole, start, end)
+    prompt = student.render(before, tools, generation=True)
+    if whole.startswith(prompt):
+        return Span(whole, len(prompt), len(whole))
+    start = _last_turn_start(student, before, tools, prompt, whole) if not student.strict else None
+    if start is not None:
+        return Span(whole, start, len(whole))
+    raise Unfit(
+        f"chat template {student.template_name}: record {rid}: the prompt rendered with the generation prompt is "
+        "not the start of the prompt and completion rendered together, and they differ in more than the last "
+        "turn's form, so the trained tokens are not defined",
+        "span_undefined",
+    )
+
+
+def _last_turn_start(
+    student: Student, before: list[dict], tools: list, prompt: str, whole: str
+) -> int | None:
+    """Where the trained message's own text starts in `whole` when the prompt (`before` with the generation
+    prompt) is not its start but differs only in the last turn's form, else None. Two forms: the generation
+    prompt opens more than the whole holds (a think prefix: the message starts where the two part), or the last
+    context message ends differently when it is last (a turn end written only before another turn: the message
+    starts after the generation prompt's text, found in the whole within LAST_TURN_FORM characters)."""
+    if not before:
+        return None
+    context = student.render(before, tools, generation=False)
+    parted = len(os.path.commonprefix([prompt, whole]))
+    if not prompt.startswith(context) or len(context) - parted > LAST_TURN_FORM:
+        return None
+    header = prompt[len(context) :]
+    if parted >= len(context) or not header.strip():  # within the generation prompt (or one always rendered)
+        return parted if len(prompt) - parted <= LAST_TURN_FORM else None
+    found = whole.find(header, parted)
+    return found + len(header) if 0 <= found - parted <= LAST_TURN_FORM else None
+
+
 def trained_text(
     student: Student, before: list[dict], message: dict, tools: list, rid: str
 ) -> tuple[str, str]:
-    """(the rendered context with the generation prompt, what rendering `message` after it adds): TRL's split of
-    prompt and completion. The context must be a prefix of the whole, else the trained span is not defined."""
-    prompt = student.render(before, tools, generation=True)
-    whole = student.render([*before, message], tools, generation=False)
-    if not whole.startswith(prompt):
-        raise StudentError(
-            f"chat template {student.template_name}: record {rid}: the prompt rendered with the generation prompt "
-            "is not the start of the prompt and completion rendered together, so the trained tokens are not "
-            "defined"
-        )
-    return prompt, whole[len(prompt) :]
+    """(the prompt, the trained text) of `message` after `before` (text_span)."""
+    span = text_span(student, before, message, tools, rid)
+    return span.prompt, span.text
 
 
 def ids(student: Student, text: str) -> list[int]:
@@ -324,6 +516,7 @@ class Turn:
 
     prompt: list[int]
     whole: list[int]
+    stop: int | None = None  # the trained tokens end here (a `{% generation %}` span); None: at the end
 
     @property
     def start(self) -> int:
@@ -331,28 +524,36 @@ class Turn:
 
     @property
     def trained(self) -> int:
-        return len(self.whole) - self.start
+        return (len(self.whole) if self.stop is None else self.stop) - self.start
 
 
-def render_turn(student: Student, before: list[dict], message: dict, tools: list, rid: str) -> Turn:
-    """Render one trained assistant `message` after `before`; a StudentError naming the template and the record
-    when the rendering leaves out what is trained."""
-    prompt, text = trained_text(student, before, message, tools, rid)
-    gap = missing(text, message)
+def _gap_reason(gap: str) -> str:
+    if gap.startswith("the tool call"):
+        return "drops_tool_call"
+    return "drops_reasoning" if "reasoning" in gap else "drops_text"
+
+
+def render_turn(
+    student: Student, before: list[dict], message: dict, tools: list, rid: str, ids_too: bool = True
+) -> Turn:
+    """Render one trained assistant `message` after `before`; an Unfit naming the template, the record and the
+    reason when the rendering leaves out what is trained (`ids_too=False`: the check alone, no tokens)."""
+    span = text_span(student, before, message, tools, rid)
+    gap = missing(span.text, student.fit.apply([message])[0][0])
     if gap:
-        raise StudentError(
+        raise Unfit(
             f"chat template {student.template_name} leaves out {gap} of the message record {rid} trains "
-            f"(rendered completion: {text[:200]!r}); a template that drops what is trained is refused: set "
-            "export.student.chat_template to one that renders it"
+            f"(rendered completion: {span.text[:200]!r})",
+            _gap_reason(gap),
         )
+    if not ids_too:
+        return Turn([], [])
     if student.plain_data:
-        from sftree.dataset.pretokenize import encode_messages
+        from sftree.dataset.pretokenize import encode_span
 
-        return Turn(
-            encode_messages(student, before, tools, generation=True),
-            encode_messages(student, [*before, message], tools, generation=False),
-        )
-    return Turn(ids(student, prompt), ids(student, prompt + text))
+        return encode_span(student, before, message, tools, rid)
+    stop = None if span.end == len(span.whole) else len(ids(student, span.whole[: span.end]))
+    return Turn(ids(student, span.prompt), ids(student, span.whole), stop)
 
 
 def measure(student: Student, rec: dict) -> Measure:
@@ -365,7 +566,8 @@ def measure(student: Student, rec: dict) -> Measure:
     else:
         msgs = rec["messages"]
         trained_at = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
-    trained = sum(render_turn(student, msgs[:i], msgs[i], tools, rid).trained for i in trained_at)
+    turns = [render_turn(student, msgs[:i], msgs[i], tools, rid) for i in trained_at]
+    trained = sum(t.trained for t in turns)
     if student.plain_data:
         from sftree.dataset.pretokenize import encode_messages
 
@@ -413,16 +615,30 @@ class StudentStats:
         0  # tokens the step form would process for the records written (merged: the sum over steps)
     )
     tokenizer: dict | None = None  # Student.tokenizer_info(): file, kind, sha256
+    family: str = ""  # the template's family, as its rendering shows it (dataset/fit.py)
+    fit: list | None = None  # the adaptations the template's fit applies (dataset/fit.py)
+    adaptations: dict | None = None  # records each adaptation touched
 
     def __post_init__(self) -> None:
         self.lengths = {k: int((self.lengths or {}).get(k, 0)) for k in bucket_names()}
         self.dropped = {k: int(v) for k, v in (self.dropped or {}).items()}
+        self.adaptations = {k: int(v) for k, v in (self.adaptations or {}).items()}
+        self.fit = [str(a) for a in self.fit or []]
 
     @classmethod
     def of(cls, student: Student) -> StudentStats:
         return cls(
-            student.source, student.template_name, student.max_length, tokenizer=student.tokenizer_info()
+            student.source,
+            student.template_name,
+            student.max_length,
+            tokenizer=student.tokenizer_info(),
+            family=student.fit.family,
+            fit=list(student.fit.names()),
         )
+
+    def exclude(self, reason: str) -> None:
+        """A record the template cannot hold (Unfit), counted by its reason with the records dropped."""
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
     def count(self, m: Measure) -> str | None:
         """Count one measured record; the reason it is dropped, or None when it is kept."""
@@ -450,6 +666,9 @@ class StudentStats:
             "lengths": dict(self.lengths),
             "dropped": dict(sorted(self.dropped.items())),
             "tokenizer": self.tokenizer,
+            "family": self.family,
+            "fit": list(self.fit),
+            "adaptations": dict(sorted(self.adaptations.items())),
         }
 
     @classmethod
@@ -466,6 +685,9 @@ class StudentStats:
             d.get("dropped"),
             int(d.get("tokens_processed_as_steps") or 0),
             d.get("tokenizer") if isinstance(d.get("tokenizer"), dict) else None,
+            str(d.get("family") or ""),
+            d.get("fit") if isinstance(d.get("fit"), list) else None,
+            d.get("adaptations") if isinstance(d.get("adaptations"), dict) else None,
         )
 
     def add(self, other: StudentStats) -> None:
@@ -484,3 +706,5 @@ class StudentStats:
             self.lengths[k] = self.lengths.get(k, 0) + v
         for k, v in other.dropped.items():
             self.dropped[k] = self.dropped.get(k, 0) + v
+        for k, v in other.adaptations.items():
+            self.adaptations[k] = self.adaptations.get(k, 0) + v
