@@ -25,15 +25,12 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sftree.fileio import read_json
 from sftree.runtime import agentrepo, checkout, gittrees, safefs
 from sftree.runtime.folderreader import FolderReader, Quota, QuotaExceeded, Reading, UnsafeWorkspace  # noqa: F401
 from sftree.runtime.objects import ObjectDB, flatten, tree_from_files
-
-if TYPE_CHECKING:  # store.py imports this module (TreeStore.fork makes every workspace)
-    from sftree.runtime.store import TreeStore
+from sftree.runtime.repos import TreeRepos
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +138,7 @@ def _host_knowledge(path: str) -> bool:
 class EdgeWorkspace:
     """One edge's world (module docstring). Made by `TreeStore.fork`."""
 
-    store: TreeStore  # the tree's store, which forked it
+    store: TreeRepos  # the tree's store (store.py's TreeStore), which forked it
     edge_id: str
     parent: NodeState
     paths: Paths
