@@ -169,7 +169,7 @@ def _read_at(dfd: int, name: str, limit: int, where: str) -> bytes:
         raise
 
 
-def find_run(path: str | os.PathLike) -> Path:
+def find_run(path: str | os.PathLike[str]) -> Path:
     """The run folder (the one holding `.coral/`), given it or its `.coral` folder. The path the user gives is
     resolved once (it may be a `latest` link); nothing inside the run is followed."""
     p = Path(os.path.realpath(path))
@@ -394,7 +394,7 @@ def _read_hub(run: Path, island: str | None, rel: str, notes: list[str]) -> tupl
     return hub, records, problems
 
 
-def read_run(path: str | os.PathLike) -> CoralRun:
+def read_run(path: str | os.PathLike[str]) -> CoralRun:
     """Everything `import-coral` needs from a run folder. InputError when the run cannot be read at all (no
     `.coral/`, no attempts folder, no code or checkpoint repository); per-record problems are collected."""
     run = find_run(path)

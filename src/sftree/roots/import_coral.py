@@ -582,8 +582,8 @@ def _eval_count_notes(run: CoralRun) -> list[str]:
 
 
 def run_import(
-    run_dir: str | os.PathLike,
-    out: str | os.PathLike,
+    run_dir: str | os.PathLike[str],
+    out: str | os.PathLike[str],
     *,
     task: str | None = None,
     direction: str | None = None,

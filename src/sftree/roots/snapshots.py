@@ -76,7 +76,7 @@ def _has_eval_dirs(path: Path) -> bool:
         return False
 
 
-def resolve_task_dir(snapshots: str | os.PathLike, task: str | None = None) -> tuple[Path, str]:
+def resolve_task_dir(snapshots: str | os.PathLike[str], task: str | None = None) -> tuple[Path, str]:
     """The folder holding the task's eval-* folders, and the task name.
 
     `snapshots` is either that folder itself (task defaults to its name) or a folder with one subfolder per
@@ -410,7 +410,7 @@ def _read_all(items: list, jobs: int, result: Scan, problems: list[str], task: s
 
 
 @gc_paused()
-def scan(directory: str | os.PathLike, task: str, jobs: int = 1) -> Scan:
+def scan(directory: str | os.PathLike[str], task: str, jobs: int = 1) -> Scan:
     """Read every eval-* folder of one task. Raises one InputError listing all problems found.
 
     With jobs > 1 and a large run, slices of folders are read by a pool of processes (file reads and JSON

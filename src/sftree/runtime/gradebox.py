@@ -78,7 +78,7 @@ class SolutionRun:
 
 
 def run_solution(
-    code_dir: str | os.PathLike,
+    code_dir: str | os.PathLike[str],
     func: str,
     calls: list[tuple | list] = ((),),
     *,

@@ -46,7 +46,7 @@ class _Level:
     todo: list[str] = field(default_factory=list)
 
 
-def tree(path: str | os.PathLike) -> None:
+def tree(path: str | os.PathLike[str]) -> None:
     """Remove `path` (a folder and all it holds, or a file, or a link: the link, never its target). Nothing there
     is no error. The folders leading to `path` are the caller's (they may be links)."""
     path = Path(path)
@@ -60,7 +60,7 @@ def tree(path: str | os.PathLike) -> None:
         os.close(pfd)
 
 
-def quietly(path: str | os.PathLike) -> bool:
+def quietly(path: str | os.PathLike[str]) -> bool:
     """`tree(path)` for a cleanup: what could not be removed is logged, never raised. True when nothing stayed."""
     try:
         tree(path)

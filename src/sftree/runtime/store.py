@@ -48,7 +48,7 @@ class TreeStore(TreeRepos):
     """The repositories of one tree and the edge folders under `<tree_dir>/work` (repos.py: what a workspace
     writes into), seeded from a root snapshot and forked into edge workspaces."""
 
-    def __init__(self, tree_dir: str | os.PathLike, task_cfg: dict):
+    def __init__(self, tree_dir: str | os.PathLike[str], task_cfg: dict):
         super().__init__(tree_dir)
         self.task_cfg = task_cfg
 

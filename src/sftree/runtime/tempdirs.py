@@ -57,7 +57,7 @@ def make(prefix: str, quota: DiskQuota | None = None) -> Path:
     return Path(path)
 
 
-def mounted(path: str | os.PathLike) -> bool:
+def mounted(path: str | os.PathLike[str]) -> bool:
     """`path` (made by `make`) is a quota tmpfs."""
     return diskquota.is_quota_mount(path)
 
@@ -78,7 +78,7 @@ def _remove(path: str, warn: bool = True) -> bool:
     return True
 
 
-def remove(path: str | os.PathLike) -> None:
+def remove(path: str | os.PathLike[str]) -> None:
     _remove(os.fspath(path))
     with _lock:
         _live.discard(str(path))

@@ -266,7 +266,9 @@ def _roots(venv: Path) -> tuple[str, ...]:
     return tuple(sorted(r for r in roots if r and r != "/"))
 
 
-def ensure(spec: TaskSpec, install: CoralInstall | None, log: str | os.PathLike | None = None) -> GraderVenv:
+def ensure(
+    spec: TaskSpec, install: CoralInstall | None, log: str | os.PathLike[str] | None = None
+) -> GraderVenv:
     """The task's grader venv: from the cache, or built now (once per key, whoever asks first)."""
     if not spec.entrypoint:
         raise ValueError(f"task {spec.name}: not a packaged grader")

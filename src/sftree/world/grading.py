@@ -289,7 +289,7 @@ class _Layout:
 
 def grade(
     spec: TaskSpec,
-    code_dir: str | os.PathLike,
+    code_dir: str | os.PathLike[str],
     *,
     commit: str,
     install: CoralInstall | None,
@@ -320,7 +320,7 @@ def grade(
 def _grade_in(
     g: _Grading,
     spec: TaskSpec,
-    code_dir: str | os.PathLike,
+    code_dir: str | os.PathLike[str],
     *,
     commit: str,
     install: CoralInstall | None,
@@ -375,7 +375,7 @@ def _grade_in(
 
 def _copy_in(
     spec: TaskSpec,
-    code_dir: str | os.PathLike,
+    code_dir: str | os.PathLike[str],
     cd_host: Path,
     checkout_host: Path,
     kernel_quota: bool,
