@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sftree.agents.base import AgentBackend, TurnOutcome
+from sftree.agents.base import AgentBackend, Teacher, TurnOutcome
 from sftree.agents.turn_end import TEACHER_DOWN
 from sftree.errors import InputError
 from sftree.fileio import write_json_atomic, write_text_atomic
@@ -43,7 +43,7 @@ from sftree.runtime.folderreader import Quota
 from sftree.runtime.objects import flatten
 from sftree.runtime.store import TreeStore
 from sftree.runtime.workspace import EdgeWorkspace, NodeState, write_world
-from sftree.search.collaborators import Grader, Store, Teacher, World
+from sftree.search.collaborators import Grader, Store, World
 from sftree.search.result import EdgeResult, TurnResult
 from sftree.settings import Settings, TeacherSettings
 from sftree.world.coral_command import CoralRuntime, CoralServer
