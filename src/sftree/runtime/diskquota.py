@@ -50,7 +50,7 @@ def grade_quota(quota: QuotaSettings) -> DiskQuota:
 
 
 @functools.cache
-def _libc():
+def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 

@@ -101,14 +101,18 @@ def _empty(top_fd: int, problems: list[str]) -> None:
     """Remove everything below the folder open as `top_fd` (not the folder itself); `problems` gets what stayed.
     Depth first: a folder's files go when it is listed, its subfolders one by one, each removed once empty."""
     top = os.fstat(top_fd)
-    stack = [_Level("", top.st_dev, top.st_ino, os.dup(top_fd))]
+    first = os.dup(top_fd)
+    stack = [_Level("", top.st_dev, top.st_ino, first)]
     try:
-        stack[0].todo = _clear_files(stack[0].fd, "", problems)
+        stack[0].todo = _clear_files(first, "", problems)
         while stack:
             here = stack[-1]
             if here.todo:
                 name = here.todo.pop()
-                fd = here.fd  # the deepest level is always open (only levels MAX_OPEN above it are closed)
+                fd = here.fd
+                assert (
+                    fd is not None
+                )  # the deepest level is always open (only levels MAX_OPEN above it close)
                 rel = f"{_rel(stack)}/{name}".lstrip("/")
                 try:
                     sub = _open_dir(fd, name)
@@ -132,6 +136,7 @@ def _empty(top_fd: int, problems: list[str]) -> None:
                 stack[-1].todo = _clear_files(sub, rel, problems)
                 continue
             done = stack.pop()
+            assert done.fd is not None  # (the deepest level)
             if not stack:
                 os.close(done.fd)
                 break

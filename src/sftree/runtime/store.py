@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TypeAlias
 
 from sftree.errors import InputError
 from sftree.runtime import checkout, safefs
-from sftree.runtime.folderreader import FolderReader, Quota
+from sftree.runtime.folderreader import FolderReader, Quota, Skip
 from sftree.runtime.objects import ObjectDB, git, init_bare, tree_from_files
 from sftree.runtime.repos import TreeRepos
 from sftree.runtime.workspace import (
@@ -36,6 +38,8 @@ from sftree.settings import AgentSettings, schema_defaults
 
 log = logging.getLogger(__name__)
 
+StrPath: TypeAlias = str | os.PathLike[str]
+
 LOOSE_PACK_KIB = 16 * 1024
 ROOT_QUOTA = Quota(files=2_000_000, bytes=64 << 30, file_bytes=4 << 30, depth=256)  # the Student's own files
 
@@ -48,13 +52,15 @@ class TreeStore(TreeRepos):
     """The repositories of one tree and the edge folders under `<tree_dir>/work` (repos.py: what a workspace
     writes into), seeded from a root snapshot and forked into edge workspaces."""
 
-    def __init__(self, tree_dir: str | os.PathLike[str], task_cfg: dict):
+    def __init__(self, tree_dir: str | os.PathLike[str], task_cfg: Mapping[str, object]) -> None:
         super().__init__(tree_dir)
         self.task_cfg = task_cfg
 
     # ---- creation and resume -------------------------------------------------------------------------------
     @classmethod
-    def create(cls, tree_dir, root_snapshot_dir, task_cfg: dict) -> tuple[TreeStore, NodeState]:
+    def create(
+        cls, tree_dir: StrPath, root_snapshot_dir: StrPath, task_cfg: Mapping[str, object]
+    ) -> tuple[TreeStore, NodeState]:
         """Seed the store from the root snapshot's `code/` and `shared/`; return it and the root's state.
         Idempotent: a store that already holds a root (a resumed run) is returned with that root unchanged."""
         self = cls(tree_dir, task_cfg)
@@ -82,7 +88,7 @@ class TreeStore(TreeRepos):
         return self, NodeState(code, knowledge, None)
 
     @classmethod
-    def open(cls, tree_dir, task_cfg: dict) -> TreeStore:
+    def open(cls, tree_dir: StrPath, task_cfg: Mapping[str, object]) -> TreeStore:
         self = cls(tree_dir, task_cfg)
         if not (self.code_git / "refs" / "sftree" / "root").exists():
             raise InputError(f"no tree store under {self.store_dir} (create it first)")
@@ -95,7 +101,7 @@ class TreeStore(TreeRepos):
         return NodeState(code, knowledge, None)
 
     @staticmethod
-    def _import_dir(db: ObjectDB, src: Path | None, what: str, skip) -> str:
+    def _import_dir(db: ObjectDB, src: Path | None, what: str, skip: Skip) -> str:
         """A root commit of what `src` holds (read by the host without following links; `skip` left out)."""
         files = FolderReader(db, ROOT_QUOTA, skip).files(src)[0] if src is not None else {}
         return db.write_commit(tree_from_files(db, files), [], f"sftree: {what}")

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 from sftree.runtime import diskquota
 from sftree.runtime import remove as remove_tree
@@ -134,7 +135,7 @@ def sweep(prefixes: tuple[str, ...]) -> list[str]:
     """Remove our folders left by a process that no longer exists (killed with -9), a quota tmpfs unmounted;
     returns their names."""
     base = Path(tempfile.gettempdir())
-    gone = []
+    gone: list[str] = []
     try:
         entries = list(base.iterdir())
     except OSError:
@@ -161,7 +162,7 @@ def removed_on_sigterm() -> Iterator[None]:
         yield
         return
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: FrameType | None) -> None:
         remove_all()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
