@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from sftree.agents.base import CoralSession
 from sftree.jsontypes import JSONObject
+from sftree.world.coral_command import RuntimeWorld
 
 if TYPE_CHECKING:
     from sftree.runtime.folderreader import Quota
@@ -26,8 +27,9 @@ class TurnPrompt(Protocol):
     def text(self) -> str: ...
 
 
-class World(Protocol):
-    """Coral's texts, CLI and layout for the Teacher's sessions (world/world.py `World`)."""
+class World(RuntimeWorld, Protocol):
+    """Coral's texts, CLI and layout for the Teacher's sessions (world/world.py `World`), and what the edge's
+    `coral` commands use of it (world/coral_command.py `RuntimeWorld`)."""
 
     @property
     def agent_id(self) -> str: ...  # the Student's agent the root snapshot belongs to

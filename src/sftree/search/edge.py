@@ -158,11 +158,15 @@ class EdgeContext:
             _closers=closers,
         )
 
-    def counters(self, state: NodeState) -> CoralCounters | None:
+    def counters(self, state: NodeState) -> CoralCounters:
         """The host's Coral counters at a node (the root's, else what its edge left)."""
         from sftree.world.counters import CoralCounters
 
-        return CoralCounters.from_dict(state.counters) if state.counters else self.root_counters
+        if state.counters:
+            return CoralCounters.from_dict(state.counters)
+        if self.root_counters is None:  # (create() reads them from the root's attempt records)
+            raise InputError("the root's Coral counters are unknown: the edge context has no root_counters")
+        return self.root_counters
 
     def close(self) -> None:
         """Stop a teacher-sim or llama-server this context started; remove worktrees unless keep_workspaces."""
