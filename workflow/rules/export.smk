@@ -10,16 +10,11 @@ rule export_sft:
     conda:
         "../../envs/sftree.yaml"
     params:
-        granularity=config["export"]["granularity"],
-        refuse="--refuse-native" if config["export"]["refuse_native"] else "",
-        student=student_args(config["export"].get("student")),
-        tree=lambda wc, output: tree_args(output),
-        text=f"--special-text {config['export']['special_text']}"
-        + (" --pretokenized" if config["export"]["pretokenized"] else ""),
+        config=config_args(),
     shell:
-        "sftree export-sft --paths {input.paths} --out {output.sft}"
-        " --granularity {params.granularity} {params.refuse} {params.student} {params.tree} {params.text}"
-        " > {log} 2>&1"
+        # The `export` section of the effective config says what to write (the form, the Student, the tree form
+        # beside sft.jsonl when export.tree_packed).
+        "sftree export-sft --paths {input.paths} --out {output.sft} {params.config} > {log} 2>&1"
 
 
 rule merge_sft:
@@ -45,14 +40,11 @@ rule merge_sft:
     conda:
         "../../envs/sftree.yaml"
     params:
-        dedupe="--dedupe" if config["export"]["dedupe"] else "",
         results=lambda wc, output: os.path.dirname(output.sft),
-        tree=lambda wc, input, output: (
-            f"--tree-inputs {' '.join(input.tree)} --tree-out {output.tree}"
-            if TREE_PACKED
-            else ""
-        ),
+        config=config_args(),
     shell:
+        # export.dedupe and export.tree_packed from the effective config; the tasks' tree forms are read beside
+        # their sft.jsonl.
         "sftree merge-sft {input.sft} --out {output.sft} --dataset-info {output.info}"
         " --card {output.card} --llamafactory-out {output.llamafactory}"
-        " --results {params.results} {params.dedupe} {params.tree} > {log} 2>&1"
+        " --results {params.results} {params.config} > {log} 2>&1"

@@ -25,14 +25,18 @@ from sftree.fileio import write_json_atomic, write_text_atomic
 from sftree.progress import Progress
 from sftree.records.sft import (
     STATS_VERSION,
+    MergedRecord,
     iter_records,
+    lines_writer,
     read_stats,
     record_writer,
     stats_path,
     write_figures,
     write_stats,
 )
+from sftree.records.tree_packed import tree_form_path
 from sftree.records.trust import read_results
+from sftree.settings import load_settings
 
 log = logging.getLogger("sftree.dataset.merge")
 
@@ -104,7 +108,7 @@ def _write_records(
     dedupe_ = Dedupe(drop=dedupe)
     with contextlib.ExitStack() as stack:
         main = stack.enter_context(record_writer(out))
-        lf = stack.enter_context(record_writer(llamafactory)) if llamafactory else None
+        lf = stack.enter_context(lines_writer(llamafactory)) if llamafactory else None
         progress = Progress("merge-sft records", logger=log)
         for f in inputs:
             for rec in iter_records(f):
@@ -115,7 +119,7 @@ def _write_records(
                 n = turn_boundaries(rec)
                 stats.boundaries += n
                 stats.boundary_records += n > 0
-                if lf and (rec.get("metadata") or {}).get("granularity") == "merged":
+                if lf and isinstance(rec, MergedRecord):
                     stats.llamafactory_left_out += 1
                 elif lf:
                     lf.write(llamafactory_record(rec))
@@ -159,12 +163,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the records reshaped for LLaMA-Factory (dataset_info points here)",
     )
     parser.add_argument(
-        "--dedupe",
-        action="store_true",
-        help="leave out trained messages that an earlier record trains (dataset/dedupe.py)",
+        "--config",
+        help="config.yaml whose `export` section says what to merge (export.dedupe, export.tree_packed: the tasks' "
+        "tree forms beside their sft.jsonl); default: the repository's",
     )
-    parser.add_argument("--tree-inputs", nargs="+", help="the tasks' tree-form files (export.tree_packed)")
-    parser.add_argument("--tree-out", help="with --tree-inputs: the merged tree-form file to write")
+    parser.add_argument(
+        "--dedupe",
+        action="store_const",
+        const=True,
+        help="export.dedupe for this run: leave out trained messages that an earlier record trains",
+    )
+    parser.add_argument(
+        "--tree-packed",
+        action="store_const",
+        const=True,
+        help="export.tree_packed for this run: merge the tasks' tree forms (sft.tree.jsonl beside each input)",
+    )
     parser.add_argument(
         "--results",
         help="the results folder, for the card's gains, skipped snapshots and sandbox",
@@ -172,9 +186,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if bool(args.tree_inputs) != bool(args.tree_out):
-        raise InputError("--tree-inputs and --tree-out go together")
-    missing = [f for f in [*args.inputs, *(args.tree_inputs or [])] if not Path(f).is_file()]
+    settings = load_settings(args.config).export
+    dedupe = settings.dedupe if args.dedupe is None else args.dedupe
+    tree_packed = settings.tree_packed if args.tree_packed is None else args.tree_packed
+    tree_inputs = [str(tree_form_path(f)) for f in args.inputs] if tree_packed else []
+    missing = [f for f in [*args.inputs, *tree_inputs] if not Path(f).is_file()]
     if missing:
         raise InputError(f"SFT files to merge not found: {', '.join(missing)}")
     merge(
@@ -183,8 +199,8 @@ def run(args: argparse.Namespace) -> int:
         args.dataset_info,
         args.card,
         args.llamafactory_out,
-        dedupe=args.dedupe,
+        dedupe=dedupe,
         results=args.results,
-        tree=(args.tree_inputs, args.tree_out) if args.tree_inputs else None,
+        tree=(tree_inputs, str(tree_form_path(args.out))) if tree_packed else None,
     )
     return 0

@@ -43,7 +43,6 @@ import logging
 import os
 import threading
 import time
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
@@ -54,6 +53,7 @@ from sftree.jsontypes import ChatMessages, ForeignJSON, Tools, WireObject
 from sftree.settings import JSONMap, TeacherSettings
 from sftree.teacher.affinity import routing_headers
 from sftree.teacher.http import InFlight
+from sftree.teacher.params import RequestParams
 from sftree.teacher.response import MalformedResponse, Reply, is_context_overflow, normalize
 from sftree.teacher.router_watch import RouterWatcher, read_workers
 from sftree.teacher.stream import StreamAssembler
@@ -136,63 +136,6 @@ class Completion:
 
 
 CONSTRAIN_MODES = ("none", "tool_call", "tool_call_required")
-
-
-def required_only(params: WireObject) -> WireObject:
-    """A tool's parameter schema cut to its required properties (`additionalProperties: false`): a small model
-    given optional arguments fills them with invented values (docs/real_teacher.md, "tool_call_required")."""
-    props = params.get("properties")
-    if params.get("type") != "object" or not isinstance(props, dict):
-        return params
-    req = [r for r in params.get("required") or [] if r in props]
-    return {
-        **params,
-        "properties": {k: props[k] for k in req},
-        "required": req,
-        "additionalProperties": False,
-    }
-
-
-def tool_call_schema(tools: Tools, *, required_args_only: bool = False) -> WireObject:
-    """A JSON schema whose instances are exactly one call of one of `tools`: {"name": <tool>, "arguments": <its
-    parameters>}, or only its required ones with `required_args_only`. Built from the tool schemas alone
-    (docs/real_teacher.md, "teacher.constrain")."""
-    calls = []
-    for t in tools:
-        fn = t.get("function") if isinstance(t, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            continue
-        params = fn.get("parameters") or {"type": "object"}
-        if required_args_only:
-            params = required_only(params)
-        calls.append({
-            "type": "object",
-            "properties": {"name": {"const": fn["name"]}, "arguments": params},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        })  # fmt: skip
-    return {"anyOf": calls}
-
-
-def tool_call_response_format(tools: Tools, *, required_args_only: bool = False) -> WireObject:
-    """`response_format` for `teacher.constrain: tool_call[_required]`: llama-server compiles it to a grammar that
-    is active from the first token (not lazy like its tool-call grammar); the reply's content is then one JSON
-    call, which `teacher.response.normalize` turns into a tool call (`text_tool_calls:json`)."""
-    schema = tool_call_schema(tools, required_args_only=required_args_only)
-    return {"type": "json_schema", "json_schema": {"name": "tool_call", "strict": True, "schema": schema}}
-
-
-SEED_HEADERS = ("X-Sftree-Tree", "X-Sftree-Edge", "X-Sftree-Attempt", "X-Sftree-Turn")
-
-
-def request_seed(base: int, headers: Mapping[str, object] | None, n_messages: int) -> int:
-    """The sampling seed of one request under `teacher.seed`: a pure function of the base seed, the tree, edge,
-    attempt and turn (the request's `X-Sftree-*` headers) and the session's length. A tree rerun the same way
-    samples the same replies (llama-server on the CPU is deterministic for a fixed seed, prompt and prefix-cache
-    state, docs/real_teacher.md), while sibling edges, whose first requests are byte-identical, still draw
-    different ones (one seed for all would make them copies)."""
-    key = [str(base)] + [str((headers or {}).get(h, "")) for h in SEED_HEADERS] + [str(n_messages)]
-    return zlib.crc32("\x1f".join(key).encode("utf-8")) & 0x7FFFFFFF
 
 
 def serialize(body: Mapping[str, object]) -> bytes:
@@ -301,6 +244,7 @@ class TeacherClient:
         self.constrain = constrain
         self.seed = t.seed
         self.stream = bool(t.stream)
+        self.params = RequestParams.from_settings(t)  # every field of a request but its messages and tools
         self.fleet_poll = float(t.fleet_poll or 0)
         self.fleet: RouterWatcher | None = None
         self._sem = threading.BoundedSemaphore(t.max_concurrency)
@@ -440,29 +384,9 @@ class TeacherClient:
     def request_body(
         self, messages: ChatMessages, tools: Tools | None, headers: Mapping[str, object] | None = None
     ) -> WireObject:
-        body: WireObject = {
-            "model": self.model,
-            "messages": messages,
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-        }
-        if tools:
-            body["tools"] = tools
-            if (
-                self.tool_choice != "auto"
-            ):  # `auto` is the servers' default: left out, bodies stay as they were
-                body["tool_choice"] = self.tool_choice
-            if self.constrain != "none":
-                body["response_format"] = tool_call_response_format(
-                    tools, required_args_only=self.constrain == "tool_call_required"
-                )
-        if self.seed is not None:
-            body["seed"] = request_seed(self.seed, headers, len(messages))
-        if self.stream:  # the reply as SSE chunks, usage in the last one (SGLang, llama-server, vLLM)
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
-        body.update(self.extra_body)
-        return body
+        """The whole request: the messages and tools, every other field the host's (teacher/params.py, the one
+        place both backends take them from)."""
+        return self.params.body(list(messages), list(tools) if tools else None, headers)
 
     def chat(
         self,
