@@ -12,7 +12,6 @@ files are named. A refactor that must keep behaviour byte for byte is checked wi
 from __future__ import annotations
 
 import argparse
-import filecmp
 import os
 import re
 import shutil
@@ -81,10 +80,17 @@ def main() -> int:
         archive = subprocess.run(["git", "archive", args.rev, "src", "workflow"], cwd=REPO, capture_output=True,
                                  check=True).stdout  # fmt: skip
         subprocess.run(["tar", "-x", "-C", str(base_src)], input=archive, check=True)
+        if (
+            REPO / ".tools"
+        ).is_dir():  # the Student's tokenizer, which the config names relative to the checkout
+            (base_src / ".tools").symlink_to(REPO / ".tools")
         a = run_side("a", base_src / "src", work, cmds)
         b = run_side("b", REPO / "src", work, cmds)
         files = [o.removeprefix("results/") for o in outputs(cmds)]
-        differ = [f for f in files if not filecmp.cmp(a / f, b / f, shallow=False)]
+        # A file that names the Student's tokenizer names it inside each side's checkout: the rev's paths are
+        # read as the working tree's before the bytes are compared.
+        root_a, root_b = str(base_src).encode(), str(REPO).encode()
+        differ = [f for f in files if (a / f).read_bytes().replace(root_a, root_b) != (b / f).read_bytes()]
     for f in files:
         print(f"{'DIFFERS' if f in differ else 'same   '} results/{f}")
     print(f"{len(files) - len(differ)} of {len(files)} outputs identical ({args.rev} vs the working tree)")
