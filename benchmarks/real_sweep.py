@@ -68,16 +68,16 @@ def summarize(out: Path) -> dict:
             if tc["function"]["name"] in ("write", "edit") and not r["error"]:
                 changed += 1
     turns = [t for e in tree.edges for t in e.turns]
-    graded = [t for t in turns if isinstance(t.get("score"), int | float)]
+    graded = [t for t in turns if isinstance(t.score, int | float)]
     statuses: dict[str, int] = {}
     for t in turns:
-        if t.get("eval_status"):
-            statuses[t["eval_status"]] = statuses.get(t["eval_status"], 0) + 1
+        if t.eval_status:
+            statuses[t.eval_status] = statuses.get(t.eval_status, 0) + 1
     return {
         "edges": len(tree.edges), "turns": len(turns), "steps": len(steps), "answered": len(answered),
         "calls": len(calls), "native_calls": native, "tools": names,
         "tool_errors": sum(1 for r in results if r["error"]), "coral_eval": evals,
-        "eval_statuses": statuses, "graded": len(graded), "scores": [t["score"] for t in graded],
+        "eval_statuses": statuses, "graded": len(graded), "scores": [t.score for t in graded],
         "root_score": tree.root_node.score, "changed": changed, "repeats": repeats,
         "cut": sum(1 for s in answered if s["finish_reason"] == "length"),
         "prompt": sum(s["usage"]["prompt_tokens"] for s in answered),

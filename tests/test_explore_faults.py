@@ -50,7 +50,7 @@ def test_edge_error_on_exempt_edges_and_a_lost_root_direction(tmp_path):
     assert (n1.valid_children, n1.failed_expansions, n1.status) == (1, 1, "expanded")
     # seed 0: e5's second eval crashes (no score), so e5 is an exempt-kept failure; n2 reached the depth limit,
     # so it is a normal leaf all the same (1.9 item 2) and, with all four metrics computable, a ranked path (3.1)
-    assert tree.edge("e5").fail_reason == "no_score" and tree.edge("e5").turns[1]["ended"] == "eval"
+    assert tree.edge("e5").fail_reason == "no_score" and tree.edge("e5").turns[1].ended == "eval"
     assert n2.leaf_reason == "depth_limit" and not n2.path_valid and treemod.is_good_leaf(n2)
     assert tree.stop_reason == "frontier_empty" and tree.counters()["good_leaves"] == 1
     assert (out / "edges" / "e3" / "code.diff").read_text() == ""
@@ -97,8 +97,8 @@ def test_turn_timeout_fails_the_turn_and_the_fallback_follows(tmp_path):
     assert explore(root, out, cfg) == 0
     tree = load_final(out)
     e1, e2 = tree.edge("e1"), tree.edge("e2")
-    assert e1.turns[0]["ended"] == "timeout" and e1.turns[0]["score"] is None and e1.turns[0]["steps"] == 1
-    assert e1.turns[1]["ended"] == "eval"  # the next turn has its own time limit
+    assert e1.turns[0].ended == "timeout" and e1.turns[0].score is None and e1.turns[0].steps == 1
+    assert e1.turns[1].ended == "eval"  # the next turn has its own time limit
     assert e1.pruned and e1.prune_reason == "no_score"
     assert (e2.slot, e2.attempt, e2.exempt, e2.failed) == (0, 2, True, False)
     assert tree.node(e2.child).leaf_reason == "depth_limit"
@@ -116,7 +116,7 @@ def test_root_snapshot_without_a_score(tmp_path):
     for e in tree.edges:
         assert e.score is not None and e.outcome == 1.0
         assert tree.node(e.child).path_best_score == e.score
-        assert e.regression_stability == (0.5 if e.turns[1]["score"] < e.turns[0]["score"] else 1.0)
+        assert e.regression_stability == (0.5 if e.turns[1].score < e.turns[0].score else 1.0)
     doc = paths.select_paths(
         Tree.from_doc(tree.to_dict()), schema_defaults(SelectPathsSettings).top_k
     ).to_doc()

@@ -6,12 +6,11 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import asdict
 
 from helpers.explore import explore, explore_cmd, load_final, make_root, write_config
 
 from sftree.httpserver import local_url, serve_in_background
-from sftree.search.tree import LiveTree
+from sftree.search.tree import LiveTree, edge_doc
 from sftree.teacher.sim.server import make_server
 
 # Wall-clock fields; knowledge commits hold Coral attempt records, which carry a timestamp.
@@ -89,7 +88,7 @@ def test_kill_9_then_resume(tmp_path):
         assert len([e for e in tree.edges if e.child]) == 6  # the full tree: 2 + 4
         final = {e.id: e for e in tree.edges}
         for eid, e in done_before.items():  # finished edges kept as they were
-            assert _strip(e) == _strip(asdict(final[eid]))
+            assert _strip(e) == _strip(edge_doc(final[eid]))
             assert digest(eid) == transcripts[eid]
         assert not running_before & set(final)  # half-done edges discarded, their ids not reused
         assert not any(

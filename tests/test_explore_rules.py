@@ -33,7 +33,7 @@ def test_layer1_fallback_token_and_depth_leaves(tmp_path):
         "no_score",
         None,
     )
-    assert [t["ended"] for t in e1.turns] == ["no_eval", "no_eval"]
+    assert [t.ended for t in e1.turns] == ["no_eval", "no_eval"]
     (retry,) = edges_by(tree, slot=0, attempt=2)
     assert retry.exempt and not retry.pruned and retry.failed and retry.fail_reason == "no_score"
     kept = tree.node(retry.child)
@@ -106,9 +106,9 @@ def test_depth3_tool_error_rate_boundary_with_scores(tmp_path):
     assert [(e.attempt, e.pruned) for e in d3] == [(1, True), (2, False)]
     over, at = d3
     for e in (over, at):
-        assert not e.exempt and [t["ended"] for t in e.turns] == ["eval", "eval"]
-        assert all(isinstance(t["score"], float) for t in e.turns) and e.score is not None
-        assert [t["tool_errors"] for t in e.turns] == [3, 3]
+        assert not e.exempt and [t.ended for t in e.turns] == ["eval", "eval"]
+        assert all(isinstance(t.score, float) for t in e.turns) and e.score is not None
+        assert [t.tool_errors for t in e.turns] == [3, 3]
         steps = steplog.read_steps(out / e.transcript)
         calls = [
             (s["turn"], c["function"]["name"]) for s in steps for c in s["response"].get("tool_calls") or []

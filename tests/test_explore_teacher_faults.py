@@ -51,8 +51,8 @@ def test_overflow_and_real_server_shapes_finish_the_tree(tmp_path):
     # e1: turn 2 hit the 400 at once: the edge failed (no score on turn 2), nothing was retried
     e1 = edges["e1"]
     assert e1.pruned and e1.prune_reason == "no_score" and e1.error is None
-    assert [t["ended"] for t in e1.turns][1] == "context_overflow"
-    assert "longer than the model's context length" in e1.turns[1]["error"]
+    assert [t.ended for t in e1.turns][1] == "context_overflow"
+    assert "longer than the model's context length" in e1.turns[1].error
     failed = [s for s in steps(out, "e1") if s["response"] is None]
     assert len(failed) == 1 and failed[0]["turn"] == 2 and failed[0]["error"].startswith("context_overflow: ")
 
@@ -83,7 +83,7 @@ def test_overflow_and_real_server_shapes_finish_the_tree(tmp_path):
     hermes = [s for s in e3 if s["turn"] == 2 and s["response"]]
     assert hermes and all(s["notes"] == ["text_tool_calls:hermes"] for s in hermes)
     assert all("<tool_call>" not in s["response"]["content"] for s in hermes)
-    assert edges["e3"].turns[1]["ended"] == "eval"
+    assert edges["e3"].turns[1].ended == "eval"
 
     # e4 (the retry of e1's slot): bare JSON calls and the legacy function_call
     notes = {n for s in steps(out, "e4") for n in s.get("notes") or []}
@@ -136,8 +136,10 @@ def test_context_budget_stops_the_turn_before_the_server_400(tmp_path):
     assert explore(root, out, cfg) == 0
     tree = load_final(out)
     assert tree.status == "finished" and tree.stop_reason == "frontier_empty"
-    overflowed = [t for e in tree.edges for t in e.turns if t["ended"] == "context_overflow"]
-    assert overflowed and all("would reach teacher.context_tokens 5000" in t["error"] for t in overflowed)
+    overflowed = [t for e in tree.edges for t in e.turns if t.ended == "context_overflow"]
+    assert overflowed and all(
+        "would reach teacher.context_tokens 5000" in (t.error or "") for t in overflowed
+    )
     records = [s for e in tree.edges for s in steps(out, e.id)]
     assert all(s["response"] is not None for s in records)  # no request was sent to get the 400
     assert max(s["usage"]["prompt_tokens"] + s["usage"]["completion_tokens"] for s in records) + 500 >= 5000

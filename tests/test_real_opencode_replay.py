@@ -95,7 +95,7 @@ def test_the_replayed_run_has_a_graded_eval_and_a_record_that_trains_a_real_tool
     tmp_path, _rs, _sess, _res = replayed
     (tree_file,) = (tmp_path / "results/circle_packing/trees").glob("*/tree.json")
     tree = treemod.load(tree_file)
-    graded = [t for e in tree.edges for t in e.turns if isinstance(t["score"], int | float)]
+    graded = [t for e in tree.edges for t in e.turns if isinstance(t.score, int | float)]
     assert graded, "no graded coral eval"
     records = [
         json.loads(x) for x in (tmp_path / "results/circle_packing/sft.jsonl").read_text().splitlines()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import typing
 
@@ -11,6 +12,7 @@ from sftree.agents.base import TurnOutcome
 from sftree.errors import InputError
 from sftree.records import tree as rt
 from sftree.search import mcts
+from sftree.search import tree as treemod
 from sftree.search.result import TurnResult
 
 
@@ -31,6 +33,7 @@ def _enum(schema: dict, *path: str) -> set:
         (("$defs", "node", "properties", "leaf_reason"), rt.LEAF_REASONS),
         (("$defs", "edge", "properties", "prune_reason"), rt.PRUNE_REASONS),
         (("$defs", "edge", "properties", "fail_reason"), rt.PRUNE_REASONS),
+        (("$defs", "turn", "properties", "ended"), rt.TURN_ENDS),
     ],
 )
 def test_schema_enums_are_the_vocabularies(path, words):
@@ -39,11 +42,29 @@ def test_schema_enums_are_the_vocabularies(path, words):
     assert len(set(words)) == len(words)
 
 
+@pytest.mark.parametrize(("name", "record"), [("node", rt.Node), ("edge", rt.Edge), ("turn", rt.Turn)])
+def test_schema_describes_each_field_of_the_one_record(name, record):
+    """tree.schema.json names exactly the fields of records/tree.py's record (declared once: the search holds the
+    same records), and requires only fields it has."""
+    part = json.loads(rt.TREE_SCHEMA.read_text())["$defs"][name]
+    fields = [f.name for f in dataclasses.fields(record)]
+    assert sorted(part["properties"]) == sorted(fields)
+    assert set(part["required"]) <= set(fields)
+
+
+def test_the_search_holds_the_tree_records_and_its_turns_are_them():
+    """One declaration of each: the live tree's nodes and edges are records/tree.py's, an edge's turns its `Turn`."""
+    assert (treemod.Node, treemod.Edge, TurnResult) == (rt.Node, rt.Edge, rt.Turn)
+    assert mcts.Select is rt.Select
+    for record in (rt.Node, rt.Edge, rt.Turn):
+        assert record.__dataclass_params__.frozen
+
+
 def test_turn_ends_are_one_vocabulary_for_backends_and_search():
     """A backend's outcome and the search's turn record take the same words (edge_error included: a backend ends a
-    turn with it when its session breaks)."""
+    turn with it when its session breaks; a turn read from a partial tree may have none)."""
     hints = [typing.get_type_hints(cls)["ended"] for cls in (TurnOutcome, TurnResult)]
-    assert hints == [rt.TurnEnd, rt.TurnEnd]
+    assert hints == [rt.TurnEnd, rt.TurnEnd | None]
     assert "edge_error" in rt.TURN_ENDS and "tampered" in rt.TURN_ENDS
     assert typing.get_type_hints(mcts.fail_reason)["return"] == rt.PruneReason | None
     assert typing.get_type_hints(mcts.stop_reason)["return"] == rt.StopReason | None

@@ -11,8 +11,8 @@ from helpers.scripted import ScriptedTeacher
 
 from sftree.agents.proxy import RecordingProxy
 from sftree.settings import TeacherSettings, section_settings
-from sftree.teacher.client import TeacherClient, request_seed
-from sftree.teacher.params import OPENCODE_FIELDS, RequestParams, differences, upstream_body
+from sftree.teacher.client import TeacherClient
+from sftree.teacher.params import OPENCODE_FIELDS, RequestParams, differences, request_seed, upstream_body
 
 MESSAGES = [{"role": "system", "content": "You are OpenCode."}, {"role": "user", "content": "Improve."}]
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]

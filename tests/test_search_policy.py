@@ -122,15 +122,15 @@ def test_depth2_exempt_then_depth3_prunes():
     assert step(tree, d3, 2.0, None).prune_reason == "no_score"
     d3 = next(x for x in mcts.ask(tree, 20) if x.node == n.id)
     assert step(tree, d3, 2.0, 2.1, calls=100, errors=31).prune_reason == "tool_error_rate"
+    n = tree.node(n.id)  # (a node is a frozen record: the tree holds its latest copy)
     assert n.failed_expansions == 2 and n.status == "leaf" and n.leaf_reason == "no_room"
     assert not treemod.is_good_leaf(n)  # its path holds a failed (exempt) edge
-    ok_parent = tree.node("n2")
     exp = next(x for x in mcts.ask(tree, 20) if x.node == "n2")
     e2 = step(tree, exp, 2.0, 2.1)
     d3 = next(x for x in mcts.ask(tree, 20) if x.node == e2.child)
     e = step(tree, d3, 2.0, 2.1, calls=10, errors=3)  # 3/10 == 0.30: not > 0.30
     assert not e.pruned and e.tool_error_rate == 0.3 and e.cleanliness == approx(0.3)
-    assert ok_parent.valid_children == 1
+    assert tree.node("n2").valid_children == 1
 
 
 def test_two_failed_expansions_make_no_room_leaf_and_good():
@@ -142,6 +142,7 @@ def test_two_failed_expansions_make_no_room_leaf_and_good():
     for _ in range(2):
         x = next(x for x in mcts.ask(tree, 20) if x.node == child.id)
         step(tree, x, None, 2.0)
+    child = tree.node(child.id)  # (a node is a frozen record: the tree holds its latest copy)
     assert child.failed_expansions == 2 and child.status == "leaf" and child.leaf_reason == "no_room"
     assert treemod.is_good_leaf(child)
     assert all(x.node != child.id for x in mcts.ask(tree, 20))

@@ -69,7 +69,7 @@ def test_constrain_tool_call_required_keeps_only_required_arguments():
 
 
 def test_required_only_leaves_odd_schemas_as_they_are():
-    from sftree.teacher.client import required_only
+    from sftree.teacher.params import required_only
 
     assert required_only({"type": "object"}) == {"type": "object"}  # no properties: nothing to cut
     assert required_only({"type": "string"}) == {"type": "string"}
@@ -84,7 +84,7 @@ def test_required_only_leaves_odd_schemas_as_they_are():
 def test_teacher_seed_is_sent_per_request_reproducible_and_different_per_edge():
     """`teacher.seed`: each request's `seed` is a function of the base seed, tree, edge, attempt, turn and the
     session's length: the same request gets the same seed; sibling edges (identical first requests) do not."""
-    from sftree.teacher.client import request_seed
+    from sftree.teacher.params import request_seed
 
     c = TeacherClient.from_config({"base_url": "http://127.0.0.1:1/v1", "seed": 7})
     h = {"X-Sftree-Tree": "t", "X-Sftree-Edge": "e1", "X-Sftree-Attempt": "1", "X-Sftree-Turn": "1"}

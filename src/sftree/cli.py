@@ -26,17 +26,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "select-roots": (
         "sftree.roots.select_roots",
-        "section 2: split a Student run into stages and pick root snapshots",
+        "stage 1 (algorithm.md section 2): split a Student run into stages and pick root snapshots",
     ),
     "explore": (
         "sftree.search.explore",
-        "section 1: grow the token-aware MCTS tree of Teacher sessions from one root",
+        "stage 2 (algorithm.md section 1): grow the token-aware MCTS tree of Teacher sessions from one root",
     ),
     "select-paths": (
         "sftree.dataset.select_paths",
-        "section 3: rank a tree's root-to-leaf paths by PathScore, keep the top k",
+        "stage 3 (algorithm.md section 3): rank a tree's root-to-leaf paths by PathScore, keep the top k",
     ),
-    "export-sft": ("sftree.dataset.export", "write one task's selected paths as SFT JSONL"),
+    "export-sft": ("sftree.dataset.export", "stage 4: write one task's selected paths as SFT JSONL"),
     "merge-sft": (
         "sftree.dataset.merge",
         "merge the tasks' SFT files: the dataset, its LLaMA-Factory copy and card",

@@ -14,7 +14,7 @@ import os
 _KEEP_IN_LINES = frozenset("\n\t")
 
 
-def shown(text: str | bytes | os.PathLike, *, lines: bool = False) -> str:
+def shown(text: str | bytes | os.PathLike[str], *, lines: bool = False) -> str:
     """`text` with every non-printable character escaped. `lines=True` keeps newlines and tabs (a multi-line
     message of our own); otherwise the result is one line. Bytes that are not UTF-8 (and the surrogates
     `os.fsdecode` makes of them) appear as `\\xNN`."""

@@ -11,6 +11,7 @@ import secrets
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 
@@ -52,7 +53,7 @@ def write_bytes_at(dfd: int, name: str, data: bytes, mode: int = 0o666, *, sync:
         raise
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -62,11 +63,11 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
         os.close(dfd)
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> None:
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, indent: int | None = 2) -> None:
     write_text_atomic(path, json.dumps(obj, indent=indent, ensure_ascii=False, sort_keys=False) + "\n")
 
 
@@ -74,7 +75,7 @@ class AtomicLines:
     """Write a large JSONL file line by line into a temporary file, then rename it into place: streaming (records
     can be far larger in total than memory, since each holds a whole session) and atomic."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.count = 0
 
@@ -89,7 +90,9 @@ class AtomicLines:
         self.fh.write(line.rstrip("\n") + "\n")
         self.count += 1
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         try:
             if exc_type is None:
                 self.fh.flush()
@@ -103,14 +106,14 @@ class AtomicLines:
                 os.unlink(self.tmp)
 
 
-def write_jsonl_atomic(path: str | os.PathLike, records: Iterable[Any]) -> int:
+def write_jsonl_atomic(path: str | os.PathLike[str], records: Iterable[Any]) -> int:
     with AtomicLines(path) as out:
         for r in records:
             out.write(r)
     return out.count
 
 
-def iter_jsonl(path: str | os.PathLike, what: str = "JSONL file") -> Iterator[Any]:
+def iter_jsonl(path: str | os.PathLike[str], what: str = "JSONL file") -> Iterator[Any]:
     """Yield the records of a JSONL file; a missing file or a bad line is an InputError naming path and line."""
     from sftree.errors import InputError
 
@@ -134,7 +137,7 @@ def iter_jsonl(path: str | os.PathLike, what: str = "JSONL file") -> Iterator[An
         raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
 
 
-def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
+def read_json(path: str | os.PathLike[str], what: str = "JSON file") -> Any:
     """Read JSON, turning every failure into an InputError that names the path."""
     from sftree.errors import InputError
 
@@ -149,7 +152,7 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
         raise InputError(f"{what} {path} is not valid JSON: {exc}") from None
 
 
-def read_json_object(path: str | os.PathLike, what: str) -> dict:
+def read_json_object(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
     """Read a JSON object; InputError naming the path on any failure."""
     from sftree.errors import InputError
 

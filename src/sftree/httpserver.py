@@ -4,6 +4,7 @@ they are served from a background thread."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import threading
 from dataclasses import dataclass
@@ -17,7 +18,9 @@ class QuietThreadingHTTPServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def handle_error(self, request, client_address):
+    def handle_error(
+        self, request: socket.socket | tuple[bytes, socket.socket], client_address: object
+    ) -> None:
         if isinstance(sys.exc_info()[1], ConnectionError):
             return
         super().handle_error(request, client_address)
@@ -50,7 +53,7 @@ def serve_in_background(server: BaseServer, name: str, poll_s: float = 0.1) -> S
 def local_url(server: ThreadingHTTPServer) -> str:
     """The OpenAI-style base URL (ending in /v1) of a server listening on TCP."""
     host, port = server.server_address[:2]
-    return f"http://{host}:{port}/v1"
+    return f"http://{host if isinstance(host, str) else host.decode()}:{port}/v1"
 
 
 def read_body(handler: BaseHTTPRequestHandler) -> bytes:

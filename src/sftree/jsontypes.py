@@ -22,6 +22,10 @@ ForeignJSON: TypeAlias = Mapping[str, object]
 # A JSON object the Teacher's modules build or pass on in a server's shape (a request body, a chat message, a
 # completion), read as the OpenAI protocol fixes it.
 WireObject: TypeAlias = dict[str, Any]
+# A document in Coral's own shape that the Teacher's world reads and passes on as Coral's code does: a task's
+# task.yaml (or config.yaml) sections, an attempt record (`Attempt.to_dict`), an answer of the bridge to the user's
+# Coral, a grader's result. Its fields are read where Coral's own code reads them, with Coral's defaults.
+CoralDoc: TypeAlias = dict[str, Any]
 # A session's messages and the tools offered, as a caller hands them to the Teacher (read, never changed).
 ChatMessages: TypeAlias = Sequence[Mapping[str, object]]
 Tools: TypeAlias = Sequence[Mapping[str, object]]

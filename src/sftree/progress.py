@@ -28,7 +28,7 @@ class Progress:
     def finish(self, **extra: object) -> None:
         self._emit(extra)
 
-    def _emit(self, extra: dict) -> None:
+    def _emit(self, extra: dict[str, object]) -> None:
         elapsed = max(time.monotonic() - self.start, 1e-9)
         total = f"/{self.total}" if self.total is not None else ""
         tail = "".join(f" {k}={v}" for k, v in extra.items())

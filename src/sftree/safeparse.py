@@ -18,9 +18,19 @@ from __future__ import annotations
 import json
 import re
 from itertools import accumulate
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from sftree.display import shown
+
+if TYPE_CHECKING:  # (annotations: yaml is imported where YAML is read, never for JSON alone)
+    import yaml
+
+
+class _Mark(Protocol):
+    """Where PyYAML met a node (its pure-Python and its C Mark alike)."""
+
+    line: int
+    column: int
 
 
 class LimitError(ValueError):
@@ -60,45 +70,47 @@ def json_loads(data: bytes, *, max_bytes: int, max_depth: int) -> Any:
 # --- YAML ---------------------------------------------------------------------------------------------------
 
 
-def _yaml_loader(max_depth: int, max_nodes: int):
+def _yaml_loader(max_depth: int, max_nodes: int) -> type[yaml.SafeLoader]:
     import yaml
 
     class Loader(yaml.SafeLoader):
         """SafeLoader whose composer checks each node as it is met (the field path is kept for messages)."""
 
-        def __init__(self, stream):
+        def __init__(self, stream: str) -> None:
             super().__init__(stream)
             self.path: list[str] = []
             self.nodes = 0
 
-        def _refuse(self, mark, what: str):
+        def _refuse(self, mark: _Mark | None, what: str) -> NoReturn:
             where = _field(self.path)
             at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
             raise LimitError(f"{where}{at}: {what}")
 
-        def compose_node(self, parent, index):
+        def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
             part = _part(parent, index)
             self.path.append(part)
             try:
-                event = self.peek_event()
-                if self.check_event(yaml.AliasEvent):
+                # types-PyYAML leaves Parser.peek_event unannotated: it returns the next Event
+                event: yaml.Event = self.peek_event()  # type: ignore[no-untyped-call]
+                if isinstance(event, yaml.AliasEvent):
                     self._refuse(
                         event.start_mark,
-                        f"a YAML alias (*{shown(event.anchor)[:40]}); sftree reads no aliases in this file",
+                        f"a YAML alias (*{shown(str(event.anchor))[:40]}); sftree reads no aliases in this file",
                     )
                 if len(self.path) > max_depth:
                     self._refuse(event.start_mark, f"values nested deeper than {max_depth} levels")
                 self.nodes += 1
                 if self.nodes > max_nodes:
                     self._refuse(event.start_mark, f"more than {max_nodes} values in the file")
-                return super().compose_node(parent, index)
+                # types-PyYAML types `index` as int; PyYAML passes a mapping value's key node (or None) too
+                return super().compose_node(parent, index)  # type: ignore[arg-type]
             finally:
                 self.path.pop()
 
     return Loader
 
 
-def _part(parent, index) -> str:
+def _part(parent: yaml.Node | None, index: object) -> str:
     """The path component of the node composed under `parent` at `index` (PyYAML's resolver arguments)."""
     import yaml
 

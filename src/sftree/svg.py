@@ -22,6 +22,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 MARKERS = ("circle", "square", "diamond", "cross", "ring")
@@ -81,18 +82,26 @@ def _fmt(v: float) -> str:
     return f"{v:.6g}"
 
 
-def _all_finite(y: list) -> bool:
-    """No None, NaN or infinity in `y`, checked in C where it can be (fsum: exact, so finite values never sum to
-    inf; it raises where they would overflow, or for inf - inf)."""
+def _finite_values(y: list[float | None]) -> list[float] | None:
+    """`y` itself when it holds no None, NaN or infinity, else None; checked in C where it can be (fsum: exact, so
+    finite values never sum to inf; it raises where they would overflow, or for inf - inf)."""
     if None in y:
-        return False
+        return None
+    values = cast(list[float], y)  # no None in it: checked above
     try:
-        return math.isfinite(math.fsum(y))
+        finite = math.isfinite(math.fsum(values))
     except (OverflowError, ValueError):
-        return all(math.isfinite(v) for v in y)
+        finite = all(math.isfinite(v) for v in values)
+    return values if finite else None
 
 
-def decimate(x: Sequence, y: Sequence, x_lo: float, x_hi: float, columns: int, line: bool) -> list[int]:
+def _second(pair: tuple[int, float]) -> float:
+    return pair[1]
+
+
+def decimate(
+    x: Sequence[float], y: Sequence[float | None], x_lo: float, x_hi: float, columns: int, line: bool
+) -> list[int]:
     """Positions of the values to draw when `columns` pixel columns span [x_lo, x_hi]: in each column the first
     lowest and the first highest y, and for a line also the column's first and last value and its first gap
     (None or not finite), so the drawn envelope, every extreme and every line break stay; plus the series' first
@@ -106,24 +115,26 @@ def decimate(x: Sequence, y: Sequence, x_lo: float, x_hi: float, columns: int, l
     if x != sorted(x):  # unsorted x: work in x order, answer in the series' own
         order = sorted(range(n), key=x.__getitem__)
         x, y = [x[i] for i in order], [y[i] for i in order]
-    finite = _all_finite(y)
+    finite = _finite_values(y)
     step = (x_hi - x_lo) / columns
     bounds = [bisect_left(x, x_lo + c * step) for c in range(1, columns)] + [n]
     keep = {0, n - 1}
     start = 0
     for end in bounds:
         if end > start:
-            if finite:
-                seg = y[start:end]
+            if finite is not None:
+                seg = finite[start:end]
                 keep.add(start + seg.index(min(seg)))
                 keep.add(start + seg.index(max(seg)))
             else:
-                good = [i for i in range(start, end) if y[i] is not None and math.isfinite(y[i])]
-                if good:
-                    keep.add(min(good, key=y.__getitem__))
-                    keep.add(max(good, key=y.__getitem__))
+                good = [(i, v) for i in range(start, end) if (v := y[i]) is not None and math.isfinite(v)]
+                if good:  # (the first lowest and the first highest, as min and max give them)
+                    keep.add(min(good, key=_second)[0])
+                    keep.add(max(good, key=_second)[0])
                 if line and len(good) < end - start:
-                    keep.add(next(i for i in range(start, end) if y[i] is None or not math.isfinite(y[i])))
+                    keep.add(
+                        next(i for i in range(start, end) if (v := y[i]) is None or not math.isfinite(v))
+                    )
             if line:
                 keep.update((start, end - 1))
         start = end
@@ -301,7 +312,8 @@ def _series_svg(s: Series, pairs: list[tuple[float, float | None]], color: str, 
     """A line (one polyline per run of finite values: it breaks at a gap) or its points' markers."""
     out = []
     if s.kind == "line":
-        runs, run = [], []
+        runs: list[list[str]] = []
+        run: list[str] = []
         for x, y in pairs:
             if y is None or not math.isfinite(y):
                 if run:

@@ -109,9 +109,9 @@ def check_nothing_lost_or_redone(results: Path) -> list[tuple[Path, treemod.Tree
                     s["error"],
                 )
             for t in e.turns:
-                assert t["ended"] != "teacher_error", (f, e.id, t)
-                assert per_turn[t["turn"]] == list(range(1, t["steps"] + 1)), (f, e.id, t["turn"], per_turn)
-            assert set(per_turn) == {t["turn"] for t in e.turns}, (f, e.id)
+                assert t.ended != "teacher_error", (f, e.id, t)
+                assert per_turn[t.turn] == list(range(1, t.steps + 1)), (f, e.id, t.turn, per_turn)
+            assert set(per_turn) == {t.turn for t in e.turns}, (f, e.id)
         out.append((f.parent, tree))
     return out
 

@@ -17,7 +17,7 @@ from sftree.runtime.workspace import EdgeWorkspace
 from sftree.world.coral_command import EvalResult
 
 if TYPE_CHECKING:
-    from sftree.teacher.client import Completion
+    from sftree.teacher.client import Completion, TeacherReport
     from sftree.teacher.params import RequestParams
     from sftree.teacher.transport import Policy
 
@@ -80,8 +80,9 @@ class TurnOutcome:
 
 
 class Teacher(Protocol):
-    """What the backends use of the Teacher's client (sftree.teacher.client.TeacherClient): the native agent
-    chats through it; the OpenCode backend's proxy sends on with its URL, key, policy and request settings."""
+    """The Teacher's client (sftree.teacher.client.TeacherClient), the one interface its users meet: the native
+    agent chats through it; the OpenCode backend's proxy sends on with its URL, key, policy and request settings;
+    the search keeps its record (`absorb`, `report`) and closes it (search/edge.py `EdgeContext`)."""
 
     @property
     def base_url(self) -> str: ...
@@ -111,6 +112,10 @@ class Teacher(Protocol):
         *,
         headers: dict[str, str] | None = None,
     ) -> Completion: ...
+
+    def absorb(self, previous: Mapping[str, object] | None) -> None: ...  # a resumed tree's earlier counts
+    def report(self) -> TeacherReport: ...  # tree.json `teacher`
+    def close(self) -> None: ...
 
 
 class AgentBackend(Protocol):

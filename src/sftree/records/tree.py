@@ -5,11 +5,13 @@ report read them. Only this module opens them.
     tree.live.json   while running: a snapshot of the tree, atomic, with the log generation it starts (`log_gen`)
     tree.log.jsonl   while running: one fsynced line per save after that snapshot
 
-Readers get a frozen, typed `Tree` (`read_tree`; `Tree.from_doc` for a document already in memory); the words a
-tree is written in (turn ends, prune, leaf and stop reasons, statuses) are defined once here, as `Literal`s with
-their tuples, and tests/test_records_tree_vocabulary.py checks tree.schema.json's enums against them. The writer
-takes a plain JSON object: `search/tree.py` holds the search's own mutable state (`Tree.to_dict`/`from_dict`) and
-decides what a live save writes. `validate_tree` is the one check of a tree document: the schema plus the links
+The tree's records, `Node`, `Edge` (with its `Turn`s) and the Select breakdown, are declared once, here, frozen: the
+search's live state (`search/tree.py`) holds these same records and replaces one when it changes
+(`dataclasses.replace`), and readers get a frozen, typed `Tree` of them (`read_tree`; `Tree.from_doc` for a document
+already in memory). Their fields are in the order tree.json writes them; tests/test_records_tree_vocabulary.py
+checks tree.schema.json against them, and the words a tree is written in (turn ends, prune, leaf and stop reasons,
+statuses), defined once here as `Literal`s with their tuples, against its enums. The writer takes a plain JSON
+object: `search/tree.py` decides what a live save writes. `validate_tree` is the one check of a tree document: the schema plus the links
 between nodes and edges a schema cannot express; `upgrade` is the one place an older document is brought to
 `VERSION`.
 """
@@ -22,7 +24,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal, get_args
+from typing import IO, Any, Literal, TypedDict, get_args
 
 import jsonschema
 
@@ -114,7 +116,19 @@ def upgrade(doc: Any, source: str = "tree") -> Any:
     return doc
 
 
-# --- the typed tree (what readers get) ----------------------------------------------------------------------
+# --- the tree's records (what the search holds and readers get) ----------------------------------------------
+
+
+class Select(TypedDict):
+    """Select = Q + alpha*T for one candidate, with its parts (search/mcts.py `select_breakdowns`, section 1.3)."""
+
+    node: str
+    score_rank: float
+    best_rank: float
+    process: float
+    Q: float
+    T: float
+    select: float
 
 
 @dataclass(frozen=True)
@@ -159,7 +173,9 @@ class Turn:
 @dataclass(frozen=True)
 class Node:
     """A node of the tree (tree.json `nodes[]`). `state` is the fork point as written (code and knowledge commits,
-    the session file, the host's Coral counters)."""
+    the session file, the host's Coral counters). `score` is raw (None when the exempt edge that made it had no
+    numeric score), `path_best_score` the raw best on root..node, `max_token_total` the session's context length
+    (root: 0, a fresh session); `path_valid`: no failed (exempt-kept) edge on root..node."""
 
     id: str
     parent: str | None
@@ -170,7 +186,7 @@ class Node:
     max_token_total: int = 0
     valid_children: int = 0
     failed_expansions: int = 0
-    status: NodeStatus | None = None
+    status: NodeStatus | None = "active"  # (None: a node read from a partial tree without one)
     leaf_reason: LeafReason | None = None
     path_valid: bool = True
     state: SchemaDoc | None = None
@@ -203,14 +219,15 @@ class Edge:
 
     id: str
     parent: str
-    child: str | None
-    depth: int = 0
+    depth: int = 0  # the depth of the child it would make
     attempt: int = 1
     slot: int | None = None
     exempt: bool = False
+    select: SchemaDoc | None = None  # the Select breakdown logged when the edge was dispatched (a `Select`)
+    child: str | None = None
     pruned: bool = False
     prune_reason: PruneReason | None = None
-    failed: bool = False
+    failed: bool = False  # failed the hard-prune test (kept anyway when exempt)
     fail_reason: PruneReason | None = None
     turns: tuple[Turn, ...] = ()
     score: float | None = None
@@ -230,7 +247,6 @@ class Edge:
     code_diff: str | None = None
     knowledge_diff: str | None = None
     error: str | None = None
-    select: SchemaDoc | None = None  # the Select breakdown logged when the edge was dispatched
     started_at: str | None = None
     finished_at: str | None = None
     wall_s: float | None = None

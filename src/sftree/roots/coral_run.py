@@ -38,6 +38,7 @@ from pathlib import Path
 
 from sftree.display import shown
 from sftree.errors import InputError
+from sftree.jsontypes import ForeignJSON, JSONObject
 from sftree.roots.gitobjects import HEX_RE, check_objects_dir
 from sftree.runtime import safefs
 from sftree.safeparse import LimitError, json_loads, yaml_load
@@ -55,7 +56,7 @@ REAL, TUNE, GRADER_ERROR = "real", "tune", "grader_error"
 BUDGET_CLASSES = (REAL, TUNE, GRADER_ERROR)
 
 
-def budget_class(obj: dict) -> str:
+def budget_class(obj: ForeignJSON) -> str:
     """Coral's `get_budget_class` (coral/types.py) of a record: its `metadata.budget_class` when that is one of
     the three classes, else `real` (runs written before budget classes existed are all real)."""
     meta = obj.get("metadata")
@@ -136,9 +137,8 @@ class CoralRun:
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     code_refused: dict[str, str] = field(default_factory=dict)  # loose objects git is never asked for
-    config: dict = field(
-        default_factory=dict
-    )  # .coral/config.yaml as read (the run's expanded configuration)
+    # .coral/config.yaml as read (the run's expanded configuration)
+    config: JSONObject = field(default_factory=dict)
 
     @property
     def islands(self) -> bool:
@@ -148,7 +148,8 @@ class CoralRun:
     def eval_count(self) -> int | None:
         """The run's eval counter: the one hub's, or the sum of the islands' (None when one is unknown)."""
         counts = [h.eval_count for h in self.hubs]
-        return None if None in counts else sum(counts)
+        known = [c for c in counts if c is not None]
+        return sum(known) if len(known) == len(counts) else None
 
 
 def read_small(root: Path, rel: str, limit: int) -> bytes:
@@ -169,7 +170,7 @@ def _read_at(dfd: int, name: str, limit: int, where: str) -> bytes:
         raise
 
 
-def find_run(path: str | os.PathLike) -> Path:
+def find_run(path: str | os.PathLike[str]) -> Path:
     """The run folder (the one holding `.coral/`), given it or its `.coral` folder. The path the user gives is
     resolved once (it may be a `latest` link); nothing inside the run is followed."""
     p = Path(os.path.realpath(path))
@@ -208,7 +209,7 @@ def _parse_time(value: str) -> datetime:
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
-def _brief(value) -> str:
+def _brief(value: object) -> str:
     """A record's value for a message: its repr, cut short (a field can hold megabytes)."""
     text = repr(value)
     return text if len(text) <= 100 else f"{text[:80]}... ({len(text)} characters)"
@@ -295,7 +296,7 @@ def read_records(
     return records, problems
 
 
-def _config(run: Path, notes: list[str]) -> tuple[str | None, str | None, dict]:
+def _config(run: Path, notes: list[str]) -> tuple[str | None, str | None, JSONObject]:
     import yaml
 
     rel = ".coral/config.yaml"
@@ -320,7 +321,7 @@ def _config(run: Path, notes: list[str]) -> tuple[str | None, str | None, dict]:
     return name, direction, doc if isinstance(doc, dict) else {}
 
 
-def _value(value) -> str:
+def _value(value: object) -> str:
     """A config value for a message: a short string as it is (escaped), anything else by its type only."""
     if isinstance(value, str):
         return repr(value) if len(value) <= 60 else f"a string of {len(value)} characters"
@@ -357,7 +358,7 @@ def _hubs(run: Path) -> list[tuple[str | None, str]]:
         raise InputError(f"{exc}; sftree does not follow links in a Coral run") from None
     except OSError as exc:
         raise InputError(f"cannot read {islands}: {exc.strerror or exc}") from None
-    hubs = []
+    hubs: list[tuple[str | None, str]] = []
     for name, is_dir, is_link in entries:
         if is_link:
             raise InputError(
@@ -375,7 +376,9 @@ def _hubs(run: Path) -> list[tuple[str | None, str]]:
     return hubs
 
 
-def _read_hub(run: Path, island: str | None, rel: str, notes: list[str]) -> tuple[Hub, list, list] | None:
+def _read_hub(
+    run: Path, island: str | None, rel: str, notes: list[str]
+) -> tuple[Hub, list[Record], list[Problem]] | None:
     """A hub's checkpoint repository and records; None for an island that never had an attempt."""
     ck = run / rel / ".git"
     if island is not None and not os.path.lexists(run / rel / "attempts") and not os.path.lexists(ck):
@@ -394,7 +397,7 @@ def _read_hub(run: Path, island: str | None, rel: str, notes: list[str]) -> tupl
     return hub, records, problems
 
 
-def read_run(path: str | os.PathLike) -> CoralRun:
+def read_run(path: str | os.PathLike[str]) -> CoralRun:
     """Everything `import-coral` needs from a run folder. InputError when the run cannot be read at all (no
     `.coral/`, no attempts folder, no code or checkpoint repository); per-record problems are collected."""
     run = find_run(path)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -116,7 +117,7 @@ def check_objects_dir(root: Path, rel: str, what: str) -> ObjectsDir:
 def _check_level(dfd: int, here: str, level: int, refused: dict[str, str]) -> None:
     """Check the entries of folder `dfd` (`here`, relative to the run) and, up to level 3, its folders."""
     with os.scandir(dfd) as it:
-        entries = []
+        entries: list[tuple[str, str | None]] = []  # (name, what it is when no folder or file)
         for e in it:
             if e.is_dir(follow_symlinks=False):
                 entries.append((e.name, None))
@@ -220,7 +221,7 @@ class ObjectReader:
         self.git = CatFile(self.git_dir, config=config, env=_env(self.git_dir), stall=STALL_SECONDS)
 
     @property
-    def proc(self):
+    def proc(self) -> subprocess.Popen[bytes]:
         return self.git.proc
 
     @property
@@ -255,7 +256,7 @@ class ObjectReader:
     def __enter__(self) -> ObjectReader:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _ask(self, oid: str) -> tuple[str, int]:

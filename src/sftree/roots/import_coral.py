@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -40,13 +41,16 @@ import sys
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, TypeAlias, TypedDict
 
 from sftree.display import shown
 from sftree.errors import InputError
 from sftree.fileio import write_bytes_atomic, write_json_atomic
+from sftree.jsontypes import JSONObject
 from sftree.progress import Progress
 from sftree.roots import gitobjects as go
 from sftree.roots.coral_run import BUDGET_CLASSES, REAL, CoralRun, Problem, Record, read_run
@@ -106,14 +110,14 @@ def blob_id(data: bytes, fmt: str) -> str:
     return h.hexdigest()
 
 
-def _digest(obj) -> str:
+def _digest(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
 
 def metadata(
     rec: Record, eval_count: int | None, task: str, run: Path, items: list[str], record_id: str
 ) -> bytes:
-    meta: dict = {}
+    meta: JSONObject = {}
     if eval_count is not None:
         meta["eval_count"] = eval_count
     meta |= {"agent_id": rec.agent_id, "commit_hash": rec.commit, "shared_state_hash": rec.shared_state_hash}
@@ -139,6 +143,14 @@ def metadata(
 # --- the blob store -----------------------------------------------------------------------------------------
 
 
+@dataclass
+class _Source:
+    """The store file a blob's links are made from, and its link count."""
+
+    name: str
+    links: int
+
+
 class Store:
     """Content-addressed, read-only files (`<blob id>`, `<blob id>.x` for executables) that snapshot files are
     hard links to. A file with LINK_SOFT_MAX links is followed by a fresh copy (`<name>.<n>`), so no inode
@@ -154,7 +166,7 @@ class Store:
             if n.startswith(".tmp."):
                 os.unlink(n, dir_fd=self.fd)
         self.have = {n for n in names if not n.startswith(".")}
-        self.current: dict[str, list] = {}  # key -> [source name, its link count]
+        self.current: dict[str, _Source] = {}  # key -> the store file links are made from
         self.lock = threading.Lock()
         self.can_link = True
         self.new_blobs = self.links = self.copies = 0
@@ -181,7 +193,7 @@ class Store:
         with os.fdopen(fd, "rb") as fh:
             return fh.read()
 
-    def ensure(self, oid: str, exe: bool, fetch) -> str:
+    def ensure(self, oid: str, exe: bool, fetch: Callable[[], bytes]) -> str:
         """The store key of blob `oid`; `fetch()` gives its bytes when it is not stored yet."""
         key = oid + ".x" if exe else oid
         if key not in self.have:
@@ -197,18 +209,18 @@ class Store:
             while f"{key}.{gen + 1}" in self.have:  # the newest copy an earlier import made
                 gen += 1
             name = f"{key}.{gen}" if gen else key
-            cur = self.current[key] = [name, os.stat(name, dir_fd=self.fd).st_nlink]
-        if cur[1] >= LINK_SOFT_MAX:
+            cur = self.current[key] = _Source(name, os.stat(name, dir_fd=self.fd).st_nlink)
+        if cur.links >= LINK_SOFT_MAX:
             self._rotate(key, exe)
-        cur[1] += 1
-        return cur[0]
+        cur.links += 1
+        return cur.name
 
     def _rotate(self, key: str, exe: bool) -> None:
         cur = self.current[key]
-        gen = int(cur[0].rsplit(".", 1)[1]) + 1 if cur[0] != key else 1
+        gen = int(cur.name.rsplit(".", 1)[1]) + 1 if cur.name != key else 1
         name = f"{key}.{gen}"
-        self._write(name, self._read(cur[0]), exe)
-        cur[:] = [name, 1]
+        self._write(name, self._read(cur.name), exe)
+        cur.name, cur.links = name, 1
 
     def link(self, key: str, dfd: int, name: bytes) -> None:
         """Make `name` in folder `dfd` a hard link to store file `key` (a copy where links are impossible)."""
@@ -252,7 +264,7 @@ class Store:
 
 # A recipe is a list of (kind, name, arg): ("d", name, sub-recipe) a folder, ("l", name, store key) a file,
 # ("s", name, target) a symlink, ("e", name, None) an empty folder (a gitlink). Everything in it was checked.
-Recipe = list
+Recipe: TypeAlias = list[tuple[Literal["d", "l", "s", "e"], bytes, "Recipe | str | bytes | None"]]
 
 
 class Planner:
@@ -295,7 +307,9 @@ class Planner:
         except go.ObjectError as exc:
             raise ContentError(f"{path}: {exc}") from None
 
-    def tree(self, reader: go.ObjectReader, oid: str, shown: str, depth: int, skip: bytes | None = None):
+    def tree(
+        self, reader: go.ObjectReader, oid: str, shown: str, depth: int, skip: bytes | None = None
+    ) -> tuple[Recipe, int, int]:
         """(recipe, height, entries) of tree `oid`, whose path is `shown`."""
         ck = (id(reader), oid)
         hit = self.cache.get(ck) if skip is None else None
@@ -334,7 +348,7 @@ class Planner:
                 height, count = max(height, h + 1), count + n
             elif mode in go.BLOB_MODES:
                 exe = go.BLOB_MODES[mode]
-                key = self.store.ensure(eoid, exe, lambda r=reader, o=eoid, p=path: self._blob(r, o, p))
+                key = self.store.ensure(eoid, exe, functools.partial(self._blob, reader, eoid, path))
                 recipe.append(("l", name, key))
             elif mode == go.MODE_LINK:
                 target = self._blob(reader, eoid, path, limit=4095)
@@ -412,23 +426,25 @@ def make(recipe: Recipe, dfd: int, store: Store) -> None:
     """Carry out `recipe` in the (new, empty) folder `dfd`: folders made here and entered by descriptor, never
     through a link; an entry that exists already (a duplicate name) raises FileExistsError."""
     for kind, name, arg in recipe:
-        if kind == "l":
+        if kind == "l" and isinstance(arg, str):
             store.link(arg, dfd, name)
-        elif kind == "d":
+        elif kind == "d" and isinstance(arg, list):
             os.mkdir(name, 0o755, dir_fd=dfd)
             sub = os.open(name, safefs.DIR_FLAGS, dir_fd=dfd)
             try:
                 make(arg, sub, store)
             finally:
                 os.close(sub)
-        elif kind == "s":
+        elif kind == "s" and isinstance(arg, bytes):
             os.symlink(arg, name, dir_fd=dfd)
-        else:
+        elif kind == "e":
             os.mkdir(name, 0o755, dir_fd=dfd)
+        else:  # (the planner makes no other entry)
+            raise TypeError(f"recipe entry {kind!r} {name!r} with {type(arg).__name__}")
 
 
 @contextlib.contextmanager
-def _dir(dfd: int, name: str):
+def _dir(dfd: int, name: str) -> Iterator[int]:
     fd = os.open(name, safefs.DIR_FLAGS, dir_fd=dfd)
     try:
         yield fd
@@ -439,10 +455,20 @@ def _dir(dfd: int, name: str):
 # --- the output folder: lock, state, report -----------------------------------------------------------------
 
 
+class StateEntry(TypedDict):
+    """One attempt's entry in the output's state.json: its snapshot's index and folder, and the digests of what
+    the folder was made from (None: unknown, a folder found without its entry)."""
+
+    index: int
+    name: str
+    key: str | None
+    meta: str | None
+
+
 @dataclass
 class Output:
     out: Path
-    state: dict = field(default_factory=dict)  # commit -> {"index", "name", "key", "meta"}
+    state: dict[str, StateEntry] = field(default_factory=dict)  # record key -> what the import made of it
     run: str | None = None
 
     @property
@@ -474,9 +500,10 @@ class Output:
                 )
             m = re.match(r"^eval-(\d+)-", name)
             commit, island = meta.get("commit_hash"), meta.get("island_id")
-            key = commit if island is None else f"{island}/{commit}"
-            if m and isinstance(commit, str) and key not in self.state:
-                self.state[key] = {"index": int(m[1]), "name": name, "key": None, "meta": None}
+            if m and isinstance(commit, str):
+                key = commit if island is None else f"{island}/{commit}"
+                if key not in self.state:
+                    self.state[key] = {"index": int(m[1]), "name": name, "key": None, "meta": None}
 
     def save(self, run: Path) -> None:
         write_json_atomic(
@@ -504,10 +531,12 @@ class Result:
     items: list[Item]
     problems: list[Problem]
     notes: list[str]
-    counts: dict
-    actions: dict
+    counts: dict[str, int]
+    actions: dict[str, int]
     seconds: float
-    budget_classes: dict = field(default_factory=dict)  # records per class (only `real` become snapshots)
+    budget_classes: dict[str, int] = field(
+        default_factory=dict
+    )  # records per class (only `real` become snapshots)
 
 
 def plan(
@@ -582,8 +611,8 @@ def _eval_count_notes(run: CoralRun) -> list[str]:
 
 
 def run_import(
-    run_dir: str | os.PathLike,
-    out: str | os.PathLike,
+    run_dir: str | os.PathLike[str],
+    out: str | os.PathLike[str],
     *,
     task: str | None = None,
     direction: str | None = None,
@@ -682,13 +711,15 @@ def _locked(
     return result
 
 
-def _readers(run: CoralRun, git_root: Path, fmt: str, max_file: int, readers: list):
+def _readers(
+    run: CoralRun, git_root: Path, fmt: str, max_file: int, readers: list[go.ObjectReader]
+) -> tuple[go.ObjectReader, dict[str | None, go.ObjectReader]]:
     """One object reader on the code repository and one on each hub's checkpoint repository (appended to
     `readers`, which the caller closes): (code, {island: checkpoint})."""
     code_dir = go.host_git_dir(git_root / "code", [run.code_objects], fmt)
     code = go.ObjectReader(code_dir, fmt, max_file, run.code_refused)
     readers.append(code)
-    checkpoints = {}
+    checkpoints: dict[str | None, go.ObjectReader] = {}
     for n, hub in enumerate(run.hubs):
         hashes = (r.shared_state_hash for r in run.records if r.shared_state_hash and r.island == hub.island)
         ck_fmt = _format(hashes)
@@ -721,19 +752,32 @@ def _drop_left_out(run: CoralRun, output: Output, out: Path) -> list[str]:
     ]
 
 
-def _format(hashes) -> str:
+def _format(hashes: Iterable[str]) -> str:
     """The object format of a repository from the hashes that name its commits (SHA-1 unless all are 64 long)."""
     fmts = {go.object_format(h) for h in hashes}
     return "sha256" if fmts == {"sha256"} else "sha1"
 
 
-def _build_all(todo, planner, store, items, fmt, out, tmp, trash, output, run_dir, task, jobs) -> None:
+def _build_all(
+    todo: list[Item],
+    planner: Planner,
+    store: Store,
+    items: list[str],
+    fmt: str,
+    out: Path,
+    tmp: Path,
+    trash: Path,
+    output: Output,
+    run_dir: Path,
+    task: str,
+    jobs: int,
+) -> None:
     """Plan each snapshot here (the git readers and the store are this thread's), write it in `jobs` threads
     (folders and links: system calls, which run in parallel), rename each into place when it is complete."""
     progress = Progress(f"import-coral[{task}]: snapshots", total=len(todo), logger=log)
     lock = threading.Lock()
     tfd = os.open(tmp, safefs.DIR_FLAGS)
-    inflight: deque = deque()
+    inflight: deque[Future[None]] = deque()
     done = 0
 
     def settle(n: int) -> None:
@@ -777,7 +821,18 @@ def _failed(it: Item, reason: str) -> None:
     it.action = "problem"
 
 
-def _write(it, code, shared, store, tfd, out: Path, tmp: Path, trash: Path, output, lock) -> None:
+def _write(
+    it: Item,
+    code: Recipe,
+    shared: Recipe,
+    store: Store,
+    tfd: int,
+    out: Path,
+    tmp: Path,
+    trash: Path,
+    output: Output,
+    lock: threading.Lock,
+) -> None:
     """Write `it` into a temporary folder, then rename it into place (a rebuilt one replaces the old one)."""
     tname = f"{it.name}.{os.getpid()}"
     os.mkdir(tname, 0o755, dir_fd=tfd)
@@ -802,7 +857,8 @@ def _write(it, code, shared, store, tfd, out: Path, tmp: Path, trash: Path, outp
         raise
     final = out / it.name
     with lock:
-        old = (output.state.get(it.record.key) or {}).get("name")
+        entry = output.state.get(it.record.key)
+        old = entry.get("name") if entry else None
     if os.path.lexists(final):
         os.rename(final, trash / tname)
     os.rename(tmp / tname, final)
@@ -819,7 +875,7 @@ def _write(it, code, shared, store, tfd, out: Path, tmp: Path, trash: Path, outp
         }
 
 
-def _counts(plan_items: list[Item], problems: list[Problem], out: Path, left_out: int = 0) -> dict:
+def _counts(plan_items: list[Item], problems: list[Problem], out: Path, left_out: int = 0) -> dict[str, int]:
     """What the output holds after the import (the same for the same run, however many imports made it)."""
     present = _existing(out)
     made = [it for it in plan_items if it.name in present]
@@ -833,7 +889,7 @@ def _counts(plan_items: list[Item], problems: list[Problem], out: Path, left_out
     }
 
 
-def _actions(plan_items: list[Item], store: Store) -> dict:
+def _actions(plan_items: list[Item], store: Store) -> dict[str, int]:
     """What this import did (printed and logged, not in the report: a rerun that did nothing changes no file)."""
     by = {
         a: sum(1 for it in plan_items if it.action == a) for a in ("new", "rebuild", "metadata", "up_to_date")
@@ -852,16 +908,21 @@ def _actions(plan_items: list[Item], store: Store) -> dict:
 def _report(result: Result, run: CoralRun, out: Path, task: str, items: list[str]) -> None:
     """import-coral.json (counts, notes, every problem) and import-coral.tsv (one row per attempt), written only
     when their content changes, so an import that changed nothing leaves them (and the workflow) alone."""
+    coral: JSONObject = {
+        "task": run.task_name,
+        "direction": run.direction,
+        "eval_count": run.eval_count,
+        "in_progress": run.in_progress,
+        "code_repository": run.code_repo,
+    }
+    if run.islands:
+        coral["islands"] = [
+            {"island_id": h.island, "hub": h.rel, "eval_count": h.eval_count} for h in run.hubs
+        ]
     doc = {
         "run": str(run.run_dir),
         "task": task,
-        "coral": {
-            "task": run.task_name,
-            "direction": run.direction,
-            "eval_count": run.eval_count,
-            "in_progress": run.in_progress,
-            "code_repository": run.code_repo,
-        },
+        "coral": coral,
         "budget_classes": result.budget_classes,
         "shared_items": items,
         "counts": result.counts,
@@ -877,10 +938,6 @@ def _report(result: Result, run: CoralRun, out: Path, task: str, items: list[str
             for p in result.problems
         ],
     }
-    if run.islands:
-        doc["coral"]["islands"] = [
-            {"island_id": h.island, "hub": h.rel, "eval_count": h.eval_count} for h in run.hubs
-        ]
     reasons = {p.file: p.reason for p in result.problems if p.commit}
     present = _existing(out)
     rows = ["index\tsnapshot\tcommit_hash\tagent_id\tstatus\teval_ok\teval_count\tproblem"]
@@ -891,11 +948,11 @@ def _report(result: Result, run: CoralRun, out: Path, task: str, items: list[str
         ok = "" if "eval_ok" not in meta else str(meta["eval_ok"]).lower()
         row = [str(it.index), it.name if it.name in present else "", it.record.commit, it.record.agent_id]
         row += [it.record.status, ok, str(meta.get("eval_count", "")), reasons.get(it.record.file, "")]
-        rows.append("\t".join(map(_tsv, row + ([it.record.island] if run.islands else []))))
+        rows.append("\t".join(map(_tsv, row + ([it.record.island or ""] if run.islands else []))))
     for r in sorted(run.records, key=lambda r: (r.when, r.commit)):
         if r.budget_class != REAL:  # counted by class, no snapshot: not a score of the run
             row = ["", "", r.commit, r.agent_id, r.status, "", "", f"left out: budget_class {r.budget_class}"]
-            rows.append("\t".join(map(_tsv, row + ([r.island] if run.islands else []))))
+            rows.append("\t".join(map(_tsv, row + ([r.island or ""] if run.islands else []))))
     for p in result.problems:
         if p.index is None:
             rows.append("\t".join(["", "", p.commit or "", "", "", "", "", _tsv(f"{p.file}: {p.reason}")]))

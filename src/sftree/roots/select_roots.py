@@ -28,14 +28,16 @@ import shutil
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 from operator import attrgetter
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from sftree.errors import InputError
 from sftree.fileio import write_text_atomic
+from sftree.jsontypes import JSONObject
 from sftree.records.root import (
     META_NAME,
     ROOT_LINKS,
@@ -118,7 +120,7 @@ class Row(NamedTuple):  # a tuple: 100k of them are made in C (`_rows`), not by 
     reason: str | None  # None: not selected
 
 
-def _rows(*columns) -> list[Row]:
+def _rows(*columns: Sequence[object]) -> list[Row]:
     """Row(*values) for each position of the columns: tuple.__new__ is what Row._make calls, here without a
     Python call per row."""
     return list(map(partial(tuple.__new__, Row), zip(*columns, strict=True)))
@@ -150,7 +152,8 @@ def select(result: Scan, direction: str, num_roots: int, window: int) -> Selecti
             f"task {result.task!r}: none of the {len(snaps)} candidate snapshots in {result.directory} has a "
             "numeric score (every attempt score is null or missing)"
         ) from None
-    split = st.split_stages([oriented(s, direction) for s in filled], window)
+    # (oriented makes None of no finite float, and fill_missing gives finite floats only: scores are read so)
+    split = st.split_stages(cast(list[float], [oriented(s, direction) for s in filled]), window)
     # A root must have eval_ok and a score of its own: explore starts from the root's score.
     eligible = [s.eval_ok and s.score is not None for s in snaps]
     chosen = st.choose(split.stages, eligible, num_roots)
@@ -199,11 +202,11 @@ def _num(v: float | None) -> str:
     return "" if v is None else repr(float(v))
 
 
-def _cell(text: str | None) -> str:
+def _cell(value: object) -> str:
     """Free text from the input must not break the TSV."""
-    if text is None:
+    if value is None:
         return ""
-    text = str(text)
+    text = str(value)
     return text.replace("\t", " ").replace("\n", " ") if ("\t" in text or "\n" in text) else text
 
 
@@ -250,7 +253,7 @@ class Linker:
     mode: str = "auto"
     can_link: bool = True
     can_clone: bool = True
-    counts: dict = field(default_factory=lambda: {"hardlink": 0, "reflink": 0, "copy": 0})
+    counts: dict[str, int] = field(default_factory=lambda: {"hardlink": 0, "reflink": 0, "copy": 0})
 
     def place(self, src: str, dst: str) -> None:
         if self.mode != "copy" and self.can_link:
@@ -289,7 +292,7 @@ class Linker:
         return True
 
 
-def _link_entries(src: str, dst: str) -> dict:
+def _link_entries(src: str, dst: str) -> JSONObject:
     """A root that refers to the snapshot: each top-level entry (but metadata.json) a symlink to its absolute path.
     Returns the `root_links` record for metadata.json (what explore checks before it reads through the links)."""
     os.mkdir(dst)

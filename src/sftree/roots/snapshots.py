@@ -17,13 +17,16 @@ import logging
 import math
 import os
 import re
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
+from typing import Any, TypeAlias
 
 from sftree.errors import InputError
 from sftree.fileio import read_json_object
+from sftree.jsontypes import JSONObject, JSONValue
 from sftree.progress import Progress
 from sftree.records.root import MAX_REPORTED
 
@@ -45,7 +48,7 @@ class Snapshot:
     commit_hash: str
     eval_ok: bool
     score: float | None  # raw score from the attempt record (None: missing, null or non-finite)
-    status: str | None
+    status: JSONValue  # the attempt record's, as it is (Coral writes a string or null; stages.tsv shows any other)
     eval_count: int | None
     island: str | None = None  # metadata island_id: the Coral island of a multi-island run
 
@@ -76,7 +79,7 @@ def _has_eval_dirs(path: Path) -> bool:
         return False
 
 
-def resolve_task_dir(snapshots: str | os.PathLike, task: str | None = None) -> tuple[Path, str]:
+def resolve_task_dir(snapshots: str | os.PathLike[str], task: str | None = None) -> tuple[Path, str]:
     """The folder holding the task's eval-* folders, and the task name.
 
     `snapshots` is either that folder itself (task defaults to its name) or a folder with one subfolder per
@@ -98,27 +101,34 @@ def resolve_task_dir(snapshots: str | os.PathLike, task: str | None = None) -> t
 
 _CHUNK = 1 << 16
 _DECODER = json.JSONDecoder()  # what json.loads(str) uses
-_decode, _scan_once = _DECODER.decode, _DECODER.scan_once
+# (typeshed leaves JSONDecoder.scan_once undeclared: __init__ sets it, the scanner json's own decode calls)
+_decode, _scan_once = _DECODER.decode, _DECODER.scan_once  # type: ignore[attr-defined]
 
 FAST_MIN = 2000  # folders below which importing orjson (about 12 ms) costs more than it saves
+# A JSON parser of a file's bytes. What it gives is read in `_read_many`'s loop inside a try, each field's type
+# checked before use: any shape the loop does not expect sends the snapshot to the careful `read_snapshot`.
+Loads: TypeAlias = Callable[[bytes], Any]
 _UNSET = object()
-_fast_loads = _UNSET  # orjson.loads once `_fast_parser` has looked; None where it is not installed
+_fast_loads: Loads | None | object = (
+    _UNSET  # orjson.loads once `_fast_parser` has looked; None: not installed
+)
 
 
-def _fast_parser():
+def _fast_parser() -> Loads:
     """orjson.loads, a C parser about twice as fast as json's on these small files (docs/select_roots.md,
     "Cost"), imported on first use; the standard parser where orjson is not installed."""
     global _fast_loads
     if _fast_loads is _UNSET:
+        found: Loads | None
         try:
-            from orjson import loads
+            from orjson import loads as found
         except ImportError:  # the standard parser alone gives the same results, more slowly
-            loads = None
-        _fast_loads = loads
-    return _fast_loads or _std_loads
+            found = None
+        _fast_loads = found
+    return _fast_loads if callable(_fast_loads) else _std_loads
 
 
-def _std_loads(data: bytes):
+def _std_loads(data: bytes) -> Any:
     """json.loads(data.decode()): strict UTF-8 (as open(encoding="utf-8") reads), then the standard parser."""
     return _decode(data.decode())
 
@@ -143,7 +153,7 @@ def _read_bytes(path: str) -> bytes | None:
     return data
 
 
-def _json_object(data: bytes) -> dict | None:
+def _json_object(data: bytes) -> JSONObject | None:
     """`data` parsed as json.loads(data.decode()) parses it, if that gives an object; else None."""
     try:
         text = data.decode()  # strict UTF-8, as open(encoding="utf-8") reads it
@@ -158,7 +168,7 @@ def _json_object(data: bytes) -> dict | None:
     return obj if type(obj) is dict else None
 
 
-def _quick_json_object(path: str) -> dict | None:
+def _quick_json_object(path: str) -> JSONObject | None:
     """The JSON object in `path` on the common path, else None: missing, unreadable, not UTF-8, not valid JSON or
     not an object. The caller then reads it again with `load_json_object`, which gives the exact error message, so
     this only makes the usual case cheap and never changes a result."""
@@ -166,7 +176,7 @@ def _quick_json_object(path: str) -> dict | None:
     return None if data is None else _json_object(data)
 
 
-def find_attempt(snapshot_path: str, commit_hash: str) -> tuple[str, dict]:
+def find_attempt(snapshot_path: str, commit_hash: str) -> tuple[str, JSONObject]:
     """The attempt record of `commit_hash` in the snapshot's shared/attempts/: (path, record)."""
     attempts = f"{snapshot_path}/shared/attempts"
     exact = f"{attempts}/{commit_hash}.json"
@@ -200,21 +210,22 @@ def find_attempt(snapshot_path: str, commit_hash: str) -> tuple[str, dict]:
             record = read_json_object(path, "attempt record")
         except InputError:
             continue  # another commit's broken record is not this snapshot's problem
-        if isinstance(record.get("commit_hash"), str) and same(record["commit_hash"]):
+        inside = record.get("commit_hash")
+        if isinstance(inside, str) and same(inside):
             return path, record
     raise InputError(f"no attempt record for commit {commit_hash} in {attempts}")
 
 
-def _score(value, where: str) -> tuple[float | None, bool]:
+def _score(value: object, where: str) -> tuple[float | None, bool]:
     """(score, non_finite) from an attempt's `score` field; InputError for a non-numeric value."""
     if value is None:
         return None, False
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InputError(f"{where}: score must be a number or null, not {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
+    number = float(value)
+    if not math.isfinite(number):
         return None, True
-    return value, False
+    return number, False
 
 
 _MISSING = object()
@@ -243,6 +254,7 @@ def read_snapshot(
     commit = commit.strip()
     attempt_path, attempt = find_attempt(path, commit)
     value = attempt.get("score")
+    score: float | None
     if type(value) is float and math.isfinite(value):  # the usual case, same result as _score
         score, non_finite = value, False
     else:
@@ -267,9 +279,12 @@ def read_snapshot(
 
 
 Read = tuple[list[Snapshot], list[str], list[str], list[str]]  # candidates, pending, non-finite, problems
+Item = tuple[
+    str, str, tuple[int, str, str] | None
+]  # a folder's name, path, and its name parsed (None: no parse)
 
 
-def _read_many(items: list[tuple[str, str, tuple | None]], fast: bool = True) -> Read:
+def _read_many(items: list[Item], fast: bool = True) -> Read:
     """Read a slice of snapshot folders, in order: (candidates, pending names, non-finite names, problems).
 
     The loop below is `read_snapshot` for the usual snapshot, inlined (it runs 100k times in a long run): both
@@ -343,7 +358,7 @@ def _read_many(items: list[tuple[str, str, tuple | None]], fast: bool = True) ->
     return out
 
 
-def _read_careful(name: str, path: str, parsed: tuple | None, out: Read) -> None:
+def _read_careful(name: str, path: str, parsed: tuple[int, str, str] | None, out: Read) -> None:
     """`read_snapshot` on a snapshot `_read_many`'s loop did not take: the snapshot, or its name as pending (and
     as non-finite), or the problem, added to `out`."""
     snaps, pending, non_finite, problems = out
@@ -367,7 +382,7 @@ def default_jobs() -> int:
 
 
 @contextmanager
-def gc_paused():
+def gc_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector: reading creates two small dicts per snapshot and keeps one object,
     none of them in a cycle, so the collections those allocations trigger (each older one walking the growing
     list of kept objects) find nothing and only cost time. Restored on exit; nested uses are harmless."""
@@ -380,7 +395,7 @@ def gc_paused():
             gc.enable()
 
 
-def _read_all(items: list, jobs: int, result: Scan, problems: list[str], task: str) -> None:
+def _read_all(items: list[Item], jobs: int, result: Scan, problems: list[str], task: str) -> None:
     """Read the folders of `items` (serially or with a process pool) into `result` and `problems`."""
     progress = Progress(f"select-roots[{task}]: read snapshots", total=len(items), logger=log)
     step = max(PARALLEL_MIN // 4, -(-len(items) // (8 * max(1, jobs))))
@@ -410,7 +425,7 @@ def _read_all(items: list, jobs: int, result: Scan, problems: list[str], task: s
 
 
 @gc_paused()
-def scan(directory: str | os.PathLike, task: str, jobs: int = 1) -> Scan:
+def scan(directory: str | os.PathLike[str], task: str, jobs: int = 1) -> Scan:
     """Read every eval-* folder of one task. Raises one InputError listing all problems found.
 
     With jobs > 1 and a large run, slices of folders are read by a pool of processes (file reads and JSON

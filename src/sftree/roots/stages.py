@@ -91,7 +91,7 @@ def time_stages(n: int) -> list[str]:
 @dataclass(frozen=True)
 class StageSplit:
     smooth: list[float]  # oriented smoothed scores
-    gain: list[float | None]  # None in the time fallback
+    gain: Sequence[float | None]  # None in the time fallback
     stages: list[str]
     s0: float
     s_inf: float
@@ -107,8 +107,8 @@ def split_stages(oriented: Sequence[float], window: int = 5) -> StageSplit:
     # gain_ratio and stage_of_ratio, inlined as comprehensions (they run once per snapshot) with the same
     # results: min(1.0, max(0.0, c)) keeps c only when 0 < c < 1 (NaN gives 0.0, as max does).
     span = s_inf - s0
-    gain: list[float | None] = [(v - s0) / span for v in smooth]
-    gain = [1.0 if c >= 1.0 else (c if c > 0.0 else 0.0) for c in gain]
+    ratios = [(v - s0) / span for v in smooth]
+    gain = [1.0 if c >= 1.0 else (c if c > 0.0 else 0.0) for c in ratios]
     stages = ["early" if c < EARLY_BELOW else ("middle" if c < LATE_FROM else "late") for c in gain]
     return StageSplit(smooth, gain, stages, s0, s_inf, "gain")
 

@@ -11,6 +11,7 @@ a commit the host knows.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from sftree.runtime import safefs
 from sftree.runtime.objects import IDENTITY, ObjectDB, commit_object, flatten
@@ -45,7 +46,7 @@ def quote_path(path: str) -> bytes:
 
 def chain(db: ObjectDB, commit: str, limit: int = 10000) -> list[str]:
     """The first-parent chain from the root commit to `commit`, oldest first."""
-    out = []
+    out: list[str] = []
     at: str | None = commit
     while at and len(out) < limit:
         out.append(at)
@@ -96,7 +97,7 @@ def import_stream(db: ObjectDB, commits: list[str], have: str | None = None) -> 
     return b"".join(out)
 
 
-def read_head(worktree, limit: int = 1 << 20) -> str | None:
+def read_head(worktree: Path, limit: int = 1 << 20) -> str | None:
     """The commit the agent's repository is at, read as bytes without following a link (None: unreadable)."""
     try:
         head = safefs.read_bytes(worktree, ".git/HEAD", limit=4096).strip()

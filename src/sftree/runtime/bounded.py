@@ -17,6 +17,7 @@ import os
 import selectors
 import time
 from collections.abc import Callable, Mapping
+from typing import Protocol, TypeAlias
 
 CHUNK = 65536
 
@@ -48,12 +49,22 @@ class Capped:
         return self._chunks[0] if self._chunks else b""
 
 
-def _fd(stream) -> int:
+class HasFileno(Protocol):
+    """A file object or a socket: what has a descriptor."""
+
+    def fileno(self) -> int: ...
+
+
+# what can be read: a descriptor, or what has one
+Readable: TypeAlias = int | HasFileno
+
+
+def _fd(stream: Readable) -> int:
     return stream if isinstance(stream, int) else stream.fileno()
 
 
 def drain(
-    streams: Mapping[object, Capped],
+    streams: Mapping[Readable, Capped],
     *,
     deadline: float,
     watch: Callable[[], str | None] | None = None,
@@ -94,7 +105,7 @@ class LineReader:
     """Newline-terminated lines from one stream, each at most `limit` bytes (with its newline) and within the
     timeout given for it; bytes after a line's newline are kept for the next."""
 
-    def __init__(self, stream, limit: int):
+    def __init__(self, stream: Readable, limit: int) -> None:
         self.fd = _fd(stream)
         self.limit = limit
         self._rest = b""
@@ -131,6 +142,6 @@ class LineReader:
                 size += len(chunk)
 
 
-def read_line(stream, limit: int, timeout: float, *, what: str = "request") -> bytes:
+def read_line(stream: Readable, limit: int, timeout: float, *, what: str = "request") -> bytes:
     """One line from `stream` (bytes after its newline are dropped): `LineReader.line`."""
     return LineReader(stream, limit).line(timeout, what=what)

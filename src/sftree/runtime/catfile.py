@@ -9,10 +9,12 @@ objects of a live run), and the read fails with `Stopped(stalled=<object>)` inst
 
 from __future__ import annotations
 
+import io
 import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 
 class CatFileError(Exception):
@@ -48,7 +50,9 @@ class CatFile:
     ):
         self.git_dir, self.config, self.env, self.stall = Path(git_dir), tuple(config), env, stall
         self.restarts = 0
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes]
+        self._in: IO[bytes]  # git's stdin and stdout, the pipes `start` made
+        self._out: io.BufferedReader
         self._busy: tuple[float, str] | None = (
             None  # (time of the last byte, object) while git owes an answer
         )
@@ -56,7 +60,9 @@ class CatFile:
         self._done = threading.Event()
         self.start()
         if stall is not None:
-            threading.Thread(target=self._watch, name="git-cat-file-watchdog", daemon=True).start()
+            threading.Thread(
+                target=self._watch, args=(stall,), name="git-cat-file-watchdog", daemon=True
+            ).start()
 
     def start(self) -> None:
         cmd = ["git"]
@@ -71,6 +77,7 @@ class CatFile:
             cwd=str(self.git_dir),
             env=self.env,
         )
+        self._in, self._out = _pipes(self.proc)
 
     def stop(self) -> None:
         """Kill git and reap it (its answers owed are dropped with it)."""
@@ -79,7 +86,7 @@ class CatFile:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
-        for fh in (proc.stdin, proc.stdout):
+        for fh in (self._in, self._out):
             try:
                 fh.close()
             except OSError:
@@ -102,7 +109,7 @@ class CatFile:
         proc = self.proc
         if proc.poll() is None:
             try:
-                proc.stdin.close()
+                self._in.close()
             except OSError:
                 pass
             try:
@@ -110,12 +117,12 @@ class CatFile:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        proc.stdout.close()
+        self._out.close()
 
-    def _watch(self) -> None:
-        while not self._done.wait(min(1.0, self.stall / 4)):
+    def _watch(self, stall: float) -> None:
+        while not self._done.wait(min(1.0, stall / 4)):
             busy = self._busy
-            if busy is not None and time.monotonic() - busy[0] > self.stall:
+            if busy is not None and time.monotonic() - busy[0] > stall:
                 self._stalled = busy[1]
                 try:
                     self.proc.kill()
@@ -136,9 +143,9 @@ class CatFile:
         follow, for `chunk` to read."""
         self._busy = (time.monotonic(), oid)
         try:
-            self.proc.stdin.write(oid.encode() + b"\n")
-            self.proc.stdin.flush()
-            header = self.proc.stdout.readline()
+            self._in.write(oid.encode() + b"\n")
+            self._in.flush()
+            header = self._out.readline()
         except (OSError, ValueError):
             header = b""
         return self._header(oid, header)
@@ -158,7 +165,7 @@ class CatFile:
     def chunk(self, oid: str, n: int) -> bytes:
         """Up to `n` bytes of the object git is sending (what is there, at least one byte)."""
         try:
-            chunk = self.proc.stdout.read1(n)
+            chunk = self._out.read1(n)
         except (OSError, ValueError):
             chunk = b""
         if not chunk:
@@ -170,22 +177,20 @@ class CatFile:
         """(type, content) of each object, with one round trip: the requests are written while the answers are
         read. Any error stops git (the answers still owed go with it); the next call starts it again."""
         self.running()
-        proc = self.proc
-        writer = threading.Thread(
-            target=_write_lines, args=(proc.stdin, [o.encode() for o in oids]), daemon=True
-        )
+        stdin, stdout = self._in, self._out
+        writer = threading.Thread(target=_write_lines, args=(stdin, [o.encode() for o in oids]), daemon=True)
         writer.start()
         out = []
         try:
             for oid in oids:
                 self._busy = (time.monotonic(), oid)
                 try:
-                    header = proc.stdout.readline()
+                    header = stdout.readline()
                 except (OSError, ValueError):
                     header = b""
                 kind, size = self._header(oid, header)
-                data = proc.stdout.read(size)
-                if len(data) != size or len(proc.stdout.read(1)) != 1:  # the newline after the content
+                data = stdout.read(size)
+                if len(data) != size or len(stdout.read(1)) != 1:  # the newline after the content
                     raise self.stopped(oid)
                 out.append((kind, data))
             self._busy = None
@@ -197,7 +202,15 @@ class CatFile:
         return out
 
 
-def _write_lines(stream, lines: list[bytes]) -> None:
+def _pipes(proc: subprocess.Popen[bytes]) -> tuple[IO[bytes], io.BufferedReader]:
+    """git's stdin and stdout, as Popen made them for `stdin=PIPE, stdout=PIPE` (buffered: `read1` reads what is
+    there)."""
+    if proc.stdin is None or not isinstance(proc.stdout, io.BufferedReader):
+        raise RuntimeError("git cat-file started without its pipes")
+    return proc.stdin, proc.stdout
+
+
+def _write_lines(stream: IO[bytes], lines: list[bytes]) -> None:
     try:
         stream.write(b"".join(line + b"\n" for line in lines))
         stream.flush()

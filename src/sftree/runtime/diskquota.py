@@ -50,7 +50,7 @@ def grade_quota(quota: QuotaSettings) -> DiskQuota:
 
 
 @functools.cache
-def _libc():
+def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
@@ -77,7 +77,7 @@ def can_mount() -> bool:
     return True
 
 
-def mount(path: str | os.PathLike, quota: DiskQuota, mode: int = 0o700) -> bool:
+def mount(path: str | os.PathLike[str], quota: DiskQuota, mode: int = 0o700) -> bool:
     """Make the empty folder `path` a tmpfs of `quota` (nosuid, nodev); False where mounting is not allowed."""
     if not can_mount():
         return False
@@ -85,7 +85,7 @@ def mount(path: str | os.PathLike, quota: DiskQuota, mode: int = 0o700) -> bool:
     return True
 
 
-def unmount(path: str | os.PathLike) -> bool:
+def unmount(path: str | os.PathLike[str]) -> bool:
     """Detach the mount at `path` (lazily: a process still holding a file there keeps only that); False when
     nothing is mounted there."""
     if _libc().umount2(os.fsencode(os.fspath(path)), MNT_DETACH) != 0:
@@ -96,7 +96,7 @@ def unmount(path: str | os.PathLike) -> bool:
     return True
 
 
-def is_quota_mount(path: str | os.PathLike) -> bool:
+def is_quota_mount(path: str | os.PathLike[str]) -> bool:
     """`path` is one of our quota mounts (a leftover of a killed run is found by this)."""
     target = os.path.realpath(path)
     try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -57,7 +58,7 @@ class EdgeBox:
     limits: Limits | None = None  # AGENT_LIMITS with no file larger than the quota's `file_bytes`
     python: str = sys.executable  # visible inside (sandbox.python_roots)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.limits is None:
             self.limits = replace(AGENT_LIMITS, fsize_mb=max(1, self.ws.quota.file_bytes >> 20))
 
@@ -104,15 +105,15 @@ class EdgeBox:
         command: list[str],
         *,
         cwd: str | None = None,
-        binds: list[tuple[Path, str]] = (),
-        ro_binds: list[tuple[Path, str]] = (),
+        binds: Sequence[tuple[Path, str]] = (),
+        ro_binds: Sequence[tuple[Path, str]] = (),
         limits: Limits | None = None,
-        keep_visible: list[Path] = (),
+        keep_visible: Sequence[Path] = (),
         new_session: bool = True,
     ) -> list[str]:
         """The command line that runs `command` in this edge's sandbox (or as it is, without one)."""
         if not self.sandboxed:
-            return wrap_limits(list(command), limits or self.limits)
+            return wrap_limits(list(command), limits or self.own_limits)
         rw, ro = self.binds()
         argv = bwrap_argv(
             list(command),
@@ -126,7 +127,13 @@ class EdgeBox:
             tmp_bytes=self.tmp_bytes,
             tmp_inodes=self.tmp_inodes,
         )
-        return wrap_limits(argv, limits or self.limits, self.uid)
+        return wrap_limits(argv, limits or self.own_limits, self.uid)
+
+    @property
+    def own_limits(self) -> Limits:
+        """The box's limits (`__post_init__` fills in the default)."""
+        assert self.limits is not None
+        return self.limits
 
     def over_quota(self) -> str | None:
         """Why the edge's writable folders are over the quota (entries, bytes), or None. Folders may nest deeper

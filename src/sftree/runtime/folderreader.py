@@ -71,8 +71,8 @@ Skip = Callable[[str, bool], bool]  # (relative path, is a folder) -> leave it o
 
 
 def walk(
-    root: str | os.PathLike, quota: Quota, skip: Skip | None = None
-) -> Iterator[tuple[int, str, os.DirEntry]]:
+    root: str | os.PathLike[str], quota: Quota, skip: Skip | None = None
+) -> Iterator[tuple[int, str, os.DirEntry[str]]]:
     """Every entry under `root` as (its folder's descriptor, its relative path, the entry), folders before what
     they hold; links are entries, never followed; a folder swapped for a link or a file while walking is left
     out. A missing `root` holds nothing; a `root` that is a link or a file is UnsafeWorkspace (its content is not
@@ -126,7 +126,11 @@ def walk(
             os.close(fd)
 
 
-def _key(st: os.stat_result) -> tuple:
+# what says a file is unchanged since it was read: device, inode, size, times, mode
+StatKey = tuple[int, int, int, int, int, int]
+
+
+def _key(st: os.stat_result) -> StatKey:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
 
 
@@ -170,14 +174,14 @@ class FolderReader:
         self.db = db
         self.quota = quota
         self.skip = skip
-        self._cache: dict[str, tuple[tuple, str, str]] = {}  # path -> (stat key, mode, blob id)
+        self._cache: dict[str, tuple[StatKey, str, str]] = {}  # path -> (stat key, mode, blob id)
 
-    def files(self, root: str | os.PathLike) -> tuple[dict[str, tuple[str, str]], Reading]:
+    def files(self, root: str | os.PathLike[str]) -> tuple[dict[str, tuple[str, str]], Reading]:
         """{path: (mode, blob id)} of what `root` holds now, blobs written; and what was taken."""
         start = time.time_ns()
         out: dict[str, tuple[str, str]] = {}
         info = Reading()
-        cache: dict[str, tuple[tuple, str, str]] = {}
+        cache: dict[str, tuple[StatKey, str, str]] = {}
         for dfd, rel, entry in walk(root, self.quota, self.skip):
             try:
                 st = entry.stat(follow_symlinks=False)
@@ -218,14 +222,14 @@ class FolderReader:
         self._cache = cache
         return out, info
 
-    def snapshot(self, root: str | os.PathLike) -> tuple[str, Reading]:
+    def snapshot(self, root: str | os.PathLike[str]) -> tuple[str, Reading]:
         """The tree id of what `root` holds now (its objects written) and what was taken."""
         files, info = self.files(root)
         return tree_from_files(self.db, files), info
 
 
 def usage(
-    root: str | os.PathLike, quota: Quota, skip: Skip | None = None, start: tuple[int, int] = (0, 0)
+    root: str | os.PathLike[str], quota: Quota, skip: Skip | None = None, start: tuple[int, int] = (0, 0)
 ) -> tuple[int, int]:
     """(entries, bytes) under `root` (plus `start`), bounded by the quota (QuotaExceeded beyond it); links not
     followed, `skip` not counted."""

@@ -17,13 +17,18 @@ import os
 import threading
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from operator import itemgetter
 from pathlib import Path
+from typing import Literal, overload
 
 TREE_MODE = "40000"
 # name -> (mode, hex id, the entry as the tree object holds it): kept encoded, so a tree of 10k entries with a
 # few changed is joined, not encoded again (~10 ms in Python at 10k).
-Entries = dict[str, tuple[str, str, bytes]]
+Entry = tuple[str, str, bytes]
+Entries = dict[str, Entry]
+# a large tree's entries' sort keys in git's order, where each entry starts in the encoding, and the encoding
+Layout = tuple[list[str], list[int], bytes]
 
 
 def entry(name: str, mode: str, oid: str) -> tuple[str, str, bytes]:
@@ -42,7 +47,7 @@ def _key(name: str, mode: str) -> str:
 LAYOUT_MIN = 1024  # trees with this many entries keep their encoding laid out, to be spliced (`splice`)
 
 
-class Tree(dict):
+class Tree(dict[str, Entry]):
     """Entries; a large tree also keeps `layout`: its entries' sort keys in git's order, where each entry starts
     in the encoding, and the encoding. The next tree, a few entries away (a commit adds an attempt record to an
     `attempts/` of 10k), is then the old encoding with those entries spliced in: copies in C, where encoding
@@ -50,12 +55,16 @@ class Tree(dict):
 
     __slots__ = ("layout",)
 
-    def __init__(self, entries=(), layout: tuple[list[str], list[int], bytes] | None = None):
+    def __init__(self, entries: Mapping[str, Entry] = {}, layout: Layout | None = None) -> None:  # noqa: B006 (read only)
         super().__init__(entries)
         self.layout = layout
 
 
-def encode_tree(entries: Entries, *, laid_out: bool = False) -> bytes | tuple[bytes, tuple | None]:
+@overload
+def encode_tree(entries: Entries, *, laid_out: Literal[False] = False) -> bytes: ...
+@overload
+def encode_tree(entries: Entries, *, laid_out: Literal[True]) -> tuple[bytes, Layout | None]: ...
+def encode_tree(entries: Entries, *, laid_out: bool = False) -> bytes | tuple[bytes, Layout | None]:
     """A tree object's content (what `git cat-file tree` prints); with `laid_out`, also its layout (Tree) when
     it is large enough to keep one."""
     if TREE_MODE in map(itemgetter(0), entries.values()):  # (a scan in C: ~20x a generator's speed)
@@ -68,22 +77,23 @@ def encode_tree(entries: Entries, *, laid_out: bool = False) -> bytes | tuple[by
         return data
     if len(names) < LAYOUT_MIN:
         return data, None
-    offsets, at = [], 0
+    offsets: list[int] = []
+    at = 0
     for raw in raws:
         offsets.append(at)
         at += len(raw)
     return data, ([_key(n, entries[n][0]) for n in names], offsets, data)
 
 
-def splice(base: Entries, entries: Entries, changed) -> tuple[bytes, tuple] | None:
+def splice(base: Entries, entries: Entries, changed: Iterable[str]) -> tuple[bytes, Layout | None] | None:
     """The encoding and layout of `entries`, which differ from the laid-out tree `base` in the names `changed`
     alone (each name once, however often `changed` names it); None when `base` has no layout (or does not
     match it)."""
-    lay = getattr(base, "layout", None)
+    lay = base.layout if isinstance(base, Tree) else None
     if lay is None:
         return None
     keys, offs, data = lay
-    edits = []  # (old index, 0: insert before it | 1: drop it, key, entry bytes)
+    edits: list[tuple[int, int, str, bytes]] = []  # (old index, 0: insert before it | 1: drop it, key, entry)
     for name in set(changed):  # a name twice would insert its entry twice
         old, new = base.get(name), entries.get(name)
         if old is not None:
@@ -97,7 +107,9 @@ def splice(base: Entries, entries: Entries, changed) -> tuple[bytes, tuple] | No
             edits.append((bisect.bisect_left(keys, k), 0, k, new[2]))
     edits.sort()
     n = len(keys)
-    out, out_keys, out_offs = [], [], []
+    out: list[bytes] = []
+    out_keys: list[str] = []
+    out_offs: list[int] = []
     pos = size = 0  # old entries taken so far; bytes written so far
 
     def take(j: int) -> None:  # old entries pos..j-1, unchanged
@@ -121,15 +133,16 @@ def splice(base: Entries, entries: Entries, changed) -> tuple[bytes, tuple] | No
             out_offs.append(size)
             size += len(raw)
     take(n)
-    new = b"".join(out)
-    return new, ((out_keys, out_offs, new) if len(out_keys) >= LAYOUT_MIN else None)
+    encoded = b"".join(out)
+    return encoded, ((out_keys, out_offs, encoded) if len(out_keys) >= LAYOUT_MIN else None)
 
 
 def parse_tree(data: bytes) -> Tree:
     """A tree object's content as {name: (mode, id)}. ValueError for a name that is no UTF-8 (git stores the
     bytes it is given): sorted as text it would be out of git's byte order, so such a tree is left to git."""
     out = Tree()
-    keys, offsets = [], []
+    keys: list[str] = []
+    offsets: list[int] = []
     i, n = 0, len(data)
     while i < n:
         sp = data.index(b" ", i)
@@ -162,7 +175,7 @@ def write_loose(git_dir: Path, kind: str, data: bytes) -> str:
     return oid
 
 
-def write_loose_stream(git_dir: Path, read, size: int) -> str:
+def write_loose_stream(git_dir: Path, read: Callable[[int], bytes], size: int) -> str:
     """Store a blob of `size` bytes given by `read(n)` (chunks until b"") without holding it in memory; ValueError
     when it gives other than `size` bytes (the file changed while read)."""
     sha = hashlib.sha1(f"blob {size}\0".encode())
@@ -191,7 +204,7 @@ def write_loose_stream(git_dir: Path, read, size: int) -> str:
         tmp.unlink(missing_ok=True)
 
 
-def layout_cost(layout: tuple[list[str], list[int], bytes]) -> int:
+def layout_cost(layout: Layout) -> int:
     """About the bytes a layout holds beyond its tree's entries: the encoding, and per entry a list slot for its
     key (the name itself, shared with the entries) and an offset (a slot and an int object)."""
     return len(layout[2]) + 44 * len(layout[1])
@@ -226,7 +239,7 @@ class TreeCache:
             self._forget_layout(oid)
             self._trees[oid] = entries
             self._trees.move_to_end(oid)
-            layout = getattr(entries, "layout", None)
+            layout = entries.layout if isinstance(entries, Tree) else None
             if layout is not None:
                 self._laid[oid] = cost = layout_cost(layout)
                 self.layout_total += cost
@@ -235,13 +248,20 @@ class TreeCache:
             while self.layout_total > self.layout_bytes and self._laid:
                 old = next(iter(self._laid))
                 self._forget_layout(old)
-                self._trees[old].layout = None  # splice reads it once: a splice under way keeps its copy
+                laid = self._trees[old]
+                if isinstance(laid, Tree):  # (every tree keeping a layout is one)
+                    laid.layout = None  # splice reads it once: a splice under way keeps its copy
 
     def _forget_layout(self, oid: str) -> None:
         self.layout_total -= self._laid.pop(oid, 0)
 
 
-def apply_changes(root: str, changes: dict[str, tuple[str, str] | None], load, store) -> str:
+def apply_changes(
+    root: str,
+    changes: dict[str, tuple[str, str] | None],
+    load: Callable[[str], Entries],
+    store: Callable[[Entries, Entries, Iterable[str]], str],
+) -> str:
     """The id of tree `root` with `changes` applied ({path: (mode, id)} to set, None to remove; a folder left
     empty goes, as in git). `load(tree_id) -> Entries` reads a tree, `store(entries, base, changed) -> id`
     writes one (`base`: the tree it was made from, `changed`: the names that may differ from it)."""
@@ -249,7 +269,7 @@ def apply_changes(root: str, changes: dict[str, tuple[str, str] | None], load, s
     def rebuild(tree: str | None, here: dict[str, tuple[str, str] | None]) -> str | None:
         base = load(tree) if tree else {}
         entries = dict(base)
-        below: dict[str, dict] = {}
+        below: dict[str, dict[str, tuple[str, str] | None]] = {}
         changed = set()
         for path, change in here.items():
             head, _, rest = path.partition("/")

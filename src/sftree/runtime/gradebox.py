@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,9 +79,9 @@ class SolutionRun:
 
 
 def run_solution(
-    code_dir: str | os.PathLike,
+    code_dir: str | os.PathLike[str],
     func: str,
-    calls: list[tuple | list] = ((),),
+    calls: Sequence[Sequence[object]] = ((),),
     *,
     module: str = "solution",
     timeout: float = 60.0,

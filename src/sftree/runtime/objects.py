@@ -12,7 +12,10 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeAlias
 
 from sftree.errors import SftreeError
 from sftree.runtime import gittrees
@@ -143,7 +146,7 @@ class ObjectDB:
     def write(self, kind: str, data: bytes) -> str:
         return gittrees.write_loose(self.git_dir, kind, data)
 
-    def write_blob_stream(self, read, size: int) -> str:
+    def write_blob_stream(self, read: Callable[[int], bytes], size: int) -> str:
         return gittrees.write_loose_stream(self.git_dir, read, size)
 
     def write_tree(self, entries: gittrees.Entries) -> str:
@@ -152,7 +155,7 @@ class ObjectDB:
         self.trees.put(oid, gittrees.Tree(entries, layout))
         return oid
 
-    def write_tree_from(self, base: str | None, entries: gittrees.Entries, changed) -> str:
+    def write_tree_from(self, base: str | None, entries: gittrees.Entries, changed: Iterable[str]) -> str:
         """A tree that differs from tree `base` in the names `changed` alone: a large one is spliced from the base's
         kept encoding (`gittrees.splice`: C copies, where encoding 10k entries again is ~5 ms of Python)."""
         spliced = gittrees.splice(self.tree(base), entries, changed) if base else None
@@ -188,24 +191,39 @@ def flatten(db: ObjectDB, tree: str, prefix: str = "") -> dict[str, tuple[str, s
     return out
 
 
+@dataclass(frozen=True)
+class _Kept:
+    """An entry of the top tree kept as it is (`root_extra`: a subtree taken whole)."""
+
+    mode: str
+    oid: str
+
+
+# a folder being built: {name: sub-folder | (mode, blob id) | an entry kept whole}
+_Folder: TypeAlias = dict[str, "_Folder | tuple[str, str] | _Kept"]
+
+
 def tree_from_files(
     db: ObjectDB, files: dict[str, tuple[str, str]], root_extra: dict[str, tuple[str, str]] | None = None
 ) -> str:
     """The tree id of {path: (mode, blob id)} (the inverse of `flatten`), its trees written; `root_extra`: more
     entries of the top tree {name: (mode, id)} (a subtree kept as a whole)."""
-    root: dict = {name: ("extra", val) for name, val in (root_extra or {}).items()}
+    root: _Folder = {name: _Kept(*val) for name, val in (root_extra or {}).items()}
     for path, (mode, oid) in files.items():
         node = root
         *dirs, name = path.split("/")
         for d in dirs:
-            node = node.setdefault(d, {})
+            sub = node.setdefault(d, {})
+            if not isinstance(sub, dict):
+                raise TypeError(f"{path}: {d} is a file or a kept entry, not a folder")
+            node = sub
         node[name] = (mode, oid)
 
-    def build(node: dict) -> str:
-        entries = {}
+    def build(node: _Folder) -> str:
+        entries: gittrees.Entries = {}
         for name, val in node.items():
-            if isinstance(val, tuple) and val[0] == "extra":
-                entries[name] = gittrees.entry(name, *val[1])
+            if isinstance(val, _Kept):
+                entries[name] = gittrees.entry(name, val.mode, val.oid)
             elif isinstance(val, dict):
                 entries[name] = gittrees.entry(name, gittrees.TREE_MODE, build(val))
             else:

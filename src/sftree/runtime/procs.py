@@ -13,10 +13,14 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import IO, Any, TypeAlias
 
-from sftree.runtime.bounded import Capped, drain
+from sftree.runtime.bounded import Capped, Readable, drain
+
+# a started process, its pipes bytes or text (what the callers of kill_group and stop_group hold)
+Process: TypeAlias = subprocess.Popen[bytes] | subprocess.Popen[str]
 
 DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
 
@@ -31,7 +35,7 @@ class GroupResult:
     stopped: str | None = None  # why `check` stopped it (then returncode is None too)
 
 
-def kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: Process) -> None:
     """SIGKILL to the process group `proc` leads (started with `start_new_session`), and to `proc` itself should
     it not lead one; a group already gone is no error. Not reaped: the caller waits."""
     try:
@@ -41,7 +45,7 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.kill()  # a no-op once it was reaped
 
 
-def stop_group(proc: subprocess.Popen, grace: float = 10) -> None:
+def stop_group(proc: Process, grace: float = 10) -> None:
     """Stop a server's process group and reap it: SIGCONT (a stopped process cannot handle SIGTERM) and SIGTERM
     to the group, `grace` seconds to exit, then SIGKILL. Nothing to do if it already exited."""
     if proc.poll() is not None:
@@ -59,7 +63,7 @@ def stop_group(proc: subprocess.Popen, grace: float = 10) -> None:
 
 
 def run_group(
-    argv,
+    argv: Sequence[str | os.PathLike[str]],
     *,
     timeout: float,
     merge_stderr: bool = False,
@@ -69,14 +73,14 @@ def run_group(
     check_every: float = 0.5,
     read_also: Mapping[int, Capped] | None = None,
     hand_fds: tuple[int, ...] = (),
-    **popen_kwargs,
+    **popen_kwargs: Any,
 ) -> GroupResult:
     """`input`: bytes for its stdin (else none); `check`: called every `check_every` s while it runs, a reason
     it returns kills the group (a quota: `GroupResult.stopped`); `read_also`: more descriptors it writes to
     (a result pipe), read with its outputs while it runs, into their Capped; `hand_fds`: descriptors passed to
     it and closed here (started or not) (the write end of such a pipe: its end comes when the group's is)."""
     try:
-        proc = subprocess.Popen(
+        proc: subprocess.Popen[bytes] = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
@@ -90,11 +94,17 @@ def run_group(
             os.close(fd)
     if input is not None:
         threading.Thread(target=_feed, args=(proc.stdin, input), daemon=True).start()
-    bufs = {proc.stdout: Capped(max_output)}
+    assert proc.stdout is not None  # (stdout=PIPE)
+    bufs: dict[IO[bytes], Capped] = {proc.stdout: Capped(max_output)}
     if proc.stderr is not None:
         bufs[proc.stderr] = Capped(max_output)
+    streams: dict[Readable, Capped] = {}
+    for pipe, buf in bufs.items():
+        streams[pipe] = buf
+    for fd, buf in (read_also or {}).items():
+        streams[fd] = buf
     deadline = time.monotonic() + max(0.0, timeout)
-    why = drain({**bufs, **(read_also or {})}, deadline=deadline, watch=check, every=check_every)
+    why = drain(streams, deadline=deadline, watch=check, every=check_every)
     timed_out = why == "timeout"
     stopped = why if why and not timed_out else None
     if why:
@@ -116,7 +126,7 @@ def run_group(
     return GroupResult(rc, bufs[proc.stdout].data(), err, timed_out, dropped, stopped)
 
 
-def _feed(stream, data: bytes) -> None:
+def _feed(stream: IO[bytes], data: bytes) -> None:
     try:
         stream.write(data)
     except (OSError, ValueError):  # it exited without reading it all

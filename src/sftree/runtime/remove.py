@@ -46,7 +46,7 @@ class _Level:
     todo: list[str] = field(default_factory=list)
 
 
-def tree(path: str | os.PathLike) -> None:
+def tree(path: str | os.PathLike[str]) -> None:
     """Remove `path` (a folder and all it holds, or a file, or a link: the link, never its target). Nothing there
     is no error. The folders leading to `path` are the caller's (they may be links)."""
     path = Path(path)
@@ -60,7 +60,7 @@ def tree(path: str | os.PathLike) -> None:
         os.close(pfd)
 
 
-def quietly(path: str | os.PathLike) -> bool:
+def quietly(path: str | os.PathLike[str]) -> bool:
     """`tree(path)` for a cleanup: what could not be removed is logged, never raised. True when nothing stayed."""
     try:
         tree(path)
@@ -101,14 +101,18 @@ def _empty(top_fd: int, problems: list[str]) -> None:
     """Remove everything below the folder open as `top_fd` (not the folder itself); `problems` gets what stayed.
     Depth first: a folder's files go when it is listed, its subfolders one by one, each removed once empty."""
     top = os.fstat(top_fd)
-    stack = [_Level("", top.st_dev, top.st_ino, os.dup(top_fd))]
+    first = os.dup(top_fd)
+    stack = [_Level("", top.st_dev, top.st_ino, first)]
     try:
-        stack[0].todo = _clear_files(stack[0].fd, "", problems)
+        stack[0].todo = _clear_files(first, "", problems)
         while stack:
             here = stack[-1]
             if here.todo:
                 name = here.todo.pop()
-                fd = here.fd  # the deepest level is always open (only levels MAX_OPEN above it are closed)
+                fd = here.fd
+                assert (
+                    fd is not None
+                )  # the deepest level is always open (only levels MAX_OPEN above it close)
                 rel = f"{_rel(stack)}/{name}".lstrip("/")
                 try:
                     sub = _open_dir(fd, name)
@@ -132,6 +136,7 @@ def _empty(top_fd: int, problems: list[str]) -> None:
                 stack[-1].todo = _clear_files(sub, rel, problems)
                 continue
             done = stack.pop()
+            assert done.fd is not None  # (the deepest level)
             if not stack:
                 os.close(done.fd)
                 break

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,7 +113,7 @@ def is_sandbox_uid(uid: int) -> bool:
 class UidPool:
     """Distinct uids for sandboxes running at once in this process (so each gets its own process cap)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._used: set[int] = set()
 
@@ -176,7 +177,7 @@ def own_below(dfd: int, uid: int, skip: str | None = None) -> None:
         return subdirs
 
     top = os.dup(dfd)
-    stack = [(top, [])]
+    stack: list[tuple[int, list[str]]] = [(top, [])]
     try:
         stack[0] = (top, give(top, skip))
         while stack:
@@ -329,10 +330,10 @@ def bwrap_argv(
     command: list[str],
     *,
     cwd: str | Path,
-    binds: list[tuple[str | Path, str | Path]] = (),
-    ro_binds: list[tuple[str | Path, str | Path]] = (),
-    hidden: list[Path] = (),
-    keep_visible: list[str | Path] = (),
+    binds: Sequence[tuple[str | Path, str | Path]] = (),
+    ro_binds: Sequence[tuple[str | Path, str | Path]] = (),
+    hidden: Sequence[Path] = (),
+    keep_visible: Sequence[str | Path] = (),
     new_session: bool = True,
     uid: int | None = None,
     tmp_bytes: int | None = None,
@@ -410,7 +411,7 @@ def _private_tmp(
     return argv, remount
 
 
-def _hidden(hidden: list[Path], exposed: list[str]) -> list[str]:
+def _hidden(hidden: Sequence[Path], exposed: list[str]) -> list[str]:
     """`hidden` and the project's checkout, where they lie under an exposed folder: a folder covered by an
     empty tmpfs, a file by /dev/null."""
     argv: list[str] = []
@@ -424,9 +425,9 @@ def _hidden(hidden: list[Path], exposed: list[str]) -> list[str]:
 
 
 def _mounts(
-    binds: list[tuple[str | Path, str | Path]],
-    ro_binds: list[tuple[str | Path, str | Path]],
-    keep_visible: list[str | Path],
+    binds: Sequence[tuple[str | Path, str | Path]],
+    ro_binds: Sequence[tuple[str | Path, str | Path]],
+    keep_visible: Sequence[str | Path],
     exposed: list[str],
 ) -> list[str]:
     """The running Python and `keep_visible` read-only, then `binds` read-write and `ro_binds` read-only, each

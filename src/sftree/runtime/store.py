@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TypeAlias
 
 from sftree.errors import InputError
 from sftree.runtime import checkout, safefs
-from sftree.runtime.folderreader import FolderReader, Quota
+from sftree.runtime.folderreader import FolderReader, Quota, Skip
 from sftree.runtime.objects import ObjectDB, git, init_bare, tree_from_files
+from sftree.runtime.repos import TreeRepos
 from sftree.runtime.workspace import (
     EdgeWorkspace,
     NodeState,
@@ -36,6 +38,8 @@ from sftree.settings import AgentSettings, schema_defaults
 
 log = logging.getLogger(__name__)
 
+StrPath: TypeAlias = str | os.PathLike[str]
+
 LOOSE_PACK_KIB = 16 * 1024
 ROOT_QUOTA = Quota(files=2_000_000, bytes=64 << 30, file_bytes=4 << 30, depth=256)  # the Student's own files
 
@@ -44,25 +48,19 @@ def _root_skip(rel: str, is_dir: bool) -> bool:
     return rel.rpartition("/")[2] == ".git"
 
 
-class TreeStore:
-    """The repositories of one tree and the edge folders under `<tree_dir>/work`."""
+class TreeStore(TreeRepos):
+    """The repositories of one tree and the edge folders under `<tree_dir>/work` (repos.py: what a workspace
+    writes into), seeded from a root snapshot and forked into edge workspaces."""
 
-    def __init__(self, tree_dir: str | os.PathLike, task_cfg: dict):
-        self.tree_dir = Path(tree_dir).resolve()
+    def __init__(self, tree_dir: str | os.PathLike[str], task_cfg: Mapping[str, object]) -> None:
+        super().__init__(tree_dir)
         self.task_cfg = task_cfg
-        self.store_dir = self.tree_dir / "store"
-        self.code_git = self.store_dir / "code.git"
-        self.knowledge_git = self.store_dir / "knowledge.git"
-        self.work_dir = self.tree_dir / "work"
-        self.code = ObjectDB(self.code_git)
-        self.knowledge = ObjectDB(self.knowledge_git)
-        self._lock = threading.Lock()
-        self._parked: list[tuple[Path, str]] = []  # attempts folders free for reuse, with the tree they hold
-        self._parked_n = 0
 
     # ---- creation and resume -------------------------------------------------------------------------------
     @classmethod
-    def create(cls, tree_dir, root_snapshot_dir, task_cfg: dict) -> tuple[TreeStore, NodeState]:
+    def create(
+        cls, tree_dir: StrPath, root_snapshot_dir: StrPath, task_cfg: Mapping[str, object]
+    ) -> tuple[TreeStore, NodeState]:
         """Seed the store from the root snapshot's `code/` and `shared/`; return it and the root's state.
         Idempotent: a store that already holds a root (a resumed run) is returned with that root unchanged."""
         self = cls(tree_dir, task_cfg)
@@ -90,7 +88,7 @@ class TreeStore:
         return self, NodeState(code, knowledge, None)
 
     @classmethod
-    def open(cls, tree_dir, task_cfg: dict) -> TreeStore:
+    def open(cls, tree_dir: StrPath, task_cfg: Mapping[str, object]) -> TreeStore:
         self = cls(tree_dir, task_cfg)
         if not (self.code_git / "refs" / "sftree" / "root").exists():
             raise InputError(f"no tree store under {self.store_dir} (create it first)")
@@ -103,7 +101,7 @@ class TreeStore:
         return NodeState(code, knowledge, None)
 
     @staticmethod
-    def _import_dir(db: ObjectDB, src: Path | None, what: str, skip) -> str:
+    def _import_dir(db: ObjectDB, src: Path | None, what: str, skip: Skip) -> str:
         """A root commit of what `src` holds (read by the host without following links; `skip` left out)."""
         files = FolderReader(db, ROOT_QUOTA, skip).files(src)[0] if src is not None else {}
         return db.write_commit(tree_from_files(db, files), [], f"sftree: {what}")
@@ -165,8 +163,7 @@ class TreeStore:
 
     def _place_attempts(self, ws: EdgeWorkspace) -> None:
         """Fill the edge's attempts folder: a parked one moved by the tree difference, else written in full."""
-        with self._lock:
-            parked = self._parked.pop() if (self._parked and ws.separate_attempts) else None
+        parked = self.take_parked() if ws.separate_attempts else None
         if parked is not None:
             folder, held = parked
             try:
@@ -183,43 +180,12 @@ class TreeStore:
             self.knowledge, attempt_entries(self.knowledge, ws.attempts_tree), ws.paths.attempts
         )
 
-    @property
-    def pool_dir(self) -> Path:
-        return self.work_dir / ".attempts-pool"
-
-    def park_attempts(self, folder: Path, held: str) -> None:
-        """Keep an attempts folder only the host wrote (holding the attempts/ tree `held`) for the next fork."""
-        self.pool_dir.mkdir(exist_ok=True)
-        with self._lock:
-            self._parked_n += 1
-            dest = self.pool_dir / str(self._parked_n)
-            os.rename(folder, dest)
-            self._parked.append((dest, held))
-
-    # ---- refs, diffs, cleanup ------------------------------------------------------------------------------
-    def keep_refs(self, repo: str, refs: dict[str, str]) -> None:
-        """Point `refs/sftree/edges/<name>` at each commit (one git call)."""
-        if not refs:
-            return
-        git_dir = self.code_git if repo == "code" else self.knowledge_git
-        lines = "".join(f"update refs/sftree/edges/{name} {sha}\n" for name, sha in refs.items())
-        with self._lock:
-            git(git_dir, ["update-ref", "--stdin"], input=lines.encode())
-
-    def diff(self, repo: str, a: str, b: str) -> str:
-        """`git diff --binary a b` of two commits of the code or knowledge repository (objects the host wrote)."""
-        git_dir = self.code_git if repo == "code" else self.knowledge_git
-        return git(git_dir, ["diff", "--no-ext-diff", "--no-textconv", "--binary", a, b])
-
-    def remove_edge_dir(self, edge_dir: Path) -> None:
-        safefs.remove_all(edge_dir)  # (an agent may have nested folders thousands deep)
-
+    # ---- cleanup --------------------------------------------------------------------------------------------
     def cleanup_stale(self, keep: set[str]) -> None:
         """Remove the edge folders not in `keep` (half-done edges of a killed run) and the parked records."""
         if not self.work_dir.is_dir():
             return
-        with self._lock:
-            self._parked = []
+        self.forget_parked()
         safefs.remove_all(self.pool_dir)
         for d in sorted(self.work_dir.iterdir()):
             if d.is_dir() and d.name not in keep:

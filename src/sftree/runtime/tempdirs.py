@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 from sftree.runtime import diskquota
 from sftree.runtime import remove as remove_tree
@@ -57,7 +58,7 @@ def make(prefix: str, quota: DiskQuota | None = None) -> Path:
     return Path(path)
 
 
-def mounted(path: str | os.PathLike) -> bool:
+def mounted(path: str | os.PathLike[str]) -> bool:
     """`path` (made by `make`) is a quota tmpfs."""
     return diskquota.is_quota_mount(path)
 
@@ -78,7 +79,7 @@ def _remove(path: str, warn: bool = True) -> bool:
     return True
 
 
-def remove(path: str | os.PathLike) -> None:
+def remove(path: str | os.PathLike[str]) -> None:
     _remove(os.fspath(path))
     with _lock:
         _live.discard(str(path))
@@ -134,7 +135,7 @@ def sweep(prefixes: tuple[str, ...]) -> list[str]:
     """Remove our folders left by a process that no longer exists (killed with -9), a quota tmpfs unmounted;
     returns their names."""
     base = Path(tempfile.gettempdir())
-    gone = []
+    gone: list[str] = []
     try:
         entries = list(base.iterdir())
     except OSError:
@@ -161,7 +162,7 @@ def removed_on_sigterm() -> Iterator[None]:
         yield
         return
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: FrameType | None) -> None:
         remove_all()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)

@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from sftree.errors import InputError
 from sftree.fileio import read_json
+from sftree.jsontypes import JSONObject
 from sftree.runtime import agentrepo, checkout, gittrees, safefs
 from sftree.runtime.folderreader import FolderReader, Quota, QuotaExceeded, Reading, UnsafeWorkspace  # noqa: F401
 from sftree.runtime.objects import ObjectDB, flatten, tree_from_files
-
-if TYPE_CHECKING:  # store.py imports this module (TreeStore.fork makes every workspace)
-    from sftree.runtime.store import TreeStore
+from sftree.runtime.repos import TreeRepos
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +82,10 @@ class NodeState:
     code_commit: str
     knowledge_commit: str
     session: str | None = None
-    counters: dict | None = field(default=None, compare=False, hash=False)
+    counters: JSONObject | None = field(default=None, compare=False, hash=False)
 
-    def to_dict(self) -> dict:
-        d = {
+    def to_dict(self) -> JSONObject:
+        d: JSONObject = {
             "code_commit": self.code_commit,
             "knowledge_commit": self.knowledge_commit,
             "session": self.session,
@@ -95,8 +95,23 @@ class NodeState:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> NodeState:
-        return cls(d["code_commit"], d["knowledge_commit"], d.get("session"), d.get("counters"))
+    def from_dict(cls, d: JSONObject) -> NodeState:
+        """A node's state as `to_dict` wrote it (tree.json's `state`); an InputError for any other shape."""
+        code, knowledge, session, counters = (
+            d["code_commit"],
+            d["knowledge_commit"],
+            d.get("session"),
+            d.get("counters"),
+        )
+        if not (isinstance(code, str) and isinstance(knowledge, str)):
+            raise InputError(f"a node's state names no code and knowledge commits: {d!r:.200}")
+        if not (session is None or isinstance(session, str)) or not (
+            counters is None or isinstance(counters, dict)
+        ):
+            raise InputError(
+                f"a node's state has a session that is no path or counters that are no object: {d!r:.200}"
+            )
+        return cls(code, knowledge, session, counters)
 
 
 @dataclass(frozen=True)
@@ -141,15 +156,15 @@ def _host_knowledge(path: str) -> bool:
 class EdgeWorkspace:
     """One edge's world (module docstring). Made by `TreeStore.fork`."""
 
-    store: TreeStore  # the tree's store, which forked it
+    store: TreeRepos  # the tree's store (store.py's TreeStore), which forked it
     edge_id: str
     parent: NodeState
     paths: Paths
     uid: int | None  # the sandbox user owning what the agent may change (sftree is root), else None
     separate_attempts: bool  # the attempt records live outside run/ (a sandbox shows them read-only)
     quota: Quota
-    session: list[dict] = field(default_factory=list)  # the parent's messages (empty for a fresh session)
-    last_turn: dict | None = None  # the host's record of how the parent's last turn ended (prompts.py)
+    session: list[JSONObject] = field(default_factory=list)  # the parent's messages (empty: a fresh session)
+    last_turn: JSONObject | None = None  # the host's record of how the parent's last turn ended (prompts.py)
     closed: bool = False
     head: str = ""  # the code commit the worktree is at, by the host's records
     known: set[str] = field(default_factory=set)  # the code commits of this branch (the agent's repository)
@@ -160,10 +175,10 @@ class EdgeWorkspace:
     _attempts_clean: bool = (
         True  # the attempts folder holds exactly `attempts_tree` (it may be parked for reuse)
     )
-    _code_reader: FolderReader | None = None
-    _k_reader: FolderReader | None = None
+    _code_reader: FolderReader = field(init=False)
+    _k_reader: FolderReader = field(init=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.head = self.head or self.parent.code_commit
         self.k_head = self.k_head or self.parent.knowledge_commit
         self._code_reader = FolderReader(self.store.code, self.quota, code_skip)
@@ -242,7 +257,10 @@ class EdgeWorkspace:
         differ are rewritten, no link followed; the attempt records are the host's and stay. What was restored
         ("code", "knowledge"), for the log."""
         done = []
-        targets = [("code", self._code_reader, self.root, self.store.code, code, _no_host_files)]
+        # (what, its reader, its folder, its store, the commit to restore, which paths are the host's own)
+        targets: list[tuple[str, FolderReader, Path, ObjectDB, str, Callable[[str], bool]]] = [
+            ("code", self._code_reader, self.root, self.store.code, code, _no_host_files)
+        ]
         if knowledge:
             targets.append(
                 (
@@ -271,7 +289,7 @@ class EdgeWorkspace:
         self.head = code
         return done
 
-    def state(self, session: str | None, counters: dict | None = None) -> NodeState:
+    def state(self, session: str | None, counters: JSONObject | None = None) -> NodeState:
         """The child's state (module docstring of search/edge.py): the code of the edge's last graded commit (the
         score belongs to it), else what the worktree holds; the knowledge as it is. Writes the refs that keep
         the edge's commits."""
@@ -333,18 +351,23 @@ def _own(root: Path, rel: str, uid: int | None) -> None:
         os.chown(parts[-1], uid, uid, dir_fd=dfd, follow_symlinks=False)
 
 
-def load_session(tree_dir: Path, session: str | None) -> list[dict]:
+def load_session(tree_dir: Path, session: str | None) -> list[JSONObject]:
+    """A node's session (`sessions/<id>.json`, the exact message list the search wrote)."""
     if not session:
         return []
-    return read_json(Path(tree_dir) / session)
+    messages: list[JSONObject] = read_json(Path(tree_dir) / session)
+    return messages
 
 
-def load_last_turn(tree_dir: Path, session: str | None) -> dict | None:
+def load_last_turn(tree_dir: Path, session: str | None) -> JSONObject | None:
     """The host's record of how the session's edge ended its last turn (`edges/<edge>/last_turn.json`)."""
     if not session:
         return None
     path = Path(tree_dir) / "edges" / Path(session).stem / "last_turn.json"
-    return read_json(path, "last turn record") if path.is_file() else None
+    if not path.is_file():
+        return None
+    record: JSONObject = read_json(path, "last turn record")
+    return record
 
 
 def fresh_dir(path: Path, uid: int | None = None, mode: int = 0o755) -> Path:

@@ -1,6 +1,7 @@
-"""What the search needs of the things it is handed (TreeQuest-style: the consumer states the interface): the
-Teacher's client, Coral's world, the grader of an edge, the store of the tree's commits. The agent backend that runs
-a turn is agents/base.py's `AgentBackend` (with its `TurnOutcome`), all of which the search uses. `search/edge.py`
+"""What the search needs of the things it is handed (TreeQuest-style: the consumer states the interface): Coral's
+world, the grader of an edge, the store of the tree's commits. The agent backend that runs
+a turn is agents/base.py's `AgentBackend` (with its `TurnOutcome`), all of which the search uses, and the Teacher's
+client is agents/base.py's `Teacher` (one interface for the backends and the search). `search/edge.py`
 and `search/explore.py` call these members and nothing else; the concrete classes (teacher/client.py, world/,
 runtime/store.py) match them structurally, checked by mypy where `EdgeContext.create` builds them.
 """
@@ -12,21 +13,13 @@ from typing import TYPE_CHECKING, Protocol
 
 from sftree.agents.base import CoralSession
 from sftree.jsontypes import JSONObject
+from sftree.world.coral_command import RuntimeWorld
 
 if TYPE_CHECKING:
     from sftree.runtime.folderreader import Quota
     from sftree.runtime.objects import ObjectDB
     from sftree.runtime.workspace import EdgeWorkspace, NodeState
-    from sftree.teacher.client import TeacherReport
     from sftree.world.counters import CoralCounters
-
-
-class Teacher(Protocol):
-    """The Teacher's client as the search keeps its record (teacher/client.py `TeacherClient`)."""
-
-    def absorb(self, previous: Mapping[str, object] | None) -> None: ...  # a resumed tree's earlier counts
-    def report(self) -> TeacherReport: ...  # tree.json `teacher`
-    def close(self) -> None: ...
 
 
 class TurnPrompt(Protocol):
@@ -34,8 +27,9 @@ class TurnPrompt(Protocol):
     def text(self) -> str: ...
 
 
-class World(Protocol):
-    """Coral's texts, CLI and layout for the Teacher's sessions (world/world.py `World`)."""
+class World(RuntimeWorld, Protocol):
+    """Coral's texts, CLI and layout for the Teacher's sessions (world/world.py `World`), and what the edge's
+    `coral` commands use of it (world/coral_command.py `RuntimeWorld`)."""
 
     @property
     def agent_id(self) -> str: ...  # the Student's agent the root snapshot belongs to

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sftree.agents.base import AgentBackend, TurnOutcome
+from sftree.agents.base import AgentBackend, Teacher, TurnOutcome
 from sftree.agents.turn_end import TEACHER_DOWN
 from sftree.errors import InputError
 from sftree.fileio import write_json_atomic, write_text_atomic
@@ -43,7 +43,7 @@ from sftree.runtime.folderreader import Quota
 from sftree.runtime.objects import flatten
 from sftree.runtime.store import TreeStore
 from sftree.runtime.workspace import EdgeWorkspace, NodeState, write_world
-from sftree.search.collaborators import Grader, Store, Teacher, World
+from sftree.search.collaborators import Grader, Store, World
 from sftree.search.result import EdgeResult, TurnResult
 from sftree.settings import Settings, TeacherSettings
 from sftree.world.coral_command import CoralRuntime, CoralServer
@@ -158,11 +158,15 @@ class EdgeContext:
             _closers=closers,
         )
 
-    def counters(self, state: NodeState) -> CoralCounters | None:
+    def counters(self, state: NodeState) -> CoralCounters:
         """The host's Coral counters at a node (the root's, else what its edge left)."""
         from sftree.world.counters import CoralCounters
 
-        return CoralCounters.from_dict(state.counters) if state.counters else self.root_counters
+        if state.counters:
+            return CoralCounters.from_dict(state.counters)
+        if self.root_counters is None:  # (create() reads them from the root's attempt records)
+            raise InputError("the root's Coral counters are unknown: the edge context has no root_counters")
+        return self.root_counters
 
     def close(self) -> None:
         """Stop a teacher-sim or llama-server this context started; remove worktrees unless keep_workspaces."""

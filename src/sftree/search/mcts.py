@@ -20,17 +20,17 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from sftree.agents.turn_end import TEACHER_DOWN
 from sftree.errors import TeacherUnavailable
 from sftree.jsontypes import JSONObject
 from sftree.records.scores import best_of
-from sftree.records.tree import PruneReason, StopReason
+from sftree.records.tree import Edge, Node, PruneReason, Select, StopReason
 from sftree.search import scoring
 from sftree.search.result import EdgeResult
-from sftree.search.tree import Edge, Node, Select, Tree, is_good_leaf, now_iso
+from sftree.search.tree import Tree, is_good_leaf, now_iso
 
 log = logging.getLogger(__name__)
 
@@ -265,84 +265,89 @@ def tell(tree: Tree, d: Dispatch, result: EdgeResult) -> Edge:
     tree.in_flight = [x for x in tree.in_flight if x["edge"] != d.edge]
     parent = tree.node(d.node)
     reason = fail_reason(result, p.prune_tool_error_rate)
-    edge = Edge(
-        id=d.edge,
-        parent=d.node,
-        depth=d.depth,
-        attempt=d.attempt,
-        slot=d.slot,
-        exempt=d.exempt,
-        select=d.select,
-        failed=reason is not None,
-        fail_reason=reason,
-        turns=[t.to_dict() for t in result.turns],
-        score=result.score,
-        steps=result.steps,
-        tool_calls=result.tool_calls,
-        tool_errors=result.tool_errors,
-        tool_error_rate=result.tool_error_rate,
-        tokens=result.tokens,
-        knowledge=bool(result.knowledge),
-        regressed_rate=result.regressed_rate,
-        transcript=result.transcript,
-        code_diff=result.code_diff,
-        knowledge_diff=result.knowledge_diff,
-        error=result.error,
-        started_at=d.started_at,
-        finished_at=now_iso(),
-        wall_s=round(result.wall_s, 3) if result.wall_s is not None else None,
-    )
     keep = reason is None or (d.exempt and reason not in ("edge_error", "tampered"))
+    knowledge = bool(result.knowledge)
+    b = None
+    child: str | None = None
     if keep:
         b = scoring.soft_breakdown(
             result.score,
             parent.score,
             tree.direction,
             result.tool_error_rate,
-            edge.knowledge,
+            knowledge,
             result.regressed_rate,
         )
-        # full floats: path selection averages them (3.2), so rounding here could reorder near-ties
-        edge.outcome, edge.cleanliness = b.outcome, b.cleanliness
-        edge.knowledge_score, edge.regression_stability = b.knowledge_score, b.regression_stability
-        edge.soft = b.soft
-        child = _make_child(tree, parent, edge, result, failed=reason is not None)
-        edge.child = child.id
-        parent.valid_children += 1
+        child = _make_child(tree, parent, d.edge, result, failed=reason is not None).id
+        parent = tree.put_node(replace(parent, valid_children=parent.valid_children + 1))
     else:
-        edge.pruned, edge.prune_reason = True, reason
-        parent.failed_expansions += 1
-    tree.add_edge(edge)
+        parent = tree.put_node(replace(parent, failed_expansions=parent.failed_expansions + 1))
+    edge = tree.add_edge(
+        Edge(
+            id=d.edge,
+            parent=d.node,
+            depth=d.depth,
+            attempt=d.attempt,
+            slot=d.slot,
+            exempt=d.exempt,
+            select=dict(d.select),
+            child=child,
+            pruned=not keep,
+            prune_reason=None if keep else reason,
+            failed=reason is not None,
+            fail_reason=reason,
+            turns=tuple(result.turns),
+            score=result.score,
+            steps=result.steps,
+            tool_calls=result.tool_calls,
+            tool_errors=result.tool_errors,
+            tool_error_rate=result.tool_error_rate,
+            tokens=result.tokens,
+            knowledge=knowledge,
+            regressed_rate=result.regressed_rate,
+            # full floats: path selection averages them (3.2), so rounding here could reorder near-ties
+            outcome=b.outcome if b else None,
+            cleanliness=b.cleanliness if b else None,
+            knowledge_score=b.knowledge_score if b else None,
+            regression_stability=b.regression_stability if b else None,
+            soft=b.soft if b else None,
+            transcript=result.transcript,
+            code_diff=result.code_diff,
+            knowledge_diff=result.knowledge_diff,
+            error=result.error,
+            started_at=d.started_at,
+            finished_at=now_iso(),
+            wall_s=round(result.wall_s, 3) if result.wall_s is not None else None,
+        )
+    )
     _settle(tree, parent)
     return edge
 
 
-def _make_child(tree: Tree, parent: Node, edge: Edge, result: EdgeResult, failed: bool) -> Node:
+def _make_child(tree: Tree, parent: Node, edge_id: str, result: EdgeResult, failed: bool) -> Node:
     p = tree.params
     state = result.child_state.to_dict() if result.child_state is not None else None
     evals = result.evals
-    child = tree.add_node(
-        Node(
-            id=tree.new_node_id(),
-            parent=parent.id,
-            edge=edge.id,
-            depth=parent.depth + 1,
-            score=result.score,
-            path_best_score=best_of([parent.path_best_score, result.score], tree.direction),
-            max_token_total=int(result.tokens),
-            path_valid=parent.path_valid and not failed,
-            state=state,
-            eval_count=(parent.eval_count or 0) + (evals if evals is not None else len(result.turns))
-            if parent.eval_count is not None
-            else None,
-        )
+    child = Node(
+        id=tree.new_node_id(),
+        parent=parent.id,
+        edge=edge_id,
+        depth=parent.depth + 1,
+        score=result.score,
+        path_best_score=best_of([parent.path_best_score, result.score], tree.direction),
+        max_token_total=int(result.tokens),
+        path_valid=parent.path_valid and not failed,
+        state=state,
+        eval_count=(parent.eval_count or 0) + (evals if evals is not None else len(result.turns))
+        if parent.eval_count is not None
+        else None,
     )
     # 1.8: a child is a normal leaf at the token or depth limit, else it joins the candidates.
     if child.max_token_total >= p.hard_token_limit:
-        child.status, child.leaf_reason = "leaf", "token_limit"
+        child = replace(child, status="leaf", leaf_reason="token_limit")
     elif child.depth >= p.max_depth:
-        child.status, child.leaf_reason = "leaf", "depth_limit"
-    return child
+        child = replace(child, status="leaf", leaf_reason="depth_limit")
+    return tree.add_node(child)
 
 
 def _settle(tree: Tree, node: Node) -> None:
@@ -352,9 +357,9 @@ def _settle(tree: Tree, node: Node) -> None:
     if any(d["node"] == node.id for d in tree.in_flight):
         return
     if node.valid_children > 0:
-        node.status = "expanded"
+        tree.put_node(replace(node, status="expanded"))
     else:  # two failed expansions (or every root direction lost): no room left
-        node.status, node.leaf_reason = "leaf", "no_room"
+        tree.put_node(replace(node, status="leaf", leaf_reason="no_room"))
 
 
 def has_candidates(tree: Tree) -> bool:
@@ -377,15 +382,15 @@ def stop_reason(tree: Tree) -> StopReason | None:
 
 def finish(tree: Tree, reason: StopReason | None) -> None:
     """Close the tree: childless nodes that could still grow become tree_stopped leaves (valid path) or closed."""
-    for n in tree.nodes:
+    for n in list(tree.nodes):
         if n.status != "active":
             continue
         if n.valid_children > 0:
-            n.status = "expanded"
+            tree.put_node(replace(n, status="expanded"))
         elif n.path_valid:
-            n.status, n.leaf_reason = "leaf", "tree_stopped"
+            tree.put_node(replace(n, status="leaf", leaf_reason="tree_stopped"))
         else:
-            n.status = "closed"
+            tree.put_node(replace(n, status="closed"))
     tree.status, tree.stop_reason = "finished", reason
 
 

@@ -9,35 +9,15 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from sftree.jsontypes import JSONObject
-from sftree.records.tree import TurnEnd
+from sftree.records.tree import Turn
 
 if TYPE_CHECKING:
     from sftree.runtime.workspace import NodeState
 
 
-@dataclass(frozen=True)
-class TurnResult:
-    """One rollout turn (ends at the first `coral eval`, or fails)."""
-
-    turn: int
-    score: float | None  # raw score of the turn's eval; None = no numeric score
-    eval_status: str | None  # improved|baseline|regressed|crashed|timeout|nothing_to_commit; None = no eval
-    commit: str | None  # the evaluated commit
-    steps: int  # model calls
-    tool_calls: int
-    tool_errors: int
-    knowledge: bool  # the turn read or wrote shared knowledge (DESIGN.md)
-    tokens: int  # context length after the turn's last step (prompt + completion tokens)
-    ended: TurnEnd  # records.tree.TURN_ENDS (agents/turn_end.py)
-    feedback: str = ""
-    eval_number: int | None = None  # Coral's #N
-    error: str | None = None
-    compacted: bool = (
-        False  # the session was compacted during the turn (the path's real context was replaced)
-    )
-
-    def to_dict(self) -> JSONObject:
-        return asdict(self)
+# One rollout turn (it ends at the first `coral eval`, or fails): the tree's own turn record, declared once
+# (records/tree.py `Turn`), so an edge's turns go into the tree as they are.
+TurnResult = Turn
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,31 @@
 """Tree state of one root's search: flat node and edge lists (docs/architecture.md, tree.json), load/save,
 validation. No policy lives here; `search/mcts.py` decides what to expand and how a finished edge changes the tree.
+
+The nodes and edges are the tree's frozen records (records/tree.py `Node`, `Edge`, declared once there): a change
+replaces the record (`Tree.put_node`, `Tree.put_edge` with a `dataclasses.replace`d copy, as TreeQuest replaces
+its frozen trials), and the tree notes which ones changed, so a live save appends only those (`LiveTree.save`).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, TypedDict, TypeVar
+from typing import Any
 
 from sftree.errors import InputError
 from sftree.jsontypes import JSONObject
 from sftree.records.tree import (
     VERSION,
-    LeafReason,
+    Edge,
     LiveFiles,
-    NodeStatus,
-    PruneReason,
+    Node,
+    SchemaDoc,
     StopReason,
     TreeStatus,
+    Turn,
     normal_leaf,
     read_tree_doc,
     validate_tree,
@@ -28,21 +33,11 @@ from sftree.records.tree import (
 )
 from sftree.settings import SearchSettings
 
+_FIELDS = {cls: frozenset(f.name for f in fields(cls)) for cls in (Node, Edge, Turn)}
+
 
 def now_iso() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
-class Select(TypedDict):
-    """Select = Q + alpha*T for one candidate, with its parts (search/mcts.py `select_breakdowns`, section 1.3)."""
-
-    node: str
-    score_rank: float
-    best_rank: float
-    process: float
-    Q: float
-    T: float
-    select: float
 
 
 # What a tree written before these params were recorded ran with (params_of).
@@ -57,71 +52,6 @@ def params_of(params: Mapping[str, object]) -> SearchSettings:
     # (tree.schema.json checked the values' types)
     given: dict[str, Any] = {k: v for k, v in params.items() if k in names}
     return SearchSettings(**{**OLDER_TREE_PARAMS, **given})
-
-
-class _Tracked:
-    """Notes any field assignment, so the live tree appends only what changed (LiveTree.save) without comparing
-    every node and edge. Fields are reassigned, never mutated in place (search/mcts.py)."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        object.__setattr__(self, name, value)
-        if name != "_saved":
-            object.__setattr__(self, "_saved", False)
-
-
-@dataclass
-class Node(_Tracked):
-    id: str
-    parent: str | None
-    edge: str | None  # the edge that made this node
-    depth: int
-    score: float | None  # raw; None when the (exempt) edge that made it had no numeric score
-    path_best_score: float | None  # raw best score on root..this node
-    max_token_total: int  # session context length (root: 0, a fresh session)
-    valid_children: int = 0
-    failed_expansions: int = 0
-    status: NodeStatus = "active"
-    leaf_reason: LeafReason | None = None
-    path_valid: bool = True  # no failed (exempt-kept) edge on root..this node
-    state: JSONObject | None = None  # NodeState as a dict: code_commit, knowledge_commit, session
-    eval_count: int | None = None
-
-
-@dataclass
-class Edge(_Tracked):
-    id: str
-    parent: str
-    depth: int  # depth of the child it would make
-    attempt: int
-    slot: int | None
-    exempt: bool
-    select: Select
-    child: str | None = None
-    pruned: bool = False
-    prune_reason: PruneReason | None = None
-    failed: bool = False  # failed the hard-prune test (kept anyway when exempt)
-    fail_reason: PruneReason | None = None
-    turns: list[JSONObject] = field(default_factory=list)  # search/result.py `TurnResult.to_dict`
-    score: float | None = None
-    steps: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
-    tool_error_rate: float = 0.0
-    tokens: int = 0
-    knowledge: bool = False
-    regressed_rate: float | None = None
-    outcome: float | None = None
-    cleanliness: float | None = None
-    knowledge_score: float | None = None
-    regression_stability: float | None = None
-    soft: float | None = None
-    transcript: str | None = None
-    code_diff: str | None = None
-    knowledge_diff: str | None = None
-    error: str | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
-    wall_s: float | None = None
 
 
 @dataclass
@@ -147,8 +77,11 @@ class Tree:
     coral: JSONObject | None = (
         None  # the Teacher's world: {"mode": coral | stand-in, ...} (sftree.world.World.describe)
     )
-    _index: dict[str, Node] = field(default_factory=dict, repr=False, compare=False)
-    _edge_index: dict[str, Edge] = field(default_factory=dict, repr=False, compare=False)
+    _index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)  # node id -> its place
+    _edge_index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    # the nodes and edges added or replaced since the last live save (LiveTree.save appends those)
+    _changed_nodes: set[str] = field(default_factory=set, repr=False, compare=False)
+    _changed_edges: set[str] = field(default_factory=set, repr=False, compare=False)
 
     # --- construction and lookup -------------------------------------------------------------------
 
@@ -180,20 +113,41 @@ class Tree:
         return tree
 
     def add_node(self, node: Node) -> Node:
+        self._index[node.id] = len(self.nodes)
         self.nodes.append(node)
-        self._index[node.id] = node
+        self._changed_nodes.add(node.id)
         return node
 
     def add_edge(self, edge: Edge) -> Edge:
+        self._edge_index[edge.id] = len(self.edges)
         self.edges.append(edge)
-        self._edge_index[edge.id] = edge
+        self._changed_edges.add(edge.id)
+        return edge
+
+    def put_node(self, node: Node) -> Node:
+        """`node` in place of the node with its id (a changed copy: `dataclasses.replace`)."""
+        self.nodes[self._index[node.id]] = node
+        self._changed_nodes.add(node.id)
+        return node
+
+    def put_edge(self, edge: Edge) -> Edge:
+        """`edge` in place of the edge with its id (a changed copy: `dataclasses.replace`)."""
+        self.edges[self._edge_index[edge.id]] = edge
+        self._changed_edges.add(edge.id)
         return edge
 
     def node(self, node_id: str) -> Node:
-        return self._index[node_id]
+        return self.nodes[self._index[node_id]]
 
     def edge(self, edge_id: str) -> Edge:
-        return self._edge_index[edge_id]
+        return self.edges[self._edge_index[edge_id]]
+
+    def take_changes(self) -> tuple[list[Node], list[Edge]]:
+        """The nodes and edges added or replaced since the last call, in tree order; none are noted after it."""
+        nodes = [n for n in self.nodes if n.id in self._changed_nodes] if self._changed_nodes else []
+        edges = [e for e in self.edges if e.id in self._changed_edges] if self._changed_edges else []
+        self._changed_nodes, self._changed_edges = set(), set()
+        return nodes, edges
 
     @property
     def root_node(self) -> Node:
@@ -257,7 +211,7 @@ class Tree:
             "backend": self.backend,
             "coral": self.coral,
             "nodes": [asdict(n) for n in self.nodes],
-            "edges": [asdict(e) for e in self.edges],
+            "edges": [edge_doc(e) for e in self.edges],
         }
 
     @classmethod
@@ -281,13 +235,32 @@ class Tree:
             backend=obj.get("backend"),
             coral=obj.get("coral"),
         )
-        node_names = {f.name for f in fields(Node)}
-        edge_names = {f.name for f in fields(Edge)}
         for n in obj["nodes"]:
-            tree.add_node(Node(**{k: v for k, v in n.items() if k in node_names}))
+            tree.add_node(Node(**_fields_of(Node, n)))
         for e in obj["edges"]:
-            tree.add_edge(Edge(**{k: v for k, v in e.items() if k in edge_names}))
+            tree.add_edge(Edge(**_edge_fields(e)))
         return tree
+
+
+def _fields_of(cls: type[Node] | type[Edge] | type[Turn], row: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of `cls` a tree document's (or a log line's) object gives (checked by the schema: of their
+    types); a missing required one makes the constructor raise."""
+    names = _FIELDS[cls]
+    return {k: v for k, v in row.items() if k in names}
+
+
+def _edge_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    d = _fields_of(Edge, row)
+    if "turns" in d:
+        d["turns"] = tuple(Turn(**_fields_of(Turn, t)) for t in d["turns"])
+    return d
+
+
+def edge_doc(edge: Edge) -> SchemaDoc:
+    """An edge as tree.json holds it (its turns a JSON array)."""
+    doc = asdict(edge)
+    doc["turns"] = [asdict(t) for t in edge.turns]
+    return doc
 
 
 def is_good_leaf(node: Node) -> bool:
@@ -312,15 +285,6 @@ def load(path: str | Path) -> Tree:
 
 SNAPSHOT_MIN = 64  # log lines before a snapshot is due (at least; see LiveTree)
 _HEADER = ("status", "stop_reason", "next_edge", "in_flight", "updated_at", "teacher")
-
-
-def _changed(items: Sequence[Node] | Sequence[Edge]) -> list[JSONObject]:
-    out: list[JSONObject] = []
-    for obj in items:
-        if not obj.__dict__.get("_saved"):
-            object.__setattr__(obj, "_saved", True)
-            out.append(asdict(obj))
-    return out
 
 
 class LiveTree:
@@ -357,11 +321,12 @@ class LiveTree:
         head: JSONObject = {"status": tree.status, "stop_reason": tree.stop_reason, "next_edge": tree.next_edge,
                      "in_flight": tree.in_flight, "updated_at": tree.updated_at, "teacher": tree.teacher,
                      "params": asdict(tree.params)}  # fmt: skip
+        nodes, edges = tree.take_changes()
         entry: JSONObject = {
             "gen": self._gen,
             "tree": head,
-            "nodes": _changed(tree.nodes),
-            "edges": _changed(tree.edges),
+            "nodes": [asdict(n) for n in nodes],
+            "edges": [edge_doc(e) for e in edges],
         }
         self.files.append(entry)
         self._lines += 1
@@ -370,8 +335,7 @@ class LiveTree:
         self._gen = uuid.uuid4().hex
         self.files.write_snapshot({**tree.to_dict(), "log_gen": self._gen})
         self._lines = 0
-        for obj in (*tree.nodes, *tree.edges):
-            object.__setattr__(obj, "_saved", True)
+        tree.take_changes()  # all of them are in the snapshot
 
     def load(self) -> Tree:
         """The tree as of the last save: the snapshot with the log replayed, validated as a whole."""
@@ -406,22 +370,16 @@ def _apply(tree: Tree, line: Mapping[str, object]) -> None:
         if k in head or k != "teacher":  # lines written before `teacher` existed lack it
             setattr(tree, k, head[k])
     tree.params = params_of(head["params"])
-    _upsert(entry["nodes"], Node, tree._index, tree.add_node)
-    _upsert(entry["edges"], Edge, tree._edge_index, tree.add_edge)
-
-
-_Item = TypeVar("_Item", Node, Edge)
-
-
-def _upsert(rows: Sequence[Mapping[str, object]], cls: type[_Item], index: dict[str, _Item],
-            add: Callable[[_Item], _Item]) -> None:  # fmt: skip
-    """Replay one log line's nodes or edges: a new one is added, a known one takes the line's fields."""
-    names = {f.name for f in fields(cls)}
-    for row in rows:
-        d: dict[str, Any] = {k: v for k, v in row.items() if k in names}  # (the whole tree is checked after)
-        old = index.get(d["id"])
-        if old is None:
-            add(cls(**d))
+    # A new node or edge is added, a known one takes the line's fields (the whole tree is checked after).
+    for row in entry["nodes"]:
+        d = _fields_of(Node, row)
+        if d["id"] in tree._index:
+            tree.put_node(replace(tree.node(d["id"]), **d))
         else:
-            for k, v in d.items():
-                setattr(old, k, v)
+            tree.add_node(Node(**d))
+    for row in entry["edges"]:
+        d = _edge_fields(row)
+        if d["id"] in tree._edge_index:
+            tree.put_edge(replace(tree.edge(d["id"]), **d))
+        else:
+            tree.add_edge(Edge(**d))

@@ -43,7 +43,6 @@ import logging
 import os
 import threading
 import time
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
@@ -137,63 +136,6 @@ class Completion:
 
 
 CONSTRAIN_MODES = ("none", "tool_call", "tool_call_required")
-
-
-def required_only(params: WireObject) -> WireObject:
-    """A tool's parameter schema cut to its required properties (`additionalProperties: false`): a small model
-    given optional arguments fills them with invented values (docs/real_teacher.md, "tool_call_required")."""
-    props = params.get("properties")
-    if params.get("type") != "object" or not isinstance(props, dict):
-        return params
-    req = [r for r in params.get("required") or [] if r in props]
-    return {
-        **params,
-        "properties": {k: props[k] for k in req},
-        "required": req,
-        "additionalProperties": False,
-    }
-
-
-def tool_call_schema(tools: Tools, *, required_args_only: bool = False) -> WireObject:
-    """A JSON schema whose instances are exactly one call of one of `tools`: {"name": <tool>, "arguments": <its
-    parameters>}, or only its required ones with `required_args_only`. Built from the tool schemas alone
-    (docs/real_teacher.md, "teacher.constrain")."""
-    calls = []
-    for t in tools:
-        fn = t.get("function") if isinstance(t, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            continue
-        params = fn.get("parameters") or {"type": "object"}
-        if required_args_only:
-            params = required_only(params)
-        calls.append({
-            "type": "object",
-            "properties": {"name": {"const": fn["name"]}, "arguments": params},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        })  # fmt: skip
-    return {"anyOf": calls}
-
-
-def tool_call_response_format(tools: Tools, *, required_args_only: bool = False) -> WireObject:
-    """`response_format` for `teacher.constrain: tool_call[_required]`: llama-server compiles it to a grammar that
-    is active from the first token (not lazy like its tool-call grammar); the reply's content is then one JSON
-    call, which `teacher.response.normalize` turns into a tool call (`text_tool_calls:json`)."""
-    schema = tool_call_schema(tools, required_args_only=required_args_only)
-    return {"type": "json_schema", "json_schema": {"name": "tool_call", "strict": True, "schema": schema}}
-
-
-SEED_HEADERS = ("X-Sftree-Tree", "X-Sftree-Edge", "X-Sftree-Attempt", "X-Sftree-Turn")
-
-
-def request_seed(base: int, headers: Mapping[str, object] | None, n_messages: int) -> int:
-    """The sampling seed of one request under `teacher.seed`: a pure function of the base seed, the tree, edge,
-    attempt and turn (the request's `X-Sftree-*` headers) and the session's length. A tree rerun the same way
-    samples the same replies (llama-server on the CPU is deterministic for a fixed seed, prompt and prefix-cache
-    state, docs/real_teacher.md), while sibling edges, whose first requests are byte-identical, still draw
-    different ones (one seed for all would make them copies)."""
-    key = [str(base)] + [str((headers or {}).get(h, "")) for h in SEED_HEADERS] + [str(n_messages)]
-    return zlib.crc32("\x1f".join(key).encode("utf-8")) & 0x7FFFFFFF
 
 
 def serialize(body: Mapping[str, object]) -> bytes:

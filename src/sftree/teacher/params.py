@@ -15,16 +15,18 @@ the step as a chain break is (`params_diff`): honest OpenCode sends the host's v
 on for `teacher.model`, and the record keeps the Student's id in `request.model` (the Teacher's name reaches no
 record), never in `params`.
 
-Pure: no I/O; `request_seed` and `tool_call_response_format` are the client's formulas (teacher/client.py).
+Pure: no I/O; `request_seed` and `tool_call_response_format` are the formulas of a request's seed and constraint
+(the client's and the proxy's alike).
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sftree.jsontypes import JSONObject, JSONValue
+from sftree.jsontypes import JSONObject, JSONValue, Tools, WireObject
 from sftree.settings import TeacherSettings
 
 # What of OpenCode's request goes on to the Teacher (everything else is the host's or dropped).
@@ -73,8 +75,6 @@ class RequestParams:
         """Every field of one request but `messages` and `tools`: `stream` (None: the settings' choice), the
         request's seed from its `X-Sftree-*` headers and length, `tool_choice` and the constraint where tools
         are offered, `extra_body` last."""
-        from sftree.teacher.client import request_seed, tool_call_response_format
-
         out: JSONObject = {"model": self.model, "max_tokens": self.max_tokens}
         if self.temperature is not None:
             out["temperature"] = self.temperature
@@ -149,3 +149,60 @@ def _canonical(value: object) -> str:
 def _shown(value: object) -> str:
     text = _canonical(value)
     return text if len(text) <= SHOWN else text[:SHOWN] + f"... ({len(text)} characters)"
+
+
+def required_only(params: WireObject) -> WireObject:
+    """A tool's parameter schema cut to its required properties (`additionalProperties: false`): a small model
+    given optional arguments fills them with invented values (docs/real_teacher.md, "tool_call_required")."""
+    props = params.get("properties")
+    if params.get("type") != "object" or not isinstance(props, dict):
+        return params
+    req = [r for r in params.get("required") or [] if r in props]
+    return {
+        **params,
+        "properties": {k: props[k] for k in req},
+        "required": req,
+        "additionalProperties": False,
+    }
+
+
+def tool_call_schema(tools: Tools, *, required_args_only: bool = False) -> WireObject:
+    """A JSON schema whose instances are exactly one call of one of `tools`: {"name": <tool>, "arguments": <its
+    parameters>}, or only its required ones with `required_args_only`. Built from the tool schemas alone
+    (docs/real_teacher.md, "teacher.constrain")."""
+    calls = []
+    for t in tools:
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            continue
+        params = fn.get("parameters") or {"type": "object"}
+        if required_args_only:
+            params = required_only(params)
+        calls.append({
+            "type": "object",
+            "properties": {"name": {"const": fn["name"]}, "arguments": params},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        })  # fmt: skip
+    return {"anyOf": calls}
+
+
+def tool_call_response_format(tools: Tools, *, required_args_only: bool = False) -> WireObject:
+    """`response_format` for `teacher.constrain: tool_call[_required]`: llama-server compiles it to a grammar that
+    is active from the first token (not lazy like its tool-call grammar); the reply's content is then one JSON
+    call, which `teacher.response.normalize` turns into a tool call (`text_tool_calls:json`)."""
+    schema = tool_call_schema(tools, required_args_only=required_args_only)
+    return {"type": "json_schema", "json_schema": {"name": "tool_call", "strict": True, "schema": schema}}
+
+
+SEED_HEADERS = ("X-Sftree-Tree", "X-Sftree-Edge", "X-Sftree-Attempt", "X-Sftree-Turn")
+
+
+def request_seed(base: int, headers: Mapping[str, object] | None, n_messages: int) -> int:
+    """The sampling seed of one request under `teacher.seed`: a pure function of the base seed, the tree, edge,
+    attempt and turn (the request's `X-Sftree-*` headers) and the session's length. A tree rerun the same way
+    samples the same replies (llama-server on the CPU is deterministic for a fixed seed, prompt and prefix-cache
+    state, docs/real_teacher.md), while sibling edges, whose first requests are byte-identical, still draw
+    different ones (one seed for all would make them copies)."""
+    key = [str(base)] + [str((headers or {}).get(h, "")) for h in SEED_HEADERS] + [str(n_messages)]
+    return zlib.crc32("\x1f".join(key).encode("utf-8")) & 0x7FFFFFFF

@@ -15,7 +15,7 @@ The policy (`Policy`, from the validated `teacher.*` config; its defaults are th
 One `requests.Session` per thread (a Session is not thread-safe; keep-alive saves a handshake per step), its
 connections handing their socket to the streamed request in flight (`teacher/http.py`), so the client's fleet
 watcher can abandon a request on a dead worker. This module is the only one in src/ that imports `requests`
-(besides `teacher/http.py`, its connection classes; tests/test_conventions_transport.py): the fleet's and the
+(besides `teacher/http.py`, its connection classes; scripts/check_design.py, rule one-http-client): the fleet's and the
 launcher's health probes go through `probe`.
 """
 

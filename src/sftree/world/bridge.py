@@ -16,6 +16,7 @@ import json
 import subprocess
 import threading
 from pathlib import Path
+from typing import IO, Any
 
 from sftree.errors import SftreeError
 from sftree.runtime.bounded import LineReader, ReadError
@@ -31,11 +32,12 @@ class CoralError(SftreeError):
 
 
 class CoralBridge:
-    def __init__(self, install: CoralInstall):
+    def __init__(self, install: CoralInstall) -> None:
         self.install = install
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen | None = None
-        self._answers: LineReader | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._requests: IO[bytes]  # the process's stdin and its answers, as `_start` made them
+        self._answers: LineReader
         self._start()
 
     def _start(self) -> None:
@@ -46,17 +48,21 @@ class CoralBridge:
             stderr=subprocess.DEVNULL,
             cwd="/",
         )
+        if self._proc.stdin is None or self._proc.stdout is None:  # (stdin=PIPE, stdout=PIPE)
+            raise CoralError(f"coral bridge ({self.install.python}) started without its pipes")
+        self._requests = self._proc.stdin
         self._answers = LineReader(self._proc.stdout, ANSWER_MAX)
 
-    def call(self, op: str, **req):
+    def call(self, op: str, **req: object) -> Any:
+        """The value of `op` as Coral's code gave it (JSON; each op's shape is the stand-in's, world/standin.py)."""
         line = (json.dumps({"op": op, **req}) + "\n").encode("utf-8")
         with self._lock:
             for attempt in (1, 2):
                 try:
                     if self._proc is None or self._proc.poll() is not None:
                         self._start()
-                    self._proc.stdin.write(line)
-                    self._proc.stdin.flush()
+                    self._requests.write(line)
+                    self._requests.flush()
                     answer = self._answers.line(ANSWER_TIMEOUT, what="answer")
                     break
                 except (OSError, ReadError) as exc:
@@ -86,7 +92,7 @@ class CoralBridge:
         with self._lock:
             if self._proc is not None:
                 try:
-                    self._proc.stdin.close()
+                    self._requests.close()
                     self._proc.wait(timeout=5)
                 except (OSError, subprocess.TimeoutExpired):
                     self._kill()

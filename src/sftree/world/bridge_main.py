@@ -25,9 +25,17 @@ import threading
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # (annotations only: the bridge imports what it runs)
+    import argparse
+    from collections.abc import Sequence
+
+# a JSON document in Coral's shape (this program runs under another Python and imports nothing of sftree)
+Doc = dict[str, Any]
 
 
-def _config(data: dict, agents: int | None = None):
+def _config(data: Doc, agents: int | None = None) -> Any:  # Coral's CoralConfig
     """Coral's config of a task.yaml as sftree's Teacher meets it: an OpenCode agent, `agents` agents in the run."""
     from coral.config import CoralConfig
 
@@ -43,13 +51,13 @@ def _config(data: dict, agents: int | None = None):
     return CoralConfig.from_dict(data)
 
 
-def op_hello(req):
+def op_hello(req: Doc) -> Any:
     import coral
 
     return {"version": getattr(coral, "__version__", "?"), "package": os.path.dirname(coral.__file__)}
 
 
-def op_config_yaml(req):
+def op_config_yaml(req: Doc) -> Any:
     """`.coral/config.yaml` as `coral start` writes it (`CoralConfig.to_yaml`)."""
     cfg = _config(req["task"], req.get("agents"))
     with tempfile.TemporaryDirectory() as tmp:
@@ -58,7 +66,7 @@ def op_config_yaml(req):
         return path.read_text()
 
 
-def op_coral_md(req):
+def op_coral_md(req: Doc) -> Any:
     """CORAL.md for the agent: `generate_coral_md(config, agent_id, single_agent, shared_dir)`."""
     from coral.template.coral_md import generate_coral_md
 
@@ -74,22 +82,22 @@ def op_coral_md(req):
 class _Popen:
     """Stands in for subprocess.Popen inside a runtime's start(): records the command, starts nothing."""
 
-    last: list | None = None
+    last: list[str] | None = None
 
-    def __init__(self, cmd, *a, **k):
+    def __init__(self, cmd: Sequence[str], *a: object, **k: object) -> None:
         type(self).last = list(cmd)
         self.pid = -1  # never a process (a handle's clean-up signals the group of a live pid)
         self.returncode = 0
         self.stdout = self.stderr = None
 
-    def poll(self):
+    def poll(self) -> int:
         return 0  # "exited": nothing of a handle's clean-up signals anything
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: float | None = None) -> int:
         return 0
 
 
-def op_start_prompt(req):
+def op_start_prompt(req: Doc) -> Any:
     """The prompt Coral's OpenCode runtime starts (or, with `resume`, resumes) a session with when the manager
     gives none: OpenCodeRuntime.start is called in a scratch worktree with Popen recorded, not run."""
     import coral.agent.builtin.opencode as oc
@@ -113,10 +121,12 @@ def op_start_prompt(req):
         for f in (getattr(handle, "_log_file", None), getattr(handle, "err_file", None)):
             if f is not None:
                 f.close()
+        if _Popen.last is None:
+            raise RuntimeError("Coral's OpenCode runtime started no command")
         return _Popen.last[-1]
 
 
-def op_opencode_json(req):
+def op_opencode_json(req: Doc) -> Any:
     """`.opencode/opencode.json` as Coral's `setup_opencode_settings` writes it for coral_dir `req["coral_dir"]`."""
     from coral.workspace.worktree import setup_opencode_settings
 
@@ -125,7 +135,7 @@ def op_opencode_json(req):
         return (Path(tmp) / ".opencode" / "opencode.json").read_text()
 
 
-def op_default_model(req):
+def op_default_model(req: Doc) -> Any:
     """The model Coral's config fills in for `req["runtime"]` when task.yaml names none (null when Coral has none)."""
     from coral.agent.registry import default_model_for_runtime
 
@@ -139,7 +149,7 @@ def _coral_dir(tmp: str) -> Path:
     return d
 
 
-def op_heartbeat_actions(req):
+def op_heartbeat_actions(req: Doc) -> Any:
     """The heartbeat actions the manager reads for the agent: the run's own files (`local`, `global`: the lists of
     `.coral/public/heartbeat/<agent>.json` and `_global.json`, null when absent), else what the manager seeds from
     the config (`default_local_actions` / `default_global_actions`), through Coral's own readers and writers."""
@@ -161,7 +171,7 @@ def op_heartbeat_actions(req):
 
 
 class _Handle:
-    def __init__(self, agent_id, log_path):
+    def __init__(self, agent_id: str, log_path: Path) -> None:
         self.agent_id = agent_id
         self.alive = True
         self.log_path = log_path
@@ -171,7 +181,7 @@ class _Handle:
 _TURN_MARK = "_sftree_turn"  # an always-firing action without a prompt: the header comes even when none fires
 
 
-def op_turn_prompt(req):
+def op_turn_prompt(req: Doc) -> Any:
     """The prompt Coral's manager interrupts the agent with after one finalized attempt: `## Eval #N Results` and the
     heartbeat prompts that fire. `AgentManager.monitor_loop` itself runs one tick over a scratch `.coral` holding the
     attempt, the heartbeat files and `eval_count`, with the manager's per-agent counters set from `counters`
@@ -203,15 +213,17 @@ def op_turn_prompt(req):
         m._agent_evals_since_improvement = {aid: int(c["since_improvement"])}
         name = (str(attempt.get("commit_hash") or "") or "unknown").replace("/", "_")
         (cd / "public" / "attempts" / f"{name}.json").write_text(json.dumps(attempt, indent=2))
-        captured = []
+        captured: list[tuple[str, str | None]] = []
         calls = [0]
         real_seen = m._get_seen_attempts
 
-        def seen():  # the manager's startup scan finds nothing: the attempt is new at its first tick
+        def seen() -> set[
+            str
+        ]:  # the manager's startup scan finds nothing: the attempt is new at its first tick
             calls[0] += 1
             return set() if calls[0] == 1 else real_seen()
 
-        def interrupt(idx, prompt, prompt_source=None):
+        def interrupt(idx: int, prompt: str, prompt_source: str | None = None) -> Any:  # a handle
             captured.append((prompt, prompt_source))
             m._running = False
             return m.handles[idx]
@@ -240,7 +252,7 @@ def op_turn_prompt(req):
         }
 
 
-def op_restart_prompt(req):
+def op_restart_prompt(req: Doc) -> Any:
     """The prompt the manager restarts a stopped agent with: `_build_score_prompt(latest attempt, eval_count)`; null
     when the agent has no attempt (the runtime's own resume prompt is used then: start_prompt with resume)."""
     from coral.agent.manager import AgentManager
@@ -275,7 +287,7 @@ def _nothing_to_commit() -> str:
     return _NOTHING[0]
 
 
-def _run_cli(argv: list[str], patch: dict) -> dict:
+def _run_cli(argv: list[str], patch: Doc) -> Doc:
     """Run `coral.cli.main()` on argv with some command functions replaced; its stdout, stderr and exit code."""
     import coral.cli.eval as ev
 
@@ -301,12 +313,12 @@ def _run_cli(argv: list[str], patch: dict) -> dict:
     return {"stdout": out.getvalue(), "stderr": err.getvalue(), "rc": rc}
 
 
-def op_parse_eval(req):
+def op_parse_eval(req: Doc) -> Any:
     """Coral's own parsing of `coral eval ...` (its argparse, errors and exit codes): the arguments it would act on,
     or what it printed when it refused them."""
-    got = {}
+    got: Doc = {}
 
-    def capture(args):
+    def capture(args: argparse.Namespace) -> None:
         got.update(
             {
                 k: v
@@ -320,14 +332,14 @@ def op_parse_eval(req):
     return res
 
 
-def op_eval_output(req):
+def op_eval_output(req: Doc) -> Any:
     """What `coral eval` prints and its exit code, from Coral's own `cmd_eval` and `_print_attempt_result`, for
     the host's finalized attempt (`attempt`, with `eval_count` = the `#N`), or for an eval refused with `error`:
     "nothing_to_commit" (Coral's own message) or any other text (`Error: ...`, exit 1). `header` "CORAL Wait"
     gives `coral wait`'s block."""
     from coral.types import Attempt
 
-    def submit(**kw):
+    def submit(**kw: object) -> Any:  # Coral's Attempt
         if req.get("error"):
             msg = _nothing_to_commit() if req["error"] == "nothing_to_commit" else req["error"]
             raise RuntimeError(msg)

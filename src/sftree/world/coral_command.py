@@ -32,8 +32,10 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from sftree.errors import SftreeError
+from sftree.jsontypes import CoralDoc
 from sftree.runtime import safefs, tempdirs
 from sftree.runtime.checkout import write_files
 from sftree.runtime.folderreader import QuotaExceeded, UnsafeWorkspace
@@ -41,6 +43,14 @@ from sftree.runtime.objects import flatten
 from sftree.runtime.procs import run_group
 from sftree.runtime.unixsock import Listener, RequestError, read_request
 from sftree.world.text import one_line, own_line, safe_attempt
+
+if TYPE_CHECKING:  # (annotations: the `coral` client run by `sftree coral` imports none of them)
+    from sftree.runtime.diskquota import DiskQuota
+    from sftree.runtime.workspace import EdgeWorkspace
+    from sftree.world.counters import CoralCounters
+    from sftree.world.locate import CoralInstall
+    from sftree.world.task import TaskSpec
+    from sftree.world.world import CommandOutput, EvalArgs
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +73,10 @@ class EvalResult:
     output: str  # what `coral eval` printed to the agent (stdout and stderr)
     grader_s: float = 0.0
     parent: str | None = None
-    record: dict | None = None  # the attempt record (Attempt.to_dict fields) of a graded eval
-    counters_before: dict | None = None  # the host's Coral counters before it (CoralCounters.to_dict)
+    record: CoralDoc | None = None  # the attempt record (Attempt.to_dict fields) of a graded eval
+    counters_before: CoralDoc | None = None  # the host's Coral counters before it (CoralCounters.to_dict)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> CoralDoc:
         return asdict(self)
 
 
@@ -87,7 +97,7 @@ def parse_grader_output(stdout: str) -> tuple[float | None, str]:
     return score, str(data.get("feedback", ""))
 
 
-def run_grader(task_cfg: dict, code_dir: Path, sandbox: str) -> tuple[float | None, str, str]:
+def run_grader(task_cfg: CoralDoc, code_dir: Path, sandbox: str) -> tuple[float | None, str, str]:
     """Run the task's grader command on `code_dir` (a copy of the commit the host wrote): (score, feedback,
     status scored|crashed|timeout). The grader is the user's (trusted); the code it grades is not: a grader
     built on `sftree.runtime.gradebox` confines it (`SFTREE_SANDBOX`, docs/security.md)."""
@@ -118,7 +128,7 @@ def run_grader(task_cfg: dict, code_dir: Path, sandbox: str) -> tuple[float | No
     return score, feedback[:FEEDBACK_CAP], ("scored" if score is not None else "crashed")
 
 
-def attempt_file(record: dict) -> bytes:
+def attempt_file(record: CoralDoc) -> bytes:
     """An attempt record as Coral's `write_attempt` writes it (`json.dumps(Attempt.to_dict(), indent=2)`), its
     title and feedback as the agent-text rule shows them: `coral log` and `coral show` print them in blocks of
     their own."""
@@ -137,13 +147,48 @@ def attempt_file(record: dict) -> bytes:
 TURN_ENDED = "Error: this turn already ended at its eval; nothing was committed or graded.\n"
 
 
+class RuntimeWorld(Protocol):
+    """What the host's `coral` commands use of the Teacher's world (world/world.py `World`): how Coral parses and
+    prints an eval, and the task it grades; and what the agent backends read of it through the runtime
+    (agents/base.py `CoralSession.world`: the worktree's opencode.json)."""
+
+    @property
+    def agent_id(self) -> str: ...
+    @property
+    def run_dir(self) -> str: ...
+    @property
+    def spec(self) -> TaskSpec: ...
+    @property
+    def install(self) -> CoralInstall | None: ...
+
+    def parse_eval(self, argv: list[str]) -> EvalArgs | CommandOutput: ...
+    def eval_output(
+        self,
+        record: CoralDoc | None,
+        eval_count: int | None = None,
+        *,
+        error: str | None = None,
+        wait: bool = False,
+    ) -> CommandOutput: ...
+    def opencode_json(self) -> str: ...
+
+
 class CoralRuntime:
     """Executes the host's coral commands (`eval`, `wait`) for one edge; records every eval in `evals`.
 
     `world` (sftree.world.World) says how Coral parses, prints and counts; `counters` (CoralCounters) are the
     host's records of the branch so far, advanced by each graded eval."""
 
-    def __init__(self, ws, world, task_cfg: dict, counters, *, sandbox: str, grade_quota=None):
+    def __init__(
+        self,
+        ws: EdgeWorkspace,
+        world: RuntimeWorld,
+        task_cfg: CoralDoc,
+        counters: CoralCounters,
+        *,
+        sandbox: str,
+        grade_quota: DiskQuota | None = None,
+    ) -> None:
         self.ws = ws
         self.grade_quota = grade_quota  # diskquota.DiskQuota of one grading (None: grading.GRADE_QUOTA)
         self.world = world
@@ -161,7 +206,7 @@ class CoralRuntime:
         with self._lock:
             self.turn_ended = False
 
-    def handle(self, argv: list[str]) -> dict:
+    def handle(self, argv: list[str]) -> CoralDoc:
         """Run one host-side coral command; the reply {rc, stdout, stderr[, repo]}. Never raises."""
         # Every argument on one line before anything reads it: Coral echoes arguments (a refusal of its parser,
         # `wait`'s "No attempt matches"), and the message is the title and the commit's message.
@@ -178,11 +223,12 @@ class CoralRuntime:
             log.exception("coral %s failed", argv)
             return {"rc": 1, "stdout": "", "stderr": f"Error: internal error: {one_line(str(exc))}\n"}
 
-    def cmd_eval(self, argv: list[str]) -> dict:
+    def cmd_eval(self, argv: list[str]) -> CoralDoc:
         from sftree.world.counters import advance
+        from sftree.world.world import EvalArgs
 
         args = self.world.parse_eval(argv[argv.index("eval") + 1 :])
-        if not hasattr(args, "message"):  # Coral's own refusal (a missing -m, an unknown flag): no eval
+        if not isinstance(args, EvalArgs):  # Coral's own refusal (a missing -m, an unknown flag): no eval
             return {"rc": args.rc, "stdout": args.stdout, "stderr": args.stderr}
         msg = args.message
         if self.turn_ended:  # the turn ended at its first eval: this one would grade what came after it
@@ -232,7 +278,7 @@ class CoralRuntime:
         reply = {"rc": shown.rc, "stdout": shown.stdout, "stderr": shown.stderr}
         return {**reply, "repo": base64.b64encode(repo).decode()}
 
-    def _grade(self, commit: str, title: str, tune: bool) -> tuple[float | None, str, str, dict]:
+    def _grade(self, commit: str, title: str, tune: bool) -> tuple[float | None, str, str, CoralDoc]:
         """Grade a copy of exactly `commit`, written by the host from its store, outside the workspace:
         (score, feedback, scored|crashed|timeout, the record's metadata)."""
         db = self.ws.store.code
@@ -253,7 +299,7 @@ class CoralRuntime:
             )  # fmt: skip
             return r.score, r.feedback, r.status, dict(r.metadata or {})
 
-    def cmd_wait(self, argv: list[str]) -> dict:
+    def cmd_wait(self, argv: list[str]) -> CoralDoc:
         """`coral wait HASH`: every eval here is graded before `coral eval` returns, so it prints the result."""
         rest = [a for a in argv[argv.index("wait") + 1 :] if not a.startswith("-")]
         target = rest[0] if rest else ""
@@ -340,7 +386,7 @@ class CoralServer:
             except OSError:
                 pass
 
-    def _answer(self, conn: socket.socket) -> dict:
+    def _answer(self, conn: socket.socket) -> CoralDoc:
         """Read one request (at most REQUEST_MAX bytes, within REQUEST_TIMEOUT s) and answer it."""
         try:
             req = json.loads(read_request(conn, REQUEST_MAX, REQUEST_TIMEOUT).decode("utf-8"))
@@ -362,7 +408,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="eval -m MSG | wait HASH")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     path = os.environ.get("CORAL_SOCKET")
     if not path:
         raise SftreeError(

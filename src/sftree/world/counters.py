@@ -29,18 +29,20 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from sftree.jsontypes import CoralDoc
+
 REAL = "real"
 BUDGET_CLASSES = ("real", "grader_error", "tune")
 
 
-def budget_class(record: dict) -> str:
+def budget_class(record: CoralDoc) -> str:
     """Coral's `get_budget_class`: the attempt's metadata `budget_class`, `real` when missing or unknown."""
     meta = record.get("metadata") or {}
     cls = meta.get("budget_class") if isinstance(meta, dict) else None
     return cls if cls in BUDGET_CLASSES else REAL
 
 
-def _num(x) -> float | None:
+def _num(x: object) -> float | None:
     if isinstance(x, bool) or not isinstance(x, int | float):
         return None
     return float(x)
@@ -70,16 +72,16 @@ class CoralCounters:
     agent_best: float | None = None
     real_best: float | None = None
     since_improvement: int = 0
-    latest: dict | None = None
+    latest: CoralDoc | None = None
 
     def status_for(self, score: float | None, direction: str) -> str:
         return daemon_status(score, self.agent_best, direction)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> CoralDoc:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> CoralCounters:
+    def from_dict(cls, data: CoralDoc) -> CoralCounters:
         keys = cls.__dataclass_fields__
         unknown = set(data) - set(keys)
         if unknown:
@@ -88,7 +90,7 @@ class CoralCounters:
 
     @classmethod
     def from_root(
-        cls, attempts: list[dict], *, agent_id: str, eval_count: int | None, direction: str
+        cls, attempts: list[CoralDoc], *, agent_id: str, eval_count: int | None, direction: str
     ) -> CoralCounters:
         """The counters at a root snapshot: its attempt records (any order; replayed by timestamp, pending ones
         skipped, as the manager skips them) and the snapshot's `eval_count` (None: the number of finalized
@@ -103,7 +105,9 @@ class CoralCounters:
         return replace(c, global_evals=total)
 
 
-def advance(c: CoralCounters, record: dict, direction: str, *, count_global: bool = True) -> CoralCounters:
+def advance(
+    c: CoralCounters, record: CoralDoc, direction: str, *, count_global: bool = True
+) -> CoralCounters:
     """The counters after one finalized attempt `record` of this agent (Attempt.to_dict fields): the daemon bumps
     the global count and its best; the manager bumps the agent's count and, for a `real` attempt, the plateau."""
     score = _num(record.get("score"))

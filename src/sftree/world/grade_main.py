@@ -24,9 +24,14 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+# a JSON document in Coral's shape (this program runs under another Python and imports nothing of sftree)
+Doc = dict[str, Any]
 
 
 def _protect() -> None:
@@ -36,7 +41,7 @@ def _protect() -> None:
         pass
 
 
-def _coral(req: dict) -> dict:
+def _coral(req: Doc) -> Doc:
     import coral.grader.daemon as d
     from coral.config import CoralConfig
     from coral.types import Attempt
@@ -70,7 +75,11 @@ def _coral(req: dict) -> dict:
     return {"score": fin.score, "status": status, "feedback": fin.feedback, "metadata": fin.metadata}
 
 
-def _read_while_it_runs(d, coral_run):
+# Coral's grader runner (`_run_grader_with_timeout`): Coral ships no type information, so its values are Any
+GraderRun = Callable[[Path, Path, str, list[Any], float], Any]
+
+
+def _read_while_it_runs(d: ModuleType, coral_run: GraderRun) -> GraderRun:
     """Coral's `_run_grader_with_timeout` (the daemon's timed worker) with its result queue read while the
     worker runs. Coral joins the worker before reading it: a result larger than the queue's pipe (64 KiB; a long
     exception text of the graded program in the feedback is enough) holds the worker until Coral's hard kill,
@@ -81,12 +90,12 @@ def _read_while_it_runs(d, coral_run):
 
     from coral.config import CoralConfig
 
-    def run(config_path, coral_dir, codebase_path, tasks, timeout):
+    def run(config_path: Path, coral_dir: Path, codebase_path: str, tasks: list[Any], timeout: float) -> Any:
         config = CoralConfig.from_yaml(config_path)
         if config.grader.entrypoint or timeout <= 0:
             return coral_run(config_path, coral_dir, codebase_path, tasks, timeout)
         deadline = time.monotonic() + timeout + d._TIMEOUT_GRACE_SECONDS
-        result_queue = multiprocessing.Queue()
+        result_queue: multiprocessing.Queue[tuple[Any, ...]] = multiprocessing.Queue()
         proc = multiprocessing.Process(
             target=d._grader_worker, args=(config_path, coral_dir, codebase_path, tasks, result_queue)
         )
@@ -125,7 +134,7 @@ def _read_while_it_runs(d, coral_run):
     return run
 
 
-def _standin(req: dict) -> dict:
+def _standin(req: Doc) -> Doc:
     import importlib.util
 
     from coral.grader import TaskGrader
@@ -151,6 +160,8 @@ def _standin(req: dict) -> dict:
         else:
             path = coral_dir / "private" / "eval" / "grader.py"
             spec = importlib.util.spec_from_file_location("task_grader", str(path))
+            if spec is None or spec.loader is None:
+                raise TypeError(f"{path} cannot be loaded as a module")
             mod = importlib.util.module_from_spec(spec)
             sys.modules["task_grader"] = mod
             spec.loader.exec_module(mod)
@@ -161,9 +172,9 @@ def _standin(req: dict) -> dict:
         grader.private_dir = str(coral_dir / "private")
         grader.codebase_path = req["checkout"]
         grader.tasks = [task]
-        box = {}
+        box: dict[str, Any] = {}
 
-        def work():
+        def work() -> None:
             try:
                 box["v"] = grader.evaluate()
             except BaseException as exc:  # noqa: BLE001 - reported as the grader's failure
@@ -204,7 +215,7 @@ def _standin(req: dict) -> dict:
     }
 
 
-def _standin_packaged(req: dict, cls: str) -> dict:
+def _standin_packaged(req: Doc, cls: str) -> Doc:
     """The stand-in's SubprocessGrader: the same grading in a worker on the grader venv's Python (where the task's
     package and the stand-in `coral` are installed), JSON in on stdin, out on stdout; its timeout is the grader's."""
     import subprocess
@@ -232,7 +243,8 @@ def _standin_packaged(req: dict, cls: str) -> dict:
             "metadata": {"budget_class": "grader_error"},
         }
     try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        result: Doc = json.loads(proc.stdout.strip().splitlines()[-1])
+        return result
     except (ValueError, IndexError):
         return {
             "score": None,

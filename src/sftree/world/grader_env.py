@@ -30,10 +30,13 @@ import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO, TypeAlias
 
 from sftree.errors import InputError
 from sftree.world.locate import CoralInstall
 from sftree.world.task import TaskSpec
+
+StrPath: TypeAlias = str | os.PathLike[str]
 
 HERE = Path(__file__).resolve().parent
 SKIP_DIRS = {"seed", ".git", "results", "latest", ".coral", "__pycache__", "build", "dist", ".venv"}
@@ -43,6 +46,7 @@ SETUP_TIMEOUT_S = 1800
 _CORAL_BUILD = r"""
 import json, logging, subprocess, sys
 from pathlib import Path
+from typing import TextIO, TypeAlias
 logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(message)s")
 from coral.config import GraderConfig
 from coral.workspace.grader_env import setup_grader_env
@@ -125,7 +129,7 @@ def find_uv() -> str | None:
     return shutil.which("uv")
 
 
-def _hash_tree(h, root: Path, skip_top: bool) -> None:
+def _hash_tree(h: hashlib._Hash, root: Path, skip_top: bool) -> None:
     for dirpath, dirnames, filenames in os.walk(root):
         rel = Path(dirpath).relative_to(root)
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info"))
@@ -151,9 +155,9 @@ def _outside_paths(spec: TaskSpec) -> list[Path]:
             w = w.split("=", 1)[-1] if w.startswith("-") else w
             if not w or w.startswith("-"):
                 continue
-            p = (spec.task_dir / w).resolve() if not os.path.isabs(w) else Path(w)
+            p = (spec.folder / w).resolve() if not os.path.isabs(w) else Path(w)
             try:
-                if p.exists() and spec.task_dir not in p.parents and p != spec.task_dir:
+                if p.exists() and spec.folder not in p.parents and p != spec.folder:
                     out.append(p)
             except OSError:
                 continue
@@ -169,7 +173,7 @@ def venv_key(spec: TaskSpec, install: CoralInstall | None) -> str:
         else {"stand-in": _standin_digest(), "python": sys.executable}
     )
     h.update(json.dumps({"grader": grader, "by": who}, sort_keys=True).encode())
-    _hash_tree(h, spec.task_dir, skip_top=True)
+    _hash_tree(h, spec.folder, skip_top=True)
     for p in _outside_paths(spec):
         h.update(f"\0outside:{p}\0".encode())
         if p.is_dir():
@@ -185,14 +189,14 @@ def _standin_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def _env(uv: str, extra: dict | None = None) -> dict:
+def _env(uv: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV" and not k.startswith("VSCODE_")}
     env["PATH"] = f"{Path(uv).parent}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
     env.update(extra or {})
     return env
 
 
-def _run_setup(spec: TaskSpec, venv: Path, uv: str, log) -> None:
+def _run_setup(spec: TaskSpec, venv: Path, uv: str, log: TextIO) -> None:
     """The stand-in's `setup_grader_env`: the same steps and environment as Coral's (grader_env.py)."""
     env = _env(uv, {"VIRTUAL_ENV": str(venv)})
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
@@ -207,7 +211,7 @@ def _run_setup(spec: TaskSpec, venv: Path, uv: str, log) -> None:
         log.write(f"$ {cmd}\n")
         log.flush()
         try:
-            proc = subprocess.run(
+            step = subprocess.run(
                 cmd,
                 shell=True,
                 cwd=spec.task_dir,
@@ -218,8 +222,8 @@ def _run_setup(spec: TaskSpec, venv: Path, uv: str, log) -> None:
             )
         except subprocess.TimeoutExpired:
             raise _SetupFailed(f"`{cmd}` took longer than {SETUP_TIMEOUT_S} s") from None
-        if proc.returncode:
-            raise _SetupFailed(f"`{cmd}` failed (exit {proc.returncode})")
+        if step.returncode:
+            raise _SetupFailed(f"`{cmd}` failed (exit {step.returncode})")
 
 
 def _install_standin(venv: Path) -> None:
@@ -266,7 +270,9 @@ def _roots(venv: Path) -> tuple[str, ...]:
     return tuple(sorted(r for r in roots if r and r != "/"))
 
 
-def ensure(spec: TaskSpec, install: CoralInstall | None, log: str | os.PathLike | None = None) -> GraderVenv:
+def ensure(
+    spec: TaskSpec, install: CoralInstall | None, log: str | os.PathLike[str] | None = None
+) -> GraderVenv:
     """The task's grader venv: from the cache, or built now (once per key, whoever asks first)."""
     if not spec.entrypoint:
         raise ValueError(f"task {spec.name}: not a packaged grader")
@@ -333,7 +339,7 @@ def not_buildable(install: CoralInstall) -> str | None:
     )
 
 
-def _build_with_coral(spec: TaskSpec, install: CoralInstall, venv: Path, uv: str, fh) -> None:
+def _build_with_coral(spec: TaskSpec, install: CoralInstall, venv: Path, uv: str, fh: TextIO) -> None:
     arg = {
         "coral_dir": str(venv.parent.parent),
         "entrypoint": spec.entrypoint,
@@ -360,14 +366,14 @@ def _build_with_coral(spec: TaskSpec, install: CoralInstall, venv: Path, uv: str
         raise _SetupFailed(out.get("error") or f"exit {proc.returncode}")
 
 
-def _note(log, text: str) -> None:
+def _note(log: StrPath | None, text: str) -> None:
     if log:
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         with open(log, "a", encoding="utf-8") as fh:
             fh.write(text)
 
 
-def _copy_log(src: Path, log) -> None:
+def _copy_log(src: Path, log: StrPath | None) -> None:
     if log:
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         with open(log, "a", encoding="utf-8") as fh:
@@ -392,7 +398,7 @@ def check_entrypoint(spec: TaskSpec, venv: GraderVenv) -> None:
         raise InputError(f"{spec.task_dir}: grader.entrypoint {spec.entrypoint!r} {out.get('error')}")
 
 
-def preflight(spec: TaskSpec, install: CoralInstall | None, log=None) -> GraderVenv | None:
+def preflight(spec: TaskSpec, install: CoralInstall | None, log: StrPath | None = None) -> GraderVenv | None:
     """Build (or find) and check a packaged task's grader venv; None for an eval/grader.py task."""
     if spec.kind != "coral" or not spec.entrypoint:
         return None

@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if spec.kind == "coral" and spec.entrypoint:
         install = locate(settings.coral)
         venv = grader_env.preflight(spec, install, log)
+        assert venv is not None  # (a packaged task: preflight builds or finds its venv)
         record = {
             "task": args.task,
             "form": "packaged",

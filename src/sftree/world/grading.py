@@ -38,11 +38,14 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeAlias, TypedDict
 
 import yaml
 
+from sftree.jsontypes import CoralDoc
 from sftree.runtime import remove, tempdirs
 from sftree.runtime.bounded import Capped
 from sftree.runtime.diskquota import DiskQuota, grade_quota
@@ -113,7 +116,7 @@ class GradeResult:
     score: float | None
     status: str  # scored | crashed | timeout
     feedback: str
-    metadata: dict = field(default_factory=dict)
+    metadata: CoralDoc = field(default_factory=dict)
     seconds: float = 0.0
     sandbox: str = "bwrap"
     runs: int = 0  # graded programs the grader started
@@ -135,10 +138,22 @@ def _open_tree(path: Path) -> None:
                 os.chmod(p, 0o666 | (0o111 if mode & stat.S_IXUSR else 0))
 
 
+class _TmpArgs(TypedDict, total=False):
+    """A sandbox's /tmp, as bwrap_argv takes it: a folder of the grading's tmpfs, or a tmpfs of its own."""
+
+    tmp_bytes: int
+    tmp_inodes: int
+    tmp_dir: Path
+
+
+# the n-th graded program's command line, working folder, environment and /tmp folder, from its request
+ArgvFor: TypeAlias = Callable[[CoralDoc, int], tuple[list[str], str, dict[str, str], Path | None]]
+
+
 class _Runner:
     """The host's end of the forwarder: runs each graded command in its own sandbox until `stop()`."""
 
-    def __init__(self, sock_path: Path, argv_for, deadline: float):
+    def __init__(self, sock_path: Path, argv_for: ArgvFor, deadline: float) -> None:
         self.argv_for = argv_for
         self.deadline = deadline
         self.runs = 0
@@ -275,7 +290,7 @@ class _Layout:
     def py_bin(self) -> str:
         return str(Path(self.python).parent)
 
-    def sandbox_tmp(self, name: str, uid: int | None) -> dict:
+    def sandbox_tmp(self, name: str, uid: int | None) -> _TmpArgs:
         """A sandbox's /tmp: a fresh folder of the grading's tmpfs, else a tmpfs of its own of the quota."""
         if not self.kernel_quota:
             return {"tmp_bytes": self.quota.bytes, "tmp_inodes": self.quota.inodes}
@@ -289,7 +304,7 @@ class _Layout:
 
 def grade(
     spec: TaskSpec,
-    code_dir: str | os.PathLike,
+    code_dir: str | os.PathLike[str],
     *,
     commit: str,
     install: CoralInstall | None,
@@ -320,7 +335,7 @@ def grade(
 def _grade_in(
     g: _Grading,
     spec: TaskSpec,
-    code_dir: str | os.PathLike,
+    code_dir: str | os.PathLike[str],
     *,
     commit: str,
     install: CoralInstall | None,
@@ -375,7 +390,7 @@ def _grade_in(
 
 def _copy_in(
     spec: TaskSpec,
-    code_dir: str | os.PathLike,
+    code_dir: str | os.PathLike[str],
     cd_host: Path,
     checkout_host: Path,
     kernel_quota: bool,
@@ -384,8 +399,8 @@ def _copy_in(
     """Copy the task's eval folder and the code to grade in; why not when the code does not fit the grading's
     quota (any other failure raises)."""
     try:
-        if spec.eval_dir.is_dir():
-            shutil.copytree(spec.eval_dir, cd_host / "private" / "eval", symlinks=True)
+        if spec.eval_folder.is_dir():
+            shutil.copytree(spec.eval_folder, cd_host / "private" / "eval", symlinks=True)
         else:
             (cd_host / "private" / "eval").mkdir(parents=True)  # a packaged grader's task may have none
         shutil.copytree(code_dir, checkout_host, symlinks=True)
@@ -490,8 +505,8 @@ def _write_request(
 
 
 def _graded_argv(
-    r: dict, n: int, *, lay: _Layout, spec: TaskSpec, roots: list, uid: int | None
-) -> tuple[list[str], str, dict, Path | None]:
+    r: CoralDoc, n: int, *, lay: _Layout, spec: TaskSpec, roots: list[str], uid: int | None
+) -> tuple[list[str], str, dict[str, str], Path | None]:
     """The n-th graded program, from its forwarder's request `r`: command line, working folder, environment and
     its /tmp folder (to remove after it; None when it has none). Confined, in its own sandbox as `uid`, where
     only the code copy (at the same path) and the task files in `graded_can_read` exist."""
@@ -520,8 +535,8 @@ def _graded_argv(
 
 
 def _grader_argv(
-    lay: _Layout, venv: grader_env.GraderVenv | None, roots: list, uid: int | None
-) -> tuple[list[str], str, dict]:
+    lay: _Layout, venv: grader_env.GraderVenv | None, roots: list[str], uid: int | None
+) -> tuple[list[str], str, dict[str, str]]:
     """The grader's command line, working folder and environment: grade_main.py, confined in its own sandbox as
     `uid` with the run folder bound where Coral's daemon has it."""
     gcmd = [lay.python, "-I", "-B", f"{lay.ctl_in}/grade_main.py", f"{lay.ctl_in}/request.json"]
@@ -581,7 +596,8 @@ def _collect(g: _Grading, res: GroupResult, result: Capped, limit: float) -> Gra
         status = "crashed"
     if status not in ("scored", "crashed", "timeout"):
         status = "crashed"
-    meta = out.get("metadata") if isinstance(out.get("metadata"), dict) else {}
+    meta = out.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
     if out.get("traceback"):
         log.warning("grade_main failed: %s", out["traceback"])
     return GradeResult(

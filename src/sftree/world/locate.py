@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sftree.errors import InputError
+from sftree.jsontypes import CoralDoc
 from sftree.settings import CoralSettings
 
 MODES = ("auto", "coral", "stand-in")
@@ -46,7 +47,7 @@ class CoralInstall:
         """The folder holding the `coral` package (put on sys.path)."""
         return str(Path(self.package).parent)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> CoralDoc:
         return {
             "python": self.python,
             "version": self.version,
@@ -55,7 +56,7 @@ class CoralInstall:
         }
 
 
-def _probe(python: str) -> tuple[dict | None, str]:
+def _probe(python: str) -> tuple[CoralDoc | None, str]:
     try:
         proc = subprocess.run(
             [python, "-c", _PROBE], capture_output=True, text=True, timeout=60, env=_probe_env()
@@ -70,11 +71,11 @@ def _probe(python: str) -> tuple[dict | None, str]:
         return None, f"unreadable answer {proc.stdout[-200:]!r}"
 
 
-def _probe_env() -> dict:
+def _probe_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME",)}
 
 
-def _install(python: str, info: dict, found_by: str) -> CoralInstall:
+def _install(python: str, info: CoralDoc, found_by: str) -> CoralInstall:
     # Its folder resolved, the file itself not (a venv's bin/python links out of the venv): a sandbox shows the
     # resolved roots only, where a path through a linked folder (a venv reached by a symlink) does not exist.
     python = str(Path(python).parent.resolve() / Path(python).name)
@@ -130,12 +131,12 @@ def locate(cfg: CoralSettings) -> CoralInstall | None:
     tried.append(f"sftree's interpreter {sys.executable} ({why})")
     exe = shutil.which("coral")
     if exe:
-        python = _shebang(exe)
-        if python:
-            info, why = _probe(python)
+        shebang = _shebang(exe)
+        if shebang:
+            info, why = _probe(shebang)
             if info is not None:
-                return _install(python, info, "PATH")
-            tried.append(f"the interpreter of {exe}, {python} ({why})")
+                return _install(shebang, info, "PATH")
+            tried.append(f"the interpreter of {exe}, {shebang} ({why})")
         else:
             tried.append(f"{exe} (no interpreter in its first line)")
     else:

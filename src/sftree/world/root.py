@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sftree.jsontypes import CoralDoc
 from sftree.records.root import read_root_meta
 from sftree.world.counters import CoralCounters
 
@@ -21,9 +22,9 @@ from sftree.world.counters import CoralCounters
 class RootContext:
     agent_id: str
     eval_count: int | None
-    attempts: list[dict] = field(default_factory=list)
+    attempts: list[CoralDoc] = field(default_factory=list)
     agents: int = 1  # distinct agent ids in the attempt history (at least 1)
-    heartbeat: dict = field(default_factory=dict)  # {"local": [...]|None, "global": [...]|None}
+    heartbeat: CoralDoc = field(default_factory=dict)  # {"local": [...]|None, "global": [...]|None}
 
     def counters(self, direction: str) -> CoralCounters:
         return CoralCounters.from_root(
@@ -31,14 +32,14 @@ class RootContext:
         )
 
 
-def root_context(meta: dict, files: dict[str, bytes], agent_id: str | None = None) -> RootContext:
+def root_context(meta: CoralDoc, files: dict[str, bytes], agent_id: str | None = None) -> RootContext:
     """The root's context from its metadata and the files of its `shared/` ({path: bytes}; as the tree's store
     holds them, read by the host without following links). Records that are not JSON objects, or larger than
     1 MiB, are left out; so is a heartbeat file that is not `{"actions": [{"name", "every", ...}]}`."""
     agent = agent_id or meta.get("agent_id")
     agent = agent if isinstance(agent, str) and agent else "agent-1"
 
-    def doc(data: bytes | None):
+    def doc(data: bytes | None) -> object:
         if data is None or len(data) > 1 << 20:
             return None
         try:

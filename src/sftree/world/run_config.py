@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sftree.errors import InputError
+from sftree.jsontypes import CoralDoc
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +45,11 @@ DEFAULTS = {
     "grader.setup": [],
 }
 MAX_CONFIG = 1 << 20
-_reported: set[tuple] = set()
+_reported: set[tuple[str, str, str, tuple[str, ...]]] = set()  # (task, task folder, run, differences)
 _UNSET = object()
 
 
-def read(run_dir: str | Path) -> dict | None:
+def read(run_dir: str | Path) -> CoralDoc | None:
     """The run's `.coral/config.yaml` as a mapping; None when the run has none. InputError when it is unusable."""
     import yaml
 
@@ -79,7 +80,7 @@ def _get(data: Any, path: str) -> tuple[bool, Any]:
     return True, cur
 
 
-def merge(task_yaml: dict, run_cfg: dict) -> tuple[dict, list[str]]:
+def merge(task_yaml: CoralDoc, run_cfg: CoralDoc) -> tuple[CoralDoc, list[str]]:
     """task.yaml with each field of FIELDS that the run's configuration sets differently replaced by the run's;
     (merged copy, one line per difference). A field task.yaml leaves out counts as Coral's default (DEFAULTS);
     one with no default here (the agent's runtime and model) is taken from the run without a difference."""
@@ -102,7 +103,7 @@ def merge(task_yaml: dict, run_cfg: dict) -> tuple[dict, list[str]]:
     return merged, diffs
 
 
-def _set(data: dict, path: str, value: Any) -> None:
+def _set(data: CoralDoc, path: str, value: Any) -> None:
     *parents, last = path.split(".")
     cur = data
     for part in parents:

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterable
 from pathlib import Path
+from typing import NoReturn
 
 import yaml
+
+from sftree.jsontypes import CoralDoc
 
 TEXTS = Path(__file__).with_name("texts")
 RULE = "=" * 50
@@ -33,11 +37,11 @@ def text(name: str) -> str:
     return (TEXTS / f"{name}.md").read_text(encoding="utf-8")
 
 
-def _agents(task: dict) -> dict:
+def _agents(task: CoralDoc) -> CoralDoc:
     return dict(task.get("agents") or {})
 
 
-def config_yaml(task: dict, agents: int | None = None) -> str:
+def config_yaml(task: CoralDoc, agents: int | None = None) -> str:
     data = json.loads(json.dumps(task))
     ag = _agents(data)
     ag["runtime"] = "opencode"
@@ -48,7 +52,7 @@ def config_yaml(task: dict, agents: int | None = None) -> str:
     return yaml.safe_dump(data, default_flow_style=False, sort_keys=False)
 
 
-def coral_md(task: dict, agent_id: str, single_agent: bool, shared_dir: str = ".opencode") -> str:
+def coral_md(task: CoralDoc, agent_id: str, single_agent: bool, shared_dir: str = ".opencode") -> str:
     t = task.get("task") or {}
     tips = t.get("tips") or ""
     minimize = (task.get("grader") or {}).get("direction") == "minimize"
@@ -92,11 +96,16 @@ def opencode_json(coral_dir: str, research: bool = True) -> str:
     return json.dumps(settings, indent=2) + "\n"
 
 
-def _action(name, every, is_global, trigger, prompt=""):
+def _action(name: str, every: int, is_global: bool, trigger: str, prompt: str = "") -> CoralDoc:
     return {"name": name, "every": every, "global": is_global, "trigger": trigger, "prompt": prompt}
 
 
-def heartbeat_actions(task: dict, agent_id: str, local=None, global_=None) -> dict:
+def heartbeat_actions(
+    task: CoralDoc,
+    agent_id: str,
+    local: Iterable[CoralDoc] | None = None,
+    global_: Iterable[CoralDoc] | None = None,
+) -> CoralDoc:
     """The local and global actions: given ones (a run's heartbeat files), else the task's `agents.heartbeat`
     merged with the defaults as Coral merges them; reflect (local) and consolidate (global) always present."""
     if local is None or global_ is None:
@@ -132,7 +141,7 @@ def heartbeat_actions(task: dict, agent_id: str, local=None, global_=None) -> di
     return {"local": local, "global": global_}
 
 
-def _fires(action: dict, is_global: bool, local_n: int, global_n: int, since: int) -> bool:
+def _fires(action: CoralDoc, is_global: bool, local_n: int, global_n: int, since: int) -> bool:
     trigger = action.get("trigger") or DEFAULT_TRIGGER.get(action["name"], "interval")
     every = int(action["every"])
     if trigger == "plateau":
@@ -141,21 +150,21 @@ def _fires(action: dict, is_global: bool, local_n: int, global_n: int, since: in
     return count > 0 and count % every == 0
 
 
-def _prompt_of(action: dict, shared_dir: str, agent_id: str) -> str:
+def _prompt_of(action: CoralDoc, shared_dir: str, agent_id: str) -> str:
     tpl = action.get("prompt") or (text(action["name"]) if (TEXTS / f"{action['name']}.md").is_file() else "")
     return tpl.format(shared_dir=shared_dir, agent_id=agent_id).strip() if tpl else ""
 
 
-def fmt_score(score) -> str:
+def fmt_score(score: float | None) -> str:
     return f"{score:.10f}" if score is not None else "FAILED"
 
 
-def budget_class(meta) -> str:
+def budget_class(meta: object) -> str:
     cls = (meta or {}).get("budget_class") if isinstance(meta, dict) else None
     return cls if cls in ("real", "grader_error", "tune") else "real"
 
 
-def eval_header(attempt: dict, agent_eval_count: int) -> str:
+def eval_header(attempt: CoralDoc, agent_eval_count: int) -> str:
     lines = [
         f"## Eval #{agent_eval_count} Results",
         "",
@@ -173,14 +182,14 @@ def eval_header(attempt: dict, agent_eval_count: int) -> str:
 
 
 def turn_prompt(
-    actions: dict,
+    actions: CoralDoc,
     agent_id: str,
-    counters: dict,
+    counters: CoralDoc,
     global_evals: int,
-    attempt: dict,
+    attempt: CoralDoc,
     direction: str,
     shared_dir: str = ".opencode",
-) -> dict:
+) -> CoralDoc:
     """The header and the heartbeat prompts that fire after `attempt`, with the manager's counters after it."""
     from sftree.world.counters import better
 
@@ -206,7 +215,7 @@ def turn_prompt(
     }
 
 
-def restart_prompt(attempt: dict | None, global_evals: int) -> str | None:
+def restart_prompt(attempt: CoralDoc | None, global_evals: int) -> str | None:
     if not attempt:
         return None
     lines = [
@@ -222,13 +231,15 @@ NOTHING_TO_COMMIT = "Nothing to commit: no change since the last eval."
 
 
 def eval_output(
-    attempt: dict | None, eval_count: int | None, error: str | None = None, header: str = "CORAL Eval"
-) -> dict:
+    attempt: CoralDoc | None, eval_count: int | None, error: str | None = None, header: str = "CORAL Eval"
+) -> CoralDoc:
     """`coral eval`'s output in Coral's format: the ruled block on stdout and exit 0 (a null score too), or
     `Error: ...` on stderr and exit 1."""
     if error:
         msg = NOTHING_TO_COMMIT if error == "nothing_to_commit" else error
         return {"stdout": "", "stderr": f"Error: {msg}\n", "rc": 1}
+    if attempt is None:
+        raise ValueError("eval_output: neither an attempt record nor an error")
     status = attempt.get("status", "")
     score = "PENDING" if status == "pending" else fmt_score(attempt.get("score"))
     count = f" (#{eval_count})" if eval_count else ""
@@ -254,7 +265,7 @@ class _Refused(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):
+    def error(self, message: str) -> NoReturn:
         raise _Refused(message)
 
 
@@ -270,7 +281,7 @@ def eval_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_eval(argv: list[str]) -> dict:
+def parse_eval(argv: list[str]) -> CoralDoc:
     p = eval_parser()
     try:
         args = p.parse_args(argv)

@@ -17,6 +17,10 @@ import re
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+# a JSON document in Coral's shape (this program runs under another Python and imports nothing of sftree)
+Doc = dict[str, Any]
 
 CLASSES = ("real", "grader_error", "tune")
 
@@ -40,14 +44,14 @@ def direction(cd: Path) -> str:
 
 
 # ---- attempts ----
-def budget(a: dict) -> str:
+def budget(a: Doc) -> str:
     meta = a.get("metadata") or {}
     cls = meta.get("budget_class") if isinstance(meta, dict) else None
     return cls if cls in CLASSES else "real"
 
 
-def attempts(cd: Path) -> list[dict]:
-    out = []
+def attempts(cd: Path) -> list[Doc]:
+    out: list[Doc] = []
     d = cd / "public" / "attempts"
     if not d.is_dir():
         return out
@@ -65,14 +69,14 @@ def attempts(cd: Path) -> list[dict]:
     return out
 
 
-def fmt_time(ts) -> str:
+def fmt_time(ts: Any) -> str:  # (a record's timestamp as Coral wrote it: any other value shown cut short)
     try:
         return datetime.fromisoformat(ts).strftime("%m-%d %H:%M:%S")
     except (ValueError, TypeError):
         return ts[:19] if ts else "—"
 
 
-def leaderboard(rows: list[dict]) -> str:
+def leaderboard(rows: list[Doc]) -> str:
     if not rows:
         return "No attempts yet."
     lines = [
@@ -89,11 +93,11 @@ def leaderboard(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def cmd_log(args, cd: Path) -> None:
+def cmd_log(args: argparse.Namespace, cd: Path) -> None:
     count = args.count or 20
     raw_n = count if (args.all or args.budget_class) else max(count * 4, 40)
 
-    def keep(rows):
+    def keep(rows: list[Doc]) -> list[Doc]:
         if args.budget_class:
             return [a for a in rows if budget(a) == args.budget_class]
         return rows if args.all else [a for a in rows if budget(a) == "real"]
@@ -120,7 +124,7 @@ def cmd_log(args, cd: Path) -> None:
         print(f"Leaderboard (top {len(rows)}):\n{leaderboard(rows)}" if rows else "No attempts yet.")
 
 
-def cmd_show(args, cd: Path) -> None:
+def cmd_show(args: argparse.Namespace, cd: Path) -> None:
     d = cd / "public" / "attempts"
     f = d / f"{args.hash}.json"
     if not f.exists():
@@ -149,11 +153,11 @@ def cmd_show(args, cd: Path) -> None:
 
 
 # ---- notes ----
-def _front(text: str):
+def _front(text: str) -> tuple[dict[str, str], str]:
     if text.startswith("---"):
         end = text.find("---", 3)
         if end != -1:
-            meta = {}
+            meta: dict[str, str] = {}
             for line in text[3:end].strip().splitlines():
                 if ":" in line:
                     k, _, v = line.partition(":")
@@ -162,7 +166,7 @@ def _front(text: str):
     return {}, text
 
 
-def _legacy(text: str) -> list[dict]:
+def _legacy(text: str) -> list[Doc]:
     out = []
     for part in re.compile(r"^## ", re.M).split(text):
         part = part.strip()
@@ -185,7 +189,7 @@ def _legacy(text: str) -> list[dict]:
     return out
 
 
-def _note(path: Path) -> dict:
+def _note(path: Path) -> Doc:
     meta, body = _front(path.read_text())
     title = path.stem.replace("-", " ").replace("_", " ").title()
     for line in body.splitlines():
@@ -202,7 +206,7 @@ def _note(path: Path) -> dict:
     }
 
 
-def _collect(d: Path) -> list[dict]:
+def _collect(d: Path) -> list[Doc]:
     if not d.is_dir():
         return []
     files = sorted(f for f in d.rglob("*.md") if f.name != "notes.md" and not f.name.startswith("_"))
@@ -214,7 +218,7 @@ def _collect(d: Path) -> list[dict]:
     return entries
 
 
-def _when(e: dict) -> datetime:
+def _when(e: Doc) -> datetime:
     if e.get("date"):
         try:
             dt = datetime.fromisoformat(e["date"])
@@ -226,7 +230,7 @@ def _when(e: dict) -> datetime:
     return datetime.min.replace(tzinfo=UTC)
 
 
-def notes(cd: Path) -> list[dict]:
+def notes(cd: Path) -> list[Doc]:
     entries = _collect(cd / "public" / "notes")
     seen = {e["filename"] for e in entries}
     for e in _collect(cd / "public" / "insights"):
@@ -236,7 +240,7 @@ def notes(cd: Path) -> list[dict]:
     return entries
 
 
-def fmt_notes(entries: list[dict]) -> str:
+def fmt_notes(entries: list[Doc]) -> str:
     if not entries:
         return "No notes yet."
     return "\n".join(
@@ -245,7 +249,7 @@ def fmt_notes(entries: list[dict]) -> str:
     )
 
 
-def cmd_notes(args, cd: Path) -> None:
+def cmd_notes(args: argparse.Namespace, cd: Path) -> None:
     if args.read:
         try:
             idx = int(args.read)
@@ -272,7 +276,7 @@ def cmd_notes(args, cd: Path) -> None:
 
 
 # ---- skills ----
-def _skill_front(text: str) -> dict:
+def _skill_front(text: str) -> Doc:
     m = re.match(r"^---\s*\n(.*?)\n---\s*\n(.*)", text, re.S)
     if not m:
         return {}
@@ -284,7 +288,7 @@ def _skill_front(text: str) -> dict:
     return meta
 
 
-def cmd_skills(args, cd: Path) -> None:
+def cmd_skills(args: argparse.Namespace, cd: Path) -> None:
     d = cd / "public" / "skills"
     if args.read:
         sd = d / args.read
@@ -320,7 +324,7 @@ def cmd_skills(args, cd: Path) -> None:
         print("\n".join(f"  {i}. {n}{' — ' + desc if desc else ''}" for i, (n, desc) in enumerate(rows, 1)))
 
 
-def cmd_status(args, cd: Path) -> None:
+def cmd_status(args: argparse.Namespace, cd: Path) -> None:
     every = attempts(cd)
     scored = [a for a in every if a["score"] is not None]
     print(

@@ -25,6 +25,7 @@ import yaml
 
 from sftree.config import REPO_ROOT
 from sftree.errors import InputError
+from sftree.jsontypes import CoralDoc
 from sftree.settings import Settings
 from sftree.world import run_config
 
@@ -40,11 +41,11 @@ class TaskSpec:
     description: str = ""
     tips: str = ""
     title: str = ""  # task.yaml's task.name (what CORAL.md calls the task)
-    args: dict = field(default_factory=dict)
+    args: CoralDoc = field(default_factory=dict)
     task_dir: Path | None = None
     eval_dir: Path | None = None
     seed_dir: Path | None = None
-    coral: dict = field(default_factory=dict)  # task.yaml as read (Coral builds its config from it)
+    coral: CoralDoc = field(default_factory=dict)  # task.yaml as read (Coral builds its config from it)
     graded_can_read: tuple[str, ...] = ()
     grader: str | None = None  # the command form's grader command
     # The packaged form (Coral's current one): `grader.entrypoint` "pkg.module:Class" imported in a grader venv that
@@ -59,8 +60,29 @@ class TaskSpec:
     def minimize(self) -> bool:
         return self.direction == "minimize"
 
+    @property
+    def folder(self) -> Path:
+        """The Coral task folder (`task_dir`), which a Coral task always has."""
+        if self.task_dir is None:
+            raise InputError(f"task {self.name}: no task folder (task_dir or coral_task)")
+        return self.task_dir
 
-def _field(data: Any, path: str, kind: type | tuple, where: Path, required: bool = True, default=None):
+    @property
+    def eval_folder(self) -> Path:
+        """The Coral task's `eval/` folder (the path a Coral task always has; the folder itself may be missing)."""
+        if self.eval_dir is None:
+            raise InputError(f"task {self.name}: not a Coral task folder (no eval/)")
+        return self.eval_dir
+
+
+def _field(
+    data: Any,
+    path: str,
+    kind: type | tuple[type, ...],
+    where: Path,
+    required: bool = True,
+    default: object = None,
+) -> Any:
     cur = data
     for part in path.split("."):
         if not isinstance(cur, dict) or part not in cur:
@@ -76,7 +98,7 @@ def _field(data: Any, path: str, kind: type | tuple, where: Path, required: bool
     return cur
 
 
-def read_task_yaml(task_dir: Path) -> dict:
+def read_task_yaml(task_dir: Path) -> CoralDoc:
     path = Path(task_dir) / "task.yaml"
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -91,7 +113,9 @@ def read_task_yaml(task_dir: Path) -> dict:
     return data
 
 
-def load_coral_task(task_dir: str | Path, name: str | None = None, overrides: dict | None = None) -> TaskSpec:
+def load_coral_task(
+    task_dir: str | Path, name: str | None = None, overrides: CoralDoc | None = None
+) -> TaskSpec:
     """Read a Coral task folder (task.yaml, eval/grader.py, seed/) without changing anything in it."""
     task_dir = Path(task_dir).resolve()
     data = read_task_yaml(task_dir)
@@ -157,7 +181,7 @@ def load_coral_task(task_dir: str | Path, name: str | None = None, overrides: di
     )
 
 
-def load_task(entry: dict, name: str) -> TaskSpec:
+def load_task(entry: CoralDoc, name: str) -> TaskSpec:
     """One config.yaml task entry (as `sftree.config.task_config` returns it) as a TaskSpec."""
     if entry.get("coral_task"):
         spec = load_coral_task(entry["coral_task"], name, entry)

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import unicodedata
 
+from sftree.jsontypes import CoralDoc
+
 QUOTE = "> "
 
 # Invisible code points outside categories Cc and Cf (Unicode's Default_Ignorable_Code_Point): combining grapheme
@@ -138,7 +140,7 @@ def quoted(text: str | None) -> str:
     return "\n".join([one_line(lines[0]), *(own_line(ln) for ln in lines[1:])]) + ("\n" if ends else "")
 
 
-def safe_attempt(record: dict) -> dict:
+def safe_attempt(record: CoralDoc) -> CoralDoc:
     """A copy of an attempt record whose agent-written fields obey the rule (title one line, feedback quoted)."""
     out = dict(record)
     out["title"] = one_line(out.get("title"))

@@ -21,15 +21,20 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
+from sftree.jsontypes import CoralDoc
 from sftree.settings import CoralSettings
 from sftree.world import standin
 from sftree.world.counters import CoralCounters, advance
 from sftree.world.locate import CoralInstall, locate
 from sftree.world.task import TaskSpec
 from sftree.world.text import safe_attempt
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 SHARED_DIR = ".opencode"  # Coral's OpenCode runtime
@@ -70,7 +75,7 @@ class World:
         agents: int = 1,
         install: CoralInstall | None = None,
         run_dir: str | None = None,
-        root_heartbeat: dict | None = None,
+        root_heartbeat: CoralDoc | None = None,
     ):
         self.spec = spec
         self.agent_id = agent_id
@@ -92,11 +97,14 @@ class World:
         )
 
     # -- plumbing
-    def _call(self, op: str, fallback, **req):
+    def _call(self, op: str, fallback: Callable[[], T], **req: object) -> T:
+        """The bridge's answer to `op` (Coral's own code; in the shape the stand-in's `fallback` gives), or the
+        stand-in's without an installed Coral."""
         if self._bridge is None:
             return fallback()
         base = {"task": self.spec.coral, "agents": self.agents, "agent_id": self.agent_id}
-        return self._bridge.call(op, **{**base, **req})
+        answer: T = self._bridge.call(op, **{**base, **req})
+        return answer
 
     @property
     def single_agent(self) -> bool:
@@ -110,7 +118,7 @@ class World:
     def worktree(self) -> str:
         return f"{self.run_dir}/agents/{self.agent_id}"
 
-    def describe(self) -> dict:
+    def describe(self) -> CoralDoc:
         """For tree.json, the dataset card and the report."""
         out = {"world": self.kind, "agent_id": self.agent_id, "agents": self.agents, "run_dir": self.run_dir}
         if self.install:
@@ -166,7 +174,7 @@ class World:
     def start_prompt(self, resume: bool = False) -> str:
         return self._call("start_prompt", lambda: standin.start_prompt(resume), resume=resume)
 
-    def turn_prompt(self, counters: CoralCounters, record: dict) -> TurnPrompt:
+    def turn_prompt(self, counters: CoralCounters, record: CoralDoc) -> TurnPrompt:
         """After the host graded `record` (this agent's finalized attempt): Coral's manager's interrupt prompt,
         from `counters` as they were before the attempt. The returned counters are the host's `advance`; the
         manager's own (from Coral's code in real mode) must agree, or a CoralError says where."""
@@ -215,7 +223,7 @@ class World:
     # -- `coral eval` / `coral wait`
     def eval_output(
         self,
-        record: dict | None,
+        record: CoralDoc | None,
         eval_count: int | None = None,
         *,
         error: str | None = None,
@@ -282,7 +290,7 @@ def open_world(
     run_dir: str | None,
     agent_id: str,
     agents: int = 1,
-    root_heartbeat: dict | None = None,
+    root_heartbeat: CoralDoc | None = None,
 ) -> World:
     """The world of one tree from the config's `coral:` (locate) and `agent.run_dir`."""
     install = locate(coral)

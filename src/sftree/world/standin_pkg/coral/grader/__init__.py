@@ -13,6 +13,9 @@ from typing import Any
 
 from coral.types import Score, ScoreBundle, Task
 
+# a JSON document in Coral's shape (this program runs under another Python and imports nothing of sftree)
+Doc = dict[str, Any]
+
 __all__ = ["ScoreBundle", "Task", "TaskGrader"]
 
 
@@ -48,7 +51,7 @@ class TaskGrader(ABC):
     def get_python_command(self) -> list[str]:
         return [sys.executable]
 
-    def run_program(self, filename: str, *cmd_args: str) -> subprocess.CompletedProcess:
+    def run_program(self, filename: str, *cmd_args: str) -> subprocess.CompletedProcess[str]:
         path = Path(self.codebase_path) / filename
         if not path.exists():
             raise FileNotFoundError(f"{filename} not found in codebase")
@@ -60,12 +63,12 @@ class TaskGrader(ABC):
             timeout=self.timeout,
         )
 
-    def run_script(self, script: str, *, timeout: int = 300) -> subprocess.CompletedProcess:
+    def run_script(self, script: str, *, timeout: int = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [*self.get_python_command(), "-c", script], capture_output=True, text=True, timeout=timeout
         )
 
-    def run_script_json(self, script: str, *, timeout: int = 300) -> dict:
+    def run_script_json(self, script: str, *, timeout: int = 300) -> Doc:
         res = self.run_script(script, timeout=timeout)
         if res.returncode != 0:
             raise RuntimeError(res.stderr.strip()[-2000:])
@@ -76,7 +79,8 @@ class TaskGrader(ABC):
             line = line.strip()
             if line.startswith("{"):
                 try:
-                    return json.loads(line)
+                    found: Doc = json.loads(line)
+                    return found
                 except ValueError:
                     continue
         raise RuntimeError(f"no JSON object in the output: {out[-500:]}")
@@ -90,7 +94,13 @@ class TaskGrader(ABC):
             raise FileNotFoundError(f"eval file not found: {relative_path}")
         return path
 
-    def bundle(self, value, explanation: str = "", feedback: str | None = None, metadata=None) -> ScoreBundle:
+    def bundle(
+        self,
+        value: float | None,
+        explanation: str = "",
+        feedback: str | None = None,
+        metadata: Doc | None = None,
+    ) -> ScoreBundle:
         return ScoreBundle(
             scores={"eval": Score(value=value, name="eval", explanation=explanation or None)},
             aggregated=value,
@@ -98,7 +108,13 @@ class TaskGrader(ABC):
             metadata=metadata or {},
         )
 
-    def score(self, value, explanation: str = "", feedback: str | None = None, metadata=None) -> ScoreBundle:
+    def score(
+        self,
+        value: float | None,
+        explanation: str = "",
+        feedback: str | None = None,
+        metadata: Doc | None = None,
+    ) -> ScoreBundle:
         return self.bundle(value, explanation, feedback=feedback, metadata=metadata)
 
     def fail(self, explanation: str = "", feedback: str | None = None) -> ScoreBundle:
