@@ -138,3 +138,27 @@ def test_one_http_client_finds_a_second_client(tmp_path):
         "world/fetch.py: imports an HTTP client (urllib.request)",
         "world/fetch.py: sends HTTP requests (only teacher/transport.py does)",
     ]
+
+
+def test_typed_finds_an_excluded_module_not_silenced_and_a_silenced_one_not_excluded(tmp_path):
+    src = _plant(tmp_path, {"dataset/a.py": "", "dataset/b.py": "", "report/html.py": ""})
+    excluded = [r"^src/sftree/dataset/a\.py$", "^src/sftree/report/"]
+    assert (
+        design.unmatched_silenced(src, excluded, ["sftree.dataset.a", "sftree.report", "sftree.report.*"])
+        == []
+    )
+    assert design.unmatched_silenced(src, excluded, ["sftree.dataset.*", "sftree.report.*"]) == [
+        "sftree.report: excluded but not in the silencing override",
+        "sftree.dataset.b: silenced by an override but not excluded (its errors go unreported)",
+    ]
+
+
+def test_typed_reads_the_silencing_overrides_alone():
+    mypy = {
+        "overrides": [
+            {"module": ["coral", "coral.*"], "ignore_missing_imports": True},
+            {"module": ["sftree.dataset.a"], "follow_imports": "silent"},
+            {"module": "sftree.x", "ignore_errors": True},
+        ]
+    }
+    assert design.silenced(mypy) == ["sftree.dataset.a", "sftree.x"]

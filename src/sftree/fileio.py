@@ -24,7 +24,7 @@ FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 @contextmanager
-def disk_full_named(path: str | os.PathLike) -> Iterator[None]:
+def disk_full_named(path: str | os.PathLike[str]) -> Iterator[None]:
     """An OSError for a full disk inside becomes DiskFull naming `path` (the file being written)."""
     try:
         yield

@@ -11,16 +11,33 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from sftree.dataset.dedupe import Dedupe
 from sftree.records.scores import signed_gain
 from sftree.records.sft import FIGURES_VERSION, RecordMeta, SftRecord, record_from_doc
+from sftree.records.tree import SchemaDoc
 
 
 def _gain(meta: RecordMeta) -> float | None:
     """The path's best node score minus its root's, oriented so that positive is better."""
     return signed_gain(meta.root_score, meta.max_score, meta.direction)
+
+
+class RootFigures(TypedDict):
+    """One root's row of `DatasetFigures.roots` (a dict, so that `to_dict` writes it as it is)."""
+
+    stage: str
+    records: int
+    tokens: int
+    completion: int
+
+
+class PathFigures(TypedDict):
+    """One path's entry of `DatasetFigures.paths`: its first record's figures."""
+
+    gain: float | None
+    path_score: float
 
 
 @dataclass
@@ -30,15 +47,19 @@ class DatasetFigures:
     duplicates: int = 0  # trained messages that an earlier written record trains (dataset/dedupe.py)
     malformed: int = 0  # tool-call arguments kept as {"_raw": ...} (`metadata.malformed_arguments`)
     history_excluded: int = 0  # ill-formed replies repeated in prompts (`metadata.history_excluded`)
-    granularities: Counter = field(default_factory=Counter)  # in the order first seen
-    sandboxes: Counter = field(default_factory=Counter)
-    backends: Counter = field(default_factory=Counter)
-    corals: Counter = field(default_factory=Counter)
-    tokens: Counter = field(default_factory=Counter)  # the Teacher server's `usage`, summed
-    tools: Counter = field(default_factory=Counter)  # tool calls in each record's last assistant message
-    by_task_stage: Counter = field(default_factory=Counter)  # (task, stage) -> records
-    roots: dict = field(default_factory=dict)  # (task, root) -> {stage, records, tokens, completion}
-    paths: dict = field(default_factory=dict)  # (task, root, path rank) -> {gain, path_score}, first record's
+    granularities: Counter[str] = field(default_factory=Counter)  # in the order first seen
+    sandboxes: Counter[str] = field(default_factory=Counter)
+    backends: Counter[str] = field(default_factory=Counter)
+    corals: Counter[str] = field(default_factory=Counter)
+    tokens: Counter[str] = field(default_factory=Counter)  # the Teacher server's `usage`, summed
+    tools: Counter[str] = field(default_factory=Counter)  # tool calls in each record's last assistant message
+    by_task_stage: Counter[tuple[str, str]] = field(default_factory=Counter)  # (task, stage) -> records
+    roots: dict[tuple[str, str], RootFigures] = field(
+        default_factory=dict
+    )  # (task, root) -> {stage, records, tokens, completion}
+    paths: dict[tuple[str, str, int], PathFigures] = field(
+        default_factory=dict
+    )  # (task, root, path rank) -> {gain, path_score}, first record's
 
     def add(self, rec: SftRecord, duplicate: int = 0) -> None:
         """Count one written record; `duplicate`: how many of its trained messages an earlier record trains."""
@@ -58,9 +79,7 @@ class DatasetFigures:
         self.granularities[m.granularity] += 1
         task, root, stage = m.task, m.root, m.stage or "unknown"
         self.by_task_stage[(task, stage)] += 1
-        row = self.roots.setdefault(
-            (task, root), {"stage": stage, "records": 0, "tokens": 0, "completion": 0}
-        )
+        row = self.roots.setdefault((task, root), RootFigures(stage=stage, records=0, tokens=0, completion=0))
         row["records"] += 1
         usage = m.usage.to_doc()
         row["tokens"] += m.usage.total_tokens
@@ -68,14 +87,14 @@ class DatasetFigures:
         for k, v in usage.items():
             self.tokens[k] += v
         if (task, root, m.path_rank) not in self.paths:
-            self.paths[(task, root, m.path_rank)] = {"gain": _gain(m), "path_score": m.path_score}
+            self.paths[(task, root, m.path_rank)] = PathFigures(gain=_gain(m), path_score=m.path_score)
 
     @property
-    def tasks(self) -> list:
+    def tasks(self) -> list[str]:
         """The tasks in the order their first record came."""
         return list(dict.fromkeys(task for task, _ in self.roots if task))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> SchemaDoc:
         return {
             "version": FIGURES_VERSION,
             "records": self.records,

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from sftree.records.sft import Message, SftRecord
+from sftree.records.tree import SchemaDoc
 
 DATASET_NAME = "sftree"
 LLAMAFACTORY_TAGS = {
@@ -63,7 +64,7 @@ def llamafactory_record(rec: SftRecord) -> dict[str, object]:
     out: list[dict[str, str]] = []
     for m in rec.messages:
         if m["role"] == "user" and out and out[-1]["role"] == "tool":
-            results = []
+            results: list[str] = []
             while out and out[-1]["role"] == "tool":
                 results.insert(0, out.pop()["content"])
             moved = "\n".join(f"{TOOL_RESPONSE_WORDS[0]}{r}{TOOL_RESPONSE_WORDS[1]}" for r in results)
@@ -88,7 +89,7 @@ def turn_boundaries(rec: SftRecord) -> int:
     return sum(a["role"] == "tool" and b["role"] == "user" for a, b in zip(msgs, msgs[1:], strict=False))
 
 
-def dataset_info(sft_file: str | Path, info_file: str | Path) -> dict:
+def dataset_info(sft_file: str | Path, info_file: str | Path) -> SchemaDoc:
     """LLaMA-Factory `dataset_info.json` entry for the merged file (file_name relative to the info file)."""
     rel = os.path.relpath(Path(sft_file).resolve(), Path(info_file).resolve().parent)
     return {

@@ -34,6 +34,7 @@ from sftree.records.sft import (
     write_figures,
     write_stats,
 )
+from sftree.records.tree import SchemaDoc
 from sftree.records.tree_packed import tree_form_path
 from sftree.records.trust import read_results
 from sftree.settings import load_settings
@@ -82,9 +83,9 @@ def merge(
     return stats
 
 
-def _summed_stats(inputs: list[str], missing: list) -> ExportStats | None:
+def _summed_stats(inputs: list[str], missing: list[str]) -> ExportStats | None:
     """The inputs' export stats summed (None when none has a stats file); inputs without one go to `missing`."""
-    total = None
+    total: ExportStats | None = None
     for f in inputs:
         sp = stats_path(f)
         if not sp.is_file():
@@ -111,8 +112,8 @@ def _write_records(
         lf = stack.enter_context(lines_writer(llamafactory)) if llamafactory else None
         progress = Progress("merge-sft records", logger=log)
         for f in inputs:
-            for rec in iter_records(f):
-                rec, duplicate = dedupe_.check(rec)  # dataset/dedupe.py: per trained message
+            for read in iter_records(f):
+                rec, duplicate = dedupe_.check(read)  # dataset/dedupe.py: per trained message
                 if rec is None:
                     continue
                 main.write(rec)
@@ -132,7 +133,7 @@ def _write_records(
     return figures
 
 
-def _stats_doc(stats: MergeStats, inputs: int) -> dict:
+def _stats_doc(stats: MergeStats, inputs: int) -> SchemaDoc:
     """The merged stats file: the inputs' stats summed, plus the merge's own counts."""
     return (stats.export.to_dict() if stats.export else {"version": STATS_VERSION}) | {
         "merge": {

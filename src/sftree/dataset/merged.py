@@ -21,9 +21,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from sftree.dataset.student import Measure, Student, Turn, Unfit, render_turn
+from sftree.records.tree import SchemaDoc
 
 
-def extends(prev: dict, rec: dict) -> bool:
+def extends(prev: SchemaDoc, rec: SchemaDoc) -> bool:
     """Whether step record `rec` continues `prev` in the messages: its prompt starts with prev's prompt and
     completion, then holds no assistant message (an ill-formed step in between is never trained), same tools."""
     head = [*prev["prompt"], *prev["completion"]]
@@ -44,7 +45,7 @@ def continues(prev: Turn, turn: Turn) -> bool:
 
 @dataclass
 class Run:
-    records: list[dict] = field(default_factory=list)
+    records: list[SchemaDoc] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)  # under the Student only
 
     def measure(self) -> Measure:
@@ -55,7 +56,7 @@ class Run:
         )
 
 
-def merged_record(run: Run) -> dict:
+def merged_record(run: Run) -> SchemaDoc:
     """The run as one `{messages, tools, metadata}` record (metadata: the last step's, the run's ids and usage)."""
     first, last = run.records[0], run.records[-1]
     meta = dict(last["metadata"])
@@ -73,16 +74,16 @@ def merged_record(run: Run) -> dict:
     return {"messages": [*last["prompt"], *last["completion"]], "tools": last["tools"], "metadata": meta}
 
 
-def step_turn(student: Student, rec: dict) -> Turn:
+def step_turn(student: Student, rec: SchemaDoc) -> Turn:
     return render_turn(
         student, rec["prompt"], rec["completion"][0], rec.get("tools") or [], rec["metadata"]["id"]
     )
 
 
 def runs(
-    records: Iterator[dict],
+    records: Iterator[SchemaDoc],
     student: Student | None = None,
-    unfit: Callable[[dict, Unfit], None] | None = None,
+    unfit: Callable[[SchemaDoc, Unfit], None] | None = None,
 ) -> Iterator[Run]:
     """Group step records into runs (see the module). Under the Student a run also ends before a step longer than
     `max_length`: that step (its record as long as the run would become) is dropped as in the step form, and the
@@ -98,7 +99,7 @@ def runs(
             unfit(rec, exc)
             continue
         joins = bool(run.records) and extends(run.records[-1], rec)
-        if joins and turn is not None:
+        if joins and turn is not None and student is not None:
             joins = continues(run.turns[-1], turn) and len(turn.whole) <= student.max_length
         if not joins and run.records:
             yield run

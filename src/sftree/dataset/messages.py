@@ -9,6 +9,11 @@ import json
 from collections import Counter
 from typing import Any
 
+from sftree.records.sft import Message
+
+# a step as records/steplog.py's `read_steps` gives it: what the proxy recorded, so every field is checked here
+Step = dict[str, Any]
+
 # Normalisation notes (teacher/response.py) that leave what the model said unchanged: a field's name only.
 HARMLESS_NOTES = frozenset({"reasoning_field"})
 
@@ -24,7 +29,7 @@ def _text(content: Any) -> str:
     return json.dumps(content, ensure_ascii=False)
 
 
-def parse_arguments(arguments: Any) -> tuple[dict, bool]:
+def parse_arguments(arguments: Any) -> tuple[dict[str, Any], bool]:
     """Tool-call arguments as a JSON object; (object, malformed?). Empty -> {}; non-object -> {"_raw": ...}."""
     if isinstance(arguments, dict):
         return arguments, False
@@ -40,7 +45,7 @@ def parse_arguments(arguments: Any) -> tuple[dict, bool]:
     return {"_raw": raw}, True
 
 
-def normalize_message(msg: dict) -> tuple[dict, int]:
+def normalize_message(msg: Message) -> tuple[Message, int]:
     """One OpenAI chat message with only the fields training needs; returns (message, malformed argument count)."""
     if not isinstance(msg, dict) or "role" not in msg:
         raise ValueError(f"not a chat message: {str(msg)[:80]}")
@@ -73,7 +78,7 @@ def normalize_message(msg: dict) -> tuple[dict, int]:
     return out, malformed
 
 
-def tool_message(result: dict) -> dict:
+def tool_message(result: dict[str, Any]) -> Message:
     msg = {
         "role": "tool",
         "tool_call_id": result.get("tool_call_id"),
@@ -84,10 +89,10 @@ def tool_message(result: dict) -> dict:
     return msg
 
 
-def pairing_problems(messages: list[dict]) -> list[str]:
+def pairing_problems(messages: list[Message]) -> list[str]:
     """Every assistant tool_call id answered by exactly one later tool message, and no tool message unasked."""
     asked: dict[str, int] = {}
-    answered: Counter[str] = Counter()
+    answered: Counter[str | None] = Counter()  # (a tool message may have no id)
     problems = []
     for i, m in enumerate(messages):
         if m["role"] == "assistant":
@@ -106,7 +111,7 @@ def pairing_problems(messages: list[dict]) -> list[str]:
     return problems
 
 
-def exclusion(step: dict) -> str | None:
+def exclusion(step: Step) -> str | None:
     """Why this step's reply must never be a trained completion, or None when it is well-formed.
 
     In this order (the first that holds is the reason counted):
@@ -136,7 +141,7 @@ def exclusion(step: dict) -> str | None:
     return None
 
 
-def message_key(msg: dict) -> str:
+def message_key(msg: Message) -> str:
     """An assistant message as later requests repeat it (content, tool-call ids, names and arguments; reasoning
     aside, which some agents do not resend): how an ill-formed reply is recognised in a record's history. A call
     whose arguments did not parse is keyed by its id and name alone: OpenCode resends it as its own `invalid` call
@@ -159,7 +164,7 @@ def message_key(msg: dict) -> str:
 UNPARSED = "<arguments that did not parse>"
 
 
-def name_tool_messages(messages: list[dict]) -> None:
+def name_tool_messages(messages: list[Message]) -> None:
     """Give each `role: tool` message without a `name` the name of the tool call it answers (in place)."""
     names: dict[str, str] = {}
     for m in messages:

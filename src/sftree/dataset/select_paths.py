@@ -66,6 +66,18 @@ class Candidate:
     knowledge: list[float]
 
 
+def _known(values: list[float | None]) -> list[float]:
+    """The figures of a path none of whose figures is missing (`candidate_paths` excludes any other)."""
+    return [_number(v) for v in values]
+
+
+def _number(value: float | None) -> float:
+    """A figure of a candidate path, whose scores are all numbers: never None (`candidate_paths`)."""
+    if value is None:
+        raise ValueError("a candidate path's figure is not a number")
+    return value
+
+
 def _node_number(node_id: str) -> tuple[int, str]:
     m = re.search(r"(\d+)$", node_id)
     return (int(m.group(1)) if m else 1 << 30, node_id)
@@ -147,9 +159,9 @@ def candidate_paths(tree: Tree, source: str = "tree.json") -> tuple[list[Candida
                 leaf_reason=node.leaf_reason,
                 nodes=[n.id for n in chain],
                 edges=[e.id for e in path_edges],
-                scores=scores,
-                cleanliness=clean,
-                knowledge=know,
+                scores=_known(scores),
+                cleanliness=_known(clean),
+                knowledge=_known(know),
             )
         )
     return candidates, excluded
@@ -158,9 +170,9 @@ def candidate_paths(tree: Tree, source: str = "tree.json") -> tuple[list[Candida
 def score_paths(candidates: list[Candidate], direction: str, top_k: int) -> list[RankedPath]:
     """The seven fields of 3.4 for each candidate, sorted by PathScore (tie-break above), top k selected."""
     avg_scores = [sum(c.scores) / len(c.scores) for c in candidates]
-    max_scores = [best_of(c.scores, direction) for c in candidates]
-    o_avg = [oriented(s, direction) for s in avg_scores]
-    o_max = [oriented(s, direction) for s in max_scores]
+    max_scores = [_number(best_of(c.scores, direction)) for c in candidates]
+    o_avg = [_number(oriented(s, direction)) for s in avg_scores]
+    o_max = [_number(oriented(s, direction)) for s in max_scores]
     records = []
     for i, c in enumerate(candidates):
         avg_rank = percentile_rank(o_avg[i], o_avg)

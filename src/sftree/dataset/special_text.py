@@ -24,6 +24,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sftree.records.sft import Message
+from sftree.records.tree import SchemaDoc
+
 MODES = ("drop", "split", "keep")
 
 # Control strings of the common chat families, for an export without a Student (the Student's tokenizer is then
@@ -111,17 +114,17 @@ class SpecialText:
     def find(self, text: str) -> list[str]:
         return self.pattern.findall(text) if self.pattern and text else []
 
-    def hits(self, rec: dict, cache: dict | None = None) -> Counter:
+    def hits(self, rec: SchemaDoc, cache: dict[str, list[str]] | None = None) -> Counter[tuple[str, str]]:
         """(role, string) -> occurrences in the record's data (`data_strings`). `cache`: what was found per string
         (a session's messages repeat in every later record of it)."""
-        out: Counter = Counter()
+        out: Counter[tuple[str, str]] = Counter()
         for role, text in data_strings(rec):
             if cache is None:
                 found = self.find(text)
+            elif text in cache:
+                found = cache[text]
             else:
-                found = cache.get(text)
-                if found is None:
-                    found = cache[text] = self.find(text)
+                found = cache[text] = self.find(text)
             for s in found:
                 out[(role, s)] += 1
         return out
@@ -140,11 +143,11 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(v)
 
 
-def record_messages(rec: dict) -> list[dict]:
+def record_messages(rec: SchemaDoc) -> list[Message]:
     return rec["messages"] if "messages" in rec else [*rec.get("prompt", []), *rec.get("completion", [])]
 
 
-def data_strings(rec: dict) -> Iterator[tuple[str, str]]:
+def data_strings(rec: SchemaDoc) -> Iterator[tuple[str, str]]:
     """(role, text) of every string the template renders from the record: each message's content, reasoning,
     name and tool calls (name, arguments' keys and values), and the tool schemas (role `tools`)."""
     for m in record_messages(rec):
@@ -171,17 +174,17 @@ class SpecialTextStats:
     mode: str = "drop"
     source: str = "builtin"
     records: int = 0  # records (a merged record: steps) holding such text
-    roles: Counter = field(default_factory=Counter)  # records by the role the text was found in
-    strings: Counter = field(default_factory=Counter)  # occurrences by string
+    roles: Counter[str] = field(default_factory=Counter)  # records by the role the text was found in
+    strings: Counter[str] = field(default_factory=Counter)  # occurrences by string
 
-    def count(self, hits: Counter) -> None:
+    def count(self, hits: Counter[tuple[str, str]]) -> None:
         self.records += 1
         for role in {r for r, _ in hits}:
             self.roles[role] += 1
         for (_, s), n in hits.items():
             self.strings[s] += n
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> SchemaDoc:
         return {
             "mode": self.mode,
             "source": self.source,
@@ -191,7 +194,7 @@ class SpecialTextStats:
         }
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> SpecialTextStats | None:
+    def from_dict(cls, d: object) -> SpecialTextStats | None:
         if not isinstance(d, dict):
             return None
         return cls(

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 from sftree.dataset.special_text import SpecialTextStats
 from sftree.dataset.student import StudentStats
+from sftree.dataset.tree_packed import TreeStats
 from sftree.errors import InputError
 from sftree.records.sft import EXCLUSION_REASONS, STATS_VERSION
+from sftree.records.tree import SchemaDoc
 
 
 @dataclass
@@ -19,28 +20,28 @@ class ExportStats:
 
     paths: int = 0
     records: int = 0
-    skipped: Counter = field(default_factory=Counter)  # steps that cannot be a record, by why
-    excluded: Counter = field(
+    skipped: Counter[str] = field(default_factory=Counter)  # steps that cannot be a record, by why
+    excluded: Counter[str] = field(
         default_factory=Counter
     )  # ill-formed steps, never trained, by `exclusion` reason
     paths_cut: int = 0  # path records cut before an ill-formed step (path granularity)
-    refused: Counter = field(default_factory=Counter)  # records left out by --refuse-native, by backend
-    backends: Counter = field(default_factory=Counter)  # records written, by backend
+    refused: Counter[str] = field(default_factory=Counter)  # records left out by --refuse-native, by backend
+    backends: Counter[str] = field(default_factory=Counter)  # records written, by backend
     malformed_arguments: int = 0
     tampered: int = 0  # edges of the exported trees that ended `tampered` (agents/chain.py): never trained
-    turn_ends: Counter = field(
+    turn_ends: Counter[str] = field(
         default_factory=Counter
     )  # turns of the exported trees, by `ended` (turn_end.py)
     granularity: str | None = None
     refuse_native: bool = False
-    tasks: list = field(default_factory=list)
+    tasks: list[str] = field(default_factory=list)
     student: StudentStats | None = None  # the figures under `export.student`; None: not measured
     special_text: SpecialTextStats | None = (
         None  # records holding control-token text (dataset/special_text.py)
     )
     pretokenized: bool = False  # records carry `input_ids` and `completion_mask` (dataset/pretokenize.py)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> SchemaDoc:
         return {
             "version": STATS_VERSION,
             "tasks": list(self.tasks),
@@ -63,7 +64,7 @@ class ExportStats:
         }
 
     @classmethod
-    def from_dict(cls, d: dict, source: str = "stats") -> ExportStats:
+    def from_dict(cls, d: object, source: str = "stats") -> ExportStats:
         if not isinstance(d, dict) or d.get("version") != STATS_VERSION:
             raise InputError(f"{source}: not an export stats file of version {STATS_VERSION}")
         return cls(
@@ -127,8 +128,8 @@ class MergeStats:
     boundaries: int = 0  # tool -> user boundaries in the written records (moved in the LLaMA-Factory copy)
     boundary_records: int = 0  # written records holding at least one
     export: ExportStats | None = None  # the per-task export stats, summed (None when no input had any)
-    missing_stats: list = field(default_factory=list)  # inputs without a stats file
+    missing_stats: list[str] = field(default_factory=list)  # inputs without a stats file
     # merged-form records left out of the LLaMA-Factory copy: its converter would train every assistant turn of
     # them, the context's too (they train through `tokenized_path`: docs/outputs.md)
     llamafactory_left_out: int = 0
-    tree: Any = None  # the tree form's figures, summed (dataset.tree_packed.TreeStats; None: not written)
+    tree: TreeStats | None = None  # the tree form's figures, summed (None: not written)

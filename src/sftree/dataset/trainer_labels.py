@@ -18,10 +18,29 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+Record = dict[str, Any]  # a JSON line of an sftree SFT file, as the trainer's dataset holds it
+Message = dict[str, Any]
 
 
-def trained_indices(record: dict) -> tuple[list[dict], list[int]]:
+class ChatTokenizer(Protocol):
+    """What is used of a transformers tokenizer: its chat template, and its tokenizing call."""
+
+    def apply_chat_template(
+        self,
+        conversation: list[Message],
+        *,
+        tools: list[Message] | None,
+        tokenize: bool,
+        add_generation_prompt: bool,
+    ) -> str: ...
+
+    def __call__(self, text: str, *, add_special_tokens: bool) -> Mapping[str, list[int]]: ...
+
+
+def trained_indices(record: Record) -> tuple[list[Message], list[int]]:
     """(all the record's messages, the indices of those trained)."""
     if "prompt" in record:
         return [*record["prompt"], *record["completion"]], [len(record["prompt"])]
@@ -32,13 +51,13 @@ def trained_indices(record: dict) -> tuple[list[dict], list[int]]:
     return messages, [i for i, m in enumerate(messages) if m["role"] == "assistant"]
 
 
-def token_labels(record: dict, tokenizer: Any) -> dict:
+def token_labels(record: Record, tokenizer: ChatTokenizer) -> dict[str, list[int]]:
     """`input_ids` of the whole rendered record and `completion_mask` (1: trained) under `tokenizer` (a transformers
     tokenizer with a chat template)."""
     tools = record.get("tools")
     tools = json.loads(tools) if isinstance(tools, str) else tools
 
-    def ids(messages: list[dict], generation: bool) -> list[int]:
+    def ids(messages: list[Message], generation: bool) -> list[int]:
         text = tokenizer.apply_chat_template(
             messages, tools=tools or None, tokenize=False, add_generation_prompt=generation
         )
@@ -64,7 +83,7 @@ def token_labels(record: dict, tokenizer: Any) -> dict:
 IGNORE_INDEX = -100  # the label of a token left out of the loss (transformers, TRL, LLaMA-Factory)
 
 
-def label_row(record: dict, tokenizer: Any) -> dict:
+def label_row(record: Record, tokenizer: ChatTokenizer) -> dict[str, list[int]]:
     """`token_labels` as a trainer's tokenized row: `input_ids`, `attention_mask`, `labels` (IGNORE_INDEX off the
     trained tokens): what LLaMA-Factory reads from its `tokenized_path`."""
     out = token_labels(record, tokenizer)

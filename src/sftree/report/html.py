@@ -24,6 +24,7 @@ import logging
 import math
 import re
 from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from sftree.progress import Progress
 from sftree.records.paths import Paths, RankedPath, paths_path, read_paths
 from sftree.records.scores import best_of, oriented, signed_gain
 from sftree.records.sft import EXCLUSION_REASONS, OPENCODE, merged_path, read_figures, read_stats, stats_path
-from sftree.records.tree import FINAL_NAME, Edge, Node, Tree, read_tree
+from sftree.records.tree import FINAL_NAME, Edge, Node, SchemaDoc, Tree, read_tree
 from sftree.records.trust import RootTrust, root_trust, skipped_counts
 
 log = logging.getLogger("sftree.report.html")
@@ -75,7 +76,9 @@ def color_scale(t: float | None) -> str:
     return "#" + "".join(f"{round(a[k] + (b[k] - a[k]) * f):02x}" for k in range(3))
 
 
-def _float(x: str) -> float | None:
+def _float(x: str | None) -> float | None:
+    if x is None:
+        return None
     try:
         v = float(x)
     except (TypeError, ValueError):
@@ -86,7 +89,11 @@ def _float(x: str) -> float | None:
 # --- inputs ---------------------------------------------------------------------------------------------
 
 
-def read_stages(path: Path) -> list[dict]:
+# a row of stages.tsv as the csv module reads it (records/trust.py reads it the same way): column -> text
+StageRow = dict[str, str]
+
+
+def read_stages(path: Path) -> list[StageRow]:
     try:
         with open(path, encoding="utf-8", newline="") as fh:
             rows = list(csv.DictReader(fh, delimiter="\t"))
@@ -116,7 +123,7 @@ class TreeView:
 class TaskView:
     name: str
     task_dir: Path | None = None
-    stages: list[dict] = field(default_factory=list)
+    stages: list[StageRow] = field(default_factory=list)
     trees: list[TreeView] = field(default_factory=list)
 
 
@@ -150,7 +157,49 @@ def collect(results: Path) -> list[TaskView]:
     return [tasks[k] for k in sorted(tasks)]
 
 
-def dataset_stats(results: Path) -> dict | None:
+@dataclass(frozen=True)
+class ExportView:
+    """What the report shows of the merged export stats (`sft.stats.json`, read unchecked so that the report shows
+    what it can of any version: the one place its fields are looked up)."""
+
+    excluded: dict[str, int] | None  # ill-formed steps never trained, by reason; None: the file does not say
+    skipped: dict[str, int]
+    refused: dict[str, int]
+    missing_stats: list[str]  # inputs of the merge without a stats file
+    paths_cut: int
+    granularity: str | None
+
+    @classmethod
+    def from_doc(cls, doc: SchemaDoc) -> ExportView:
+        return cls(
+            excluded=(doc.get("excluded") or {}) if "excluded" in doc else None,
+            skipped=doc.get("skipped") or {},
+            refused=doc.get("refused") or {},
+            missing_stats=(doc.get("merge") or {}).get("missing_stats") or [],
+            paths_cut=doc.get("paths_cut", 0),
+            granularity=doc.get("granularity"),
+        )
+
+
+@dataclass(frozen=True)
+class DatasetView:
+    """The dataset's figures as the report shows them: the merge's `sft.figures.json` (dataset/figures.py) and the
+    merged export stats."""
+
+    records: int
+    messages: int
+    by_task_stage: Counter[tuple[str, str]]
+    by_root: Counter[tuple[str, str]]
+    tools: Counter[str]
+    tokens: Counter[str]  # the Teacher server's `usage`, summed
+    malformed: int
+    duplicates: int
+    backends: dict[str, int]
+    corals: dict[str, int]
+    export: ExportView | None  # None: no stats file beside the merged file
+
+
+def dataset_stats(results: Path) -> DatasetView | None:
     """The dataset's figures as the merge counted them (`sft.figures.json`, the card's own: dataset/figures.py),
     with the merged export stats (`sft.stats.json`); None before the merge. The records are not read again."""
     sft = merged_path(results)
@@ -158,40 +207,47 @@ def dataset_stats(results: Path) -> dict | None:
     if doc is None:
         return None
     stats = read_stats(stats_path(sft), check=False) if stats_path(sft).is_file() else None
-    return {
-        "records": doc["records"],
-        "messages": doc["messages"],
-        "by_task_stage": Counter({(t, s): n for t, s, n in doc["by_task_stage"]}),
-        "by_root": Counter({(t, r): row["records"] for t, r, row in doc["roots"]}),
-        "tools": Counter(doc["tools"]),
-        "tokens": Counter(doc["tokens"]),
-        "malformed": doc["malformed"],
-        "duplicates": doc["duplicates"],
-        "backends": doc["backends"],
-        "corals": doc["corals"],
-        "export": stats,
-    }
+    return DatasetView(
+        records=doc["records"],
+        messages=doc["messages"],
+        by_task_stage=Counter({(t, s): n for t, s, n in doc["by_task_stage"]}),
+        by_root=Counter({(t, r): row["records"] for t, r, row in doc["roots"]}),
+        tools=Counter(doc["tools"]),
+        tokens=Counter(doc["tokens"]),
+        malformed=doc["malformed"],
+        duplicates=doc["duplicates"],
+        backends=doc["backends"],
+        corals=doc["corals"],
+        export=None if stats is None else ExportView.from_doc(stats),
+    )
 
 
 def _truthy(x: object) -> bool:
     return str(x).strip().lower() in ("true", "1", "yes")
 
 
-def learning_curve_svg(rows: list[dict], task: str, direction: str | None) -> str:
+def learning_curve_svg(stage_rows: list[StageRow], task: str, direction: str | None) -> str:
     """The Student's scores over the global eval index (svg.svg_plot): stage bands, smoothed curve, chosen roots."""
     from sftree.svg import Band, Series, svg_plot
 
-    rows = sorted(
-        (r for r in rows if _float(r.get("global_index")) is not None),
-        key=lambda r: _float(r["global_index"]),
+    # (global index, row) of the rows that have one, in index order
+    indexed = sorted(
+        ((g, r) for r in stage_rows if (g := _float(r.get("global_index"))) is not None), key=lambda gr: gr[0]
     )
-    if not rows:
+    if not indexed:
         return "<p>No snapshots in stages.tsv.</p>"
-    x = [_float(r["global_index"]) for r in rows]
-    ok = [r for r in rows if _truthy(r.get("eval_ok")) and _float(r.get("score")) is not None]
-    bad = [r for r in rows if not (_truthy(r.get("eval_ok")) and _float(r.get("score")) is not None)]
-    chosen = [r for r in rows if _truthy(r.get("selected"))]
-    bands, labelled, start = [], set(), 0
+    x = [g for g, _ in indexed]
+    rows = [r for _, r in indexed]
+
+    def scored(r: StageRow) -> bool:
+        return _truthy(r.get("eval_ok")) and _float(r.get("score")) is not None
+
+    ok = [(g, r) for g, r in indexed if scored(r)]
+    bad = [(g, r) for g, r in indexed if not scored(r)]
+    chosen = [(g, r) for g, r in indexed if _truthy(r.get("selected"))]
+    bands: list[Band] = []
+    labelled: set[str] = set()
+    start = 0
     for i in range(1, len(rows) + 1):  # runs of one stage, split halfway between neighbours
         if i == len(rows) or rows[i].get("stage") != rows[start].get("stage"):
             x0 = x[0] - 0.5 if start == 0 else (x[start - 1] + x[start]) / 2
@@ -203,10 +259,10 @@ def learning_curve_svg(rows: list[dict], task: str, direction: str | None) -> st
             labelled.add(stage)
             start = i
 
-    def gi(rs):
-        return [_float(r["global_index"]) for r in rs]
+    def gi(rs: list[tuple[float, StageRow]]) -> list[float]:
+        return [g for g, _ in rs]
 
-    def y_of(r):
+    def y_of(r: StageRow) -> float | None:
         return (
             _float(r.get("score")) if _float(r.get("score")) is not None else _float(r.get("score_for_stage"))
         )
@@ -214,7 +270,7 @@ def learning_curve_svg(rows: list[dict], task: str, direction: str | None) -> st
     series = [
         Series(
             gi(ok),
-            [_float(r["score"]) for r in ok],
+            [_float(r["score"]) for _, r in ok],
             "points",
             "score (eval ok)",
             "#2563eb",
@@ -223,7 +279,7 @@ def learning_curve_svg(rows: list[dict], task: str, direction: str | None) -> st
         ),
         Series(
             gi(bad),
-            [_float(r.get("score_for_stage")) for r in bad],
+            [_float(r.get("score_for_stage")) for _, r in bad],
             "points",
             "eval failed",
             FAILED,
@@ -232,7 +288,7 @@ def learning_curve_svg(rows: list[dict], task: str, direction: str | None) -> st
         Series(x, [_float(r.get("smooth_score")) for r in rows], "line", "smoothed", "#111827", width=1.8),
         Series(
             gi(chosen),
-            [y_of(r) for r in chosen],
+            [y_of(r) for _, r in chosen],
             "points",
             f"chosen roots ({len(chosen)})",
             SELECTED,
@@ -272,7 +328,7 @@ def _place(
     slot = [0]
 
     def place(nid: str, depth: int) -> float:
-        xs = []
+        xs: list[float] = []
         for e in kids.get(nid, []):
             child = e.child
             if child and child in nodes:
@@ -281,6 +337,7 @@ def _place(
                 pos["x:" + e.id] = (slot[0], depth + 1)
                 xs.append(slot[0])
                 slot[0] += 1
+        x: float
         if not xs:
             x = slot[0]
             slot[0] += 1
@@ -293,7 +350,10 @@ def _place(
     return pos, slot[0]
 
 
-def _edge_svg(e: Edge, xy, nodes: dict[str, Node], selected_edges: set[str]) -> str:
+XY = Callable[[str], tuple[float, float]]  # a node id (or "x:<edge>") -> its centre in the drawing
+
+
+def _edge_svg(e: Edge, xy: XY, nodes: dict[str, Node], selected_edges: set[str]) -> str:
     """An edge's line to its child (orange when selected, dashed red when kept despite a failed turn), or a
     failed attempt's dashed line to a red cross."""
     px, py = xy(e.parent)
@@ -327,7 +387,7 @@ def _edge_svg(e: Edge, xy, nodes: dict[str, Node], selected_edges: set[str]) -> 
 
 
 def _node_info(
-    n: Node, into: Edge | None, dispatched: list[dict] | None, on_selected: bool
+    n: Node, into: Edge | None, dispatched: list[SchemaDoc] | None, on_selected: bool
 ) -> dict[str, object]:
     """What clicking a node shows: its figures, the edge that made it, the Select breakdown of each dispatch
     from it."""
@@ -364,7 +424,7 @@ def _node_info(
     return info
 
 
-def _node_tip(n: Node, dispatched: list[dict] | None) -> str:
+def _node_tip(n: Node, dispatched: list[SchemaDoc] | None) -> str:
     """What hovering a node shows: score, tokens, the last dispatch's Select, why it is a leaf."""
     tip = f"{n.id}: score {fmt(n.score)}, tokens {n.max_token_total}"
     if dispatched:
@@ -408,7 +468,7 @@ def tree_svg(view: TreeView, uid: str) -> str:
         kids[e.parent].append(e)
     for v in kids.values():
         v.sort(key=lambda e: _num_key(e.id))
-    dispatches: dict[str, list[dict]] = defaultdict(list)
+    dispatches: dict[str, list[SchemaDoc]] = defaultdict(list)
     for e in edges:
         if isinstance(e.select, dict):
             dispatches[e.select.get("node", e.parent)].append({"edge": e.id, **e.select})
@@ -422,7 +482,7 @@ def tree_svg(view: TreeView, uid: str) -> str:
     width = max(int(slots * dx + 2 * m), 320)
     height = int(max_depth * dy + 2 * m + 10)
 
-    def xy(key):
+    def xy(key: str) -> tuple[float, float]:
         x, d = pos[key]
         return m + x * dx + dx / 2, m + d * dy
 
@@ -502,7 +562,12 @@ document.addEventListener('click', function (ev) {
 """
 
 
-def _table(headers: list[str], rows: list[list[object]], left: int = 1, row_class=None) -> str:
+def _table(
+    headers: list[str],
+    rows: Sequence[Sequence[object]],
+    left: int = 1,
+    row_class: Callable[[int], str] | None = None,
+) -> str:
     head = "".join(f'<th class="{"l" if i < left else ""}">{esc(h)}</th>' for i, h in enumerate(headers))
     body = []
     for ri, r in enumerate(rows):
@@ -635,7 +700,7 @@ def tree_section(view: TreeView, uid: str) -> str:
     return "".join(parts)
 
 
-def teacher_section(teacher: dict | None) -> str:
+def teacher_section(teacher: SchemaDoc | None) -> str:
     """The Teacher client's record of the tree (tree.json `teacher`): requests, the attempts sent again and why
     (stalled, cut, abandoned when the router reported a worker down), and the router's worker health changes."""
     if not isinstance(teacher, dict) or not teacher.get("requests"):
@@ -690,8 +755,8 @@ def task_section(task: TaskView) -> str:
         parts.append(
             f'<div class="card scroll">{learning_curve_svg(task.stages, task.name, direction)}</div>'
         )
-        by_root = {v.root: v for v in task.trees}
-        rows = []
+        by_root: dict[str | None, TreeView] = {v.root: v for v in task.trees}
+        rows: list[list[object]] = []
         for r in chosen:
             v = by_root.get(r.get("snapshot"))
             paths = v.ranked if v else ()
@@ -734,42 +799,42 @@ def task_section(task: TaskView) -> str:
     return "".join(parts)
 
 
-def dataset_section(stats: dict | None) -> str:
+def dataset_section(stats: DatasetView | None) -> str:
     if stats is None:
         return '<h2 id="dataset">Dataset</h2><p class="muted">No sft.jsonl yet.</p>'
     parts = [
         '<h2 id="dataset">Dataset</h2>',
-        f"<p>{stats['records']} records, {stats['messages']} messages "
-        f"({stats['messages'] / max(stats['records'], 1):.1f} per record). Tokens (server usage of the exported "
-        f"model calls): prompt {stats['tokens']['prompt_tokens']}, completion {stats['tokens']['completion_tokens']}, "
-        f"total {stats['tokens']['total_tokens']}. Malformed tool arguments kept raw: {stats['malformed']}. "
+        f"<p>{stats.records} records, {stats.messages} messages "
+        f"({stats.messages / max(stats.records, 1):.1f} per record). Tokens (server usage of the exported "
+        f"model calls): prompt {stats.tokens['prompt_tokens']}, completion {stats.tokens['completion_tokens']}, "
+        f"total {stats.tokens['total_tokens']}. Malformed tool arguments kept raw: {stats.malformed}. "
         f"Duplicate trained messages (one an earlier record trains, tool-call ids aside): "
-        f"{stats['duplicates']} (<code>export.dedupe: true</code> removes them).</p>",
+        f"{stats.duplicates} (<code>export.dedupe: true</code> removes them).</p>",
         _provenance_html(stats),
-        _untrained_html(stats.get("export")),
+        _untrained_html(stats.export),
     ]
-    tasks = sorted({t for t, _ in stats["by_task_stage"]}, key=str)
+    tasks = sorted({t for t, _ in stats.by_task_stage}, key=str)
     stages = ["early", "middle", "late", "unknown"]
     rows = [
         [t]
-        + [stats["by_task_stage"][(t, s)] for s in stages]
-        + [sum(stats["by_task_stage"][(t, s)] for s in stages)]
+        + [stats.by_task_stage[(t, s)] for s in stages]
+        + [sum(stats.by_task_stage[(t, s)] for s in stages)]
         for t in tasks
     ]
     parts.append("<h3>Records by task and stage</h3>" + _table(["task"] + stages + ["total"], rows))
     rows = [
         [t, r, n]
-        for (t, r), n in sorted(stats["by_root"].items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1])))
+        for (t, r), n in sorted(stats.by_root.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1])))
     ]
     parts.append("<h3>Records by root</h3>" + _table(["task", "root", "records"], rows, left=2))
-    rows = [[name, n] for name, n in stats["tools"].most_common()]
+    rows = [[name, n] for name, n in stats.tools.most_common()]
     parts.append("<h3>Tools called in the trained responses</h3>" + _table(["tool", "calls"], rows))
     return "".join(parts)
 
 
-def _provenance_html(stats: dict) -> str:
+def _provenance_html(stats: DatasetView) -> str:
     """Which agent backend made the records (non-OpenCode ones flagged) and the Teacher's Coral world."""
-    backends, corals = stats["backends"], stats["corals"]
+    backends, corals = stats.backends, stats.corals
     other = sum(v for k, v in backends.items() if k != OPENCODE)
     text = (
         "Agent backend: " + (", ".join(f"{esc(k)} {v}" for k, v in sorted(backends.items())) or "none") + "."
@@ -779,7 +844,7 @@ def _provenance_html(stats: dict) -> str:
             f'<span class="warn"><b>{other} records were NOT made by OpenCode</b></span> ({text[:-1]}): their '
             "prompts are not OpenCode's context (<code>export.refuse_native: true</code> leaves them out)."
         )
-    refused = ((stats.get("export") or {}).get("refused")) or {}
+    refused = stats.export.refused if stats.export else {}
     if refused:
         text += (
             " Left out by <code>export.refuse_native</code>: "
@@ -790,22 +855,22 @@ def _provenance_html(stats: dict) -> str:
     return f"<p>{text} Teacher's world (Coral): {coral}.</p>"
 
 
-def _untrained_html(export: dict | None) -> str:
+def _untrained_html(export: ExportView | None) -> str:
     """The ill-formed steps never trained, by reason, and the steps skipped (from sft.stats.json)."""
-    if export is None or "excluded" not in export:
+    if export is None or export.excluded is None:
         return (
             '<p class="muted">Steps never trained: unknown (no export stats beside the per-task files).</p>'
         )
-    excluded = export.get("excluded") or {}
+    excluded = export.excluded
     reasons = {k: excluded.get(k, 0) for k in EXCLUSION_REASONS} | {
         k: v for k, v in excluded.items() if k not in EXCLUSION_REASONS
     }
-    skipped = export.get("skipped") or {}
-    gaps = (export.get("merge") or {}).get("missing_stats") or []
+    skipped = export.skipped
+    gaps = export.missing_stats
     missing = f" Not counted (no export stats): {esc(', '.join(gaps))}." if gaps else ""
     cut = (
-        f" Path records cut before an ill-formed step: {export.get('paths_cut', 0)}."
-        if export.get("granularity") == "path"
+        f" Path records cut before an ill-formed step: {export.paths_cut}."
+        if export.granularity == "path"
         else ""
     )
     return (
@@ -837,7 +902,7 @@ def render(results: Path) -> str:
         "<h1>sftree report</h1>",
         *warn,
         f"<p>{len(tasks)} tasks, {n_trees} trees, {n_nodes} Teacher nodes, {n_sel} selected paths, "
-        f"{stats['records'] if stats else 0} SFT records. {nav}</p>",
+        f"{stats.records if stats else 0} SFT records. {nav}</p>",
         '<p class="muted">Hover a tree node for its score and tokens; click it for the full breakdown (Select '
         "breakdown of every dispatch from it, and the metrics of the edge that made it).</p>",
     ]

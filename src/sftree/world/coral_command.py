@@ -44,6 +44,8 @@ from sftree.runtime.unixsock import Listener, RequestError, read_request
 from sftree.world.text import one_line, own_line, safe_attempt
 
 if TYPE_CHECKING:  # (annotations: the `coral` client run by `sftree coral` imports none of them)
+    from datetime import datetime
+
     from sftree.runtime.diskquota import DiskQuota
     from sftree.runtime.workspace import EdgeWorkspace
     from sftree.world.counters import CoralCounters
@@ -170,6 +172,7 @@ class RuntimeWorld(Protocol):
         wait: bool = False,
     ) -> CommandOutput: ...
     def opencode_json(self) -> str: ...
+    def eval_time(self, number: int) -> datetime: ...
 
 
 class CoralRuntime:
