@@ -74,6 +74,7 @@ class TeacherSettings:
     sim: JSONMap | None
     tool_choice: str
     constrain: str
+    logprobs: int
     seed: int | None
     launch: (
         JSONMap | None

@@ -303,4 +303,6 @@ class NativeAgent:
         }
         if comp.notes:
             record["notes"] = list(comp.notes)
+        if comp.logprobs is not None:
+            record["logprobs"] = comp.logprobs
         return record
