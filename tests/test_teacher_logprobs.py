@@ -52,7 +52,7 @@ def test_logprobs_are_kept_aligned_with_the_reply_streamed_or_not(sims, stream):
     url = sims(seed=3)
     comp = client(url, logprobs=5, stream=stream).chat(MSGS, TOOL_SCHEMAS, headers=HEADERS)
     lp = comp.logprobs
-    assert lp is not None and lp["k"] == 5 and not comp.notes
+    assert lp is not None and lp["k"] == 5 and comp.logprobs_dropped is None
     n = comp.usage.completion_tokens
     assert len(lp["ids"]) == len(lp["logprobs"]) == len(lp["top_ids"]) == len(lp["top_logprobs"]) == n
     assert "tokens" not in lp  # the server gave ids: no text kept
@@ -92,7 +92,10 @@ def test_misaligned_logprobs_are_dropped_with_a_named_note(sims, stream):
     url = sims(fault_rate={"logprobs_misaligned": 1.0})
     comp = client(url, logprobs=2, stream=stream).chat(MSGS, TOOL_SCHEMAS, headers=HEADERS)
     assert comp.logprobs is None
-    assert any(n.startswith("logprobs_misaligned:") and "usage.completion_tokens" in n for n in comp.notes)
+    assert (
+        comp.logprobs_dropped.startswith("misaligned:") and "usage.completion_tokens" in comp.logprobs_dropped
+    )
+    assert not comp.notes  # not a normalisation note: the reply stays trainable
 
 
 def test_a_top_k_the_server_refuses_is_a_clear_error(sims):
@@ -111,7 +114,7 @@ def test_the_schema_bounds_k():
 
 
 def test_a_server_that_sends_none_is_recorded_absent():
-    assert read_logprobs({"message": {}}, 5, max_tokens=10, completion_tokens=3) == (None, "logprobs_absent")
+    assert read_logprobs({"message": {}}, 5, max_tokens=10, completion_tokens=3) == (None, "absent")
     assert read_logprobs({"message": {}}, 0, max_tokens=10, completion_tokens=3) == (None, None)
 
 

@@ -305,4 +305,6 @@ class NativeAgent:
             record["notes"] = list(comp.notes)
         if comp.logprobs is not None:
             record["logprobs"] = comp.logprobs
+        if comp.logprobs_dropped is not None:
+            record["logprobs_dropped"] = comp.logprobs_dropped
         return record

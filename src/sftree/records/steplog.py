@@ -120,6 +120,7 @@ class StepRecord(TypedDict):
     session_id: NotRequired[JSONValue]  # OpenCode's x-session-id header (the proxy's records)
     notes: NotRequired[list[str]]
     logprobs: NotRequired[TokenLogprobs]  # the sampled tokens, where asked for and the server gave them
+    logprobs_dropped: NotRequired[str]  # asked for, none kept: why (absent, misaligned:..., malformed:...)
     compacted: NotRequired[bool]
     error: NotRequired[str]
     raw_response: NotRequired[str]

@@ -135,9 +135,9 @@ class Completion:
     raw: WireObject = field(default_factory=dict, repr=False)
     notes: list[str] = field(default_factory=list)  # what normalisation did (teacher/response.py)
     truncated_calls: bool = False  # finish_reason length cut a tool call
-    logprobs: TokenLogprobs | None = (
-        None  # the sampled tokens (`teacher.logprobs`), where the server gave them
-    )
+    # the sampled tokens (`teacher.logprobs`) where the server gave them, else why none are kept
+    logprobs: TokenLogprobs | None = None
+    logprobs_dropped: str | None = None
 
 
 CONSTRAIN_MODES = ("none", "tool_call", "tool_call_required")
@@ -642,10 +642,9 @@ class TeacherClient:
             self.logprobs, max_tokens=self.max_tokens,
             completion_tokens=None if usage.estimated else usage.completion_tokens,
         )  # fmt: skip
-        notes = [*reply.notes, note] if note else reply.notes
         return Completion(
-            reply.message, reply.finish_reason, usage, latency, attempts, payload, notes,
-            reply.truncated_calls, kept,
+            reply.message, reply.finish_reason, usage, latency, attempts, payload, reply.notes,
+            reply.truncated_calls, kept, note,
         )  # fmt: skip
 
     def absorb(self, previous: Mapping[str, object] | None) -> None:

@@ -7,16 +7,17 @@ llama-server gives the token `id`, SGLang's and OpenAI's chat API only the text.
 
 `read_logprobs` keeps them compactly as a `TokenLogprobs` (records/steplog.py): the ids, the logprobs (rounded to
 `DECIMALS` places), the top-K ids and logprobs; the token text only where the server gave no id (then for every
-token of the reply, so the lists stay aligned). What it does not keep, and why, is the note it returns (the step
-record's `notes`, counted by the client as `logprobs_dropped`): never a half or guessed list.
+token of the reply, so the lists stay aligned). What it does not keep, and why, is the reason it returns (the
+step record's `logprobs_dropped`, apart from the normalisation `notes`: the reply itself is as good as any):
+never a half or guessed list.
 
-- no `logprobs` in the reply: None and no note when none were asked for; `logprobs_absent` when they were (a
-  server that ignores the fields): recorded as absent, never invented.
+- no `logprobs` in the reply: None and no reason when none were asked for; `absent` when they were (a server
+  that ignores the fields): recorded as absent, never invented.
 - not aligned with the reply: more tokens than the request's `max_tokens`, a token count that is not the
   server's own `usage.completion_tokens` (or one less: some servers count the end-of-turn token without
-  listing it), more than K alternatives: `logprobs_misaligned:<reason>`.
+  listing it), more than K alternatives: `misaligned:<reason>`.
 - malformed (an entry that is not an object, a logprob that is not a finite number <= 0, neither id nor token, a
-  token text over `MAX_TOKEN_CHARS`): `logprobs_malformed:<reason>`.
+  token text over `MAX_TOKEN_CHARS`): `malformed:<reason>`.
 """
 
 from __future__ import annotations
@@ -110,14 +111,14 @@ def parse(content: object, k: int, *, max_tokens: int, completion_tokens: int | 
 def read_logprobs(
     choice: Mapping[str, object], k: int, *, max_tokens: int, completion_tokens: int | None
 ) -> tuple[TokenLogprobs | None, str | None]:
-    """(the kept record, None) or (None, the note saying why none is kept); (None, None) when none were asked
+    """(the kept record, None) or (None, the reason none is kept); (None, None) when none were asked
     for. `completion_tokens` is the server's own count (None when it reported none)."""
     if k <= 0:
         return None, None
     content = wire_content(choice)
     if content is None:
-        return None, "logprobs_absent"
+        return None, "absent"
     try:
         return parse(content, k, max_tokens=max_tokens, completion_tokens=completion_tokens), None
     except Unusable as exc:
-        return None, f"logprobs_{exc}"[:200]
+        return None, str(exc)[:200]
