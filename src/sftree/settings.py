@@ -163,6 +163,7 @@ class ExportSettings:
     granularity: str
     dedupe: bool
     refuse_native: bool
+    atif: bool
     tree_packed: bool
     tree_max_tokens: int
     student: StudentSettings | None

@@ -168,6 +168,17 @@ def config_args():
 
 
 TREE_PACKED = bool(config["export"].get("tree_packed"))
+ATIF = bool(config["export"].get("atif"))
+
+
+def atif_outputs(folder):
+    """The ATIF trajectory file in `folder` (`export.atif`; none when it is off)."""
+    return {"atif": f"{folder}/sft.atif.jsonl"} if ATIF else {}
+
+
+def atif_args(output):
+    """export_sft's option for the ATIF file (empty when `export.atif` is off)."""
+    return f"--atif-out {output.atif}" if ATIF else ""
 
 
 def tree_outputs(folder):

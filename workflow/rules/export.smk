@@ -3,6 +3,7 @@ rule export_sft:
         paths=task_paths_files,
     output:
         **tree_outputs(f"{RESULTS}/{{task}}"),
+        **atif_outputs(f"{RESULTS}/{{task}}"),
         sft=f"{RESULTS}/{{task}}/sft.jsonl",
         stats=f"{RESULTS}/{{task}}/sft.stats.json",
     log:
@@ -14,11 +15,13 @@ rule export_sft:
         refuse="--refuse-native" if config["export"]["refuse_native"] else "",
         student=student_args(config["export"].get("student")),
         tree=lambda wc, output: tree_args(output),
+        atif=lambda wc, output: atif_args(output),
         text=f"--special-text {config['export']['special_text']}"
         + (" --pretokenized" if config["export"]["pretokenized"] else ""),
     shell:
         "sftree export-sft --paths {input.paths} --out {output.sft}"
-        " --granularity {params.granularity} {params.refuse} {params.student} {params.tree} {params.text}"
+        " --granularity {params.granularity} {params.refuse} {params.student} {params.tree} {params.atif}"
+        " {params.text}"
         " > {log} 2>&1"
 
 
@@ -32,8 +35,10 @@ rule merge_sft:
             if TREE_PACKED
             else []
         ),
+        atif=(expand(f"{RESULTS}/{{task}}/sft.atif.jsonl", task=TASKS) if ATIF else []),
     output:
         **tree_outputs(RESULTS),
+        **atif_outputs(RESULTS),
         sft=f"{RESULTS}/sft.jsonl",
         stats=f"{RESULTS}/sft.stats.json",
         figures=f"{RESULTS}/sft.figures.json",
@@ -52,7 +57,12 @@ rule merge_sft:
             if TREE_PACKED
             else ""
         ),
+        atif=lambda wc, input, output: (
+            f"--atif-inputs {' '.join(input.atif)} --atif-out {output.atif}"
+            if ATIF
+            else ""
+        ),
     shell:
         "sftree merge-sft {input.sft} --out {output.sft} --dataset-info {output.info}"
         " --card {output.card} --llamafactory-out {output.llamafactory}"
-        " --results {params.results} {params.dedupe} {params.tree} > {log} 2>&1"
+        " --results {params.results} {params.dedupe} {params.tree} {params.atif} > {log} 2>&1"

@@ -49,6 +49,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sftree.dataset.atif import trajectories, tree_folder, with_logprobs
 from sftree.dataset.merged import merged_record, runs
 from sftree.dataset.messages import (
     exclusion,
@@ -66,6 +67,7 @@ from sftree.dataset.tree_packed import pack_records, write_tree_file
 from sftree.errors import InputError
 from sftree.progress import Progress
 from sftree.records import steplog
+from sftree.records.atif import trajectory_writer
 from sftree.records.paths import Paths, RankedPath, read_paths
 from sftree.records.root import meta_path, read_root_meta
 from sftree.records.scores import signed_gain
@@ -247,6 +249,15 @@ def _answered(step: dict) -> bool:
     return isinstance(step.get("response"), dict) and not step.get("error")
 
 
+def logprobs_kind(step: dict) -> str:
+    """What a reply's step record keeps of the Teacher's tokens (`teacher.logprobs`): `kept`, why none were kept
+    (`absent`, `misaligned`, `malformed`), or `not_asked`."""
+    if isinstance(step.get("logprobs"), dict):
+        return "kept"
+    dropped = step.get("logprobs_dropped")
+    return str(dropped).split(":", 1)[0] if dropped else "not_asked"
+
+
 def _skip_kind(why: str) -> str:
     for prefix, kind in (("no response", "no_response"), ("bad message", "bad_message")):
         if why.startswith(prefix):
@@ -309,6 +320,8 @@ class _TreeExport:
             if edge_id not in self.counted:
                 self.counted.add(edge_id)
                 for s in self.cache[edge_id]:
+                    if _answered(s):
+                        self.stats.teacher_logprobs[logprobs_kind(s)] += 1
                     why = exclusion(s) if _answered(s) else None
                     if why:
                         self.stats.excluded[why] += 1
@@ -612,11 +625,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --student: also write the tree form here (export.tree_packed; dataset/tree_packed.py)",
     )
     parser.add_argument(
+        "--atif-out", help="also write the selected paths as ATIF v1.8 trajectories here (export.atif)"
+    )
+    parser.add_argument(
         "--tree-max-tokens",
         type=int,
         default=schema_defaults(ExportSettings).tree_max_tokens,
         help="the tree form's cap on a part (export.tree_max_tokens; default %(default)s)",
     )
+
+
+def path_sessions(
+    paths_files: Iterable[str | Path],
+) -> Iterator[tuple[list[tuple[str, dict]], dict, str, str | None]]:
+    """Each selected path's answered model calls ((edge id, step record) in order), its metadata (the SFT
+    records' path metadata, the tree's folder and the parent path), the agent backend and the Teacher's model."""
+    for pf in paths_files:
+        ctx = TreeContext.load(pf)
+        for path in ctx.paths.selected:
+            steps = [(e, s) for e in path.edges for s in _exported_steps(ctx, e) if _answered(s)]
+            meta = _path_meta(ctx, path) | {
+                "tree": tree_folder(ctx.tree_dir),
+                "parent_path": list(path.edges[:-1]),
+                "edge_scores": {e: ctx.edges[e].score if e in ctx.edges else None for e in path.edges},
+            }
+            model = steps[0][1]["request"].get("model") if steps else None
+            yield steps, meta, tree_backend(ctx.tree), model if isinstance(model, str) else None
+
+
+def write_atif(paths_files: Iterable[str | Path], out: str | Path) -> tuple[int, int, int]:
+    """The selected paths as ATIF trajectories (`export.atif`, dataset/atif.py): (trajectories, agent steps
+    with the Teacher's logprobs, without). Written whole or not at all."""
+    n = kept = missing = 0
+    with trajectory_writer(out) as w:
+        for doc in trajectories(path_sessions(paths_files)):
+            w.write(doc)
+            n += 1
+            k, m = with_logprobs(doc)
+            kept, missing = kept + k, missing + m
+    log.info("ATIF: %d trajectories (%d agent steps with logprobs, %d without) -> %s", n, kept, missing, out)
+    return n, kept, missing
 
 
 def write_tree_form(args: argparse.Namespace, student: Student | None) -> None:
@@ -661,6 +709,8 @@ def run(args: argparse.Namespace) -> int:
         for rec in records:
             out.write(rec)
     write_stats(args.out, stats.to_dict())
+    if args.atif_out:
+        write_atif(args.paths, args.atif_out)
     if args.tree_out:
         write_tree_form(args, student)
     log.info(

@@ -14,6 +14,7 @@ import contextlib
 import logging
 from pathlib import Path
 
+from sftree.dataset.atif import merge_trajectories
 from sftree.dataset.card import card_text
 from sftree.dataset.dedupe import Dedupe
 from sftree.dataset.figures import DatasetFigures
@@ -165,6 +166,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tree-inputs", nargs="+", help="the tasks' tree-form files (export.tree_packed)")
     parser.add_argument("--tree-out", help="with --tree-inputs: the merged tree-form file to write")
+    parser.add_argument("--atif-inputs", nargs="+", help="the tasks' ATIF trajectory files (export.atif)")
+    parser.add_argument("--atif-out", help="with --atif-inputs: the merged ATIF file to write")
     parser.add_argument(
         "--results",
         help="the results folder, for the card's gains, skipped snapshots and sandbox",
@@ -174,7 +177,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if bool(args.tree_inputs) != bool(args.tree_out):
         raise InputError("--tree-inputs and --tree-out go together")
-    missing = [f for f in [*args.inputs, *(args.tree_inputs or [])] if not Path(f).is_file()]
+    if bool(args.atif_inputs) != bool(args.atif_out):
+        raise InputError("--atif-inputs and --atif-out go together")
+    missing = [f for f in [*args.inputs, *(args.tree_inputs or []), *(args.atif_inputs or [])]
+               if not Path(f).is_file()]  # fmt: skip
     if missing:
         raise InputError(f"SFT files to merge not found: {', '.join(missing)}")
     merge(
@@ -187,4 +193,6 @@ def run(args: argparse.Namespace) -> int:
         results=args.results,
         tree=(args.tree_inputs, args.tree_out) if args.tree_inputs else None,
     )
+    if args.atif_inputs:
+        merge_trajectories(args.atif_inputs, args.atif_out)
     return 0
