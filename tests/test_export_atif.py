@@ -4,6 +4,7 @@ the tree rebuildable from `extra`; the per-task files merged; a bad line named."
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 from pathlib import Path
@@ -12,7 +13,8 @@ import pytest
 from helpers.export import make_results, paths_file
 
 from sftree.cli import main
-from sftree.dataset.export import write_atif
+from sftree.dataset.atif import path_trajectory
+from sftree.dataset.export import EXPORTED_KINDS, write_atif
 from sftree.errors import InputError
 from sftree.records.atif import read_trajectories
 from sftree.records.steplog import read_steps
@@ -145,3 +147,30 @@ def test_a_second_atif_consumer_reads_them_back(results, tmp_path):
         assert all(seen["paired"]) and seen["completion_tokens"] == [10] * len(agent)
         assert seen["prompt_tokens"] == doc["final_metrics"]["total_prompt_tokens"]
         assert seen["agent"][:2] == [doc["agent"]["name"], doc["agent"]["version"]]
+
+
+FIXTURES = REPO / "tests/fixtures/real_opencode"
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in FIXTURES.iterdir() if (p / "steps.jsonl.gz").is_file())
+)
+def test_real_opencode_sessions_become_trajectories_with_each_message_once(name, tmp_path):
+    """Real OpenCode step records (OpenCode re-serialises the replies it resends): every request's history is
+    recognised as the path's own session, so no message is repeated as copied context and every host prompt is
+    one user step before the calls it opened."""
+    edge = tmp_path / "edges" / "e1"
+    edge.mkdir(parents=True)
+    for f in ("messages.jsonl", "steps.jsonl"):
+        (edge / f).write_bytes(gzip.decompress((FIXTURES / name / f"{f}.gz").read_bytes()))
+    steps = [
+        s for s in read_steps(edge / "steps.jsonl") if s.get("kind") in EXPORTED_KINDS and s.get("response")
+    ]
+    doc = path_trajectory([("e1", s) for s in steps], {"task": "t", "root": "r", "leaf": "n1"}, agent="opencode",
+                          model="m")  # fmt: skip
+    t = atif.Trajectory.model_validate(doc)
+    assert not any(s.is_copied_context for s in t.steps) and t.steps[0].source == "system"
+    assert sum(s.source == "agent" for s in t.steps) == len(steps)
+    users = [s.message for s in t.steps if s.source == "user"]
+    # the last request holds the whole session: its user messages, each once
+    assert len(users) == sum(m["role"] == "user" for m in steps[-1]["request"]["messages"])

@@ -161,4 +161,3 @@ def test_the_stream_assembler_joins_the_chunks_logprobs():
     choice = asm.completion()["choices"][0]
     assert [t["id"] for t in choice["logprobs"]["content"]] == [1, 2]
     assert "logprobs" not in StreamAssembler().completion()["choices"][0]  # none sent: none made up
-
