@@ -369,8 +369,13 @@ def teacher_token_lines(export: ExportStats | None) -> list[str]:
     return [
         "",
         f"Teacher tokens (`teacher.logprobs`): {counts['kept']} replies keep the sampled token ids, logprobs and "
-        f"top-K; {sum(missing.values())} asked for them keep none"
-        + (f" ({_counts(missing)}: recorded absent, never invented)" if missing else "")
+        "top-K"
+        + (
+            f"; {sum(missing.values())} asked for them keep none ({_counts(missing)}: recorded absent, never "
+            "invented)"
+            if missing
+            else " (every reply asked for them)"
+        )
         + (f"; {counts['not_asked']} were not asked for them" if counts["not_asked"] else "")
         + ".",
     ]
