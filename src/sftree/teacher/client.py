@@ -514,9 +514,11 @@ class TeacherClient:
         """A server that refuses `logprobs`/`top_logprobs` (a K over its bound, or no logprobs at all) answers 400
         or 422 naming them: the setting is what is wrong, said as such (the explore job fails, nothing is kept)."""
         if self.logprobs and status in (400, 422) and "logprob" in text.lower():
+            # llama-server (b11434) gives no logprobs for a streamed request with tools
+            hint = "teacher.stream: false, " if self.stream and "stream" in text.lower() else ""
             raise TeacherError(
                 f"teacher.logprobs: {self.logprobs} refused by the Teacher at {url} (HTTP {status}: {text[:300]}); "
-                "set teacher.logprobs to a top-K the server accepts, or 0"
+                f"set {hint}teacher.logprobs to a top-K the server accepts, or 0"
             )
 
     @staticmethod
