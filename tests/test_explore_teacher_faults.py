@@ -102,7 +102,7 @@ def test_overflow_and_real_server_shapes_finish_the_tree(tmp_path):
         cli.main(["select-paths", "--tree", str(out / "tree.json"), "--out", str(paths), "--top-k", "9"]) == 0
     )
     sft = tmp_path / "sft.jsonl"
-    assert cli.main(["export-sft", "--paths", str(paths), "--out", str(sft)]) == 0
+    assert cli.main(["export-sft", "--paths", str(paths), "--out", str(sft), "--granularity", "step"]) == 0
     records = [json.loads(line) for line in sft.read_text().splitlines()]
     messages = [m for r in records for m in r["prompt"] + r["completion"]]
     assert any(m.get("reasoning_content", "").startswith("I should look") for m in messages)

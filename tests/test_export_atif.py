@@ -102,21 +102,26 @@ def test_agent_steps_carry_the_teachers_tokens_where_kept(results, tmp_path):
 
 
 def test_the_workflow_cli_writes_and_merges_them(results, tmp_path, capsys):
-    """`export-sft --atif-out` per task, `merge-sft --atif-inputs --atif-out` (the rules' commands, run in-process)."""
+    """`export-sft --atif` per task, `merge-sft --atif` (export.atif: the rules' commands, run in-process): each
+    ATIF file beside its sft.jsonl; a task without one is named."""
     pf = paths_file(results)
     task_out = tmp_path / "task" / "sft.jsonl"
-    task_atif = task_out.with_name("sft.atif.jsonl")
-    assert main(["export-sft", "--paths", str(pf), "--out", str(task_out), "--atif-out", str(task_atif)]) == 0
+    assert main(["export-sft", "--paths", str(pf), "--out", str(task_out), "--atif"]) == 0
     merged = tmp_path / "sft.jsonl"
-    assert main(["merge-sft", str(task_out), "--out", str(merged), "--card", str(tmp_path / "card.md"),
-                 "--atif-inputs", str(task_atif), "--atif-out", str(tmp_path / "sft.atif.jsonl")]) == 0  # fmt: skip
+    assert (
+        main(
+            ["merge-sft", str(task_out), "--out", str(merged), "--card", str(tmp_path / "card.md"), "--atif"]
+        )
+        == 0
+    )
     docs = [atif.Trajectory.model_validate(d) for d in read_trajectories(tmp_path / "sft.atif.jsonl")]
     assert len(docs) == 2
     card = (tmp_path / "card.md").read_text()
     assert "Teacher tokens (`teacher.logprobs`): 3 replies keep" in card
     assert "keep none (absent 1" in card and "8 were not asked" in card
-    assert main(["merge-sft", str(task_out), "--out", str(merged), "--atif-inputs", str(task_atif)]) == 2
-    assert "--atif-inputs and --atif-out go together" in capsys.readouterr().err
+    (task_out.parent / "sft.atif.jsonl").unlink()
+    assert main(["merge-sft", str(task_out), "--out", str(merged), "--atif"]) == 2
+    assert "task/sft.atif.jsonl" in capsys.readouterr().err
 
 
 def test_a_bad_trajectory_line_is_named(tmp_path):

@@ -17,12 +17,17 @@ from helpers.export import make_results
 from sftree.dataset.llamafactory import THINK_WORDS, turn_boundaries
 from sftree.dataset.select_paths import select_paths
 from sftree.records.paths import write_paths
-from sftree.records.sft import record_messages
+from sftree.records.sft import record_from_doc
 from sftree.records.tree import Tree
 
 REPO = Path(__file__).parents[1]
 PROBES = Path(__file__).parent / "consumers"
 VENVS = {"trl": REPO / ".venv-consumers-trl", "lf": REPO / ".venv-consumers-lf"}
+
+
+def typed(doc):
+    """A record as written, typed (records/sft.py's checking reader)."""
+    return record_from_doc(doc, "a record")
 
 
 def venv_python(name: str) -> str:
@@ -146,7 +151,7 @@ def test_trl_reads_step_records_and_trains_only_the_last_message(step_results):
     boundaries = [
         len(re.findall(r"^tool \S+ \S+\nuser$", row["roles"]["prompt"], re.M)) for row in got["rows"]
     ]
-    assert boundaries == [turn_boundaries(r) for r in ours] and sum(boundaries) == 38
+    assert boundaries == [turn_boundaries(typed(r)) for r in ours] and sum(boundaries) == 38
 
 
 def test_trl_reads_path_records(tmp_path):
@@ -238,7 +243,7 @@ def test_llamafactory_converts_without_loss_and_masks_history(step_results):
         system = rec["prompt"][0]["content"]
         assert conv["_system"] == system + "\n"  # LLaMA-Factory's own addition when tools are present
         turns = conv["_prompt"] + conv["_response"]
-        originals = [m for m in record_messages(rec) if m["role"] != "system"]
+        originals = [m for m in list(typed(rec).messages) if m["role"] != "system"]
         expected = expected_lf_turns(originals)
         assert len(turns) == len(expected)
         for turn, (role, want) in zip(turns, expected, strict=True):
@@ -258,7 +263,7 @@ def test_llamafactory_converts_without_loss_and_masks_history(step_results):
         head, body = row["text"].split("<|im_end|>\n", 1)
         assert head.startswith("<|im_start|>system\n" + system)
         as_sent = inference_text(originals)
-        assert as_sent.count(BOUNDARY_AS_SENT) == turn_boundaries(rec)
+        assert as_sent.count(BOUNDARY_AS_SENT) == turn_boundaries(typed(rec))
         assert body == as_sent.replace(BOUNDARY_AS_SENT, BOUNDARY_IN_LF)
         # mask_history: the labelled tokens are the final assistant message, nothing of the history
         (target,) = rec["completion"]

@@ -16,7 +16,12 @@ from sftree.dataset.export import export_task
 from sftree.dataset.merge import merge
 from sftree.dataset.pretokenize import pretokenize
 from sftree.dataset.student import load_student
-from sftree.records.sft import message_target, record_messages, trained_positions
+from sftree.records.sft import message_target, record_from_doc
+
+
+def typed(doc):
+    """A record as written, typed (records/sft.py's checking reader)."""
+    return record_from_doc(doc, "a record")
 
 
 def write(path, records):
@@ -25,7 +30,7 @@ def write(path, records):
 
 
 def trained_targets(records):
-    return [message_target(record_messages(r)[k]) for r in records for k in trained_positions(r)]
+    return [message_target(t.messages[k]) for t in map(typed, records) for k in t.trained]
 
 
 @pytest.fixture

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from helpers.export import ROOT, llamafactory_alternates, make_results, paths_file
+from helpers.export import RECORD_META, ROOT, llamafactory_alternates, make_results, paths_file
 
 from sftree.dataset.export import export_task, tree_backend, tree_coral
 from sftree.dataset.llamafactory import llamafactory_record, turn_boundaries
 from sftree.dataset.messages import exclusion, name_tool_messages, normalize_message, parse_arguments
 from sftree.dataset.stats import ExportStats
 from sftree.errors import InputError
-from sftree.records.sft import record_messages, schema_problem, stats_path
+from sftree.records.sft import record_from_doc, schema_problem, stats_path
 from sftree.records.steplog import read_steps
 from sftree.records.tree import Tree
 from sftree.search.explore import record_backend
@@ -25,9 +25,14 @@ from sftree.search.explore import record_backend
 SCHEMA = json.loads((Path(__file__).parents[1] / "workflow/schemas/sft_record.schema.json").read_text())
 
 
+def typed(doc):
+    """A record as written, typed (records/sft.py's checking reader)."""
+    return record_from_doc(doc, "a record")
+
+
 def check_record(rec):
     jsonschema.validate(rec, SCHEMA)
-    msgs = record_messages(rec)
+    msgs = list(typed(rec).messages)
     # the step form's completion is trained alone: its calls are answered in the next step, not here
     history = rec["prompt"] if "prompt" in rec else msgs
     asked = [tc["id"] for m in history if m["role"] == "assistant" for tc in m.get("tool_calls", [])]
@@ -168,7 +173,7 @@ def test_cli_export_and_merge(tmp_path):
     base = tmp_path / "results"
     t1 = make_results(base, "circle_packing", "maximize", "middle")
     t2 = make_results(base, "tsp", "minimize", "late")
-    exe = [sys.executable, "-m", "sftree", "export-sft"]
+    exe = [sys.executable, "-m", "sftree", "export-sft", "--granularity", "step"]  # the config's: merged
     merge = [sys.executable, "-m", "sftree", "merge-sft"]
     for task, tdir in (("circle_packing", t1), ("tsp", t2)):
         pf = paths_file(tdir)
@@ -243,7 +248,7 @@ def test_cli_export_and_merge(tmp_path):
     # the originals do not alternate once a second rollout turn starts (tool result, then user prompt)
     originals = [json.loads(x) for x in lines]
     # per task: e1's two turn-2 steps, and e2's 3 and e3's 4 records (forked after e1's turn boundary)
-    assert sum(not llamafactory_alternates(record_messages(r)) for r in originals) == 2 * (2 + 3 + 4)
+    assert sum(not llamafactory_alternates(list(typed(r).messages)) for r in originals) == 2 * (2 + 3 + 4)
     t2 = lf[2]["messages"]  # e1 turn 2 step 1: turn 1's last tool result moves into the turn 2 prompt
     assert t2[-3]["role"] == "function_call" and t2[-2] == {
         "role": "user",
@@ -410,19 +415,19 @@ def test_llamafactory_layout_by_hand():
         ],
         "completion": [{"role": "assistant", "content": "done"}],
         "tools": [],
-        "metadata": {"id": "x"},
+        "metadata": RECORD_META,
     }
-    lf = llamafactory_record(rec)
+    lf = llamafactory_record(typed(rec))
     assert [m["role"] for m in lf["messages"]] == ["system", "user", "function_call", "user", "assistant"]
     assert lf["messages"][3]["content"] == (
         "<tool_response>\nR1\n</tool_response>\n<tool_response>\nR2\n</tool_response>\n\nP2"
     )
-    assert turn_boundaries(rec) == 1 and llamafactory_alternates(lf["messages"])
+    assert turn_boundaries(typed(rec)) == 1 and llamafactory_alternates(lf["messages"])
     # results that do not end a rollout turn stay an observation (tool messages, merged by the converter)
     rec["prompt"][-1] = {"role": "assistant", "content": "more"}
     rec["prompt"].append({"role": "user", "content": "P3"})
-    lf = llamafactory_record(rec)
-    assert [m["role"] for m in lf["messages"]][3:5] == ["tool", "tool"] and turn_boundaries(rec) == 0
+    lf = llamafactory_record(typed(rec))
+    assert [m["role"] for m in lf["messages"]][3:5] == ["tool", "tool"] and turn_boundaries(typed(rec)) == 0
 
 
 def test_export_stats_round_trip_and_sum():

@@ -94,7 +94,22 @@ def test_ill_formed_steps_are_history_never_completions(tmp_path, backend):
     sft = tmp_path / "results" / "circle_packing" / "sft.jsonl"
     # `keep`: the text tool call stays in later prompts as sent, and its `<tool_call>` text is control-token text,
     # which `drop` (the default, tests/test_export_special_text.py) would leave out with those prompts
-    assert cli.main(["export-sft", "--paths", str(paths), "--out", str(sft), "--special-text", "keep"]) == 0
+    assert (
+        cli.main(
+            [
+                "export-sft",
+                "--paths",
+                str(paths),
+                "--out",
+                str(sft),
+                "--special-text",
+                "keep",
+                "--granularity",
+                "step",
+            ]
+        )
+        == 0
+    )
     records = [json.loads(x) for x in sft.read_text().splitlines()]
     ids = {
         r["metadata"]["id"].rsplit("/", 2)[1] + "/" + r["metadata"]["id"].rsplit("/", 1)[1] for r in records

@@ -50,7 +50,18 @@ def grow_and_export(tmp_path: Path, student_model: str | None, seed: int) -> tup
     proc = run([*sftree, "select-paths", "--tree", str(out / "tree.json"), "--out", str(out / "paths.json")])
     assert proc.returncode == 0, proc.stderr[-3000:]
     sft = tmp_path / "sft.jsonl"
-    proc = run([*sftree, "export-sft", "--paths", str(out / "paths.json"), "--out", str(sft)])
+    proc = run(
+        [
+            *sftree,
+            "export-sft",
+            "--paths",
+            str(out / "paths.json"),
+            "--out",
+            str(sft),
+            "--granularity",
+            "step",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in sft.read_text().splitlines()]
     assert records

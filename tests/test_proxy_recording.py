@@ -53,7 +53,12 @@ def test_stream_and_plain_give_the_same_record(proxied):
     assert b["response"]["tool_calls"] == plain["tool_calls"] == a["response"]["tool_calls"]
     assert b["response"]["content"] == plain["content"]
     assert b["finish_reason"] == a["finish_reason"] == "tool_calls"
-    assert b["request"] == {"model": "teacher-sim", "messages": MESSAGES, "tools": TOOLS}
+    # OpenCode's model id, messages and tools, and the fields that went on: the host's (teacher/params.py)
+    host = {"max_tokens": 4096, "temperature": 0.7}
+    assert a["request"] == {"model": "teacher-sim", "messages": MESSAGES, "tools": TOOLS, "params": host}
+    streamed = {**host, "stream": True, "stream_options": {"include_usage": True}}
+    assert b["request"] == {"model": "teacher-sim", "messages": MESSAGES, "tools": TOOLS, "params": streamed}
+    assert "params_diff" not in a and "params_diff" not in b
     # Same prompt and answer sizes; the second request finds its prefix cached (teacher-sim's estimate).
     assert b["usage"]["prompt_tokens"] == a["usage"]["prompt_tokens"] > 0
     assert b["usage"]["completion_tokens"] == a["usage"]["completion_tokens"] > 0
@@ -354,7 +359,8 @@ def test_the_proxy_applies_teacher_tool_choice_to_agent_requests():
         assert post(auto, "t2", {"model": "m", "messages": MESSAGES, "tools": TOOLS}).status_code == 200
         assert seen[0]["tool_choice"] == "required"
         assert "tool_choice" not in seen[1] and "tool_choice" not in seen[2] and seen[2]["top_k"] == 5
-        assert "tool_choice" not in json.dumps([r["request"] for r in ch.take()])
+        # the record keeps what was sent (the Student's prompt and tools are the same either way)
+        assert [r["request"]["params"].get("tool_choice") for r in ch.take()] == ["required", None]
     finally:
         proxy.stop()
         auto.stop()

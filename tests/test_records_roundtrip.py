@@ -4,6 +4,7 @@ a bad file is an InputError naming the file and the field (or line) that is wron
 import json
 
 import pytest
+from helpers.export import RECORD_META
 from helpers.mcts import search_params
 
 from sftree.errors import InputError
@@ -136,22 +137,88 @@ def test_steps_round_trip(tmp_path):
     assert rec.latency_s == 0.75 and rec.records == 2
 
 
+META = RECORD_META
 STEP_RECORD = {
     "prompt": [{"role": "user", "content": "Improve the packing: ünïcode"}],
     "completion": [{"role": "assistant", "content": "Done."}],
     "tools": [],
-    "metadata": {"id": "circle_packing/r/e1/t1s1", "task": "circle_packing", "granularity": "step"},
+    "metadata": META,
+}
+MERGED_RECORD = {
+    "messages": [*STEP_RECORD["prompt"], *STEP_RECORD["completion"]],
+    "tools": [],
+    "metadata": META | {"granularity": "merged", "trained": [1], "steps": [META["id"]]},
+    "input_ids": [1, 2, 3],
+    "completion_mask": [0, 1, 1],
+}
+PATH_RECORD = {
+    "messages": MERGED_RECORD["messages"],
+    "tools": [],
+    "metadata": {k: v for k, v in META.items() if k not in ("edge",)}
+    | {
+        "granularity": "path",
+        "cut": None,
+        "edge": "e1",
+        "student_tokens": MERGED_RECORD["metadata"]["usage"],
+    },
 }
 
 
-def test_sft_records_stats_and_figures_round_trip(tmp_path):
+@pytest.mark.parametrize("doc", [STEP_RECORD, MERGED_RECORD], ids=["step", "merged"])
+def test_sft_records_are_typed_and_written_byte_for_byte(tmp_path, doc):
     out = tmp_path / "sft.jsonl"
+    rec = sft_rec.record_from_doc(doc, "a record")
     with sft_rec.record_writer(out) as w:
-        w.write(STEP_RECORD)
-        w.write(STEP_RECORD)
+        w.write(rec)
+        w.write(rec)
+    line = json.dumps(doc, ensure_ascii=False) + "\n"
+    assert out.read_text(encoding="utf-8") == 2 * line  # the keys in the export's order, nothing added
+    assert list(sft_rec.iter_records(out)) == [rec, rec] and sft_rec.merged_path(tmp_path) == out
+    assert rec.messages[rec.trained[0]]["content"] == "Done." and rec.metadata.usage.total_tokens == 12
+
+
+def test_each_form_has_its_record_and_a_path_record_keeps_its_cut():
+    forms = [sft_rec.record_from_doc(d, "r") for d in (STEP_RECORD, PATH_RECORD, MERGED_RECORD)]
+    assert [type(r).__name__ for r in forms] == ["StepRecord", "PathRecord", "MergedRecord"]
+    path = forms[1]
+    assert path.to_doc()["metadata"]["cut"] is None and path.metadata.student_tokens is not None
     assert (
-        list(sft_rec.iter_records(out)) == [STEP_RECORD, STEP_RECORD] and sft_rec.merged_path(tmp_path) == out
+        list(path.to_doc()["metadata"]).index("cut")
+        == list(path.to_doc()["metadata"]).index("path_ranks") + 1
     )
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ({**STEP_RECORD, "completion": []}, "completion: expected one message"),
+        (
+            {**STEP_RECORD, "metadata": {**META, "usage": {"prompt_tokens": -1}}},
+            "metadata.usage.prompt_tokens",
+        ),
+        (
+            {**STEP_RECORD, "metadata": {**META, "granularity": "steps"}},
+            "metadata.granularity: expected one of",
+        ),
+        (
+            {**MERGED_RECORD, "metadata": {**MERGED_RECORD["metadata"], "trained": [7]}},
+            "trained: an index outside",
+        ),
+        ({**MERGED_RECORD, "completion_mask": [1]}, "input_ids and completion_mask go together"),
+        ({k: v for k, v in STEP_RECORD.items() if k != "tools"}, "tools: missing"),
+        ([], "the SFT record is not a JSON object"),
+    ],
+)
+def test_a_wrong_record_names_file_line_and_field(tmp_path, doc, field):
+    out = tmp_path / "sft.jsonl"
+    out.write_text(json.dumps(STEP_RECORD) + "\n" + json.dumps(doc) + "\n")
+    with pytest.raises(InputError, match=f"SFT file {out} line 2") as err:
+        list(sft_rec.iter_records(out))
+    assert field in str(err.value)
+
+
+def test_sft_stats_and_figures_round_trip(tmp_path):
+    out = tmp_path / "sft.jsonl"
     stats = {"version": sft_rec.STATS_VERSION, "records": 2, "excluded": {"truncated": 1}}
     sft_rec.write_stats(out, stats)
     assert (
@@ -167,7 +234,10 @@ def test_sft_records_stats_and_figures_round_trip(tmp_path):
     sft_rec.write_figures(out, figures)
     assert sft_rec.read_figures(out) == figures and sft_rec.figures_path(out) == tmp_path / "sft.figures.json"
     # the same trained message (tool-call ids aside) is the same target
-    assert sft_rec.target_key(STEP_RECORD) == sft_rec.target_key(json.loads(json.dumps(STEP_RECORD)))
+    rec = sft_rec.record_from_doc(STEP_RECORD, "r")
+    assert sft_rec.target_key(rec) == sft_rec.target_key(
+        sft_rec.record_from_doc(json.loads(json.dumps(STEP_RECORD)), "r")
+    )
 
 
 def test_bad_sft_files_name_the_file(tmp_path):

@@ -66,7 +66,14 @@ def test_faulty_tree_exports_cleanly(tmp_path, example_snapshots_dir):
         cwd=tmp_path,
     )
     sftree(
-        "export-sft", "--paths", str(tree_dir / "paths.json"), "--out", str(res / "sft.jsonl"), cwd=tmp_path
+        "export-sft",
+        "--paths",
+        str(tree_dir / "paths.json"),
+        "--out",
+        str(res / "sft.jsonl"),
+        "--granularity",
+        "step",
+        cwd=tmp_path,
     )
     sftree(
         "merge-sft", str(res / "sft.jsonl"), "--out", str(tmp_path / "results" / "sft.jsonl"),

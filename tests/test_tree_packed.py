@@ -153,7 +153,11 @@ def test_export_and_merge_write_the_tree_form_and_the_card_gives_every_form(fixt
     export.add_arguments(parser)
     out, tree = tmp_path / "t" / "sft.jsonl", tmp_path / "t" / "sft.tree.jsonl"
     argv = ["--paths", str(fixture_paths), "--out", str(out), "--granularity", "merged", "--student", qwen]
-    argv += ["--student-max-length", "100000", "--tree-out", str(tree)]  # the cap: test_parts_under_a_cap
+    argv += [
+        "--student-max-length",
+        "100000",
+        "--tree-packed",
+    ]  # the tree form beside --out; the cap: the schema's
     assert export.run(parser.parse_args(argv)) == 0
     lines = list(iter_tree_lines(tree))  # each line checked (`line_problem`)
     assert len(lines) == 1  # the fixture's two paths, sharing edge e1
@@ -187,5 +191,5 @@ def test_export_and_merge_write_the_tree_form_and_the_card_gives_every_form(fixt
         < merged_student["tokens_processed"] / merged_student["tokens_trained"]
     )
     argv[argv.index("--student") : argv.index("--student") + 4] = []
-    with pytest.raises(InputError, match="needs --student"):
+    with pytest.raises(InputError, match="tree_packed needs export.student"):
         export.run(parser.parse_args(argv))

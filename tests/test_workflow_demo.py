@@ -152,7 +152,7 @@ def test_demo_workflow_end_to_end(demo):
     assert len({(r["metadata"]["task"], r["metadata"]["path_rank"]) for r in records}) == selected
 
     # sft.atif.jsonl (export.atif): one trajectory per selected path, valid under the atif package's own models,
-    # its agent steps the records' model calls (OpenCode's, each once)
+    # OpenCode's sessions with each message once (no copied context)
     atif = pytest.importorskip("atif")
     trajectories = [
         atif.Trajectory.model_validate_json(x) for x in (results / "sft.atif.jsonl").read_text().splitlines()
@@ -162,11 +162,7 @@ def test_demo_workflow_end_to_end(demo):
         len((results / t / "sft.atif.jsonl").read_text().splitlines()) for t in ("circle_packing", "tsp")
     )
     assert per_task_atif == selected
-    called = {(t.extra["sftree"]["task"], s.extra["edge"], s.extra["turn"], s.extra["step"])
-              for t in trajectories for s in t.steps if s.source == "agent" and not s.is_copied_context}  # fmt: skip
-    trained = {(r["metadata"]["task"], r["metadata"]["edge"], r["metadata"]["turn"], r["metadata"]["step"])
-               for r in records}  # fmt: skip
-    assert trained <= called and not any(s.is_copied_context for t in trajectories for s in t.steps)
+    assert not any(s.is_copied_context for t in trajectories for s in t.steps)
 
     info = json.loads((results / "dataset_info.json").read_text())
     assert info["sftree"]["file_name"] == "sft_llamafactory.jsonl"

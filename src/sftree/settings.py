@@ -56,6 +56,7 @@ class TeacherSettings:
     model: str
     api_key_env: str
     temperature: float
+    top_p: float | None
     max_tokens: int
     request_timeout: float
     retries: int

@@ -259,3 +259,16 @@ def run_report(base, out) -> str:
     )
     assert res.returncode == 0, res.stderr
     return out.read_text()
+
+
+# A record's whole metadata (records/sft.py `RecordMeta`), for records made by hand in tests.
+RECORD_META = {
+    "task": "circle_packing", "root": "eval-0001", "stage": "middle", "direction": "maximize", "root_score": 0.5,
+    "sandbox": "bwrap", "backend": "opencode", "coral": "stand-in", "path_rank": 1, "leaf": "n3",
+    "leaf_reason": "depth_limit", "path_nodes": ["n1", "n3"], "path_edges": ["e1", "e3"], "avg_cleanliness": 1.0,
+    "avg_knowledge": 0.5, "avg_score": 0.7, "avg_score_rank": 0.5, "max_score": 0.9, "max_score_rank": 1,
+    "path_score": 0.8, "leaf_score": 0.9, "gain": 0.4, "granularity": "step", "path_ranks": [1], "edge": "e1",
+    "transcript": "circle_packing/trees/eval-0001/edges/e1/steps.jsonl", "turn": 1, "step": 1, "kind": "agent",
+    "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}, "finish_reason": "stop",
+    "malformed_arguments": 0, "history_excluded": 0, "id": "circle_packing/eval-0001/e1/t1s1",
+}  # fmt: skip

@@ -95,11 +95,18 @@ def test_auto_refuses_to_run_unconfined_when_bwrap_does_not_work(tmp_path, monke
 
 
 def test_unconfined_data_is_labelled(tmp_path):
+    from helpers.export import RECORD_META
+
     from sftree.dataset.card import dataset_card
 
-    card = dataset_card([{"metadata": {"task": "t", "root": "r", "sandbox": "none"}}], "sft.jsonl")
+    def record(sandbox: str) -> dict:
+        meta = RECORD_META | {"sandbox": sandbox}
+        return {"prompt": [{"role": "user", "content": "go"}], "completion": [{"role": "assistant", "content": ""}],
+                "tools": [], "metadata": meta}  # fmt: skip
+
+    card = dataset_card([record("none")], "sft.jsonl")
     assert "WITHOUT a sandbox" in card
-    safe = dataset_card([{"metadata": {"task": "t", "root": "r", "sandbox": "bwrap"}}], "sft.jsonl")
+    safe = dataset_card([record("bwrap")], "sft.jsonl")
     assert "WITHOUT" not in safe and "bwrap: 1 records" in safe
 
 

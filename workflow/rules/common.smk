@@ -2,7 +2,6 @@ import glob
 import logging
 import os
 import re
-import shlex
 import sys
 
 # Rules call `sftree` (and graders `python3`) by name. Put the bin folder of the interpreter Snakemake runs
@@ -167,18 +166,13 @@ def config_args():
     return f"--config {EFFECTIVE_CONFIG}"
 
 
-TREE_PACKED = bool(config["export"].get("tree_packed"))
-ATIF = bool(config["export"].get("atif"))
+TREE_PACKED = bool(config["export"]["tree_packed"])
+ATIF = bool(config["export"]["atif"])
 
 
 def atif_outputs(folder):
     """The ATIF trajectory file in `folder` (`export.atif`; none when it is off)."""
     return {"atif": f"{folder}/sft.atif.jsonl"} if ATIF else {}
-
-
-def atif_args(output):
-    """export_sft's option for the ATIF file (empty when `export.atif` is off)."""
-    return f"--atif-out {output.atif}" if ATIF else ""
 
 
 def tree_outputs(folder):
@@ -189,24 +183,3 @@ def tree_outputs(folder):
         "tree": f"{folder}/sft.tree.jsonl",
         "tree_stats": f"{folder}/sft.tree.stats.json",
     }
-
-
-def tree_args(output):
-    """export_sft's options for the tree form (empty when `export.tree_packed` is off)."""
-    if not TREE_PACKED:
-        return ""
-    return f"--tree-out {output.tree} --tree-max-tokens {int(config['export']['tree_max_tokens'])}"
-
-
-def student_args(student):
-    """export_sft's options for `export.student` (empty when not set: the export is not measured). Relative paths
-    are taken from the repository root, as `teacher.launch`'s (a run in another `--directory` finds them).
-    """
-    if not student:
-        return ""
-    path = os.path.join(workflow.basedir, student["path"])
-    args = f"--student {shlex.quote(path)} --student-max-length {int(student['max_length'])}"
-    if student.get("chat_template"):
-        template = os.path.join(workflow.basedir, student["chat_template"])
-        args += f" --student-chat-template {shlex.quote(template)}"
-    return args

@@ -11,18 +11,11 @@ rule export_sft:
     conda:
         "../../envs/sftree.yaml"
     params:
-        granularity=config["export"]["granularity"],
-        refuse="--refuse-native" if config["export"]["refuse_native"] else "",
-        student=student_args(config["export"].get("student")),
-        tree=lambda wc, output: tree_args(output),
-        atif=lambda wc, output: atif_args(output),
-        text=f"--special-text {config['export']['special_text']}"
-        + (" --pretokenized" if config["export"]["pretokenized"] else ""),
+        config=config_args(),
     shell:
-        "sftree export-sft --paths {input.paths} --out {output.sft}"
-        " --granularity {params.granularity} {params.refuse} {params.student} {params.tree} {params.atif}"
-        " {params.text}"
-        " > {log} 2>&1"
+        # The `export` section of the effective config says what to write (the form, the Student, the tree form
+        # beside sft.jsonl when export.tree_packed, the ATIF trajectories when export.atif).
+        "sftree export-sft --paths {input.paths} --out {output.sft} {params.config} > {log} 2>&1"
 
 
 rule merge_sft:
@@ -35,7 +28,7 @@ rule merge_sft:
             if TREE_PACKED
             else []
         ),
-        atif=(expand(f"{RESULTS}/{{task}}/sft.atif.jsonl", task=TASKS) if ATIF else []),
+        atif=expand(f"{RESULTS}/{{task}}/sft.atif.jsonl", task=TASKS) if ATIF else [],
     output:
         **tree_outputs(RESULTS),
         **atif_outputs(RESULTS),
@@ -50,19 +43,11 @@ rule merge_sft:
     conda:
         "../../envs/sftree.yaml"
     params:
-        dedupe="--dedupe" if config["export"]["dedupe"] else "",
         results=lambda wc, output: os.path.dirname(output.sft),
-        tree=lambda wc, input, output: (
-            f"--tree-inputs {' '.join(input.tree)} --tree-out {output.tree}"
-            if TREE_PACKED
-            else ""
-        ),
-        atif=lambda wc, input, output: (
-            f"--atif-inputs {' '.join(input.atif)} --atif-out {output.atif}"
-            if ATIF
-            else ""
-        ),
+        config=config_args(),
     shell:
+        # export.dedupe, export.tree_packed and export.atif from the effective config; the tasks' tree forms and
+        # ATIF files are read beside their sft.jsonl.
         "sftree merge-sft {input.sft} --out {output.sft} --dataset-info {output.info}"
         " --card {output.card} --llamafactory-out {output.llamafactory}"
-        " --results {params.results} {params.dedupe} {params.tree} {params.atif} > {log} 2>&1"
+        " --results {params.results} {params.config} > {log} 2>&1"

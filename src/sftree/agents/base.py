@@ -18,6 +18,7 @@ from sftree.world.coral_command import EvalResult
 
 if TYPE_CHECKING:
     from sftree.teacher.client import Completion
+    from sftree.teacher.params import RequestParams
     from sftree.teacher.transport import Policy
 
 
@@ -100,6 +101,8 @@ class Teacher(Protocol):
     def tool_choice(self) -> str | None: ...
     @property
     def policy(self) -> Policy: ...
+    @property
+    def params(self) -> RequestParams: ...
 
     def chat(
         self,

@@ -29,6 +29,7 @@ from sftree.jsontypes import JSONObject, JSONValue, arr, obj
 from sftree.records.steplog import ChatRequest, StepKind, StepRecord, ToolResult, usage_from
 from sftree.runtime.sandbox import CORAL_MOUNT, resolve_mode
 from sftree.teacher.client import BadReply, ContextOverflow
+from sftree.teacher.params import sent_params
 from sftree.teacher.transport import TeacherError
 from sftree.world.standin import nudge_prompt
 
@@ -182,6 +183,10 @@ class NativeAgent:
                 "model": self.teacher.model,
                 "messages": list(messages),
                 "tools": self.tools,
+                # the other fields sent (teacher/params.py: the one place both backends take them from)
+                "params": sent_params(
+                    self.teacher.params.body(list(messages), list(self.tools), run.headers)
+                ),
             }
             full = context_check(used, self.teacher.max_tokens, self.teacher.context_tokens)
             if full:

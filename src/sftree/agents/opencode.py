@@ -660,11 +660,9 @@ class OpenCodeAgent:
         self.proxy = RecordingProxy(
             teacher.base_url,
             api_key=teacher.api_key,
-            extra_body=teacher.extra_body,
-            model=teacher.model,
+            params=teacher.params,  # every field but the messages and tools: the host's (teacher/params.py)
             student_model=split_model(self.student_model)[1],
             limits=ProxyLimits.from_settings(settings),
-            tool_choice=teacher.tool_choice,
             policy=teacher.policy,  # the native client's (teacher/transport.py): one retry policy
         ).start(unix=self.sandbox == "bwrap")
         atexit.register(self.proxy.stop)  # also when a tree is killed before EdgeContext.close runs

@@ -8,6 +8,11 @@ docs/architecture.md. A channel per edge, rather than OpenCode's `x-session-id` 
 to edges without waiting for the session id to appear in the event stream; the header is kept in each
 record (`session_id`) so the two can be cross-checked.
 
+What goes on is the request OpenCode sent cut to its messages, tools and `stream`, with every other field the
+host's (teacher/params.py: the settings' model, sampling, seed, tool_choice, extra_body; never what an agent file
+or plugin made OpenCode add); a field OpenCode sent with another value is recorded with the step (`params_diff`)
+and counted on the channel, and every record keeps what was sent (`request.params`).
+
 Each forwarded request carries the channel's `X-Sftree-*` headers, so `teacher-sim --script` can aim a fault at
 one edge as with the native agent. Requests go to the Teacher through the native client's transport
 (teacher/transport.py), so transient failures (a connection that fails, 429, 5xx, a stall before the first
@@ -50,7 +55,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import NotRequired, Protocol, TypedDict
@@ -64,6 +69,7 @@ from sftree.records.steplog import StepKind, StepRecord, UsageRecord, usage_from
 from sftree.settings import AgentSettings, TeacherSettings, schema_defaults
 from sftree.teacher.affinity import routing_headers
 from sftree.teacher.http import InFlight
+from sftree.teacher.params import RequestParams, differences, sent_params, upstream_body
 from sftree.teacher.response import MalformedResponse, normalize
 from sftree.teacher.stream import StreamAssembler  # one assembler for the proxy and the client
 from sftree.teacher.transport import Policy, TeacherError, Transient, Transport
@@ -334,6 +340,8 @@ class Channel:
     inflight: int = 0
     inflight_bytes: int = 0
     refused: Counter[str] = field(default_factory=Counter)  # reason -> requests refused on this channel
+    # field -> requests in which OpenCode sent it with a value other than the host's (teacher/params.py)
+    params_diffs: Counter[str] = field(default_factory=Counter)
     warned: bool = False
     # In the channel's URL: an edge's sandbox knows only its own, so its Teacher cannot post into another
     # edge's transcript (every sandbox reaches the proxy's port).
@@ -376,6 +384,7 @@ class RecordingProxy:
         limits: ProxyLimits | None = None,
         tool_choice: str | None = None,
         policy: Policy | None = None,
+        params: RequestParams | None = None,
     ):
         self.upstream = upstream.rstrip("/")
         self.api_key = api_key
@@ -386,14 +395,16 @@ class RecordingProxy:
         self.transport = Transport(
             Policy.from_config({**base, **{k: v for k, v in given.items() if v is not None}})
         )
-        # e.g. chat_template_kwargs: sent on, not recorded
-        self.extra_body: JSONObject = dict(extra_body or {})
-        # `teacher.tool_choice` (`required`): set on every agent request that offers tools, as the native client
-        # does; `auto`/None: OpenCode's own choice goes on as sent. Not recorded (the Student is not sent it).
-        self.tool_choice = tool_choice if tool_choice not in (None, "auto") else None
-        # The Teacher's real model name: OpenCode asks for the Student's model id (docs/opencode.md), which the
-        # record keeps; the request goes on for this one.
-        self.model = model
+        # Every field of a request but its messages, tools and `stream` is the host's (teacher/params.py): the
+        # settings' (`params`), else the schema's defaults; `model`, `extra_body` and `tool_choice` override them.
+        chosen = params or RequestParams.from_settings(schema_defaults(TeacherSettings))
+        if model is not None:
+            chosen = replace(chosen, model=model)
+        if tool_choice is not None:
+            chosen = replace(chosen, tool_choice=tool_choice)
+        if extra_body is not None:
+            chosen = replace(chosen, extra_body=dict(extra_body))
+        self.params = chosen
         # The id `GET .../v1/models` answers: OpenCode's (the Student's), never the Teacher's.
         self.student_model = student_model
         self.limits = limits or ProxyLimits()
@@ -524,6 +535,16 @@ class RecordingProxy:
                         ch.turn, why)  # fmt: skip
         return 503, "limit", f"turn ended: {why}"
 
+    def count_diff(self, ch: Channel, diff: Mapping[str, object]) -> None:
+        """Count the fields of a request OpenCode sent with values other than the host's; the first such request of
+        a channel is logged (something OpenCode loaded tried to choose how the reply is sampled)."""
+        with self._lock:
+            first = not ch.params_diffs
+            ch.params_diffs.update(diff.keys())
+        if first:
+            log.warning("proxy: edge %s: OpenCode sent request fields of its own (%s); the host's were sent "
+                        "instead and the difference is recorded", ch.name, ", ".join(sorted(diff))[:300])  # fmt: skip
+
     def count_refusal(self, ch: Channel | None, reason: str, what: str) -> None:
         """Count a refused request; the first on each channel (and the first without one) is logged."""
         with self._lock:
@@ -593,6 +614,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     proxy: RecordingProxy
+    # The request that went on for the one being answered (None: it did not), and what OpenCode sent otherwise
+    sent: JSONObject | None = None
+    diff: dict[str, dict[str, str]] = {}  # noqa: RUF012 - replaced per request, never changed in place
 
     def log_message(self, format: str, *args: object) -> None:  # the explore log has what matters
         pass
@@ -660,6 +684,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self) -> None:
         """The request line and headers are in; nothing of the body has been read."""
+        self.sent, self.diff = None, {}
         found = self._channel()
         if found is None:  # no edge's channel, or not its key: nothing reaches the Teacher unrecorded
             self._refuse(None, 403, "key", "unknown channel")
@@ -745,14 +770,16 @@ class _Handler(BaseHTTPRequestHandler):
         if request is None or not self._may_go_on(ch, request[1]):
             return
         raw, body = request
-        del request
+        del request, raw  # what goes on is built afresh: OpenCode's messages and tools, the host's fields
         turn, t0, stream = ch.turn, time.monotonic(), bool(body.get("stream"))
-        own = self._own_settings(body)
-        if own:
-            raw = b""  # not held beside its re-encoding
-            raw = json.dumps({**body, **own}).encode()
+        headers = self._headers(ch)
+        self.sent = upstream_body(body, self.proxy.params, headers)
+        self.diff = differences(body, self.sent)
+        if self.diff:
+            self.proxy.count_diff(ch, self.diff)
+        raw = json.dumps(self.sent).encode()
         try:
-            up = self.proxy.forward(self._headers(ch), raw, stream, f"{ch.name} turn {turn}")
+            up = self.proxy.forward(headers, raw, stream, f"{ch.name} turn {turn}")
         except TeacherError as exc:
             if exc.last is not None and exc.last.response is not None:  # the Teacher's own last answer
                 self._pass_failure(ch, body, turn, t0, exc.last.response)
@@ -815,16 +842,6 @@ class _Handler(BaseHTTPRequestHandler):
                 self._reply(409, {"error": {"message": "session ended (tampered)"}})
                 return False
         return True
-
-    def _own_settings(self, body: JSONObject) -> JSONObject:
-        """The proxy's own settings the request goes on with (`extra_body`, `tool_choice`, the Teacher's model
-        name), not recorded; none: it goes on as OpenCode sent it, byte for byte."""
-        proxy, own = self.proxy, dict(self.proxy.extra_body)
-        if proxy.tool_choice and body.get("tools") and classify(body) == "agent":
-            own.setdefault("tool_choice", proxy.tool_choice)  # extra_body keeps the last word
-        if proxy.model and body.get("model") not in (None, proxy.model):
-            own["model"] = proxy.model
-        return own
 
     def _pass_failure(
         self, ch: Channel, body: JSONObject, turn: int, t0: float, resp: UpstreamResponse
@@ -901,6 +918,10 @@ class _Handler(BaseHTTPRequestHandler):
             rec["raw_response"] = fields["raw_response"]
         if tampered is not None:
             rec["tampered"] = tampered
+        if self.sent is not None:  # it went on: with the host's fields (teacher/params.py)
+            rec["request"]["params"] = sent_params(self.sent)
+        if self.diff:
+            rec["params_diff"] = self.diff
         with ch.lock:
             if ch.chain is not None and tampered is None and rec["kind"] == "agent":
                 cut = bool(rec.get("error")) or rec["finish_reason"] == "length"

@@ -234,6 +234,12 @@ def forms_lines(merged: MergeStats | None) -> list[str]:
         "|---|---:|---:|---:|",
     ]
     lines += [f"| {f} | {p} | {t} | {p / t:.2f} |" for f, p, t in rows]
+    lines += [
+        "",
+        "Each form trains the same tokens; the fewer tokens processed per trained token, the cheaper the epoch. "
+        "Train the tree form where the trainer takes it (`sft.tree.jsonl`, dataset/tree_collator.py), else the "
+        "merged form; the step form is for trainers that take one completion per record (docs/outputs.md).",
+    ]
     tree = merged.tree
     if tree is not None and tree.parts:
         lines += [
@@ -334,6 +340,7 @@ def card_text(
     step = fig.granularities.get("step", 0) > 0
     merged_form = not step and fig.granularities.get("merged", 0) > 0
     lines = _header_lines(fig, sft_name, STEP_FORM if step else MERGED_FORM if merged_form else PATH_FORM)
+    lines += forms_lines(merged)  # first: which form to train, the forms side by side
     lines += _backend_lines(fig.backends, fig.corals, merged.export if merged else None)
     lines += _sandbox_lines(fig.sandboxes)
     if merged is not None:
@@ -343,7 +350,6 @@ def card_text(
     lines += _untrained_lines(merged, fig.history_excluded, step)
     lines += _student_lines(merged)
     lines += teacher_token_lines(merged.export if merged else None)
-    lines += forms_lines(merged)
     lines += _special_text_lines(merged)
     lines += _count_lines(fig)
     lines += _gain_lines(fig)

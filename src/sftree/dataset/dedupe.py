@@ -15,15 +15,16 @@ whole (counted as `kept_in_path_records`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from sftree.records.sft import message_target, record_messages, trained_positions
+from sftree.records.sft import MergedRecord, SftRecord, Tokens, message_target
 
 
 @dataclass
 class Dedupe:
     drop: bool = False  # export.dedupe
-    seen: set | None = None
+    seen: set[str] | None = None
     duplicates: int = 0  # trained messages that an earlier written record already trains
     dropped: int = 0  # records left out (every trained message a duplicate)
     untrained: int = 0  # duplicate messages untrained inside a kept merged record
@@ -32,15 +33,14 @@ class Dedupe:
     def __post_init__(self) -> None:
         self.seen = set() if self.seen is None else self.seen
 
-    def check(self, rec: dict) -> tuple[dict | None, int]:
+    def check(self, rec: SftRecord) -> tuple[SftRecord | None, int]:
         """(the record to write, or None; how many of its trained messages are duplicates)."""
-        msgs = record_messages(rec)
-        positions = trained_positions(rec)
-        keys = [message_target(msgs[k]) for k in positions]
+        seen = self.seen if self.seen is not None else set()
+        keys = [message_target(rec.messages[k]) for k in rec.trained]
         dup = []
         for key in keys:  # a merged record may train the same message twice: the second is a duplicate
-            dup.append(key in self.seen)
-            self.seen.add(key)
+            dup.append(key in seen)
+            seen.add(key)
         n = sum(dup)
         self.duplicates += n
         if not self.drop or not n:
@@ -48,38 +48,44 @@ class Dedupe:
         if n == len(keys):
             self.dropped += 1
             return None, n
-        meta = rec.get("metadata") or {}
-        if meta.get("granularity") != "merged":
+        if not isinstance(rec, MergedRecord):
             self.kept_in_path_records += n
             return rec, n
         self.untrained += n
         return untrain(rec, [i for i, d in enumerate(dup) if d]), n
 
 
-def untrain(rec: dict, which: list[int]) -> dict:
+def untrain(rec: MergedRecord, which: list[int]) -> MergedRecord:
     """A merged record with its `which`-th trained messages untrained (see the module)."""
-    meta = dict(rec["metadata"])
-    rec = dict(rec, metadata=meta)
-    meta["untrained_duplicates"] = [meta["steps"][i] for i in which]
-    meta["trained"] = [t for i, t in enumerate(meta["trained"]) if i not in which]
-    meta["steps"] = [s for i, s in enumerate(meta["steps"]) if i not in which]
-    if "completion_mask" in rec:
-        spans = _runs(rec["completion_mask"])
-        mask = list(rec["completion_mask"])
-        if len(spans) == len(meta["trained"]) + len(which):
+    meta = rec.metadata
+    trained = tuple(t for i, t in enumerate(meta.trained) if i not in which)
+    meta = dataclasses.replace(
+        meta,
+        untrained_duplicates=tuple(meta.steps[i] for i in which),
+        trained=trained,
+        steps=tuple(s for i, s in enumerate(meta.steps) if i not in which),
+    )
+    tokens = rec.tokens
+    if tokens is not None:
+        spans = _runs(list(tokens.completion_mask))
+        mask = list(tokens.completion_mask)
+        if len(spans) == len(trained) + len(which):
             for i in which:
                 a, b = spans[i]
                 mask[a:b] = [0] * (b - a)
-            rec["completion_mask"] = mask
-            if isinstance(meta.get("student_tokens"), dict):
-                meta["student_tokens"] = dict(meta["student_tokens"], completion_tokens=sum(mask))
-                meta["student_tokens"]["prompt_tokens"] = len(mask) - sum(mask)
-    return rec
+            tokens = Tokens(tokens.input_ids, tuple(mask))
+            if meta.student_tokens is not None:
+                counts = dataclasses.replace(
+                    meta.student_tokens, completion_tokens=sum(mask), prompt_tokens=len(mask) - sum(mask)
+                )
+                meta = dataclasses.replace(meta, student_tokens=counts)
+    return dataclasses.replace(rec, metadata=meta, tokens=tokens)
 
 
 def _runs(mask: list[int]) -> list[tuple[int, int]]:
     """The [start, end) spans of consecutive 1s: one per trained message."""
-    out, start = [], None
+    out: list[tuple[int, int]] = []
+    start: int | None = None
     for i, m in enumerate([*mask, 0]):
         if m and start is None:
             start = i

@@ -48,7 +48,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
+from sftree.config import REPO_ROOT
 from sftree.dataset.atif import trajectories, tree_folder, with_logprobs
 from sftree.dataset.merged import merged_record, runs
 from sftree.dataset.messages import (
@@ -63,23 +65,31 @@ from sftree.dataset.pretokenize import pretokenize
 from sftree.dataset.special_text import MODES, SpecialText, SpecialTextStats, builtin_strings, student_strings
 from sftree.dataset.stats import ExportStats
 from sftree.dataset.student import Measure, Student, StudentError, StudentStats, load_student, measure
-from sftree.dataset.tree_packed import pack_records, write_tree_file
+from sftree.dataset.tree_packed import PathTokens, pack_paths, write_tree_file
 from sftree.errors import InputError
 from sftree.progress import Progress
 from sftree.records import steplog
-from sftree.records.atif import trajectory_writer
+from sftree.records.atif import atif_path, trajectory_writer
 from sftree.records.paths import Paths, RankedPath, read_paths
 from sftree.records.root import meta_path, read_root_meta
 from sftree.records.scores import signed_gain
-from sftree.records.sft import OPENCODE, record_writer, schema_problem, write_stats
+from sftree.records.sft import (
+    GRANULARITIES,
+    OPENCODE,
+    Granularity,
+    SftRecord,
+    record_from_doc,
+    record_writer,
+    schema_problem,
+    write_stats,
+)
 from sftree.records.tree import Edge, Tree, final_path, read_tree
-from sftree.settings import ExportSettings, schema_defaults
+from sftree.records.tree_packed import tree_form_path
+from sftree.settings import ExportSettings, load_settings, section_settings
 
 log = logging.getLogger("sftree.dataset.export")
 
 EXPORTED_KINDS = ("agent", "nudge")
-# Record forms (`export.granularity`; docs/outputs.md): one per step, one per selected path, one per run of steps.
-GRANULARITIES = ("step", "path", "merged")
 
 
 def tree_backend(tree: Tree) -> str:
@@ -267,13 +277,15 @@ def _skip_kind(why: str) -> str:
 
 def export_tree(
     ctx: TreeContext,
-    granularity: str,
+    granularity: Granularity,
     stats: ExportStats,
     refuse_native: bool = False,
     student: Student | None = None,
     text: TextRule | None = None,
-) -> Iterator[dict]:
-    """The records of one tree's selected paths, in the given form, counted into `stats` as they go."""
+    tree: list[PathTokens] | None = None,
+) -> Iterator[SftRecord]:
+    """The records of one tree's selected paths, in the given form, counted into `stats` as they go. `tree`: the
+    tree form's paths are added to it, from the same read of the tree's steps (`_TreeExport.path_tokens`)."""
     selected = list(ctx.paths.selected)
     stats.paths += len(selected)
     # A tampered edge has no child, so no path runs through it; counted for the card all the same.
@@ -282,14 +294,17 @@ def export_tree(
     task = ctx.paths.task or ctx.tree.task
     if task and task not in stats.tasks:
         stats.tasks.append(task)
-    tree = _TreeExport(ctx, stats, refuse_native, student, text or TextRule.of(student))
+    export = _TreeExport(ctx, stats, refuse_native, student, text or TextRule.of(student))
+    side = export.tree_side() if tree is not None else None
     if granularity == "path":
-        yield from tree.path_records(selected)
+        yield from export.path_records(selected)
     elif granularity == "merged":
-        yield from tree.merged_records(selected)
+        yield from export.merged_records(selected)
     else:
-        for rec in tree.step_records(selected):
-            yield from tree.emit(rec)
+        for rec in export.step_records(selected):
+            yield from export.emit(rec)
+    if side is not None and tree is not None:
+        tree.extend(side.path_tokens(selected))
 
 
 class _TreeExport:
@@ -313,6 +328,17 @@ class _TreeExport:
         )  # message keys of this tree's ill-formed replies (for history_excluded)
         self.counted: set[str] = set()  # edges whose ill-formed steps are counted (each edge once)
         self.valid_messages: set[str] = set()  # messages found valid against the schema in this tree
+        self.keep_steps = False  # the tree form reads the steps again (`tree_side`)
+
+    def tree_side(self) -> _TreeExport:
+        """The exporter of the tree form's path records on the steps this one reads (each edge read and its
+        ill-formed steps found once), counting into figures of its own (the export's stats are the chosen
+        form's)."""
+        self.keep_steps = True
+        side = _TreeExport(self.ctx, ExportStats(), self.refuse_native, self.student, self.text)
+        side.scanned, side.cache, side.excluded = self.scanned, self.cache, self.excluded
+        side.counted, side.valid_messages = self.counted, self.valid_messages
+        return side
 
     def steps_of(self, edge_id: str) -> list[dict]:
         if edge_id not in self.cache:
@@ -384,7 +410,7 @@ class _TreeExport:
             log.warning("%s: skipping record %s: %s", self.ctx.paths_file, rec["metadata"]["id"], problem)
         return not problem
 
-    def emit(self, rec: dict, measured: Measure | None = None) -> Iterator[dict]:
+    def emit(self, rec: dict, measured: Measure | None = None) -> Iterator[SftRecord]:
         stats = self.stats
         backend = rec["metadata"]["backend"]
         if self.refuse_native and backend != OPENCODE:
@@ -397,9 +423,13 @@ class _TreeExport:
         stats.records += 1
         stats.backends[backend] += 1
         stats.malformed_arguments += rec["metadata"]["malformed_arguments"]
-        yield rec
+        yield record_from_doc(rec, f"{self.ctx.paths_file}: record {rec['metadata']['id']}")
 
-    def path_records(self, selected: list[RankedPath]) -> Iterator[dict]:
+    def path_records(self, selected: list[RankedPath]) -> Iterator[SftRecord]:
+        for rec in self.path_docs(selected):
+            yield from self.emit(rec)
+
+    def path_docs(self, selected: list[RankedPath]) -> list[dict]:
         """A path record trains every assistant turn: it ends before the path's first ill-formed step. Two paths
         cut at the same step make one record (its path_ranks lists both)."""
         out: dict[tuple, dict] = {}
@@ -419,8 +449,19 @@ class _TreeExport:
             rec = self.build(pick[1], meta, pick[0])
             if rec is not None:
                 out[key] = rec
-        for rec in out.values():
-            yield from self.emit(rec)
+        return list(out.values())
+
+    def path_tokens(self, selected: list[RankedPath]) -> Iterator[PathTokens]:
+        """The tree form's paths: the path records, built as the path form builds them from the steps this tree's
+        export has read, each rendered and tokenized once (`pretokenize`); one longer than the Student's
+        `max_length` is left out, as the path form drops it."""
+        assert self.student is not None  # the tree form is of tokens: iter_task_records checks it
+        for rec in self.path_docs(selected):
+            if self.refuse_native and rec["metadata"]["backend"] != OPENCODE:
+                continue
+            tokens = pretokenize(self.student, rec)
+            if len(tokens.input_ids) <= self.student.max_length:
+                yield PathTokens.of(tokens, rec["metadata"])
 
     def path_pick(self, path: RankedPath, meta: dict) -> tuple[str, dict] | None:
         """(edge, step) whose request + response is the path's record: its last answered step, or the one before
@@ -469,9 +510,10 @@ class _TreeExport:
                     rec = self.build(step, meta | {"path_ranks": ranks_of[edge_id]}, edge_id)
                     if rec is not None:
                         yield rec
-                self.cache.pop(edge_id, None)  # an edge's steps are needed once in step granularity
+                if not self.keep_steps:
+                    self.cache.pop(edge_id, None)  # an edge's steps are needed once in step granularity
 
-    def merged_records(self, selected: list[RankedPath]) -> Iterator[dict]:
+    def merged_records(self, selected: list[RankedPath]) -> Iterator[SftRecord]:
         """Merged granularity: runs of consecutive steps of one session, each run one record (dataset/merged.py)."""
         for run in runs(self.step_records(selected), self.student):
             rec = merged_record(run)
@@ -545,28 +587,47 @@ class TextRule:
 
 def iter_task_records(
     paths_files: Iterable[str | Path],
-    granularity: str,
+    settings: ExportSettings,
     stats: ExportStats,
-    refuse_native: bool,
     student: Student | None,
-    special_text: str,
-    pretokenized: bool,
-) -> Iterator[dict]:
-    """Records of all selected paths of one task's trees, one tree at a time (nothing else held in memory)."""
+    tree: list[PathTokens] | None = None,
+) -> Iterator[SftRecord]:
+    """Records of all selected paths of one task's trees in the form `settings.granularity` names, one tree at a
+    time (nothing else held in memory). `tree` (`export.tree_packed`): each tree's paths for the tree form are
+    added to it, tokenized once, from the same read of its steps."""
     paths_files = list(paths_files)
-    text = TextRule.of(student, special_text, pretokenized)
-    if student is not None and special_text == "split":
+    if tree is not None and student is None:
+        raise InputError("export.tree_packed needs export.student: the tree form is of tokens")
+    text = TextRule.of(student, settings.special_text, settings.pretokenized)
+    if student is not None and settings.special_text == "split":
         student = dataclasses.replace(student, plain_data=True)  # counted as the pre-tokenized rows hold it
-    stats.granularity, stats.refuse_native, stats.pretokenized = granularity, refuse_native, pretokenized
+    stats.granularity, stats.refuse_native = settings.granularity, settings.refuse_native
+    stats.pretokenized = settings.pretokenized
     if student is not None and stats.student is None:
         stats.student = StudentStats.of(student)
     if stats.special_text is None:
-        stats.special_text = SpecialTextStats(special_text, text.special.source)
+        stats.special_text = SpecialTextStats(settings.special_text, text.special.source)
     progress = Progress("export-sft trees", total=len(paths_files), logger=log)
     for pf in paths_files:
-        yield from export_tree(TreeContext.load(pf), granularity, stats, refuse_native, student, text)
+        ctx = TreeContext.load(pf)
+        yield from export_tree(
+            ctx, _granularity(settings), stats, settings.refuse_native, student, text, tree
+        )
         progress.update(records=stats.records)
     progress.finish(records=stats.records, paths=stats.paths)
+
+
+def _granularity(settings: ExportSettings) -> Granularity:
+    if settings.granularity not in GRANULARITIES:
+        raise InputError(
+            f"export.granularity: {settings.granularity!r} is not one of {', '.join(GRANULARITIES)}"
+        )
+    return cast(Granularity, settings.granularity)
+
+
+def export_settings(**values: object) -> ExportSettings:
+    """`export` settings with the schema's defaults for what `values` leave out (tests, benchmarks)."""
+    return section_settings(ExportSettings, {k: v for k, v in values.items() if v is not None})
 
 
 def export_task(
@@ -577,62 +638,19 @@ def export_task(
     special_text: str | None = None,
     pretokenized: bool = False,
 ) -> tuple[list[dict], ExportStats]:
-    """One task's records in memory (tests, benchmarks); `special_text` None: the schema's."""
-    stats = ExportStats()
-    if special_text is None:
-        special_text = schema_defaults(ExportSettings).special_text
-    records = list(
-        iter_task_records(paths_files, granularity, stats, refuse_native, student, special_text, pretokenized)
+    """One task's records in memory, as written (tests, benchmarks); `special_text` None: the schema's."""
+    settings = export_settings(
+        granularity=granularity,
+        refuse_native=refuse_native,
+        special_text=special_text,
+        pretokenized=pretokenized,
     )
+    stats = ExportStats()
+    records = [r.to_doc() for r in iter_task_records(paths_files, settings, stats, student)]
     return records, stats
 
 
-# --- CLI ------------------------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--paths", nargs="+", required=True, help="paths.json files of one task's trees")
-    parser.add_argument("--out", required=True, help="JSONL to write")
-    parser.add_argument("--granularity", choices=GRANULARITIES, default="step")
-    parser.add_argument(
-        "--refuse-native",
-        action="store_true",
-        help="leave out the records of trees not made by the opencode backend (counted); default: flag them",
-    )
-    parser.add_argument(
-        "--student",
-        help="the Student's HF model folder or .gguf file: every record rendered with its chat template and "
-        "counted with its tokenizer (export.student)",
-    )
-    parser.add_argument("--student-max-length", type=int, help="with --student: records longer are dropped")
-    parser.add_argument(
-        "--student-chat-template", help="with --student: a Jinja file replacing its own template"
-    )
-    parser.add_argument(
-        "--special-text",
-        choices=MODES,
-        default=schema_defaults(ExportSettings).special_text,
-        help="a record whose data holds control-token text: drop it, split (tokenized as plain text, "
-        "with --pretokenized) or keep it (export.special_text; default %(default)s)",
-    )
-    parser.add_argument(
-        "--pretokenized",
-        action="store_true",
-        help="with --student: each record gets input_ids and completion_mask (export.pretokenized)",
-    )
-    parser.add_argument(
-        "--tree-out",
-        help="with --student: also write the tree form here (export.tree_packed; dataset/tree_packed.py)",
-    )
-    parser.add_argument(
-        "--atif-out", help="also write the selected paths as ATIF v1.8 trajectories here (export.atif)"
-    )
-    parser.add_argument(
-        "--tree-max-tokens",
-        type=int,
-        default=schema_defaults(ExportSettings).tree_max_tokens,
-        help="the tree form's cap on a part (export.tree_max_tokens; default %(default)s)",
-    )
+# --- ATIF (export.atif) -------------------------------------------------------------------------------------
 
 
 def path_sessions(
@@ -667,57 +685,119 @@ def write_atif(paths_files: Iterable[str | Path], out: str | Path) -> tuple[int,
     return n, kept, missing
 
 
-def write_tree_form(args: argparse.Namespace, student: Student | None) -> None:
-    """The tree form (`--tree-out`): the path form's records, under the Student, packed as prefix trees; its
-    figures (`TreeStats`) beside it."""
-    if student is None:
-        raise InputError(
-            "--tree-out (export.tree_packed) needs --student (export.student): the tree is of tokens"
-        )
-    if args.tree_max_tokens < 1:
-        raise InputError(f"--tree-max-tokens (export.tree_max_tokens) {args.tree_max_tokens}: not positive")
-    # the tree form is of ids, data text always tokenized as plain text (`pretokenize`): split needs no more
-    split = args.special_text == "split"
-    records = iter_task_records(
-        args.paths, "path", ExportStats(), args.refuse_native, student, args.special_text, split
+# --- CLI ------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--paths", nargs="+", required=True, help="paths.json files of one task's trees")
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="JSONL to write (sft.jsonl; its stats, and with export.tree_packed the tree form, beside it)",
     )
-    lines, tree_stats = pack_records(
-        records, student, args.tree_max_tokens
-    )  # one path's tokens held at a time
-    write_tree_file(args.tree_out, lines, tree_stats)
-    log.info("tree form: %d paths in %d parts -> %s", tree_stats.paths, len(lines), args.tree_out)
+    parser.add_argument(
+        "--config",
+        help="config.yaml whose `export` section says what to write (default: the repository's; a workflow run "
+        "passes its effective config, results/.sftree/config.yaml)",
+    )
+    # Each option below overrides one key of the config's `export` section for a run by hand (validated with
+    # it); left out, the config's value holds (the workflow passes none).
+    parser.add_argument("--granularity", choices=GRANULARITIES, help="export.granularity")
+    parser.add_argument(
+        "--refuse-native",
+        action="store_const",
+        const=True,
+        help="export.refuse_native: leave out the records of trees not made by the opencode backend (counted)",
+    )
+    parser.add_argument("--student", help="export.student.path: the Student's HF model folder or .gguf file")
+    parser.add_argument("--student-max-length", type=int, help="export.student.max_length (with --student)")
+    parser.add_argument("--student-chat-template", help="export.student.chat_template (with --student)")
+    parser.add_argument("--special-text", choices=MODES, help="export.special_text")
+    parser.add_argument(
+        "--pretokenized", action="store_const", const=True, help="export.pretokenized (with a Student)"
+    )
+    parser.add_argument(
+        "--tree-packed",
+        action="store_const",
+        const=True,
+        help="export.tree_packed: also write the tree form beside --out (sft.tree.jsonl; with a Student)",
+    )
+    parser.add_argument("--tree-max-tokens", type=int, help="export.tree_max_tokens")
+    parser.add_argument(
+        "--atif",
+        action="store_const",
+        const=True,
+        help="export.atif: also write the selected paths as ATIF v1.8 trajectories beside --out (sft.atif.jsonl)",
+    )
 
 
-def run(args: argparse.Namespace) -> int:
-    student = None
+def cli_settings(args: argparse.Namespace) -> ExportSettings:
+    """The `export` settings of `--config` with the options given on the command line (all checked by the schema).
+    A Student named on the command line is a path from where the command runs."""
+    export: dict[str, object] = {
+        key: value
+        for key, value in (
+            ("granularity", args.granularity),
+            ("refuse_native", args.refuse_native),
+            ("special_text", args.special_text),
+            ("pretokenized", args.pretokenized),
+            ("tree_packed", args.tree_packed),
+            ("tree_max_tokens", args.tree_max_tokens),
+            ("atif", args.atif),
+        )
+        if value is not None
+    }
     if args.student:
         if not args.student_max_length:
             raise InputError("--student needs --student-max-length (export.student.max_length)")
-        student = load_student(args.student, args.student_max_length, args.student_chat_template)
+        template = args.student_chat_template
+        export["student"] = {
+            "path": str(Path(args.student).resolve()),
+            "max_length": args.student_max_length,
+            "chat_template": str(Path(template).resolve()) if template else None,
+        }
+    return load_settings(args.config, {"export": export} if export else None).export
+
+
+def load_export_student(settings: ExportSettings) -> Student | None:
+    """`export.student`, loaded (None when not set: the records are not measured). A relative path is taken from
+    the repository root, as `teacher.launch`'s, so a run in another folder finds it."""
+    student = settings.student
+    if student is None:
+        return None
+    template = student.chat_template
+    return load_student(
+        _from_repo(student.path), student.max_length, _from_repo(template) if template else None
+    )
+
+
+def _from_repo(path: str) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = cli_settings(args)
+    student = load_export_student(settings)
+    tree: list[PathTokens] | None = [] if settings.tree_packed else None
     stats = ExportStats()
     # A StudentError raised on any record leaves nothing written (the writer renames only on success).
     with record_writer(args.out) as out:
-        records = iter_task_records(
-            args.paths,
-            args.granularity,
-            stats,
-            args.refuse_native,
-            student,
-            args.special_text,
-            args.pretokenized,
-        )
-        for rec in records:
+        for rec in iter_task_records(args.paths, settings, stats, student, tree):
             out.write(rec)
     write_stats(args.out, stats.to_dict())
-    if args.atif_out:
-        write_atif(args.paths, args.atif_out)
-    if args.tree_out:
-        write_tree_form(args, student)
+    if settings.atif:
+        write_atif(args.paths, atif_path(args.out))
+    if tree is not None and student is not None:
+        tree_out = tree_form_path(args.out)
+        lines, tree_stats = pack_paths(tree, settings.tree_max_tokens, next((p.task for p in tree), None))
+        write_tree_file(str(tree_out), lines, tree_stats)
+        log.info("tree form: %d paths in %d parts -> %s", tree_stats.paths, len(lines), tree_out)
     log.info(
         "%d records (%s) from %d selected paths in %d trees -> %s; ill-formed steps never trained %s; "
         "skipped %s; refused %s; malformed arguments in histories %d",
         stats.records,
-        args.granularity,
+        settings.granularity,
         stats.paths,
         len(args.paths),
         args.out,

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from sftree.dataset.dedupe import Dedupe
 from sftree.records.scores import signed_gain
-from sftree.records.sft import FIGURES_VERSION, record_messages
+from sftree.records.sft import FIGURES_VERSION, RecordMeta, SftRecord, record_from_doc
 
 
-def _gain(meta: dict) -> float | None:
+def _gain(meta: RecordMeta) -> float | None:
     """The path's best node score minus its root's, oriented so that positive is better."""
-    return signed_gain(meta.get("root_score"), meta.get("max_score"), meta.get("direction"))
+    return signed_gain(meta.root_score, meta.max_score, meta.direction)
 
 
 @dataclass
@@ -39,38 +40,35 @@ class DatasetFigures:
     roots: dict = field(default_factory=dict)  # (task, root) -> {stage, records, tokens, completion}
     paths: dict = field(default_factory=dict)  # (task, root, path rank) -> {gain, path_score}, first record's
 
-    def add(self, rec: dict, duplicate: int = 0) -> None:
+    def add(self, rec: SftRecord, duplicate: int = 0) -> None:
         """Count one written record; `duplicate`: how many of its trained messages an earlier record trains."""
-        m = rec.get("metadata") or {}
+        m = rec.metadata
         self.records += 1
         self.duplicates += duplicate
-        messages = record_messages(rec)
+        messages = rec.messages
         self.messages += len(messages)
         for x in [x for x in messages if x.get("role") == "assistant"][-1:]:
             for tc in x.get("tool_calls", []):
                 self.tools[tc["function"]["name"]] += 1
-        self.sandboxes[str(m.get("sandbox") or "unknown")] += 1
-        self.backends[str(m.get("backend") or "unknown")] += 1
-        self.corals[str(m.get("coral") or "stand-in")] += 1
-        self.history_excluded += m.get("history_excluded", 0)
-        self.malformed += m.get("malformed_arguments", 0)
-        self.granularities[m.get("granularity")] += 1
-        task, root, stage = m.get("task"), m.get("root"), m.get("stage") or "unknown"
+        self.sandboxes[str(m.sandbox or "unknown")] += 1
+        self.backends[m.backend or "unknown"] += 1
+        self.corals[m.coral or "stand-in"] += 1
+        self.history_excluded += m.history_excluded
+        self.malformed += m.malformed_arguments
+        self.granularities[m.granularity] += 1
+        task, root, stage = m.task, m.root, m.stage or "unknown"
         self.by_task_stage[(task, stage)] += 1
         row = self.roots.setdefault(
             (task, root), {"stage": stage, "records": 0, "tokens": 0, "completion": 0}
         )
         row["records"] += 1
-        usage = m.get("usage") or {}
-        row["tokens"] += usage.get("total_tokens", 0)
-        row["completion"] += usage.get("completion_tokens", 0)
+        usage = m.usage.to_doc()
+        row["tokens"] += m.usage.total_tokens
+        row["completion"] += m.usage.completion_tokens
         for k, v in usage.items():
             self.tokens[k] += v
-        if (task, root, m.get("path_rank")) not in self.paths:
-            self.paths[(task, root, m.get("path_rank"))] = {
-                "gain": _gain(m),
-                "path_score": m.get("path_score"),
-            }
+        if (task, root, m.path_rank) not in self.paths:
+            self.paths[(task, root, m.path_rank)] = {"gain": _gain(m), "path_score": m.path_score}
 
     @property
     def tasks(self) -> list:
@@ -97,12 +95,11 @@ class DatasetFigures:
         }
 
 
-def figures_of(records: list[dict]) -> DatasetFigures:
-    """The figures of records already in memory (tests, and a card made without a merge)."""
+def figures_of(records: list[dict[str, Any]]) -> DatasetFigures:
+    """The figures of records already in memory, as written (tests, and a card made without a merge)."""
     out = DatasetFigures()
     dedupe = Dedupe()
-    for rec in records:
-        out.add(
-            rec, dedupe.check(rec)[1] if record_messages(rec) else 0
-        )  # a card test may give metadata alone
+    for n, doc in enumerate(records, 1):
+        rec = record_from_doc(doc, f"record {n}")
+        out.add(rec, dedupe.check(rec)[1])
     return out

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from sftree.records.sft import record_messages
+from sftree.records.sft import Message, SftRecord
 
 DATASET_NAME = "sftree"
 LLAMAFACTORY_TAGS = {
@@ -25,7 +25,7 @@ TOOL_CALL_WORDS = ("<tool_call>", "</tool_call>")  # its default tool-call words
 TOOL_RESPONSE_WORDS = ("<tool_response>\n", "\n</tool_response>")
 
 
-def _lf_assistant(m: dict) -> dict:
+def _lf_assistant(m: Message) -> dict[str, str]:
     """An assistant message as one LLaMA-Factory turn whose content keeps the text beside the calls.
 
     Its `openai` converter would replace the content of a message with `tool_calls` by the calls alone, so calls
@@ -44,7 +44,7 @@ def _lf_assistant(m: dict) -> dict:
     return {"role": "function_call", "content": f"{text}{TOOL_CALL_WORDS[0]}{body}{TOOL_CALL_WORDS[1]}"}
 
 
-def llamafactory_record(rec: dict) -> dict:
+def llamafactory_record(rec: SftRecord) -> dict[str, object]:
     """A record in the shape LLaMA-Factory's `openai` converter takes without loss.
 
     Its converter requires strictly alternating turns (user or observation, then assistant or function), so the
@@ -60,8 +60,8 @@ def llamafactory_record(rec: dict) -> dict:
     - `tools` is a JSON string (its converter accepts one), so tool schemas are not unified across records;
     - a tool message keeps only `role` and `content`: the converter reads nothing else of it (no `name`).
     """
-    out: list[dict] = []
-    for m in record_messages(rec):
+    out: list[dict[str, str]] = []
+    for m in rec.messages:
         if m["role"] == "user" and out and out[-1]["role"] == "tool":
             results = []
             while out and out[-1]["role"] == "tool":
@@ -74,18 +74,17 @@ def llamafactory_record(rec: dict) -> dict:
             out.append({"role": m["role"], "content": m["content"]})
     while out and out[-1]["role"] == "tool":
         out.pop()
-    meta = rec.get("metadata") or {}
     return {
         "messages": out,
-        "tools": json.dumps(rec.get("tools") or [], ensure_ascii=False),
-        "id": meta.get("id"),
+        "tools": json.dumps(list(rec.tools), ensure_ascii=False),
+        "id": rec.metadata.id,
     }
 
 
-def turn_boundaries(rec: dict) -> int:
+def turn_boundaries(rec: SftRecord) -> int:
     """How many times a user message follows a tool message in the record (the layout LLaMA-Factory cannot
     keep: `llamafactory_record`)."""
-    msgs = record_messages(rec)
+    msgs = rec.messages
     return sum(a["role"] == "tool" and b["role"] == "user" for a, b in zip(msgs, msgs[1:], strict=False))
 
 

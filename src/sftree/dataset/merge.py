@@ -24,16 +24,21 @@ from sftree.dataset.tree_packed import merge_tree_files
 from sftree.errors import InputError
 from sftree.fileio import write_json_atomic, write_text_atomic
 from sftree.progress import Progress
+from sftree.records.atif import atif_path
 from sftree.records.sft import (
     STATS_VERSION,
+    MergedRecord,
     iter_records,
+    lines_writer,
     read_stats,
     record_writer,
     stats_path,
     write_figures,
     write_stats,
 )
+from sftree.records.tree_packed import tree_form_path
 from sftree.records.trust import read_results
+from sftree.settings import load_settings
 
 log = logging.getLogger("sftree.dataset.merge")
 
@@ -105,7 +110,7 @@ def _write_records(
     dedupe_ = Dedupe(drop=dedupe)
     with contextlib.ExitStack() as stack:
         main = stack.enter_context(record_writer(out))
-        lf = stack.enter_context(record_writer(llamafactory)) if llamafactory else None
+        lf = stack.enter_context(lines_writer(llamafactory)) if llamafactory else None
         progress = Progress("merge-sft records", logger=log)
         for f in inputs:
             for rec in iter_records(f):
@@ -116,7 +121,7 @@ def _write_records(
                 n = turn_boundaries(rec)
                 stats.boundaries += n
                 stats.boundary_records += n > 0
-                if lf and (rec.get("metadata") or {}).get("granularity") == "merged":
+                if lf and isinstance(rec, MergedRecord):
                     stats.llamafactory_left_out += 1
                 elif lf:
                     lf.write(llamafactory_record(rec))
@@ -160,14 +165,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the records reshaped for LLaMA-Factory (dataset_info points here)",
     )
     parser.add_argument(
-        "--dedupe",
-        action="store_true",
-        help="leave out trained messages that an earlier record trains (dataset/dedupe.py)",
+        "--config",
+        help="config.yaml whose `export` section says what to merge (export.dedupe, export.tree_packed: the tasks' "
+        "tree forms beside their sft.jsonl); default: the repository's",
     )
-    parser.add_argument("--tree-inputs", nargs="+", help="the tasks' tree-form files (export.tree_packed)")
-    parser.add_argument("--tree-out", help="with --tree-inputs: the merged tree-form file to write")
-    parser.add_argument("--atif-inputs", nargs="+", help="the tasks' ATIF trajectory files (export.atif)")
-    parser.add_argument("--atif-out", help="with --atif-inputs: the merged ATIF file to write")
+    parser.add_argument(
+        "--dedupe",
+        action="store_const",
+        const=True,
+        help="export.dedupe for this run: leave out trained messages that an earlier record trains",
+    )
+    parser.add_argument(
+        "--tree-packed",
+        action="store_const",
+        const=True,
+        help="export.tree_packed for this run: merge the tasks' tree forms (sft.tree.jsonl beside each input)",
+    )
+    parser.add_argument(
+        "--atif",
+        action="store_const",
+        const=True,
+        help="export.atif for this run: merge the tasks' ATIF trajectories (sft.atif.jsonl beside each input)",
+    )
     parser.add_argument(
         "--results",
         help="the results folder, for the card's gains, skipped snapshots and sandbox",
@@ -175,12 +194,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if bool(args.tree_inputs) != bool(args.tree_out):
-        raise InputError("--tree-inputs and --tree-out go together")
-    if bool(args.atif_inputs) != bool(args.atif_out):
-        raise InputError("--atif-inputs and --atif-out go together")
-    missing = [f for f in [*args.inputs, *(args.tree_inputs or []), *(args.atif_inputs or [])]
-               if not Path(f).is_file()]  # fmt: skip
+    settings = load_settings(args.config).export
+    dedupe = settings.dedupe if args.dedupe is None else args.dedupe
+    tree_packed = settings.tree_packed if args.tree_packed is None else args.tree_packed
+    tree_inputs = [str(tree_form_path(f)) for f in args.inputs] if tree_packed else []
+    atif = settings.atif if args.atif is None else args.atif
+    atif_inputs = [str(atif_path(f)) for f in args.inputs] if atif else []
+    missing = [f for f in [*args.inputs, *tree_inputs, *atif_inputs] if not Path(f).is_file()]
     if missing:
         raise InputError(f"SFT files to merge not found: {', '.join(missing)}")
     merge(
@@ -189,10 +209,10 @@ def run(args: argparse.Namespace) -> int:
         args.dataset_info,
         args.card,
         args.llamafactory_out,
-        dedupe=args.dedupe,
+        dedupe=dedupe,
         results=args.results,
-        tree=(args.tree_inputs, args.tree_out) if args.tree_inputs else None,
+        tree=(tree_inputs, str(tree_form_path(args.out))) if tree_packed else None,
     )
-    if args.atif_inputs:
-        merge_trajectories(args.atif_inputs, args.atif_out)
+    if atif:
+        merge_trajectories(atif_inputs, atif_path(args.out))
     return 0

@@ -38,7 +38,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from sftree.dataset.pretokenize import pretokenize
+from sftree.dataset.pretokenize import Pretokenized, pretokenize
 from sftree.dataset.student import Student
 from sftree.records.tree_packed import (
     TreeLine,
@@ -63,16 +63,25 @@ class PathTokens:
     def n_trained(self) -> int:
         return sum(self.trained)
 
+    @property
+    def task(self) -> str | None:
+        return self.meta.get("task")
+
+    @classmethod
+    def of(cls, tokens: Pretokenized, meta: dict) -> PathTokens:
+        """A path record's tokens (`pretokenize`) and where it comes from (its metadata's ids)."""
+        keep = ("id", "task", "root", "path_ranks", "path_edges", "leaf")
+        return cls(
+            tuple(tokens.input_ids), tuple(bool(m) for m in tokens.mask), {k: meta.get(k) for k in keep}
+        )
+
 
 def path_tokens(student: Student, rec: dict) -> PathTokens:
     """The path record's token ids and trained tokens as the pre-tokenized form has them (`pretokenize`: the
     Student's template, data text as plain text, each trained turn by TRL's prompt-completion rule). The one place
     the tree form tokenizes: a template that renders a turn differently once later turns follow raises
     StudentError (that turn's context would not be the one it is trained in)."""
-    tok = pretokenize(student, rec)
-    meta = rec.get("metadata") or {}
-    keep = ("id", "task", "root", "path_ranks", "path_edges", "leaf")
-    return PathTokens(tuple(tok.input_ids), tuple(bool(m) for m in tok.mask), {k: meta.get(k) for k in keep})
+    return PathTokens.of(pretokenize(student, rec), rec.get("metadata") or {})
 
 
 def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:

@@ -10,13 +10,23 @@ file fails naming itself and the field instead of reading as "no paths".
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sftree.errors import InputError
 from sftree.fileio import read_json, write_json_atomic
+from sftree.records.fields import (
+    Fields,
+    is_bool,
+    is_int,
+    is_list,
+    is_num,
+    is_object,
+    is_str,
+    is_strs,
+    optional,
+)
 from sftree.records.tree import DIRECTIONS, LEAF_REASONS, Direction, LeafReason, SchemaDoc
 
 PATHS_NAME = "paths.json"
@@ -49,21 +59,21 @@ class RankedPath:
 
     @classmethod
     def from_doc(cls, d: Any, where: str) -> RankedPath:
-        f = _Fields(d, where)
+        f = Fields(d, where)
         return cls(
-            rank=f.get("rank", _is_int, "an integer"),
-            selected=f.get("selected", _is_bool, "true or false"),
-            leaf=f.get("leaf", _is_str, "a string"),
+            rank=f.get("rank", is_int, "an integer"),
+            selected=f.get("selected", is_bool, "true or false"),
+            leaf=f.get("leaf", is_str, "a string"),
             leaf_reason=f.get("leaf_reason", LEAF_REASONS.__contains__, f"one of {', '.join(LEAF_REASONS)}"),
-            nodes=tuple(f.get("nodes", _is_strs, "a list of strings")),
-            edges=tuple(f.get("edges", _is_strs, "a list of strings")),
-            avg_cleanliness=f.get("avg_cleanliness", _is_num, "a number"),
-            avg_knowledge=f.get("avg_knowledge", _is_num, "a number"),
-            avg_score=f.get("avg_score", _is_num, "a number"),
-            avg_score_rank=f.get("avg_score_rank", _is_num, "a number"),
-            max_score=f.get("max_score", _is_num, "a number"),
-            max_score_rank=f.get("max_score_rank", _is_num, "a number"),
-            path_score=f.get("path_score", _is_num, "a number"),
+            nodes=tuple(f.get("nodes", is_strs, "a list of strings")),
+            edges=tuple(f.get("edges", is_strs, "a list of strings")),
+            avg_cleanliness=f.get("avg_cleanliness", is_num, "a number"),
+            avg_knowledge=f.get("avg_knowledge", is_num, "a number"),
+            avg_score=f.get("avg_score", is_num, "a number"),
+            avg_score_rank=f.get("avg_score_rank", is_num, "a number"),
+            max_score=f.get("max_score", is_num, "a number"),
+            max_score_rank=f.get("max_score_rank", is_num, "a number"),
+            path_score=f.get("path_score", is_num, "a number"),
         )
 
     def to_doc(self) -> SchemaDoc:
@@ -93,8 +103,8 @@ class Excluded:
 
     @classmethod
     def from_doc(cls, d: Any, where: str) -> Excluded:
-        f = _Fields(d, where)
-        return cls(leaf=f.get("leaf", _is_str, "a string"), reason=f.get("reason", _is_str, "a string"))
+        f = Fields(d, where)
+        return cls(leaf=f.get("leaf", is_str, "a string"), reason=f.get("reason", is_str, "a string"))
 
     def to_doc(self) -> SchemaDoc:
         return {"leaf": self.leaf, "reason": self.reason}
@@ -110,11 +120,11 @@ class PathCounts:
 
     @classmethod
     def from_doc(cls, d: Any, where: str) -> PathCounts:
-        f = _Fields(d, where)
+        f = Fields(d, where)
         return cls(
-            candidates=f.get("candidates", _is_int, "an integer"),
-            selected=f.get("selected", _is_int, "an integer"),
-            excluded=f.get("excluded", _is_int, "an integer"),
+            candidates=f.get("candidates", is_int, "an integer"),
+            selected=f.get("selected", is_int, "an integer"),
+            excluded=f.get("excluded", is_int, "an integer"),
         )
 
     def to_doc(self) -> SchemaDoc:
@@ -145,27 +155,27 @@ class Paths:
     def from_doc(cls, doc: Any, source: str = "paths.json") -> Paths:
         """The typed form of a paths document; InputError naming `source` and the field when one is missing or
         of the wrong type, or the document is from a newer sftree."""
-        f = _Fields(doc, source, top=True)
-        version = f.get("version", _is_int, "an integer")
+        f = Fields(doc, source, "the paths document")
+        version = f.get("version", is_int, "an integer")
         if version > PATHS_VERSION:
             raise InputError(
                 f"{source}: paths version {version} is newer than this sftree's ({PATHS_VERSION})"
             )
         return cls(
             version=version,
-            task=f.get("task", _optional(_is_str), "a string or null"),
-            root=f.get("root", _optional(_is_str), "a string or null"),
+            task=f.get("task", optional(is_str), "a string or null"),
+            root=f.get("root", optional(is_str), "a string or null"),
             direction=f.get("direction", DIRECTIONS.__contains__, " or ".join(DIRECTIONS)),
-            root_score=f.get("root_score", _optional(_is_num), "a number or null"),
-            top_k=f.get("top_k", _is_int, "an integer"),
-            counts=PathCounts.from_doc(f.get("counts", _is_object, "an object"), f"{source}: counts"),
+            root_score=f.get("root_score", optional(is_num), "a number or null"),
+            top_k=f.get("top_k", is_int, "an integer"),
+            counts=PathCounts.from_doc(f.get("counts", is_object, "an object"), f"{source}: counts"),
             paths=tuple(
                 RankedPath.from_doc(p, f"{source}: paths[{i}]")
-                for i, p in enumerate(f.get("paths", _is_list, "a list"))
+                for i, p in enumerate(f.get("paths", is_list, "a list"))
             ),
             excluded=tuple(
                 Excluded.from_doc(x, f"{source}: excluded[{i}]")
-                for i, x in enumerate(f.get("excluded", _is_list, "a list"))
+                for i, x in enumerate(f.get("excluded", is_list, "a list"))
             ),
         )
 
@@ -193,57 +203,3 @@ def read_paths(path: str | os.PathLike[str]) -> Paths:
     """The typed paths of a file; InputError naming the file (and the field) when it is not JSON or not a paths
     document."""
     return Paths.from_doc(read_json(path, "selected paths file"), f"selected paths file {path}")
-
-
-# --- field checks (each names where it failed) ----------------------------------------------------------
-
-
-class _Fields:
-    """The fields of one JSON object read at `where` (a file, or a file and the path to an object in it)."""
-
-    def __init__(self, d: Any, where: str, top: bool = False):
-        if not isinstance(d, dict):
-            raise InputError(f"{where}: {'the paths document is not' if top else 'expected'} a JSON object")
-        self.d: Mapping[str, Any] = d
-        self.sep = ": " if top else "."
-        self.where = where
-
-    def get(self, key: str, ok: Callable[[Any], bool], expected: str) -> Any:
-        if key not in self.d:
-            raise InputError(f"{self.where}{self.sep}{key}: missing")
-        value = self.d[key]
-        if not ok(value):
-            raise InputError(f"{self.where}{self.sep}{key}: expected {expected}, got {value!r:.80}")
-        return value
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_num(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
-
-
-def _is_bool(x: Any) -> bool:
-    return isinstance(x, bool)
-
-
-def _is_str(x: Any) -> bool:
-    return isinstance(x, str)
-
-
-def _is_strs(x: Any) -> bool:
-    return isinstance(x, list) and all(isinstance(s, str) for s in x)
-
-
-def _is_list(x: Any) -> bool:
-    return isinstance(x, list)
-
-
-def _is_object(x: Any) -> bool:
-    return isinstance(x, dict)
-
-
-def _optional(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda x: x is None or ok(x)

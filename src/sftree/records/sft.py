@@ -1,5 +1,7 @@
 """The SFT record (`sft.jsonl`, one per task and the merged one) and its stats file (`sft.stats.json` beside it):
-the one reader, the one writer, the schema check, and what a record trains.
+the typed record of each form (`StepRecord`, `PathRecord`, `MergedRecord`: frozen, their `metadata` a
+`RecordMeta`), the one checking reader (`iter_records`, `record_from_doc`), the one writer (`record_writer`), the
+schema check, and what a record trains. The tree form's line is records/tree_packed.py's (`TreeLine`).
 
 Written by `export-sft` (per task) and `merge-sft` (all tasks); read by `merge-sft` and the trainers. The report
 reads only the stats and the figures the merge writes beside the merged file (`figures_path`), never the records.
@@ -10,14 +12,27 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import jsonschema
 
 from sftree.config import SCHEMA_DIR
 from sftree.errors import InputError
 from sftree.fileio import AtomicLines, iter_jsonl, read_json, write_json_atomic
+from sftree.records.fields import (
+    Fields,
+    is_int,
+    is_ints,
+    is_num,
+    is_object,
+    is_objects,
+    is_str,
+    is_strs,
+    optional,
+)
+from sftree.records.tree import DIRECTIONS, Direction, SchemaDoc
 
 SFT_NAME = "sft.jsonl"  # the merged file in the results folder (per task: results/<task>/sft.jsonl)
 RECORD_SCHEMA = SCHEMA_DIR / "sft_record.schema.json"
@@ -32,14 +47,361 @@ OPENCODE = "opencode"
 
 # --- the records ----------------------------------------------------------------------------------------
 
+Granularity = Literal["step", "path", "merged"]
+# Record forms (`export.granularity`; docs/outputs.md): one per step, one per selected path, one per run of steps.
+GRANULARITIES: tuple[Granularity, ...] = get_args(Granularity)
+# An OpenAI chat message or a tool's schema, JSON as written (the record schema checks it; nothing changes it).
+Message = dict[str, Any]
 
-def iter_records(path: str | Path) -> Iterator[dict]:
-    """The records of an SFT file, one at a time (errors name the file and line)."""
-    return iter_jsonl(path, "SFT file")
+
+@dataclass(frozen=True)
+class TokenCounts:
+    """`metadata.usage` (the Teacher server's) or `metadata.student_tokens` (under the Student)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def from_doc(cls, d: Any, where: str) -> TokenCounts:
+        f = Fields(d, where)
+        return cls(*(f.get(k, _is_count, "a non-negative integer") for k in TOKEN_KEYS))
+
+    def to_doc(self) -> SchemaDoc:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.total_tokens}  # fmt: skip
 
 
-def record_writer(path: str | Path) -> AtomicLines:
-    """The writer of an SFT file (or its LLaMA-Factory copy): line by line, renamed into place on success only."""
+TOKEN_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+@dataclass(frozen=True)
+class Cut:
+    """`metadata.cut` of a path record: the path's first ill-formed step, where its record ends, and why."""
+
+    edge: str
+    turn: int | None
+    step: int | None
+    reason: str
+
+    @classmethod
+    def from_doc(cls, d: Any, where: str) -> Cut:
+        f = Fields(d, where)
+        return cls(
+            edge=f.get("edge", is_str, "a string"),
+            turn=f.get("turn", optional(is_int), "an integer or null"),
+            step=f.get("step", optional(is_int), "an integer or null"),
+            reason=f.get("reason", is_str, "a string"),
+        )
+
+    def to_doc(self) -> SchemaDoc:
+        return {"edge": self.edge, "turn": self.turn, "step": self.step, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class RecordMeta:
+    """A record's `metadata` (workflow/schemas/sft_record.schema.json; docs/outputs.md): the path and tree it comes
+    from, the step it trains, how it was made. Written in one order (`to_doc`), the form's fields where the form
+    has them: `cut` a path record's (null when the path is whole), `trained` and `steps` a merged record's."""
+
+    task: str
+    root: str
+    stage: str | None
+    direction: Direction
+    root_score: float | None
+    sandbox: str | SchemaDoc | None  # the tree's `sandbox` as recorded (a mode, or an object saying why)
+    backend: str
+    coral: str
+    path_rank: int
+    leaf: str
+    leaf_reason: str | None
+    path_nodes: tuple[str, ...]
+    path_edges: tuple[str, ...]
+    avg_cleanliness: float
+    avg_knowledge: float
+    avg_score: float
+    avg_score_rank: float
+    max_score: float
+    max_score_rank: float
+    path_score: float
+    leaf_score: float | None
+    gain: float | None
+    granularity: Granularity
+    path_ranks: tuple[int, ...]
+    edge: str
+    transcript: str
+    turn: int | None
+    step: int | None
+    kind: str
+    usage: TokenCounts
+    finish_reason: str | None
+    malformed_arguments: int
+    history_excluded: int
+    id: str
+    cut: Cut | None = None  # path form
+    trained: tuple[int, ...] = ()  # merged form: the indices of the trained messages
+    steps: tuple[str, ...] = ()  # merged form: the ids of the steps trained, in that order
+    student_tokens: TokenCounts | None = None  # under the Student (export.student)
+    untrained_duplicates: tuple[str, ...] | None = None  # merged form, export.dedupe: the steps untrained
+
+    @classmethod
+    def from_doc(cls, d: Any, where: str) -> RecordMeta:
+        f = Fields(d, where)
+        granularity = f.get("granularity", GRANULARITIES.__contains__, f"one of {', '.join(GRANULARITIES)}")
+        merged = granularity == "merged"
+        student = f.opt("student_tokens", is_object, "an object")
+        untrained = f.opt("untrained_duplicates", is_strs, "a list of strings")
+        cut = f.get("cut", optional(is_object), "an object or null") if granularity == "path" else None
+        return cls(
+            task=f.get("task", is_str, "a string"),
+            root=f.get("root", is_str, "a string"),
+            stage=f.get("stage", optional(is_str), "a string or null"),
+            direction=f.get("direction", DIRECTIONS.__contains__, " or ".join(DIRECTIONS)),
+            root_score=f.get("root_score", optional(is_num), "a number or null"),
+            sandbox=f.opt(
+                "sandbox", lambda x: x is None or is_str(x) or is_object(x), "a string, an object or null"
+            ),
+            backend=f.get("backend", is_str, "a string"),
+            coral=f.get("coral", is_str, "a string"),
+            path_rank=f.get("path_rank", is_int, "an integer"),
+            leaf=f.get("leaf", is_str, "a string"),
+            leaf_reason=f.get("leaf_reason", optional(is_str), "a string or null"),
+            path_nodes=tuple(f.get("path_nodes", is_strs, "a list of strings")),
+            path_edges=tuple(f.get("path_edges", is_strs, "a list of strings")),
+            avg_cleanliness=f.get("avg_cleanliness", is_num, "a number"),
+            avg_knowledge=f.get("avg_knowledge", is_num, "a number"),
+            avg_score=f.get("avg_score", is_num, "a number"),
+            avg_score_rank=f.get("avg_score_rank", is_num, "a number"),
+            max_score=f.get("max_score", is_num, "a number"),
+            max_score_rank=f.get("max_score_rank", is_num, "a number"),
+            path_score=f.get("path_score", is_num, "a number"),
+            leaf_score=f.get("leaf_score", optional(is_num), "a number or null"),
+            gain=f.get("gain", optional(is_num), "a number or null"),
+            granularity=granularity,
+            path_ranks=tuple(f.get("path_ranks", is_ints, "a list of integers")),
+            edge=f.get("edge", is_str, "a string"),
+            transcript=f.get("transcript", is_str, "a string"),
+            turn=f.get("turn", optional(is_int), "an integer or null"),
+            step=f.get("step", optional(is_int), "an integer or null"),
+            kind=f.get("kind", is_str, "a string"),
+            usage=TokenCounts.from_doc(f.get("usage", is_object, "an object"), f.at("usage")),
+            finish_reason=f.opt("finish_reason", optional(is_str), "a string or null"),
+            malformed_arguments=f.get("malformed_arguments", _is_count, "a non-negative integer"),
+            history_excluded=f.get("history_excluded", _is_count, "a non-negative integer"),
+            id=f.get("id", is_str, "a string"),
+            cut=None if cut is None else Cut.from_doc(cut, f.at("cut")),
+            trained=tuple(f.get("trained", is_ints, "a list of integers")) if merged else (),
+            steps=tuple(f.get("steps", is_strs, "a list of strings")) if merged else (),
+            student_tokens=None if student is None else TokenCounts.from_doc(student, f.at("student_tokens")),
+            untrained_duplicates=None if untrained is None else tuple(untrained),
+        )
+
+    def to_doc(self) -> SchemaDoc:
+        """The metadata as written: its keys in one order (the export's, byte for byte)."""
+        doc: SchemaDoc = {
+            "task": self.task,
+            "root": self.root,
+            "stage": self.stage,
+            "direction": self.direction,
+            "root_score": self.root_score,
+            "sandbox": self.sandbox,
+            "backend": self.backend,
+            "coral": self.coral,
+            "path_rank": self.path_rank,
+            "leaf": self.leaf,
+            "leaf_reason": self.leaf_reason,
+            "path_nodes": list(self.path_nodes),
+            "path_edges": list(self.path_edges),
+            "avg_cleanliness": self.avg_cleanliness,
+            "avg_knowledge": self.avg_knowledge,
+            "avg_score": self.avg_score,
+            "avg_score_rank": self.avg_score_rank,
+            "max_score": self.max_score,
+            "max_score_rank": self.max_score_rank,
+            "path_score": self.path_score,
+            "leaf_score": self.leaf_score,
+            "gain": self.gain,
+            "granularity": self.granularity,
+            "path_ranks": list(self.path_ranks),
+        }
+        if self.granularity == "path":
+            doc["cut"] = None if self.cut is None else self.cut.to_doc()
+        doc |= {
+            "edge": self.edge,
+            "transcript": self.transcript,
+            "turn": self.turn,
+            "step": self.step,
+            "kind": self.kind,
+            "usage": self.usage.to_doc(),
+            "finish_reason": self.finish_reason,
+            "malformed_arguments": self.malformed_arguments,
+            "history_excluded": self.history_excluded,
+            "id": self.id,
+        }
+        if self.granularity == "merged":
+            doc |= {"trained": list(self.trained), "steps": list(self.steps)}
+        if self.student_tokens is not None:
+            doc["student_tokens"] = self.student_tokens.to_doc()
+        if self.untrained_duplicates is not None:
+            doc["untrained_duplicates"] = list(self.untrained_duplicates)
+        return doc
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """`export.pretokenized`: the record's ids under the Student and 1 on each trained token (TRL reads them)."""
+
+    input_ids: tuple[int, ...]
+    completion_mask: tuple[int, ...]
+
+    @classmethod
+    def from_doc(cls, f: Fields) -> Tokens | None:
+        ids = f.opt("input_ids", is_ints, "a list of integers")
+        mask = f.opt("completion_mask", is_ints, "a list of integers")
+        if ids is None and mask is None:
+            return None
+        if ids is None or mask is None or len(ids) != len(mask):
+            raise InputError(f"{f.where}: input_ids and completion_mask go together, of one length")
+        return cls(tuple(ids), tuple(mask))
+
+    def to_doc(self) -> SchemaDoc:
+        return {"input_ids": list(self.input_ids), "completion_mask": list(self.completion_mask)}
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """Step form: TRL's prompt-completion form, one model call; `completion` is the one message trained."""
+
+    prompt: tuple[Message, ...]
+    completion: tuple[Message, ...]
+    tools: tuple[Message, ...]
+    metadata: RecordMeta
+    tokens: Tokens | None = None
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        """The whole conversation: prompt + completion."""
+        return self.prompt + self.completion
+
+    @property
+    def trained(self) -> tuple[int, ...]:
+        """The indices in `messages` of the messages trained: the completion."""
+        return (len(self.prompt),)
+
+    def to_doc(self) -> SchemaDoc:
+        doc: SchemaDoc = {"prompt": list(self.prompt), "completion": list(self.completion),
+                          "tools": list(self.tools), "metadata": self.metadata.to_doc()}  # fmt: skip
+        return doc | (self.tokens.to_doc() if self.tokens else {})
+
+
+@dataclass(frozen=True)
+class PathRecord:
+    """Path form: the whole session of a selected path; every assistant message is trained."""
+
+    messages: tuple[Message, ...]
+    tools: tuple[Message, ...]
+    metadata: RecordMeta
+    tokens: Tokens | None = None
+
+    @property
+    def trained(self) -> tuple[int, ...]:
+        return tuple(i for i, m in enumerate(self.messages) if m.get("role") == "assistant")
+
+    def to_doc(self) -> SchemaDoc:
+        doc: SchemaDoc = {"messages": list(self.messages), "tools": list(self.tools),
+                          "metadata": self.metadata.to_doc()}  # fmt: skip
+        return doc | (self.tokens.to_doc() if self.tokens else {})
+
+
+@dataclass(frozen=True)
+class MergedRecord:
+    """Merged form: a run of consecutive steps of one session; `metadata.trained` are the messages trained."""
+
+    messages: tuple[Message, ...]
+    tools: tuple[Message, ...]
+    metadata: RecordMeta
+    tokens: Tokens | None = None
+
+    @property
+    def trained(self) -> tuple[int, ...]:
+        return self.metadata.trained
+
+    def to_doc(self) -> SchemaDoc:
+        doc: SchemaDoc = {"messages": list(self.messages), "tools": list(self.tools),
+                          "metadata": self.metadata.to_doc()}  # fmt: skip
+        return doc | (self.tokens.to_doc() if self.tokens else {})
+
+
+SftRecord = StepRecord | PathRecord | MergedRecord
+
+
+def record_from_doc(doc: Any, where: str) -> SftRecord:
+    """The typed record of one JSON object (a line of an SFT file, or a record built in memory); InputError naming
+    `where` and the field when one is missing or of the wrong type. The messages' own shape is the schema's to
+    check (`schema_problem`): here each is an object with a string role."""
+    f = Fields(doc, where, "the SFT record")
+    meta = RecordMeta.from_doc(f.get("metadata", is_object, "an object"), f.at("metadata"))
+    tools = tuple(f.get("tools", is_objects, "a list of objects"))
+    tokens = Tokens.from_doc(f)
+    if meta.granularity == "step":
+        prompt = _messages(f, "prompt")
+        completion = _messages(f, "completion")
+        if len(completion) != 1:
+            raise InputError(f"{f.at('completion')}: expected one message, got {len(completion)}")
+        return StepRecord(prompt, completion, tools, meta, tokens)
+    messages = _messages(f, "messages")
+    if meta.granularity == "path":
+        return PathRecord(messages, tools, meta, tokens)
+    if any(not 0 <= k < len(messages) for k in meta.trained):
+        raise InputError(f"{f.at('metadata')}.trained: an index outside the {len(messages)} messages")
+    return MergedRecord(messages, tools, meta, tokens)
+
+
+def _messages(f: Fields, key: str) -> tuple[Message, ...]:
+    msgs = f.get(key, is_objects, "a list of objects")
+    for i, m in enumerate(msgs):
+        if not isinstance(m.get("role"), str):
+            raise InputError(f"{f.at(key)}.{i}.role: missing or not a string")
+    return tuple(msgs)
+
+
+def _is_count(x: Any) -> bool:
+    return is_int(x) and x >= 0
+
+
+def iter_records(path: str | Path) -> Iterator[SftRecord]:
+    """The typed records of an SFT file, one at a time (errors name the file, the line and the field)."""
+    for n, doc in enumerate(iter_jsonl(path, "SFT file"), 1):
+        yield record_from_doc(doc, f"SFT file {path} line {n}")
+
+
+class RecordWriter:
+    """The writer of an SFT file: typed records, line by line, renamed into place on success only."""
+
+    def __init__(self, path: str | Path):
+        self.lines = AtomicLines(path)
+
+    def __enter__(self) -> RecordWriter:
+        self.lines.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.lines.__exit__(*exc)
+
+    @property
+    def count(self) -> int:
+        return self.lines.count
+
+    def write(self, rec: SftRecord) -> None:
+        self.lines.write(rec.to_doc())
+
+
+def record_writer(path: str | Path) -> RecordWriter:
+    return RecordWriter(path)
+
+
+def lines_writer(path: str | Path) -> AtomicLines:
+    """The writer of the LLaMA-Factory copy of an SFT file (dataset/llamafactory.py shapes its lines)."""
     return AtomicLines(path)
 
 
@@ -48,11 +410,16 @@ def merged_path(results: str | Path) -> Path:
     return Path(results) / SFT_NAME
 
 
-_validators: tuple | None = None
+# --- the schema check -----------------------------------------------------------------------------
+
+_Validators = tuple[
+    jsonschema.Draft202012Validator, jsonschema.Draft202012Validator, jsonschema.Draft202012Validator
+]
+_validators: _Validators | None = None
 MESSAGE_KEYS = ("prompt", "messages")  # the lists whose messages repeat from record to record
 
 
-def _schema_validators() -> tuple:
+def _schema_validators() -> _Validators:
     """(the whole record schema, the same without checking the items of `prompt` and `messages` (the completion's
     one message is checked), the message schema alone): a session's messages repeat in every later record, so
     `schema_problem` checks each distinct one once."""
@@ -63,7 +430,8 @@ def _schema_validators() -> tuple:
         for key in MESSAGE_KEYS:
             envelope["properties"][key].pop("items")
         message = {"$defs": schema["$defs"], "$ref": "#/$defs/message"}
-        _validators = tuple(jsonschema.Draft202012Validator(x) for x in (schema, envelope, message))
+        check = jsonschema.Draft202012Validator
+        _validators = (check(schema), check(envelope), check(message))
     return _validators
 
 
@@ -84,7 +452,7 @@ def _message_key(m: Any) -> Any:
         return None
 
 
-def schema_problem(rec: dict, seen: set | None = None) -> str | None:
+def schema_problem(rec: SchemaDoc, seen: set[Any] | None = None) -> str | None:
     """The first way the record breaks workflow/schemas/sft_record.schema.json, or None. With `seen` (messages
     already found valid, updated here) each distinct message is validated once: the same verdict as validating
     the whole record, in time that grows with the new messages only."""
@@ -112,43 +480,34 @@ def _where(err: jsonschema.ValidationError) -> str:
     return f"{'.'.join(str(x) for x in err.absolute_path) or '<top>'}: {err.message[:200]}"
 
 
-def record_messages(rec: dict) -> list[dict]:
-    """The whole conversation of a record, either form (step: prompt + completion; path: messages)."""
-    if "messages" in rec:
-        return rec["messages"]
-    return list(rec.get("prompt") or []) + list(rec.get("completion") or [])
+def record_messages(rec: SftRecord) -> tuple[Message, ...]:
+    """The whole conversation of a record, any form (step: prompt + completion)."""
+    return rec.messages
 
 
-def target_key(rec: dict) -> str:
-    """The trained message (the last assistant message; a merged record: its trained messages) as canonical JSON,
-    tool-call ids left out: two records with the same key teach the same answer."""
-    msgs = record_messages(rec)
-    meta = rec.get("metadata") or {}
-    if meta.get("granularity") == "merged":  # a run: all its trained messages
-        return json.dumps([_target(msgs[k]) for k in meta["trained"]], sort_keys=True, ensure_ascii=False)
+def target_key(rec: SftRecord) -> str:
+    """The trained messages as canonical JSON, tool-call ids left out: two records with the same key teach the
+    same answer (a step or path record: its last assistant message; a merged record: all it trains)."""
+    msgs = rec.messages
+    if isinstance(rec, MergedRecord):
+        return json.dumps([_target(msgs[k]) for k in rec.trained], sort_keys=True, ensure_ascii=False)
     last = next((m for m in reversed(msgs) if m.get("role") == "assistant"), {})
     return json.dumps(_target(last), sort_keys=True, ensure_ascii=False)
 
 
-def trained_positions(rec: dict) -> list[int]:
-    """The indices in `record_messages(rec)` of the messages the record trains: a step record's completion, a
-    merged record's `metadata.trained`, every assistant message of a path record."""
-    msgs = record_messages(rec)
-    meta = rec.get("metadata") or {}
-    if "prompt" in rec:
-        return [len(rec["prompt"])]
-    if meta.get("granularity") == "merged":
-        return list(meta["trained"])
-    return [i for i, m in enumerate(msgs) if m.get("role") == "assistant"]
+def trained_positions(rec: SftRecord) -> tuple[int, ...]:
+    """The indices in `rec.messages` of the messages the record trains: a step record's completion, a merged
+    record's `metadata.trained`, every assistant message of a path record."""
+    return rec.trained
 
 
-def message_target(m: dict) -> str:
+def message_target(m: Message) -> str:
     """One trained message as canonical JSON (content, reasoning, tool names and arguments; tool-call ids aside):
     the duplicate key of dataset/dedupe.py."""
     return json.dumps(_target(m), sort_keys=True, ensure_ascii=False)
 
 
-def _target(m: dict) -> dict:
+def _target(m: Message) -> SchemaDoc:
     calls = [
         {"name": tc["function"]["name"], "arguments": tc["function"]["arguments"]}
         for tc in m.get("tool_calls") or []
@@ -165,12 +524,12 @@ def stats_path(out: str | Path) -> Path:
     return out.with_name(out.name.removesuffix(".jsonl") + ".stats.json")
 
 
-def write_stats(out: str | Path, doc: dict) -> None:
+def write_stats(out: str | Path, doc: SchemaDoc) -> None:
     """Write the stats of the SFT file `out` beside it."""
     write_json_atomic(stats_path(out), doc)
 
 
-def read_stats(path: str | Path, check: bool = True) -> dict | None:
+def read_stats(path: str | Path, check: bool = True) -> SchemaDoc | None:
     """A stats file (`stats_path`) as written; `check`: of this version, else an error (without: None when it is
     not a JSON object, for the report, which shows what it can)."""
     doc = read_json(path, "export stats file")
@@ -190,11 +549,11 @@ def figures_path(out: str | Path) -> Path:
     return out.with_name(out.name.removesuffix(".jsonl") + ".figures.json")
 
 
-def write_figures(out: str | Path, doc: dict) -> None:
+def write_figures(out: str | Path, doc: SchemaDoc) -> None:
     write_json_atomic(figures_path(out), doc)
 
 
-def read_figures(out: str | Path) -> dict | None:
+def read_figures(out: str | Path) -> SchemaDoc | None:
     """The figures of the merged SFT file `out`, as written; None when there are none."""
     path = figures_path(out)
     if not path.is_file():

@@ -44,6 +44,9 @@ class ChatRequest(TypedDict):
     model: JSONValue
     messages: JSONValue  # a list of messages (a request from the sandbox may send anything)
     tools: JSONValue
+    # Every other field sent (sampling, stream, extra_body: teacher/params.py), `model` aside; absent in records
+    # written before it was kept, and in a request that never went on (refused, tampered, the probe)
+    params: NotRequired[JSONObject]
 
 
 class ToolResult(TypedDict):
@@ -125,6 +128,8 @@ class StepRecord(TypedDict):
     error: NotRequired[str]
     raw_response: NotRequired[str]
     tampered: NotRequired[dict[str, str]]
+    # Fields OpenCode sent with a value other than the host's, which went on instead: {field: {expected, got}}
+    params_diff: NotRequired[dict[str, dict[str, str]]]
 
 
 def edge_steps(edge_id: str) -> str:

@@ -103,6 +103,12 @@ def merged_tree_path(results: str | Path) -> Path:
     return Path(results) / TREE_NAME
 
 
+def tree_form_path(sft: str | Path) -> Path:
+    """The tree form beside an SFT file (`export.tree_packed`): `sft.jsonl` -> `sft.tree.jsonl`."""
+    sft = Path(sft)
+    return sft.with_name(sft.name.removesuffix(".jsonl") + ".tree.jsonl")
+
+
 def iter_tree_lines(path: str | Path) -> Iterator[TreeLine]:
     """The lines of a tree-form file, one at a time, each checked (`line_problem`): an InputError names the file,
     the line and what is wrong."""

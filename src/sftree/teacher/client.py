@@ -55,7 +55,8 @@ from sftree.records.steplog import TokenLogprobs
 from sftree.settings import JSONMap, TeacherSettings
 from sftree.teacher.affinity import routing_headers
 from sftree.teacher.http import InFlight
-from sftree.teacher.logprobs import read_logprobs, request_fields
+from sftree.teacher.logprobs import read_logprobs
+from sftree.teacher.params import RequestParams
 from sftree.teacher.response import MalformedResponse, Reply, is_context_overflow, normalize
 from sftree.teacher.router_watch import RouterWatcher, read_workers
 from sftree.teacher.stream import StreamAssembler
@@ -307,6 +308,7 @@ class TeacherClient:
         self.logprobs = int(t.logprobs or 0)
         self.seed = t.seed
         self.stream = bool(t.stream)
+        self.params = RequestParams.from_settings(t)  # every field of a request but its messages and tools
         self.fleet_poll = float(t.fleet_poll or 0)
         self.fleet: RouterWatcher | None = None
         self._sem = threading.BoundedSemaphore(t.max_concurrency)
@@ -446,30 +448,9 @@ class TeacherClient:
     def request_body(
         self, messages: ChatMessages, tools: Tools | None, headers: Mapping[str, object] | None = None
     ) -> WireObject:
-        body: WireObject = {
-            "model": self.model,
-            "messages": messages,
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-        }
-        if tools:
-            body["tools"] = tools
-            if (
-                self.tool_choice != "auto"
-            ):  # `auto` is the servers' default: left out, bodies stay as they were
-                body["tool_choice"] = self.tool_choice
-            if self.constrain != "none":
-                body["response_format"] = tool_call_response_format(
-                    tools, required_args_only=self.constrain == "tool_call_required"
-                )
-        body.update(request_fields(self.logprobs))
-        if self.seed is not None:
-            body["seed"] = request_seed(self.seed, headers, len(messages))
-        if self.stream:  # the reply as SSE chunks, usage in the last one (SGLang, llama-server, vLLM)
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
-        body.update(self.extra_body)
-        return body
+        """The whole request: the messages and tools, every other field the host's (teacher/params.py, the one
+        place both backends take them from)."""
+        return self.params.body(list(messages), list(tools) if tools else None, headers)
 
     def chat(
         self,
