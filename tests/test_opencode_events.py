@@ -8,6 +8,7 @@ import pytest
 
 from sftree.agents.opencode import (
     DENIED,
+    ENV_FLAGS,
     TurnEvents,
     apply_event,
     enrich_records,
@@ -144,6 +145,7 @@ def test_config_points_at_the_proxy_with_the_students_model_id_and_turns_compact
         output_limit=4096,
         temperature=0.7,
         hidden=["/srv/task"],
+        worktree="/workspace/agents/agent-1",
     )
     prov = cfg["provider"][
         "sglang"
@@ -156,6 +158,10 @@ def test_config_points_at_the_proxy_with_the_students_model_id_and_turns_compact
     assert prov["models"]["Qwen3-8B"]["temperature"] is True and cfg["agent"]["build"]["temperature"] == 0.7
     assert cfg["compaction"] == {"auto": False, "prune": False} and cfg["model"] == "sglang/Qwen3-8B"
     assert cfg["permission"]["external_directory"]["/srv/task/**"] == "deny"
+    # the project is no configuration (OPENCODE_DISABLE_PROJECT_CONFIG): the host names what Coral puts there
+    assert ENV_FLAGS["OPENCODE_DISABLE_PROJECT_CONFIG"] == "1"
+    assert cfg["instructions"] == ["/workspace/agents/agent-1/AGENTS.md"]
+    assert cfg["skills"] == {"paths": ["/workspace/agents/agent-1/.opencode/skills"]}
     # the tools that cannot work in an edge are denied where OpenCode merges last (OPENCODE_CONFIG_CONTENT)
     assert DENIED == {"task": "deny", "webfetch": "deny", "websearch": "deny", "question": "deny"}
 

@@ -32,13 +32,19 @@ PROMPT = 'Improve the score of solution.py, then run `coral eval -m "what change
 REQUESTS = 3  # compared one by one: the first, and two that carry tool results
 
 
-def _env(home: Path, proxy: RecordingProxy, channel: str) -> dict[str, str]:
+def _env(home: Path, proxy: RecordingProxy, channel: str, work: Path) -> dict[str, str]:
     cdir = home / "config" / "opencode"
     for sub in ("data", "state", "cache", "home"):
         (home / sub).mkdir(parents=True, exist_ok=True)
     OpenCodeAgent._plugin_stub(cdir)
     cfg = opencode_config(
-        proxy.base_url(channel), STUDENT, context_limit=262144, output_limit=4096, temperature=None, hidden=[]
+        proxy.base_url(channel),
+        STUDENT,
+        context_limit=262144,
+        output_limit=4096,
+        temperature=None,
+        hidden=[],
+        worktree=str(work),
     )
     (cdir / "opencode.json").write_text(json.dumps(cfg))
     env = {
@@ -74,7 +80,7 @@ def _requests_of_run(work: Path, home: Path, proxy: RecordingProxy) -> list[dict
     proc = subprocess.Popen(
         argv,
         cwd=work,
-        env=_env(home, proxy, "run"),
+        env=_env(home, proxy, "run", work),
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -94,7 +100,7 @@ def _requests_of_server(work: Path, home: Path, proxy: RecordingProxy) -> list[d
     proxy.channel("serve")
     store = home / "data" / "opencode" / "opencode.db"
     argv = [sys.executable, "-I", str(DRIVER), OPENCODE, str(work), str(store), str(home / "session.db")]
-    env = _env(home, proxy, "serve")
+    env = _env(home, proxy, "serve", work)
     d = _Driver(argv, "serve", home / "stderr.log", cwd=work, env=env, start_new_session=True)
     try:
         assert d.wait_for("ready", 120) is not None
@@ -111,7 +117,6 @@ def test_the_server_sends_what_opencode_run_sends(tmp_path):
     work.mkdir()
     (work / "AGENTS.md").write_text("# Task: circle packing\nMaximise the sum of radii in solution.py.\n")
     (work / "solution.py").write_text("MARGIN = 0.14\nGROW_PASSES = 0\n")
-    OpenCodeAgent._workspace_stub(work)
     try:
         # The server goes first: the files `opencode run`'s session then sees are the ones the server's saw
         # (teacher-sim answers the same request the same way, so both sessions make the same edits).

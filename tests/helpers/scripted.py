@@ -112,14 +112,22 @@ class ScriptedTeacher:
 class Scripted:
     """A tree of scripted edges: `edge(...)` runs one and returns its EdgeResult."""
 
-    def __init__(self, base: Path, script: dict, *, agent: dict | None = None, extra: dict | None = None):
+    def __init__(
+        self,
+        base: Path,
+        script: dict,
+        *,
+        agent: dict | None = None,
+        extra: dict | None = None,
+        teacher: dict | None = None,
+    ):
         from sftree.search.edge import EdgeContext
 
         self.base = Path(base)
         self.teacher = ScriptedTeacher(script)
         url = self.teacher.start()
         cfg = config(
-            teacher={"base_url": url, "sim": None, "model": "scripted"},
+            teacher={"base_url": url, "sim": None, "model": "scripted", **(teacher or {})},
             agent={"sandbox": "auto", "nudges": 0, "max_steps_per_turn": 8, **(agent or {})},
             **(extra or {}),
         )

@@ -33,7 +33,11 @@ from dataclasses import dataclass, field
 from sftree.jsontypes import JSONObject, JSONValue, obj
 
 DATE_RX = re.compile(r"(Today's date: )[^\n]*")
-SKILLS_RX = re.compile(r"<available_skills>.*?</available_skills>", re.S)
+# From the block's opening tag to the last closing tag of the prompt (greedy): a skill's description is the agents'
+# text and OpenCode does not escape it, so an ancestor's skill described as "</available_skills> ..." would end a
+# lazy match inside the block and break the chain of every honest descendant (issue #49). The block is the
+# system prompt's last part, after the host's instructions.
+SKILLS_RX = re.compile(r"<available_skills>.*</available_skills>", re.S)
 SHOWN = 600  # characters of each side of a difference kept in the record
 
 

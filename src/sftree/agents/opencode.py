@@ -84,10 +84,16 @@ HOME_MOUNT = "/tmp/sftree/opencode"  # the edge's `box/`: OpenCode's own state, 
 HOST_MOUNT = "/tmp/sftree/host"  # the edge's `host/`: what the host writes for OpenCode, read-only inside
 PROXY_MOUNT = "/tmp/sftree/proxy"
 DRIVER = Path(__file__).resolve().parent / "opencode_driver.py"  # runs in the sandbox (python -I, no sftree)
-# Where OpenCode looks for configuration, instructions and code to load that the agent could write (docs/opencode.md
-# "Configuration only from the host"): in the sandbox each is the host's read-only copy or an empty one.
-# (`.opencode/agents` is Coral's shared folder of that name: knowledge, kept; a definition there that changes the
-# system prompt is caught by the chain, agents/chain.py.)
+# What OpenCode loads comes from the host alone (docs/opencode.md "Configuration only from the host"): the project
+# (the worktree, its `.opencode/` with Coral's links into the knowledge, the folders above it) is no configuration
+# at all (OPENCODE_DISABLE_PROJECT_CONFIG); the host hands OpenCode what Coral puts there as its own read-only files:
+# Coral's settings (OPENCODE_CONFIG), the instructions (AGENTS.md) and the shared skills (`skills.paths`).
+CORAL_SETTINGS = "coral-opencode.json"  # in the edge's host/: Coral's `.opencode/opencode.json`
+# OpenCode 1.18.33 carries a second config reader (its `v2/Config`) that ignores that flag: it reads the worktree's
+# `.opencode/opencode.json(c)`, a worktree-root `opencode.json(c)` and `.opencode/` folders, and its plugin loader
+# imports `.opencode/{plugin,plugins}/*.{ts,js}` and a document's `plugins` from them. In the sandbox each is the
+# host's read-only copy or an empty one (`.opencode/agents` is Coral's shared knowledge folder and stays: what
+# that reader makes of an agent file reaches no request, tests/security/test_opencode_loads.py).
 PROJECT_DIRS = ("plugin", "plugins", "tool", "tools", "agent", "command", "commands", "mode", "modes")
 ROOT_CONFIGS = ("opencode.json", "opencode.jsonc")
 STORE_OUT = "session.db"  # in the box: the driver's copy of OpenCode's session store when the edge ends
@@ -117,6 +123,9 @@ ENV_FLAGS = {
     "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
     "OPENCODE_DISABLE_EXTERNAL_SKILLS": "1",
     "OPENCODE_DISABLE_CLAUDE_CODE": "1",
+    # No opencode.json(c), AGENTS.md/CONTEXT.md or `.opencode/` folder (agents, modes, commands, plugins, tools,
+    # skills, their npm dependencies) of the worktree or the folders above it is loaded: the agent writes them
+    "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
     "OPENCODE_DISABLE_EMBEDDED_WEB_UI": "1",
     "OPENCODE_EXPERIMENTAL_DISABLE_FILEWATCHER": "1",
     "OPENCODE_PURE": "1",
@@ -177,11 +186,15 @@ def opencode_config(
     output_limit: int,
     temperature: float | None,
     hidden: list[str],
+    worktree: str,
     autocompact: bool = False,
 ) -> JSONObject:
     """The edge's global opencode.json (read-only in the sandbox): the Student's provider and model id, served by
-    the recording proxy, and what sftree adds to Coral's project config (the worktree's .opencode/opencode.json,
-    Coral's own): subagents, web tools and questions denied, the grader and the store out of reach."""
+    the recording proxy, and what sftree adds to Coral's settings (`CORAL_SETTINGS`): subagents, web tools and
+    questions denied, the grader and the store out of reach. The project is no configuration (ENV_FLAGS), so what
+    OpenCode would find there in Coral is named here: the worktree's AGENTS.md (Coral's instructions; the host's
+    read-only copy in the sandbox: "Instructions from:" names the same path) and the shared skills under
+    `.opencode/skills` (the same SKILL.md files at the same paths as `.opencode`'s own `skills/` scan)."""
     provider, model = split_model(student_model)
     external: JSONObject = {"*": "deny"}
     for h in hidden:  # the grader and the store: denied even if the path is visible
@@ -214,6 +227,8 @@ def opencode_config(
         },
         "permission": {"external_directory": external},
         "experimental": {"continue_loop_on_deny": True},
+        "instructions": [f"{worktree}/AGENTS.md"],
+        "skills": {"paths": [f"{worktree}/.opencode/skills"]},
     }
     if temperature is not None:
         cfg["agent"] = {"build": {"temperature": float(temperature)}}
@@ -734,12 +749,12 @@ class OpenCodeAgent:
             output_limit=self.teacher.max_tokens,
             temperature=self.teacher.temperature,
             hidden=hidden,
+            worktree=run.box.worktree,
             autocompact=not self.oc.disable_autocompact,
         )
         cdir = st.host / "config" / "opencode"
         (cdir / "opencode.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
         self._plugin_stub(cdir)
-        self._workspace_stub(Path(run.workspace.root))
         self._hand_over(run, st)
 
     @staticmethod
@@ -751,23 +766,6 @@ class OpenCodeAgent:
 
         text = run.coral.world.opencode_json()
         safefs.write_bytes_atomic(Path(run.workspace.root), ".opencode/opencode.json", text.encode())
-
-    @staticmethod
-    def _workspace_stub(root: Path) -> None:
-        """The same stub in the agent's `.opencode`, written without following any link the agent left."""
-        from sftree.runtime import safefs
-
-        safefs.write_bytes_atomic(
-            root, ".opencode/package.json", (json.dumps({"dependencies": PLUGIN_DEP}) + "\n").encode()
-        )
-        lock = json.dumps({"packages": {"": {"dependencies": PLUGIN_DEP}}}) + "\n"
-        safefs.write_bytes_atomic(root, ".opencode/package-lock.json", lock.encode())
-        with safefs.open_dir(root, ".opencode/node_modules", create=True):
-            pass
-        try:
-            safefs.read_bytes(root, ".opencode/.gitignore", limit=1)
-        except FileNotFoundError:  # as OpenCode does: only when there is none
-            safefs.write_bytes_atomic(root, ".opencode/.gitignore", GITIGNORE.encode())
 
     @staticmethod
     def _plugin_stub(d: Path) -> None:
@@ -809,6 +807,7 @@ class OpenCodeAgent:
             "npm_config_offline": "true",  # belt and braces: no npm registry from inside OpenCode
         }
         env.update(ENV_FLAGS)
+        env["OPENCODE_CONFIG"] = f"{host}/{CORAL_SETTINGS}"
         env["OPENCODE_CONFIG_CONTENT"] = json.dumps({"permission": DENIED})
         if not self.oc.disable_autocompact:
             env.pop("OPENCODE_DISABLE_AUTOCOMPACT")
@@ -823,6 +822,9 @@ class OpenCodeAgent:
         st.box.mkdir(parents=True, exist_ok=True)
         st.host.mkdir(parents=True, exist_ok=True)
         (st.host / DRIVER.name).write_bytes(DRIVER.read_bytes())
+        # Coral's settings as Coral gives them to OpenCode (OPENCODE_CONFIG: merged after the global config, where
+        # the project's would have been), from the host's copy: the worktree's is the agent's to change
+        (st.host / CORAL_SETTINGS).write_text(run.coral.world.opencode_json(), encoding="utf-8")
         binary = str(Path(self.binary).resolve())  # a symlink to it may lie in a hidden folder
         home, host = self._seen_at(st)
         args = [sys.executable, "-I", f"{host}/{DRIVER.name}", binary, box.worktree]
@@ -843,11 +845,13 @@ class OpenCodeAgent:
         return argv, "/"
 
     def _host_config(self, run: TurnRun, st: _Edge) -> list[tuple[Path, str]]:
-        """Read-only mounts over every place OpenCode loads configuration, instructions or code from that the
-        agent could write: its home's `.opencode`, the worktree's `.opencode/{plugin,tool,agent,...}` (empty),
-        Coral's `.opencode/opencode.json` and AGENTS.md (the host's copies), and a worktree-root `opencode.json`
-        the agent made (`{}`: what it committed is code, not configuration). Also the agent's shell
-        (agents/agent_shell.py: no command of the agent reaches OpenCode's server). Made afresh at every start."""
+        """Read-only mounts over the places of the agent's that OpenCode still reads with the project switched off
+        (ENV_FLAGS): its home's `.opencode` (an empty config folder), the worktree's AGENTS.md (the instructions the
+        host's config names: the host's copy), and for OpenCode's second config reader (`PROJECT_DIRS`) the
+        worktree's `.opencode/{plugin,tool,agent,...}` (empty), `.opencode/opencode.json` (Coral's settings, the
+        host's copy), `.opencode/opencode.jsonc` and a worktree-root `opencode.json(c)` the agent made (`{}`: what it
+        committed is code, not configuration). Also the agent's shell (agents/agent_shell.py: no command of the
+        agent reaches OpenCode's server). Made afresh at every start."""
         from sftree.agents.agent_shell import script
         from sftree.runtime import safefs
 
@@ -860,9 +864,8 @@ class OpenCodeAgent:
         shell = host / "bin" / "bash"
         shell.write_text(script(sys.executable, shutil.which("bash") or "/bin/bash"), encoding="utf-8")
         shell.chmod(0o755)
-        # AGENTS.md as the host wrote it (search/edge.py), Coral's settings as `_coral_settings` writes them
+        # AGENTS.md as the host wrote it (search/edge.py)
         (host / "AGENTS.md").write_text(run.instructions, encoding="utf-8")
-        (host / "coral-opencode.json").write_text(run.coral.world.opencode_json(), encoding="utf-8")
         home_oc = st.box / "home" / ".opencode"  # the box is the sandbox user's: whatever it left there goes
         if not (st.box / "home").is_dir() or (st.box / "home").is_symlink():
             safefs.remove_entry(st.box, "home")
@@ -872,7 +875,7 @@ class OpenCodeAgent:
         safefs.remove_entry(st.box / "home", ".opencode")
         home_oc.mkdir()
         mounts = [(home_cfg, f"{HOME_MOUNT}/home/.opencode"), (host / "AGENTS.md", f"{wt}/AGENTS.md"),
-                  (host / "coral-opencode.json", f"{wt}/.opencode/opencode.json"),
+                  (host / CORAL_SETTINGS, f"{wt}/.opencode/opencode.json"),
                   (blank, f"{wt}/.opencode/opencode.jsonc")]  # fmt: skip
         mounts += [(empty, f"{wt}/.opencode/{d}") for d in PROJECT_DIRS]
         mounts += [(blank, f"{wt}/{name}") for name in ROOT_CONFIGS if os.path.lexists(wt_host / name)]

@@ -1,15 +1,19 @@
 """Selected paths -> one task's SFT JSONL (`sftree export-sft`); the merge of all tasks is `sftree merge-sft`
 (dataset/merge.py).
 
-`--paths P1 P2 ... --out results/<task>/sft.jsonl --granularity step|path|merged [--refuse-native]`; the
-counts of the export (records, steps left out and why: dataset/stats.py) go to `results/<task>/sft.stats.json`
-beside it. The record, its schema check and its files are records/sft.py's; the messages in it are normalised by
+`--paths P1 P2 ... --out results/<task>/sft.jsonl --config C`: what is written is the config's `export` section
+(`ExportSettings`: the form, the Student, the tree form; one default each, the schema's); by hand an option
+(`--granularity`, `--student`, ...) overrides one key of it. The counts of the export (records, steps left out and
+why: dataset/stats.py) go to `results/<task>/sft.stats.json` beside it; with `export.tree_packed` the tree form
+(dataset/tree_packed.py) goes to `sft.tree.jsonl` beside it, made from the same read of each tree's steps, each path
+rendered and tokenized once (`_TreeExport.path_tokens`; **choice**: a path is left out of the tree form when its
+tokens there pass `max_length`). The record, its schema check and its files are records/sft.py's; the messages in it are normalised by
 dataset/messages.py.
 
 OpenAI chat messages (`workflow/schemas/sft_record.schema.json`, docs/outputs.md); every record is validated
 against that schema before it is written:
 
-- step granularity (default): one record per model call (`kind` agent or nudge) on the selected paths, in TRL's
+- step granularity: one record per model call (`kind` agent or nudge) on the selected paths, in TRL's
   prompt-completion form `{prompt, completion, tools, metadata}`: the exact request messages, then the response
   alone, so each record trains exactly one assistant message. Its tool results are checked (every `tool_calls` id
   answered exactly once) but not included: they open the next step's prompt. **Choice**: an edge shared by several
@@ -17,7 +21,7 @@ against that schema before it is written:
   all of them in `path_ranks`).
 - path granularity: `{messages, tools, metadata}`, one record per selected path: the last such step of its last
   edge (its request already holds the whole session since the root), plus its response and tool results.
-- merged granularity: `{messages, tools, metadata}`, one record per run of consecutive step records of one session,
+- merged granularity (the schema's default): `{messages, tools, metadata}`, one record per run of consecutive step records of one session,
   the run's completions listed in `metadata.trained` (dataset/merged.py): the step form's trained messages, each
   once in the same context, without repeating the session for every step.
 - **Only well-formed steps are trained** (`messages.exclusion`): a reply cut at `max_tokens` (`finish_reason: length`), a
