@@ -2,15 +2,15 @@
 """Wall time of one training step per form (step, merged, path, tree) on the small model, on CPU.
 
     PYTHONPATH=src .venv/bin/python benchmarks/tree_train_time.py [--results results] [--layers 30] [--repeat 2]
-                                                                  [--threads N] [--json OUT]
+                                                                  [--threads N] [--attn sdpa] [--json OUT]
 
 Exports the selected paths of `--results` (default: the test fixture's tree, tests/helpers/export.py) in each form
 under SmolLM2-135M's tokenizer with Qwen2.5's template (as tests/test_tree_trainer.py), then, in the trainer venv
 (scripts/install_trainer.sh), one training step per form over all of that form's records: every record (step,
 merged, path: `token_labels` rows; tree: its lines through `tree_collator`) forward and backward one at a time on
-SmolLM2-135M (its first `--layers` decoder layers, float32, eager attention, every parameter trained), then one
-optimizer step (learning rate 0: every form meets the same weights); the forms take turns, best of `--repeat`
-each. Wall and CPU seconds per form and their ratios to the tree form's (a markdown table, docs/benchmarks.md).
+SmolLM2-135M (its first `--layers` decoder layers, float32, `--attn` attention (sdpa: the tree's CPU path; eager
+as the first measurement had it), every parameter trained), then one optimizer step (learning rate 0: every form
+meets the same weights); the forms take turns, best of `--repeat` each. Wall and CPU seconds per form and their ratios to the tree form's (a markdown table, docs/benchmarks.md).
 The path and tree forms train the same tokens; the step and merged forms may train a few more (the steps after an
 ill-formed one, which the path form cuts: docs/benchmarks.md).
 """
@@ -65,21 +65,18 @@ def step_loss(model, form: str, r: dict):
     """The summed loss of one record (step, merged, path: its completion tokens; tree: `tree_loss`)."""
     import torch
 
-    from sftree.dataset.tree_collator import collate, tree_loss
+    from sftree.dataset.tree_collator import collate
+    from sftree.dataset.tree_loss import forward_loss
 
     if form == "tree":
-        b = collate([r])
-        logits = model(
-            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
-        ).logits
-        return tree_loss(logits, b)
+        return forward_loss(model, collate([r]))[0]
     ids = torch.tensor([r["input_ids"]])
     logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1)
     mask = torch.tensor(r["completion_mask"][1:], dtype=torch.float32)
     return -(logp.gather(-1, ids[0, 1:, None])[:, 0] * mask).sum()
 
 
-def inner(cfg: dict, layers: int, repeat: int, threads: int) -> dict:
+def inner(cfg: dict, layers: int, repeat: int, threads: int, attn: str = "sdpa") -> dict:
     """In the trainer venv: one step per form (see the module). The forms take turns within each repeat, so
     that a change in the shared machine's load falls on all of them; CPU seconds (the process's, all threads)
     beside the wall time, which other work on the machine stretches."""
@@ -94,7 +91,7 @@ def inner(cfg: dict, layers: int, repeat: int, threads: int) -> dict:
     tok = AutoTokenizer.from_pretrained(cfg["model_dir"], gguf_file=cfg["gguf"])
     tok.chat_template = open(cfg["template"]).read()
     model = AutoModelForCausalLM.from_pretrained(
-        cfg["model_dir"], gguf_file=cfg["gguf"], dtype=torch.float32, attn_implementation="eager"
+        cfg["model_dir"], gguf_file=cfg["gguf"], dtype=torch.float32, attn_implementation=attn
     )
     model.model.layers = model.model.layers[:layers]
     model.config.num_hidden_layers = layers
@@ -157,12 +154,13 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=30, help="SmolLM2's first N decoder layers (30: all)")
     ap.add_argument("--repeat", type=int, default=2, help="steps per form, the best kept")
     ap.add_argument("--threads", type=int, default=0, help="torch's threads (0: torch's default)")
+    ap.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="the attention of every form")
     ap.add_argument("--json")
     ap.add_argument("--inner", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:
         cfg = json.loads(Path(args.inner).read_text())
-        print(json.dumps(inner(cfg, args.layers, args.repeat, args.threads)))
+        print(json.dumps(inner(cfg, args.layers, args.repeat, args.threads, args.attn)))
         return
     cache = Path(os.environ.get("SFTREE_CACHE") or os.path.expanduser("~/.cache/sftree")) / "trainer"
     py = cache / "venv" / "bin" / "python"
@@ -173,11 +171,11 @@ def main() -> None:
         (Path(tmp) / "cfg.json").write_text(json.dumps(cfg))
         env = dict(os.environ, PYTHONPATH=str(REPO / "src"), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1")
         argv = [str(py), __file__, "--inner", str(Path(tmp) / "cfg.json"), "--layers", str(args.layers)]
-        argv += ["--repeat", str(args.repeat), "--threads", str(args.threads)]
+        argv += ["--repeat", str(args.repeat), "--threads", str(args.threads), "--attn", args.attn]
         res = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True)  # its progress on stderr
         if res.returncode:
             sys.exit(f"the trainer venv's step failed ({res.returncode})")
-    report = {"layers": args.layers, "repeat": args.repeat, "threads": args.threads}
+    report = {"layers": args.layers, "repeat": args.repeat, "threads": args.threads, "attn": args.attn}
     report["forms"] = json.loads(res.stdout.strip().splitlines()[-1])
     print(json.dumps(report, indent=1))
     print(table(report["forms"]))

@@ -1,9 +1,12 @@
 """The tree form proven on a real model by the consumer's own code: SmolLM2-135M (the GGUF of
 scripts/install_llm_server.sh --models-only) through transformers on CPU, in the trainer venv
-(scripts/install_trainer.sh), float32 with eager attention so the 4D mask of `tree_collator` is used as given. Each
-part's weighted loss and the gradients of the trained layer equal the path form's objective (the sum of the paths'
-trained-token losses) computed from the same paths, each a forward of its own; TRL's SFTTrainer takes the lines
-through `TreeCollator` and `TreeLossMixin` (docs/outputs.md's recipe)."""
+(scripts/install_trainer.sh), float32. On the CPU path (sdpa and the dense mask `tree_attention` builds from the
+batch's DFS intervals) each part's weighted loss and the gradients of the trained layer equal the path form's
+objective (the sum of the paths' trained-token losses) computed from the same paths, each a forward of its own; on
+the GPU path's attention (FlexAttention and its `BlockMask`, forward only on CPU) the loss of all the parts in one
+padded batch equals it too; TRL's SFTTrainer takes the lines through `TreeCollator` and `TreeLossMixin`
+(docs/outputs.md's recipe), gradient accumulation included. The `BlockMask` equals the ancestor mask block for block
+and element for element on 1,000 random trees."""
 
 from __future__ import annotations
 
@@ -38,6 +41,8 @@ def probe_env(tmp_path: Path) -> dict:
         "CUDA_VISIBLE_DEVICES": "",
         "OMP_NUM_THREADS": "2",
         "PYTHONPATH": str(REPO / "src"),  # trainer_labels: standard library only; tree_collator: torch only
+        # FlexAttention's kernel compiled into the test's own folder (cold, as on a fresh clone)
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
     }
 
 
@@ -94,7 +99,7 @@ def test_tree_form_loss_and_gradients_equal_the_path_forms(tmp_path):
     assert res.returncode == 0, res.stderr[-4000:]
     print(res.stderr[-2000:])  # where the time goes
     got = json.loads(out.read_text())
-    assert got["attn_implementation"] == "eager"
+    assert got["attn_implementation"] == "sdpa"
     assert len(got["lines"]) == len(lines)
     for line, row in zip(lines, got["lines"], strict=True):
         paths = line.metadata["paths"]
@@ -110,6 +115,9 @@ def test_tree_form_loss_and_gradients_equal_the_path_forms(tmp_path):
             assert off > 1e-4 * abs(row["tree_loss"]) and off > 100 * abs(
                 row["tree_loss"] - row["path_loss"]
             ), row
+    # FlexAttention: the parts and the whole tree in one padded batch (forward only: no backward on CPU)
+    objective = sum(row["path_loss"] for row in got["lines"])
+    assert abs(got["flex_loss"] - objective) <= 1e-4 * objective, (got["flex_loss"], objective)
     first = got["lines"][0]
     assert abs(got["trl_first_loss"] - first["path_loss"] / first["weight"]) <= 1e-3 * first["path_loss"]
 
@@ -117,8 +125,10 @@ def test_tree_form_loss_and_gradients_equal_the_path_forms(tmp_path):
 @pytest.mark.trainer
 def test_tree_collator_batches_and_trains_through_trl(tmp_path):
     """A small Llama made in the trainer venv (random weights): two parts in one padded batch give the path form's
-    objective of four paths (two sharing a prefix, one a prefix of another, one alone), and TRL's SFTTrainer with
-    `TreeCollator` and `TreeLossMixin` logs the first part's loss over its weight."""
+    objective of four paths (two sharing a prefix, one a prefix of another, one alone) under eager attention and
+    sdpa; TRL's SFTTrainer with `TreeCollator` and `TreeLossMixin`, accumulating the two parts' gradients, logs
+    the path form's token mean over both (`num_items_in_batch`), not the mean of each part's mean; a model whose
+    forward makes its logits otherwise than its output embeddings is refused."""
     py = trainer_python()
     out = tmp_path / "out.json"
     env = probe_env(tmp_path) | {"PYTHONPATH": f"{REPO / 'src'}:{REPO / 'tests' / 'trainer'}"}
@@ -132,5 +142,34 @@ def test_tree_collator_batches_and_trains_through_trl(tmp_path):
     assert res.returncode == 0, res.stderr[-4000:]
     got = json.loads(out.read_text())
     assert got["parts"] == 2
-    assert abs(got["tree_loss"] - got["path_objective"]) <= 1e-5 * abs(got["path_objective"]), got
-    assert abs(got["trl"] - got["first_mean"]) <= 1e-3 * got["first_mean"], got
+    for attn in ("eager", "sdpa"):
+        assert abs(got["tree_loss"][attn] - got["path_objective"]) <= 1e-5 * abs(got["path_objective"]), got
+    assert abs(got["trl_accumulated"] - got["token_mean"]) <= 1e-4 * got["token_mean"], got
+    # the parts' weights differ, so the mean of the micro-batches' means is another number
+    assert abs(got["mean_of_means"] - got["token_mean"]) > 100 * abs(
+        got["trl_accumulated"] - got["token_mean"]
+    )
+    assert "otherwise than its output embeddings" in got["refusal"], got
+
+
+@pytest.mark.trainer
+def test_block_mask_equals_the_ancestor_mask_on_1000_random_trees(tmp_path):
+    """tests/trainer/tree_mask_probe.py in the trainer venv: batches of random depth-first lines (padding, several
+    roots, random block sizes); `collate` returns `(B, L)` vectors only, the dense mask and the `BlockMask` (block
+    for block, element for element) equal the ancestor mask built from `parent` alone; a line that is not
+    depth-first, or whose lists differ in length, is refused, naming it."""
+    out = tmp_path / "out.json"
+    res = subprocess.run(
+        [str(trainer_python()), str(REPO / "tests" / "trainer" / "tree_mask_probe.py"), str(out), "1000"],
+        env=probe_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-4000:]
+    got = json.loads(out.read_text())
+    assert got["cases"] == 1000
+    assert got["refusals"] == [
+        "tree-form batch, line 1: token 1: its subtree is not one interval (the line is not depth-first)",
+        "tree-form batch, line 0: input_ids, position_ids, parent, loss_weight of different lengths",
+    ]

@@ -1,13 +1,15 @@
 """Run inside the trainer venv (scripts/install_trainer.sh): the tree form (`sft.tree.jsonl`) against the path form on
-a real model, on CPU, in float32 with eager attention (the attention that takes the 4D mask as given).
+a real model, on CPU, in float32, through both paths of `tree_loss.forward_loss`: sdpa (the CPU path: its dense
+mask) and FlexAttention (the GPU path: its `BlockMask`; forward only, torch has no FlexAttention backward on CPU).
 
 Usage: python tree_probe.py CONFIG_JSON OUT_JSON, CONFIG = {"model_dir", "gguf", "template", "tree": JSONL,
 "paths": JSONL (the path form's records; each tree line's `metadata.paths[].id` names them), "layers": N (the
-model's first N decoder layers, default 2)}. Per tree line: the
-weighted loss `tree_loss` of the line (one forward) and its gradients on the trained layers, and the path form's
-objective (each path a forward of its own, its trained tokens by `token_labels`, the sum of their losses) and its
-gradients; the same line under a plain causal mask (the 4D mask must matter); then one step of TRL's SFTTrainer with
-`TreeCollator` and `TreeLossMixin` (the recipe of docs/outputs.md) on the lines: its first logged loss.
+model's first N decoder layers, default 2), "flex": bool (default true)}. Per tree line, under sdpa: the weighted
+loss of the line (one forward) and its gradients on the trained layers, and the path form's objective (each path a
+forward of its own, its trained tokens by `token_labels`, the sum of their losses) and its gradients; the same line
+under a plain causal mask (the mask must matter). Under FlexAttention: all the lines in one padded batch, its loss
+(one compile of the kernel for the one shape). Then one step of TRL's SFTTrainer with `TreeCollator` and
+`TreeLossMixin` (the recipe of docs/outputs.md) on the lines: its first logged loss.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
 from sftree.dataset.trainer_labels import token_labels  # PYTHONPATH=src: standard library only
-from sftree.dataset.tree_collator import TreeCollator, TreeLossMixin, collate, tree_loss  # torch only
+from sftree.dataset.tree_collator import TreeCollator, collate  # torch only
+from sftree.dataset.tree_loss import TreeLossMixin, forward_loss, tree_loss
 
 
 def trained_params(model, layers: int) -> list:
@@ -56,11 +59,28 @@ def path_objective(model, params, rows: list[dict]) -> tuple[float, list]:
 
 
 def tree_objective(model, params, line: dict, mask: bool = True) -> tuple[float, list]:
+    """The line's weighted loss and its gradients: through `forward_loss` (the tree's mask), or under the model's
+    plain causal mask."""
     batch = collate([line])
-    kwargs = {"attention_mask": batch["attention_mask"]} if mask else {}
-    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], **kwargs).logits
-    loss = tree_loss(logits, batch)
+    if mask:
+        loss, _ = forward_loss(model, batch)
+    else:
+        out = model(
+            input_ids=batch["input_ids"], position_ids=batch["position_ids"], output_hidden_states=True
+        )
+        loss = tree_loss(out.hidden_states[-1], model.get_output_embeddings(), batch)
     return loss.item(), list(torch.autograd.grad(loss, params))
+
+
+def flex_loss(model, lines: list[dict]) -> float:
+    """The loss of all the lines in one padded batch under FlexAttention (forward only)."""
+    model.set_attn_implementation("flex_attention")
+    try:
+        with torch.no_grad():
+            loss, _ = forward_loss(model, collate(lines))
+    finally:
+        model.set_attn_implementation("sdpa")
+    return loss.item()
 
 
 def rel(a: list, b: list) -> float:
@@ -72,14 +92,16 @@ class TreeSFTTrainer(TreeLossMixin, SFTTrainer):
     pass
 
 
-def trl_step(model, tok, tree_file: str) -> float:
-    """One step of SFTTrainer on the tree form, batch 1 (docs/outputs.md's recipe): the first logged loss."""
-    ds = load_dataset("json", data_files=tree_file, split="train").select(range(1))
+def trl_step(model, tok, tree_file: str, accumulate: int = 1) -> float:
+    """One step of SFTTrainer on the tree form's first `accumulate` lines, batch 1, accumulating the gradients of
+    `accumulate` micro-batches (docs/outputs.md's recipe): the first logged loss."""
+    ds = load_dataset("json", data_files=tree_file, split="train").select(range(accumulate))
     with tempfile.TemporaryDirectory() as out:
         args = SFTConfig(
             output_dir=out,
             max_steps=1,
             per_device_train_batch_size=1,
+            gradient_accumulation_steps=accumulate,
             learning_rate=1e-4,
             logging_steps=1,
             save_strategy="no",
@@ -112,7 +134,7 @@ def main(cfg_file: str, out_file: str) -> None:
     tok = AutoTokenizer.from_pretrained(cfg["model_dir"], gguf_file=cfg["gguf"])
     tok.chat_template = open(cfg["template"]).read()
     model = AutoModelForCausalLM.from_pretrained(
-        cfg["model_dir"], gguf_file=cfg["gguf"], dtype=torch.float32, attn_implementation="eager"
+        cfg["model_dir"], gguf_file=cfg["gguf"], dtype=torch.float32, attn_implementation="sdpa"
     )
     model.eval()  # no dropout: the two forms' forwards must be the same function
     params = trained_params(model, cfg.get("layers", 2))
@@ -122,7 +144,8 @@ def main(cfg_file: str, out_file: str) -> None:
         rec = json.loads(line)
         records[rec["metadata"]["id"]] = rec
     result = {"attn_implementation": model.config._attn_implementation, "lines": []}
-    for line in map(json.loads, open(cfg["tree"])):
+    lines = [json.loads(x) for x in open(cfg["tree"])]
+    for line in lines:
         rows = [token_labels(records[p["id"]], tok) for p in line["metadata"]["paths"]]
         loss_p, grads_p = path_objective(model, params, rows)
         loss_t, grads_t = tree_objective(model, params, line)
@@ -139,7 +162,11 @@ def main(cfg_file: str, out_file: str) -> None:
                 "weight": sum(line["loss_weight"]),
             }
         )
-        note(f"part {line['metadata']['part']}: path {loss_p:.6f} tree {loss_t:.6f}")
+        grad = result["lines"][-1]["grad_rel_diff"]
+        note(f"part {line['metadata']['part']}: path {loss_p:.6f} tree {loss_t:.6f} gradients {grad:.1e}")
+    if cfg.get("flex", True):
+        result["flex_loss"] = flex_loss(model, lines)
+        note(f"FlexAttention, {len(lines)} lines in one batch: {result['flex_loss']:.6f}")
     if cfg.get("trl", True):
         result["trl_first_loss"] = trl_step(model, tok, cfg["tree"])
         note("TRL step")

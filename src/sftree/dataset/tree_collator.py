@@ -1,94 +1,85 @@
-"""Train a Hugging Face causal LM on sftree's tree form (`sft.tree.jsonl`, docs/outputs.md "The tree form"). torch
-only: import it where the trainer runs, or copy this file.
+"""Batches of sftree's tree form (`sft.tree.jsonl`, docs/outputs.md "The tree form") for a Hugging Face causal LM.
+torch only: import it where the trainer runs, or copy it with its two neighbours (`tree_attention.py`, which
+builds the mask where the model runs, and `tree_loss.py`, the loss and `TreeLossMixin`).
 
 `collate(lines)` turns lines (JSON objects, as a `datasets` row or `sftree.records.tree_packed.TreeLine.to_dict()`
-gives them; `records.tree_packed.iter_tree_lines` reads a file checking every line) into a batch the model takes:
-- `input_ids`, `position_ids` (each token's position in its own path), padded;
-- `attention_mask`: a 4D additive mask `(batch, 1, L, L)`, 0 where token i may attend to token j (j is i or one
-  of its ancestors, by `parent`), the dtype's minimum elsewhere; transformers uses a 4D mask as given, with
-  `attn_implementation="eager"` or `"sdpa"` (not flash attention, which takes no mask);
-- `tree_parent`, `tree_weight`: what `tree_loss` needs (-1 and 0 on padding).
+gives them; `records.tree_packed.iter_tree_lines` reads a file checking every line) into per-token vectors, each
+`(batch, L)`, padded to the longest line:
+- `input_ids`, `position_ids` (each token's position in its own path);
+- `tree_parent`: the index of the token's parent in its line (-1: a branch's first token, and padding);
+- `tree_weight`: the token's loss weight (0: context only, and padding);
+- `tree_end`: the end of the token's subtree (exclusive). A line is depth-first, so a token's subtree is the
+  interval `[k, tree_end[k])` and its ancestors are the tokens whose intervals hold it: key k is visible to query q
+  iff `k <= q < tree_end[k]` (the DFS intervals). A padding token's interval is itself alone.
 
-`tree_loss(logits, batch)` is `sum_i w_i * -log softmax(logits[parent_i])[id_i]`: each token predicted from its
-parent's logits (a branch point's logits predict each of its children). Its sum over the lines is the path form's
-objective (the sum over paths of their trained tokens' losses); `/ batch["tree_weight"].sum()` makes it the
-token-mean loss of a batch of those paths.
-
-With TRL's SFTTrainer: `TreeCollator` as `data_collator`, `remove_unused_columns=False` (the trainer would drop
-`parent` and `loss_weight`, which the model's forward does not name), and `TreeLossMixin` before the trainer class
-(its `compute_loss` takes the batch's tree fields out before the model runs and returns `tree_loss`):
-`class TreeSFTTrainer(TreeLossMixin, SFTTrainer): pass` (a runnable recipe: docs/outputs.md).
+No mask: it is `L x L` and the attention implementations each take another form of it, so `tree_attention` builds
+it from `tree_end` where the model runs (a FlexAttention `BlockMask` that never holds a dense mask, or a dense
+mask for sdpa and eager). The batch is O(L): five `(batch, L)` vectors.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-TREE_FIELDS = ("tree_parent", "tree_weight")
+LINE_FIELDS = ("input_ids", "position_ids", "parent", "loss_weight")  # one entry per token (the file's)
+TREE_FIELDS = ("tree_parent", "tree_weight", "tree_end")  # what the model's forward does not take
 
 
-def ancestor_mask(parent: list[int], size: int | None = None) -> torch.Tensor:
-    """(size, size) bool: row i is True at i and at each of its ancestors (`parent` before child, -1: none)."""
+def subtree_end(parent: list[int]) -> list[int]:
+    """Each token's subtree end (exclusive) in a depth-first line: one pass from the last token, each token's end
+    and size handed to its parent. ValueError naming the token when a parent is not an earlier token or -1, or when
+    a subtree is not one interval (the line is not depth-first: its intervals would not be its ancestors)."""
     n = len(parent)
-    size = size or n
-    allowed = torch.zeros(size, size, dtype=torch.bool)
-    for i, p in enumerate(parent):
+    end, size = list(range(1, n + 1)), [1] * n
+    for i in range(n - 1, -1, -1):
+        p = parent[i]
+        if not -1 <= p < i:
+            raise ValueError(f"token {i}: parent {p!r} is not an earlier token or -1")
         if p >= 0:
-            allowed[i, :i] = allowed[p, :i]  # a parent comes first: its row is done
-        allowed[i, i] = True
-    for i in range(n, size):  # padding attends to itself only (no row without a key: no NaN)
-        allowed[i, i] = True
-    return allowed
+            size[p] += size[i]
+            end[p] = max(end[p], end[i])
+    # every descendant lies in [k, end): the interval is the subtree iff it holds no other token
+    for k in range(n):
+        if end[k] - k != size[k]:
+            raise ValueError(f"token {k}: its subtree is not one interval (the line is not depth-first)")
+    return end
 
 
-def collate(lines: list[dict], pad_id: int = 0, dtype: torch.dtype = torch.float32) -> dict:
-    """A batch of tree-form lines (see the module)."""
+def collate(lines: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """A batch of tree-form lines (see the module); ValueError naming the line when its lists differ in length or
+    it is not depth-first."""
     size = max(len(x["input_ids"]) for x in lines)
 
-    def padded(key: str, fill: int, kind: torch.dtype) -> torch.Tensor:
-        return torch.tensor([list(x[key]) + [fill] * (size - len(x[key])) for x in lines], dtype=kind)
+    def padded(values: list[list[int]], fill: int | None, kind: torch.dtype) -> torch.Tensor:
+        # fill None: the padding's own index + 1 (a padding token's interval is itself)
+        rows = [
+            v + (list(range(len(v) + 1, size + 1)) if fill is None else [fill] * (size - len(v)))
+            for v in values
+        ]
+        return torch.tensor(rows, dtype=kind)
 
-    allowed = torch.stack([ancestor_mask(list(x["parent"]), size) for x in lines])
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    ends = []
+    for n, x in enumerate(lines):
+        try:
+            if len({len(x[k]) for k in LINE_FIELDS}) != 1:
+                raise ValueError(f"{', '.join(LINE_FIELDS)} of different lengths")
+            ends.append(subtree_end(list(x["parent"])))
+        except ValueError as exc:
+            raise ValueError(f"tree-form batch, line {n}: {exc}") from None
     return {
-        "input_ids": padded("input_ids", pad_id, torch.long),
-        "position_ids": padded("position_ids", 0, torch.long),
-        "attention_mask": mask[:, None],
-        "tree_parent": padded("parent", -1, torch.long),
-        "tree_weight": padded("loss_weight", 0, torch.float32),
+        "input_ids": padded([list(x["input_ids"]) for x in lines], pad_id, torch.long),
+        "position_ids": padded([list(x["position_ids"]) for x in lines], 0, torch.long),
+        "tree_parent": padded([list(x["parent"]) for x in lines], -1, torch.long),
+        "tree_weight": padded([list(x["loss_weight"]) for x in lines], 0, torch.float32),
+        "tree_end": padded(ends, None, torch.long),
     }
 
 
 class TreeCollator:
     """`collate` as a trainer's `data_collator` (features: dataset rows with the tree form's fields)."""
 
-    def __init__(self, pad_id: int = 0, dtype: torch.dtype = torch.float32):
-        self.pad_id, self.dtype = pad_id, dtype
+    def __init__(self, pad_id: int = 0):
+        self.pad_id = pad_id
 
-    def __call__(self, features: list[dict]) -> dict:
-        return collate(features, self.pad_id, self.dtype)
-
-
-def tree_loss(logits: torch.Tensor, batch: dict) -> torch.Tensor:
-    """The weighted sum of each token's loss, predicted from its parent's logits (see the module)."""
-    parent, weight, ids = batch["tree_parent"], batch["tree_weight"], batch["input_ids"]
-    weight = weight.to(logits.device) * (parent >= 0)
-    rows = torch.arange(ids.shape[0], device=logits.device)[:, None]
-    src = parent.clamp(min=0).to(logits.device)
-    # token i's id read in the log-probabilities at its parent's row: a branch point's row predicts each child
-    logp = torch.log_softmax(logits.float(), dim=-1)[rows, src, ids.to(logits.device)]
-    return -(logp * weight).sum()
-
-
-class TreeLossMixin:
-    """Before a transformers Trainer class (e.g. TRL's SFTTrainer): the loss of a batch is `tree_loss` divided by
-    the batch's weight (the token mean over the paths it holds)."""
-
-    def compute_loss(self, model: Any, inputs: dict, return_outputs: bool = False, num_items_in_batch=None):
-        tree = {k: inputs.pop(k) for k in TREE_FIELDS}
-        outputs = model(**inputs)
-        loss = tree_loss(outputs.logits, {**tree, "input_ids": inputs["input_ids"]})
-        loss = loss / tree["tree_weight"].sum().clamp(min=1)
-        return (loss, outputs) if return_outputs else loss
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        return collate(features, self.pad_id)
