@@ -17,7 +17,12 @@ SRC = REPO / "src"
 # run as programs (by path, in a sandbox or a subprocess), never imported: reached by the tests that run them
 PROGRAMS = re.compile(r"(_main|__main__|\.toolbox|\.opencode_driver)$|\.standin_pkg\b")
 # torch only, imported where the trainer runs (never by sftree's own venv): tests/test_tree_trainer.py in the trainer's
-TRAINER_ONLY = {"sftree.dataset.tree_collator", "sftree.dataset.tree_attention", "sftree.dataset.tree_loss"}
+TRAINER_ONLY = {
+    "sftree.dataset.tree_collator",
+    "sftree.dataset.tree_attention",
+    "sftree.dataset.tree_loss",
+    "sftree.dataset.distill_loss",
+}
 
 
 def test_measured_entries_name_tests_that_exist():

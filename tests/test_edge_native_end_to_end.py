@@ -24,9 +24,9 @@ FAULTS = [
 
 @pytest.fixture(scope="module")
 def cp(tmp_path_factory):
-    """One circle_packing tree with a scripted teacher-sim; edges e1..e7."""
+    """One circle_packing tree with a scripted teacher-sim, asked for the Teacher's tokens; edges e1..e7."""
     tmp = tmp_path_factory.mktemp("edge")
-    cfg = config(teacher={"sim": {"seed": 3, "script": FAULTS}})
+    cfg = config(teacher={"sim": {"seed": 3, "script": FAULTS}, "logprobs": 5})
     ctx = EdgeContext.create(tmp / "tree", make_root(tmp), settings_of(cfg), example_task(cfg))
     yield ctx
     ctx.close()
@@ -35,6 +35,17 @@ def cp(tmp_path_factory):
 @pytest.fixture(scope="module")
 def e1(cp):
     return run_edge(cp, cp.root_state, "e1", 1.0, depth=1, attempt=1, eval_count=5)
+
+
+def test_every_answered_step_record_keeps_the_teachers_tokens(cp, e1):
+    """`teacher.logprobs: 5` through the native agent: each answered model call's step record (written and read
+    back through the message store) keeps the sampled ids and the top-5, aligned with the reply's usage."""
+    steps = [s for s in read_steps(cp.tree_dir, "e1") if s.get("response") is not None]
+    assert steps and all("logprobs_dropped" not in s for s in steps)
+    for s in steps:
+        lp = s["logprobs"]
+        assert lp["k"] == 5 and len(lp["ids"]) == len(lp["top_ids"]) == s["usage"]["completion_tokens"]
+        assert all(len(top) == 5 for top in lp["top_ids"])
 
 
 def grade(ctx, commit, tmp_path):

@@ -48,6 +48,32 @@ def demo(tmp_path_factory, example_snapshots_dir):
     return tmp_path, snaps, snakemake(tmp_path)
 
 
+@pytest.mark.slow
+def test_demo_writes_one_atif_trajectory_per_selected_path(demo):
+    """sft.atif.jsonl (export.atif), per task and merged: one trajectory per selected path, valid under the atif
+    package's own models, OpenCode's sessions with each message once (no copied context)."""
+    tmp_path, _, res = demo
+    assert res.returncode == 0, res.stderr[-4000:]
+    results = tmp_path / "results"
+    selected = sum(
+        p["selected"]
+        for f in results.glob("*/trees/*/paths.json")
+        for p in json.loads(f.read_text())["paths"]
+    )
+    atif = pytest.importorskip("atif")
+    trajectories = [
+        atif.Trajectory.model_validate_json(x) for x in (results / "sft.atif.jsonl").read_text().splitlines()
+    ]
+    assert selected and len(trajectories) == selected
+    assert all(t.schema_version == "ATIF-v1.8" and t.agent.name == "opencode" for t in trajectories)
+    per_task_atif = sum(
+        len((results / t / "sft.atif.jsonl").read_text().splitlines()) for t in ("circle_packing", "tsp")
+    )
+    assert per_task_atif == selected
+    assert not any(s.is_copied_context for t in trajectories for s in t.steps)
+    assert all(any(s.source == "agent" for s in t.steps) for t in trajectories)
+
+
 def demo_student() -> Path:
     """The demo's Student tokenizer (scripts/install_student.sh, which setup.sh runs)."""
     folder = Path(os.environ.get("SFTREE_STUDENT_DIR") or REPO / ".tools" / "student")

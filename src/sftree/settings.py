@@ -75,6 +75,7 @@ class TeacherSettings:
     sim: JSONMap | None
     tool_choice: str
     constrain: str
+    logprobs: int
     seed: int | None
     launch: (
         JSONMap | None
@@ -164,6 +165,7 @@ class ExportSettings:
     granularity: str
     dedupe: bool
     refuse_native: bool
+    atif: bool
     tree_packed: bool
     tree_max_tokens: int
     student: StudentSettings | None

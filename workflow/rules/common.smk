@@ -189,6 +189,12 @@ def config_args():
 
 
 TREE_PACKED = bool(config["export"]["tree_packed"])
+ATIF = bool(config["export"]["atif"])
+
+
+def atif_outputs(folder):
+    """The ATIF trajectory file in `folder` (`export.atif`; none when it is off)."""
+    return {"atif": f"{folder}/sft.atif.jsonl"} if ATIF else {}
 
 
 def tree_outputs(folder):

@@ -3,6 +3,7 @@ rule export_sft:
         paths=task_paths_files,
     output:
         **tree_outputs(f"{RESULTS}/{{task}}"),
+        **atif_outputs(f"{RESULTS}/{{task}}"),
         sft=f"{RESULTS}/{{task}}/sft.jsonl",
         stats=f"{RESULTS}/{{task}}/sft.stats.json",
     log:
@@ -13,7 +14,7 @@ rule export_sft:
         config=config_args(),
     shell:
         # The `export` section of the effective config says what to write (the form, the Student, the tree form
-        # beside sft.jsonl when export.tree_packed).
+        # beside sft.jsonl when export.tree_packed, the ATIF trajectories when export.atif).
         "sftree export-sft --paths {input.paths} --out {output.sft} {params.config} > {log} 2>&1"
 
 
@@ -27,8 +28,10 @@ rule merge_sft:
             if TREE_PACKED
             else []
         ),
+        atif=expand(f"{RESULTS}/{{task}}/sft.atif.jsonl", task=TASKS) if ATIF else [],
     output:
         **tree_outputs(RESULTS),
+        **atif_outputs(RESULTS),
         sft=f"{RESULTS}/sft.jsonl",
         stats=f"{RESULTS}/sft.stats.json",
         figures=f"{RESULTS}/sft.figures.json",
@@ -43,8 +46,8 @@ rule merge_sft:
         results=lambda wc, output: os.path.dirname(output.sft),
         config=config_args(),
     shell:
-        # export.dedupe and export.tree_packed from the effective config; the tasks' tree forms are read beside
-        # their sft.jsonl.
+        # export.dedupe, export.tree_packed and export.atif from the effective config; the tasks' tree forms and
+        # ATIF files are read beside their sft.jsonl.
         "sftree merge-sft {input.sft} --out {output.sft} --dataset-info {output.info}"
         " --card {output.card} --llamafactory-out {output.llamafactory}"
         " --results {params.results} {params.config} > {log} 2>&1"

@@ -308,4 +308,8 @@ class NativeAgent:
         }
         if comp.notes:
             record["notes"] = list(comp.notes)
+        if comp.logprobs is not None:
+            record["logprobs"] = comp.logprobs
+        if comp.logprobs_dropped is not None:
+            record["logprobs_dropped"] = comp.logprobs_dropped
         return record

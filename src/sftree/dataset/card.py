@@ -370,6 +370,7 @@ def card_text(
         lines += _trust_lines(trust)
     lines += _untrained_lines(merged, fig.history_excluded, step)
     lines += _student_lines(merged)
+    lines += teacher_token_lines(merged.export if merged else None)
     lines += _special_text_lines(merged)
     lines += _count_lines(fig)
     lines += _gain_lines(fig)
@@ -382,6 +383,29 @@ def card_text(
     if merged_form:
         return "\n".join(lines + _merged_loading_lines(sft_name))
     return "\n".join(lines + _loading_lines(sft_name, lf_name, step, merged))
+
+
+def teacher_token_lines(export: ExportStats | None) -> list[str]:
+    """Card: the replies on the selected paths with and without the Teacher's tokens and logprobs
+    (`teacher.logprobs`); nothing when no reply was asked for them."""
+    counts = export.teacher_logprobs if export is not None else Counter()
+    asked = {k: v for k, v in counts.items() if k != "not_asked"}
+    if not asked:
+        return []
+    missing = {k: v for k, v in sorted(asked.items()) if k != "kept"}
+    return [
+        "",
+        f"Teacher tokens (`teacher.logprobs`): {counts['kept']} replies keep the sampled token ids, logprobs and "
+        "top-K"
+        + (
+            f"; {sum(missing.values())} asked for them keep none ({_counts(missing)}: recorded absent, never "
+            "invented)"
+            if missing
+            else " (every reply asked for them)"
+        )
+        + (f"; {counts['not_asked']} were not asked for them" if counts["not_asked"] else "")
+        + ".",
+    ]
 
 
 def _header_lines(fig: DatasetFigures, sft_name: str, form: str) -> list[str]:

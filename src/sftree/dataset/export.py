@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import cast
 
 from sftree.config import REPO_ROOT
+from sftree.dataset.atif import trajectories, tree_folder, with_logprobs
 from sftree.dataset.fit import FIT_MODES, fit_record
 from sftree.dataset.fit import count as count_adaptations
 from sftree.dataset.merged import merged_record, runs
@@ -82,6 +83,7 @@ from sftree.dataset.tree_packed import PathTokens, pack_paths, write_tree_file
 from sftree.errors import InputError
 from sftree.progress import Progress
 from sftree.records import steplog
+from sftree.records.atif import atif_path, trajectory_writer
 from sftree.records.paths import Paths, RankedPath, read_paths
 from sftree.records.root import meta_path, read_root_meta
 from sftree.records.scores import signed_gain
@@ -271,6 +273,15 @@ def _answered(step: dict) -> bool:
     return isinstance(step.get("response"), dict) and not step.get("error")
 
 
+def logprobs_kind(step: dict) -> str:
+    """What a reply's step record keeps of the Teacher's tokens (`teacher.logprobs`): `kept`, why none were kept
+    (`absent`, `misaligned`, `malformed`), or `not_asked`."""
+    if isinstance(step.get("logprobs"), dict):
+        return "kept"
+    dropped = step.get("logprobs_dropped")
+    return str(dropped).split(":", 1)[0] if dropped else "not_asked"
+
+
 def _skip_kind(why: str) -> str:
     for prefix, kind in (("no response", "no_response"), ("bad message", "bad_message")):
         if why.startswith(prefix):
@@ -349,6 +360,8 @@ class _TreeExport:
             if edge_id not in self.counted:
                 self.counted.add(edge_id)
                 for s in self.cache[edge_id]:
+                    if _answered(s):
+                        self.stats.teacher_logprobs[logprobs_kind(s)] += 1
                     why = exclusion(s) if _answered(s) else None
                     if why:
                         self.stats.excluded[why] += 1
@@ -670,6 +683,41 @@ def export_task(
     return records, stats
 
 
+# --- ATIF (export.atif) -------------------------------------------------------------------------------------
+
+
+def path_sessions(
+    paths_files: Iterable[str | Path],
+) -> Iterator[tuple[list[tuple[str, dict]], dict, str, str | None]]:
+    """Each selected path's answered model calls ((edge id, step record) in order), its metadata (the SFT
+    records' path metadata, the tree's folder and the parent path), the agent backend and the Teacher's model."""
+    for pf in paths_files:
+        ctx = TreeContext.load(pf)
+        for path in ctx.paths.selected:
+            steps = [(e, s) for e in path.edges for s in _exported_steps(ctx, e) if _answered(s)]
+            meta = _path_meta(ctx, path) | {
+                "tree": tree_folder(ctx.tree_dir),
+                "parent_path": list(path.edges[:-1]),
+                "edge_scores": {e: ctx.edges[e].score if e in ctx.edges else None for e in path.edges},
+            }
+            model = steps[0][1]["request"].get("model") if steps else None
+            yield steps, meta, tree_backend(ctx.tree), model if isinstance(model, str) else None
+
+
+def write_atif(paths_files: Iterable[str | Path], out: str | Path) -> tuple[int, int, int]:
+    """The selected paths as ATIF trajectories (`export.atif`, dataset/atif.py): (trajectories, agent steps
+    with the Teacher's logprobs, without). Written whole or not at all."""
+    n = kept = missing = 0
+    with trajectory_writer(out) as w:
+        for doc in trajectories(path_sessions(paths_files)):
+            w.write(doc)
+            n += 1
+            k, m = with_logprobs(doc)
+            kept, missing = kept + k, missing + m
+    log.info("ATIF: %d trajectories (%d agent steps with logprobs, %d without) -> %s", n, kept, missing, out)
+    return n, kept, missing
+
+
 # --- CLI ------------------------------------------------------------------------------------------------
 
 
@@ -713,6 +761,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="export.tree_packed: also write the tree form beside --out (sft.tree.jsonl; with a Student)",
     )
     parser.add_argument("--tree-max-tokens", type=int, help="export.tree_max_tokens")
+    parser.add_argument(
+        "--atif",
+        action="store_const",
+        const=True,
+        help="export.atif: also write the selected paths as ATIF v1.8 trajectories beside --out (sft.atif.jsonl)",
+    )
 
 
 def cli_settings(args: argparse.Namespace) -> ExportSettings:
@@ -727,6 +781,7 @@ def cli_settings(args: argparse.Namespace) -> ExportSettings:
             ("pretokenized", args.pretokenized),
             ("tree_packed", args.tree_packed),
             ("tree_max_tokens", args.tree_max_tokens),
+            ("atif", args.atif),
         )
         if value is not None
     }
@@ -775,6 +830,8 @@ def run(args: argparse.Namespace) -> int:
         for rec in iter_task_records(args.paths, settings, stats, student, tree):
             out.write(rec)
     write_stats(args.out, stats.to_dict())
+    if settings.atif:
+        write_atif(args.paths, atif_path(args.out))
     if tree is not None and student is not None:
         tree_out = tree_form_path(args.out)
         lines, tree_stats = pack_paths(tree, settings.tree_max_tokens, next((p.task for p in tree), None))

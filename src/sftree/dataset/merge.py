@@ -14,6 +14,7 @@ import contextlib
 import logging
 from pathlib import Path
 
+from sftree.dataset.atif import merge_trajectories
 from sftree.dataset.card import card_text
 from sftree.dataset.dedupe import Dedupe
 from sftree.dataset.figures import DatasetFigures
@@ -23,6 +24,7 @@ from sftree.dataset.tree_packed import merge_tree_files
 from sftree.errors import InputError
 from sftree.fileio import write_json_atomic, write_text_atomic
 from sftree.progress import Progress
+from sftree.records.atif import atif_path
 from sftree.records.sft import (
     STATS_VERSION,
     MergedRecord,
@@ -181,6 +183,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="export.tree_packed for this run: merge the tasks' tree forms (sft.tree.jsonl beside each input)",
     )
     parser.add_argument(
+        "--atif",
+        action="store_const",
+        const=True,
+        help="export.atif for this run: merge the tasks' ATIF trajectories (sft.atif.jsonl beside each input)",
+    )
+    parser.add_argument(
         "--results",
         help="the results folder, for the card's gains, skipped snapshots and sandbox",
     )
@@ -191,7 +199,9 @@ def run(args: argparse.Namespace) -> int:
     dedupe = settings.dedupe if args.dedupe is None else args.dedupe
     tree_packed = settings.tree_packed if args.tree_packed is None else args.tree_packed
     tree_inputs = [str(tree_form_path(f)) for f in args.inputs] if tree_packed else []
-    missing = [f for f in [*args.inputs, *tree_inputs] if not Path(f).is_file()]
+    atif = settings.atif if args.atif is None else args.atif
+    atif_inputs = [str(atif_path(f)) for f in args.inputs] if atif else []
+    missing = [f for f in [*args.inputs, *tree_inputs, *atif_inputs] if not Path(f).is_file()]
     if missing:
         raise InputError(f"SFT files to merge not found: {', '.join(missing)}")
     merge(
@@ -204,4 +214,6 @@ def run(args: argparse.Namespace) -> int:
         results=args.results,
         tree=(tree_inputs, str(tree_form_path(args.out))) if tree_packed else None,
     )
+    if atif:
+        merge_trajectories(atif_inputs, atif_path(args.out))
     return 0

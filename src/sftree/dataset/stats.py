@@ -40,6 +40,9 @@ class ExportStats:
         None  # records holding control-token text (dataset/special_text.py)
     )
     pretokenized: bool = False  # records carry `input_ids` and `completion_mask` (dataset/pretokenize.py)
+    # replies on the selected paths by what their step records keep of the Teacher's tokens (`teacher.logprobs`):
+    # kept, absent, misaligned, malformed, not_asked (dataset/export.py `logprobs_kind`)
+    teacher_logprobs: Counter[str] = field(default_factory=Counter)
 
     def to_dict(self) -> SchemaDoc:
         return {
@@ -61,6 +64,7 @@ class ExportStats:
             "student": self.student.to_dict() if self.student else None,
             "special_text": self.special_text.to_dict() if self.special_text else None,
             "pretokenized": self.pretokenized,
+            "teacher_logprobs": dict(sorted(self.teacher_logprobs.items())),
         }
 
     @classmethod
@@ -84,6 +88,7 @@ class ExportStats:
             student=StudentStats.from_dict(d["student"]) if isinstance(d.get("student"), dict) else None,
             special_text=SpecialTextStats.from_dict(d.get("special_text")),
             pretokenized=bool(d.get("pretokenized")),
+            teacher_logprobs=Counter(d.get("teacher_logprobs") or {}),
         )
 
     def add(self, other: ExportStats) -> None:
@@ -98,6 +103,7 @@ class ExportStats:
             (self.refused, other.refused),
             (self.backends, other.backends),
             (self.turn_ends, other.turn_ends),
+            (self.teacher_logprobs, other.teacher_logprobs),
         ):
             mine.update(theirs)
         self.tasks += [t for t in other.tasks if t not in self.tasks]

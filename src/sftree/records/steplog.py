@@ -93,6 +93,20 @@ def usage_from(usage: TokenCounts) -> UsageRecord:
     return out
 
 
+class TokenLogprobs(TypedDict):
+    """A reply's sampled tokens with their log-probabilities and the top-K (`teacher.logprobs: K`), one entry per
+    sampled token in every list (teacher/logprobs.py reads them from the server's reply). `ids`/`top_ids` when the
+    server gave token ids, else `tokens`/`top_tokens` (the token text): never both, never invented."""
+
+    k: int  # the top-K asked for
+    ids: NotRequired[list[int]]
+    tokens: NotRequired[list[str]]
+    logprobs: list[float]
+    top_ids: NotRequired[list[list[int]]]
+    top_tokens: NotRequired[list[list[str]]]
+    top_logprobs: list[list[float]]
+
+
 class StepRecord(TypedDict):
     """One model call (docs/architecture.md, "Step records"); keys in the order they are written."""
 
@@ -108,6 +122,8 @@ class StepRecord(TypedDict):
     finish_reason: str | None
     session_id: NotRequired[JSONValue]  # OpenCode's x-session-id header (the proxy's records)
     notes: NotRequired[list[str]]
+    logprobs: NotRequired[TokenLogprobs]  # the sampled tokens, where asked for and the server gave them
+    logprobs_dropped: NotRequired[str]  # asked for, none kept: why (absent, misaligned:..., malformed:...)
     compacted: NotRequired[bool]
     error: NotRequired[str]
     raw_response: NotRequired[str]

@@ -50,9 +50,11 @@ from typing import Literal, TypedDict, get_args
 
 from sftree.errors import TeacherUnavailable
 from sftree.jsontypes import ChatMessages, ForeignJSON, Tools, WireObject
+from sftree.records.steplog import TokenLogprobs
 from sftree.settings import JSONMap, TeacherSettings
 from sftree.teacher.affinity import routing_headers
 from sftree.teacher.http import InFlight
+from sftree.teacher.logprobs import read_logprobs
 from sftree.teacher.params import RequestParams
 from sftree.teacher.response import MalformedResponse, Reply, is_context_overflow, normalize
 from sftree.teacher.router_watch import RouterWatcher, read_workers
@@ -133,6 +135,9 @@ class Completion:
     raw: WireObject = field(default_factory=dict, repr=False)
     notes: list[str] = field(default_factory=list)  # what normalisation did (teacher/response.py)
     truncated_calls: bool = False  # finish_reason length cut a tool call
+    # the sampled tokens (`teacher.logprobs`) where the server gave them, else why none are kept
+    logprobs: TokenLogprobs | None = None
+    logprobs_dropped: str | None = None
 
 
 CONSTRAIN_MODES = ("none", "tool_call", "tool_call_required")
@@ -242,6 +247,7 @@ class TeacherClient:
                 f"teacher.constrain must be one of {', '.join(CONSTRAIN_MODES)}, not {constrain!r}"
             )
         self.constrain = constrain
+        self.logprobs = int(t.logprobs or 0)
         self.seed = t.seed
         self.stream = bool(t.stream)
         self.params = RequestParams.from_settings(t)  # every field of a request but its messages and tools
@@ -418,6 +424,7 @@ class TeacherClient:
             attempt, (status, text, payload) = self.transport.run(
                 lambda n: (n, post(url, data, hdrs, label)), url=url, label=label, log=log, on_failure=failed
             )
+            self._check_logprobs_accepted(url, status, text)
             reply = self._read_answer(url, status, text, payload, tools)
             if attempt:
                 log.warning(
@@ -425,6 +432,17 @@ class TeacherClient:
                     label, attempt + 1, time.monotonic() - t0,
                 )  # fmt: skip
             return self._completion(reply[0], reply[1], time.monotonic() - t0, attempt + 1, body)
+
+    def _check_logprobs_accepted(self, url: str, status: int, text: str) -> None:
+        """A server that refuses `logprobs`/`top_logprobs` (a K over its bound, or no logprobs at all) answers 400
+        or 422 naming them: the setting is what is wrong, said as such (the explore job fails, nothing is kept)."""
+        if self.logprobs and status in (400, 422) and "logprob" in text.lower():
+            # llama-server (b11434) gives no logprobs for a streamed request with tools
+            hint = "teacher.stream: false, " if self.stream and "stream" in text.lower() else ""
+            raise TeacherError(
+                f"teacher.logprobs: {self.logprobs} refused by the Teacher at {url} (HTTP {status}: {text[:300]}); "
+                f"set {hint}teacher.logprobs to a top-K the server accepts, or 0"
+            )
 
     @staticmethod
     def _read_answer(
@@ -543,9 +561,15 @@ class TeacherClient:
             self.stats["prompt_tokens"] += usage.prompt_tokens
             self.stats["completion_tokens"] += usage.completion_tokens
             self.stats["cached_tokens"] += usage.cached_tokens
+        choices = payload.get("choices")
+        kept, note = read_logprobs(
+            choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {},
+            self.logprobs, max_tokens=self.max_tokens,
+            completion_tokens=None if usage.estimated else usage.completion_tokens,
+        )  # fmt: skip
         return Completion(
             reply.message, reply.finish_reason, usage, latency, attempts, payload, reply.notes,
-            reply.truncated_calls,
+            reply.truncated_calls, kept, note,
         )  # fmt: skip
 
     def absorb(self, previous: Mapping[str, object] | None) -> None:

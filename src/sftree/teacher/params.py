@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from sftree.jsontypes import JSONObject, JSONValue, Tools, WireObject
 from sftree.settings import TeacherSettings
+from sftree.teacher.logprobs import request_fields
 
 # What of OpenCode's request goes on to the Teacher (everything else is the host's or dropped).
 OPENCODE_FIELDS = ("messages", "tools", "stream")
@@ -48,6 +49,7 @@ class RequestParams:
     tool_choice: str  # `auto` is the servers' default: left out
     constrain: str  # the native client's (config.py refuses it with the OpenCode backend)
     stream: bool  # the native client's choice; through the proxy, OpenCode's (it reads the answer)
+    logprobs: int  # `teacher.logprobs`: the top-K of the sampled tokens' logprobs asked for; 0: none
     extra_body: Mapping[str, JSONValue]  # sent last: it keeps the last word
 
     @classmethod
@@ -61,6 +63,7 @@ class RequestParams:
             tool_choice=t.tool_choice or "auto",
             constrain=t.constrain or "none",
             stream=bool(t.stream),
+            logprobs=int(t.logprobs or 0),
             extra_body=dict(t.extra_body or {}),
         )
 
@@ -90,6 +93,7 @@ class RequestParams:
                 )
         if self.seed is not None:
             out["seed"] = request_seed(self.seed, headers, n_messages)
+        out.update(request_fields(self.logprobs))  # `logprobs`, `top_logprobs` (teacher/logprobs.py)
         if self.stream if stream is None else stream:  # the reply as SSE chunks, usage in the last one
             out["stream"] = True
             out["stream_options"] = {"include_usage": True}

@@ -8,7 +8,8 @@ with their arguments joined, the legacy `function_call`, `finish_reason`, `usage
 are not a list of call objects, a lone surrogate (normalize refuses both the same way).
 
 Also kept for the client: whether `data: [DONE]` arrived (`done`), the first `error` object a chunk carried
-(some servers report a failure mid-stream that way), and how many `data:` lines were not JSON objects
+(some servers report a failure mid-stream that way), the per-chunk `logprobs.content` pieces joined in order
+(`logprobs`: None when no chunk carried any, so a reply without them stays without), and how many `data:` lines were not JSON objects
 (`bad_lines`).
 """
 
@@ -42,6 +43,7 @@ class StreamAssembler:
         self.id: str | None = None
         self.done = False  # `data: [DONE]` seen
         self.error: object = None  # the first `error` a chunk carried
+        self.logprobs: list[object] | None = None  # the chunks' `logprobs.content` entries, joined
         self.chunks = 0  # data lines that were JSON objects
         self.choices = 0  # choice objects the chunks carried (none: the reply had no `choices[0]`)
         self.bad_lines = 0  # data lines that were not
@@ -112,6 +114,10 @@ class StreamAssembler:
                     slot["name"] += str(fn["name"])
                 if fn.get("arguments"):
                     slot["args"].append(str(fn["arguments"]))
+            lp = choice.get("logprobs")
+            if isinstance(lp, dict) and lp.get("content") is not None:
+                piece = lp["content"]  # not a list: kept as sent, read_logprobs names it
+                self.logprobs = (self.logprobs or []) + (piece if isinstance(piece, list) else [piece])
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
@@ -145,6 +151,8 @@ class StreamAssembler:
         # A stream whose chunks carried no choice at all (`"choices": []` throughout) answered nothing: it stays
         # without `choices[0]`, so normalize refuses it as malformed (retried) instead of an empty message.
         choice: WireObject = {"index": 0, "message": msg, "finish_reason": self.finish_reason}
+        if self.logprobs is not None:
+            choice["logprobs"] = {"content": self.logprobs}
         out: WireObject = {"id": self.id, "choices": [choice] if self.choices else []}
         if self.usage is not None:
             out["usage"] = self.usage

@@ -64,7 +64,13 @@ context length" message; also sent for every request whose prompt exceeds `--con
 half), length_text (`finish_reason: length`, the reply cut inside its text: the planned calls never came; the
 text is the policy's, or a sentence when it had none), hermes_text / json_text (no tool-call parser: the calls are written in `content` as Hermes
 `<tool_call>{...}</tool_call>` blocks / as bare JSON), reasoning (a `reasoning_content` field, as SGLang's
-`--reasoning-parser` gives), function_call (the legacy `function_call` field with the first call only).
+`--reasoning-parser` gives), function_call (the legacy `function_call` field with the first call only),
+logprobs_text (the token logprobs without ids, as SGLang's chat API gives them), logprobs_misaligned (two
+tokens fewer than the usage counts).
+
+A request with `logprobs: true` gets `choices[0].logprobs.content` from a toy distribution
+(`teacher/sim/logprobs.py`), streamed spread over the chunks as llama-server does; a `top_logprobs` that is not
+an integer from 0 to 20 is refused with HTTP 400, as SGLang refuses it.
 
 extra_tool_errors / extra_tool_calls put one extra tool call *before* the planned step of each faulted request:
 a read of a missing file (a real tool error) / a successful `glob` (no knowledge action). The plan goes on after
@@ -104,6 +110,7 @@ from sftree.httpserver import (
 )
 from sftree.jsontypes import WireObject
 from sftree.teacher.sim import policy
+from sftree.teacher.sim.logprobs import top_k, toy_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +125,8 @@ SHAPE_FAULTS = {
     "json_text",
     "reasoning",
     "function_call",
+    "logprobs_text",
+    "logprobs_misaligned",
 }
 FAULT_KINDS = {
     "http_500",
@@ -402,6 +411,10 @@ class Handler(BaseHTTPRequestHandler):
             if kind in faults:
                 self._send(status, {"error": {"message": f"teacher-sim injected {kind}"}})
                 return
+        k = top_k(body)
+        if isinstance(k, str):
+            self._send(400, {"error": {"message": k, "type": "BadRequestError", "param": "top_logprobs"}})
+            return
         hang_s = hang if hang is not None else st.hang_s
         streamed = bool(body.get("stream"))
         if "hang" in faults or ("stall" in faults and not streamed):
@@ -438,15 +451,29 @@ class Handler(BaseHTTPRequestHandler):
         if not st.omit_usage:
             payload["usage"] = usage
         payload = reshape(payload, faults & SHAPE_FAULTS)
+        tokens = None
+        if k is not None:  # drawn for the reply as sent (reshaped), as many as the usage counts
+            choice = payload["choices"][0]
+            tokens = toy_logprobs(choice["message"], usage["completion_tokens"], k, st.seed,
+                                  with_ids="logprobs_text" not in faults)  # fmt: skip
+            if "logprobs_misaligned" in faults:
+                tokens = tokens[:-2]
+            payload["choices"] = [dict(choice, logprobs={"content": tokens})]
         if streamed:  # the same (reshaped) reply as SSE chunks
             choice = payload["choices"][0]
             stop = ("stall", hang_s) if "stall" in faults else ("cut", 0.0) if "cut" in faults else None
-            self._stream(rid, choice["message"], choice["finish_reason"], payload.get("usage"), stop)
+            self._stream(rid, choice["message"], choice["finish_reason"], payload.get("usage"), stop, tokens)
             return
         self._send(200, payload)
 
     def _stream(
-        self, rid: str, reply: WireObject, finish: str, usage: object, stop: tuple[str, float] | None = None
+        self,
+        rid: str,
+        reply: WireObject,
+        finish: str,
+        usage: object,
+        stop: tuple[str, float] | None = None,
+        tokens: list[WireObject] | None = None,
     ) -> None:
         """The reply as SSE chunks; `stop` = ("stall", s) or ("cut", 0): after the first two chunks, hang for s
         seconds / close at once, never sending the rest (a server hung or killed mid-reply)."""
@@ -459,6 +486,8 @@ class Handler(BaseHTTPRequestHandler):
 
         sent = [0]
 
+        pending = list(tokens or [])  # logprobs entries, a few per text chunk, the rest with the finish
+
         def chunk(delta: WireObject | None, finish_reason: str | None = None, usage_: object = None) -> None:
             if stop is not None and sent[0] == 2:
                 self.wfile.flush()
@@ -470,14 +499,17 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 time.sleep(self.state.chunk_s)
             sent[0] += 1
+            choice: WireObject = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+            if tokens is not None and delta is not None and (delta or finish_reason):
+                take = len(pending) if finish_reason else min(len(pending), 16)
+                choice["logprobs"] = {"content": pending[:take]}
+                del pending[:take]
             obj: WireObject = {
                 "id": rid,
                 "object": "chat.completion.chunk",
                 "created": 0,
                 "model": self.state.model,
-                "choices": []
-                if delta is None
-                else [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+                "choices": [] if delta is None else [choice],
             }
             if usage_ is not None:
                 obj["usage"] = usage_
