@@ -19,7 +19,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from helpers.export import llamafactory_alternates
 from helpers.tree_rules import check_paths, check_tree
 from helpers.workflow import REPO, SCHEMA, rules_run, snakemake
 from test_export_merged import trained_messages
@@ -156,18 +155,21 @@ def test_demo_workflow_end_to_end(demo):
         assert check_tree(tree) + check_paths(tree, doc) == []  # sections 1 and 3, re-derived (tree_rules)
         selected += sum(p["selected"] for p in doc["paths"])
 
-    # sft.jsonl: schema-valid records, tool calls paired, no duplicate steps, metadata from the roots
+    # sft.jsonl: schema-valid merged records (the demo's form), tool calls paired, each step trained once,
+    # metadata from the roots
     records = [json.loads(x) for x in (results / "sft.jsonl").read_text().splitlines()]
     assert records
     ids = [r["metadata"]["id"] for r in records]
     assert len(ids) == len(set(ids))
     for r in records:
         jsonschema.validate(r, SCHEMA)
-        # step records: the prompt's calls are all answered; the completion is the one trained message
-        asked = [tc["id"] for m in r["prompt"] if m["role"] == "assistant" for tc in m.get("tool_calls", [])]
-        answered = Counter(m["tool_call_id"] for m in r["prompt"] if m["role"] == "tool")
-        assert sorted(asked) == sorted(answered) and set(answered.values()) <= {1}
-        assert [m["role"] for m in r["completion"]] == ["assistant"]
+        assert r["metadata"]["granularity"] == "merged"
+        # every tool result answers a call made before it, once; every trained message is the Teacher's
+        asked = [tc["id"] for m in r["messages"] if m["role"] == "assistant" for tc in m.get("tool_calls", [])]
+        answered = Counter(m["tool_call_id"] for m in r["messages"] if m["role"] == "tool")
+        assert set(answered) <= set(asked) and set(answered.values()) <= {1}
+    trained = trained_messages(records)  # asserts each trained index is an assistant message
+    assert trained and set(trained.values()) == {1}
     assert {r["metadata"]["task"] for r in records} == {"circle_packing", "tsp"}
     per_task = sum(
         len((results / t / "sft.jsonl").read_text().splitlines()) for t in ("circle_packing", "tsp")
@@ -179,8 +181,10 @@ def test_demo_workflow_end_to_end(demo):
 
     info = json.loads((results / "dataset_info.json").read_text())
     assert info["sftree"]["file_name"] == "sft_llamafactory.jsonl"
+    # LLaMA-Factory's converter would train every assistant turn of a merged record: they are left out, counted
     lf = [json.loads(x) for x in (results / "sft_llamafactory.jsonl").read_text().splitlines()]
-    assert len(lf) == len(records) and all(llamafactory_alternates(r["messages"]) for r in lf)
+    merge_stats = json.loads((results / "sft.stats.json").read_text())["merge"]
+    assert lf == [] and merge_stats["llamafactory_left_out"] == len(records)
     card = (results / "dataset_card.md").read_text()
     assert f"{len(records)} records" in card
     # the demo's card shows the Student's figures and names its tokenizer
