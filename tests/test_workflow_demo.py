@@ -165,7 +165,9 @@ def test_demo_workflow_end_to_end(demo):
         jsonschema.validate(r, SCHEMA)
         assert r["metadata"]["granularity"] == "merged"
         # every tool result answers a call made before it, once; every trained message is the Teacher's
-        asked = [tc["id"] for m in r["messages"] if m["role"] == "assistant" for tc in m.get("tool_calls", [])]
+        asked = [
+            tc["id"] for m in r["messages"] if m["role"] == "assistant" for tc in m.get("tool_calls", [])
+        ]
         answered = Counter(m["tool_call_id"] for m in r["messages"] if m["role"] == "tool")
         assert set(answered) <= set(asked) and set(answered.values()) <= {1}
     trained = trained_messages(records)  # asserts each trained index is an assistant message
