@@ -28,4 +28,6 @@ def test_a_120_mib_sparse_file_graded_costs_the_host_no_memory(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["error"] is None, out
+    # graded (a score): an eval that never ran, say timed out on a loaded machine, would hold nothing and pass
+    assert any(isinstance(x, (int, float)) for x in out["scores"]), out
     assert out["peak_mb"] - out["before_mb"] < 60, out

@@ -196,6 +196,7 @@ if __name__ == "__main__":  # used by the memory test: run one edge in a fresh p
                     "peak_mb": peak / 1024,
                     "outputs": [o[:200] + "..." + o[-200:] for o in s.outputs("e1")],
                     "error": r.error,
+                    "scores": [t.score for t in r.turns],
                 }
             )
         )
