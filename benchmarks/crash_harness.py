@@ -203,6 +203,11 @@ def outputs(work: Path) -> dict[str, bytes]:
     res = work / "results"
     out: dict[str, bytes] = {}
     for p in sorted(res.glob("*/trees/*/paths.json")) + sorted(res.glob("**/sft*.jsonl")):
+        # ATIF's metrics give the server's cache hits, which a resumed run's new server (a cold cache) cannot repeat
+        if p.name.endswith(".atif.jsonl"):
+            lines = [json.dumps(_uncached(json.loads(x))) for x in p.read_bytes().splitlines()]
+            out[f"{p.relative_to(res)} (no cache hits)"] = "\n".join(lines).encode()
+            continue
         out[str(p.relative_to(res))] = p.read_bytes()
     for name in ("dataset_info.json", "sft.stats.json"):
         for p in sorted(res.glob(f"**/{name}")):
@@ -211,6 +216,16 @@ def outputs(work: Path) -> dict[str, bytes]:
     if figures.exists():
         out["sft.figures.json (no timings)"] = json.dumps(_untimed(json.loads(figures.read_bytes()))).encode()
     return out
+
+
+def _uncached(obj):
+    """An ATIF document without its cached-token counts (`cached_tokens`, `total_cached_tokens`): what the Teacher's
+    server had cached, which a run that was killed and resumed (a new server, a cold cache) cannot repeat."""
+    if isinstance(obj, dict):
+        return {k: _uncached(v) for k, v in obj.items() if "cached_tokens" not in k}
+    if isinstance(obj, list):
+        return [_uncached(v) for v in obj]
+    return obj
 
 
 def _untimed(obj):
