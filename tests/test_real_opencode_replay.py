@@ -76,7 +76,7 @@ def test_a_recorded_real_model_run_replays_through_opencode_request_by_request(r
     assert not [e for e in tree.edges if e.fail_reason == "tampered" or e.prune_reason == "tampered"]
     recorded = {meta(f)["edge"]: meta(f)["turns"] for f in RECORDED}
     for e in tree.edges:  # the same turns, ended the same way, with the same grades
-        got = [{k: t.get(k) for k in ("turn", "ended", "score", "eval_status")} for t in e.turns]
+        got = [{k: getattr(t, k) for k in ("turn", "ended", "score", "eval_status")} for t in e.turns]
         want = [{k: t.get(k) for k in ("turn", "ended", "score", "eval_status")} for t in recorded[e.id]]
         assert got == want, (e.id, got, want)
     steps = [s for e in tree.edges for s in load_tree_steps(tree_file.parent, e.id)]

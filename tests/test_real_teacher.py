@@ -45,13 +45,13 @@ def check_server_usage(tree_dir: Path, tree: treemod.Tree) -> list[dict]:
         steps = steps_of(tree_dir, e.id)
         all_steps += steps
         for t in e.turns:
-            answered = [s for s in steps if s["turn"] == t["turn"] and s["response"] is not None]
+            answered = [s for s in steps if s["turn"] == t.turn and s["response"] is not None]
             for s in answered:
                 assert s["usage"]["prompt_tokens"] > 0 and s["usage"]["completion_tokens"] > 0, s["usage"]
                 assert s["latency_s"] > 0
             if answered:
                 u = answered[-1]["usage"]
-                assert t["tokens"] == u["prompt_tokens"] + u["completion_tokens"], (e.id, t)
+                assert t.tokens == u["prompt_tokens"] + u["completion_tokens"], (e.id, t)
     assert any(s["usage"] and s["usage"]["cached_tokens"] > 0 for s in all_steps)
     return all_steps
 
@@ -86,10 +86,10 @@ def check_reasons(tree: treemod.Tree) -> None:
     """Every turn says how it ended; every turn without a score and every failed edge says why."""
     for e in tree.edges:
         for t in e.turns:
-            assert t["ended"] in TURN_ENDS, (e.id, t)
-            if t["score"] is None:
+            assert t.ended in TURN_ENDS, (e.id, t)
+            if t.score is None:
                 # an eval without a score names why: the grader crashed or timed out, or there was nothing to commit
-                assert t["ended"] != "eval" or t["eval_status"] in (
+                assert t.ended != "eval" or t.eval_status in (
                     "crashed",
                     "timeout",
                     "nothing_to_commit",
@@ -142,8 +142,8 @@ def test_real_model_tree_per_example_task_through_the_workflow(tmp_path, example
         # graded turns (if the model got there) carry a real grader score and commit
         for e in tree.edges:
             for t in e.turns:
-                if isinstance(t["score"], float | int):
-                    assert t["eval_status"] in ("baseline", "improved", "regressed") and t["commit"]
+                if isinstance(t.score, float | int):
+                    assert t.eval_status in ("baseline", "improved", "regressed") and t.commit
         records = [json.loads(x) for x in (results / task / "sft.jsonl").read_text().splitlines()]
         for r in records:
             jsonschema.validate(r, SCHEMA)
@@ -180,8 +180,8 @@ def test_real_model_auto_tool_choice_text_replies_are_nudged(tmp_path):
             assert nxt["request"]["messages"][-1] == {"role": "user", "content": nudge}
             assert nxt["request"]["messages"][-2]["content"] == (s["response"]["content"] or "")
         else:  # out of nudges (or of steps): the turn ended there, and says so
-            turn = next(t for e in tree.edges for t in e.turns if t["turn"] == s["turn"])
-            assert turn["ended"] in ("no_eval", "step_limit"), turn
+            turn = next(t for e in tree.edges for t in e.turns if t.turn == s["turn"])
+            assert turn.ended in ("no_eval", "step_limit"), turn
     assert any(s["kind"] == "nudge" for s in steps)
     check_server_usage(out, tree)
 
