@@ -160,4 +160,6 @@ def test_the_stream_assembler_joins_the_chunks_logprobs():
     asm.feed(b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n')
     choice = asm.completion()["choices"][0]
     assert [t["id"] for t in choice["logprobs"]["content"]] == [1, 2]
-    assert "logprobs" not in StreamAssembler().completion()["choices"][0]  # none sent: none made up
+    plain = StreamAssembler()
+    plain.feed(b'data: {"choices": [{"index": 0, "delta": {"content": "Hello"}, "finish_reason": "stop"}]}\n\n')
+    assert "logprobs" not in plain.completion()["choices"][0]  # none sent: none made up
