@@ -161,5 +161,7 @@ def test_the_stream_assembler_joins_the_chunks_logprobs():
     choice = asm.completion()["choices"][0]
     assert [t["id"] for t in choice["logprobs"]["content"]] == [1, 2]
     plain = StreamAssembler()
-    plain.feed(b'data: {"choices": [{"index": 0, "delta": {"content": "Hello"}, "finish_reason": "stop"}]}\n\n')
+    plain.feed(
+        b'data: {"choices": [{"index": 0, "delta": {"content": "Hello"}, "finish_reason": "stop"}]}\n\n'
+    )
     assert "logprobs" not in plain.completion()["choices"][0]  # none sent: none made up

@@ -348,9 +348,7 @@ def test_a_tree_whose_requests_stall_and_are_cut_finishes_with_each_step_once(tm
     for e in tree.edges:
         steps = steplog.read_steps(out / "edges" / e.id / "steps.jsonl")
         for turn in e.turns:
-            assert [s["step"] for s in steps if s["turn"] == turn["turn"]] == list(
-                range(1, turn["steps"] + 1)
-            )
+            assert [s["step"] for s in steps if s["turn"] == turn.turn] == list(range(1, turn.steps + 1))
         answered += sum(1 for s in steps if s["response"] is not None)
     assert t["requests"] == answered  # each answered step is one request, the abandoned attempts are not
     log = (out / "explore.log").read_text()
