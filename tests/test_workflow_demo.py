@@ -85,8 +85,8 @@ def demo_student() -> Path:
 def test_demo_export_under_the_student(demo, tmp_path):
     """The demo's selected paths exported under a Student (Qwen2.5-Coder's GGUF: a template that renders tools):
     the card gives the Student's figures; the merged form trains each trained message of the step form exactly
-    once, at a fraction of its tokens; SmolLM2's own template (it drops tool calls) is refused before a record is
-    written."""
+    once, at a fraction of its tokens; under SmolLM2's own template (it drops tool calls) the records that train a
+    call are excluded and counted, or, with `fit: strict`, the task is refused before a record is written."""
     qwen, smol = model(QWEN), model(SMOL)  # skip with the reason where install_llm_server.sh did not run
     work, _, res = demo
     assert res.returncode == 0, res.stderr[-4000:]
@@ -115,14 +115,22 @@ def test_demo_export_under_the_student(demo, tmp_path):
     assert figures["merged"]["tokens_trained"] == figures["step"]["tokens_trained"] > 0
     assert figures["merged"]["tokens_processed"] < figures["step"]["tokens_processed"] / 2
 
+    # SmolLM2's own template drops tool calls: its records with a call are excluded, each named and counted...
     out = tmp_path / "smol" / "sft.jsonl"
     paths = sorted(str(p) for p in (work / "results" / "tsp" / "trees").glob("*/paths.json"))
     done = sftree("export-sft", "--paths", *paths, "--out", str(out), "--student", str(smol),
                   "--student-max-length", "100000")  # fmt: skip
+    assert done.returncode == 0 and "excluded (drops_tool_call)" in done.stderr, done.stderr[-2000:]
+    dropped = json.loads((out.parent / "sft.stats.json").read_text())["student"]["dropped"]
+    assert dropped.get("drops_tool_call", 0) > 0, dropped
+    # ...and under `export.student.fit: strict` the task is refused before a record is written
+    strict = tmp_path / "smol-strict" / "sft.jsonl"
+    done = sftree("export-sft", "--paths", *paths, "--out", str(strict), "--student", str(smol),
+                  "--student-max-length", "100000", "--student-fit", "strict")  # fmt: skip
     assert done.returncode != 0 and "chat_template leaves out the tool call" in done.stderr, done.stderr[
         -2000:
     ]
-    assert not out.parent.exists() or not list(out.parent.iterdir())
+    assert not strict.parent.exists() or not list(strict.parent.iterdir())
 
 
 def sftree(*argv: str) -> subprocess.CompletedProcess:
