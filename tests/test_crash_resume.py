@@ -14,7 +14,6 @@ of the killed runs is left.
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import time
@@ -98,9 +97,9 @@ def test_killed_runs_resume_with_the_readme_command_and_write_the_same_data(one_
     out = rerun.communicate(timeout=600)[0]
     assert rerun.returncode == 0, out[-3000:]
     assert "sftree: removed the lock of a dead run" in out
-    if left:  # (the count may hold other dead runs' folders in a shared temp dir)
-        said = re.search(r"sftree: removed (\d+) temporary folder\(s\) of dead runs", out)
-        assert said and int(said.group(1)) >= left, out[-3000:]
+    # none of the dead run's temporary folders outlives the rerun (its own processes may remove some before the
+    # rerun's sweep does, so the sweep's count is not the measure; tests/test_run_leftovers.py checks the count)
+    assert left == 0 or harness.folders_left(pids) == 0
 
     # 2. SIGTERM to Snakemake alone while it explores
     harness.reset(work, config)

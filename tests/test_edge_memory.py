@@ -16,7 +16,11 @@ from pathlib import Path
 import pytest
 
 
-@pytest.mark.xfail(strict=True, reason="open: an eval's grading copy and repository update hold a file whole")
+# Not strict: measured alone it fails (~480 MiB), but inside the whole suite's process history it has passed, so a
+# pass is not yet proof of the fix (issue 53: the fault is open)
+@pytest.mark.xfail(
+    strict=False, reason="open: an eval's grading copy and repository update hold a file whole"
+)
 def test_a_120_mib_sparse_file_graded_costs_the_host_no_memory(tmp_path):
     steps = [[["bash", {"command": "truncate -s 120M big.bin && coral eval -m big"}]]]
     spec = {"base": str(tmp_path / "mem"), "script": {"1": steps}}
