@@ -1,9 +1,7 @@
 """The host's memory at an edge's end is bounded whatever the workspace holds: a 120 MiB sparse file the agent
-made and graded (`coral eval`) is committed, copied for the grader and sent to the agent's own repository without
-the host holding it. Open: the grading copy (runtime/checkout.write_files) and the repository update (the
-fast-import stream of runtime/agentrepo.import_stream, sent base64 in one JSON reply by world/coral_command.py)
-each hold the file whole, ~480 MiB at the peak, so this fails (strict xfail) until they stream. Without an eval
-(the edge's last snapshot alone) the file is streamed into the store and costs nothing (measured: passes)."""
+made and graded (`coral eval`) is committed, copied for the grader (runtime/checkout.write_files) and sent to the
+agent's own repository (runtime/agentrepo.import_stream into a host file, sent after the reply by
+world/coral_command.py), each streamed a chunk at a time from the store. Held whole, as before, they cost ~480 MiB."""
 
 from __future__ import annotations
 
@@ -13,14 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
-
-# Not strict: measured alone it fails (~480 MiB), but inside the whole suite's process history it has passed, so a
-# pass is not yet proof of the fix (issue 53: the fault is open)
-@pytest.mark.xfail(
-    strict=False, reason="open: an eval's grading copy and repository update hold a file whole"
-)
 def test_a_120_mib_sparse_file_graded_costs_the_host_no_memory(tmp_path):
     steps = [[["bash", {"command": "truncate -s 120M big.bin && coral eval -m big"}]]]
     spec = {"base": str(tmp_path / "mem"), "script": {"1": steps}}

@@ -222,9 +222,11 @@ def test_quota_bounds_what_the_host_reads(tmp_path):
     st.close()
 
 
-def _agent_git(ws, script: str, stream: bytes, exclude: str = "") -> subprocess.CompletedProcess:
+def _agent_git(ws, script: str, stream, exclude: str = "") -> subprocess.CompletedProcess:
+    """`script` in the worktree reading the import stream (`repo_update`'s file) as its stdin."""
     env = {**git_env(), "SFTREE_EXCLUDE": exclude}
-    return subprocess.run(["/bin/sh", "-c", script], cwd=ws.root, input=stream, env=env, capture_output=True)
+    with stream:
+        return subprocess.run(["/bin/sh", "-c", script], cwd=ws.root, stdin=stream, env=env, capture_output=True)
 
 
 def test_the_agents_repository_holds_the_hosts_commits_with_their_ids(tmp_path):

@@ -11,7 +11,9 @@ a commit the host knows.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from sftree.runtime import safefs
 from sftree.runtime.objects import IDENTITY, ObjectDB, commit_object, flatten
@@ -25,6 +27,7 @@ INIT_SCRIPT = (
 )
 UPDATE_SCRIPT = "git fast-import --quiet --force && git reset -q"
 COMMIT_MARKS = 1 << 40
+BLOB_BATCH = 512  # blobs per read round trip
 _SHA = re.compile(rb"^[0-9a-f]{40}$")
 _REF = re.compile(rb"^refs/heads/[A-Za-z0-9._/-]{1,200}$")
 
@@ -55,11 +58,11 @@ def chain(db: ObjectDB, commit: str, limit: int = 10000) -> list[str]:
     return out[::-1]
 
 
-def import_stream(db: ObjectDB, commits: list[str], have: str | None = None) -> bytes:
-    """A fast-import stream that makes `commits` (oldest first, each the first parent of the next; the first one's
-    parent `have` already in the repository, or none) on `refs/heads/main`, each commit object byte-identical to
-    the store's, so its id is the same. Each distinct blob is sent once."""
-    out: list[bytes] = []
+def import_stream(db: ObjectDB, commits: list[str], have: str | None, out: IO[bytes]) -> None:
+    """Write to `out` a fast-import stream that makes `commits` (oldest first, each the first parent of the next;
+    the first one's parent `have` already in the repository, or none) on `refs/heads/main`, each commit object
+    byte-identical to the store's, so its id is the same. Each distinct blob is sent once, streamed from the store
+    a chunk at a time (`out` is a file of the host's: a graded file of any size is never held whole)."""
     marks: dict[str, int] = {}  # blob id -> mark
     cmarks: dict[str, int] = {}  # commit id -> mark (a commit made in this stream is named by its mark)
     prev_files: dict[str, tuple[str, str]] = flatten(db, db.commit_tree(have)) if have else {}
@@ -69,9 +72,7 @@ def import_stream(db: ObjectDB, commits: list[str], have: str | None = None) -> 
         files = flatten(db, tree)
         changed = {p: v for p, v in files.items() if prev_files.get(p) != v}
         need = sorted({oid for _m, oid in changed.values() if oid not in marks})
-        for oid, (_kind, data) in zip(need, db.read_many(need), strict=True):
-            marks[oid] = len(marks) + 1
-            out.append(b"blob\nmark :%d\ndata %d\n%s\n" % (marks[oid], len(data), data))
+        _write_blobs(db, need, marks, out)
         msg = commit_object(tree, parents, message).partition(b"\n\n")[2]
         cmarks[sha] = COMMIT_MARKS + len(cmarks)  # (blob marks count from 1: the two never meet)
         lines = [
@@ -92,9 +93,24 @@ def import_stream(db: ObjectDB, commits: list[str], have: str | None = None) -> 
         for path in sorted(changed):
             mode, oid = changed[path]
             body += b"M %s :%d %s\n" % (mode.encode(), marks[oid], quote_path(path))
-        out.append(body + b"\n")
+        out.write(body + b"\n")
         prev, prev_files = sha, files
-    return b"".join(out)
+
+
+def _write_blobs(db: ObjectDB, oids: list[str], marks: dict[str, int], out: IO[bytes]) -> None:
+    """Each blob as fast-import's `blob` command, marked next in `marks`, its content streamed from the store."""
+    todo, first = iter(oids), len(marks) + 1
+
+    def blob(_kind: str, size: int) -> Callable[[bytes], object]:
+        mark = marks[next(todo)] = len(marks) + 1
+        # the newline that ends the blob before (fast-import's optional LF after a `data`), then this one's head
+        out.write(b"%sblob\nmark :%d\ndata %d\n" % (b"\n" if mark > first else b"", mark, size))
+        return out.write
+
+    for i in range(0, len(oids), BLOB_BATCH):
+        db.read_each(oids[i : i + BLOB_BATCH], blob)
+    if oids:
+        out.write(b"\n")
 
 
 def read_head(worktree: Path, limit: int = 1 << 20) -> str | None:

@@ -13,8 +13,12 @@ import io
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
+
+# the most of an object's content handed on at once (`read_each`)
+CHUNK = 1 << 20
 
 
 class CatFileError(Exception):
@@ -176,11 +180,23 @@ class CatFile:
     def read_many(self, oids: list[str]) -> list[tuple[str, bytes]]:
         """(type, content) of each object, with one round trip: the requests are written while the answers are
         read. Any error stops git (the answers still owed go with it); the next call starts it again."""
+        out: list[tuple[str, list[bytes]]] = []
+
+        def take(kind: str, _size: int) -> Callable[[bytes], object]:
+            out.append((kind, []))
+            return out[-1][1].append
+
+        self.read_each(oids, take)
+        return [(kind, b"".join(parts)) for kind, parts in out]
+
+    def read_each(self, oids: list[str], take: Callable[[str, int], Callable[[bytes], object]]) -> None:
+        """Each object in turn, with one round trip: `take(type, size)` gives the function its content is handed
+        to, at most CHUNK bytes a call, so an object of any size passes without being held whole. Any error (the
+        handler's included) stops git; the next call starts it again."""
         self.running()
         stdin, stdout = self._in, self._out
         writer = threading.Thread(target=_write_lines, args=(stdin, [o.encode() for o in oids]), daemon=True)
         writer.start()
-        out = []
         try:
             for oid in oids:
                 self._busy = (time.monotonic(), oid)
@@ -189,17 +205,21 @@ class CatFile:
                 except (OSError, ValueError):
                     header = b""
                 kind, size = self._header(oid, header)
-                data = stdout.read(size)
-                if len(data) != size or len(stdout.read(1)) != 1:  # the newline after the content
+                put, left = take(kind, size), size
+                while left:
+                    data = stdout.read(min(left, CHUNK))
+                    if not data:
+                        raise self.stopped(oid)
+                    put(data)
+                    left -= len(data)
+                if len(stdout.read(1)) != 1:  # the newline after the content
                     raise self.stopped(oid)
-                out.append((kind, data))
             self._busy = None
         except BaseException:
             self.stop()
             raise
         finally:
             writer.join()
-        return out
 
 
 def _pipes(proc: subprocess.Popen[bytes]) -> tuple[IO[bytes], io.BufferedReader]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from sftree.runtime.folderreader import EXEC_MODE, LINK_MODE
@@ -50,38 +52,70 @@ class _Dirs:
 def write_files(
     db: ObjectDB, files: dict[str, tuple[str, str]], dest: Path, *, uid: int | None = None
 ) -> None:
-    """Write {path: (mode, blob id)} under folder `dest`, replacing what is at those paths."""
+    """Write {path: (mode, blob id)} under folder `dest`, replacing what is at those paths; each blob streamed
+    from the store a chunk at a time (a graded file of any size costs the host no memory)."""
     dirs = _Dirs(Path(dest), uid)
+    out = _Writer(uid)
     try:
         paths = sorted(files)
+        todo = iter(paths)  # the batches ask in this order: each blob handed on is the next path's
+
+        def take(_kind: str, _size: int) -> Callable[[bytes], object]:
+            path = next(todo)
+            parent, _, name = path.rpartition("/")
+            return out.start(dirs.get(parent), name, files[path][0])
+
         for i in range(0, len(paths), BATCH):
-            chunk = paths[i : i + BATCH]
-            blobs = db.read_many([files[p][1] for p in chunk])
-            for path, (_kind, data) in zip(chunk, blobs, strict=True):
-                parent, _, name = path.rpartition("/")
-                _write_one(dirs.get(parent), name, files[path][0], data, uid)
+            db.read_each([files[p][1] for p in paths[i : i + BATCH]], take)
+        out.finish()
     finally:
+        out.drop()
         dirs.close()
 
 
-def _write_one(dfd: int, name: str, mode: str, data: bytes, uid: int | None) -> None:
-    _remove(dfd, name)
-    if mode == LINK_MODE:
-        os.symlink(os.fsdecode(data), name, dir_fd=dfd)
-        if uid is not None:
-            os.chown(name, uid, uid, dir_fd=dfd, follow_symlinks=False)
-        return
-    perm = 0o755 if mode == EXEC_MODE else 0o644
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, perm, dir_fd=dfd)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+class _Writer:
+    """The entry being written: a file's descriptor, or a link's target gathered until it is made."""
+
+    def __init__(self, uid: int | None):
+        self.uid = uid
+        self.fd: int | None = None
+        self.link: tuple[int, str, list[bytes]] | None = None
+
+    def start(self, dfd: int, name: str, mode: str) -> Callable[[bytes], object]:
+        """Finish the entry before; make `name` in folder `dfd`; the function its content goes to."""
+        self.finish()
+        _remove(dfd, name)
+        if mode == LINK_MODE:
+            self.link = (dfd, name, [])
+            return self.link[2].append
+        perm = 0o755 if mode == EXEC_MODE else 0o644
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        self.fd = fd = os.open(name, flags, perm, dir_fd=dfd)
         os.fchmod(fd, perm)  # (the umask)
-        if uid is not None:
-            os.fchown(fd, uid, uid)
-    finally:
-        os.close(fd)
+        if self.uid is not None:
+            os.fchown(fd, self.uid, self.uid)
+        return partial(_write_all, fd)
+
+    def drop(self) -> None:
+        """After a failure: the file being written closed, the link not made."""
+        self.link = None
+        self.finish()
+
+    def finish(self) -> None:
+        fd, link, self.fd, self.link = self.fd, self.link, None, None
+        if fd is not None:
+            os.close(fd)
+        if link is not None:
+            dfd, name, parts = link
+            os.symlink(os.fsdecode(b"".join(parts)), name, dir_fd=dfd)
+            if self.uid is not None:
+                os.chown(name, self.uid, self.uid, dir_fd=dfd, follow_symlinks=False)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _remove(dfd: int, name: str) -> None:

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import IO
 
 from sftree.runtime import agentrepo
 from sftree.runtime.folderreader import QuotaExceeded, usage
@@ -157,7 +158,7 @@ class EdgeBox:
         *,
         timeout: float,
         cwd: str | None = None,
-        input: bytes | None = None,
+        input: bytes | IO[bytes] | None = None,
         max_output: int = 1 << 20,
         merge_stderr: bool = True,
         env: dict[str, str] | None = None,
@@ -183,13 +184,13 @@ class EdgeBox:
 
     def init_repo(self) -> str | None:
         """Give the worktree its own git repository holding the branch (agentrepo.py); an error text, or None."""
-        stream = self.ws.repo_update(self.ws.head, None)
-        res = self.run(
-            ["/bin/sh", "-c", agentrepo.INIT_SCRIPT],
-            timeout=120,
-            input=stream,
-            env={"SFTREE_EXCLUDE": EXCLUDE},
-        )
+        with self.ws.repo_update(self.ws.head, None) as stream:
+            res = self.run(
+                ["/bin/sh", "-c", agentrepo.INIT_SCRIPT],
+                timeout=120,
+                input=stream,
+                env={"SFTREE_EXCLUDE": EXCLUDE},
+            )
         if res.returncode != 0:
             return (res.stdout.decode("utf-8", "replace").strip() or "failed")[-500:]
         return None

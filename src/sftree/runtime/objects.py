@@ -115,6 +115,22 @@ class ObjectDB:
                     f"{self.git_dir}: object {exc.oid} not found ({exc.answer.strip()!r})"
                 ) from None
 
+    def read_each(self, oids: list[str], take: Callable[[str, int], Callable[[bytes], object]]) -> None:
+        """Objects handed on a chunk at a time (`CatFile.read_each`): what streams a file of any size to a checkout
+        or an import stream without holding it. The store's lock is held throughout: `take`'s function writes to
+        a file of the host's, never to a pipe or socket another process reads (which could stall it)."""
+        if not oids:
+            return
+        with self._lock:
+            if self._git is None:
+                self._git = CatFile(self.git_dir, env=git_env())
+            try:
+                self._git.read_each(oids, take)
+            except CatFileError as exc:
+                raise GitError(
+                    f"{self.git_dir}: object {exc.oid} not found ({exc.answer.strip()!r})"
+                ) from None
+
     def tree(self, oid: str) -> gittrees.Entries:
         """A tree's entries {name: (mode, id, raw entry)}, parsed once and kept."""
         got = self.trees.get(oid)

@@ -107,14 +107,15 @@ def run_group(
     timeout: float,
     merge_stderr: bool = False,
     max_output: int = DEFAULT_MAX_OUTPUT,
-    input: bytes | None = None,
+    input: bytes | IO[bytes] | None = None,
     check: Callable[[], str | None] | None = None,
     check_every: float = 0.5,
     read_also: Mapping[int, Capped] | None = None,
     hand_fds: tuple[int, ...] = (),
     **popen_kwargs: Any,
 ) -> GroupResult:
-    """`input`: bytes for its stdin (else none); `check`: called every `check_every` s while it runs, a reason
+    """`input`: bytes for its stdin, or a file of the host's it reads itself (a large stream is never held); else
+    none; `check`: called every `check_every` s while it runs, a reason
     it returns kills the group (a quota: `GroupResult.stopped`); `read_also`: more descriptors it writes to
     (a result pipe), read with its outputs while it runs, into their Capped; `hand_fds`: descriptors passed to
     it and closed here (started or not) (the write end of such a pipe: its end comes when the group's is)."""
@@ -123,7 +124,11 @@ def run_group(
             argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-            stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
+            stdin=subprocess.DEVNULL
+            if input is None
+            else subprocess.PIPE
+            if isinstance(input, bytes)
+            else input,
             start_new_session=True,
             pass_fds=tuple(popen_kwargs.pop("pass_fds", ())) + tuple(hand_fds),
             **popen_kwargs,
@@ -131,7 +136,7 @@ def run_group(
     finally:
         for fd in hand_fds:  # closed here in every case: the caller forgets them
             os.close(fd)
-    if input is not None:
+    if isinstance(input, bytes):
         threading.Thread(target=_feed, args=(proc.stdin, input), daemon=True).start()
     assert proc.stdout is not None  # (stdout=PIPE)
     bufs: dict[IO[bytes], Capped] = {proc.stdout: Capped(max_output)}

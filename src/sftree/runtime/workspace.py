@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from sftree.errors import InputError
 from sftree.fileio import read_json
@@ -213,14 +215,22 @@ class EdgeWorkspace:
         self.known.add(sha)
         return sha, info
 
-    def repo_update(self, commit: str, have: str | None) -> bytes:
-        """The import stream that brings the agent's repository from `have` to `commit` (agentrepo.py)."""
+    def repo_update(self, commit: str, have: str | None) -> IO[bytes]:
+        """The import stream that brings the agent's repository from `have` to `commit` (agentrepo.py), in an
+        unnamed temporary file at its start (nothing of it outlives the process; the caller closes it)."""
         commits = agentrepo.chain(self.store.code, commit)
         if have in commits:
             commits = commits[commits.index(have) + 1 :]
         else:
             have = None
-        return agentrepo.import_stream(self.store.code, commits, have)
+        out = tempfile.TemporaryFile()
+        try:
+            agentrepo.import_stream(self.store.code, commits, have, out)
+            out.seek(0)
+        except BaseException:
+            out.close()
+            raise
+        return out
 
     # ---- knowledge ------------------------------------------------------------------------------------------
     def write_attempt(self, commit: str, data: bytes) -> None:

@@ -20,7 +20,6 @@ the world (Coral's own `_print_attempt_result`, or the stand-in) from the host's
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import logging
 import os
@@ -31,7 +30,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import IO, TYPE_CHECKING, Protocol
 
 from sftree.errors import SftreeError
 from sftree.jsontypes import CoralDoc
@@ -209,7 +208,8 @@ class CoralRuntime:
             self.turn_ended = False
 
     def handle(self, argv: list[str]) -> CoralDoc:
-        """Run one host-side coral command; the reply {rc, stdout, stderr[, repo]}. Never raises."""
+        """Run one host-side coral command; the reply {rc, stdout, stderr[, repo: the import stream for the agent's
+        repository, in a file the caller sends on and closes]}. Never raises."""
         # Every argument on one line before anything reads it: Coral echoes arguments (a refusal of its parser,
         # `wait`'s "No attempt matches"), and the message is the title and the commit's message.
         argv = [one_line(a) for a in argv]
@@ -276,9 +276,13 @@ class CoralRuntime:
             safefs.write_bytes_atomic(self.ws.knowledge_dir, "eval_count", f"{number}".encode())
         except OSError as exc:  # a link planted where the counter goes: not written through it
             log.warning("edge %s: attempt record for %s: %s", self.ws.edge_id, commit, exc)
-        repo = self.ws.repo_update(commit, have)
-        reply = {"rc": shown.rc, "stdout": shown.stdout, "stderr": shown.stderr}
-        return {**reply, "repo": base64.b64encode(repo).decode()}
+        # the file the reply's stream is sent from (`CoralServer._one` sends and closes it)
+        return {
+            "rc": shown.rc,
+            "stdout": shown.stdout,
+            "stderr": shown.stderr,
+            "repo": self.ws.repo_update(commit, have),
+        }
 
     def _grade(self, commit: str, title: str, tune: bool) -> tuple[float | None, str, str, CoralDoc]:
         """Grade a copy of exactly `commit`, written by the host from its store, outside the workspace:
@@ -319,7 +323,7 @@ HOST_COMMANDS = (
 )  # the host's; the others run in the sandbox ($CORAL_CLI: Coral's CLI or the stand-in)
 CLIENT_SCRIPT = r'''#!{python} -IS
 """coral: `eval` and `wait` go to the sftree runner outside the sandbox; the rest runs here."""
-import base64, json, os, socket, subprocess, sys
+import json, os, socket, subprocess, sys
 HOST = {host}
 argv = sys.argv[1:]
 cmd = next((a for a in argv if not a.startswith("-")), "")
@@ -337,17 +341,22 @@ try:
 except OSError as e:
     sys.exit(f"coral: cannot reach the sftree runner at {{path}}: {{e}}")
 s.sendall(json.dumps({{"argv": argv, "cwd": os.getcwd()}}).encode() + b"\n")
-chunks = []
-while True:
-    chunk = s.recv(1 << 20)
-    if not chunk:
-        break
-    chunks.append(chunk)
-reply = json.loads(b"".join(chunks).decode() or '{{"rc": 1, "stderr": "coral: empty reply\\n"}}')
+def take(n):
+    got = b""
+    while len(got) < n:
+        chunk = s.recv(n - len(got))
+        if not chunk:
+            break
+        got += chunk
+    return got
+# the reply: its length in 10 digits, the reply, then the import stream (when it says "repo") until the end
+head = take(10)
+reply = json.loads(take(int(head)).decode() if head.isdigit() else '{{"rc": 1, "stderr": "coral: empty reply\\n"}}')
 if reply.get("repo"):
     wt = os.environ.get("CORAL_WORKTREE", ".")
+    # git reads the stream from the socket itself: nothing of it is held here
     r = subprocess.run(["/bin/sh", "-c", "git fast-import --quiet --force && git reset -q"], cwd=wt,
-                       input=base64.b64decode(reply["repo"]), capture_output=True)
+                       stdin=s.fileno(), capture_output=True)
     if r.returncode:
         sys.stderr.write("coral: the worktree's git was not updated: " + r.stderr.decode(errors="replace")[-300:] + "\n")
 sys.stdout.write(reply.get("stdout", ""))
@@ -382,11 +391,18 @@ class CoralServer:
     def _one(self, conn: socket.socket) -> None:
         with conn:
             reply = self._answer(conn)
+            stream: IO[bytes] | None = reply.pop("repo", None)
             try:
+                doc = json.dumps({**reply, "repo": True} if stream else reply).encode("utf-8")
                 conn.settimeout(REQUEST_TIMEOUT)
-                conn.sendall(json.dumps(reply).encode("utf-8"))
+                conn.sendall(b"%010d" % len(doc) + doc)
+                if stream:
+                    conn.sendfile(stream)  # (each send within REQUEST_TIMEOUT, as the reply's)
             except OSError:
                 pass
+            finally:
+                if stream:
+                    stream.close()
 
     def _answer(self, conn: socket.socket) -> CoralDoc:
         """Read one request (at most REQUEST_MAX bytes, within REQUEST_TIMEOUT s) and answer it."""
@@ -423,10 +439,10 @@ def run(args: argparse.Namespace) -> int:
         raise SftreeError(f"cannot reach the sftree runner at {path}: {exc}") from None
     with s:
         s.sendall(json.dumps({"argv": args.argv, "cwd": os.getcwd()}).encode() + b"\n")
-        buf = b""
-        while chunk := s.recv(65536):
-            buf += chunk
-    reply = json.loads(buf.decode() or '{"rc": 1, "stderr": "coral: empty reply\\n"}')
+        f = s.makefile("rb")
+        head = f.read(10)  # the reply's length; a repository stream after it is for the client in a worktree
+        body = f.read(int(head)) if head.isdigit() else b""
+    reply = json.loads(body.decode() or '{"rc": 1, "stderr": "coral: empty reply\\n"}')
     print(reply.get("stdout", ""), end="")
     print(reply.get("stderr", ""), end="", file=sys.stderr)
     return int(reply.get("rc", 1))
