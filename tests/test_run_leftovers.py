@@ -144,3 +144,15 @@ def test_signal_descendants_reaches_children_in_sessions_of_their_own():
     finally:
         top.kill()
         top.wait()
+
+
+def test_the_bridges_folders_are_named_for_their_owner_and_the_sweep_knows_the_prefix():
+    """The Coral bridge runs in the user's Coral without sftree: its own folders carry its pid and a prefix the
+    sweep knows, so a bridge killed with -9 leaves nothing the next run keeps."""
+    from sftree.world import bridge_main
+
+    with bridge_main._temporary() as tmp:
+        assert Path(tmp).name.startswith(f"{bridge_main.TEMP_PREFIX}{os.getpid()}-")
+    assert bridge_main.TEMP_PREFIX in tempdirs.PREFIXES
+    left = Path(tempfile.mkdtemp(prefix=f"{bridge_main.TEMP_PREFIX}{dead_pid()}-"))
+    assert left.name in tempdirs.sweep(tempdirs.PREFIXES) and not left.exists()

@@ -66,7 +66,7 @@ def can_mount() -> bool:
     """Root, allowed to mount (tried once on a scratch folder)."""
     if os.geteuid() != 0:
         return False
-    d = tempfile.mkdtemp(prefix="sftree-quota-probe-")
+    d = tempfile.mkdtemp(prefix=f"sftree-quota-probe-{os.getpid()}-")  # (pid: swept if a kill leaves it)
     try:
         _mount(d, DiskQuota(1 << 20, 16), 0o700)
     except OSError:

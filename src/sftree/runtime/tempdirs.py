@@ -32,8 +32,10 @@ from sftree.runtime.diskquota import DiskQuota
 
 log = logging.getLogger(__name__)
 
-# Every prefix a run's folders are made with (`make`): the one list the start of a run sweeps (runtime/runowner.py).
-PREFIXES = ("sftree-coral-", "sftree-grade-", "sftree-proxy-")
+# Every prefix a run's folders are made with, each followed by the owner's pid: the one list the start of a run
+# sweeps (runtime/runowner.py). `make`'s, the Coral bridge's (world/bridge_main.py runs in the user's Coral, without
+# sftree: it names its own) and the quota probe's (runtime/diskquota.py).
+PREFIXES = ("sftree-coral-", "sftree-grade-", "sftree-proxy-", "sftree-bridge-", "sftree-quota-probe-")
 
 # Reentrant: the SIGTERM handler runs in the main thread, which may be inside `make` when the signal comes.
 _lock = threading.RLock()

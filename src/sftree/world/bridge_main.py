@@ -31,6 +31,15 @@ if TYPE_CHECKING:  # (annotations only: the bridge imports what it runs)
     import argparse
     from collections.abc import Sequence
 
+# The prefix of the folders the bridge makes, with its pid: a bridge killed with -9 leaves them behind, and the next
+# run's sweep (sftree's runtime/tempdirs.py, whose PREFIXES name this one) removes those whose owner is gone.
+TEMP_PREFIX = "sftree-bridge-"
+
+
+def _temporary() -> tempfile.TemporaryDirectory[str]:
+    return tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
+
+
 # a JSON document in Coral's shape (this program runs under another Python and imports nothing of sftree)
 Doc = dict[str, Any]
 
@@ -60,7 +69,7 @@ def op_hello(req: Doc) -> Any:
 def op_config_yaml(req: Doc) -> Any:
     """`.coral/config.yaml` as `coral start` writes it (`CoralConfig.to_yaml`)."""
     cfg = _config(req["task"], req.get("agents"))
-    with tempfile.TemporaryDirectory() as tmp:
+    with _temporary() as tmp:
         path = Path(tmp) / "config.yaml"
         cfg.to_yaml(path)
         return path.read_text()
@@ -102,7 +111,7 @@ def op_start_prompt(req: Doc) -> Any:
     gives none: OpenCodeRuntime.start is called in a scratch worktree with Popen recorded, not run."""
     import coral.agent.builtin.opencode as oc
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with _temporary() as tmp:
         wt = Path(tmp) / "agents" / req["agent_id"]
         wt.mkdir(parents=True)
         (wt / ".coral_agent_id").write_text(req["agent_id"])
@@ -130,7 +139,7 @@ def op_opencode_json(req: Doc) -> Any:
     """`.opencode/opencode.json` as Coral's `setup_opencode_settings` writes it for coral_dir `req["coral_dir"]`."""
     from coral.workspace.worktree import setup_opencode_settings
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with _temporary() as tmp:
         setup_opencode_settings(Path(tmp), Path(req["coral_dir"]), research=bool(req.get("research", True)))
         return (Path(tmp) / ".opencode" / "opencode.json").read_text()
 
@@ -156,7 +165,7 @@ def op_heartbeat_actions(req: Doc) -> Any:
     from coral.hub import heartbeat as hb
 
     cfg = _config(req["task"], req.get("agents"))
-    with tempfile.TemporaryDirectory() as tmp:
+    with _temporary() as tmp:
         cd = _coral_dir(tmp)
         aid = req["agent_id"]
         if req.get("global") is not None:
@@ -194,7 +203,7 @@ def op_turn_prompt(req: Doc) -> Any:
     aid = req["agent_id"]
     attempt = dict(req["attempt"])
     attempt["agent_id"] = aid
-    with tempfile.TemporaryDirectory() as tmp:
+    with _temporary() as tmp:
         cd = _coral_dir(tmp)
         local = list(req["actions"]["local"]) + [{"name": _TURN_MARK, "every": 1, "prompt": ""}]
         (cd / "public" / "heartbeat" / f"{aid}.json").write_text(json.dumps({"actions": local}))
@@ -271,7 +280,7 @@ def _nothing_to_commit() -> str:
     if not _NOTHING:
         from coral.hooks.post_commit import _git_add_and_commit
 
-        with tempfile.TemporaryDirectory() as tmp:
+        with _temporary() as tmp:
             env = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
             subprocess.run(["git", "init", "-q", tmp], check=True, env={**os.environ, **env})
             saved = os.environ.copy()
