@@ -20,6 +20,7 @@ from pathlib import Path
 
 from sftree.config import REPO_ROOT
 from sftree.errors import InputError, TeacherUnavailable
+from sftree.runtime.guard import guarded
 from sftree.runtime.procs import stop_group
 from sftree.settings import JSONMap
 from sftree.teacher.transport import probe
@@ -113,7 +114,8 @@ def start_llm_server(spec: LaunchSpec) -> tuple[str, Callable[[], None]]:
     cmd = spec.command(port)
     log.info("starting llama-server: %s", shlex.join(cmd))
     out = open(spec.log_file, "ab") if spec.log_file else None  # noqa: SIM115 (closed by stop)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL if out is None else out, stderr=subprocess.STDOUT,
+    # under the guard: a `kill -9` of the sftree process that started it ends it too (runtime/guard.py)
+    proc = subprocess.Popen(guarded(cmd), stdout=subprocess.DEVNULL if out is None else out, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     root = f"http://127.0.0.1:{port}"
 
