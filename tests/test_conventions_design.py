@@ -93,7 +93,9 @@ def test_no_circle_finds_a_circle_however_it_is_imported(tmp_path, where):
     assert "sftree.runtime.workspace -> sftree.runtime.store" in problem
 
 
-def test_no_circle_reports_an_allowance_whose_circle_is_gone(tmp_path):
+def test_no_circle_reports_an_allowance_whose_circle_is_gone(tmp_path, monkeypatch):
+    gone = frozenset({"sftree.dataset.student", "sftree.dataset.pretokenize"})
+    monkeypatch.setattr(design, "CIRCLE_ALLOWED", {gone: "a circle since cut"})
     src = _plant(
         tmp_path, {"dataset/student.py": "", "dataset/pretokenize.py": "from sftree.dataset import student\n"}
     )
@@ -140,25 +142,24 @@ def test_one_http_client_finds_a_second_client(tmp_path):
     ]
 
 
-def test_typed_finds_an_excluded_module_not_silenced_and_a_silenced_one_not_excluded(tmp_path):
-    src = _plant(tmp_path, {"dataset/a.py": "", "dataset/b.py": "", "report/html.py": ""})
-    excluded = [r"^src/sftree/dataset/a\.py$", "^src/sftree/report/"]
-    assert (
-        design.unmatched_silenced(src, excluded, ["sftree.dataset.a", "sftree.report", "sftree.report.*"])
-        == []
-    )
-    assert design.unmatched_silenced(src, excluded, ["sftree.dataset.*", "sftree.report.*"]) == [
-        "sftree.report: excluded but not in the silencing override",
-        "sftree.dataset.b: silenced by an override but not excluded (its errors go unreported)",
-    ]
-
-
-def test_typed_reads_the_silencing_overrides_alone():
+def test_typed_refuses_an_exclude_and_any_override_that_quiets_sftrees_own_modules():
     mypy = {
+        "exclude": [r"^src/sftree/dataset/a\.py$"],
         "overrides": [
             {"module": ["coral", "coral.*"], "ignore_missing_imports": True},
+            {"module": ["torch", "torch.*"], "ignore_missing_imports": True},
             {"module": ["sftree.dataset.a"], "follow_imports": "silent"},
             {"module": "sftree.x", "ignore_errors": True},
-        ]
+            {"module": ["sftree.y"], "disallow_untyped_defs": False},
+        ],
     }
-    assert design.silenced(mypy) == ["sftree.dataset.a", "sftree.x"]
+    assert design.unchecked(mypy) == [
+        "exclude " + repr([r"^src/sftree/dataset/a\.py$"]),
+        "an override silencing ['sftree.dataset.a']",
+        "an override silencing 'sftree.x'",
+        "an override for sftree's own ['sftree.y']",
+    ]
+    assert (
+        design.unchecked({"overrides": [{"module": ["torch", "torch.*"], "ignore_missing_imports": True}]})
+        == []
+    )

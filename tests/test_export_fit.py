@@ -11,7 +11,8 @@ import pytest
 from helpers.student import make_student
 
 from sftree.dataset.fit import PROBE, PROBE_TOOLS, Fit, fit_record, new_id
-from sftree.dataset.student import Unfit, render_turn, text_span, with_template
+from sftree.dataset.rendering import Unfit, text_span
+from sftree.dataset.student import render_turn, with_template
 
 pytest.importorskip("tokenizers", reason="tokenizers not installed (pyproject.toml pins it)")
 

@@ -107,7 +107,7 @@ def test_path_records_train_every_assistant_turn(no_reasoning):
 
 
 def test_under_strict_a_template_that_drops_tool_calls_is_refused_naming_template_and_record(no_reasoning):
-    from sftree.dataset.student import StudentError
+    from sftree.dataset.rendering import StudentError
 
     with pytest.raises(StudentError) as err:
         export_task([no_reasoning], "step", student=student(SMOL, strict=True))
@@ -123,7 +123,7 @@ def test_a_template_that_renders_no_tool_calls_excludes_their_records_counted(no
 
 
 def test_under_strict_a_template_that_drops_the_reasoning_is_refused(tmp_path):
-    from sftree.dataset.student import StudentError
+    from sftree.dataset.rendering import StudentError
 
     pf = paths_of(make_results(tmp_path / "results"))  # turn 2 step 1 of each edge carries reasoning
     with pytest.raises(StudentError, match=r"leaves out the reasoning .* record circle_packing/.*/e1/t2s1"):
@@ -142,7 +142,7 @@ def test_under_strict_a_template_that_drops_the_reasoning_is_refused(tmp_path):
 
 
 def test_under_strict_a_template_whose_prompt_is_not_a_prefix_is_refused(no_reasoning, tmp_path):
-    from sftree.dataset.student import StudentError
+    from sftree.dataset.rendering import StudentError
 
     bad = tmp_path / "bad.jinja"
     bad.write_text(

@@ -39,7 +39,8 @@ def test_the_folder_holds_the_vocabularies_with_test_data():
     "vocab", VOCABS, ids=lambda p: p.name.removeprefix("ggml-vocab-").removesuffix(".gguf")
 )
 def test_every_vocabulary_gives_llama_cpps_ids_for_every_test_line(vocab: Path):
-    from sftree.dataset.student import StudentError, gguf_tokenizer
+    from sftree.dataset.rendering import StudentError
+    from sftree.dataset.student import gguf_tokenizer
 
     if vocab.name in NOT_READ:
         if vocab.stat().st_size < 8 << 20:  # refused with a clear error (Gemma 4's 262k tokens: 17 s to read)

@@ -31,16 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from sftree import __version__
-from sftree.dataset.messages import exclusion, message_key, normalize_message, parse_arguments
+from sftree.dataset.messages import Step, exclusion, message_key, normalize_message, parse_arguments
 from sftree.records.atif import SCHEMA_VERSION, read_trajectories, trajectory_writer
+from sftree.records.sft import Message
 from sftree.records.steplog import TokenLogprobs
+from sftree.records.tree import SchemaDoc
 
 log = logging.getLogger("sftree.dataset.atif")
 
 
-def _metrics(step: dict) -> dict[str, Any]:
+def _metrics(step: Step) -> SchemaDoc:
     u = step.get("usage") or {}
-    out: dict[str, Any] = {
+    out: SchemaDoc = {
         "prompt_tokens": int(u.get("prompt_tokens") or 0),
         "completion_tokens": int(u.get("completion_tokens") or 0),
         "cached_tokens": int(u.get("cached_tokens") or 0),
@@ -64,12 +66,12 @@ def _metrics(step: dict) -> dict[str, Any]:
     return out
 
 
-def _tool_calls(msg: dict) -> list[dict[str, Any]]:
-    calls = []
+def _tool_calls(msg: Message) -> list[SchemaDoc]:
+    calls: list[SchemaDoc] = []
     for tc in msg.get("tool_calls") or []:
         fn = tc.get("function") or {}
         args, bad = parse_arguments(fn.get("arguments"))
-        call: dict[str, Any] = {
+        call: SchemaDoc = {
             "tool_call_id": str(tc.get("id")),
             "function_name": str(fn.get("name")),
             "arguments": {} if bad else args,
@@ -80,9 +82,9 @@ def _tool_calls(msg: dict) -> list[dict[str, Any]]:
     return calls
 
 
-def _agent_step(step: dict, edge_id: str) -> dict[str, Any]:
+def _agent_step(step: Step, edge_id: str) -> SchemaDoc:
     msg, _ = normalize_message({**step["response"], "role": "assistant"})
-    out: dict[str, Any] = {"source": "agent", "message": msg["content"]}
+    out: SchemaDoc = {"source": "agent", "message": msg["content"]}
     if msg.get("reasoning_content"):
         out["reasoning_content"] = msg["reasoning_content"]
     calls = _tool_calls(step["response"])
@@ -105,7 +107,7 @@ def _agent_step(step: dict, edge_id: str) -> dict[str, Any]:
     return out
 
 
-def _context_step(m: dict) -> dict[str, Any]:
+def _context_step(m: Message) -> SchemaDoc:
     """A message of the session no model call of the path made (module docstring)."""
     msg, _ = normalize_message(m)
     role = msg["role"]
@@ -115,8 +117,8 @@ def _context_step(m: dict) -> dict[str, Any]:
         result = {"source_call_id": str(msg.get("tool_call_id")), "content": msg["content"]}
         return {"source": "system", "message": "", "observation": {"results": [result]},
                 "extra": {"tool_result_in_context": True}}  # fmt: skip
-    out: dict[str, Any] = {"source": "agent", "message": msg["content"], "is_copied_context": True,
-                           "llm_call_count": 0}  # fmt: skip
+    out: SchemaDoc = {"source": "agent", "message": msg["content"], "is_copied_context": True,
+                      "llm_call_count": 0}  # fmt: skip
     calls = _tool_calls(m)
     if calls:
         out["tool_calls"] = calls
@@ -137,14 +139,15 @@ def _key(m: object) -> str:
     return json.dumps([norm["role"], norm.get("tool_call_id"), norm["content"]], ensure_ascii=False)
 
 
-def path_steps(steps: Iterable[tuple[str, dict]]) -> tuple[list[dict[str, Any]], list[Any]]:
+def path_steps(steps: Iterable[tuple[str, Step]]) -> tuple[list[SchemaDoc], list[Any]]:
     """The ATIF steps of one path's model calls ((edge id, step record) in order) and the tools they offered."""
-    out: list[dict[str, Any]] = []
+    out: list[SchemaDoc] = []
     session: list[str] = []  # the session so far, as the keys of its messages
     tools: list[Any] = []
     for edge_id, step in steps:
         req = step.get("request") or {}
-        messages = req.get("messages") if isinstance(req.get("messages"), list) else []
+        sent = req.get("messages")
+        messages: list[Any] = sent if isinstance(sent, list) else []  # as sent: `_key` takes any JSON
         keys = [_key(m) for m in messages]
         shared = 0
         while shared < min(len(keys), len(session)) and keys[shared] == session[shared]:
@@ -162,8 +165,8 @@ def path_steps(steps: Iterable[tuple[str, dict]]) -> tuple[list[dict[str, Any]],
 
 
 def path_trajectory(
-    steps: list[tuple[str, dict]], meta: dict[str, Any], *, agent: str, model: str | None
-) -> dict[str, Any]:
+    steps: list[tuple[str, Step]], meta: SchemaDoc, *, agent: str, model: str | None
+) -> SchemaDoc:
     """One selected path as an ATIF Trajectory document (module docstring); `meta` is the path's metadata."""
     body, tools = path_steps(steps)
     for i, s in enumerate(body, 1):
@@ -171,7 +174,7 @@ def path_trajectory(
     agent_steps = [s for s in body if "metrics" in s]
     totals = {k: sum(s["metrics"][k] for s in agent_steps) for k in ("prompt_tokens", "completion_tokens",
                                                                      "cached_tokens")}  # fmt: skip
-    doc: dict[str, Any] = {
+    doc: SchemaDoc = {
         "schema_version": SCHEMA_VERSION,
         "session_id": f"{meta['task']}/{meta['root']}",
         "trajectory_id": f"{meta['task']}/{meta['root']}/{meta['leaf']}",
@@ -184,7 +187,7 @@ def path_trajectory(
     return doc
 
 
-def with_logprobs(doc: dict[str, Any]) -> tuple[int, int]:
+def with_logprobs(doc: SchemaDoc) -> tuple[int, int]:
     """(agent steps with the Teacher's logprobs, agent steps without) of one trajectory."""
     calls = [s for s in doc["steps"] if s["source"] == "agent" and not s.get("is_copied_context")]
     kept = sum("logprobs" in s.get("metrics", {}) for s in calls)
@@ -192,8 +195,8 @@ def with_logprobs(doc: dict[str, Any]) -> tuple[int, int]:
 
 
 def trajectories(
-    paths: Iterator[tuple[list[tuple[str, dict]], dict[str, Any], str, str | None]],
-) -> Iterator[dict]:
+    paths: Iterator[tuple[list[tuple[str, Step]], SchemaDoc, str, str | None]],
+) -> Iterator[SchemaDoc]:
     """The trajectories of (steps, path metadata, agent name, model) items."""
     for steps, meta, agent, model in paths:
         if steps:

@@ -6,19 +6,22 @@ LLaMA-Factory copy differs, how to load. Written by `merge-sft` (dataset/merge.p
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 
-from sftree.dataset.figures import DatasetFigures, figures_of
+from sftree.dataset.figures import DatasetFigures, PathFigures, figures_of
 from sftree.dataset.llamafactory import DATASET_NAME
 from sftree.dataset.stats import ExportStats, MergeStats
 from sftree.dataset.student import DROP_TOO_LONG, UNFIT_REASONS, StudentStats
 from sftree.records.sft import EXCLUSION_REASONS, OPENCODE
+from sftree.records.tree import SchemaDoc
+from sftree.records.trust import TaskTrust
 
 
 def _fmt(x: float | None, nd: int = 4) -> str:
     return "-" if x is None else f"{x:.{nd}g}" if abs(x) >= 1e4 else f"{x:.{nd}f}"
 
 
-def _trust_lines(trust: list) -> list[str]:
+def _trust_lines(trust: list[TaskTrust]) -> list[str]:
     """Card section: per task the snapshots skipped, per root and selected path the gain over the root."""
     lines = [
         "## Can the data be trusted",
@@ -64,11 +67,11 @@ def _trust_lines(trust: list) -> list[str]:
     return lines
 
 
-def _counts(c: Counter | dict) -> str:
+def _counts(c: Mapping[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in c.items() if v) or "none"
 
 
-def _backend_lines(backends: Counter, corals: Counter, export: ExportStats | None) -> list[str]:
+def _backend_lines(backends: Counter[str], corals: Counter[str], export: ExportStats | None) -> list[str]:
     """Card: which agent backend made the records, whether the Teacher's world was the installed Coral."""
     lines = [
         f"Agent backend: {', '.join(f'{k}: {v} records' for k, v in sorted(backends.items())) or 'none'}."
@@ -228,15 +231,16 @@ def forms_rows(merged: MergeStats | None) -> list[tuple[str, int, int]]:
     (what the merged form's steps would cost), the form written, and the path and tree forms when the tree form
     was written (`export.tree_packed`). Tokens trained: each once (the path form's loss counts a token shared by
     paths once per path: `TreeStats.objective`)."""
-    st = merged.export.student if merged and merged.export else None
-    rows = []
-    if st is not None and st.trained:
-        form = merged.export.granularity or "step"
+    export = merged.export if merged else None
+    st = export.student if export else None
+    tree = merged.tree if merged else None
+    rows: list[tuple[str, int, int]] = []
+    if export is not None and st is not None and st.trained:
+        form = export.granularity or "step"
         if form == "merged" and st.as_steps:
             rows.append(("step", st.as_steps, st.trained))
-        if form != "path" or merged.tree is None:
+        if form != "path" or tree is None:
             rows.append((form, st.processed, st.trained))
-    tree = merged.tree if merged else None
     if tree is not None and tree.trained:
         # the path form's distinct trained tokens are the tree's (its loss counts them `objective` times)
         rows += [("path", tree.path_processed, tree.trained), ("tree", tree.processed, tree.trained)]
@@ -261,7 +265,7 @@ def forms_lines(merged: MergeStats | None) -> list[str]:
         "Train the tree form where the trainer takes it (`sft.tree.jsonl`, dataset/tree_collator.py), else the "
         "merged form; the step form is for trainers that take one completion per record (docs/outputs.md).",
     ]
-    tree = merged.tree
+    tree = merged.tree if merged else None  # two rows or more: merged is set
     if tree is not None and tree.parts:
         lines += [
             "",
@@ -274,7 +278,7 @@ def forms_lines(merged: MergeStats | None) -> list[str]:
     return lines + [""]
 
 
-def _tokenizer_lines(tok: dict) -> list[str]:
+def _tokenizer_lines(tok: Mapping[str, object]) -> list[str]:
     """Card: the one tokenizer the figures come from, and which loader gives the same tokens."""
     line = (
         f"Tokenizer of these figures: `{tok.get('file')}` ({tok.get('kind')}, sha256 of the tokenizer as read: "
@@ -337,10 +341,10 @@ PATH_FORM = (
 
 
 def dataset_card(
-    records: list[dict],
+    records: list[SchemaDoc],
     sft_name: str,
     lf_name: str | None = None,
-    trust: list | None = None,
+    trust: list[TaskTrust] | None = None,
     merged: MergeStats | None = None,
     dedupe: bool = False,
 ) -> str:
@@ -352,7 +356,7 @@ def card_text(
     fig: DatasetFigures,
     sft_name: str,
     lf_name: str | None = None,
-    trust: list | None = None,
+    trust: list[TaskTrust] | None = None,
     merged: MergeStats | None = None,
     dedupe: bool = False,
 ) -> str:
@@ -423,7 +427,7 @@ def _header_lines(fig: DatasetFigures, sft_name: str, form: str) -> list[str]:
     ]
 
 
-def _sandbox_lines(sandboxes: Counter) -> list[str]:
+def _sandbox_lines(sandboxes: Counter[str]) -> list[str]:
     if not sandboxes:
         return []
     note = ", ".join(f"{k}: {v} records" for k, v in sorted(sandboxes.items()))
@@ -460,7 +464,7 @@ def _duplicate_lines(merged: MergeStats, dedupe: bool) -> list[str]:
 
 def _count_lines(fig: DatasetFigures) -> list[str]:
     """Card sections: records by task and stage, by root; tokens."""
-    by_task: Counter = Counter()
+    by_task: Counter[str] = Counter()
     for (task, _), n in fig.by_task_stage.items():
         by_task[task] += n
     lines = [
@@ -505,7 +509,7 @@ def _gain_lines(fig: DatasetFigures) -> list[str]:
         "| task | paths | improved | mean gain | best gain | mean PathScore |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    by_task_paths: dict[str, list[dict]] = defaultdict(list)
+    by_task_paths: dict[str, list[PathFigures]] = defaultdict(list)
     for (task, _, _), p in fig.paths.items():
         by_task_paths[task].append(p)
     for task in sorted(by_task_paths):

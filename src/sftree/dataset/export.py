@@ -52,7 +52,6 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
 from sftree.config import REPO_ROOT
 from sftree.dataset.atif import trajectories, tree_folder, with_logprobs
@@ -60,6 +59,7 @@ from sftree.dataset.fit import FIT_MODES, fit_record
 from sftree.dataset.fit import count as count_adaptations
 from sftree.dataset.merged import merged_record, runs
 from sftree.dataset.messages import (
+    Step,
     exclusion,
     message_key,
     name_tool_messages,
@@ -68,17 +68,10 @@ from sftree.dataset.messages import (
     tool_message,
 )
 from sftree.dataset.pretokenize import pretokenize
+from sftree.dataset.rendering import Student, StudentError, Unfit
 from sftree.dataset.special_text import MODES, SpecialText, SpecialTextStats, builtin_strings, student_strings
 from sftree.dataset.stats import ExportStats
-from sftree.dataset.student import (
-    Measure,
-    Student,
-    StudentError,
-    StudentStats,
-    Unfit,
-    load_student,
-    measure,
-)
+from sftree.dataset.student import Measure, StudentStats, load_student, measure
 from sftree.dataset.tree_packed import PathTokens, pack_paths, write_tree_file
 from sftree.errors import InputError
 from sftree.progress import Progress
@@ -91,13 +84,14 @@ from sftree.records.sft import (
     GRANULARITIES,
     OPENCODE,
     Granularity,
+    Message,
     SftRecord,
     record_from_doc,
     record_writer,
     schema_problem,
     write_stats,
 )
-from sftree.records.tree import Edge, Tree, final_path, read_tree
+from sftree.records.tree import Edge, SchemaDoc, Tree, final_path, read_tree
 from sftree.records.tree_packed import tree_form_path
 from sftree.settings import ExportSettings, load_settings, section_settings
 
@@ -122,7 +116,7 @@ def tree_coral(tree: Tree) -> str:
 # --- inputs ---------------------------------------------------------------------------------------------
 
 
-def read_steps(path: Path) -> list[dict]:
+def read_steps(path: Path) -> list[Step]:
     """Step records of one edge (docs/architecture.md), errors naming file and line."""
     steps = steplog.read_steps(path)  # requests rebuilt from the edge's message store
     for n, rec in enumerate(steps, 1):
@@ -173,15 +167,15 @@ class TreeContext:
         return "/".join([*self.tree_dir.parts[-3:], self._transcript_rel(edge_id)])
 
 
-def _usage_tokens(step: dict) -> dict:
+def _usage_tokens(step: Step) -> dict[str, int]:
     u = step.get("usage") or {}
     prompt, completion = int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def build_record(
-    step: dict, meta: dict, excluded: set[str] | frozenset = frozenset()
-) -> tuple[dict | None, str | None]:
+    step: Step, meta: SchemaDoc, excluded: set[str] | frozenset[str] = frozenset()
+) -> tuple[SchemaDoc, None] | tuple[None, str]:
     """The SFT record of one step, or (None, why) when it cannot be one. `excluded` holds the `message_key`s of
     the ill-formed replies seen so far on the path: how many of them the record's history repeats is counted in
     `metadata.history_excluded`. The caller checks `exclusion(step)` first."""
@@ -189,7 +183,7 @@ def build_record(
     if not isinstance(step.get("response"), dict) or step.get("error"):
         return None, f"no response: {str(step.get('error') or 'response is null')[:120]}"
     malformed = 0
-    messages = []
+    messages: list[Message] = []
     try:
         for m in req.get("messages") or []:
             msg, bad = normalize_message(m)
@@ -235,9 +229,9 @@ def build_record(
     }, None
 
 
-def _path_meta(ctx: TreeContext, path: RankedPath) -> dict:
+def _path_meta(ctx: TreeContext, path: RankedPath) -> SchemaDoc:
     paths = ctx.paths
-    meta = {
+    meta: SchemaDoc = {
         "task": paths.task or ctx.tree.task,
         "root": paths.root or ctx.tree.root,
         "stage": ctx.stage,
@@ -260,20 +254,21 @@ def _path_meta(ctx: TreeContext, path: RankedPath) -> dict:
         "path_score": path.path_score,
     }
     leaf = ctx.tree.node(path.leaf)
-    meta["leaf_score"] = leaf.score if leaf else None
-    meta["gain"] = signed_gain(meta["root_score"], meta["leaf_score"], meta["direction"])
+    leaf_score = leaf.score if leaf else None
+    meta["leaf_score"] = leaf_score
+    meta["gain"] = signed_gain(paths.root_score, leaf_score, paths.direction)
     return meta
 
 
-def _exported_steps(ctx: TreeContext, edge_id: str) -> list[dict]:
+def _exported_steps(ctx: TreeContext, edge_id: str) -> list[Step]:
     return [s for s in read_steps(ctx.transcript(edge_id)) if s.get("kind", "agent") in EXPORTED_KINDS]
 
 
-def _answered(step: dict) -> bool:
+def _answered(step: Step) -> bool:
     return isinstance(step.get("response"), dict) and not step.get("error")
 
 
-def logprobs_kind(step: dict) -> str:
+def logprobs_kind(step: Step) -> str:
     """What a reply's step record keeps of the Teacher's tokens (`teacher.logprobs`): `kept`, why none were kept
     (`absent`, `misaligned`, `malformed`), or `not_asked`."""
     if isinstance(step.get("logprobs"), dict):
@@ -336,7 +331,7 @@ class _TreeExport:
         self.ctx, self.stats, self.refuse_native, self.student = ctx, stats, refuse_native, student
         self.text = text
         self.scanned: dict[str, list[str]] = {}  # special strings found per string (a session repeats them)
-        self.cache: dict[str, list[dict]] = {}
+        self.cache: dict[str, list[Step]] = {}
         self.excluded: set[str] = (
             set()
         )  # message keys of this tree's ill-formed replies (for history_excluded)
@@ -347,14 +342,16 @@ class _TreeExport:
     def tree_side(self) -> _TreeExport:
         """The exporter of the tree form's path records on the steps this one reads (each edge read and its
         ill-formed steps found once), counting into figures of its own (the export's stats are the chosen
-        form's)."""
+        form's). Its control-token counts too: `text_ok` drops a path record from the tree form as from the
+        path form."""
         self.keep_steps = True
-        side = _TreeExport(self.ctx, ExportStats(), self.refuse_native, self.student, self.text)
+        figures = ExportStats(special_text=SpecialTextStats(self.text.mode, self.text.special.source))
+        side = _TreeExport(self.ctx, figures, self.refuse_native, self.student, self.text)
         side.scanned, side.cache, side.excluded = self.scanned, self.cache, self.excluded
         side.counted, side.valid_messages = self.counted, self.valid_messages
         return side
 
-    def steps_of(self, edge_id: str) -> list[dict]:
+    def steps_of(self, edge_id: str) -> list[Step]:
         if edge_id not in self.cache:
             self.cache[edge_id] = _exported_steps(self.ctx, edge_id)
             if edge_id not in self.counted:
@@ -376,11 +373,12 @@ class _TreeExport:
                         )
         return self.cache[edge_id]
 
-    def build(self, step: dict, meta: dict, edge_id: str) -> dict | None:
+    def build(self, step: Step, meta: SchemaDoc, edge_id: str) -> SchemaDoc | None:
         ctx, stats = self.ctx, self.stats
         meta = dict(meta, edge=edge_id, transcript=ctx.transcript_name(edge_id))
-        rec, why = build_record(step, meta, self.excluded)
-        if rec is None:
+        built = build_record(step, meta, self.excluded)
+        if built[0] is None:  # indexed, not unpacked: the type checker then knows the reason is there
+            why = built[1]
             stats.skipped[_skip_kind(why)] += 1
             log.warning(
                 "%s: skipping step %s/%s of %s: %s",
@@ -391,6 +389,7 @@ class _TreeExport:
                 why,
             )
             return None
+        rec = built[0]
         rec["metadata"]["id"] = (
             f"{meta['task']}/{meta['root']}/{edge_id}/t{step.get('turn')}s{step.get('step')}"
         )
@@ -398,14 +397,16 @@ class _TreeExport:
             rec["metadata"]["cut"] = meta.get("cut")
         return rec if self.valid(rec) and self.text_ok(rec) else None
 
-    def text_ok(self, rec: dict) -> bool:
+    def text_ok(self, rec: SchemaDoc) -> bool:
         """**Rule** (`export.special_text`): a record whose data holds a control-token string is counted by role
         and string, and dropped (`drop`) or kept (`split`: tokenized as plain text; `keep`). A merged record is
         checked step by step (each step record before the runs are made)."""
         hits = self.text.special.hits(rec, self.scanned)
         if not hits:
             return True
-        self.stats.special_text.count(hits)
+        counts = self.stats.special_text
+        assert counts is not None  # set by iter_task_records (the tree form's side: by tree_side)
+        counts.count(hits)
         log.warning(
             "%s: record %s holds control-token text %s (%s): %s",
             self.ctx.paths_file,
@@ -416,7 +417,7 @@ class _TreeExport:
         )
         return self.text.mode != "drop"
 
-    def valid(self, rec: dict) -> bool:
+    def valid(self, rec: SchemaDoc) -> bool:
         """Whether the record meets the schema; counted and logged when it does not."""
         problem = schema_problem(rec, self.valid_messages)
         if problem:
@@ -424,7 +425,7 @@ class _TreeExport:
             log.warning("%s: skipping record %s: %s", self.ctx.paths_file, rec["metadata"]["id"], problem)
         return not problem
 
-    def emit(self, rec: dict, measured: Measure | None = None) -> Iterator[SftRecord]:
+    def emit(self, rec: SchemaDoc, measured: Measure | None = None) -> Iterator[SftRecord]:
         stats = self.stats
         backend = rec["metadata"]["backend"]
         if self.refuse_native and backend != OPENCODE:
@@ -436,8 +437,9 @@ class _TreeExport:
             rec, touched = fit_record(
                 self.student.fit, rec
             )  # written as the template needs it (dataset/fit.py)
-            count_adaptations(stats.student.adaptations, touched)
+            count_adaptations(_student_stats(stats).adaptations, touched)
         if self.text.pretokenized:
+            assert self.student is not None  # TextRule.of refuses export.pretokenized without a Student
             add_tokens(rec, self.student)
         stats.records += 1
         stats.backends[backend] += 1
@@ -448,10 +450,10 @@ class _TreeExport:
         for rec in self.path_docs(selected):
             yield from self.emit(rec)
 
-    def path_docs(self, selected: list[RankedPath]) -> list[dict]:
+    def path_docs(self, selected: list[RankedPath]) -> list[SchemaDoc]:
         """A path record trains every assistant turn: it ends before the path's first ill-formed step. Two paths
         cut at the same step make one record (its path_ranks lists both)."""
-        out: dict[tuple, dict] = {}
+        out: dict[tuple[str, object, object], SchemaDoc] = {}  # (edge, turn, step) -> record
         for path in selected:
             meta = _path_meta(self.ctx, path) | {
                 "granularity": "path",
@@ -482,7 +484,7 @@ class _TreeExport:
             if len(tokens.input_ids) <= self.student.max_length:
                 yield PathTokens.of(tokens, rec["metadata"])
 
-    def path_pick(self, path: RankedPath, meta: dict) -> tuple[str, dict] | None:
+    def path_pick(self, path: RankedPath, meta: SchemaDoc) -> tuple[str, Step] | None:
         """(edge, step) whose request + response is the path's record: its last answered step, or the one before
         its first ill-formed step (`meta["cut"]` says where and why); None when there is none."""
         ctx, stats = self.ctx, self.stats
@@ -510,7 +512,7 @@ class _TreeExport:
             return None
         return chain[bad - 1]
 
-    def step_records(self, selected: list[RankedPath]) -> Iterator[dict]:
+    def step_records(self, selected: list[RankedPath]) -> Iterator[SchemaDoc]:
         """Step granularity: each edge once, under the best-ranked selected path holding it (not yet emitted)."""
         ranks_of: dict[str, list[int]] = defaultdict(list)
         for path in selected:
@@ -539,15 +541,23 @@ class _TreeExport:
             if self.valid(rec):
                 yield from self.emit(rec, run.measure() if self.student is not None else None)
 
-    def unfit(self, rec: dict, exc: Unfit) -> None:
+    def unfit(self, rec: SchemaDoc, exc: Unfit) -> None:
         """A step record the Student's template cannot hold: excluded, counted by reason, logged."""
-        self.stats.student.exclude(exc.reason)
+        _student_stats(self.stats).exclude(exc.reason)
         log.warning(
             "%s: record %s excluded (%s): %s", self.ctx.paths_file, rec["metadata"]["id"], exc.reason, exc
         )
 
 
-def under_student(rec: dict, student: Student, stats: ExportStats, measured: Measure | None = None) -> bool:
+def _student_stats(stats: ExportStats) -> StudentStats:
+    """The export's figures under the Student, which `iter_task_records` sets wherever a Student is."""
+    assert stats.student is not None, "export stats without the Student's figures, under a Student"
+    return stats.student
+
+
+def under_student(
+    rec: SchemaDoc, student: Student, stats: ExportStats, measured: Measure | None = None
+) -> bool:
     """Render the record with the Student's template and count its tokens (`metadata.student_tokens`); False when
     it is longer than `max_length` (**rule**: dropped whole and counted, never cut: a cut step record loses its
     context or its answer). A template that leaves out what the record trains raises StudentError. `measured`: the
@@ -557,10 +567,10 @@ def under_student(rec: dict, student: Student, stats: ExportStats, measured: Mea
     except Unfit as exc:  # excluded with its reason (dataset/fit.py), unless `export.student.fit: strict`
         if student.strict:
             raise
-        stats.student.exclude(exc.reason)
+        _student_stats(stats).exclude(exc.reason)
         log.warning("record %s excluded (%s): %s", rec["metadata"]["id"], exc.reason, exc)
         return False
-    why = stats.student.count(m)
+    why = _student_stats(stats).count(m)
     if why:
         log.info(
             "record %s: %d tokens under the Student > max_length %d: dropped",
@@ -577,7 +587,7 @@ def under_student(rec: dict, student: Student, stats: ExportStats, measured: Mea
     return True
 
 
-def add_tokens(rec: dict, student: Student) -> None:
+def add_tokens(rec: SchemaDoc, student: Student) -> None:
     """`export.pretokenized`: the record's `input_ids` and `completion_mask` (dataset/pretokenize.py); its trained
     tokens must be the ones counted in `metadata.student_tokens`."""
     tokens = pretokenize(student, rec)
@@ -655,7 +665,7 @@ def _granularity(settings: ExportSettings) -> Granularity:
         raise InputError(
             f"export.granularity: {settings.granularity!r} is not one of {', '.join(GRANULARITIES)}"
         )
-    return cast(Granularity, settings.granularity)
+    return settings.granularity
 
 
 def export_settings(**values: object) -> ExportSettings:
@@ -670,7 +680,7 @@ def export_task(
     student: Student | None = None,
     special_text: str | None = None,
     pretokenized: bool = False,
-) -> tuple[list[dict], ExportStats]:
+) -> tuple[list[SchemaDoc], ExportStats]:
     """One task's records in memory, as written (tests, benchmarks); `special_text` None: the schema's."""
     settings = export_settings(
         granularity=granularity,
@@ -688,7 +698,7 @@ def export_task(
 
 def path_sessions(
     paths_files: Iterable[str | Path],
-) -> Iterator[tuple[list[tuple[str, dict]], dict, str, str | None]]:
+) -> Iterator[tuple[list[tuple[str, Step]], SchemaDoc, str, str | None]]:
     """Each selected path's answered model calls ((edge id, step record) in order), its metadata (the SFT
     records' path metadata, the tree's folder and the parent path), the agent backend and the Teacher's model."""
     for pf in paths_files:

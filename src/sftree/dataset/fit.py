@@ -26,9 +26,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from sftree.records.sft import Message
+from sftree.records.tree import SchemaDoc
 
 FIT_MODES = ("fit", "strict")
 SHAPING = ("call_ids", "arguments_string", "content_null", "merge_roles", "system_in_user")
@@ -86,10 +88,23 @@ class Fit:
     no_reasoning: bool = False
     family: str = ""
 
+    @classmethod
+    def of(cls, names: Collection[str]) -> Fit:
+        """The fit that keeps exactly the adaptations `names` (each one of ADAPTATIONS), no family."""
+        return cls(
+            call_ids="call_ids" in names,
+            arguments_string="arguments_string" in names,
+            content_null="content_null" in names,
+            merge_roles="merge_roles" in names,
+            system_in_user="system_in_user" in names,
+            call_only="call_only" in names,
+            no_reasoning="no_reasoning" in names,
+        )
+
     def names(self) -> tuple[str, ...]:
         return tuple(a for a in ADAPTATIONS if getattr(self, a))
 
-    def apply(self, messages: list[dict]) -> tuple[list[dict], frozenset[str]]:
+    def apply(self, messages: list[Message]) -> tuple[list[Message], frozenset[str]]:
         """The messages as the template needs them, and the adaptations that changed something in them."""
         if not self.names():
             return messages, frozenset()
@@ -101,7 +116,7 @@ class Fit:
             out = _merge(out, touched)
         return out, frozenset(touched)
 
-    def _message(self, m: dict, touched: set[str]) -> dict:
+    def _message(self, m: Message, touched: set[str]) -> Message:
         m = dict(m)
         old = m.get("tool_call_id")
         if self.call_ids and m.get("role") == "tool" and isinstance(old, str) and new_id(old) != old:
@@ -122,7 +137,7 @@ class Fit:
         m["tool_calls"] = [self._call(tc, touched) for tc in calls]
         return m
 
-    def _call(self, tc: dict, touched: set[str]) -> dict:
+    def _call(self, tc: SchemaDoc, touched: set[str]) -> SchemaDoc:
         tc = dict(tc)
         if self.call_ids and isinstance(tc.get("id"), str) and new_id(tc["id"]) != tc["id"]:
             tc["id"] = new_id(tc["id"])
@@ -134,7 +149,7 @@ class Fit:
         return tc
 
 
-def _system_in_user(messages: list[dict], touched: set[str]) -> list[dict]:
+def _system_in_user(messages: list[Message], touched: set[str]) -> list[Message]:
     if not messages or messages[0].get("role") != "system" or not isinstance(messages[0].get("content"), str):
         return messages
     first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
@@ -148,8 +163,8 @@ def _system_in_user(messages: list[dict], touched: set[str]) -> list[dict]:
     return out[1:]
 
 
-def _merge(messages: list[dict], touched: set[str]) -> list[dict]:
-    out: list[dict] = []
+def _merge(messages: list[Message], touched: set[str]) -> list[Message]:
+    out: list[Message] = []
     for m in messages:
         prev = out[-1] if out else None
         if (
@@ -170,7 +185,7 @@ def _merge(messages: list[dict], touched: set[str]) -> list[dict]:
 
 # The probe: a conversation shaped like the records (a system prompt, a call beside text, its result, a user turn
 # after a tool result, a call alone, a final answer), with the tools they carry.
-PROBE_TOOLS = [
+PROBE_TOOLS: list[Message] = [
     {
         "type": "function",
         "function": {
@@ -186,7 +201,7 @@ PROBE_TOOLS = [
 ]
 
 
-def _call(i: int) -> dict:
+def _call(i: int) -> SchemaDoc:
     return {
         "id": f"call_probe_{i}",
         "type": "function",
@@ -194,7 +209,7 @@ def _call(i: int) -> dict:
     }
 
 
-PROBE: list[dict] = [
+PROBE: list[Message] = [
     {"role": "system", "content": "probe system"},
     {"role": "user", "content": "probe question"},
     {
@@ -223,25 +238,26 @@ def choose(works: Callable[[Fit], list[str | None]], strict: bool) -> Fit:
     def score(fit: Fit) -> int:
         return sum(r is None for r in works(fit))
 
-    full, lossy = len(PROBE_TRAINED), {a: True for a in LOSSY}
+    full = len(PROBE_TRAINED)
     best, top = Fit(), score(Fit())
     for n in range(len(SHAPING) + 1):
         if top == full:
             break
         for combo in itertools.combinations(SHAPING, n):
-            fit = Fit(**{a: True for a in combo}, **lossy)
+            fit = Fit.of({*combo, *LOSSY})
             got = score(fit)
             if got > top:
                 best, top = fit, got
             if top == full:
                 break
     for a in LOSSY:
-        if getattr(best, a) and not set(LOSSY_FIXES[a]) & set(works(replace(best, **{a: False}))):
-            best = replace(best, **{a: False})
+        without = Fit.of(set(best.names()) - {a})  # `best` less `a` (it has no family yet)
+        if getattr(best, a) and not set(LOSSY_FIXES[a]) & set(works(without)):
+            best = without
     return best
 
 
-def fit_record(fit: Fit, rec: dict) -> tuple[dict, frozenset[str]]:
+def fit_record(fit: Fit, rec: SchemaDoc) -> tuple[SchemaDoc, frozenset[str]]:
     """The record (any form: step `prompt` + `completion`, path or merged `messages` with `metadata.trained`) as
     the template needs it, and the adaptations that changed it."""
     if "prompt" in rec:
@@ -274,5 +290,5 @@ def count(adaptations: dict[str, int], touched: frozenset[str] | set[str]) -> No
         adaptations[a] = adaptations.get(a, 0) + 1
 
 
-def is_generation_template(source: Any) -> bool:
+def is_generation_template(source: object) -> bool:
     return isinstance(source, str) and "generation" in source and "endgeneration" in source

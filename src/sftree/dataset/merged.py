@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from sftree.dataset.student import Measure, Student, Turn, Unfit, render_turn
+from sftree.dataset.rendering import Student, Turn, Unfit
+from sftree.dataset.student import Measure, render_turn
 from sftree.records.tree import SchemaDoc
 
 

@@ -17,7 +17,7 @@ rendering (a template that escapes or rewrites the data otherwise: StudentError)
 trained_indices`: a step record's completion, a merged record's `metadata.trained`, every assistant message of a
 path record): render messages[:k] with the generation prompt and messages[:k+1] without; the tokens after their
 common prefix, up to the end of the latter, are trained (or the template's `{% generation %}` span, or the last
-turn's own form: `student.text_span`).
+turn's own form: `rendering.text_span`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,15 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, overload
 
-from sftree.dataset.student import Student, StudentError, Turn, text_span
+from sftree.dataset.rendering import Student, StudentError, Turn, text_span
 from sftree.dataset.trainer_labels import trained_indices
+from sftree.records.sft import Message
+from sftree.records.tree import SchemaDoc
+
+if TYPE_CHECKING:  # imported where used, to keep this module's import light
+    from tokenizers import Tokenizer
 
 _BASE = 0xF0000  # Supplementary Private Use Area-A: one character per special string
 _LIMIT = 0xFFFFD
@@ -43,7 +48,7 @@ class Pretokenized:
     def trained(self) -> int:
         return sum(self.mask)
 
-    def row(self) -> dict:
+    def row(self) -> dict[str, list[int]]:
         """The pre-tokenized columns TRL's SFTTrainer reads as they are (`completion_mask`: the trained tokens)."""
         return {"input_ids": list(self.input_ids), "completion_mask": list(self.mask)}
 
@@ -51,7 +56,7 @@ class Pretokenized:
 class _Plain:
     """One Student's special strings, their ids, and its tokenizer without added tokens (data as plain text)."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Tokenizer):
         from tokenizers import Tokenizer
 
         added = tokenizer.get_added_tokens_decoder()
@@ -63,7 +68,9 @@ class _Plain:
             )
         self.mark = {s: chr(_BASE + i) for i, s in enumerate(self.strings)}
         self.restore = {ord(c): s for s, c in self.mark.items()}
-        self.find = re.compile("|".join(map(re.escape, self.strings))) if self.strings else None
+        self.find: re.Pattern[str] | None = (
+            re.compile("|".join(map(re.escape, self.strings))) if self.strings else None
+        )
         doc = json.loads(tokenizer.to_str())
         doc["added_tokens"] = []
         self.tokenizer = Tokenizer.from_str(json.dumps(doc))
@@ -72,7 +79,14 @@ class _Plain:
     def plain(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids if text else []
 
-    def marked(self, value: Any) -> Any:
+    @overload
+    def marked(self, value: list[Message]) -> list[Message]: ...
+    @overload
+    def marked(self, value: Message) -> Message: ...
+    @overload
+    def marked(self, value: object) -> object: ...
+
+    def marked(self, value: object) -> object:
         """`value` (a message, a tool schema) with every special string in its strings replaced by its mark."""
         if isinstance(value, str):
             if any(_BASE <= ord(c) <= _LIMIT for c in value):
@@ -108,7 +122,7 @@ def _plain_of(student: Student) -> _Plain:
 
 
 def encode_messages(
-    student: Student, messages: list[dict], tools: list | None, generation: bool
+    student: Student, messages: list[Message], tools: list[Message] | None, generation: bool
 ) -> list[int]:
     """The token ids of `messages` rendered with the Student's template, data text as plain text (the module)."""
     p = _plain_of(student)
@@ -123,8 +137,10 @@ def encode_messages(
     return p.encode(text)
 
 
-def encode_span(student: Student, before: list[dict], message: dict, tools: list, rid: str) -> Turn:
-    """One trained message's Turn (student.text_span) in tokens, data text tokenized as plain text."""
+def encode_span(
+    student: Student, before: list[Message], message: Message, tools: list[Message], rid: str
+) -> Turn:
+    """One trained message's Turn (rendering.text_span) in tokens, data text tokenized as plain text."""
     p = _plain_of(student)
     marked_before, marked_tools = p.marked(before), p.marked(tools or [])
     span = text_span(student, marked_before, p.marked(message), marked_tools, rid)
@@ -134,7 +150,7 @@ def encode_span(student: Student, before: list[dict], message: dict, tools: list
     return Turn(p.encode(span.prompt), whole)
 
 
-def pretokenize(student: Student, record: dict) -> Pretokenized:
+def pretokenize(student: Student, record: SchemaDoc) -> Pretokenized:
     """`record` (any sftree form: step, path, merged) as the Student's `input_ids` and trained-token `mask`, data
     text tokenized as plain text. A StudentError when a trained message's context renders differently once later
     messages follow (its trained span would not be the one of its own step)."""

@@ -16,34 +16,35 @@ or the reasoning the record trains.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from sftree.dataset import fit as fitting
+from sftree.dataset.pretokenize import encode_messages, encode_span
+
+# the Student, its errors and its spans: rendering.py's (pretokenize stands on them too)
+from sftree.dataset.rendering import Student, StudentError, Turn, Unfit, text_span
 from sftree.dataset.vocab import GGUF_PRE, PreTokenizer, pre_tokenizer
 from sftree.errors import InputError
+from sftree.records.sft import Message
+from sftree.records.tree import SchemaDoc
+
+if TYPE_CHECKING:  # imported where used (loading a Student), to keep this module's import light
+    from jinja2 import Environment, Template
+    from jinja2.ext import Extension
+    from jinja2.nodes import EvalContext, Node
+    from jinja2.parser import Parser
+    from tokenizers import Tokenizer
 
 # GGUF token types matched as whole tokens in text (llama.cpp's CONTROL and USER_DEFINED), as HF's added tokens.
 _CONTROL, _USER_DEFINED = 3, 4
-
-
-class StudentError(InputError):
-    """The Student cannot be read, or its template cannot render what a record trains."""
-
-
-class Unfit(StudentError):
-    """One record the Student's template cannot hold, with its `reason` (counted): excluded, unless
-    `export.student.fit: strict`, where it refuses the export as any StudentError does."""
-
-    def __init__(self, message: str, reason: str):
-        super().__init__(message)
-        self.reason = reason
 
 
 # Why a record is excluded under the Student's template (`Unfit.reason`, counted in `student.dropped`).
@@ -59,68 +60,6 @@ UNFIT_REASONS = {
 
 
 @dataclass
-class Student:
-    """A tokenizer, a chat template and a context length; `source` and `template_name` name them in errors."""
-
-    source: str
-    template_name: str
-    template: Any  # a compiled jinja2 Template
-    tokenizer: Any  # a tokenizers.Tokenizer
-    max_length: int
-    bos_token: str = ""
-    eos_token: str = ""
-    # `export.special_text: split`: data text tokenized as plain text (dataset/pretokenize.py), so the figures are
-    # those of the pre-tokenized rows; otherwise the rendered text is tokenized whole, as a trainer does
-    plain_data: bool = False
-    kind: str = (
-        ""  # where the tokenizer came from: `tokenizer.json` (an HF folder) or `gguf` (tokenizer.ggml.*)
-    )
-    tokenizer_sha256: str = ""  # of the tokenizer as sftree reads it (`tokenizers` JSON): names it exactly
-    fit: fitting.Fit = fitting.Fit()  # the adaptations the template needs (dataset/fit.py), probed at load
-    strict: bool = False  # `export.student.fit: strict`: a record the template cannot hold refuses the export
-    generation: bool = False  # the template marks the trained text with `{% generation %}`
-
-    def render(self, messages: list[dict], tools: list | None, generation: bool) -> str:
-        return self.render_spans(messages, tools, generation)[0]
-
-    def render_spans(
-        self, messages: list[dict], tools: list | None, generation: bool
-    ) -> tuple[str, list[tuple[int, int]]]:
-        """The rendering of `messages` fitted to the template, and its `{% generation %}` spans (character
-        offsets, as transformers' `return_assistant_tokens_mask` tracks them; none when the template has none)."""
-        fitted = self.fit.apply(messages)[0]
-        kwargs = dict(
-            messages=fitted,
-            tools=tools or None,
-            add_generation_prompt=generation,
-            bos_token=self.bos_token,
-            eos_token=self.eos_token,
-        )
-        try:
-            if not self.generation:
-                return self.template.render(**kwargs), []
-            blocks: list[str] = []
-            spans: list[tuple[int, int]] = []
-            with self.template.environment.activate_tracker(blocks, spans):
-                for block in self.template.generate(**kwargs):
-                    blocks.append(block)
-            return "".join(blocks), spans
-        except Exception as exc:  # a template's raise_exception, a sandbox refusal, or an error inside it
-            raise Unfit(f"chat template {self.template_name}: {exc}", "template_error") from exc
-
-    def count(self, text: str) -> int:
-        # The rendered text already holds the template's special tokens (apply_chat_template tokenizes it so).
-        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
-
-    def describe(self) -> dict:
-        return {"source": self.source, "template": self.template_name, "max_length": self.max_length}
-
-    def tokenizer_info(self) -> dict:
-        """The tokenizer the figures come from: file, kind, hash (the card names it)."""
-        return {"file": self.source, "kind": self.kind, "sha256": self.tokenizer_sha256}
-
-
-@dataclass
 class Measure:
     """One record under the Student: tokens processed (the whole rendered record), tokens trained."""
 
@@ -130,6 +69,18 @@ class Measure:
 
 
 # --- loading --------------------------------------------------------------------------------------------
+
+
+class _Model(NamedTuple):
+    """What a model folder or GGUF file gives the Student: its tokenizer, the chat template it holds as
+    read (a string when it holds one: `_load` checks), the template's name in errors, its BOS and EOS token
+    texts."""
+
+    tokenizer: Tokenizer
+    template: object
+    template_name: str
+    bos: str
+    eos: str
 
 
 def load_student(
@@ -181,8 +132,6 @@ def _load(path: str, max_length: int, chat_template: str | None, strict: bool) -
 
 def with_template(student: Student, chat_template: str | Path) -> Student:
     """The same Student (its tokenizer shared, not read again) under another chat template file."""
-    import dataclasses
-
     try:
         source = Path(chat_template).read_text(encoding="utf-8")
     except OSError as exc:
@@ -201,7 +150,6 @@ def with_template(student: Student, chat_template: str | Path) -> Student:
 def probe(student: Student) -> Student:
     """The Student with the fit its template needs: the fewest adaptations under which the probe conversation's
     trained messages render whole (dataset/fit.py), and the template's family as the probe's rendering shows."""
-    import dataclasses
 
     def works(fit: fitting.Fit) -> list[str | None]:
         s = dataclasses.replace(student, fit=fit)
@@ -224,14 +172,14 @@ def probe(student: Student) -> Student:
     return dataclasses.replace(student, fit=dataclasses.replace(chosen, family=fitting.family(shown)))
 
 
-def _from_folder(folder: Path) -> tuple:
+def _from_folder(folder: Path) -> _Model:
     from tokenizers import Tokenizer
 
     tj, cfg_file = folder / "tokenizer.json", folder / "tokenizer_config.json"
     if not tj.is_file():
         raise StudentError(f"export.student.path {folder}: no tokenizer.json")
     tok = Tokenizer.from_file(str(tj))
-    cfg: dict = {}
+    cfg: dict[str, Any] = {}  # tokenizer_config.json as the model wrote it
     if cfg_file.is_file():
         try:
             cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
@@ -248,15 +196,15 @@ def _from_folder(folder: Path) -> tuple:
         v = cfg.get(key)
         return (v.get("content") if isinstance(v, dict) else v) or ""
 
-    return tok, template, name, token("bos_token"), token("eos_token")
+    return _Model(tok, template, name, token("bos_token"), token("eos_token"))
 
 
-def gguf_tokenizer(path: str | Path) -> Any:
+def gguf_tokenizer(path: str | Path) -> Tokenizer:
     """The `tokenizers` tokenizer of a GGUF's `tokenizer.ggml.*`, as the Student reads it (no template needed)."""
-    return _from_gguf(Path(path))[0]
+    return _from_gguf(Path(path)).tokenizer
 
 
-def _from_gguf(path: Path) -> tuple:
+def _from_gguf(path: Path) -> _Model:
     from gguf import GGUFReader
 
     try:
@@ -264,7 +212,7 @@ def _from_gguf(path: Path) -> tuple:
     except Exception as exc:  # not a GGUF file, or a damaged one
         raise StudentError(f"export.student.path {path}: not a readable GGUF file: {exc}") from exc
 
-    def field(key: str, default: Any = None) -> Any:
+    def field(key: str, default: object = None) -> Any:  # gguf's contents() is untyped: what the file holds
         f = reader.fields.get(key)
         return default if f is None else f.contents()
 
@@ -278,7 +226,7 @@ def _from_gguf(path: Path) -> tuple:
             f"{path}: tokenizer.ggml.pre {pre!r} is not one of {sorted(GGUF_PRE)}; give the Student's HF folder"
         )
     tokens, types = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type")
-    merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges") or []]
+    merges = [(a, b) for a, b in (m.split(" ", 1) for m in field("tokenizer.ggml.merges") or [])]
     tok = _bpe(tokens, types, merges, GGUF_PRE[pre])
 
     def special(key: str) -> str:
@@ -286,7 +234,7 @@ def _from_gguf(path: Path) -> tuple:
         return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else ""
 
     template = field("tokenizer.chat_template")
-    return (
+    return _Model(
         tok,
         template,
         f"{path} tokenizer.chat_template",
@@ -295,7 +243,7 @@ def _from_gguf(path: Path) -> tuple:
     )
 
 
-def _bpe(tokens: list[str], types: list[int], merges: list[tuple], pre: PreTokenizer) -> Any:
+def _bpe(tokens: list[str], types: list[int], merges: list[tuple[str, str]], pre: PreTokenizer) -> Tokenizer:
     """A `tokenizers` byte-level BPE that gives llama.cpp's ids for the vocabulary (dataset/vocab.py)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models
 
@@ -317,7 +265,7 @@ def _bpe(tokens: list[str], types: list[int], merges: list[tuple], pre: PreToken
     return tok
 
 
-def _generation_tracker() -> Any:
+def _generation_tracker() -> type[Extension]:
     """transformers' `AssistantTracker` (chat_template_utils.py): `{% generation %}...{% endgeneration %}` renders
     its body and, while a tracker is active, records the body's character span in the rendering so far."""
     from contextlib import contextmanager
@@ -328,19 +276,19 @@ def _generation_tracker() -> Any:
     class GenerationTracker(Extension):
         tags = {"generation"}
 
-        def __init__(self, environment: Any):
+        def __init__(self, environment: Environment) -> None:
             super().__init__(environment)
             environment.extend(activate_tracker=self.activate_tracker)
             self._blocks: list[str] | None = None
             self._spans: list[tuple[int, int]] | None = None
 
-        def parse(self, parser: Any) -> Any:
+        def parse(self, parser: Parser) -> Node:
             lineno = next(parser.stream).lineno
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return jinja2.nodes.CallBlock(self.call_method("_support"), [], [], body).set_lineno(lineno)
 
         @jinja2.pass_eval_context
-        def _support(self, context: Any, caller: Any) -> str:
+        def _support(self, context: EvalContext, caller: Callable[[], str]) -> str:
             rv = caller()
             if self._blocks is not None and self._spans is not None:
                 start = len("".join(self._blocks))
@@ -348,7 +296,7 @@ def _generation_tracker() -> Any:
             return str(rv)
 
         @contextmanager
-        def activate_tracker(self, blocks: list[str], spans: list[tuple[int, int]]) -> Any:
+        def activate_tracker(self, blocks: list[str], spans: list[tuple[int, int]]) -> Iterator[None]:
             try:
                 self._blocks, self._spans = blocks, spans
                 yield
@@ -358,18 +306,22 @@ def _generation_tracker() -> Any:
     return GenerationTracker
 
 
-def compile_template(source: str, name: str) -> Any:
+def compile_template(source: str, name: str) -> Template:
     """The template in transformers' environment (`_compile_jinja_template`): sandboxed, trim/lstrip blocks."""
     from jinja2 import TemplateError
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    def raise_exception(message: str) -> None:
+    def raise_exception(message: str) -> NoReturn:
         raise TemplateError(message)
 
     def tojson(
-        x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys=False
-    ):
+        x: object,
+        ensure_ascii: bool = False,
+        indent: int | str | None = None,
+        separators: tuple[str, str] | None = None,
+        sort_keys: bool = False,
+    ) -> str:
         return json.dumps(
             x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
         )
@@ -389,14 +341,14 @@ def compile_template(source: str, name: str) -> Any:
 # --- measuring a record ---------------------------------------------------------------------------------
 
 
-def _forms(value: Any) -> list[str]:
+def _forms(value: object) -> list[str]:
     """How a template may write a value: as is, JSON-escaped (with or without ASCII escapes), as JSON."""
     if isinstance(value, str):
         return [value, json.dumps(value, ensure_ascii=False)[1:-1], json.dumps(value)[1:-1]]
     return [json.dumps(value), str(value)]
 
 
-def _leaves(value: Any) -> list[Any]:
+def _leaves(value: object) -> list[object]:
     """The keys and scalar values of a JSON value: what a rendering of it must show."""
     if isinstance(value, dict):
         return [x for k, v in value.items() for x in [k, *_leaves(v)]]
@@ -405,7 +357,7 @@ def _leaves(value: Any) -> list[Any]:
     return [value]
 
 
-def missing(text: str, message: dict) -> str | None:
+def missing(text: str, message: Message) -> str | None:
     """What of the trained assistant `message` its rendered `text` leaves out, or None."""
     reasoning = (message.get("reasoning_content") or "").strip()
     if reasoning and reasoning not in text:
@@ -424,79 +376,8 @@ def missing(text: str, message: dict) -> str | None:
     return None
 
 
-# How much longer than the whole's the prompt's own last-turn form may be (a think prefix, an opened reasoning
-# block, a turn header written differently): beyond it, the two differ in more than the last turn's form.
-LAST_TURN_FORM = 256
-
-
-@dataclass(frozen=True)
-class Span:
-    """One trained message in the text: `whole` (context + message rendered), `start` (the trained text begins
-    there: the end of the prompt), `end` (it ends there)."""
-
-    whole: str
-    start: int
-    end: int
-
-    @property
-    def prompt(self) -> str:
-        return self.whole[: self.start]
-
-    @property
-    def text(self) -> str:
-        return self.whole[self.start : self.end]
-
-
-def text_span(student: Student, before: list[dict], message: dict, tools: list, rid: str) -> Span:
-    """Where the trained text of `message` after `before` lies in their rendering:
-    - a template with `{% generation %}`: the last generation span of the whole (as transformers marks it);
-    - else TRL's split: the context rendered with the generation prompt is the start of the whole, and what the
-      message adds is trained;
-    - else, where the two differ only by the template's last-turn form (the generation prompt opens a reasoning
-      block or a think prefix the history form does not hold; at most LAST_TURN_FORM characters of it), the
-      whole's own tokens from where the two part;
-    - else Unfit `span_undefined`."""
-    whole, spans = student.render_spans([*before, message], tools, generation=False)
-    if student.generation and spans:
-        start, end = spans[-1]
-        return Span(whole, start, end)
-    prompt = student.render(before, tools, generation=True)
-    if whole.startswith(prompt):
-        return Span(whole, len(prompt), len(whole))
-    start = _last_turn_start(student, before, tools, prompt, whole) if not student.strict else None
-    if start is not None:
-        return Span(whole, start, len(whole))
-    raise Unfit(
-        f"chat template {student.template_name}: record {rid}: the prompt rendered with the generation prompt is "
-        "not the start of the prompt and completion rendered together, and they differ in more than the last "
-        "turn's form, so the trained tokens are not defined",
-        "span_undefined",
-    )
-
-
-def _last_turn_start(
-    student: Student, before: list[dict], tools: list, prompt: str, whole: str
-) -> int | None:
-    """Where the trained message's own text starts in `whole` when the prompt (`before` with the generation
-    prompt) is not its start but differs only in the last turn's form, else None. Two forms: the generation
-    prompt opens more than the whole holds (a think prefix: the message starts where the two part), or the last
-    context message ends differently when it is last (a turn end written only before another turn: the message
-    starts after the generation prompt's text, found in the whole within LAST_TURN_FORM characters)."""
-    if not before:
-        return None
-    context = student.render(before, tools, generation=False)
-    parted = len(os.path.commonprefix([prompt, whole]))
-    if not prompt.startswith(context) or len(context) - parted > LAST_TURN_FORM:
-        return None
-    header = prompt[len(context) :]
-    if parted >= len(context) or not header.strip():  # within the generation prompt (or one always rendered)
-        return parted if len(prompt) - parted <= LAST_TURN_FORM else None
-    found = whole.find(header, parted)
-    return found + len(header) if 0 <= found - parted <= LAST_TURN_FORM else None
-
-
 def trained_text(
-    student: Student, before: list[dict], message: dict, tools: list, rid: str
+    student: Student, before: list[Message], message: Message, tools: list[Message], rid: str
 ) -> tuple[str, str]:
     """(the prompt, the trained text) of `message` after `before` (text_span)."""
     span = text_span(student, before, message, tools, rid)
@@ -508,25 +389,6 @@ def ids(student: Student, text: str) -> list[int]:
     return student.tokenizer.encode(text, add_special_tokens=False).ids
 
 
-@dataclass
-class Turn:
-    """One trained assistant message under the Student: the token ids of its context rendered with the generation
-    prompt and of context + message; its trained tokens are `whole[start:]`, where `start` is where the two first
-    differ (TRL's rule: the completion starts where the tokenized prompt and prompt + completion diverge)."""
-
-    prompt: list[int]
-    whole: list[int]
-    stop: int | None = None  # the trained tokens end here (a `{% generation %}` span); None: at the end
-
-    @property
-    def start(self) -> int:
-        return len(os.path.commonprefix([self.prompt, self.whole]))
-
-    @property
-    def trained(self) -> int:
-        return (len(self.whole) if self.stop is None else self.stop) - self.start
-
-
 def _gap_reason(gap: str) -> str:
     if gap.startswith("the tool call"):
         return "drops_tool_call"
@@ -534,7 +396,12 @@ def _gap_reason(gap: str) -> str:
 
 
 def render_turn(
-    student: Student, before: list[dict], message: dict, tools: list, rid: str, ids_too: bool = True
+    student: Student,
+    before: list[Message],
+    message: Message,
+    tools: list[Message],
+    rid: str,
+    ids_too: bool = True,
 ) -> Turn:
     """Render one trained assistant `message` after `before`; an Unfit naming the template, the record and the
     reason when the rendering leaves out what is trained (`ids_too=False`: the check alone, no tokens)."""
@@ -549,14 +416,12 @@ def render_turn(
     if not ids_too:
         return Turn([], [])
     if student.plain_data:
-        from sftree.dataset.pretokenize import encode_span
-
         return encode_span(student, before, message, tools, rid)
     stop = None if span.end == len(span.whole) else len(ids(student, span.whole[: span.end]))
     return Turn(ids(student, span.prompt), ids(student, span.whole), stop)
 
 
-def measure(student: Student, rec: dict) -> Measure:
+def measure(student: Student, rec: SchemaDoc) -> Measure:
     """Render one record (step: `prompt` + `completion`; path: `messages`, every assistant turn trained) and count
     its tokens; a StudentError naming the template and the record when the rendering leaves out what is trained."""
     rid = (rec.get("metadata") or {}).get("id", "?")
@@ -569,8 +434,6 @@ def measure(student: Student, rec: dict) -> Measure:
     turns = [render_turn(student, msgs[:i], msgs[i], tools, rid) for i in trained_at]
     trained = sum(t.trained for t in turns)
     if student.plain_data:
-        from sftree.dataset.pretokenize import encode_messages
-
         processed = len(encode_messages(student, msgs, tools, generation=False))
     else:
         processed = student.count(student.render(msgs, tools, generation=False))
@@ -609,15 +472,18 @@ class StudentStats:
     processed: int = 0  # tokens a trainer processes (whole rendered records written)
     trained: int = 0  # tokens with a label (rendered completions of the records written)
     longest: int = 0  # the longest record measured, written or not
-    lengths: dict | None = None  # records measured by length_bucket (dropped ones in `>100%`)
-    dropped: dict | None = None  # records left out, by reason
+    # the counts below, read back from JSON (from_dict), are made ints, every bucket present, in __post_init__
+    # records measured by length_bucket (dropped ones in `>100%`)
+    lengths: dict[str, int] = dataclasses.field(default_factory=dict)
+    dropped: dict[str, int] = dataclasses.field(default_factory=dict)  # records left out, by reason
     as_steps: int = (
         0  # tokens the step form would process for the records written (merged: the sum over steps)
     )
-    tokenizer: dict | None = None  # Student.tokenizer_info(): file, kind, sha256
+    tokenizer: dict[str, str] | None = None  # Student.tokenizer_info(): file, kind, sha256
     family: str = ""  # the template's family, as its rendering shows it (dataset/fit.py)
-    fit: list | None = None  # the adaptations the template's fit applies (dataset/fit.py)
-    adaptations: dict | None = None  # records each adaptation touched
+    # the adaptations the template's fit applies (dataset/fit.py)
+    fit: list[str] = dataclasses.field(default_factory=list)
+    adaptations: dict[str, int] = dataclasses.field(default_factory=dict)  # records each adaptation touched
 
     def __post_init__(self) -> None:
         self.lengths = {k: int((self.lengths or {}).get(k, 0)) for k in bucket_names()}
@@ -653,7 +519,7 @@ class StudentStats:
         self.as_steps += m.as_steps
         return None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> SchemaDoc:
         return {
             "source": self.source,
             "template": self.template,
@@ -672,7 +538,9 @@ class StudentStats:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> StudentStats:
+    def from_dict(cls, d: SchemaDoc) -> StudentStats:
+        """The figures as `to_dict` wrote them (`sft.stats.json`); a count missing reads as none."""
+        fit, adaptations = d.get("fit"), d.get("adaptations")
         return cls(
             str(d.get("source")),
             str(d.get("template")),
@@ -681,13 +549,13 @@ class StudentStats:
             int(d.get("tokens_processed") or 0),
             int(d.get("tokens_trained") or 0),
             int(d.get("longest") or 0),
-            d.get("lengths"),
-            d.get("dropped"),
+            d.get("lengths") or {},
+            d.get("dropped") or {},
             int(d.get("tokens_processed_as_steps") or 0),
             d.get("tokenizer") if isinstance(d.get("tokenizer"), dict) else None,
             str(d.get("family") or ""),
-            d.get("fit") if isinstance(d.get("fit"), list) else None,
-            d.get("adaptations") if isinstance(d.get("adaptations"), dict) else None,
+            fit if isinstance(fit, list) else [],
+            adaptations if isinstance(adaptations, dict) else {},
         )
 
     def add(self, other: StudentStats) -> None:

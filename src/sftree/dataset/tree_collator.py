@@ -19,6 +19,8 @@ mask for sdpa and eager). The batch is O(L): five `(batch, L)` vectors.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 LINE_FIELDS = ("input_ids", "position_ids", "parent", "loss_weight")  # one entry per token (the file's)
@@ -45,7 +47,7 @@ def subtree_end(parent: list[int]) -> list[int]:
     return end
 
 
-def collate(lines: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
+def collate(lines: list[dict[str, Any]], pad_id: int = 0) -> dict[str, torch.Tensor]:
     """A batch of tree-form lines (see the module); ValueError naming the line when its lists differ in length or
     it is not depth-first."""
     size = max(len(x["input_ids"]) for x in lines)
@@ -81,5 +83,5 @@ class TreeCollator:
     def __init__(self, pad_id: int = 0):
         self.pad_id = pad_id
 
-    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         return collate(features, self.pad_id)

@@ -120,7 +120,7 @@ class TreeLossMixin:
         # compute_loss divides by num_items_in_batch itself: the trainer must not divide by the accumulation steps
         self.model_accepts_loss_kwargs = True
 
-    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple[list, Any]:
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple[list[Any], Any]:
         """The trainer's micro-batches of one optimizer step and their weight (transformers counts `labels`,
         which the tree form has none of)."""
         batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)  # type: ignore[misc]
@@ -131,10 +131,10 @@ class TreeLossMixin:
         return batches, num_items
 
     def compute_loss(
-        self, model: Any, inputs: dict, return_outputs: bool = False, num_items_in_batch: Any = None
+        self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
     ) -> Any:
         tree = {k: inputs.pop(k) for k in TREE_FIELDS}
-        accelerator = getattr(self, "accelerator", None)
+        accelerator: Any = getattr(self, "accelerator", None)  # the Trainer's, once it made one
         inner = accelerator.unwrap_model(model) if accelerator is not None else None
         loss, outputs = forward_loss(model, {**inputs, **tree}, inner, self.tree_loss_chunk_bytes)
         if num_items_in_batch is None:

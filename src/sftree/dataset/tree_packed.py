@@ -37,9 +37,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sftree.dataset.pretokenize import Pretokenized, pretokenize
-from sftree.dataset.student import Student
+from sftree.dataset.rendering import Student
 from sftree.records.tree_packed import (
     TreeLine,
     iter_tree_lines,
@@ -57,7 +58,7 @@ class PathTokens:
 
     ids: tuple[int, ...]
     trained: tuple[bool, ...]
-    meta: dict = field(default_factory=dict, compare=False, hash=False)
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def n_trained(self) -> int:
@@ -68,7 +69,7 @@ class PathTokens:
         return self.meta.get("task")
 
     @classmethod
-    def of(cls, tokens: Pretokenized, meta: dict) -> PathTokens:
+    def of(cls, tokens: Pretokenized, meta: dict[str, Any]) -> PathTokens:
         """A path record's tokens (`pretokenize`) and where it comes from (its metadata's ids)."""
         keep = ("id", "task", "root", "path_ranks", "path_edges", "leaf")
         return cls(
@@ -76,7 +77,7 @@ class PathTokens:
         )
 
 
-def path_tokens(student: Student, rec: dict) -> PathTokens:
+def path_tokens(student: Student, rec: dict[str, Any]) -> PathTokens:
     """The path record's token ids and trained tokens as the pre-tokenized form has them (`pretokenize`: the
     Student's template, data text as plain text, each trained turn by TRL's prompt-completion rule). The one place
     the tree form tokenizes: a template that renders a turn differently once later turns follow raises
@@ -154,9 +155,9 @@ class TreeStats:
     unsplit: int = 0  # tokens of each task's whole trie, as if no part were cut (the reuse lost to parts)
     longest: int = 0  # the longest part
     max_tokens: int = 0  # the cap (`export.tree_max_tokens`)
-    dropped: dict = field(default_factory=dict)  # paths left out, by reason
+    dropped: dict[str, int] = field(default_factory=dict)  # paths left out, by reason
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "paths": self.paths,
             "parts": self.parts,
@@ -171,11 +172,21 @@ class TreeStats:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> TreeStats:
-        keys = ("paths", "parts", "tokens_processed", "tokens_trained", "tokens_objective")
-        keys += ("path_tokens_processed", "tokens_unsplit", "longest", "max_tokens")
+    def from_dict(cls, d: dict[str, Any]) -> TreeStats:
+        def n(key: str) -> int:
+            return int(d.get(key) or 0)
+
         return cls(
-            *(int(d.get(k) or 0) for k in keys), {k: int(v) for k, v in (d.get("dropped") or {}).items()}
+            n("paths"),
+            n("parts"),
+            n("tokens_processed"),
+            n("tokens_trained"),
+            n("tokens_objective"),
+            n("path_tokens_processed"),
+            n("tokens_unsplit"),
+            n("longest"),
+            n("max_tokens"),
+            {k: int(v) for k, v in (d.get("dropped") or {}).items()},
         )
 
     def add(self, o: TreeStats) -> None:
@@ -186,7 +197,7 @@ class TreeStats:
             self.dropped[k] = self.dropped.get(k, 0) + v
 
 
-def _part_meta(task: str | None, part: list[PathTokens], number: int, parts: int) -> dict:
+def _part_meta(task: str | None, part: list[PathTokens], number: int, parts: int) -> dict[str, Any]:
     roots = sorted({str(p.meta.get("root")) for p in part})
     edges = sorted({f"{p.meta.get('root')}/{e}" for p in part for e in p.meta.get("path_edges") or []})
     paths = [
@@ -230,7 +241,9 @@ def pack_paths(paths: list[PathTokens], cap: int, task: str | None) -> tuple[lis
     return lines, stats
 
 
-def pack_records(records: Iterable[dict], student: Student, cap: int) -> tuple[list[TreeLine], TreeStats]:
+def pack_records(
+    records: Iterable[dict[str, Any]], student: Student, cap: int
+) -> tuple[list[TreeLine], TreeStats]:
     """One task's path records (the path form's) -> the tree form's lines and figures."""
     paths = [path_tokens(student, r) for r in records]
     return pack_paths(paths, cap, next((p.meta.get("task") for p in paths), None))
