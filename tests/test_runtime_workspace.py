@@ -226,7 +226,9 @@ def _agent_git(ws, script: str, stream, exclude: str = "") -> subprocess.Complet
     """`script` in the worktree reading the import stream (`repo_update`'s file) as its stdin."""
     env = {**git_env(), "SFTREE_EXCLUDE": exclude}
     with stream:
-        return subprocess.run(["/bin/sh", "-c", script], cwd=ws.root, stdin=stream, env=env, capture_output=True)
+        return subprocess.run(
+            ["/bin/sh", "-c", script], cwd=ws.root, stdin=stream, env=env, capture_output=True
+        )
 
 
 def test_the_agents_repository_holds_the_hosts_commits_with_their_ids(tmp_path):
