@@ -7,6 +7,7 @@ llama.cpp source tree)."""
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import re
@@ -14,6 +15,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # A template is tool-capable when it reads the tools or the messages' tool calls.
 _TOOLS = re.compile(r"\btools\b|tool_calls")
@@ -98,3 +100,12 @@ if __name__ == "__main__":
         rows = survey(models, fixture_paths(Path(d)))
     print(table(rows))
     print(f"\n{sum(r.error is None for r in rows)} of {len(rows)} export", file=sys.stderr)
+
+
+@functools.cache
+def gguf_vocab(path: Path) -> Any:  # a tokenizers.Tokenizer
+    """A GGUF's tokenizer as the Student loads it (`gguf_tokenizer`), read once per test process: Gemma 4's 262k
+    tokens take 17 s or more to read, and two test files check it (every test line; special tokens)."""
+    from sftree.dataset.student import gguf_tokenizer
+
+    return gguf_tokenizer(path)

@@ -32,6 +32,7 @@ from sftree.dataset.pretokenize import encode_messages, encode_span
 # the Student, its errors and its spans: rendering.py's (pretokenize stands on them too)
 from sftree.dataset.rendering import Student, StudentError, Turn, Unfit, text_span
 from sftree.dataset.vocab import GGUF_PRE, PreTokenizer, pre_tokenizer
+from sftree.dataset.vocab_spm import SPM_MODELS, spm_from_gguf
 from sftree.errors import InputError
 from sftree.records.sft import Message
 from sftree.records.tree import SchemaDoc
@@ -217,17 +218,22 @@ def _from_gguf(path: Path) -> _Model:
         return default if f is None else f.contents()
 
     model, pre = field("tokenizer.ggml.model"), field("tokenizer.ggml.pre", "default")
-    if model != "gpt2":
-        raise StudentError(
-            f"{path}: tokenizer.ggml.model {model!r} is not a byte-level BPE (gpt2); give the Student's HF folder"
-        )
-    if pre not in GGUF_PRE:
-        raise StudentError(
-            f"{path}: tokenizer.ggml.pre {pre!r} is not one of {sorted(GGUF_PRE)}; give the Student's HF folder"
-        )
-    tokens, types = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type")
-    merges = [(a, b) for a, b in (m.split(" ", 1) for m in field("tokenizer.ggml.merges") or [])]
-    tok = _bpe(tokens, types, merges, GGUF_PRE[pre])
+    tokens = field("tokenizer.ggml.tokens")
+    if model in SPM_MODELS:  # SentencePiece-style: Llama 2, Mistral, Phi-3, Gemma (dataset/vocab_spm.py)
+        tok = spm_from_gguf(field)
+    else:
+        if model != "gpt2":
+            raise StudentError(
+                f"{path}: tokenizer.ggml.model {model!r} is not one llama.cpp's vocabularies read here "
+                f"(gpt2, {', '.join(sorted(SPM_MODELS))}); give the Student's HF folder"
+            )
+        if pre not in GGUF_PRE:
+            raise StudentError(
+                f"{path}: tokenizer.ggml.pre {pre!r} is not one of {sorted(GGUF_PRE)}; give the Student's HF folder"
+            )
+        types = field("tokenizer.ggml.token_type")
+        merges = [(a, b) for a, b in (m.split(" ", 1) for m in field("tokenizer.ggml.merges") or [])]
+        tok = _bpe(tokens, types, merges, GGUF_PRE[pre])
 
     def special(key: str) -> str:
         i = field(key)
