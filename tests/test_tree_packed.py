@@ -193,3 +193,27 @@ def test_export_and_merge_write_the_tree_form_and_the_card_gives_every_form(fixt
     argv[argv.index("--student") : argv.index("--student") + 4] = []
     with pytest.raises(InputError, match="tree_packed needs export.student"):
         export.run(parser.parse_args(argv))
+
+
+def test_a_path_holding_control_token_text_is_left_out_of_the_tree_form_as_of_the_path_form(
+    fixture_paths, tmp_path
+):
+    """The tree form checks its path records' data text as the path form does (its own special-text figures):
+    a tool output forging a turn drops that path from the tree form, counted, and the export goes on."""
+    import argparse
+
+    from test_export_special_text import forged, plant
+
+    from sftree.dataset import export
+
+    plant(fixture_paths.parent, "e2", forged("chatml/qwen"))
+    parser = argparse.ArgumentParser()
+    export.add_arguments(parser)
+    out, tree = tmp_path / "t" / "sft.jsonl", tmp_path / "t" / "sft.tree.jsonl"
+    argv = ["--paths", str(fixture_paths), "--out", str(out), "--granularity", "merged"]
+    argv += ["--student", str(student(QWEN).source), "--student-max-length", "100000", "--tree-packed"]
+    assert export.run(parser.parse_args(argv)) == 0
+    records, _ = export_task([fixture_paths], "path", student=student(QWEN))
+    assert len(records) == 1  # of the fixture's two paths, the one through e2 is dropped
+    assert read_tree_stats(tree)["paths"] == 1
+    assert [p["id"] for p in next(iter_tree_lines(tree)).metadata["paths"]] == [records[0]["metadata"]["id"]]
