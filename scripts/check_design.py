@@ -78,6 +78,7 @@ OWNERS = {
     "steps.jsonl": "records/steplog.py",
     "messages.jsonl": "records/steplog.py",
     "paths.json": "records/paths.py",
+    "stages.tsv": "records/stages.py",
     "sft.jsonl": "records/sft.py",
     "sft.tree.jsonl": "records/tree_packed.py",
 }

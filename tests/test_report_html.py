@@ -13,24 +13,40 @@ from sftree.dataset.merge import merge
 from sftree.dataset.select_paths import select_paths
 from sftree.fileio import write_jsonl_atomic
 from sftree.records.paths import write_paths
+from sftree.records.stages import StageRow, StageTable, write_stages
 from sftree.records.tree import Tree
 from sftree.report.html import color_scale
 from sftree.settings import SelectPathsSettings, schema_defaults
 
-HEADER = "snapshot\tglobal_index\tagent_id\tcommit_hash\teval_ok\tscore\tscore_for_stage\tsmooth_score\tgain_ratio\tstage\tselected\tselection_reason"
-
 
 def stages_tsv(path, chosen):
-    rows = [HEADER]
+    """Ten snapshots (early 1-2, middle 3-6, late 7-10; eval 4 failed), `chosen` the roots, as select-roots
+    writes them."""
+    rows = []
     for i in range(1, 11):
         stage = "early" if i <= 2 else "middle" if i <= 6 else "late"
         ok = i != 4
-        name = ROOT if i == 5 else f"eval-{i:06d}-agent-1-{i:012x}"
         score = 1 + 0.1 * i
         rows.append(
-            f"{name}\t{i}\tagent-1\tabc\t{ok}\t{score if ok else ''}\t{score}\t{score}\t0.5\t{stage}\t{i in chosen}\t{'quota' if i in chosen else ''}"
+            StageRow(
+                snapshot=ROOT if i == 5 else f"eval-{i:06d}-agent-1-{i:012x}",
+                global_index=i,
+                agent_id="agent-1",
+                commit_hash="abc",
+                eval_count=i,
+                eval_ok=ok,
+                status="done",
+                score=score if ok else None,
+                score_for_stage=score,
+                smooth_score=score,
+                gain_ratio=0.5,
+                stage=stage,
+                stage_method="gain",
+                selected=i in chosen,
+                selection_reason="quota" if i in chosen else None,
+            )
         )
-    path.write_text("\n".join(rows) + "\n")
+    write_stages(path, StageTable.from_rows(rows))
 
 
 def build(tmp_path):

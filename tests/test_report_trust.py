@@ -20,11 +20,16 @@ from sftree.dataset.select_paths import select_paths
 from sftree.fileio import write_json_atomic, write_jsonl_atomic
 from sftree.records.paths import PathCounts, Paths, RankedPath, write_paths
 from sftree.records.sft import stats_path
+from sftree.records.stages import StageRow, StageTable, stages_path, write_stages
 from sftree.records.tree import Tree
 from sftree.records.trust import read_task, root_trust
 from sftree.settings import SelectPathsSettings, schema_defaults
 
-HEADER = "snapshot\tglobal_index\teval_ok\tscore\tscore_for_stage\tsmooth_score\tstage\tselected"
+
+def stage_row(snapshot, index, eval_ok, selected):
+    """A middle-stage snapshot of score 1.0, as select-roots writes its row."""
+    return StageRow(snapshot, index, "agent-1", "abc", index, eval_ok, "done", 1.0, 1.0, 1.0, None, "middle",
+                    "time", selected, "quota" if selected else None)  # fmt: skip
 
 
 def build(base, sandbox="bwrap", with_stats=False):
@@ -39,11 +44,11 @@ def build(base, sandbox="bwrap", with_stats=False):
             (tree_dir / "tree.json").write_text(json.dumps(tree))
             meta_file = base / task / "roots" / ROOT / "metadata.json"
             meta_file.write_text(json.dumps(json.loads(meta_file.read_text()) | {"snapshots_pending": 3}))
-            rows = [HEADER] + [
-                f"{ROOT if i == 5 else f'eval-{i:06d}'}\t{i}\t{i not in (2, 7)}\t1.0\t1.0\t1.0\tmiddle\t{i == 5}"
+            rows = [
+                stage_row(ROOT if i == 5 else f"eval-{i:06d}", i, i not in (2, 7), i == 5)
                 for i in range(1, 9)
             ]
-            (base / task / "stages.tsv").write_text("\n".join(rows) + "\n")
+            write_stages(stages_path(base / task), StageTable.from_rows(rows))
         write_paths(
             tree_dir / "paths.json",
             select_paths(Tree.from_doc(tree), schema_defaults(SelectPathsSettings).top_k),

@@ -9,6 +9,7 @@ imports no stage.
     root.py     a root's `metadata.json` and the root folder's checks (select-roots -> explore, export)
     tree.py     `tree.json`, `tree.live.json` + `tree.log.jsonl` (explore -> select-paths, export, report)
     steplog.py  `edges/<edge>/steps.jsonl` + `messages.jsonl` (agents write, export reads)
+    stages.py   `stages.tsv` (select-roots -> report, dataset card)
     paths.py    `paths.json` (select-paths -> export, report)
     sft.py      `sft.jsonl` + `sft.stats.json` + `sft.figures.json` (export -> merge -> trainers, report)
     tree_packed.py  `sft.tree.jsonl` + `sft.tree.stats.json`, the tree form (export -> merge -> trainers)

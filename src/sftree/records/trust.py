@@ -2,7 +2,8 @@
 
 Shared by the dataset card (`dataset/card.py`, through `dataset/merge.py`) and the report (`report/html.py`): what
 the records say about trust, so both say the same. Pure functions over already-read documents, plus `read_task`
-at the edge that reads one task's results folder through the records' own readers.
+at the edge that reads one task's results folder through the records' own readers (stages.tsv's typed rows:
+records/stages.py).
 
 - gain = leaf score - root score, oriented so that positive is better (`records.scores.signed_gain`); a selected path
   whose gain is negative ends below its root and is flagged.
@@ -14,14 +15,13 @@ at the edge that reads one task's results folder through the records' own reader
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from sftree.records.paths import Paths, paths_path, read_paths
 from sftree.records.root import META_NAME, read_root_meta
 from sftree.records.scores import signed_gain
+from sftree.records.stages import StageRow, read_stages, stages_path, task_tables
 from sftree.records.tree import FINAL_NAME, Tree, read_tree
 
 
@@ -73,15 +73,11 @@ def root_trust(task: str, root: str, tree: Tree, paths: Paths | None) -> RootTru
     """The trust figures of one root: its tree, and its paths.json when select-paths has run (else the tree's own
     direction and root score, and no selected paths)."""
     direction = paths.direction if paths else tree.direction
-    nodes = {n.id: n for n in tree.nodes}
     root_node = tree.root_node
     root_score = paths.root_score if paths else (root_node.score if root_node else None)
-    sandbox: Any = tree.sandbox
-    if isinstance(sandbox, dict):  # a mode plus details: the mode is what the reader needs
-        sandbox = sandbox.get("mode")
-    out = RootTrust(task, root, direction, root_score, str(sandbox) if sandbox else "unknown")
+    out = RootTrust(task, root, direction, root_score, sandbox_mode(tree.sandbox))
     for p in paths.selected if paths else ():
-        leaf = nodes.get(p.leaf)
+        leaf = tree.node(p.leaf)
         leaf_score = leaf.score if leaf else None
         out.paths.append(
             PathTrust(p.rank, p.leaf, leaf_score, signed_gain(root_score, leaf_score, direction))
@@ -89,13 +85,18 @@ def root_trust(task: str, root: str, tree: Tree, paths: Paths | None) -> RootTru
     return out
 
 
-def _truthy(x: object) -> bool:
-    return str(x).strip().lower() in ("true", "1", "yes")
+def sandbox_mode(sandbox: object) -> str:
+    """tree.json `sandbox` as a mode: the schema's string (bwrap | none), or the `mode` of an object holding a mode
+    plus details (as a tree read unchecked may); `unknown` when the tree records none. The one place the field is
+    read whatever its shape."""
+    if isinstance(sandbox, dict):
+        sandbox = sandbox.get("mode")
+    return str(sandbox) if sandbox else "unknown"
 
 
-def skipped_counts(task_dir: Path, stage_rows: list[dict[str, str]]) -> tuple[int, int, int | None]:
+def skipped_counts(task_dir: Path, stage_rows: list[StageRow]) -> tuple[int, int, int | None]:
     """(snapshots, failed evals, pending) of one task from its stages.tsv rows and a chosen root's metadata."""
-    failed = sum(1 for r in stage_rows if not _truthy(r.get("eval_ok")))
+    failed = sum(1 for r in stage_rows if not r.eval_ok)
     pending = None
     for meta_file in sorted(task_dir.glob(f"roots/*/{META_NAME}")):
         pending = read_root_meta(meta_file.parent).snapshots_pending
@@ -105,14 +106,11 @@ def skipped_counts(task_dir: Path, stage_rows: list[dict[str, str]]) -> tuple[in
 
 def read_task(task_dir: Path) -> TaskTrust:
     """One task's trust summary from `results/<task>/` (stages.tsv, the chosen roots' tree.json and paths.json)."""
-    rows: list[dict[str, str]] = []
-    tsv = task_dir / "stages.tsv"
-    if tsv.is_file():
-        with open(tsv, encoding="utf-8", newline="") as fh:
-            rows = list(csv.DictReader(fh, delimiter="\t"))
+    tsv = stages_path(task_dir)
+    rows = read_stages(tsv) if tsv.is_file() else []
     out = TaskTrust(task_dir.name)
     out.snapshots, out.failed_evals, out.pending = skipped_counts(task_dir, rows)
-    chosen = {r.get("snapshot") for r in rows if _truthy(r.get("selected"))}
+    chosen = {r.snapshot for r in rows if r.selected}
     for tf in sorted(task_dir.glob(f"trees/*/{FINAL_NAME}")):
         if rows and tf.parent.name not in chosen:
             continue  # a tree left over from an earlier config
@@ -123,5 +121,5 @@ def read_task(task_dir: Path) -> TaskTrust:
 
 
 def read_results(results: Path, tasks: list[str] | None = None) -> list[TaskTrust]:
-    names = tasks if tasks is not None else sorted(p.parent.name for p in results.glob("*/stages.tsv"))
+    names = tasks if tasks is not None else [p.parent.name for p in task_tables(results)]
     return [read_task(results / t) for t in names]

@@ -11,13 +11,14 @@ Everything is inline (SVG, CSS, a few lines of JS), so the file opens in any bro
 - dataset statistics as the merge counted them for the card (`sft.figures.json`: records by task and stage, tokens,
   tools called in trained responses, exact-duplicate targets, records by agent backend with those not made by
   OpenCode flagged, the Coral world) and from `sft.stats.json` (the ill-formed steps never trained, by reason;
-  steps skipped). The report reads records only through `sftree.records`, and no stage's code.
+  steps skipped). The report reads records only through `sftree.records` (stages.tsv: `records.stages`), what
+  those leave as open JSON (the export stats, a tree's Teacher record, an edge's Select breakdown) through the
+  checked readers of `report/inputs.py`, and no stage's code.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import html
 import json
 import logging
@@ -27,6 +28,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sftree.errors import InputError
 from sftree.fileio import write_text_atomic
@@ -34,8 +36,13 @@ from sftree.progress import Progress
 from sftree.records.paths import Paths, RankedPath, paths_path, read_paths
 from sftree.records.scores import best_of, oriented, signed_gain
 from sftree.records.sft import EXCLUSION_REASONS, OPENCODE, merged_path, read_figures, read_stats, stats_path
-from sftree.records.tree import FINAL_NAME, Edge, Node, SchemaDoc, Tree, read_tree
+from sftree.records.stages import StageRow, read_stages, task_tables
+from sftree.records.tree import FINAL_NAME, Edge, Node, Select, Tree, final_path, read_tree
 from sftree.records.trust import RootTrust, root_trust, skipped_counts
+from sftree.report.inputs import ExportView, select_breakdown, teacher_report
+
+if TYPE_CHECKING:  # the Teacher's own type for its record (the report imports no Teacher code to run)
+    from sftree.teacher.client import TeacherReport
 
 log = logging.getLogger("sftree.report.html")
 
@@ -76,33 +83,13 @@ def color_scale(t: float | None) -> str:
     return "#" + "".join(f"{round(a[k] + (b[k] - a[k]) * f):02x}" for k in range(3))
 
 
-def _float(x: str | None) -> float | None:
-    if x is None:
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(v) else v
+def _drawn(x: float | None) -> float | None:
+    """A number of stages.tsv as the learning curve draws it: NaN as no value, as the report always has (the
+    table holds any float `repr` writes, NaN included)."""
+    return None if x is None or math.isnan(x) else x
 
 
 # --- inputs ---------------------------------------------------------------------------------------------
-
-
-# a row of stages.tsv as the csv module reads it (records/trust.py reads it the same way): column -> text
-StageRow = dict[str, str]
-
-
-def read_stages(path: Path) -> list[StageRow]:
-    try:
-        with open(path, encoding="utf-8", newline="") as fh:
-            rows = list(csv.DictReader(fh, delimiter="\t"))
-    except OSError as exc:
-        raise InputError(f"cannot read stages table {path}: {exc}") from None
-    need = {"global_index", "score", "stage", "selected"}
-    if rows and not need <= set(rows[0]):
-        raise InputError(f"stages table {path}: missing columns {sorted(need - set(rows[0]))}")
-    return rows
 
 
 @dataclass
@@ -129,12 +116,10 @@ class TaskView:
 
 def collect(results: Path) -> list[TaskView]:
     tasks: dict[str, TaskView] = {}
-    for tsv in sorted(results.glob("*/stages.tsv")):
+    for tsv in task_tables(results):
         tasks.setdefault(tsv.parent.name, TaskView(tsv.parent.name, tsv.parent)).stages = read_stages(tsv)
     # only the roots the current stages.tsv chose (a tree left over from an earlier config is not shown)
-    chosen = {
-        name: {r.get("snapshot") for r in t.stages if _truthy(r.get("selected"))} for name, t in tasks.items()
-    }
+    chosen = {name: {r.snapshot for r in t.stages if r.selected} for name, t in tasks.items()}
     tree_files = [
         f
         for f in sorted(results.glob(f"*/trees/*/{FINAL_NAME}"))
@@ -155,30 +140,6 @@ def collect(results: Path) -> list[TaskView]:
         progress.update()
     progress.finish()
     return [tasks[k] for k in sorted(tasks)]
-
-
-@dataclass(frozen=True)
-class ExportView:
-    """What the report shows of the merged export stats (`sft.stats.json`, read unchecked so that the report shows
-    what it can of any version: the one place its fields are looked up)."""
-
-    excluded: dict[str, int] | None  # ill-formed steps never trained, by reason; None: the file does not say
-    skipped: dict[str, int]
-    refused: dict[str, int]
-    missing_stats: list[str]  # inputs of the merge without a stats file
-    paths_cut: int
-    granularity: str | None
-
-    @classmethod
-    def from_doc(cls, doc: SchemaDoc) -> ExportView:
-        return cls(
-            excluded=(doc.get("excluded") or {}) if "excluded" in doc else None,
-            skipped=doc.get("skipped") or {},
-            refused=doc.get("refused") or {},
-            missing_stats=(doc.get("merge") or {}).get("missing_stats") or [],
-            paths_cut=doc.get("paths_cut", 0),
-            granularity=doc.get("granularity"),
-        )
 
 
 @dataclass(frozen=True)
@@ -206,7 +167,8 @@ def dataset_stats(results: Path) -> DatasetView | None:
     doc = read_figures(sft)
     if doc is None:
         return None
-    stats = read_stats(stats_path(sft), check=False) if stats_path(sft).is_file() else None
+    stats_file = stats_path(sft)
+    stats = read_stats(stats_file, check=False) if stats_file.is_file() else None
     return DatasetView(
         records=doc["records"],
         messages=doc["messages"],
@@ -218,44 +180,36 @@ def dataset_stats(results: Path) -> DatasetView | None:
         duplicates=doc["duplicates"],
         backends=doc["backends"],
         corals=doc["corals"],
-        export=None if stats is None else ExportView.from_doc(stats),
+        export=None if stats is None else ExportView.from_doc(stats, str(stats_file)),
     )
-
-
-def _truthy(x: object) -> bool:
-    return str(x).strip().lower() in ("true", "1", "yes")
 
 
 def learning_curve_svg(stage_rows: list[StageRow], task: str, direction: str | None) -> str:
     """The Student's scores over the global eval index (svg.svg_plot): stage bands, smoothed curve, chosen roots."""
     from sftree.svg import Band, Series, svg_plot
 
-    # (global index, row) of the rows that have one, in index order
-    indexed = sorted(
-        ((g, r) for r in stage_rows if (g := _float(r.get("global_index"))) is not None), key=lambda gr: gr[0]
-    )
+    # (global index, row) in index order; the index as a float, the plot's x
+    indexed = sorted(((float(r.global_index), r) for r in stage_rows), key=lambda gr: gr[0])
     if not indexed:
         return "<p>No snapshots in stages.tsv.</p>"
     x = [g for g, _ in indexed]
     rows = [r for _, r in indexed]
 
     def scored(r: StageRow) -> bool:
-        return _truthy(r.get("eval_ok")) and _float(r.get("score")) is not None
+        return r.eval_ok and _drawn(r.score) is not None
 
     ok = [(g, r) for g, r in indexed if scored(r)]
     bad = [(g, r) for g, r in indexed if not scored(r)]
-    chosen = [(g, r) for g, r in indexed if _truthy(r.get("selected"))]
+    chosen = [(g, r) for g, r in indexed if r.selected]
     bands: list[Band] = []
     labelled: set[str] = set()
     start = 0
     for i in range(1, len(rows) + 1):  # runs of one stage, split halfway between neighbours
-        if i == len(rows) or rows[i].get("stage") != rows[start].get("stage"):
+        if i == len(rows) or rows[i].stage != rows[start].stage:
             x0 = x[0] - 0.5 if start == 0 else (x[start - 1] + x[start]) / 2
             x1 = x[-1] + 0.5 if i == len(rows) else (x[i - 1] + x[i]) / 2
-            stage = rows[start].get("stage", "")
-            bands.append(
-                Band(x0, x1, STAGE_COLORS.get(stage, "#9ca3af"), None if stage in labelled else stage, 0.16)
-            )
+            stage = rows[start].stage
+            bands.append(Band(x0, x1, STAGE_COLORS[stage], None if stage in labelled else stage, 0.16))
             labelled.add(stage)
             start = i
 
@@ -263,14 +217,13 @@ def learning_curve_svg(stage_rows: list[StageRow], task: str, direction: str | N
         return [g for g, _ in rs]
 
     def y_of(r: StageRow) -> float | None:
-        return (
-            _float(r.get("score")) if _float(r.get("score")) is not None else _float(r.get("score_for_stage"))
-        )
+        score = _drawn(r.score)
+        return score if score is not None else _drawn(r.score_for_stage)
 
     series = [
         Series(
             gi(ok),
-            [_float(r["score"]) for _, r in ok],
+            [_drawn(r.score) for _, r in ok],
             "points",
             "score (eval ok)",
             "#2563eb",
@@ -279,13 +232,13 @@ def learning_curve_svg(stage_rows: list[StageRow], task: str, direction: str | N
         ),
         Series(
             gi(bad),
-            [_float(r.get("score_for_stage")) for _, r in bad],
+            [_drawn(r.score_for_stage) for _, r in bad],
             "points",
             "eval failed",
             FAILED,
             marker="cross",
         ),
-        Series(x, [_float(r.get("smooth_score")) for r in rows], "line", "smoothed", "#111827", width=1.8),
+        Series(x, [_drawn(r.smooth_score) for r in rows], "line", "smoothed", "#111827", width=1.8),
         Series(
             gi(chosen),
             [y_of(r) for _, r in chosen],
@@ -320,7 +273,7 @@ def _selected(view: TreeView) -> tuple[set[str], set[str]]:
 
 
 def _place(
-    root_id: str, kids: dict[str, list[Edge]], nodes: dict[str, Node]
+    root_id: str, kids: defaultdict[str, list[Edge]], nodes: dict[str, Node]
 ) -> tuple[dict[str, tuple[float, int]], int]:
     """(slot x, depth) of each node and, under "x:<edge>", of each failed attempt: leaves in slots left to right,
     parents centred over their children; and the number of slots."""
@@ -329,7 +282,7 @@ def _place(
 
     def place(nid: str, depth: int) -> float:
         xs: list[float] = []
-        for e in kids.get(nid, []):
+        for e in kids[nid]:  # a leaf has none (kids is a defaultdict)
             child = e.child
             if child and child in nodes:
                 xs.append(place(child, depth + 1))
@@ -386,11 +339,29 @@ def _edge_svg(e: Edge, xy: XY, nodes: dict[str, Node], selected_edges: set[str])
     )
 
 
+Dispatch = tuple[str, Select]  # an edge's id and the Select breakdown logged when it was dispatched
+
+
+def _dispatches(view: TreeView) -> tuple[dict[str, Select], defaultdict[str, list[Dispatch]]]:
+    """The Select breakdown of each edge that logged one (checked: report/inputs.py), and the dispatches from
+    each node, in edge order."""
+    tree_file = final_path(view.tree_dir)
+    selects: dict[str, Select] = {}
+    for e in view.tree.edges:
+        sel = select_breakdown(e.select, f"{tree_file}: edge {e.id}: select")
+        if sel is not None:
+            selects[e.id] = sel
+    by_node: defaultdict[str, list[Dispatch]] = defaultdict(list)
+    for edge_id, sel in selects.items():
+        by_node[sel["node"]].append((edge_id, sel))
+    return selects, by_node
+
+
 def _node_info(
-    n: Node, into: Edge | None, dispatched: list[SchemaDoc] | None, on_selected: bool
+    n: Node, into: Edge | None, selects: dict[str, Select], dispatched: list[Dispatch], on_selected: bool
 ) -> dict[str, object]:
-    """What clicking a node shows: its figures, the edge that made it, the Select breakdown of each dispatch
-    from it."""
+    """What clicking a node shows: its figures, the edge that made it (and that edge's Select), the Select
+    breakdown of each dispatch from it."""
     info: dict[str, object] = {
         "node": n.id,
         "depth": n.depth,
@@ -417,21 +388,21 @@ def _node_info(
             "soft": into.soft,
             "wall_s": into.wall_s,
         }
-        if into.select:
-            info["parent's Select when this edge was dispatched"] = into.select
+        if into.id in selects:
+            info["parent's Select when this edge was dispatched"] = selects[into.id]
     if dispatched:
-        info["Select breakdown of dispatches from this node"] = dispatched
+        info["Select breakdown of dispatches from this node"] = [{"edge": e, **sel} for e, sel in dispatched]
     return info
 
 
-def _node_tip(n: Node, dispatched: list[SchemaDoc] | None) -> str:
+def _node_tip(n: Node, dispatched: list[Dispatch]) -> str:
     """What hovering a node shows: score, tokens, the last dispatch's Select, why it is a leaf."""
     tip = f"{n.id}: score {fmt(n.score)}, tokens {n.max_token_total}"
     if dispatched:
-        last = dispatched[-1]
+        last = dispatched[-1][1]
         tip += (
-            f"\nSelect {fmt(last.get('select'))} = Q {fmt(last.get('Q'))} + alpha x T (T {fmt(last.get('T'))}; "
-            f"score_rank {fmt(last.get('score_rank'))}, best_rank {fmt(last.get('best_rank'))}, process {fmt(last.get('process'))})"
+            f"\nSelect {fmt(last['select'])} = Q {fmt(last['Q'])} + alpha x T (T {fmt(last['T'])}; "
+            f"score_rank {fmt(last['score_rank'])}, best_rank {fmt(last['best_rank'])}, process {fmt(last['process'])})"
         )
     if n.leaf_reason:
         tip += f"\nleaf: {n.leaf_reason}"
@@ -463,15 +434,12 @@ def tree_svg(view: TreeView, uid: str) -> str:
         return "<p>Tree has no root node.</p>"
     selected_edges, selected_nodes = _selected(view)
     # children of a node: its edges (a failed attempt is a child slot without a node)
-    kids: dict[str, list[Edge]] = defaultdict(list)
+    kids: defaultdict[str, list[Edge]] = defaultdict(list)
     for e in edges:
         kids[e.parent].append(e)
     for v in kids.values():
         v.sort(key=lambda e: _num_key(e.id))
-    dispatches: dict[str, list[SchemaDoc]] = defaultdict(list)
-    for e in edges:
-        if isinstance(e.select, dict):
-            dispatches[e.select.get("node", e.parent)].append({"edge": e.id, **e.select})
+    selects, dispatches = _dispatches(view)
 
     pos, slots = _place(root.id, kids, nodes)
     scores = [oriented(n.score, direction) for n in nodes.values()]
@@ -498,8 +466,8 @@ def tree_svg(view: TreeView, uid: str) -> str:
         s = oriented(n.score, direction)
         t = None if s is None else (0.5 if hi == lo else (s - lo) / (hi - lo))
         into = edge_by_id.get(n.edge or "") or next((e for e in edges if e.child == nid), None)
-        info = _node_info(n, into, dispatches.get(nid), nid in selected_nodes)
-        tip = _node_tip(n, dispatches.get(nid))
+        info = _node_info(n, into, selects, dispatches[nid], nid in selected_nodes)
+        tip = _node_tip(n, dispatches[nid])
         r = 11 if nid == root.id else 9
         stroke = SELECTED if nid in selected_nodes else "#111827"
         out.append(
@@ -695,44 +663,42 @@ def tree_section(view: TreeView, uid: str) -> str:
     counters = ", ".join(f"{k} {v}" for k, v in c.items())
     if counters:
         parts.append(f'<p class="muted">Counters: {esc(counters)}</p>')
-    parts.append(teacher_section(t.teacher))
+    parts.append(teacher_section(teacher_report(t.teacher, f"{final_path(view.tree_dir)}: teacher")))
     parts.append("</div></details>")
     return "".join(parts)
 
 
-def teacher_section(teacher: SchemaDoc | None) -> str:
-    """The Teacher client's record of the tree (tree.json `teacher`): requests, the attempts sent again and why
-    (stalled, cut, abandoned when the router reported a worker down), and the router's worker health changes."""
-    if not isinstance(teacher, dict) or not teacher.get("requests"):
+def teacher_section(teacher: TeacherReport | None) -> str:
+    """The Teacher client's record of the tree (tree.json `teacher`, read by report/inputs.py): requests, the
+    attempts sent again and why (stalled, cut, abandoned when the router reported a worker down), and the router's
+    worker health changes."""
+    if teacher is None or not teacher["requests"]:
         return ""
-    failed = teacher.get("failed_attempts") or 0
-    kinds = ("stalls", "cut_streams", "worker_down_aborts")
-    other = failed - sum(teacher.get(k) or 0 for k in kinds)
+    failed = teacher["failed_attempts"]
+    stalls, cut, aborts = teacher["stalls"], teacher["cut_streams"], teacher["worker_down_aborts"]
     line = (
-        f"Teacher: {teacher.get('requests', 0)} requests"
-        + (" (streamed)" if teacher.get("stream") else "")
-        + (", behind sglang-router" if teacher.get("router") else "")
-        + f"; {failed} attempt(s) sent again: {teacher.get('stalls', 0)} stalled, "
-        f"{teacher.get('cut_streams', 0)} cut, {teacher.get('worker_down_aborts', 0)} abandoned when a worker went "
-        f"down, {other} other (connection, HTTP, stream errors)"
+        f"Teacher: {teacher['requests']} requests"
+        + (" (streamed)" if teacher["stream"] else "")
+        + (", behind sglang-router" if teacher["router"] else "")
+        + f"; {failed} attempt(s) sent again: {stalls} stalled, {cut} cut, {aborts} abandoned when a worker went "
+        f"down, {failed - stalls - cut - aborts} other (connection, HTTP, stream errors)"
     )
     cls = "bad" if failed else "muted"
     parts = [f'<p class="{cls}">{esc(line)}</p>']
-    events = teacher.get("worker_events") or []
+    events = teacher["worker_events"]
     if events:
         parts.append(
             '<p class="bad">Workers: '
             + "; ".join(
-                f"{esc(e.get('at'))} {esc(e.get('worker'))} {'up' if e.get('healthy') else 'down'} "
-                f"({esc(e.get('healthy_workers'))} of {esc(e.get('workers'))} healthy)"
+                f"{esc(e['at'])} {esc(e['worker'])} {'up' if e['healthy'] else 'down'} "
+                f"({esc(e['healthy_workers'])} of {esc(e['workers'])} healthy)"
                 for e in events
             )
             + "</p>"
         )
-    incidents = teacher.get("incidents") or []
+    incidents = teacher["incidents"]
     if incidents:
-        rows = [[i.get("at"), i.get("label"), i.get("attempt"), i.get("kind"), i.get("waited_s"), i.get("detail")]
-                for i in incidents]  # fmt: skip
+        rows = [[i["at"], i["label"], i["attempt"], i["kind"], i["waited_s"], i["detail"]] for i in incidents]
         parts.append(_table(["at", "request", "attempt", "kind", "waited s", "detail"], rows, left=4))
     return "".join(parts)
 
@@ -741,8 +707,8 @@ def task_section(task: TaskView) -> str:
     direction = next((v.tree.direction for v in task.trees), None)
     parts = [f'<h2 id="task-{esc(task.name)}">Task {esc(task.name)}</h2>']
     if task.stages:
-        counts = Counter(r.get("stage") for r in task.stages)
-        chosen = [r for r in task.stages if _truthy(r.get("selected"))]
+        counts = Counter(r.stage for r in task.stages)
+        chosen = [r for r in task.stages if r.selected]
         _, failed, pending = skipped_counts(task.task_dir, task.stages) if task.task_dir else (0, 0, None)
         sandboxes = sorted({tree_trust(v).sandbox for v in task.trees}) or ["unknown"]
         parts.append(
@@ -755,18 +721,18 @@ def task_section(task: TaskView) -> str:
         parts.append(
             f'<div class="card scroll">{learning_curve_svg(task.stages, task.name, direction)}</div>'
         )
-        by_root: dict[str | None, TreeView] = {v.root: v for v in task.trees}
+        by_root = {v.root: v for v in task.trees}
         rows: list[list[object]] = []
         for r in chosen:
-            v = by_root.get(r.get("snapshot"))
+            v = by_root.get(r.snapshot)
             paths = v.ranked if v else ()
             trust = tree_trust(v) if v else None
             rows.append(
                 [
-                    r.get("snapshot"),
-                    r.get("stage"),
-                    r.get("selection_reason"),
-                    _float(r.get("score")),
+                    r.snapshot,
+                    r.stage,
+                    r.selection_reason or "",  # an empty cell, not fmt's "-" of None, where a table has none
+                    _drawn(r.score),
                     len(v.tree.nodes) - 1 if v else "-",
                     sum(p.selected for p in paths),
                     paths[0].path_score if paths else None,

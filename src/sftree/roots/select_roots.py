@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, partial
 from operator import attrgetter
 from pathlib import Path
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 from sftree.errors import InputError
 from sftree.fileio import write_text_atomic
@@ -47,30 +47,13 @@ from sftree.records.root import (
     write_root_meta,
 )
 from sftree.records.scores import oriented
+from sftree.records.stages import StageTable, stages_text, write_stages
 from sftree.roots import stages as st
 from sftree.roots.snapshots import Scan, Snapshot, default_jobs, gc_paused, resolve_task_dir, scan
 from sftree.runtime import remove
 from sftree.settings import SelectRootsSettings, schema_defaults
 
 log = logging.getLogger(__name__)
-
-TABLE_COLUMNS = (
-    "snapshot",
-    "global_index",
-    "agent_id",
-    "commit_hash",
-    "eval_count",
-    "eval_ok",
-    "status",
-    "score",
-    "score_for_stage",
-    "smooth_score",
-    "gain_ratio",
-    "stage",
-    "stage_method",
-    "selected",
-    "selection_reason",
-)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -198,47 +181,38 @@ def select_per_island(result: Scan, direction: str, num_roots: int, window: int)
 # --- outputs ----------------------------------------------------------------------------------------------
 
 
-def _num(v: float | None) -> str:
-    return "" if v is None else repr(float(v))
+def stage_table(sel: Selection) -> StageTable:
+    """The selection as stages.tsv's columns (records/stages.py writes them), each built in C by `map`: this runs
+    over every snapshot of a run, where a record object per row would double the table's cost."""
+    rows = sel.rows
+    snaps = list(map(attrgetter("snap"), rows))
+    reasons = list(map(attrgetter("reason"), rows))
 
+    def column(name: str, of: Sequence[object]) -> list[Any]:
+        return list(map(attrgetter(name), of))
 
-def _cell(value: object) -> str:
-    """Free text from the input must not break the TSV."""
-    if value is None:
-        return ""
-    text = str(value)
-    return text.replace("\t", " ").replace("\n", " ") if ("\t" in text or "\n" in text) else text
+    return StageTable(
+        snapshot=column("name", snaps),
+        global_index=column("global_index", snaps),
+        agent_id=column("agent_id", snaps),
+        commit_hash=column("commit_hash", snaps),
+        eval_count=column("eval_count", snaps),
+        eval_ok=column("eval_ok", snaps),
+        status=column("status", snaps),
+        score=column("score", snaps),
+        score_for_stage=column("score_for_stage", rows),
+        smooth_score=column("smooth", rows),
+        gain_ratio=column("gain", rows),
+        stage=column("stage", rows),
+        stage_method=[sel.method] * len(rows),
+        selected=list(map(bool, reasons)),  # chosen: it has a reason
+        selection_reason=reasons,
+    )
 
 
 def table_text(sel: Selection) -> str:
-    # One f-string per row, few helper calls: this runs for every snapshot. Scores are floats or None, so repr is
-    # what `_num` writes; the free-text cells go through `_cell` only when they hold a tab or a newline.
-    method = sel.method
-    lines = ["\t".join(TABLE_COLUMNS)]
-    append = lines.append
-    for r in sel.rows:
-        s = r.snap
-        agent, commit, status = s.agent_id, s.commit_hash, s.status
-        if "\t" in agent or "\n" in agent:
-            agent = _cell(agent)
-        if "\t" in commit or "\n" in commit:
-            commit = _cell(commit)
-        if status is None:
-            status = ""
-        elif type(status) is not str or "\t" in status or "\n" in status:
-            status = _cell(status)
-        # Float repr is the dearest part of a row; score_for_stage is usually the score itself (same object).
-        score, filled, gain = s.score, r.score_for_stage, r.gain
-        score_text = "" if score is None else repr(score)
-        filled_text = score_text if filled is score else repr(filled)
-        append(
-            f"{s.name}\t{s.global_index}\t{agent}\t{commit}\t"
-            f"{'' if s.eval_count is None else s.eval_count}\t{'true' if s.eval_ok else 'false'}\t"
-            f"{status}\t{score_text}\t{filled_text}\t{r.smooth!r}\t{'' if gain is None else repr(gain)}\t"
-            f"{r.stage}\t{method}\t{'true' if r.reason else 'false'}\t{r.reason or ''}"
-        )
-    append("")
-    return "\n".join(lines)
+    """stages.tsv's text for the selection."""
+    return stages_text(stage_table(sel))
 
 
 FICLONE = 0x40049409  # ioctl(dest_fd, FICLONE, src_fd): a copy-on-write clone (btrfs, xfs, ...)
@@ -491,7 +465,7 @@ def _write_outputs(args: argparse.Namespace, sel: Selection, *, pending: int) ->
     try:
         if args.plot:
             write_text_atomic(args.plot, plot_svg(sel))
-        write_text_atomic(args.table, table_text(sel))
+        write_stages(args.table, stage_table(sel))
         swap_in(tmp, out)
     except BaseException:
         remove.quietly(tmp)
