@@ -9,8 +9,7 @@ import json
 import subprocess
 
 import pytest
-from test_export_trainer import trainer_python
-from test_tree_trainer import REPO, probe_env
+from helpers.trainer import REPO, probe_env, trainer_python
 
 
 @pytest.mark.trainer

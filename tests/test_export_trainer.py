@@ -10,12 +10,12 @@ weights give the same losses. Runs in the trainer venv as a subprocess (the proj
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 from helpers.export import make_results
+from helpers.trainer import probe_env, trainer_python
 from test_export_special_text import plant
 from test_export_student import SMOL, model, paths_of
 
@@ -26,14 +26,6 @@ from sftree.dataset.trainer_labels import trained_indices
 
 REPO = Path(__file__).parents[1]
 PROBE = REPO / "tests" / "trainer" / "sft_probe.py"
-
-
-def trainer_python() -> Path:
-    cache = Path(os.environ.get("SFTREE_CACHE") or os.path.expanduser("~/.cache/sftree")) / "trainer"
-    py = cache / "venv" / "bin" / "python"
-    if not (cache / ".installed").is_file() or not py.is_file():
-        pytest.skip(f"trainer venv absent ({cache}): run scripts/install_trainer.sh (torch CPU build, TRL)")
-    return py
 
 
 def expected_labels(st, rec: dict) -> tuple[list[int], list[int]]:
@@ -91,17 +83,7 @@ def test_sft_trainer_trains_exactly_the_exported_completions(tmp_path):
         "loaders": loader_checks,
     }
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(tmp_path),
-        "HF_HOME": str(tmp_path / "hf"),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-        "OMP_NUM_THREADS": "2",
-        "PYTHONPATH": str(REPO / "src"),  # trainer_labels: standard library only
-    }
+    env = probe_env(tmp_path)
     out = tmp_path / "out.json"
     res = subprocess.run(
         [str(py), str(PROBE), str(tmp_path / "cfg.json"), str(out)],

@@ -20,15 +20,15 @@ runs hold several trained messages, and no prompt whitespace is labelled."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 from helpers.export import make_results
 from helpers.templates import llama_models
+from helpers.trainer import probe_env, trainer_python
 from test_export_student import SMOL, model, paths_of
-from test_export_trainer import PROBE, expected_labels, trainer_python
+from test_export_trainer import PROBE, expected_labels
 
 from sftree.dataset.export import export_task
 from sftree.dataset.fit import fit_record
@@ -128,17 +128,7 @@ def export_fitted(tmp_path: Path, st) -> tuple[dict, dict, dict]:
 def probe(py: Path, script: Path, cfg: dict, tmp_path: Path) -> dict:
     """`script` run in the trainer venv on `cfg`: its JSON answer."""
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(tmp_path),
-        "HF_HOME": str(tmp_path / "hf"),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-        "OMP_NUM_THREADS": "2",
-        "PYTHONPATH": str(REPO / "src"),  # trainer_labels: standard library only
-    }
+    env = probe_env(tmp_path)
     out = tmp_path / "out.json"
     res = subprocess.run(
         [str(py), str(script), str(tmp_path / "cfg.json"), str(out)],

@@ -37,8 +37,7 @@ from pathlib import Path
 
 import pytest
 from helpers.real_logprobs import REQUESTS, Agreement, Probe, Reply, ask, table
-from test_export_trainer import trainer_python
-from test_tree_trainer import probe_env
+from helpers.trainer import probe_env, trainer_python
 
 from sftree.teacher.llm_server import LaunchSpec, start_llm_server
 

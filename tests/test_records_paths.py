@@ -10,6 +10,7 @@ import pytest
 
 from sftree.errors import InputError
 from sftree.records.paths import (
+    PATH_SCORES,
     PATHS_VERSION,
     Excluded,
     PathCounts,
@@ -19,6 +20,12 @@ from sftree.records.paths import (
     read_paths,
     write_paths,
 )
+
+
+def scores(*values: float) -> dict[str, float]:
+    """The seven section-3.4 figures in their order (`PathScores`: keywords)."""
+    return dict(zip(PATH_SCORES, values, strict=True))
+
 
 PATHS = Paths(
     version=PATHS_VERSION,
@@ -30,8 +37,8 @@ PATHS = Paths(
     counts=PathCounts(candidates=2, selected=1, excluded=1),
     paths=(
         RankedPath(1, True, "n7", "depth_limit", ("n1", "n4", "n7"), ("e1", "e5", "e9"),
-                   0.9, 0.8, 2.4, 0.75, 2.5, 0.75, 0.8225),
-        RankedPath(2, False, "n3", "no_room", ("n3",), ("e3",), 1, 0.5, 2.0, 0.25, 2, 0.25, 0.45),
+                   **scores(0.9, 0.8, 2.4, 0.75, 2.5, 0.75, 0.8225)),
+        RankedPath(2, False, "n3", "no_room", ("n3",), ("e3",), **scores(1, 0.5, 2.0, 0.25, 2, 0.25, 0.45)),
     ),
     excluded=(Excluded("n9", "missing score on n6: ünïcode"),),
 )  # fmt: skip

@@ -18,7 +18,7 @@ from sftree.dataset.export import export_task
 from sftree.dataset.merge import merge
 from sftree.dataset.select_paths import select_paths
 from sftree.fileio import write_json_atomic, write_jsonl_atomic
-from sftree.records.paths import PathCounts, Paths, RankedPath, write_paths
+from sftree.records.paths import PATH_SCORES, PathCounts, Paths, RankedPath, write_paths
 from sftree.records.sft import stats_path
 from sftree.records.stages import StageRow, StageTable, stages_path, write_stages
 from sftree.records.tree import Tree
@@ -93,7 +93,13 @@ def test_gain_tie_and_missing_scores():
     }
     ranked = tuple(
         RankedPath(
-            rank, True, leaf, "depth_limit", (leaf,), ("e" + leaf[1:],), 1.0, 1.0, 2.0, 0.5, 2.0, 0.5, 0.7
+            rank,
+            True,
+            leaf,
+            "depth_limit",
+            (leaf,),
+            ("e" + leaf[1:],),
+            **dict(zip(PATH_SCORES, (1.0, 1.0, 2.0, 0.5, 2.0, 0.5, 0.7), strict=True)),
         )
         for rank, leaf in ((1, "n1"), (2, "n2"))
     )

@@ -11,14 +11,13 @@ and element for element on 1,000 random trees."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 from helpers.export import make_results
+from helpers.trainer import probe_env, trainer_python
 from test_export_student import QWEN, SMOL, model, paths_of
-from test_export_trainer import trainer_python
 
 from sftree.dataset.export import export_task
 from sftree.dataset.student import load_student
@@ -27,23 +26,6 @@ from sftree.records.tree_packed import line_problem, write_tree_lines
 
 REPO = Path(__file__).parents[1]
 TREE_PROBE = REPO / "tests" / "trainer" / "tree_probe.py"
-
-
-def probe_env(tmp_path: Path) -> dict:
-    """Offline, CPU, two threads; `src` on the path for the standard-library and torch-only modules."""
-    return {
-        "PATH": os.environ["PATH"],
-        "HOME": str(tmp_path),
-        "HF_HOME": str(tmp_path / "hf"),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-        "OMP_NUM_THREADS": "2",
-        "PYTHONPATH": str(REPO / "src"),  # trainer_labels: standard library only; tree_collator: torch only
-        # FlexAttention's kernel compiled into the test's own folder (cold, as on a fresh clone)
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-    }
 
 
 def prefix_record(rec: dict) -> dict:

@@ -245,13 +245,7 @@ def _path_meta(ctx: TreeContext, path: RankedPath) -> SchemaDoc:
         "leaf_reason": path.leaf_reason,
         "path_nodes": list(path.nodes),
         "path_edges": list(path.edges),
-        "avg_cleanliness": path.avg_cleanliness,
-        "avg_knowledge": path.avg_knowledge,
-        "avg_score": path.avg_score,
-        "avg_score_rank": path.avg_score_rank,
-        "max_score": path.max_score,
-        "max_score_rank": path.max_score_rank,
-        "path_score": path.path_score,
+        **path.scores_doc(),
     }
     leaf = ctx.tree.node(path.leaf)
     leaf_score = leaf.score if leaf else None

@@ -10,7 +10,7 @@ file fails naming itself and the field instead of reading as "no paths".
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,34 @@ def paths_path(tree_dir: str | os.PathLike[str]) -> Path:
     return Path(tree_dir) / PATHS_NAME
 
 
+@dataclass(frozen=True, kw_only=True)
+class PathScores:
+    """The seven figures of seed section 3.4 of one path, declared once: a ranked path (`paths[]`) and every SFT
+    record made from it (records/sft.py's `RecordMeta`) hold them under these names, in this order."""
+
+    avg_cleanliness: float
+    avg_knowledge: float
+    avg_score: float
+    avg_score_rank: float
+    max_score: float
+    max_score_rank: float
+    path_score: float
+
+    @staticmethod
+    def read(f: Fields) -> dict[str, float]:
+        """The seven, each checked, as keyword arguments of a subclass's constructor."""
+        return {name: f.get(name, is_num, "a number") for name in PATH_SCORES}
+
+    def scores_doc(self) -> dict[str, float]:
+        """The seven as written, in their order."""
+        return {name: getattr(self, name) for name in PATH_SCORES}
+
+
+PATH_SCORES = tuple(f.name for f in fields(PathScores))
+
+
 @dataclass(frozen=True)
-class RankedPath:
+class RankedPath(PathScores):
     """One candidate path (`paths[]`): its rank among the tree's candidates, whether it is among the top k, its
     leaf, its logical nodes and edges (root excluded, root-to-leaf order) and the seven fields of section 3.4."""
 
@@ -49,13 +75,6 @@ class RankedPath:
     leaf_reason: LeafReason
     nodes: tuple[str, ...]
     edges: tuple[str, ...]
-    avg_cleanliness: float
-    avg_knowledge: float
-    avg_score: float
-    avg_score_rank: float
-    max_score: float
-    max_score_rank: float
-    path_score: float
 
     @classmethod
     def from_doc(cls, d: Any, where: str) -> RankedPath:
@@ -67,13 +86,7 @@ class RankedPath:
             leaf_reason=f.get("leaf_reason", LEAF_REASONS.__contains__, f"one of {', '.join(LEAF_REASONS)}"),
             nodes=tuple(f.get("nodes", is_strs, "a list of strings")),
             edges=tuple(f.get("edges", is_strs, "a list of strings")),
-            avg_cleanliness=f.get("avg_cleanliness", is_num, "a number"),
-            avg_knowledge=f.get("avg_knowledge", is_num, "a number"),
-            avg_score=f.get("avg_score", is_num, "a number"),
-            avg_score_rank=f.get("avg_score_rank", is_num, "a number"),
-            max_score=f.get("max_score", is_num, "a number"),
-            max_score_rank=f.get("max_score_rank", is_num, "a number"),
-            path_score=f.get("path_score", is_num, "a number"),
+            **PathScores.read(f),
         )
 
     def to_doc(self) -> SchemaDoc:
@@ -84,13 +97,7 @@ class RankedPath:
             "leaf_reason": self.leaf_reason,
             "nodes": list(self.nodes),
             "edges": list(self.edges),
-            "avg_cleanliness": self.avg_cleanliness,
-            "avg_knowledge": self.avg_knowledge,
-            "avg_score": self.avg_score,
-            "avg_score_rank": self.avg_score_rank,
-            "max_score": self.max_score,
-            "max_score_rank": self.max_score_rank,
-            "path_score": self.path_score,
+            **self.scores_doc(),
         }
 
 

@@ -32,6 +32,7 @@ from sftree.records.fields import (
     is_strs,
     optional,
 )
+from sftree.records.paths import PathScores
 from sftree.records.tree import DIRECTIONS, Direction, SchemaDoc
 
 SFT_NAME = "sft.jsonl"  # the merged file in the results folder (per task: results/<task>/sft.jsonl)
@@ -99,7 +100,7 @@ class Cut:
 
 
 @dataclass(frozen=True)
-class RecordMeta:
+class RecordMeta(PathScores):
     """A record's `metadata` (workflow/schemas/sft_record.schema.json; docs/outputs.md): the path and tree it comes
     from, the step it trains, how it was made. Written in one order (`to_doc`), the form's fields where the form
     has them: `cut` a path record's (null when the path is whole), `trained` and `steps` a merged record's."""
@@ -117,13 +118,6 @@ class RecordMeta:
     leaf_reason: str | None
     path_nodes: tuple[str, ...]
     path_edges: tuple[str, ...]
-    avg_cleanliness: float
-    avg_knowledge: float
-    avg_score: float
-    avg_score_rank: float
-    max_score: float
-    max_score_rank: float
-    path_score: float
     leaf_score: float | None
     gain: float | None
     granularity: Granularity
@@ -168,13 +162,7 @@ class RecordMeta:
             leaf_reason=f.get("leaf_reason", optional(is_str), "a string or null"),
             path_nodes=tuple(f.get("path_nodes", is_strs, "a list of strings")),
             path_edges=tuple(f.get("path_edges", is_strs, "a list of strings")),
-            avg_cleanliness=f.get("avg_cleanliness", is_num, "a number"),
-            avg_knowledge=f.get("avg_knowledge", is_num, "a number"),
-            avg_score=f.get("avg_score", is_num, "a number"),
-            avg_score_rank=f.get("avg_score_rank", is_num, "a number"),
-            max_score=f.get("max_score", is_num, "a number"),
-            max_score_rank=f.get("max_score_rank", is_num, "a number"),
-            path_score=f.get("path_score", is_num, "a number"),
+            **PathScores.read(f),
             leaf_score=f.get("leaf_score", optional(is_num), "a number or null"),
             gain=f.get("gain", optional(is_num), "a number or null"),
             granularity=granularity,
@@ -212,13 +200,7 @@ class RecordMeta:
             "leaf_reason": self.leaf_reason,
             "path_nodes": list(self.path_nodes),
             "path_edges": list(self.path_edges),
-            "avg_cleanliness": self.avg_cleanliness,
-            "avg_knowledge": self.avg_knowledge,
-            "avg_score": self.avg_score,
-            "avg_score_rank": self.avg_score_rank,
-            "max_score": self.max_score,
-            "max_score_rank": self.max_score_rank,
-            "path_score": self.path_score,
+            **self.scores_doc(),
             "leaf_score": self.leaf_score,
             "gain": self.gain,
             "granularity": self.granularity,
