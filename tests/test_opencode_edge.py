@@ -446,3 +446,25 @@ def test_real_server_reply_shapes_through_opencode(tmp_path):
         s for s in recs if s["turn"] == 2 and s["step"] > first2["step"] and s["kind"] in ("agent", "nudge")
     ]
     assert all(s["usage"]["prompt_tokens"] > 0 for s in recs if s.get("response"))
+
+
+def test_teacher_logprobs_reach_the_steps_through_opencode(tmp_path):
+    """`teacher.logprobs: 5` with the real OpenCode: the proxy asks teacher-sim for the sampled tokens on the way
+    out, OpenCode reads the replies (logprobs and all) and works as without them, and every agent step keeps
+    them aligned with the reply's usage, the chain check passed (nothing tampered)."""
+    cfg = config(
+        teacher={"sim": {"seed": 1}, "logprobs": 5},
+        agent={"backend": "opencode", "max_steps_per_turn": 12, "turn_timeout": 240},
+    )
+    ctx = EdgeContext.create(tmp_path / "tree", make_root(tmp_path), settings_of(cfg), example_task(cfg))
+    try:
+        res = run_edge(ctx, ctx.root_state, "e1", 1.0, depth=1, attempt=1, eval_count=5)
+    finally:
+        ctx.close()
+    assert res.score is not None, res
+    steps = agent_steps(ctx, "e1")
+    assert steps and all(s.get("tampered") is None for s in steps)
+    for s in steps:
+        lp = s["logprobs"]
+        assert lp["k"] == 5 and len(lp["ids"]) == len(lp["top_ids"]) == s["usage"]["completion_tokens"] > 0
+        assert s["request"]["params"]["top_logprobs"] == 5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 
@@ -385,3 +386,60 @@ def test_a_reply_cut_inside_a_tool_call_stops_the_channel_as_it_is_recorded():
     finally:
         proxy.stop()
         stop()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_teacher_logprobs_are_asked_for_on_the_way_out_and_kept_in_the_step(stream):
+    """`teacher.logprobs: K` with the OpenCode backend: the proxy adds `logprobs`/`top_logprobs` to OpenCode's
+    request (teacher/params.py), keeps the reply's sampled tokens in the step record as the native client keeps
+    them (aligned with the reply's usage), and relays the reply to OpenCode as the server sent it."""
+    from sftree.settings import TeacherSettings, schema_defaults
+    from sftree.teacher.params import RequestParams
+
+    url, stop = start_teacher_sim(port=0, seed=3)
+    params = RequestParams.from_settings(schema_defaults(TeacherSettings))
+    proxy = RecordingProxy(url, retries=1, params=dataclasses.replace(params, logprobs=5)).start()
+    try:
+        ch = proxy.channel("e1", {"X-Sftree-Edge": "e1"})
+        body = {"model": "m", "messages": MESSAGES, "tools": TOOLS}
+        if stream:
+            body |= {"stream": True, "stream_options": {"include_usage": True}}
+        resp = post(proxy, "e1", body)
+        assert resp.status_code == 200
+        (rec,) = ch.take()
+    finally:
+        proxy.stop()
+        stop()
+    assert rec["request"]["params"]["logprobs"] is True and rec["request"]["params"]["top_logprobs"] == 5
+    assert "params_diff" not in rec  # OpenCode asked for none: the host's fields, not a difference
+    lp = rec["logprobs"]
+    n = rec["usage"]["completion_tokens"]
+    assert lp["k"] == 5 and len(lp["ids"]) == len(lp["logprobs"]) == len(lp["top_ids"]) == n > 0
+    assert all(len(t) == 5 for t in lp["top_ids"]) and "logprobs_dropped" not in rec
+    # OpenCode receives the server's reply, logprobs and all, unchanged
+    if stream:
+        pieces = [json.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: {")]
+        sent = [
+            t["id"]
+            for p in pieces
+            for c in p.get("choices") or []
+            for t in (c.get("logprobs") or {}).get("content") or []
+        ]
+    else:
+        sent = [t["id"] for t in resp.json()["choices"][0]["logprobs"]["content"]]
+    assert sent == lp["ids"]
+
+
+def test_without_teacher_logprobs_the_proxy_asks_for_none_and_keeps_none():
+    url, stop = start_teacher_sim(port=0, seed=3)
+    proxy = RecordingProxy(url, retries=1).start()
+    try:
+        ch = proxy.channel("e1", {"X-Sftree-Edge": "e1"})
+        assert post(proxy, "e1", {"model": "m", "messages": MESSAGES, "tools": TOOLS}).status_code == 200
+        (rec,) = ch.take()
+    finally:
+        proxy.stop()
+        stop()
+    assert (
+        "logprobs" not in rec["request"]["params"] and "logprobs" not in rec and "logprobs_dropped" not in rec
+    )

@@ -93,12 +93,6 @@ def _check_backend_settings(config: Config, source: str) -> None:
             "agent only (agent.backend: native); with agent.backend opencode set it to none (the proxy applies "
             "teacher.tool_choice, extra_body and the chat template's call form instead: docs/real_teacher.md)"
         )
-    if agent["backend"] == "opencode" and teacher["logprobs"]:
-        raise InputError(
-            f"invalid configuration: {source}: teacher.logprobs: {teacher['logprobs']} is asked for by the native "
-            "agent only so far (agent.backend: native); with agent.backend opencode set it to 0 (docs/outputs.md, "
-            '"Teacher tokens")'
-        )
 
 
 def _message(err: jsonschema.ValidationError) -> str:

@@ -64,11 +64,12 @@ from sftree.agents.chain import text_of as _text  # a message's content as text
 from sftree.agents.turn_end import cut_call
 from sftree.httpserver import QuietThreadingHTTPServer, Serving, send_json, serve_in_background
 from sftree.jsontypes import JSONObject, JSONValue, arr, count, obj
-from sftree.records.steplog import StepKind, StepRecord, UsageRecord, usage_from
+from sftree.records.steplog import StepKind, StepRecord, TokenLogprobs, UsageRecord, usage_from
 from sftree.runtime import tempdirs
 from sftree.settings import AgentSettings, TeacherSettings, schema_defaults
 from sftree.teacher.affinity import routing_headers
 from sftree.teacher.http import InFlight
+from sftree.teacher.logprobs import read_logprobs
 from sftree.teacher.params import RequestParams, differences, sent_params, upstream_body
 from sftree.teacher.response import MalformedResponse, normalize
 from sftree.teacher.stream import StreamAssembler  # one assembler for the proxy and the client
@@ -231,6 +232,10 @@ class ReplyFields(TypedDict):
     error: NotRequired[str]
     raw_response: NotRequired[str]
     notes: NotRequired[list[str]]
+    logprobs: NotRequired[
+        TokenLogprobs
+    ]  # `teacher.logprobs: K`: the sampled tokens, as the native client keeps them
+    logprobs_dropped: NotRequired[str]  # asked for, none kept: why
 
 
 def _failed(error: str | None = None) -> ReplyFields:
@@ -241,7 +246,9 @@ def _failed(error: str | None = None) -> ReplyFields:
     return fields
 
 
-def reply_fields(body: JSONObject, payload: JSONValue, received: JSONObject | None) -> ReplyFields:
+def reply_fields(
+    body: JSONObject, payload: JSONValue, received: JSONObject | None, params: RequestParams | None = None
+) -> ReplyFields:
     """The record fields of one 200 reply, read as the native client reads it (`teacher.response.normalize`):
     `usage` as the server reported it, or estimated from the text (`estimated: true`) when it reported none;
     `notes` on what normalisation found; a reply normalize cannot read is a failed step (`response: null`,
@@ -263,6 +270,16 @@ def reply_fields(body: JSONObject, payload: JSONValue, received: JSONObject | No
     fields: ReplyFields = {"response": msg, "usage": usage, "finish_reason": reply.finish_reason}
     if reply.notes:
         fields["notes"] = list(reply.notes)
+    if params is not None and params.logprobs > 0:  # asked for on the way out (teacher/params.py): kept here
+        choices = arr(obj(payload).get("choices"))
+        kept, dropped = read_logprobs(
+            obj(choices[0]) if choices else {}, params.logprobs, max_tokens=params.max_tokens,
+            completion_tokens=None if usage is None or usage.get("estimated") else usage["completion_tokens"],
+        )  # fmt: skip
+        if kept is not None:
+            fields["logprobs"] = kept
+        elif dropped is not None:
+            fields["logprobs_dropped"] = dropped
     return fields
 
 
@@ -869,7 +886,7 @@ class _Handler(BaseHTTPRequestHandler):
             fields = _failed(f"malformed reply: reply is not JSON ({exc})")
             fields["raw_response"] = _safe_raw(data.decode("utf-8", "replace"))
         else:
-            fields = reply_fields(body, payload, message_from_completion(payload))
+            fields = reply_fields(body, payload, message_from_completion(payload), self.proxy.params)
         self._record(ch, body, turn, fields, time.monotonic() - t0, None, repaired)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -916,6 +933,10 @@ class _Handler(BaseHTTPRequestHandler):
             rec["error"] = error or fields["error"]
         if "raw_response" in fields:
             rec["raw_response"] = fields["raw_response"]
+        if "logprobs" in fields:
+            rec["logprobs"] = fields["logprobs"]
+        if "logprobs_dropped" in fields:
+            rec["logprobs_dropped"] = fields["logprobs_dropped"]
         if tampered is not None:
             rec["tampered"] = tampered
         if self.sent is not None:  # it went on: with the host's fields (teacher/params.py)
@@ -990,7 +1011,7 @@ class _Relay:
         if not self.recorded:
             self.recorded = True
             self.asm.close()
-            fields = reply_fields(self.body, self.asm.completion(), self.asm.message())
+            fields = reply_fields(self.body, self.asm.completion(), self.asm.message(), self.h.proxy.params)
             self.h._record(
                 self.ch, self.body, self.turn, fields, time.monotonic() - self.t0, error, self.repaired
             )
