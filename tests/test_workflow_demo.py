@@ -69,7 +69,8 @@ def test_demo_writes_one_atif_trajectory_per_selected_path(demo):
         len((results / t / "sft.atif.jsonl").read_text().splitlines()) for t in ("circle_packing", "tsp")
     )
     assert per_task_atif == selected
-    assert not any(s.is_copied_context for t in trajectories for s in t.steps)
+    copied = [(t.trajectory_id, s.step_id) for t in trajectories for s in t.steps if s.is_copied_context]
+    assert not copied, f"steps repeated as copied context (a session's history rewritten): {copied}"
     assert all(any(s.source == "agent" for s in t.steps) for t in trajectories)
 
 

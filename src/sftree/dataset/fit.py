@@ -28,9 +28,12 @@ import itertools
 import json
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from sftree.records.sft import Message
-from sftree.records.tree import SchemaDoc
+if TYPE_CHECKING:  # types only: the trainer venv (no jsonschema) imports this module's chain
+    from sftree.records.sft import Message
+    from sftree.records.tree import SchemaDoc
+
 
 FIT_MODES = ("fit", "strict")
 SHAPING = ("call_ids", "arguments_string", "content_null", "merge_roles", "system_in_user")

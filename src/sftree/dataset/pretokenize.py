@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, overload
 
 from sftree.dataset.rendering import Student, StudentError, Turn, text_span
 from sftree.dataset.trainer_labels import trained_indices
-from sftree.records.sft import Message
-from sftree.records.tree import SchemaDoc
 
 if TYPE_CHECKING:  # imported where used, to keep this module's import light
     from tokenizers import Tokenizer
+
+    from sftree.records.sft import Message
+    from sftree.records.tree import SchemaDoc
 
 _BASE = 0xF0000  # Supplementary Private Use Area-A: one character per special string
 _LIMIT = 0xFFFFD

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from sftree.dataset import fit as fitting
 from sftree.errors import InputError
-from sftree.records.sft import Message
 
 if TYPE_CHECKING:  # imported where used at run time (dataset/student.py), to keep this module's import light
     from jinja2 import Template
     from tokenizers import Tokenizer
+
+    from sftree.records.sft import Message
 
 
 class StudentError(InputError):
