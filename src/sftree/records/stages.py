@@ -15,16 +15,14 @@ line, each line ending in a newline. Integers as `str` writes them, floats as `r
 
 from __future__ import annotations
 
-import gc
 import os
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from sftree.errors import InputError
-from sftree.fileio import write_text_atomic
+from sftree.fileio import gc_paused, write_text_atomic
 from sftree.jsontypes import JSONValue
 
 STAGES_NAME = "stages.tsv"
@@ -190,7 +188,7 @@ def read_stages(path: str | os.PathLike[str]) -> list[StageRow]:
     lines = _row_lines(path)
     if not lines:
         return []
-    with _gc_paused():
+    with gc_paused():
         cells = [line.split("\t") for line in lines]
         if set(map(len, cells)) != {len(COLUMNS)}:
             n = next(n for n, c in enumerate(cells, 1) if len(c) != len(COLUMNS))
@@ -244,17 +242,3 @@ def _column(
 
 def _row(path: str | os.PathLike[str], n: int) -> str:
     return f"stages table {path}: row {n} (line {n + 1})"
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector: each row makes a list of cells and a record, none in a cycle, so the
-    collections those allocations trigger (each older one walking every row kept so far) find nothing and only
-    cost time (a third of a 100k-row read). Restored on exit; nested uses are harmless."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()

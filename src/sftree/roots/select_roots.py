@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, cast
 
 from sftree.errors import InputError
-from sftree.fileio import write_text_atomic
+from sftree.fileio import gc_paused, write_text_atomic
 from sftree.jsontypes import JSONObject
 from sftree.records.root import (
     META_NAME,
@@ -49,7 +49,7 @@ from sftree.records.root import (
 from sftree.records.scores import oriented
 from sftree.records.stages import StageTable, stages_text, write_stages
 from sftree.roots import stages as st
-from sftree.roots.snapshots import Scan, Snapshot, default_jobs, gc_paused, resolve_task_dir, scan
+from sftree.roots.snapshots import Scan, Snapshot, default_jobs, resolve_task_dir, scan
 from sftree.runtime import remove
 from sftree.settings import SelectRootsSettings, schema_defaults
 

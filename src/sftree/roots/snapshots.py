@@ -11,21 +11,19 @@ shows everything that is wrong with the input. Nothing is written here.
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import math
 import os
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, TypeAlias
 
 from sftree.errors import InputError
-from sftree.fileio import read_json_object
+from sftree.fileio import gc_paused, read_json_object
 from sftree.jsontypes import JSONObject, JSONValue
 from sftree.progress import Progress
 from sftree.records.root import MAX_REPORTED
@@ -379,20 +377,6 @@ def default_jobs() -> int:
     return max(
         1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     )
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector: reading creates two small dicts per snapshot and keeps one object,
-    none of them in a cycle, so the collections those allocations trigger (each older one walking the growing
-    list of kept objects) find nothing and only cost time. Restored on exit; nested uses are harmless."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _read_all(items: list[Item], jobs: int, result: Scan, problems: list[str], task: str) -> None:
