@@ -10,12 +10,11 @@ weights give the same losses. Runs in the trainer venv as a subprocess (the proj
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 from helpers.export import make_results
-from helpers.trainer import probe_env, trainer_python
+from helpers.trainer import run_probe, trainer_python
 from test_export_special_text import plant
 from test_export_student import SMOL, model, paths_of
 
@@ -82,19 +81,9 @@ def test_sft_trainer_trains_exactly_the_exported_completions(tmp_path):
         "runs": {"step": 1, "merged": 2, "pretokenized": 0},
         "loaders": loader_checks,
     }
-    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
-    env = probe_env(tmp_path)
-    out = tmp_path / "out.json"
-    res = subprocess.run(
-        [str(py), str(PROBE), str(tmp_path / "cfg.json"), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,  # about 2 min on 2 cores: three CPU training runs and two GGUF tokenizer conversions
-    )
-    assert res.returncode == 0, res.stderr[-4000:]
-    print("\n".join(line for line in res.stderr.splitlines() if line[:8].strip().endswith("s")))  # timings
-    got = json.loads(out.read_text())
+    # about 2 min on 2 cores: three CPU training runs and two GGUF tokenizer conversions
+    got, stderr = run_probe(py, PROBE, cfg, tmp_path, timeout=900)
+    print("\n".join(line for line in stderr.splitlines() if line[:8].strip().endswith("s")))  # timings
     split = {c["gguf"]: c["split"] for c in got["loaders"]}
     print(f"transformers' GGUF loader splits these added tokens: {split}")
     for form in ("step", "merged", "pretokenized"):

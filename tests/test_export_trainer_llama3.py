@@ -20,13 +20,12 @@ runs hold several trained messages, and no prompt whitespace is labelled."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 from helpers.export import make_results
 from helpers.templates import llama_models
-from helpers.trainer import probe_env, trainer_python
+from helpers.trainer import run_probe, trainer_python
 from test_export_student import SMOL, model, paths_of
 from test_export_trainer import PROBE, expected_labels
 
@@ -125,22 +124,6 @@ def export_fitted(tmp_path: Path, st) -> tuple[dict, dict, dict]:
     return records, forms, adapted
 
 
-def probe(py: Path, script: Path, cfg: dict, tmp_path: Path) -> dict:
-    """`script` run in the trainer venv on `cfg`: its JSON answer."""
-    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
-    env = probe_env(tmp_path)
-    out = tmp_path / "out.json"
-    res = subprocess.run(
-        [str(py), str(script), str(tmp_path / "cfg.json"), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stderr[-4000:]
-    return json.loads(out.read_text())
-
-
 def compare(st, records: dict, got: dict) -> dict:
     """Every record's trainer row against sftree's rendering and counts; per form the figures measured."""
     measured = {}
@@ -192,7 +175,7 @@ def test_sft_trainer_labels_exactly_the_fitted_llama3_completions(tmp_path):
         "lr": 1e-3,
         "runs": {"step": 0, "merged": 0},  # prepared and compared, not trained
     }
-    measured = compare(st, records, probe(py, PROBE, cfg, tmp_path))
+    measured = compare(st, records, run_probe(py, PROBE, cfg, tmp_path)[0])
     print(f"\nLlama 3.1 template, SmolLM2's vocabulary: adaptations {adapted}; {measured}")
 
 
@@ -220,7 +203,7 @@ def test_sft_trainer_labels_exactly_the_fitted_llama3_completions_in_llama3s_voc
         "template": str(template),
         "forms": {k: str(v) for k, v in forms.items()},
     }
-    measured = compare(st, records, probe(py, LABELS_PROBE, cfg, tmp_path))
+    measured = compare(st, records, run_probe(py, LABELS_PROBE, cfg, tmp_path)[0])
     assert measured["step"]["prompt whitespace chars labelled"] == 0
     assert measured["merged"]["prompt whitespace chars labelled"] == 0
     print(f"\nLlama 3.1 template, Llama 3's vocabulary: adaptations {adapted}; {measured}")

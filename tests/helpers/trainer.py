@@ -3,8 +3,11 @@ Python, or a skip naming the install script, and the environment a probe script 
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,3 +37,21 @@ def probe_env(tmp_path: Path) -> dict[str, str]:
         # FlexAttention's kernel compiled into the test's own folder (cold, as on a fresh clone)
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
     }
+
+
+def run_probe(
+    py: Path, script: Path, cfg: dict[str, Any], tmp_path: Path, timeout: float = 600
+) -> tuple[Any, str]:
+    """`script` run in the trainer venv on `cfg` (`script CFG OUT`, under `probe_env`): (its JSON answer, its
+    stderr, where the probes print their timings)."""
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    out = tmp_path / "out.json"
+    res = subprocess.run(
+        [str(py), str(script), str(tmp_path / "cfg.json"), str(out)],
+        env=probe_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert res.returncode == 0, res.stderr[-4000:]
+    return json.loads(out.read_text()), res.stderr
