@@ -47,7 +47,7 @@ from sftree.records.root import (
     write_root_meta,
 )
 from sftree.records.scores import oriented
-from sftree.records.stages import StageTable, stages_text, write_stages
+from sftree.records.stages import StageTable, write_stages
 from sftree.roots import stages as st
 from sftree.roots.snapshots import Scan, Snapshot, default_jobs, resolve_task_dir, scan
 from sftree.runtime import remove
@@ -208,11 +208,6 @@ def stage_table(sel: Selection) -> StageTable:
         selected=list(map(bool, reasons)),  # chosen: it has a reason
         selection_reason=reasons,
     )
-
-
-def table_text(sel: Selection) -> str:
-    """stages.tsv's text for the selection."""
-    return stages_text(stage_table(sel))
 
 
 FICLONE = 0x40049409  # ioctl(dest_fd, FICLONE, src_fd): a copy-on-write clone (btrfs, xfs, ...)
