@@ -76,6 +76,7 @@ class TeacherSettings:
     tool_choice: str
     constrain: str
     logprobs: int
+    tokenizer: str | None
     seed: int | None
     launch: (
         JSONMap | None
@@ -171,6 +172,7 @@ class ExportSettings:
     student: StudentSettings | None
     special_text: str
     pretokenized: bool
+    teacher_tokens: bool
 
 
 @dataclass(frozen=True)
