@@ -22,6 +22,7 @@ TRAINER_ONLY = {
     "sftree.dataset.tree_attention",
     "sftree.dataset.tree_loss",
     "sftree.dataset.distill_loss",
+    "sftree.dataset.distill_collator",
 }
 
 

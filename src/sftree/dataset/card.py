@@ -409,6 +409,27 @@ def teacher_token_lines(export: ExportStats | None) -> list[str]:
         )
         + (f"; {counts['not_asked']} were not asked for them" if counts["not_asked"] else "")
         + ".",
+    ] + same_tokenizer_lines(export)
+
+
+def same_tokenizer_lines(export: ExportStats | None) -> list[str]:
+    """Card: `export.teacher_tokens`, the trained replies whose render under the Student is the Teacher's sampled
+    ids, those trained on the sampled ids instead, and those marked (dataset/teacher_tokens.py)."""
+    c = export.teacher_tokens if export is not None else Counter()
+    if not c:
+        return []
+    marked = {k: c[k] for k in ("rendered", "no_tokens", "no_ids", "misaligned") if c[k]}
+    return [
+        "",
+        f"Same-tokenizer export (`export.teacher_tokens`): of {sum(c.values())} trained replies, the Student's "
+        f"render gives the Teacher's sampled ids for {c['same']} and other ids for "
+        f"{c['substituted'] + c['rendered']}; {c['substituted'] + c['same']} train exactly the sampled ids"
+        + (
+            f"; {sum(marked.values())} train the render, marked in `metadata.teacher_tokens` ({_counts(marked)})"
+            if marked
+            else ""
+        )
+        + ".",
     ]
 
 

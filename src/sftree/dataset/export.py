@@ -52,6 +52,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from sftree.config import REPO_ROOT
 from sftree.dataset.atif import trajectories, tree_folder, with_logprobs
@@ -67,11 +68,13 @@ from sftree.dataset.messages import (
     pairing_problems,
     tool_message,
 )
-from sftree.dataset.pretokenize import pretokenize
+from sftree.dataset.pretokenize import Pretokenized, pretokenize
 from sftree.dataset.rendering import Student, StudentError, Unfit
 from sftree.dataset.special_text import MODES, SpecialText, SpecialTextStats, builtin_strings, student_strings
 from sftree.dataset.stats import ExportStats
 from sftree.dataset.student import Measure, StudentStats, load_student, measure
+from sftree.dataset.teacher_tokens import Sampled, sampled_of, teacher_tokens
+from sftree.dataset.trainer_labels import trained_indices
 from sftree.dataset.tree_packed import PathTokens, pack_paths, write_tree_file
 from sftree.errors import InputError
 from sftree.progress import Progress
@@ -91,9 +94,11 @@ from sftree.records.sft import (
     schema_problem,
     write_stats,
 )
+from sftree.records.steplog import TokenLogprobs
 from sftree.records.tree import Edge, SchemaDoc, Tree, final_path, read_tree
 from sftree.records.tree_packed import tree_form_path
 from sftree.settings import ExportSettings, load_settings, section_settings
+from sftree.teacher.vocabulary import vocabulary_sha256
 
 log = logging.getLogger("sftree.dataset.export")
 
@@ -332,6 +337,7 @@ class _TreeExport:
         self.counted: set[str] = set()  # edges whose ill-formed steps are counted (each edge once)
         self.valid_messages: set[str] = set()  # messages found valid against the schema in this tree
         self.keep_steps = False  # the tree form reads the steps again (`tree_side`)
+        self.sampled = SampledTokens()  # the replies' sampled tokens (`export.teacher_tokens`)
 
     def tree_side(self) -> _TreeExport:
         """The exporter of the tree form's path records on the steps this one reads (each edge read and its
@@ -342,7 +348,7 @@ class _TreeExport:
         figures = ExportStats(special_text=SpecialTextStats(self.text.mode, self.text.special.source))
         side = _TreeExport(self.ctx, figures, self.refuse_native, self.student, self.text)
         side.scanned, side.cache, side.excluded = self.scanned, self.cache, self.excluded
-        side.counted, side.valid_messages = self.counted, self.valid_messages
+        side.counted, side.valid_messages, side.sampled = self.counted, self.valid_messages, self.sampled
         return side
 
     def steps_of(self, edge_id: str) -> list[Step]:
@@ -353,6 +359,7 @@ class _TreeExport:
                 for s in self.cache[edge_id]:
                     if _answered(s):
                         self.stats.teacher_logprobs[logprobs_kind(s)] += 1
+                        self.sampled.remember(s)
                     why = exclusion(s) if _answered(s) else None
                     if why:
                         self.stats.excluded[why] += 1
@@ -387,6 +394,7 @@ class _TreeExport:
         rec["metadata"]["id"] = (
             f"{meta['task']}/{meta['root']}/{edge_id}/t{step.get('turn')}s{step.get('step')}"
         )
+        self.sampled.of_record[rec["metadata"]["id"]] = step.get("logprobs")
         if meta.get("granularity") == "path":
             rec["metadata"]["cut"] = meta.get("cut")
         return rec if self.valid(rec) and self.text_ok(rec) else None
@@ -425,6 +433,9 @@ class _TreeExport:
         if self.refuse_native and backend != OPENCODE:
             stats.refused[backend] += 1
             return
+        sampled = (
+            self.sampled_for(rec) if self.text.teacher_tokens else None
+        )  # looked up as recorded: unfitted
         if self.student is not None:
             if not under_student(rec, self.student, stats, measured):
                 return
@@ -434,7 +445,10 @@ class _TreeExport:
             count_adaptations(_student_stats(stats).adaptations, touched)
         if self.text.pretokenized:
             assert self.student is not None  # TextRule.of refuses export.pretokenized without a Student
-            add_tokens(rec, self.student)
+            if sampled is None:
+                add_tokens(rec, self.student)
+            else:
+                stats.teacher_tokens.update(add_teacher_tokens(rec, self.student, sampled))
         stats.records += 1
         stats.backends[backend] += 1
         stats.malformed_arguments += rec["metadata"]["malformed_arguments"]
@@ -474,9 +488,17 @@ class _TreeExport:
         for rec in self.path_docs(selected):
             if self.refuse_native and rec["metadata"]["backend"] != OPENCODE:
                 continue
-            tokens = pretokenize(self.student, rec)
+            sampled = self.sampled_for(rec) if self.text.teacher_tokens else None
+            if sampled is None:
+                tokens = pretokenize(self.student, rec)
+                columns = None
+            else:
+                tt = teacher_tokens(self.student, fit_record(self.student.fit, rec)[0], sampled)
+                self.stats.teacher_tokens.update(tt.outcomes)
+                tokens = Pretokenized(tt.input_ids, tt.mask)
+                columns = tt.columns()
             if len(tokens.input_ids) <= self.student.max_length:
-                yield PathTokens.of(tokens, rec["metadata"])
+                yield PathTokens.of(tokens, rec["metadata"], columns)
 
     def path_pick(self, path: RankedPath, meta: SchemaDoc) -> tuple[str, Step] | None:
         """(edge, step) whose request + response is the path's record: its last answered step, or the one before
@@ -530,10 +552,34 @@ class _TreeExport:
 
     def merged_records(self, selected: list[RankedPath]) -> Iterator[SftRecord]:
         """Merged granularity: runs of consecutive steps of one session, each run one record (dataset/merged.py)."""
-        for run in runs(self.step_records(selected), self.student, self.unfit):
+        ends = self.differs if self.text.teacher_tokens else None
+        for run in runs(self.step_records(selected), self.student, self.unfit, ends):
             rec = merged_record(run)
             if self.valid(rec):
                 yield from self.emit(rec, run.measure() if self.student is not None else None)
+
+    def sampled_for(self, rec: SchemaDoc) -> list[Sampled]:
+        """Each trained message's sampled tokens (`export.teacher_tokens`), checked against it
+        (`teacher_tokens.sampled_of`), in order."""
+        assert self.student is not None  # TextRule.of refuses export.teacher_tokens without a Student
+        messages, trained = trained_indices(rec)
+        meta = rec["metadata"]
+        ids: list[str | None] = [None] * len(trained)
+        if meta["granularity"] == "merged":
+            ids = list(meta["steps"])
+        elif trained:
+            ids[-1] = meta["id"]  # a step record's completion; a path record's last reply is its own step
+        return [
+            sampled_of(self.student, messages[k], self.sampled.get(rid, messages[k]))
+            for k, rid in zip(trained, ids, strict=True)
+        ]
+
+    def differs(self, rec: SchemaDoc) -> bool:
+        """A step record whose reply the Student renders other than the Teacher sampled it: a merged run ends
+        with it, so that its sampled ids are trained (dataset/teacher_tokens.py)."""
+        assert self.student is not None
+        fitted = fit_record(self.student.fit, rec)[0]
+        return teacher_tokens(self.student, fitted, self.sampled_for(rec)).outcomes == ["substituted"]
 
     def unfit(self, rec: SchemaDoc, exc: Unfit) -> None:
         """A step record the Student's template cannot hold: excluded, counted by reason, logged."""
@@ -594,6 +640,49 @@ def add_tokens(rec: SchemaDoc, student: Student) -> None:
     rec.update(tokens.row())
 
 
+def add_teacher_tokens(rec: SchemaDoc, student: Student, sampled: list[Sampled]) -> list[str]:
+    """`export.teacher_tokens`: the record's ids with the Teacher's sampled tokens where they can be trained, its
+    trained tokens' Teacher columns and each trained message's outcome (dataset/teacher_tokens.py); its
+    `metadata.student_tokens` count the ids written. Returns the outcomes."""
+    tt = teacher_tokens(student, rec, sampled)
+    rec.update(tt.row())
+    meta = rec["metadata"]
+    meta["teacher_tokens"] = tt.outcomes
+    trained = sum(tt.mask)
+    meta["student_tokens"] = {
+        "prompt_tokens": len(tt.input_ids) - trained,
+        "completion_tokens": trained,
+        "total_tokens": len(tt.input_ids),
+    }
+    return tt.outcomes
+
+
+class SampledTokens:
+    """One tree's replies' sampled tokens (the step records' `logprobs`): by the record id of the step that made
+    each (a step record, a merged record's steps, a path record's last reply), and by `message_key` for the
+    replies a path record's history repeats (a key two replies share, with other tokens, gives none)."""
+
+    AMBIGUOUS: TokenLogprobs = {"k": 0, "logprobs": [], "top_logprobs": []}
+
+    def __init__(self) -> None:
+        self.of_record: dict[str, TokenLogprobs | None] = {}
+        self.of_message: dict[str, TokenLogprobs] = {}
+
+    def remember(self, step: Step) -> None:
+        lp = step.get("logprobs")  # a TokenLogprobs where kept (teacher/logprobs.py wrote it)
+        if isinstance(lp, dict):
+            key = message_key(step["response"])
+            seen = self.of_message.setdefault(key, cast(TokenLogprobs, lp))
+            if seen != lp:
+                self.of_message[key] = self.AMBIGUOUS
+
+    def get(self, record_id: str | None, message: Message) -> TokenLogprobs | None:
+        if record_id is not None and record_id in self.of_record:
+            return self.of_record[record_id]
+        lp = self.of_message.get(message_key(message))
+        return None if lp is self.AMBIGUOUS else lp
+
+
 @dataclass(frozen=True)
 class TextRule:
     """`export.special_text` and `export.pretokenized`, with the strings looked for (dataset/special_text.py)."""
@@ -601,9 +690,22 @@ class TextRule:
     special: SpecialText
     mode: str = "drop"
     pretokenized: bool = False
+    teacher_tokens: bool = (
+        False  # the pre-tokenized forms train the Teacher's sampled ids (teacher_tokens.py)
+    )
 
     @classmethod
-    def of(cls, student: Student | None, mode: str = "drop", pretokenized: bool = False) -> TextRule:
+    def of(
+        cls,
+        student: Student | None,
+        mode: str = "drop",
+        pretokenized: bool = False,
+        teacher_tokens: bool = False,
+    ) -> TextRule:
+        if teacher_tokens and student is None:
+            raise InputError(
+                "export.teacher_tokens needs export.student (a Student with the Teacher's vocabulary)"
+            )
         if mode not in MODES:
             raise InputError(f"export.special_text: {mode!r} is not one of {', '.join(MODES)}")
         if pretokenized and student is None:
@@ -618,7 +720,8 @@ class TextRule:
                 "export.pretokenized tokenizes data text as plain text: special_text keep cannot hold"
             )
         if student is not None:
-            return cls(SpecialText(student_strings(student.tokenizer), "student"), mode, pretokenized)
+            strings = SpecialText(student_strings(student.tokenizer), "student")
+            return cls(strings, mode, pretokenized, teacher_tokens)
         return cls(SpecialText(builtin_strings(), "builtin"), mode, pretokenized)
 
 
@@ -635,7 +738,12 @@ def iter_task_records(
     paths_files = list(paths_files)
     if tree is not None and student is None:
         raise InputError("export.tree_packed needs export.student: the tree form is of tokens")
-    text = TextRule.of(student, settings.special_text, settings.pretokenized)
+    if settings.teacher_tokens and not (settings.pretokenized or tree is not None):
+        raise InputError(
+            "export.teacher_tokens trains token ids: set export.pretokenized: true (or export.tree_packed: true)"
+        )
+    text = TextRule.of(student, settings.special_text, settings.pretokenized, settings.teacher_tokens)
+    digest = vocabulary_sha256(student.tokenizer) if settings.teacher_tokens and student is not None else None
     if student is not None and settings.special_text == "split":
         student = dataclasses.replace(student, plain_data=True)  # counted as the pre-tokenized rows hold it
     stats.granularity, stats.refuse_native = settings.granularity, settings.refuse_native
@@ -647,11 +755,30 @@ def iter_task_records(
     progress = Progress("export-sft trees", total=len(paths_files), logger=log)
     for pf in paths_files:
         ctx = TreeContext.load(pf)
+        if digest is not None:
+            check_teacher_vocabulary(ctx, digest)
         yield from export_tree(
             ctx, _granularity(settings), stats, settings.refuse_native, student, text, tree
         )
         progress.update(records=stats.records)
     progress.finish(records=stats.records, paths=stats.paths)
+
+
+def check_teacher_vocabulary(ctx: TreeContext, student_sha256: str) -> None:
+    """`export.teacher_tokens`: the tree's Teacher sampled under the Student's vocabulary (tree.json
+    `teacher_vocab`, recorded at explore from `teacher.tokenizer`); else an InputError naming the tree and both."""
+    vocab = ctx.tree.teacher_vocab
+    where = final_path(ctx.tree_dir)
+    if not isinstance(vocab, dict) or not vocab.get("sha256"):
+        raise InputError(
+            f"{where}: no teacher_vocab: the tree does not record the Teacher's vocabulary, which "
+            "export.teacher_tokens needs (set teacher.tokenizer, or use teacher.launch, and explore again)"
+        )
+    if vocab["sha256"] != student_sha256:
+        raise InputError(
+            f"{where}: the Teacher's vocabulary ({vocab.get('source')}, sha256 {str(vocab['sha256'])[:12]}) is not "
+            f"the Student's (sha256 {student_sha256[:12]}): export.teacher_tokens needs the Teacher's tokenizer"
+        )
 
 
 def _granularity(settings: ExportSettings) -> Granularity:
@@ -674,6 +801,7 @@ def export_task(
     student: Student | None = None,
     special_text: str | None = None,
     pretokenized: bool = False,
+    teacher_tokens: bool = False,
 ) -> tuple[list[SchemaDoc], ExportStats]:
     """One task's records in memory, as written (tests, benchmarks); `special_text` None: the schema's."""
     settings = export_settings(
@@ -681,6 +809,7 @@ def export_task(
         refuse_native=refuse_native,
         special_text=special_text,
         pretokenized=pretokenized,
+        teacher_tokens=teacher_tokens,
     )
     stats = ExportStats()
     records = [r.to_doc() for r in iter_task_records(paths_files, settings, stats, student)]
@@ -759,6 +888,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pretokenized", action="store_const", const=True, help="export.pretokenized (with a Student)"
     )
     parser.add_argument(
+        "--teacher-tokens",
+        action="store_const",
+        const=True,
+        help="export.teacher_tokens (a Student with the Teacher's vocabulary)",
+    )
+    parser.add_argument(
         "--tree-packed",
         action="store_const",
         const=True,
@@ -783,6 +918,7 @@ def cli_settings(args: argparse.Namespace) -> ExportSettings:
             ("refuse_native", args.refuse_native),
             ("special_text", args.special_text),
             ("pretokenized", args.pretokenized),
+            ("teacher_tokens", args.teacher_tokens),
             ("tree_packed", args.tree_packed),
             ("tree_max_tokens", args.tree_max_tokens),
             ("atif", args.atif),

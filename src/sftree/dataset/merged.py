@@ -85,11 +85,14 @@ def runs(
     records: Iterator[SchemaDoc],
     student: Student | None = None,
     unfit: Callable[[SchemaDoc, Unfit], None] | None = None,
+    ends: Callable[[SchemaDoc], bool] | None = None,
 ) -> Iterator[Run]:
     """Group step records into runs (see the module). Under the Student a run also ends before a step longer than
     `max_length`: that step (its record as long as the run would become) is dropped as in the step form, and the
     run's steps before it are kept. A step the Student's template cannot hold (Unfit) is given to `unfit` and
-    left out (the next step, whose prompt holds its message, starts a new run); under `fit: strict` it raises."""
+    left out (the next step, whose prompt holds its message, starts a new run); under `fit: strict` it raises.
+    `ends`: a step after which its run ends (`export.teacher_tokens`: one whose sampled ids are trained, which
+    later context cannot follow)."""
     run = Run()
     for rec in records:
         try:
@@ -108,5 +111,8 @@ def runs(
         run.records.append(rec)
         if turn is not None:
             run.turns.append(turn)
+        if ends is not None and ends(rec):
+            yield run
+            run = Run()
     if run.records:
         yield run

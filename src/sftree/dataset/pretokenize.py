@@ -151,15 +151,16 @@ def encode_span(
     return Turn(p.encode(span.prompt), whole)
 
 
-def pretokenize(student: Student, record: SchemaDoc) -> Pretokenized:
-    """`record` (any sftree form: step, path, merged) as the Student's `input_ids` and trained-token `mask`, data
-    text tokenized as plain text. A StudentError when a trained message's context renders differently once later
-    messages follow (its trained span would not be the one of its own step)."""
+def trained_spans(student: Student, record: SchemaDoc) -> tuple[list[int], list[tuple[int, int]]]:
+    """`record` (any sftree form: step, path, merged) as the Student's ids, data text tokenized as plain text, and
+    each trained message's tokens as `(start, end)` in them, in message order. A StudentError when a trained
+    message's context renders differently once later messages follow (its trained span would not be the one of
+    its own step)."""
     messages, trained = trained_indices(record)
     tools = record.get("tools") or []
     full = encode_messages(student, messages, tools, generation=False)
-    mask = [0] * len(full)
     rid = (record.get("metadata") or {}).get("id", "?")
+    spans: list[tuple[int, int]] = []
     for k in trained:
         turn = encode_span(student, messages[:k], messages[k], tools, rid)
         if full[: len(turn.whole)] != turn.whole:
@@ -167,6 +168,16 @@ def pretokenize(student: Student, record: SchemaDoc) -> Pretokenized:
                 f"chat template {student.template_name}: record {rid}: message {k} and its context render "
                 "differently once later messages follow"
             )
-        for i in range(turn.start, turn.start + turn.trained):
+        spans.append((turn.start, turn.start + turn.trained))
+    return full, spans
+
+
+def pretokenize(student: Student, record: SchemaDoc) -> Pretokenized:
+    """`record` (any sftree form: step, path, merged) as the Student's `input_ids` and trained-token `mask`, data
+    text tokenized as plain text (`trained_spans`)."""
+    full, spans = trained_spans(student, record)
+    mask = [0] * len(full)
+    for start, end in spans:
+        for i in range(start, end):
             mask[i] = 1
     return Pretokenized(full, mask)

@@ -10,7 +10,7 @@ from sftree.dataset.special_text import SpecialTextStats
 from sftree.dataset.student import StudentStats
 from sftree.dataset.tree_packed import TreeStats
 from sftree.errors import InputError
-from sftree.records.sft import EXCLUSION_REASONS, STATS_VERSION
+from sftree.records.sft import EXCLUSION_REASONS, STATS_VERSION, TEACHER_TOKEN_OUTCOMES
 from sftree.records.tree import SchemaDoc
 
 
@@ -43,6 +43,9 @@ class ExportStats:
     # replies on the selected paths by what their step records keep of the Teacher's tokens (`teacher.logprobs`):
     # kept, absent, misaligned, malformed, not_asked (dataset/export.py `logprobs_kind`)
     teacher_logprobs: Counter[str] = field(default_factory=Counter)
+    # `export.teacher_tokens`: trained messages by outcome (same, substituted, rendered, no_tokens, no_ids,
+    # misaligned: dataset/teacher_tokens.py); empty when off
+    teacher_tokens: Counter[str] = field(default_factory=Counter)
 
     def to_dict(self) -> SchemaDoc:
         return {
@@ -65,6 +68,9 @@ class ExportStats:
             "special_text": self.special_text.to_dict() if self.special_text else None,
             "pretokenized": self.pretokenized,
             "teacher_logprobs": dict(sorted(self.teacher_logprobs.items())),
+            "teacher_tokens": {
+                k: self.teacher_tokens[k] for k in TEACHER_TOKEN_OUTCOMES if self.teacher_tokens[k]
+            },
         }
 
     @classmethod
@@ -89,6 +95,7 @@ class ExportStats:
             special_text=SpecialTextStats.from_dict(d.get("special_text")),
             pretokenized=bool(d.get("pretokenized")),
             teacher_logprobs=Counter(d.get("teacher_logprobs") or {}),
+            teacher_tokens=Counter(d.get("teacher_tokens") or {}),
         )
 
     def add(self, other: ExportStats) -> None:
@@ -104,6 +111,7 @@ class ExportStats:
             (self.backends, other.backends),
             (self.turn_ends, other.turn_ends),
             (self.teacher_logprobs, other.teacher_logprobs),
+            (self.teacher_tokens, other.teacher_tokens),
         ):
             mine.update(theirs)
         self.tasks += [t for t in other.tasks if t not in self.tasks]

@@ -42,6 +42,7 @@ from typing import Any
 from sftree.dataset.pretokenize import Pretokenized, pretokenize
 from sftree.dataset.rendering import Student
 from sftree.records.tree_packed import (
+    TeacherColumn,
     TreeLine,
     iter_tree_lines,
     read_tree_stats,
@@ -59,6 +60,8 @@ class PathTokens:
     ids: tuple[int, ...]
     trained: tuple[bool, ...]
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    # export.teacher_tokens: the Teacher's column of each trained token, in order (dataset/teacher_tokens.py)
+    teacher: tuple[TeacherColumn, ...] | None = field(default=None, compare=False, hash=False)
 
     @property
     def n_trained(self) -> int:
@@ -69,11 +72,17 @@ class PathTokens:
         return self.meta.get("task")
 
     @classmethod
-    def of(cls, tokens: Pretokenized, meta: dict[str, Any]) -> PathTokens:
-        """A path record's tokens (`pretokenize`) and where it comes from (its metadata's ids)."""
+    def of(
+        cls, tokens: Pretokenized, meta: dict[str, Any], teacher: tuple[TeacherColumn, ...] | None = None
+    ) -> PathTokens:
+        """A path record's tokens (`pretokenize`, or `teacher_tokens` with its columns) and where it comes from
+        (its metadata's ids)."""
         keep = ("id", "task", "root", "path_ranks", "path_edges", "leaf")
         return cls(
-            tuple(tokens.input_ids), tuple(bool(m) for m in tokens.mask), {k: meta.get(k) for k in keep}
+            tuple(tokens.input_ids),
+            tuple(bool(m) for m in tokens.mask),
+            {k: meta.get(k) for k in keep},
+            teacher,
         )
 
 
@@ -118,6 +127,9 @@ class PackedTree:
     parent: list[int] = field(default_factory=list)
     position_ids: list[int] = field(default_factory=list)
     loss_weight: list[int] = field(default_factory=list)
+    # export.teacher_tokens: a trained node's Teacher column, from the first path that trains it with one (the
+    # paths through a node share its context, so a token they train is one reply's, with one distribution)
+    teacher: dict[int, TeacherColumn] = field(default_factory=dict)
 
     @classmethod
     def of(cls, paths: Iterable[PathTokens]) -> PackedTree:
@@ -126,6 +138,7 @@ class PackedTree:
         children: dict[tuple[int, int], int] = {}  # (parent index, token id) -> index
         for p in sorted(paths, key=lambda p: p.ids):
             at = -1
+            column = iter(p.teacher or ())
             for depth, (tok, trained) in enumerate(zip(p.ids, p.trained, strict=True)):
                 node = children.get((at, tok))
                 if node is None:
@@ -135,8 +148,19 @@ class PackedTree:
                     tree.position_ids.append(depth)
                     tree.loss_weight.append(0)
                 tree.loss_weight[node] += trained and depth > 0  # the first token is never predicted
+                if trained and p.teacher is not None:
+                    col = next(column)
+                    if node not in tree.teacher or tree.teacher[node][0] is None:
+                        tree.teacher[node] = col
                 at = node
         return tree
+
+    def teacher_columns(self, with_teacher: bool) -> tuple[TeacherColumn, ...] | None:
+        """The line's Teacher columns (`export.teacher_tokens`): one per trained node, in line order."""
+        if not with_teacher:
+            return None
+        none: TeacherColumn = (None, (), ())
+        return tuple(self.teacher.get(i, none) for i, w in enumerate(self.loss_weight) if w > 0)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -231,6 +255,7 @@ def pack_paths(paths: list[PathTokens], cap: int, task: str | None) -> tuple[lis
             tuple(tree.parent),
             tuple(tree.loss_weight),
             _part_meta(task, part, n, len(parts)),
+            tree.teacher_columns(any(p.teacher is not None for p in part)),
         )
         lines.append(line)
         stats.parts += 1

@@ -42,6 +42,9 @@ FIGURES_VERSION = 1
 # Why a step is never a trained completion (`dataset.messages.exclusion`), in the order the reasons are tested and
 # reported: the keys of the stats' `excluded`.
 EXCLUSION_REASONS = ("truncated", "text_tool_call", "malformed_arguments", "normalised")
+# What became of each trained message under `export.teacher_tokens` (dataset/teacher_tokens.py): the values of
+# `metadata.teacher_tokens` and the keys of the stats' `teacher_tokens`.
+TEACHER_TOKEN_OUTCOMES = ("same", "substituted", "rendered", "no_tokens", "no_ids", "misaligned")
 # The backend whose prompts are OpenCode's own context (`metadata.backend`); any other is flagged.
 OPENCODE = "opencode"
 
@@ -137,6 +140,7 @@ class RecordMeta(PathScores):
     steps: tuple[str, ...] = ()  # merged form: the ids of the steps trained, in that order
     student_tokens: TokenCounts | None = None  # under the Student (export.student)
     untrained_duplicates: tuple[str, ...] | None = None  # merged form, export.dedupe: the steps untrained
+    teacher_tokens: tuple[str, ...] | None = None  # export.teacher_tokens: each trained message's outcome
 
     @classmethod
     def from_doc(cls, d: Any, where: str) -> RecordMeta:
@@ -145,6 +149,7 @@ class RecordMeta(PathScores):
         merged = granularity == "merged"
         student = f.opt("student_tokens", is_object, "an object")
         untrained = f.opt("untrained_duplicates", is_strs, "a list of strings")
+        teacher = f.opt("teacher_tokens", _is_outcomes, f"a list of {', '.join(TEACHER_TOKEN_OUTCOMES)}")
         cut = f.get("cut", optional(is_object), "an object or null") if granularity == "path" else None
         return cls(
             task=f.get("task", is_str, "a string"),
@@ -182,6 +187,7 @@ class RecordMeta(PathScores):
             steps=tuple(f.get("steps", is_strs, "a list of strings")) if merged else (),
             student_tokens=None if student is None else TokenCounts.from_doc(student, f.at("student_tokens")),
             untrained_duplicates=None if untrained is None else tuple(untrained),
+            teacher_tokens=None if teacher is None else tuple(teacher),
         )
 
     def to_doc(self) -> SchemaDoc:
@@ -226,28 +232,86 @@ class RecordMeta(PathScores):
             doc["student_tokens"] = self.student_tokens.to_doc()
         if self.untrained_duplicates is not None:
             doc["untrained_duplicates"] = list(self.untrained_duplicates)
+        if self.teacher_tokens is not None:
+            doc["teacher_tokens"] = list(self.teacher_tokens)
         return doc
 
 
 @dataclass(frozen=True)
+class TeacherColumns:
+    """`export.teacher_tokens`: the Teacher's logprob of each trained token (None where it sampled no such token)
+    and its top-K ids and logprobs (empty there), aligned with the trained tokens (`completion_mask`'s ones) in
+    order (dataset/teacher_tokens.py)."""
+
+    logprobs: tuple[float | None, ...]
+    top_ids: tuple[tuple[int, ...], ...]
+    top_logprobs: tuple[tuple[float, ...], ...]
+
+    def to_doc(self) -> SchemaDoc:
+        return {
+            "teacher_logprobs": list(self.logprobs),
+            "teacher_top_ids": [list(x) for x in self.top_ids],
+            "teacher_top_logprobs": [list(x) for x in self.top_logprobs],
+        }
+
+
+def _is_logprobs(x: Any) -> bool:
+    return isinstance(x, list) and all(v is None or is_num(v) for v in x)
+
+
+def _is_num_lists(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(v, list) and all(is_num(n) for n in v) for v in x)
+
+
+def _is_int_lists(x: Any) -> bool:
+    return isinstance(x, list) and all(is_ints(v) for v in x)
+
+
+@dataclass(frozen=True)
 class Tokens:
-    """`export.pretokenized`: the record's ids under the Student and 1 on each trained token (TRL reads them)."""
+    """`export.pretokenized`: the record's ids under the Student and 1 on each trained token (TRL reads them);
+    with `export.teacher_tokens` the Teacher's columns over the trained tokens."""
 
     input_ids: tuple[int, ...]
     completion_mask: tuple[int, ...]
+    teacher: TeacherColumns | None = None
 
     @classmethod
     def from_doc(cls, f: Fields) -> Tokens | None:
         ids = f.opt("input_ids", is_ints, "a list of integers")
         mask = f.opt("completion_mask", is_ints, "a list of integers")
+        lps = f.opt("teacher_logprobs", _is_logprobs, "a list of numbers or nulls")
+        top_ids = f.opt("teacher_top_ids", _is_int_lists, "a list of lists of integers")
+        top_lps = f.opt("teacher_top_logprobs", _is_num_lists, "a list of lists of numbers")
         if ids is None and mask is None:
+            if (lps, top_ids, top_lps) != (None, None, None):
+                raise InputError(f"{f.where}: teacher_* columns without input_ids")
             return None
         if ids is None or mask is None or len(ids) != len(mask):
             raise InputError(f"{f.where}: input_ids and completion_mask go together, of one length")
-        return cls(tuple(ids), tuple(mask))
+        if (lps, top_ids, top_lps) == (None, None, None):
+            return cls(tuple(ids), tuple(mask))
+        n = sum(mask)
+        if (
+            lps is None
+            or top_ids is None
+            or top_lps is None
+            or not len(lps) == len(top_ids) == len(top_lps) == n
+        ):
+            raise InputError(
+                f"{f.where}: teacher_logprobs, teacher_top_ids and teacher_top_logprobs go together, one entry "
+                f"per trained token ({n})"
+            )
+        if any(len(a) != len(b) for a, b in zip(top_ids, top_lps, strict=True)):
+            raise InputError(
+                f"{f.where}: teacher_top_ids and teacher_top_logprobs differ in length at a token"
+            )
+        columns = TeacherColumns(tuple(lps), tuple(map(tuple, top_ids)), tuple(map(tuple, top_lps)))
+        return cls(tuple(ids), tuple(mask), columns)
 
     def to_doc(self) -> SchemaDoc:
-        return {"input_ids": list(self.input_ids), "completion_mask": list(self.completion_mask)}
+        doc: SchemaDoc = {"input_ids": list(self.input_ids), "completion_mask": list(self.completion_mask)}
+        return doc | (self.teacher.to_doc() if self.teacher else {})
 
 
 @dataclass(frozen=True)
@@ -315,6 +379,10 @@ class MergedRecord:
 
 
 SftRecord = StepRecord | PathRecord | MergedRecord
+
+
+def _is_outcomes(x: Any) -> bool:
+    return is_strs(x) and all(v in TEACHER_TOKEN_OUTCOMES for v in x)
 
 
 def record_from_doc(doc: Any, where: str) -> SftRecord:

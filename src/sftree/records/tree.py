@@ -293,8 +293,8 @@ class Edge:
 @dataclass(frozen=True)
 class Tree:
     """A finished (or, read unchecked, a partial) tree as its readers see it: select-paths, export, the report
-    and the trust figures. Open-ended records (`params`, `counters`, `teacher`, `coral`, `in_flight`) stay the
-    JSON objects they are written as."""
+    and the trust figures. Open-ended records (`params`, `counters`, `teacher`, `coral`, `teacher_vocab`,
+    `in_flight`) stay the JSON objects they are written as."""
 
     version: int
     task: str | None
@@ -314,6 +314,7 @@ class Tree:
     teacher: SchemaDoc | None = None
     backend: str | None = None
     coral: SchemaDoc | None = None
+    teacher_vocab: SchemaDoc | None = None  # {"sha256", "size", "source"}: the Teacher's, when known
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any], source: str = "tree") -> Tree:
@@ -343,6 +344,7 @@ class Tree:
             teacher=doc.get("teacher"),
             backend=doc.get("backend"),
             coral=doc.get("coral"),
+            teacher_vocab=doc.get("teacher_vocab"),
         )
 
     def node(self, node_id: str | None) -> Node | None:

@@ -23,6 +23,10 @@ TREE_NAME = (
 )
 STATS_VERSION = 1
 TOKEN_FIELDS = ("input_ids", "position_ids", "parent", "loss_weight")  # one entry per token, in this order
+# `export.teacher_tokens`: one entry per trained token (loss weight > 0), in line order
+TEACHER_FIELDS = ("teacher_logprobs", "teacher_top_ids", "teacher_top_logprobs")
+# the Teacher's logprob of a trained token (None where it sampled none), its top-K ids and their logprobs
+TeacherColumn = tuple[float | None, tuple[int, ...], tuple[float, ...]]
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,9 @@ class TreeLine:
     parent: tuple[int, ...]
     loss_weight: tuple[int, ...]
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    teacher: tuple[TeacherColumn, ...] | None = (
+        None  # export.teacher_tokens: per trained token, in line order
+    )
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -52,7 +59,14 @@ class TreeLine:
 
     def to_dict(self) -> dict[str, Any]:
         """The line as written (its fields in the documented order)."""
-        return {k: list(getattr(self, k)) for k in TOKEN_FIELDS} | {"metadata": self.metadata}
+        doc = {k: list(getattr(self, k)) for k in TOKEN_FIELDS}
+        if self.teacher is not None:
+            doc |= {
+                "teacher_logprobs": [c[0] for c in self.teacher],
+                "teacher_top_ids": [list(c[1]) for c in self.teacher],
+                "teacher_top_logprobs": [list(c[2]) for c in self.teacher],
+            }
+        return doc | {"metadata": self.metadata}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TreeLine:
@@ -61,7 +75,11 @@ class TreeLine:
         if problem:
             raise ValueError(problem)
         ids, positions, parents, weights = (tuple(d[k]) for k in TOKEN_FIELDS)
-        return cls(ids, positions, parents, weights, dict(d.get("metadata") or {}))
+        teacher = None
+        if "teacher_logprobs" in d:
+            cols = zip(*(d[k] for k in TEACHER_FIELDS), strict=True)
+            teacher = tuple((lp, tuple(ids_), tuple(lps)) for lp, ids_, lps in cols)
+        return cls(ids, positions, parents, weights, dict(d.get("metadata") or {}), teacher)
 
 
 def _is_int(x: Any) -> bool:
@@ -92,6 +110,26 @@ def line_problem(line: Any) -> str | None:
         if not _is_int(w) or w < 0 or (par < 0 and w):
             return f"token {i}: loss weight {w!r} (a branch's first token is never predicted)"
         seen.add((par, tok))
+    return _teacher_problem(line)
+
+
+def _teacher_problem(line: dict[str, Any]) -> str | None:
+    """The Teacher's columns (`export.teacher_tokens`): all three or none, one entry per trained token."""
+    present = [k for k in TEACHER_FIELDS if k in line]
+    if not present:
+        return None
+    if len(present) != len(TEACHER_FIELDS) or any(not isinstance(line[k], list) for k in TEACHER_FIELDS):
+        return f"the lists {', '.join(TEACHER_FIELDS)} go together"
+    n = sum(w > 0 for w in line["loss_weight"])
+    if any(len(line[k]) != n for k in TEACHER_FIELDS):
+        return f"{', '.join(TEACHER_FIELDS)}: one entry per trained token ({n})"
+    for i, (lp, ids, lps) in enumerate(zip(*(line[k] for k in TEACHER_FIELDS), strict=True)):
+        if lp is not None and not (isinstance(lp, int | float) and not isinstance(lp, bool) and lp <= 0):
+            return f"trained token {i}: teacher logprob {lp!r} is not a number <= 0 or null"
+        if not isinstance(ids, list) or not isinstance(lps, list) or len(ids) != len(lps):
+            return f"trained token {i}: teacher top ids and logprobs are not two lists of one length"
+        if not all(_is_int(t) and t >= 0 for t in ids):
+            return f"trained token {i}: a teacher top id is not a non-negative integer"
     return None
 
 

@@ -27,6 +27,7 @@ from sftree.runtime import remove, tempdirs
 from sftree.search import mcts
 from sftree.search import tree as treemod
 from sftree.settings import SearchSettings, Settings, load_settings
+from sftree.teacher.vocabulary import Vocabulary, read_teacher_vocab
 from sftree.world.task import task_config
 
 log = logging.getLogger(__name__)
@@ -196,6 +197,26 @@ def record_backend(previous: str | None, current: str | None) -> str | None:
     return current or previous
 
 
+def record_teacher_vocab(
+    previous: JSONObject | None, current: Vocabulary | None, tree_file: Path
+) -> JSONObject | None:
+    """tree.json `teacher_vocab` after a run whose Teacher has the vocabulary `current` (None: not known this run,
+    the tree keeps what it recorded). A tree begun under another vocabulary stops the run: the ids sampled under two
+    vocabularies cannot be one tree's (the export reads them all as the one recorded)."""
+    if current is None:
+        return previous
+    if previous is None:
+        return current.to_doc()
+    if previous.get("sha256") != current.sha256:
+        raise InputError(
+            f"{tree_file}: the tree was grown with the Teacher vocabulary of {previous.get('source')} (sha256 "
+            f"{previous.get('sha256')}), this run's Teacher has that of {current.source} (sha256 {current.sha256}): "
+            "token ids sampled under two vocabularies cannot be one tree's; resume with the tree's tokenizer "
+            "(teacher.tokenizer, teacher.launch.model), or remove the tree folder to grow it afresh"
+        )
+    return previous  # the same vocabulary: the tree keeps where it was first read
+
+
 def _grow(
     tree: treemod.Tree | None,
     live: treemod.LiveTree,
@@ -204,12 +225,16 @@ def _grow(
     info: RootInfo,
     params: SearchSettings,
     console: ConsoleLines,
+    vocab: Vocabulary | None,
 ) -> treemod.Tree:
-    """Create or continue the tree with the edge runtime until a stop rule holds."""
+    """Create or continue the tree with the edge runtime until a stop rule holds; `vocab` is the Teacher's
+    vocabulary this run (`read_teacher_vocab`, read by preflight)."""
     from sftree.runtime.workspace import NodeState
     from sftree.search.edge import EdgeContext, run_edge
     from sftree.search.result import EdgeResult
 
+    # checked before the Teacher starts: a resumed tree of another vocabulary stops here
+    teacher_vocab = record_teacher_vocab(tree.teacher_vocab if tree else None, vocab, live.snapshot_path)
     ctx = EdgeContext.create(live.dir, root_dir, settings, info.task_cfg)
     try:
         ctx.store.cleanup_stale(keep=set())  # nothing runs yet: every worktree is a leftover
@@ -225,6 +250,7 @@ def _grow(
         tree.coral = {"mode": ctx.world.kind, **ctx.world.describe()}  # the dataset card and report show it
         if ctx.agent.student_model:  # OpenCode's prompt and tools were built for this id
             tree.coral["student_model"] = ctx.agent.student_model
+        tree.teacher_vocab = teacher_vocab  # the export checks the Student against it (export.teacher_tokens)
         if tree.sandbox == "none":
             log.warning("agent.sandbox is none: the Teacher's commands and the graded code run unconfined")
         live.save(tree)
@@ -287,9 +313,10 @@ def check_out(out: Path, flag: str = "--out") -> None:
             return
 
 
-def preflight(args: argparse.Namespace) -> tuple[Settings, Path, Path, RootInfo]:
+def preflight(args: argparse.Namespace) -> tuple[Settings, Path, Path, RootInfo, Vocabulary | None]:
     """Everything that can be checked before the first write: config, root, out, prompt templates, teacher-sim
-    options. A bad input fails here, so it leaves no output folder behind."""
+    options, the Teacher's tokenizer (its vocabulary, read once per job). A bad input fails here, so it leaves no
+    output folder behind."""
     settings = load_settings(args.config)
     root_dir, out = _resolve(args.root, "--root"), _resolve(args.out, "--out")
     if not root_dir.is_dir():
@@ -307,11 +334,13 @@ def preflight(args: argparse.Namespace) -> tuple[Settings, Path, Path, RootInfo]
 
         # script file, fault rates, latency tail: the same checks the server makes
         make_state(**settings.teacher.sim)
-    return settings, root_dir, out, info
+    # the Teacher's vocabulary for tree.json `teacher_vocab`: a bad teacher.tokenizer fails here
+    vocab = read_teacher_vocab(settings.teacher)
+    return settings, root_dir, out, info, vocab
 
 
 def run(args: argparse.Namespace) -> int:
-    settings, root_dir, out, info = preflight(args)
+    settings, root_dir, out, info, vocab = preflight(args)
     params = settings.search
     live, final = treemod.LiveTree(out), final_path(out)
     stream = _progress_stream(getattr(args, "progress_fd", None))  # a bad fd fails before anything is made
@@ -336,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
             stale = tempdirs.sweep(TEMP_PREFIXES)
             if stale:
                 log.info("removed %d temporary folder(s) of killed runs: %s", len(stale), ", ".join(stale))
-            return _explore(out, root_dir, settings, info, params, console)
+            return _explore(out, root_dir, settings, info, params, console, vocab)
     except BaseException:
         if created is not None and not live.exists() and not final.exists():
             # failed before the tree's first state was saved (Teacher not reachable, ...): nothing to resume
@@ -357,6 +386,7 @@ def _explore(
     info: RootInfo,
     params: SearchSettings,
     console: ConsoleLines,
+    vocab: Vocabulary | None,
 ) -> int:
     live, final = treemod.LiveTree(out), final_path(out)
     tree = _resume(live, out, root_dir.name, info.task, params) if live.exists() else None
@@ -366,7 +396,7 @@ def _explore(
             remove.quietly(out / name)  # work/: what agents wrote, of any shape (runtime/remove.py)
     if tree is None or tree.status != "finished":
         # (a tree killed after it finished needs no Teacher: it is only written out)
-        tree = _grow(tree, live, root_dir, settings, info, params, console)
+        tree = _grow(tree, live, root_dir, settings, info, params, console, vocab)
     treemod.save(tree, final)
     _tree_progress(console, tree)
     live.remove()

@@ -77,6 +77,8 @@ class Tree:
     coral: JSONObject | None = (
         None  # the Teacher's world: {"mode": coral | stand-in, ...} (sftree.world.World.describe)
     )
+    # the Teacher's vocabulary: {"sha256", "size", "source"} (teacher/vocabulary.py), None when not known
+    teacher_vocab: JSONObject | None = None
     _index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)  # node id -> its place
     _edge_index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     # the nodes and edges added or replaced since the last live save (LiveTree.save appends those)
@@ -210,6 +212,7 @@ class Tree:
             "teacher": self.teacher,
             "backend": self.backend,
             "coral": self.coral,
+            "teacher_vocab": self.teacher_vocab,
             "nodes": [asdict(n) for n in self.nodes],
             "edges": [edge_doc(e) for e in self.edges],
         }
@@ -234,6 +237,7 @@ class Tree:
             teacher=obj.get("teacher"),
             backend=obj.get("backend"),
             coral=obj.get("coral"),
+            teacher_vocab=obj.get("teacher_vocab"),
         )
         for n in obj["nodes"]:
             tree.add_node(Node(**_fields_of(Node, n)))
@@ -284,6 +288,9 @@ def load(path: str | Path) -> Tree:
 # --- the live tree: a snapshot plus an append-only log ---------------------------------------------------
 
 SNAPSHOT_MIN = 64  # log lines before a snapshot is due (at least; see LiveTree)
+# The tree's own fields a log line carries: those that change while it grows. `sandbox`, `backend`, `coral` and
+# `teacher_vocab` are set once per run, before its first save, which is always a snapshot (a new LiveTree has no
+# log open), so the snapshot carries them.
 _HEADER = ("status", "stop_reason", "next_edge", "in_flight", "updated_at", "teacher")
 
 

@@ -34,6 +34,13 @@ DEFAULT_MODEL = TOOLS_DIR / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_TEMPLATE = TOOLS_DIR / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
 
 
+def repo_path(value: str | Path) -> Path:
+    """A configured path: `~` expanded, a relative one taken from the repository root (`teacher.launch`'s paths,
+    `teacher.tokenizer`)."""
+    p = Path(os.path.expanduser(str(value)))
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
 @dataclass
 class LaunchSpec:
     """What `teacher.launch` asks for (paths relative to the repository root when not absolute)."""
@@ -54,10 +61,7 @@ class LaunchSpec:
 
         def path(key: str, default: Path | None) -> Path | None:
             v = cfg.get(key, default)
-            if v is None:
-                return None
-            p = Path(os.path.expanduser(str(v)))
-            return p if p.is_absolute() else REPO_ROOT / p
+            return None if v is None else repo_path(v)
 
         def required(key: str, default: Path) -> Path:  # the schema has no null for these
             return path(key, default) or default
