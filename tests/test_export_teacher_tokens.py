@@ -18,6 +18,7 @@ from test_export_student import paths_of
 
 from sftree.dataset.card import same_tokenizer_lines
 from sftree.dataset.export import export_settings, export_task, iter_task_records
+from sftree.dataset.merge import merge
 from sftree.dataset.stats import ExportStats
 from sftree.dataset.student import load_student
 from sftree.dataset.teacher_tokens import _Vocab, teacher_span
@@ -348,3 +349,24 @@ def test_the_exported_columns_feed_the_distillation_loss_in_the_trainer(tree, st
         (got["alpha0"] + got["alpha1"]) / 2, rel=1e-5
     )
     assert got["grad_norm"] > 0 and got["top_ids_are_the_records"]
+
+
+def test_dedupe_at_merge_keeps_the_teacher_columns_on_the_tokens_still_trained(tree, student, tmp_path):
+    plant(tree, student)
+    records, _ = export_task(
+        [paths_of(tree)], "merged", student=student, pretokenized=True, teacher_tokens=True
+    )
+    src = tmp_path / "m.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "out.jsonl"
+    stats = merge([str(src)], str(out), None, None, dedupe=True)
+    assert stats.untrained > 0
+    before = {r["metadata"]["id"]: r for r in records}
+    for r in map(json.loads, out.read_text().splitlines()):
+        record_from_doc(r, "merged")  # the columns fit the trained tokens
+        assert len(r["metadata"]["teacher_tokens"]) == len(r["metadata"]["trained"])
+        was = before[r["metadata"]["id"]]
+        kept = [j for j, i in enumerate(k for k, m in enumerate(was["completion_mask"]) if m)
+                if r["completion_mask"][i]]  # fmt: skip
+        assert r["teacher_top_ids"] == [was["teacher_top_ids"][j] for j in kept]
+        assert r["teacher_logprobs"] == [was["teacher_logprobs"][j] for j in kept]

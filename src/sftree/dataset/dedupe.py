@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from sftree.records.sft import MergedRecord, SftRecord, Tokens, message_target
+from sftree.records.sft import MergedRecord, SftRecord, TeacherColumns, Tokens, message_target
 
 
 @dataclass
@@ -59,11 +59,15 @@ def untrain(rec: MergedRecord, which: list[int]) -> MergedRecord:
     """A merged record with its `which`-th trained messages untrained (see the module)."""
     meta = rec.metadata
     trained = tuple(t for i, t in enumerate(meta.trained) if i not in which)
+    outcomes = meta.teacher_tokens
     meta = dataclasses.replace(
         meta,
         untrained_duplicates=tuple(meta.steps[i] for i in which),
         trained=trained,
         steps=tuple(s for i, s in enumerate(meta.steps) if i not in which),
+        teacher_tokens=None
+        if outcomes is None
+        else tuple(o for i, o in enumerate(outcomes) if i not in which),
     )
     tokens = rec.tokens
     if tokens is not None:
@@ -73,13 +77,27 @@ def untrain(rec: MergedRecord, which: list[int]) -> MergedRecord:
             for i in which:
                 a, b = spans[i]
                 mask[a:b] = [0] * (b - a)
-            tokens = Tokens(tokens.input_ids, tuple(mask))
+            tokens = Tokens(tokens.input_ids, tuple(mask), _kept_columns(tokens, mask))
             if meta.student_tokens is not None:
                 counts = dataclasses.replace(
                     meta.student_tokens, completion_tokens=sum(mask), prompt_tokens=len(mask) - sum(mask)
                 )
                 meta = dataclasses.replace(meta, student_tokens=counts)
     return dataclasses.replace(rec, metadata=meta, tokens=tokens)
+
+
+def _kept_columns(tokens: Tokens, mask: list[int]) -> TeacherColumns | None:
+    """The Teacher's columns (`export.teacher_tokens`, one entry per trained token) of the tokens still trained."""
+    cols = tokens.teacher
+    if cols is None:
+        return None
+    was = [i for i, m in enumerate(tokens.completion_mask) if m]
+    keep = [j for j, i in enumerate(was) if mask[i]]
+    return TeacherColumns(
+        tuple(cols.logprobs[j] for j in keep),
+        tuple(cols.top_ids[j] for j in keep),
+        tuple(cols.top_logprobs[j] for j in keep),
+    )
 
 
 def _runs(mask: list[int]) -> list[tuple[int, int]]:
