@@ -50,7 +50,8 @@ def demo(tmp_path_factory, example_snapshots_dir):
 @pytest.mark.slow
 def test_demo_writes_one_atif_trajectory_per_selected_path(demo):
     """sft.atif.jsonl (export.atif), per task and merged: one trajectory per selected path, valid under the atif
-    package's own models, OpenCode's sessions with each message once (no copied context)."""
+    package's own models, OpenCode's sessions with each message once (no copied context), each model call with
+    the Teacher's sampled token ids and logprobs (the demo's `teacher.logprobs: 5`, through OpenCode's proxy)."""
     tmp_path, _, res = demo
     assert res.returncode == 0, res.stderr[-4000:]
     results = tmp_path / "results"
@@ -72,6 +73,11 @@ def test_demo_writes_one_atif_trajectory_per_selected_path(demo):
     copied = [(t.trajectory_id, s.step_id) for t in trajectories for s in t.steps if s.is_copied_context]
     assert not copied, f"steps repeated as copied context (a session's history rewritten): {copied}"
     assert all(any(s.source == "agent" for s in t.steps) for t in trajectories)
+    # teacher.logprobs: 5 (the demo's): every model call's step carries the sampled ids and their logprobs, aligned
+    calls = [s for t in trajectories for s in t.steps if s.source == "agent" and not s.is_copied_context]
+    assert calls and all(s.metrics and s.metrics.completion_token_ids and s.metrics.logprobs for s in calls)
+    assert all(len(s.metrics.completion_token_ids) == len(s.metrics.logprobs) for s in calls)
+    assert all(len(s.metrics.extra["top_ids"][0]) == 5 for s in calls)
 
 
 def demo_student() -> Path:
