@@ -303,6 +303,7 @@ def export_tree(
     if task and task not in stats.tasks:
         stats.tasks.append(task)
     export = _TreeExport(ctx, stats, refuse_native, student, text or TextRule.of(student))
+    export.sampled.by_message = granularity == "path" or tree is not None  # a path's history is looked up
     side = export.tree_side() if tree is not None else None
     if granularity == "path":
         yield from export.path_records(selected)
@@ -359,7 +360,8 @@ class _TreeExport:
                 for s in self.cache[edge_id]:
                     if _answered(s):
                         self.stats.teacher_logprobs[logprobs_kind(s)] += 1
-                        self.sampled.remember(s)
+                        if self.text.teacher_tokens:
+                            self.sampled.remember(s)
                     why = exclusion(s) if _answered(s) else None
                     if why:
                         self.stats.excluded[why] += 1
@@ -394,7 +396,8 @@ class _TreeExport:
         rec["metadata"]["id"] = (
             f"{meta['task']}/{meta['root']}/{edge_id}/t{step.get('turn')}s{step.get('step')}"
         )
-        self.sampled.of_record[rec["metadata"]["id"]] = step.get("logprobs")
+        if self.text.teacher_tokens:
+            self.sampled.of_record[rec["metadata"]["id"]] = step.get("logprobs")
         if meta.get("granularity") == "path":
             rec["metadata"]["cut"] = meta.get("cut")
         return rec if self.valid(rec) and self.text_ok(rec) else None
@@ -433,9 +436,10 @@ class _TreeExport:
         if self.refuse_native and backend != OPENCODE:
             stats.refused[backend] += 1
             return
-        sampled = (
-            self.sampled_for(rec) if self.text.teacher_tokens else None
-        )  # looked up as recorded: unfitted
+        sampled = None
+        if self.text.teacher_tokens:
+            sampled = self.sampled_for(rec)  # looked up as recorded: unfitted
+            self.sampled.forget(rec["metadata"])
         if self.student is not None:
             if not under_student(rec, self.student, stats, measured):
                 return
@@ -665,16 +669,23 @@ class SampledTokens:
     AMBIGUOUS: TokenLogprobs = {"k": 0, "logprobs": [], "top_logprobs": []}
 
     def __init__(self) -> None:
+        # a record's own replies, from when its step is built until it is emitted (`forget`)
         self.of_record: dict[str, TokenLogprobs | None] = {}
         self.of_message: dict[str, TokenLogprobs] = {}
+        self.by_message = False  # path records (path form, tree form) look their history's replies up
 
     def remember(self, step: Step) -> None:
         lp = step.get("logprobs")  # a TokenLogprobs where kept (teacher/logprobs.py wrote it)
-        if isinstance(lp, dict):
+        if self.by_message and isinstance(lp, dict):
             key = message_key(step["response"])
             seen = self.of_message.setdefault(key, cast(TokenLogprobs, lp))
             if seen != lp:
                 self.of_message[key] = self.AMBIGUOUS
+
+    def forget(self, meta: SchemaDoc) -> None:
+        """The record's own replies are looked up once it is emitted: the step form's memory stays one edge's."""
+        for rid in meta.get("steps") or [meta["id"]]:
+            self.of_record.pop(rid, None)
 
     def get(self, record_id: str | None, message: Message) -> TokenLogprobs | None:
         if record_id is not None and record_id in self.of_record:
