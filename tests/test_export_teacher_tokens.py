@@ -7,6 +7,7 @@ template); the hand-written tree's steps get, as their `logprobs`, the ids a Tea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from test_export_student import paths_of
 
 from sftree.dataset.card import same_tokenizer_lines
 from sftree.dataset.export import export_settings, export_task, iter_task_records
+from sftree.dataset.fit import Fit
 from sftree.dataset.merge import merge
 from sftree.dataset.stats import ExportStats
 from sftree.dataset.student import load_student
@@ -292,13 +294,18 @@ def test_the_teacher_span_is_the_sampled_ids_closed_by_the_renders_turn_end(stud
 
     span = teacher_span(render, lp([a, c, close, end]), v)
     assert span.ids == [a, c, close, end, nl]
-    assert span.logprobs == [-0.1, -0.2, -0.3, -0.4, None] and span.top_ids == [[a], [c], [close], [end], []]
+    assert span.logprobs == [-0.1, -0.2, -0.3, -0.4, None]
+    assert list(map(list, span.top_ids)) == [[a], [c], [close], [end], []]
     span = teacher_span(render, lp([a, c, close]), v)
     assert span.ids == [a, c, close, end, nl] and span.logprobs == [-0.1, -0.2, -0.3, None, None]
     span = teacher_span(render, lp([a, c, eot]), v)
     assert span.ids == [a, c, close, end, nl] and span.logprobs == [-0.1, -0.2, None, None, None]
     assert teacher_span(render, lp([a, c]), v).ids == [a, c, close, end, nl]
     assert teacher_span(render, lp([a, b, close, end]), v).ids == render
+    # a reply ending in a whitespace token, no stop listed: the whole turn end still follows
+    assert teacher_span(render, lp([a, c, nl]), v).ids == [a, c, nl, close, end, nl]
+    # a turn end with no added token: a sampled stop the template does not write is left out
+    assert teacher_span([a, b, nl], lp([a, c, eot]), v).ids == [a, c]
 
 
 def tree_form(tree: Path, student) -> tuple[list, object]:
@@ -311,18 +318,31 @@ def tree_form(tree: Path, student) -> tuple[list, object]:
 
 def test_the_tree_forms_trained_tokens_carry_the_teachers_columns(tree, student):
     plant(tree, student, split_one(student, "/e1/t1s1"))
-    (line,), _ = tree_form(tree, student)
+    (line,), stats = tree_form(tree, student)
     doc = line.to_dict()
-    assert line_problem(doc) is None and TreeLine.from_dict(doc) == line
+    assert line_problem(doc) is None and TreeLine.from_dict(doc).to_dict() == doc
     trained = [i for i, w in enumerate(line.loss_weight) if w > 0]
     assert len(doc["teacher_logprobs"]) == len(trained) == len(doc["teacher_top_ids"])
     # a trained token with a Teacher logprob is the Teacher's sampled id there, its top-1 in the planted columns
     with_lp = [(line.input_ids[i], top) for i, lp, top in zip(trained, doc["teacher_logprobs"],
                                                               doc["teacher_top_ids"], strict=True) if lp is not None]  # fmt: skip
     assert with_lp and all(top == [tid, 0] for tid, top in with_lp)
-    # e1's first reply is rendered otherwise and later turns follow it on every path: trained as the render, no
-    # logprobs; the other replies are the same as sampled, so all but one token per reply (the `\n`) have them
-    assert doc["teacher_logprobs"].count(None) > 0
+    # e1's first reply is rendered otherwise and later turns follow it on every path: trained as the render, with
+    # no Teacher columns; every other reply is the same as sampled: its tokens all carry them but the `\n` after
+    # <|im_end|>. The trie holds e1's first reply once.
+    paths = doc["metadata"]["paths"]
+    assert all(
+        p["teacher_tokens"][0] == "rendered" and set(p["teacher_tokens"][1:]) == {"same"} for p in paths
+    )
+    same = sum(len(p["teacher_tokens"]) - 1 for p in paths)
+    assert stats.teacher_tokens == {"rendered": len(paths), "same": same}
+    n = next(
+        k for k, t in enumerate(trained) if t != trained[0] + k
+    )  # the first reply: the first trained run
+    assert doc["teacher_logprobs"][:n] == [None] * n and doc["teacher_top_ids"][:n] == [[]] * n
+    nl = student.tokenizer.encode("\n").ids[0]  # after it, only the template's `\n` has no logprob
+    assert all(line.input_ids[t] == nl for t, lp in zip(trained[n:], doc["teacher_logprobs"][n:], strict=True)
+               if lp is None)  # fmt: skip
     broken = dict(doc, teacher_logprobs=doc["teacher_logprobs"][:-1])
     assert "one entry per trained token" in line_problem(broken)
 
@@ -370,3 +390,31 @@ def test_dedupe_at_merge_keeps_the_teacher_columns_on_the_tokens_still_trained(t
                 if r["completion_mask"][i]]  # fmt: skip
         assert r["teacher_top_ids"] == [was["teacher_top_ids"][j] for j in kept]
         assert r["teacher_logprobs"] == [was["teacher_logprobs"][j] for j in kept]
+
+
+def test_a_reply_the_students_fit_changed_keeps_its_render(tree, student):
+    """`call_only` (a template that renders no text beside a call) empties the text of the even steps' replies,
+    which the sampled ids hold: those keep the render, marked; the others are the same as sampled."""
+    plant(tree, student)
+    call_only = dataclasses.replace(student, fit=Fit.of({"call_only"}))
+    records, stats = export_task(
+        [paths_of(tree)], "step", student=call_only, pretokenized=True, teacher_tokens=True
+    )
+    by_step = {r["metadata"]["step"]: r["metadata"]["teacher_tokens"] for r in records}
+    assert by_step == {1: ["same"], 2: ["rendered"]}
+    for r in records:
+        text = student.tokenizer.decode(
+            [i for i, m in zip(r["input_ids"], r["completion_mask"], strict=True) if m]
+        )
+        assert "step 2" not in text  # what the fit left out is never trained
+    assert stats.teacher_tokens["rendered"] == sum(r["metadata"]["step"] == 2 for r in records)
+
+
+def test_a_substitution_past_max_length_keeps_the_render(tree, student):
+    plant(tree, student, split_one(student, "/e1/t1s1"))
+    plain, _ = export_task([paths_of(tree)], "step", student=student, pretokenized=True)
+    (was,) = [r for r in plain if r["metadata"]["id"].endswith("/e1/t1s1")]
+    short = dataclasses.replace(student, max_length=len(was["input_ids"]))
+    records, _ = export_task([paths_of(tree)], "step", student=short, pretokenized=True, teacher_tokens=True)
+    (rec,) = [r for r in records if r["metadata"]["id"].endswith("/e1/t1s1")]
+    assert rec["metadata"]["teacher_tokens"] == ["rendered"] and rec["input_ids"] == was["input_ids"]

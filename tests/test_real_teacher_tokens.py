@@ -47,6 +47,7 @@ def test_a_real_teachers_replies_train_exactly_its_sampled_ids(tmp_path):
     tree = treemod.load(out / "tree.json")
     assert tree.teacher_vocab is not None
     assert tree.teacher_vocab["sha256"] == vocabulary_sha256(student.tokenizer)
+    end, newline = student.tokenizer.token_to_id("<|im_end|>"), student.tokenizer.encode("\n").ids[0]
     outcomes: Counter[str] = Counter()
     checked = 0
     meta = {"granularity": "step", "id": "real"}
@@ -68,8 +69,11 @@ def test_a_real_teachers_replies_train_exactly_its_sampled_ids(tmp_path):
             trained = [i for i, m in zip(rec["input_ids"], rec["completion_mask"], strict=True) if m]
             ids = lp["ids"]
             assert trained[: len(ids)] == ids  # the sampled ids, every one
-            tail = trained[len(ids) :]
-            assert len(tail) <= 2 and all(student.tokenizer.decode([t]).strip() == "" for t in tail)
+            tail = trained[
+                len(ids) :
+            ]  # the template's turn end after the sampled stop (or with it, when unlisted)
+            assert (ids + tail)[-2:] == [end, newline] or (ids + tail)[-1] == end, (ids[-3:], tail)
+            assert len(tail) <= 2
             assert rec["teacher_logprobs"][: len(ids)] == lp["logprobs"]
             assert rec["teacher_top_ids"][: len(ids)] == lp["top_ids"]
             assert rec["teacher_logprobs"][len(ids) :] == [None] * len(tail)

@@ -50,15 +50,20 @@ def with_teacher(config, **teacher):
     return config
 
 
-def make_gguf(path):
-    """A tiny byte-level BPE GGUF holding only its tokenizer (as llama.cpp's ggml-vocab-*.gguf files do)."""
+GGUF_TOKENS = ["a", "b", "ab", "Ġ", "Ġa", "<|im_end|>", "<tool_call>"]
+
+
+def make_gguf(path, pad=0):
+    """A tiny byte-level BPE GGUF holding only its tokenizer (as llama.cpp's ggml-vocab-*.gguf files do); `pad`
+    entries `[PAD<id>]` after it, as llama.cpp's converter fills a vocabulary up to the embedding size."""
     from gguf import GGUFWriter
 
     w = GGUFWriter(str(path), "llama")
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
-    w.add_token_list(["a", "b", "ab", "Ġ", "Ġa", "<|im_end|>", "<tool_call>"])
-    w.add_token_types([1, 1, 1, 1, 1, 3, 4])  # normal, control, user-defined (an added token)
+    n = len(GGUF_TOKENS)
+    w.add_token_list(GGUF_TOKENS + [f"[PAD{n + i}]" for i in range(pad)])
+    w.add_token_types([1, 1, 1, 1, 1, 3, 4] + [5] * pad)  # normal, control, user-defined (added), unused
     w.add_token_merges(["a b", "Ġ a"])
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -107,6 +112,25 @@ def test_the_digest_is_the_exports_for_an_hf_folder_and_a_gguf(tmp_path):
         ours = read_vocabulary_at(TokenizerRef("teacher.tokenizer", path))
         assert ours.sha256 == vocabulary_sha256(tok), path
         assert ours.size == tok.get_vocab_size(with_added_tokens=True), path
+
+
+def test_llama_cpps_padding_entries_are_not_part_of_the_vocabulary(tmp_path):
+    """A GGUF filled up to its embedding size with `[PAD<id>]` tokens has the vocabulary of the same GGUF without
+    them, as the Student reads either (an HF folder has none: Qwen2.5-7B's GGUF holds 152,064 entries, its
+    tokenizer.json 151,665)."""
+    plain, padded = make_gguf(tmp_path / "a.gguf"), make_gguf(tmp_path / "b.gguf", pad=3)
+    ours = [read_vocabulary_at(TokenizerRef("teacher.tokenizer", p)) for p in (plain, padded)]
+    assert ours[0].sha256 == ours[1].sha256 and (ours[0].size, ours[1].size) == (7, 10)
+    assert (
+        vocabulary_sha256(gguf_tokenizer(padded))
+        == vocabulary_sha256(gguf_tokenizer(plain))
+        == ours[0].sha256
+    )
+    other = tmp_path / "c.gguf"
+    make_gguf(other, pad=1)
+    text = other.read_bytes().replace(b"[PAD7]", b"[PAD8]")  # a token that only looks like padding counts
+    other.write_bytes(text)
+    assert read_vocabulary_at(TokenizerRef("teacher.tokenizer", other)).sha256 != ours[0].sha256
 
 
 @pytest.mark.parametrize("case", ["missing", "no tokenizer.json", "not a gguf"])

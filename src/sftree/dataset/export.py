@@ -73,7 +73,7 @@ from sftree.dataset.rendering import Student, StudentError, Unfit
 from sftree.dataset.special_text import MODES, SpecialText, SpecialTextStats, builtin_strings, student_strings
 from sftree.dataset.stats import ExportStats
 from sftree.dataset.student import Measure, StudentStats, load_student, measure
-from sftree.dataset.teacher_tokens import Sampled, sampled_of, teacher_tokens
+from sftree.dataset.teacher_tokens import Sampled, refit, sampled_of, teacher_tokens
 from sftree.dataset.trainer_labels import trained_indices
 from sftree.dataset.tree_packed import PathTokens, pack_paths, write_tree_file
 from sftree.errors import InputError
@@ -396,11 +396,14 @@ class _TreeExport:
         rec["metadata"]["id"] = (
             f"{meta['task']}/{meta['root']}/{edge_id}/t{step.get('turn')}s{step.get('step')}"
         )
-        if self.text.teacher_tokens:
-            self.sampled.of_record[rec["metadata"]["id"]] = step.get("logprobs")
+
         if meta.get("granularity") == "path":
             rec["metadata"]["cut"] = meta.get("cut")
-        return rec if self.valid(rec) and self.text_ok(rec) else None
+        if not (self.valid(rec) and self.text_ok(rec)):
+            return None
+        if self.text.teacher_tokens:  # until the record is emitted (`SampledTokens.forget`)
+            self.sampled.of_record[rec["metadata"]["id"]] = step.get("logprobs")
+        return rec
 
     def text_ok(self, rec: SchemaDoc) -> bool:
         """**Rule** (`export.special_text`): a record whose data holds a control-token string is counted by role
@@ -433,13 +436,14 @@ class _TreeExport:
     def emit(self, rec: SchemaDoc, measured: Measure | None = None) -> Iterator[SftRecord]:
         stats = self.stats
         backend = rec["metadata"]["backend"]
-        if self.refuse_native and backend != OPENCODE:
-            stats.refused[backend] += 1
-            return
         sampled = None
         if self.text.teacher_tokens:
             sampled = self.sampled_for(rec)  # looked up as recorded: unfitted
             self.sampled.forget(rec["metadata"])
+        if self.refuse_native and backend != OPENCODE:
+            stats.refused[backend] += 1
+            return
+        unfitted = rec
         if self.student is not None:
             if not under_student(rec, self.student, stats, measured):
                 return
@@ -452,6 +456,7 @@ class _TreeExport:
             if sampled is None:
                 add_tokens(rec, self.student)
             else:
+                sampled = refit(unfitted, rec, sampled)
                 stats.teacher_tokens.update(add_teacher_tokens(rec, self.student, sampled))
         stats.records += 1
         stats.backends[backend] += 1
@@ -492,17 +497,16 @@ class _TreeExport:
         for rec in self.path_docs(selected):
             if self.refuse_native and rec["metadata"]["backend"] != OPENCODE:
                 continue
-            sampled = self.sampled_for(rec) if self.text.teacher_tokens else None
-            if sampled is None:
+            if not self.text.teacher_tokens:
                 tokens = pretokenize(self.student, rec)
-                columns = None
-            else:
-                tt = teacher_tokens(self.student, fit_record(self.student.fit, rec)[0], sampled)
-                self.stats.teacher_tokens.update(tt.outcomes)
-                tokens = Pretokenized(tt.input_ids, tt.mask)
-                columns = tt.columns()
-            if len(tokens.input_ids) <= self.student.max_length:
-                yield PathTokens.of(tokens, rec["metadata"], columns)
+                if len(tokens.input_ids) <= self.student.max_length:
+                    yield PathTokens.of(tokens, rec["metadata"])
+                continue
+            tt = teacher_tokens(self.student, *self.teacher_view(rec))
+            self.sampled.forget(rec["metadata"])
+            if len(tt.input_ids) <= self.student.max_length:  # each path's outcomes: the tree form's figures
+                meta = rec["metadata"] | {"teacher_tokens": tt.outcomes}
+                yield PathTokens.of(Pretokenized(tt.input_ids, tt.mask), meta, tt.columns())
 
     def path_pick(self, path: RankedPath, meta: SchemaDoc) -> tuple[str, Step] | None:
         """(edge, step) whose request + response is the path's record: its last answered step, or the one before
@@ -561,6 +565,8 @@ class _TreeExport:
             rec = merged_record(run)
             if self.valid(rec):
                 yield from self.emit(rec, run.measure() if self.student is not None else None)
+            else:
+                self.sampled.forget(rec["metadata"])
 
     def sampled_for(self, rec: SchemaDoc) -> list[Sampled]:
         """Each trained message's sampled tokens (`export.teacher_tokens`), checked against it
@@ -578,15 +584,21 @@ class _TreeExport:
             for k, rid in zip(trained, ids, strict=True)
         ]
 
+    def teacher_view(self, rec: SchemaDoc) -> tuple[SchemaDoc, list[Sampled]]:
+        """The record as the Student's fit writes it, and its trained replies' sampled tokens for that form."""
+        assert self.student is not None
+        fitted = fit_record(self.student.fit, rec)[0]
+        return fitted, refit(rec, fitted, self.sampled_for(rec))
+
     def differs(self, rec: SchemaDoc) -> bool:
         """A step record whose reply the Student renders other than the Teacher sampled it: a merged run ends
         with it, so that its sampled ids are trained (dataset/teacher_tokens.py)."""
         assert self.student is not None
-        fitted = fit_record(self.student.fit, rec)[0]
-        return teacher_tokens(self.student, fitted, self.sampled_for(rec)).outcomes == ["substituted"]
+        return teacher_tokens(self.student, *self.teacher_view(rec)).outcomes == ["substituted"]
 
     def unfit(self, rec: SchemaDoc, exc: Unfit) -> None:
         """A step record the Student's template cannot hold: excluded, counted by reason, logged."""
+        self.sampled.forget(rec["metadata"])
         _student_stats(self.stats).exclude(exc.reason)
         log.warning(
             "%s: record %s excluded (%s): %s", self.ctx.paths_file, rec["metadata"]["id"], exc.reason, exc

@@ -9,16 +9,18 @@ record's `logprobs`):
 
 - the render's **turn end** is the tail of `R` from the first added (special) token of its trailing run of added
   and whitespace-only tokens (`</tool_call><|im_end|>\n` after a Qwen call). The Teacher's span is `S` closed as
-  the template closes it: when `S` ends in a token of the turn end (its stop `<|im_end|>`, or `</tool_call>` where
-  the server does not list the stop), `S` + what follows that token in the turn end; when it ends in another added
-  token (a stop the template does not write), `S` less it + the turn end; else `S` + the turn end. The Teacher's
-  columns are on the sampled tokens, none on the template's own.
+  the template closes it: when `S` ends in an added token of the turn end (its stop `<|im_end|>`, or
+  `</tool_call>` where the server does not list the stop), `S` + what follows that token in the turn end; when it
+  ends in another added token (a stop the template does not write), `S` less it + the turn end; else (no stop
+  listed) `S` + the turn end. The Teacher's columns are on the sampled tokens, none on the template's own.
 - `same`: the Teacher's span is `R`. The ids are the render's, the Teacher's logprobs aligned with them.
 - `substituted`: it is not, and no trained span follows in the sequence: the record trains the Teacher's span
   (what follows it, tool results, is context for nothing trained; the step form's completion is always last, and
   a merged run ends at such a step: dataset/merged.py).
 - `rendered`: it is not, but later trained turns follow in the same sequence (a path, the tree form), whose
-  context must stay the template's render, so the render is trained: marked, never silently re-tokenized.
+  context must stay the template's render; or the Student's fit changed the reply (`call_only`, `no_reasoning`:
+  the sampled ids hold what the record leaves out; `merge_roles` joined two trained replies): the render is
+  trained, marked, never silently re-tokenized.
 - `no_tokens` (the step kept no logprobs: `teacher.logprobs: 0`, or dropped), `no_ids` (the server gave token
   text, not ids: SGLang's and OpenAI's chat API), `misaligned` (an id outside the Student's vocabulary, or ids
   that do not decode to text holding the reply's content, reasoning, tool names and argument strings): the
@@ -34,11 +36,13 @@ message's outcome.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from sftree.dataset.pretokenize import trained_spans
 from sftree.dataset.rendering import Student
+from sftree.dataset.trainer_labels import trained_indices
 
 if TYPE_CHECKING:
     from sftree.records.sft import Message
@@ -51,7 +55,8 @@ class Sampled:
     """One trained reply's sampled tokens as the export can use them, or why not (`tokens` None)."""
 
     tokens: TokenLogprobs | None
-    why: str | None = None  # no_tokens | no_ids | misaligned
+    why: str | None = None  # no_tokens | no_ids | misaligned | rendered
+    refitted: bool = False  # the Student's fit changed the reply's text (call_only, no_reasoning)
 
 
 @dataclass(frozen=True)
@@ -62,24 +67,21 @@ class TeacherTokens:
     input_ids: list[int]
     mask: list[int]
     logprobs: list[float | None]
-    top_ids: list[list[int]]
-    top_logprobs: list[list[float]]
+    top_ids: list[Sequence[int]]
+    top_logprobs: list[Sequence[float]]
     outcomes: list[str]
 
-    def columns(self) -> tuple[tuple[float | None, tuple[int, ...], tuple[float, ...]], ...]:
+    def columns(self) -> tuple[tuple[float | None, Sequence[int], Sequence[float]], ...]:
         """The Teacher's column of each trained token (the tree form's `PathTokens.teacher`)."""
-        return tuple(
-            (lp, tuple(ids), tuple(lps))
-            for lp, ids, lps in zip(self.logprobs, self.top_ids, self.top_logprobs, strict=True)
-        )
+        return tuple(zip(self.logprobs, self.top_ids, self.top_logprobs, strict=True))
 
     def row(self) -> dict[str, object]:
         return {
             "input_ids": self.input_ids,
             "completion_mask": self.mask,
             "teacher_logprobs": self.logprobs,
-            "teacher_top_ids": self.top_ids,
-            "teacher_top_logprobs": self.top_logprobs,
+            "teacher_top_ids": [list(x) for x in self.top_ids],
+            "teacher_top_logprobs": [list(x) for x in self.top_logprobs],
         }
 
 
@@ -150,6 +152,24 @@ def _written(s: str, text: str) -> bool:
     return s in text or any(json.dumps(s, ensure_ascii=a)[1:-1] in text for a in (False, True))
 
 
+def refit(unfitted: SchemaDoc, fitted: SchemaDoc, sampled: list[Sampled]) -> list[Sampled]:
+    """`sampled` (looked up on the record as recorded) for the record as the Student's fit wrote it: a trained reply
+    whose text or reasoning the fit changed (`call_only`, `no_reasoning`) is `refitted`."""
+    before, was = trained_indices(unfitted)
+    after, now = trained_indices(fitted)
+    if len(was) != len(now) or len(was) != len(sampled):
+        return sampled  # the fit merged trained replies: `teacher_tokens` keeps every render
+    out = []
+    for s, i, j in zip(sampled, was, now, strict=True):
+        a, b = before[i], after[j]
+        changed = any(str(a.get(f) or "").strip() != str(b.get(f) or "").strip() for f in _TEXTS)
+        out.append(replace(s, refitted=True) if changed else s)
+    return out
+
+
+_TEXTS = ("content", "reasoning_content")
+
+
 def _tail_start(rendered: list[int], v: _Vocab) -> int:
     """Where the render's turn end starts (the module): the first added token of its trailing closing run."""
     j = len(rendered)
@@ -160,48 +180,57 @@ def _tail_start(rendered: list[int], v: _Vocab) -> int:
 
 @dataclass(frozen=True)
 class _Span:
-    ids: list[int]
+    """What one trained span becomes: its ids (None: the render's, no Teacher columns) and the columns, which refer
+    to the step record's own lists (not copies: the tree form holds a reply once however many paths train it)."""
+
+    ids: list[int] | None
     logprobs: list[float | None]
-    top_ids: list[list[int]]
-    top_logprobs: list[list[float]]
+    top_ids: list[Sequence[int]]
+    top_logprobs: list[Sequence[float]]
+
+
+_EMPTY: tuple[()] = ()
 
 
 def teacher_span(rendered: list[int], lp: TokenLogprobs, v: _Vocab) -> _Span:
-    """The Teacher's span for a trained message rendered as `rendered` (the module): its sampled ids closed by what
-    the render's turn end holds after them, with the Teacher's columns on the sampled ids."""
+    """The Teacher's span for a trained message rendered as `rendered` (the module): its sampled ids closed as the
+    render's turn end closes them, with the Teacher's columns on the sampled ids."""
     ids = list(lp.get("ids") or [])
     tail = rendered[_tail_start(rendered, v) :]
     n = len(ids)
+    last = ids[-1] if ids else None
     if (
-        ids and ids[-1] in tail
-    ):  # the Teacher's stop (or a closing tag) is the turn end's: the rest follows it
-        rest = tail[tail.index(ids[-1]) + 1 :]
+        last is not None and last in v.added and last in tail
+    ):  # its stop (or closing tag) is the turn end's own
+        rest = tail[tail.index(last) + 1 :]
     elif (
-        ids and ids[-1] in v.added and tail
+        last is not None and last in v.added
     ):  # a stop token the template does not write: its turn end instead
         n, rest = n - 1, tail
-    else:
+    else:  # no stop listed: the whole turn end follows
         rest = tail
-    out = _Span(ids[:n] + rest, [], [], [])
     top_ids, top_lps = lp.get("top_ids") or [], lp.get("top_logprobs") or []
-    for i in range(len(out.ids)):
-        out.logprobs.append(lp["logprobs"][i] if i < n else None)
-        out.top_ids.append(list(top_ids[i]) if i < n else [])
-        out.top_logprobs.append(list(top_lps[i]) if i < n else [])
-    return out
+    m = len(rest)
+    return _Span(
+        ids[:n] + rest,
+        [*lp["logprobs"][:n], *[None] * m],
+        [*top_ids[:n], *[_EMPTY] * m],
+        [*top_lps[:n], *[_EMPTY] * m],
+    )
 
 
 def _none(n: int) -> _Span:
-    return _Span([], [None] * n, [[] for _ in range(n)], [[] for _ in range(n)])
+    return _Span(None, [None] * n, [_EMPTY] * n, [_EMPTY] * n)
 
 
 def teacher_tokens(student: Student, record: SchemaDoc, sampled: list[Sampled]) -> TeacherTokens:
     """The record's ids, mask and Teacher columns under `export.teacher_tokens` (the module); `sampled`: each
-    trained message's, in order (`sampled_of`). A sequence the substitution would take past the Student's
-    `max_length` keeps its render (`rendered`)."""
+    trained message's, in order (`sampled_of`; `Sampled.refitted`: the Student's fit changed the reply, so only
+    a render that is the sampled ids takes them). When their number is not the record's trained messages (the fit
+    merged two), every span keeps its render (`rendered`)."""
     full, spans = trained_spans(student, record)
     if len(sampled) != len(spans):
-        raise ValueError(f"{len(sampled)} sampled replies for {len(spans)} trained messages")
+        sampled = [Sampled(None, "rendered")] * len(spans)
     v = _vocab(student)
     pieces: list[tuple[int, int, _Span, str]] = []  # (start, end, what the span becomes, outcome)
     for n, ((start, end), s) in enumerate(zip(spans, sampled, strict=True)):
@@ -211,10 +240,13 @@ def teacher_tokens(student: Student, record: SchemaDoc, sampled: list[Sampled]) 
             continue
         span = teacher_span(rendered, s.tokens, v)
         if span.ids == rendered:
-            pieces.append(
-                (start, end, _Span(rendered, span.logprobs, span.top_ids, span.top_logprobs), "same")
-            )
-        elif n == len(spans) - 1 and len(full) - (end - start) + len(span.ids) <= student.max_length:
+            pieces.append((start, end, span, "same"))
+        elif (
+            n == len(spans) - 1
+            and not s.refitted
+            and span.ids
+            and len(full) - (end - start) + len(span.ids) <= student.max_length
+        ):
             pieces.append((start, end, span, "substituted"))
         else:
             pieces.append((start, end, _none(end - start), "rendered"))
@@ -225,7 +257,7 @@ def teacher_tokens(student: Student, record: SchemaDoc, sampled: list[Sampled]) 
     for start, end, span, _ in pieces:
         ids += full[at:start]
         mask += [0] * (start - at)
-        trained = span.ids or full[start:end]
+        trained = full[start:end] if span.ids is None else span.ids
         ids += trained
         mask += [1] * len(trained)
         out.logprobs.extend(span.logprobs)

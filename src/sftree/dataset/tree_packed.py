@@ -77,7 +77,7 @@ class PathTokens:
     ) -> PathTokens:
         """A path record's tokens (`pretokenize`, or `teacher_tokens` with its columns) and where it comes from
         (its metadata's ids)."""
-        keep = ("id", "task", "root", "path_ranks", "path_edges", "leaf")
+        keep = ("id", "task", "root", "path_ranks", "path_edges", "leaf", "teacher_tokens")
         return cls(
             tuple(tokens.input_ids),
             tuple(bool(m) for m in tokens.mask),
@@ -180,6 +180,8 @@ class TreeStats:
     longest: int = 0  # the longest part
     max_tokens: int = 0  # the cap (`export.tree_max_tokens`)
     dropped: dict[str, int] = field(default_factory=dict)  # paths left out, by reason
+    # export.teacher_tokens: the packed paths' trained replies by outcome (dataset/teacher_tokens.py)
+    teacher_tokens: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -193,7 +195,7 @@ class TreeStats:
             "longest": self.longest,
             "max_tokens": self.max_tokens,
             "dropped": dict(sorted(self.dropped.items())),
-        }
+        } | ({"teacher_tokens": dict(sorted(self.teacher_tokens.items()))} if self.teacher_tokens else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TreeStats:
@@ -211,6 +213,7 @@ class TreeStats:
             n("longest"),
             n("max_tokens"),
             {k: int(v) for k, v in (d.get("dropped") or {}).items()},
+            {k: int(v) for k, v in (d.get("teacher_tokens") or {}).items()},
         )
 
     def add(self, o: TreeStats) -> None:
@@ -219,6 +222,8 @@ class TreeStats:
         self.longest, self.max_tokens = max(self.longest, o.longest), max(self.max_tokens, o.max_tokens)
         for k, v in o.dropped.items():
             self.dropped[k] = self.dropped.get(k, 0) + v
+        for k, v in o.teacher_tokens.items():
+            self.teacher_tokens[k] = self.teacher_tokens.get(k, 0) + v
 
 
 def _part_meta(task: str | None, part: list[PathTokens], number: int, parts: int) -> dict[str, Any]:
@@ -233,6 +238,7 @@ def _part_meta(task: str | None, part: list[PathTokens], number: int, parts: int
             "tokens": len(p.ids),
             "trained": p.n_trained,
         }
+        | ({"teacher_tokens": p.meta["teacher_tokens"]} if p.meta.get("teacher_tokens") is not None else {})
         for p in part
     ]
     return {"task": task, "roots": roots, "paths": paths, "edges": edges, "part": number, "parts": parts}
@@ -248,6 +254,9 @@ def pack_paths(paths: list[PathTokens], cap: int, task: str | None) -> tuple[lis
     stats.unsplit = len(PackedTree.of(p for part in parts for p in part))
     lines = []
     for n, part in enumerate(parts, 1):
+        for p in part:
+            for outcome in p.meta.get("teacher_tokens") or ():
+                stats.teacher_tokens[outcome] = stats.teacher_tokens.get(outcome, 0) + 1
         tree = PackedTree.of(part)
         line = TreeLine(
             tuple(tree.input_ids),

@@ -10,7 +10,7 @@ figures (`dataset.tree_packed.TreeStats`, which counts them) under `tree`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,8 @@ TOKEN_FIELDS = ("input_ids", "position_ids", "parent", "loss_weight")  # one ent
 # `export.teacher_tokens`: one entry per trained token (loss weight > 0), in line order
 TEACHER_FIELDS = ("teacher_logprobs", "teacher_top_ids", "teacher_top_logprobs")
 # the Teacher's logprob of a trained token (None where it sampled none), its top-K ids and their logprobs
-TeacherColumn = tuple[float | None, tuple[int, ...], tuple[float, ...]]
+# (shared with the step records' lists: the tree form holds a reply's once, whatever paths train it)
+TeacherColumn = tuple[float | None, Sequence[int], Sequence[float]]
 
 
 @dataclass(frozen=True)

@@ -63,8 +63,10 @@ def teacher_tokenizer(teacher: TeacherSettings) -> TokenizerRef | None:
 
 
 def map_sha256(vocab: Mapping[str, int]) -> str:
-    """The digest of a token -> id map (the module)."""
-    pairs = sorted((i, t) for t, i in vocab.items())
+    """The digest of a token -> id map (the module), less llama.cpp's padding entries: its converter fills a
+    vocabulary up to the model's embedding size with `[PAD<id>]` tokens (UNUSED: never sampled, never in text), so
+    a GGUF and the HF folder it was made from hold the same vocabulary with and without them."""
+    pairs = sorted((i, t) for t, i in vocab.items() if t != f"[PAD{i}]")
     return hashlib.sha256(json.dumps(pairs, ensure_ascii=False, separators=(",", ":")).encode()).hexdigest()
 
 
