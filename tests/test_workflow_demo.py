@@ -1,7 +1,7 @@
 """The demo workflow end to end through Snakemake: all_snapshots -> sft.jsonl + report, then reruns.
 
-Config = examples/demo.yaml with the session's simulated Student run and one root per task (to fit the test
-budget); explore jobs start their own teacher-sim. Then: a rerun has nothing to do, and `--forcerun select_paths`
+Config = examples/demo.yaml with the session's simulated Student run, one root per task (to fit the test budget)
+and `teacher.logprobs: 5` (the sampled tokens, into the ATIF file); explore jobs start their own teacher-sim. Then: a rerun has nothing to do, and `--forcerun select_paths`
 reruns only select_paths and the rules after it.
 """
 
@@ -39,6 +39,7 @@ def demo(tmp_path_factory, example_snapshots_dir):
     for task in config["tasks"].values():
         task["coral_task"] = str(REPO / task["coral_task"])
     config["select_roots"]["num_roots"] = 1
+    config["teacher"]["logprobs"] = 5  # the sampled tokens, kept through OpenCode's proxy into the ATIF steps
     student = demo_student()
     for key in ("path", "chat_template"):  # the checkout's, read from the working folder
         config["export"]["student"][key] = str(student / Path(config["export"]["student"][key]).name)
@@ -51,7 +52,7 @@ def demo(tmp_path_factory, example_snapshots_dir):
 def test_demo_writes_one_atif_trajectory_per_selected_path(demo):
     """sft.atif.jsonl (export.atif), per task and merged: one trajectory per selected path, valid under the atif
     package's own models, OpenCode's sessions with each message once (no copied context), each model call with
-    the Teacher's sampled token ids and logprobs (the demo's `teacher.logprobs: 5`, through OpenCode's proxy)."""
+    the Teacher's sampled token ids and logprobs (`teacher.logprobs: 5`, through OpenCode's proxy)."""
     tmp_path, _, res = demo
     assert res.returncode == 0, res.stderr[-4000:]
     results = tmp_path / "results"
@@ -73,7 +74,7 @@ def test_demo_writes_one_atif_trajectory_per_selected_path(demo):
     copied = [(t.trajectory_id, s.step_id) for t in trajectories for s in t.steps if s.is_copied_context]
     assert not copied, f"steps repeated as copied context (a session's history rewritten): {copied}"
     assert all(any(s.source == "agent" for s in t.steps) for t in trajectories)
-    # teacher.logprobs: 5 (the demo's): every model call's step carries the sampled ids and their logprobs, aligned
+    # teacher.logprobs: 5 (set above): every model call's step carries the sampled ids and their logprobs, aligned
     calls = [s for t in trajectories for s in t.steps if s.source == "agent" and not s.is_copied_context]
     assert calls and all(s.metrics and s.metrics.completion_token_ids and s.metrics.logprobs for s in calls)
     assert all(len(s.metrics.completion_token_ids) == len(s.metrics.logprobs) for s in calls)
