@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -418,3 +420,32 @@ def test_a_substitution_past_max_length_keeps_the_render(tree, student):
     records, _ = export_task([paths_of(tree)], "step", student=short, pretokenized=True, teacher_tokens=True)
     (rec,) = [r for r in records if r["metadata"]["id"].endswith("/e1/t1s1")]
     assert rec["metadata"]["teacher_tokens"] == ["rendered"] and rec["input_ids"] == was["input_ids"]
+
+
+def test_the_config_key_reaches_the_export_and_the_card(tree, student, tmp_path):
+    """`export.teacher_tokens: true` in the config, through `sftree export-sft --config` (what the workflow's rule
+    runs) and `merge-sft`: the records carry the columns and the card says how many replies train the sampled
+    ids; a Student of another vocabulary stops the job with the tree named and nothing written."""
+    plant(tree, student, split_one(student, "/e1/t1s1"))
+    cfg = {"tasks": {"circle_packing": {"coral_task": "examples/circle_packing"}},
+           "export": {"granularity": "step", "pretokenized": True, "teacher_tokens": True,
+                      "student": {"path": str(student.source), "max_length": 100_000}}}  # fmt: skip
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps(cfg))
+    out = tmp_path / "out" / "circle_packing" / "sft.jsonl"
+    exe = [sys.executable, "-m", "sftree", "export-sft", "--paths", str(paths_of(tree)), "--out", str(out)]
+    res = subprocess.run([*exe, "--config", str(config)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    assert records and all(len(r["teacher_logprobs"]) == sum(r["completion_mask"]) for r in records)
+    card = tmp_path / "card.md"
+    merge([str(out)], str(tmp_path / "sft.jsonl"), None, str(card))
+    n = len(records)
+    assert (f"of {n} trained replies, the Student's render gives the Teacher's sampled ids for {n - 1} and other "
+            f"ids for 1; {n} train exactly the sampled ids.") in card.read_text()  # fmt: skip
+    doc = json.loads((tree / "tree.json").read_text())
+    doc["teacher_vocab"]["sha256"] = "f" * 64
+    (tree / "tree.json").write_text(json.dumps(doc))
+    out.unlink()
+    res = subprocess.run([*exe, "--config", str(config)], capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0 and "tree.json: the Teacher's vocabulary" in res.stderr and not out.exists()
